@@ -1,0 +1,38 @@
+# Two entry points for a fresh clone (see README): `make demo` and `make test`.
+# Each creates .venv when it is missing and installs exactly what it needs. torch is pinned through
+# constraints.txt: an unpinned torch pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip -q --disable-pip-version-check
+PIPC := $(PIP) install -c constraints.txt
+
+.PHONY: test test-all demo bench lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+# stamp files: reinstall when the package metadata or the pins change
+$(VENV)/.stamp-test: pyproject.toml constraints.txt | $(PY)
+	$(PIPC) -e ".[test]"
+	touch $@
+
+$(VENV)/.stamp-demo: pyproject.toml constraints.txt | $(PY)
+	$(PIPC) -e ".[test,bench]"
+	touch $@
+
+test: $(VENV)/.stamp-test
+	$(PY) -m pytest -m "not slow"
+
+test-all: $(VENV)/.stamp-test
+	$(PY) -m pytest
+
+demo: $(VENV)/.stamp-demo
+	$(PY) bench/replay_throughput.py --rows 1000000 --out docs/img
+
+lint: $(VENV)/.stamp-test
+	$(VENV)/bin/ruff check src tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,22 @@
+"""Replay: columnar storage with a frozen offline prefix and an online ring, plus swappable samplers."""
+
+from relive.replay.buffer import ReplayBuffer
+from relive.replay.checkpoint import CheckpointError
+from relive.replay.episodes import EpisodeIndex, EpisodeView
+from relive.replay.samplers import (
+    SAMPLERS,
+    MixtureSampler,
+    PrioritizedSampler,
+    Sampler,
+    UniformSampler,
+    register_sampler,
+)
+from relive.replay.storage import ColumnSpec, Storage
+from relive.replay.sum_tree import MaxTree, SumTree
+from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
+
+__all__ = [
+    "ReplayBuffer", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree", "MaxTree",
+    "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "SAMPLERS", "register_sampler",
+    "Batch", "SampleInfo", "UpdateReport", "CheckpointError", "OFFLINE", "ONLINE",
+]

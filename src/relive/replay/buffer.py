@@ -1,0 +1,187 @@
+"""ReplayBuffer: one logical buffer over offline and online rows = Storage + a swappable Sampler.
+
+    buf = ReplayBuffer(capacity, obs_shape, action_shape, sampler=MixtureSampler(), seed=0)
+    buf.add_offline(dataset_columns)        # frozen prefix, never evicted
+    buf.extend(online_rows)                 # ring after it
+    batch = buf.sample(256)                 # Batch with .info (indices, generation, probability, is_weight)
+    buf.update(batch.info, td_error=td)     # stale rows (overwritten since sampling) are skipped and counted
+    buf.save(path); ReplayBuffer.load(path) # pickle-free; same contents, sampler state and RNG
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from relive.replay import checkpoint
+from relive.replay.samplers import Sampler, UniformSampler, sampler_config, sampler_from_config
+from relive.replay.storage import CORE_COLUMNS, Storage, _as_numpy
+from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
+
+
+class ReplayBuffer:
+    def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
+                 *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None):
+        self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
+                               action_dtype=action_dtype, extra_columns=extra_columns)
+        self.sampler = sampler if sampler is not None else UniformSampler()
+        if self.sampler.storage is not None:
+            raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
+        self.sampler.bind(self.storage)
+        self.seed = int(seed)
+        self.rng = np.random.default_rng(self.seed)
+        self.num_stale = 0  # updates skipped because the row was overwritten after sampling
+        self.num_updated = 0
+
+    # -- sizes -----------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.storage.size
+
+    @property
+    def capacity(self) -> int:
+        return self.storage.capacity
+
+    @property
+    def num_offline(self) -> int:
+        return self.storage.num_offline
+
+    @property
+    def num_online(self) -> int:
+        return self.storage.num_online
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def add_offline(self, rows: Mapping) -> np.ndarray:
+        """Append dataset rows to the frozen offline prefix (before any online row). Returns their slots."""
+        return self._write(OFFLINE, rows)
+
+    def extend(self, rows: Mapping) -> np.ndarray:
+        """Append online rows (time-ordered, one stream) to the ring; the fast path. Returns their slots."""
+        return self._write(ONLINE, rows)
+
+    def add(self, **row) -> int:
+        """Append one online transition given as keyword arguments (convenience; prefer ``extend``)."""
+        return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()})[0])
+
+    def _write(self, source: int, rows: Mapping) -> np.ndarray:
+        slots = self.storage.write(source, rows)
+        live = slots[slots >= 0]
+        if live.size:
+            self.sampler.on_insert(live)
+        return slots
+
+    def set_column(self, name: str, indices, values) -> None:
+        """Fill an extra column of stored rows (e.g. ``mc_return`` when an episode ends)."""
+        self.storage.set_column(name, indices, values)
+
+    # -- sampling --------------------------------------------------------------------------------------
+    def sample(self, batch_size: int) -> Batch:
+        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        stored = self.storage.size
+        if batch_size > stored:
+            raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
+        draw = self.sampler.sample(int(batch_size), self.rng)
+        return self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight)
+
+    def gather(self, indices, probability=None, is_weight=None) -> Batch:
+        """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1."""
+        st = self.storage
+        idx = np.asarray(indices, dtype=np.int64)
+        cols = st.gather(idx)
+        n = idx.size
+        info = SampleInfo(
+            indices=idx,
+            generation=st.meta["generation"].take(idx),
+            probability=np.full(n, np.nan) if probability is None else probability,
+            is_weight=np.ones(n, np.float32) if is_weight is None else is_weight,
+            source=st.meta["source"].take(idx),
+        )
+        extras = {name: cols.pop(name) for name in st.extra_names}
+        return Batch(**{name: cols[name] for name in CORE_COLUMNS}, info=info, extras=extras)
+
+    # -- feedback --------------------------------------------------------------------------------------
+    def update(self, info: SampleInfo, **signals) -> UpdateReport:
+        """Hand per-sample signals (``td_error=...``, ``priority=...``, ...) back to the sampler.
+
+        Rows whose slot was overwritten since ``info`` was sampled are skipped and counted (``num_stale``)."""
+        if not signals:
+            raise ValueError("update needs at least one signal, e.g. update(info, td_error=td)")
+        idx = self.storage.check_slots(info.indices)
+        gen = np.asarray(info.generation, dtype=np.int64).reshape(-1)
+        if gen.size != idx.size:
+            raise ValueError(f"info has {idx.size} indices but {gen.size} generations")
+        arrays = {}
+        for name, value in signals.items():
+            arr = _as_numpy(value).reshape(-1) if np.ndim(_as_numpy(value)) else _as_numpy(value)
+            if arr.shape != (idx.size,):
+                raise ValueError(f"signal {name!r}: expected shape ({idx.size},), got {np.shape(value)}")
+            if arr.dtype.kind not in "fiub":
+                raise ValueError(f"signal {name!r}: expected numbers, got dtype {arr.dtype}")
+            bad = ~np.isfinite(arr.astype(np.float64))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"signal {name!r} row {i}: value {arr[i]!r} is not finite (NaN/inf)")
+            arrays[name] = arr
+        fresh = self.storage.meta["generation"].take(idx) == gen
+        stale = ~fresh
+        n_stale = int(stale.sum())
+        if n_stale:
+            idx = idx[fresh]
+            arrays = {k: v[fresh] for k, v in arrays.items()}
+        if idx.size:
+            self.sampler.update(idx, arrays)
+        self.num_stale += n_stale
+        self.num_updated += int(idx.size)
+        return UpdateReport(num_updated=int(idx.size), num_stale=n_stale, stale=stale)
+
+    def refresh(self, score_fn: Callable, chunk_size: int = 65536) -> bool:
+        """Let the sampler re-score every stored row with ``score_fn(obs, action) -> per-row score`` (ARB).
+        Returns whether the sampler used it."""
+        return self.sampler.refresh(score_fn, chunk_size)
+
+    def stats(self) -> dict[str, float]:
+        return self.sampler.stats() | {
+            "replay/num_offline": float(self.num_offline),
+            "replay/num_online": float(self.num_online),
+            "replay/num_stale": float(self.num_stale),
+        }
+
+    # -- checkpoint ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "config": {"storage": self.storage.config(), "sampler": sampler_config(self.sampler),
+                       "seed": self.seed},
+            "storage": self.storage.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "counters": {"num_stale": self.num_stale, "num_updated": self.num_updated},
+        }
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write a pickle-free checkpoint directory (see :mod:`relive.replay.checkpoint`)."""
+        checkpoint.save_tree(path, self.state_dict(), kind="replay_buffer")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, check_hashes: bool = True) -> ReplayBuffer:
+        """Rebuild a buffer from ``save``: same rows, sampler state and RNG, so the same next samples."""
+        state = checkpoint.load_tree(path, kind="replay_buffer", check_hashes=check_hashes)
+        return cls.from_state_dict(state)
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> ReplayBuffer:
+        cfg = state["config"]
+        scfg = cfg["storage"]
+        buf = cls.__new__(cls)
+        buf.storage = Storage.from_config(scfg)
+        buf.storage.load_state_dict(state["storage"])
+        buf.sampler = sampler_from_config(cfg["sampler"])
+        buf.sampler.bind(buf.storage)
+        buf.sampler.load_state_dict(state["sampler"])
+        buf.seed = int(cfg["seed"])
+        buf.rng = np.random.default_rng()
+        buf.rng.bit_generator.state = state["rng"]
+        buf.num_stale = int(state["counters"]["num_stale"])
+        buf.num_updated = int(state["counters"]["num_updated"])
+        return buf

@@ -1,0 +1,36 @@
+"""Replay strategies: one file per method. ``SAMPLERS`` maps names to classes for checkpoints."""
+
+from __future__ import annotations
+
+from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.mixture import MixtureSampler
+from relive.replay.samplers.per import PrioritizedSampler
+from relive.replay.samplers.uniform import UniformSampler
+
+SAMPLERS: dict[str, type[Sampler]] = {
+    "UniformSampler": UniformSampler,
+    "PrioritizedSampler": PrioritizedSampler,
+    "MixtureSampler": MixtureSampler,
+}
+
+
+def register_sampler(cls: type[Sampler]) -> type[Sampler]:
+    """Make a sampler class loadable from checkpoints by its class name."""
+    SAMPLERS[cls.__name__] = cls
+    return cls
+
+
+def sampler_config(sampler: Sampler) -> dict:
+    return {"type": type(sampler).__name__, "params": sampler.config()}
+
+
+def sampler_from_config(cfg: dict) -> Sampler:
+    try:
+        cls = SAMPLERS[cfg["type"]]
+    except KeyError:
+        raise ValueError(f"unknown sampler type {cfg.get('type')!r}; known: {sorted(SAMPLERS)}") from None
+    return cls.from_config(cfg["params"])
+
+
+__all__ = ["Draw", "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "SAMPLERS",
+           "register_sampler", "sampler_config", "sampler_from_config"]

@@ -1,0 +1,113 @@
+"""The sampler interface every replay strategy implements.
+
+A sampler decides *which* stored rows a batch holds. It is bound to a :class:`~relive.replay.storage.Storage`
+and optionally to one source (offline or online rows only, used inside :class:`MixtureSampler`). Its state
+is plain arrays and numbers (``state_dict``), its randomness comes from the generator it is handed, and its
+constructor arguments (``config``) are JSON, so checkpoints need no pickle.
+
+Subclasses implement ``_draw`` and, when they use signals, ``update``; ``probabilities`` must return the
+exact distribution that ``_draw`` samples from (the tests hold every sampler to it).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from relive.types import ONLINE, SOURCE_NAMES
+
+
+class Draw(NamedTuple):
+    indices: np.ndarray  # int64 slots
+    probability: np.ndarray  # float64, per-draw probability of each row
+    is_weight: np.ndarray  # float32 importance-sampling weights (ones when the sampler applies none)
+
+
+class Sampler:
+    #: names of the per-sample signals this sampler consumes in ``update`` (e.g. ``("td_error",)``)
+    signals: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.storage = None
+        self.source: int | None = None
+        self._last_online_fraction = float("nan")
+
+    # -- wiring ----------------------------------------------------------------------------------------
+    def bind(self, storage, source: int | None = None) -> None:
+        """Attach to ``storage``; ``source`` restricts the sampler to offline (0) or online (1) rows."""
+        self.storage = storage
+        self.source = source
+
+    def domain(self) -> tuple[int, int]:
+        """The contiguous slot range this sampler draws from."""
+        return self.storage.slot_range(self.source)
+
+    def num_rows(self) -> int:
+        lo, hi = self.domain()
+        return hi - lo
+
+    def on_insert(self, slots: np.ndarray) -> None:
+        """Rows were written into ``slots`` (new or overwritten), all within this sampler's domain."""
+
+    # -- sampling --------------------------------------------------------------------------------------
+    def sample(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        n = self.num_rows()
+        if n == 0:
+            raise ValueError(f"cannot sample: no {self._domain_name()} rows stored yet")
+        draw = self._draw(int(batch_size), rng)
+        src = self.storage.meta["source"].take(draw.indices)
+        self._last_online_fraction = float(np.mean(src == ONLINE)) if src.size else float("nan")
+        return draw
+
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def update(self, slots: np.ndarray, signals: dict[str, np.ndarray]) -> None:
+        """Per-sample signals for rows that were sampled and are still stored (stale rows already removed)."""
+
+    def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
+        """Whole-buffer recompute from an agent-supplied ``score_fn(obs, action)``. Returns whether the
+        sampler uses it (uniform and PER do not)."""
+        return False
+
+    # -- diagnostics -----------------------------------------------------------------------------------
+    def probabilities(self) -> np.ndarray:
+        """Exact per-draw probability of every slot (length ``capacity``, zero outside the domain)."""
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, float]:
+        """``replay/...`` metrics. O(capacity): call at logging frequency, not every step."""
+        p = self.probabilities()
+        lo, hi = self.domain()
+        stored = p[:hi]
+        n = self.num_rows()
+        ess = 1.0 / float(np.sum(stored * stored)) if n else 0.0
+        positive = stored[stored > 0]
+        online_lo = self.storage.num_offline
+        return {
+            "replay/size": float(n),
+            "replay/online_fraction": self._last_online_fraction,
+            "replay/online_mass": float(stored[online_lo:].sum()) if n else 0.0,
+            "replay/ess": ess,
+            "replay/ess_fraction": ess / n if n else 0.0,
+            "replay/max_min_ratio": float(positive.max() / positive.min()) if positive.size else 0.0,
+        }
+
+    # -- checkpoint ------------------------------------------------------------------------------------
+    def config(self) -> dict:
+        """Constructor keyword arguments, JSON-serializable."""
+        return {}
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> Sampler:
+        return cls(**cfg)
+
+    def state_dict(self) -> dict:
+        return {"last_online_fraction": self._last_online_fraction}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._last_online_fraction = float(state.get("last_online_fraction", float("nan")))
+
+    def _domain_name(self) -> str:
+        return SOURCE_NAMES[self.source] if self.source is not None else ""

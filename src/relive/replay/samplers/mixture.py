@@ -1,0 +1,120 @@
+"""Symmetric sampling over offline and online rows (RLPD, Ball et al. 2023 Sec. 3.1; PLD).
+
+Every batch holds exactly ``round(B * offline_fraction)`` offline rows and the rest online, each part drawn
+by its own sampler restricted to its source (e.g. uniform offline, prioritized online). While one part is
+empty the whole batch comes from the other. Per-draw probability of a row of source s is
+``f_s * p_s(row)`` where ``f_s`` is that part's share of the batch; ``is_weight`` is the part's own
+(each child normalizes its weights within its part). Signals are routed to the part that owns the row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.uniform import UniformSampler
+from relive.types import OFFLINE, ONLINE
+
+
+class MixtureSampler(Sampler):
+    def __init__(self, offline: Sampler | None = None, online: Sampler | None = None,
+                 offline_fraction: float = 0.5):
+        super().__init__()
+        if not 0.0 <= offline_fraction <= 1.0:
+            raise ValueError(f"offline_fraction must be in [0, 1], got {offline_fraction}")
+        self.offline = offline if offline is not None else UniformSampler()
+        self.online = online if online is not None else UniformSampler()
+        self.offline_fraction = float(offline_fraction)
+
+    @property
+    def signals(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(dict.fromkeys(self.offline.signals + self.online.signals))
+
+    def bind(self, storage, source=None) -> None:
+        if source is not None:
+            raise ValueError("a MixtureSampler spans both sources; it cannot be restricted to one")
+        super().bind(storage, None)
+        self.offline.bind(storage, OFFLINE)
+        self.online.bind(storage, ONLINE)
+
+    def on_insert(self, slots: np.ndarray) -> None:
+        online = self.storage.meta["source"].take(slots) == ONLINE
+        if online.all():
+            self.online.on_insert(slots)
+        elif not online.any():
+            self.offline.on_insert(slots)
+        else:
+            self.offline.on_insert(slots[~online])
+            self.online.on_insert(slots[online])
+
+    def split(self, batch_size: int) -> tuple[int, int]:
+        """(offline, online) row counts of a batch, given what is stored."""
+        n_off, n_on = self.offline.num_rows(), self.online.num_rows()
+        if n_on == 0:
+            return batch_size, 0
+        if n_off == 0:
+            return 0, batch_size
+        k = int(round(batch_size * self.offline_fraction))
+        return k, batch_size - k
+
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        k_off, k_on = self.split(batch_size)
+        parts = []
+        for child, k in ((self.offline, k_off), (self.online, k_on)):
+            if k:
+                d = child.sample(k, rng)
+                parts.append(Draw(d.indices, d.probability * (k / batch_size), d.is_weight))
+        if len(parts) == 1:
+            return parts[0]
+        return Draw(*(np.concatenate(x) for x in zip(*parts, strict=True)))
+
+    def update(self, slots: np.ndarray, signals: dict) -> None:
+        online = self.storage.meta["source"].take(slots) == ONLINE
+        for child, mask in ((self.offline, ~online), (self.online, online)):
+            if mask.any():
+                child.update(slots[mask], {k: np.asarray(v)[mask] for k, v in signals.items()})
+
+    def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
+        used_off = self.offline.refresh(score_fn, chunk_size)
+        used_on = self.online.refresh(score_fn, chunk_size)
+        return used_off or used_on
+
+    def probabilities(self, batch_size: int | None = None) -> np.ndarray:
+        """Per-draw probability of each slot. The part shares are ``offline_fraction`` and its complement,
+        or, given ``batch_size``, the exact shares of a batch of that size (round(B * f) / B)."""
+        n_off, n_on = self.offline.num_rows(), self.online.num_rows()
+        if n_on == 0:
+            return self.offline.probabilities()
+        if n_off == 0:
+            return self.online.probabilities()
+        f = self.offline_fraction if batch_size is None else self.split(batch_size)[0] / batch_size
+        return f * self.offline.probabilities() + (1 - f) * self.online.probabilities()
+
+    def stats(self) -> dict[str, float]:
+        out = super().stats()
+        for name, child in (("offline", self.offline), ("online", self.online)):
+            if child.num_rows():
+                out.update({k.replace("replay/", f"replay/{name}/"): v for k, v in child.stats().items()
+                            if k not in ("replay/online_fraction", "replay/online_mass")})
+        return out
+
+    def config(self) -> dict:
+        from relive.replay.samplers import sampler_config
+
+        return {"offline": sampler_config(self.offline), "online": sampler_config(self.online),
+                "offline_fraction": self.offline_fraction}
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> MixtureSampler:
+        from relive.replay.samplers import sampler_from_config
+
+        return cls(sampler_from_config(cfg["offline"]), sampler_from_config(cfg["online"]),
+                   cfg["offline_fraction"])
+
+    def state_dict(self) -> dict:
+        return super().state_dict() | {"offline": self.offline.state_dict(), "online": self.online.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.offline.load_state_dict(state["offline"])
+        self.online.load_state_dict(state["online"])

@@ -1,0 +1,125 @@
+"""Proportional prioritized experience replay (Schaul et al., ICLR 2016, arXiv 1511.05952).
+
+P(i) = p_i^alpha / sum_k p_k^alpha with p_i = |delta_i| + eps                    (Sec. 3.3, proportional)
+w_i  = (N * P(i))^-beta / max_j w_j, max over the sampled batch                 (Sec. 3.4)
+beta annealed linearly from ``is_exponent`` to ``is_exponent_final`` over ``is_anneal_samples`` sample calls.
+New and overwritten rows get the largest priority *currently stored* (a max tree keeps it exact when the
+row that held it is overwritten or lowered), so every row is replayed at least once; an empty buffer uses
+``initial_priority``.
+
+The tree stores p_i^alpha (float64). Draws are i.i.d. (not stratified), so ``probability`` is exact per draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.sum_tree import MaxTree, SumTree
+
+
+def check_signal(name: str, values: np.ndarray, *, nonnegative: bool = False) -> np.ndarray:
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    bad = ~np.isfinite(values) | ((values < 0) if nonnegative else False)
+    if np.any(bad):
+        i = int(np.flatnonzero(bad)[0])
+        need = "finite and >= 0" if nonnegative else "finite"
+        raise ValueError(f"signal {name!r} row {i}: value {values[i]!r} must be {need}")
+    return values
+
+
+class PrioritizedSampler(Sampler):
+    signals = ("td_error", "priority")
+
+    def __init__(self, priority_exponent: float = 0.6, is_exponent: float = 0.4,
+                 is_exponent_final: float | None = None, is_anneal_samples: int = 0, eps: float = 1e-6,
+                 initial_priority: float = 1.0):
+        super().__init__()
+        if priority_exponent < 0 or is_exponent < 0 or eps < 0 or initial_priority <= 0:
+            raise ValueError("priority_exponent, is_exponent, eps must be >= 0 and initial_priority > 0; got "
+                             f"{priority_exponent}, {is_exponent}, {eps}, {initial_priority}")
+        self.priority_exponent = float(priority_exponent)
+        self.is_exponent = float(is_exponent)
+        self.is_exponent_final = float(is_exponent if is_exponent_final is None else is_exponent_final)
+        self.is_anneal_samples = int(is_anneal_samples)
+        self.eps = float(eps)
+        self.initial_priority = float(initial_priority)
+        self.num_samples = 0
+        self.sum_tree: SumTree | None = None
+        self.max_tree: MaxTree | None = None
+
+    def bind(self, storage, source=None) -> None:
+        super().bind(storage, source)
+        self.sum_tree = SumTree(storage.capacity)
+        self.max_tree = MaxTree(storage.capacity)
+
+    @property
+    def beta(self) -> float:
+        """Current importance-sampling exponent of the linear schedule."""
+        if self.is_anneal_samples <= 0:
+            return self.is_exponent
+        frac = min(1.0, self.num_samples / self.is_anneal_samples)
+        return self.is_exponent + frac * (self.is_exponent_final - self.is_exponent)
+
+    def on_insert(self, slots: np.ndarray) -> None:
+        # the overwritten rows no longer count towards "the largest priority currently stored"
+        self.max_tree.update(slots, np.zeros(slots.size))
+        current = self.max_tree.max
+        p = current if current > 0 else self.initial_priority ** self.priority_exponent
+        values = np.full(slots.size, p)
+        self.sum_tree.update(slots, values)
+        self.max_tree.update(slots, values)
+
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        tree = self.sum_tree
+        total = tree.total
+        indices = tree.find_prefix(rng.random(batch_size) * total)
+        probability = tree.nodes[tree.size + indices] / total
+        is_weight = (self.num_rows() * probability) ** (-self.beta)
+        is_weight /= is_weight.max()
+        self.num_samples += 1
+        return Draw(indices, probability, is_weight.astype(np.float32))
+
+    def priority_from_signals(self, signals: dict) -> np.ndarray:
+        """p^alpha from ``td_error`` ((|delta| + eps)^alpha) or from a raw ``priority`` (priority^alpha)."""
+        if "td_error" in signals:
+            td = check_signal("td_error", signals["td_error"])
+            return (np.abs(td) + self.eps) ** self.priority_exponent
+        if "priority" in signals:
+            return check_signal("priority", signals["priority"], nonnegative=True) ** self.priority_exponent
+        raise ValueError(f"{type(self).__name__}.update needs a 'td_error' or 'priority' signal, "
+                         f"got {sorted(signals)}")
+
+    def update(self, slots: np.ndarray, signals: dict) -> None:
+        p = self.priority_from_signals(signals)
+        if p.size != slots.size:
+            raise ValueError(f"got {p.size} signal values for {slots.size} rows")
+        self.sum_tree.update(slots, p)
+        self.max_tree.update(slots, p)
+
+    def probabilities(self) -> np.ndarray:
+        leaves = np.array(self.sum_tree.leaves)
+        total = leaves.sum()
+        return leaves / total if total > 0 else leaves
+
+    def stats(self) -> dict[str, float]:
+        return super().stats() | {"replay/is_exponent": self.beta}
+
+    def config(self) -> dict:
+        return dict(priority_exponent=self.priority_exponent, is_exponent=self.is_exponent,
+                    is_exponent_final=self.is_exponent_final, is_anneal_samples=self.is_anneal_samples,
+                    eps=self.eps, initial_priority=self.initial_priority)
+
+    def state_dict(self) -> dict:
+        lo, hi = 0, self.storage.size
+        return super().state_dict() | {"priority": np.array(self.sum_tree.leaves[lo:hi]),
+                                       "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        leaves = np.zeros(self.storage.capacity)
+        pr = np.asarray(state["priority"], dtype=np.float64)
+        leaves[: pr.size] = pr
+        self.sum_tree.set_all(leaves)
+        self.max_tree.set_all(leaves)
+        self.num_samples = int(state["num_samples"])

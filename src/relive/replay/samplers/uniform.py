@@ -1,0 +1,22 @@
+"""Uniform sampling with replacement over the stored rows (of one source, inside a mixture)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relive.replay.samplers.base import Draw, Sampler
+
+
+class UniformSampler(Sampler):
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        lo, hi = self.domain()
+        n = hi - lo
+        indices = rng.integers(lo, hi, size=batch_size, dtype=np.int64)
+        return Draw(indices, np.full(batch_size, 1.0 / n), np.ones(batch_size, dtype=np.float32))
+
+    def probabilities(self) -> np.ndarray:
+        p = np.zeros(self.storage.capacity)
+        lo, hi = self.domain()
+        if hi > lo:
+            p[lo:hi] = 1.0 / (hi - lo)
+        return p

@@ -1,0 +1,299 @@
+"""Columnar replay storage: a frozen offline prefix followed by an online ring.
+
+Layout over ``capacity`` slots::
+
+    [0, num_offline)                      offline rows, written once by ``write(OFFLINE, ...)``, never evicted
+    [num_offline, capacity)               online ring: online row number t lives in slot num_offline + t % C
+
+Stored slots are always the contiguous range ``[0, size)``. Every slot carries bookkeeping next to the
+data columns: ``episode_id``, ``step_in_episode``, ``source`` (0 offline / 1 online) and ``generation``,
+a stamp incremented each time the slot is written, which lets samplers ignore updates meant for a row that
+has since been overwritten. Writes are all-or-nothing: the whole batch is validated before any byte moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from relive.replay.episodes import EpisodeIndex
+from relive.types import OFFLINE, ONLINE, SOURCE_NAMES
+
+CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+BOOKKEEPING = (("episode_id", np.int64), ("step_in_episode", np.int64), ("source", np.int8),
+               ("generation", np.int64))
+_FINITE_CHECKED = ("obs", "action", "reward", "next_obs")
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "dtype": np.dtype(self.dtype).str}
+
+    @staticmethod
+    def from_json(d: Mapping) -> ColumnSpec:
+        return ColumnSpec(tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]))
+
+
+def _spec(value) -> ColumnSpec:
+    """Accept ``shape`` (float32) or ``(shape, dtype)`` or a ColumnSpec for an extra column."""
+    if isinstance(value, ColumnSpec):
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[1], int):
+        shape, dtype = value
+    else:
+        shape, dtype = value, np.float32
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return ColumnSpec(shape, np.dtype(dtype))
+
+
+class Storage:
+    def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
+                 action_dtype=np.float32, extra_columns: Mapping | None = None):
+        if int(capacity) < 1:
+            raise ValueError(f"capacity must be a positive number of rows, got {capacity}")
+        self.capacity = int(capacity)
+        obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
+        action_shape = (action_shape,) if isinstance(action_shape, int) else tuple(action_shape)
+        self.specs: dict[str, ColumnSpec] = {
+            "obs": ColumnSpec(obs_shape, np.dtype(obs_dtype)),
+            "action": ColumnSpec(action_shape, np.dtype(action_dtype)),
+            "reward": ColumnSpec((), np.dtype(np.float32)),
+            "next_obs": ColumnSpec(obs_shape, np.dtype(obs_dtype)),
+            "terminated": ColumnSpec((), np.dtype(np.bool_)),
+            "truncated": ColumnSpec((), np.dtype(np.bool_)),
+        }
+        for name, value in (extra_columns or {}).items():
+            if name in self.specs or name in dict(BOOKKEEPING):
+                raise ValueError(f"extra column {name!r} clashes with a built-in column")
+            self.specs[name] = _spec(value)
+        self.extra_names = tuple(n for n in self.specs if n not in CORE_COLUMNS)
+        self.columns = {n: np.zeros((self.capacity, *s.shape), dtype=s.dtype) for n, s in self.specs.items()}
+        self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
+        self.num_offline = 0
+        self.num_online_written = 0  # online rows ever written (the ring's logical clock)
+        self.episodes = EpisodeIndex()
+
+    # -- sizes -----------------------------------------------------------------------------------------
+    @property
+    def online_capacity(self) -> int:
+        return self.capacity - self.num_offline
+
+    @property
+    def num_online(self) -> int:
+        return min(self.num_online_written, self.online_capacity)
+
+    @property
+    def size(self) -> int:
+        return self.num_offline + self.num_online
+
+    def slot_range(self, source: int | None = None) -> tuple[int, int]:
+        """Stored slots of one source (or all) as a half-open range: they are always contiguous."""
+        if source == OFFLINE:
+            return 0, self.num_offline
+        if source == ONLINE:
+            return self.num_offline, self.size
+        return 0, self.size
+
+    def online_slot(self, positions: np.ndarray) -> np.ndarray:
+        """Slot of online rows given their logical positions (see :mod:`relive.replay.episodes`)."""
+        return self.num_offline + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
+
+    def episode_slots(self, start: np.ndarray, length: np.ndarray, source: np.ndarray) -> np.ndarray:
+        """Slots of the rows of several episodes, concatenated in episode then time order."""
+        start = np.asarray(start, np.int64)
+        length = np.asarray(length, np.int64)
+        total = int(length.sum())
+        offsets = np.repeat(np.cumsum(length) - length, length)
+        pos = np.repeat(start, length) + np.arange(total, dtype=np.int64) - offsets
+        online = np.repeat(np.asarray(source) == ONLINE, length)
+        pos[online] = self.online_slot(pos[online])
+        return pos
+
+    # -- validation ------------------------------------------------------------------------------------
+    def validate(self, data: Mapping) -> tuple[dict[str, np.ndarray], int]:
+        """Check a batch of rows against the column specs; return it converted, without writing anything."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"rows must be a mapping of column name -> array, got {type(data).__name__}")
+        missing = [n for n in self.specs if n not in data]
+        if missing:
+            raise ValueError(f"missing column(s) {missing}; every write needs {list(self.specs)}")
+        unknown = [n for n in data if n not in self.specs]
+        if unknown:
+            raise ValueError(f"unknown column(s) {unknown}; declare extra columns with extra_columns=... "
+                             f"(known: {list(self.specs)})")
+        n = None
+        out = {}
+        for name, spec in self.specs.items():
+            arr = _as_numpy(data[name])
+            if arr.ndim == 0 or arr.shape[1:] != spec.shape:
+                raise ValueError(f"column {name!r}: expected shape (n, {', '.join(map(str, spec.shape))})"
+                                 .replace(", )", ")") + f", got {arr.shape}")
+            if n is None:
+                n = arr.shape[0]
+            elif arr.shape[0] != n:
+                raise ValueError(f"column {name!r} has {arr.shape[0]} rows but 'obs' has {n}")
+            out[name] = _convert(name, arr, spec.dtype)
+        for name in _FINITE_CHECKED + tuple(e for e in self.extra_names if self.specs[e].dtype.kind == "f"):
+            arr = out[name]
+            if arr.dtype.kind == "f":
+                bad = ~np.isfinite(arr)
+                if bad.any():
+                    where = tuple(int(i) for i in np.argwhere(bad)[0])
+                    elem = f" element {where[1:]}" if len(where) > 1 else ""
+                    raise ValueError(f"column {name!r} row {where[0]}{elem}: value {arr[where]} is not finite; "
+                                     "obs, action, reward and next_obs must hold finite numbers")
+        return out, int(n)
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def write(self, source: int, data: Mapping) -> np.ndarray:
+        """Append validated rows of one source; returns their slots (-1 for rows of an online batch longer
+        than the ring, which are overwritten by later rows of the same batch)."""
+        rows, n = self.validate(data)
+        if source not in (OFFLINE, ONLINE):
+            raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
+        if n == 0:
+            return np.zeros(0, np.int64)
+        if source == OFFLINE:
+            if self.num_online_written:
+                raise ValueError("offline rows must be added before any online row (the offline part is a "
+                                 "frozen prefix of the storage)")
+            if self.num_offline + n > self.capacity:
+                raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
+                                 f"({self.num_offline} stored + {n} new rows)")
+            slots = np.arange(self.num_offline, self.num_offline + n, dtype=np.int64)
+            keep = slice(None)
+            start = self.num_offline
+        else:
+            if self.online_capacity <= 0:
+                raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
+                                 "build the buffer with a larger capacity")
+            start = self.num_online_written
+            keep = slice(max(0, n - self.online_capacity), n)  # earlier rows would be overwritten at once
+            slots = self.online_slot(np.arange(start, start + n, dtype=np.int64)[keep])
+
+        end = rows["terminated"] | rows["truncated"]
+        episode_id, step = self.episodes.append(source, start, end)
+        for name, arr in rows.items():
+            self.columns[name][slots] = arr[keep]
+        meta = self.meta
+        meta["episode_id"][slots] = episode_id[keep]
+        meta["step_in_episode"][slots] = step[keep]
+        meta["source"][slots] = source
+        meta["generation"][slots] += 1
+        if source == OFFLINE:
+            self.num_offline += n
+        else:
+            self.num_online_written += n
+            self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
+        if isinstance(keep, slice) and keep.start:
+            full = np.full(n, -1, dtype=np.int64)
+            full[keep] = slots
+            return full
+        return slots
+
+    def set_column(self, name: str, slots, values) -> None:
+        """Overwrite an extra column for existing rows (e.g. Monte-Carlo returns once an episode ends).
+        The rows stay the same transitions, so generations do not change."""
+        if name not in self.extra_names:
+            raise ValueError(f"{name!r} is not an extra column (extra columns: {list(self.extra_names)})")
+        slots = self.check_slots(slots)
+        values = _convert(name, _as_numpy(values), self.specs[name].dtype)
+        if values.shape != (slots.size, *self.specs[name].shape):
+            raise ValueError(f"column {name!r}: expected shape {(slots.size, *self.specs[name].shape)}, "
+                             f"got {values.shape}")
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            row = int(np.argwhere(~np.isfinite(values))[0][0])
+            raise ValueError(f"column {name!r} row {row}: value is not finite (NaN/inf)")
+        self.columns[name][slots] = values
+
+    def check_slots(self, slots) -> np.ndarray:
+        slots = _as_numpy(slots)
+        if slots.dtype.kind not in "iu":
+            raise ValueError(f"indices must be integers, got dtype {slots.dtype}")
+        slots = slots.astype(np.int64, copy=False).reshape(-1)
+        bad = (slots < 0) | (slots >= self.size)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"index {int(slots[i])} at position {i} does not exist: stored slots are "
+                             f"0..{self.size - 1}")
+        return slots
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        return {name: arr.take(slots, axis=0) for name, arr in self.columns.items()}
+
+    # -- checkpoint ------------------------------------------------------------------------------------
+    def config(self) -> dict:
+        return {
+            "capacity": self.capacity,
+            "obs_shape": list(self.specs["obs"].shape),
+            "action_shape": list(self.specs["action"].shape),
+            "obs_dtype": self.specs["obs"].dtype.str,
+            "action_dtype": self.specs["action"].dtype.str,
+            "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
+        }
+
+    @classmethod
+    def from_config(cls, cfg: Mapping) -> Storage:
+        return cls(cfg["capacity"], tuple(cfg["obs_shape"]), tuple(cfg["action_shape"]),
+                   obs_dtype=np.dtype(cfg["obs_dtype"]), action_dtype=np.dtype(cfg["action_dtype"]),
+                   extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()})
+
+    def state_dict(self) -> dict:
+        size = self.size
+        return {
+            "columns": {n: a[:size] for n, a in self.columns.items()},
+            "meta": {n: a[:size] for n, a in self.meta.items()},
+            "episodes": self.episodes.state_dict(),
+            "num_offline": self.num_offline,
+            "num_online_written": self.num_online_written,
+        }
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.num_offline = int(state["num_offline"])
+        self.num_online_written = int(state["num_online_written"])
+        size = self.size
+        for name, arr in self.columns.items():
+            src = np.asarray(state["columns"][name])
+            if src.shape != (size, *arr.shape[1:]) or src.dtype != arr.dtype:
+                raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
+                                 f"expected {(size, *arr.shape[1:])} {arr.dtype}")
+            arr[:size] = src
+        for name, arr in self.meta.items():
+            arr[:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
+        self.episodes.load_state_dict(state["episodes"])
+
+
+def _as_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Convert without silent loss: same-kind casts (float64 -> float32, int -> float) are fine; flags
+    accept bool or 0/1 numbers; anything else (float -> int, strings, objects) is an error."""
+    if arr.dtype == dtype:
+        return arr
+    if dtype.kind == "b":
+        if arr.dtype.kind in "iuf":
+            bad = (arr != 0) & (arr != 1)
+            if bad.any():
+                row = int(np.argwhere(bad)[0][0])
+                raise ValueError(f"column {name!r} row {row}: expected a boolean flag (True/False or 0/1), "
+                                 f"got {arr.reshape(arr.shape[0], -1)[row][0]!r}")
+            return arr.astype(np.bool_)
+    elif dtype.kind == "f" and arr.dtype.kind in "fiub":
+        return arr.astype(dtype)
+    elif dtype.kind in "iu" and arr.dtype.kind in "iub":
+        return arr.astype(dtype)
+    raise ValueError(f"column {name!r}: expected dtype {dtype} (or a same-kind dtype), got {arr.dtype}")
+
+
+__all__ = ["Storage", "ColumnSpec", "CORE_COLUMNS", "OFFLINE", "ONLINE", "SOURCE_NAMES"]

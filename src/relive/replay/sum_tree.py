@@ -1,0 +1,147 @@
+"""Vectorized float64 segment trees (sum and max) over a fixed number of leaves.
+
+Every operation takes a whole batch of indices or queries and walks the tree one *level* at a time with
+NumPy array operations, so the cost is O(batch * log N) with log N Python-level steps, never a Python loop
+per row. Parents are always recomputed from their two children (never updated by adding a delta), so the
+float64 totals do not drift however many updates are applied.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _dedupe_last(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keep only the last occurrence of each index (last write wins, as in a sequential loop)."""
+    if indices.size <= 1:
+        return indices, values
+    rev = indices[::-1]
+    uniq, first_in_rev = np.unique(rev, return_index=True)
+    if uniq.size == indices.size:
+        return indices, values
+    keep = indices.size - 1 - first_in_rev
+    return indices[keep], values[keep]
+
+
+class SegmentTree:
+    """A complete binary tree over ``capacity`` leaves, padded to a power of two, stored in one array.
+
+    Node 1 is the root, node ``i`` has children ``2i`` and ``2i + 1``, leaf ``j`` is node ``size + j``.
+    """
+
+    _identity = 0.0
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self.size = 1 << max(0, (self.capacity - 1).bit_length())
+        self.depth = self.size.bit_length() - 1
+        self.nodes = np.full(2 * self.size, self._identity, dtype=np.float64)
+
+    # -- reduction used by the subclass --------------------------------------------------------------
+    @staticmethod
+    def _combine(left: np.ndarray, right: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- batched operations ---------------------------------------------------------------------------
+    def __getitem__(self, indices) -> np.ndarray:
+        return self.nodes[self.size + np.asarray(indices, dtype=np.int64)]
+
+    @property
+    def leaves(self) -> np.ndarray:
+        """A read-only view of the ``capacity`` leaf values."""
+        view = self.nodes[self.size : self.size + self.capacity]
+        view.flags.writeable = False
+        return view
+
+    def update(self, indices, values) -> None:
+        """Set ``leaf[indices] = values``; duplicate indices: the last one wins."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        if indices.size != values.size:
+            raise ValueError(f"{indices.size} indices but {values.size} values")
+        if indices.size == 0:
+            return
+        indices, values = _dedupe_last(indices, values)
+        nodes = self.nodes
+        pos = indices + self.size
+        nodes[pos] = values
+        for _ in range(self.depth):
+            pos >>= 1
+            child = pos << 1
+            nodes[pos] = self._combine(nodes[child], nodes[child + 1])
+
+    def set_all(self, values) -> None:
+        """Replace every leaf at once (O(N), one vectorized pass per level)."""
+        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        if values.size != self.capacity:
+            raise ValueError(f"expected {self.capacity} values, got {values.size}")
+        nodes = self.nodes
+        nodes[self.size : self.size + self.capacity] = values
+        nodes[self.size + self.capacity :] = self._identity
+        level = self.size
+        while level > 1:
+            nodes[level // 2 : level] = self._combine(nodes[level : 2 * level : 2], nodes[level + 1 : 2 * level : 2])
+            level //= 2
+
+    def root(self) -> float:
+        return float(self.nodes[1])
+
+
+class SumTree(SegmentTree):
+    """Sum tree with a batched prefix-sum search (proportional sampling)."""
+
+    _identity = 0.0
+
+    @staticmethod
+    def _combine(left, right):
+        return left + right
+
+    @property
+    def total(self) -> float:
+        return float(self.nodes[1])
+
+    def find_prefix(self, mass: np.ndarray) -> np.ndarray:
+        """For each ``m`` in ``mass`` (0 <= m < total) the leaf ``j`` with prefix(j) <= m < prefix(j + 1).
+
+        Never returns a leaf of zero value while the total is positive: float rounding at a boundary is
+        pushed back into the nearest positive leaf.
+        """
+        nodes = self.nodes
+        q = np.array(mass, dtype=np.float64, copy=True).reshape(-1)
+        idx = np.ones(q.size, dtype=np.int64)
+        for _ in range(self.depth):
+            idx <<= 1
+            left = nodes[idx]
+            go_right = q >= left
+            q -= left * go_right
+            idx += go_right
+        leaf = idx - self.size
+        bad = nodes[idx] <= 0.0
+        if bad.any():
+            leaf[bad] = self._repair(leaf[bad])
+        return leaf
+
+    def _repair(self, leaf: np.ndarray) -> np.ndarray:
+        # Rounding can walk past the last positive leaf (m ~ total); take the nearest positive one to the left,
+        # or to the right when there is none. Happens with probability ~1e-16 per draw.
+        positive = np.flatnonzero(self.nodes[self.size : self.size + self.capacity] > 0.0)
+        if positive.size == 0:
+            raise ValueError("cannot sample from a sum tree whose total is zero")
+        k = np.searchsorted(positive, leaf, side="right") - 1
+        return positive[np.clip(k, 0, positive.size - 1)]
+
+
+class MaxTree(SegmentTree):
+    """Max tree: the largest leaf value in O(1), kept exact under batched updates and overwrites."""
+
+    _identity = 0.0
+
+    @staticmethod
+    def _combine(left, right):
+        return np.maximum(left, right)
+
+    @property
+    def max(self) -> float:
+        return float(self.nodes[1])

@@ -1,0 +1,117 @@
+"""The small typed records that cross component boundaries: batches, sample info, update results."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+OFFLINE = 0
+ONLINE = 1
+SOURCE_NAMES = {OFFLINE: "offline", ONLINE: "online"}
+
+
+@dataclass(frozen=True)
+class SampleInfo:
+    """Which rows a batch holds, and what the sampler knew about them when it drew them.
+
+    ``indices`` are storage slots, ``generation`` the slot's write stamp at sampling time (an update whose
+    stamp no longer matches is stale and is skipped), ``probability`` the per-draw probability of the row
+    under the sampler's distribution, ``is_weight`` the importance-sampling weight to multiply per-sample
+    losses by (all ones for samplers without IS correction), ``source`` 0 = offline, 1 = online.
+    """
+
+    indices: np.ndarray
+    generation: np.ndarray
+    probability: np.ndarray
+    is_weight: np.ndarray
+    source: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+
+_CORE = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A sampled minibatch. Core columns are fields; extra columns are in ``extras`` and also readable as
+    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` is called."""
+
+    obs: Any
+    action: Any
+    reward: Any
+    next_obs: Any
+    terminated: Any
+    truncated: Any
+    info: SampleInfo
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str):
+        extras = self.__dict__.get("extras", {})
+        if name in extras:
+            return extras[name]
+        raise AttributeError(f"Batch has no column {name!r}; columns: {list(_CORE) + list(extras)}")
+
+    def __len__(self) -> int:
+        return len(self.info)
+
+    def columns(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _CORE} | dict(self.extras)
+
+    def to_torch(self, device="cpu", dtype=None) -> Batch:
+        """Torch tensors on ``device`` (zero-copy on CPU); float columns cast to ``dtype`` when given.
+        ``terminated`` / ``truncated`` become float32 so that ``1 - terminated`` works in targets. The
+        ``info`` record stays NumPy except ``is_weight``, which becomes a float32 tensor."""
+        import torch
+
+        def conv(x, is_flag=False):
+            t = torch.as_tensor(x, device=device)
+            if is_flag:
+                return t.to(torch.float32)
+            if dtype is not None and t.is_floating_point():
+                t = t.to(dtype)
+            return t
+
+        info = self.info
+        torch_info = SampleInfo(
+            indices=info.indices,
+            generation=info.generation,
+            probability=info.probability,
+            is_weight=torch.as_tensor(info.is_weight, dtype=torch.float32, device=device),
+            source=info.source,
+        )
+        return Batch(
+            obs=conv(self.obs),
+            action=conv(self.action),
+            reward=conv(self.reward),
+            next_obs=conv(self.next_obs),
+            terminated=conv(self.terminated, True),
+            truncated=conv(self.truncated, True),
+            info=torch_info,
+            extras={k: conv(v) for k, v in self.extras.items()},
+        )
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What ``ReplayBuffer.update`` did: rows updated, and rows skipped because their slot was overwritten
+    after they were sampled (``stale``, a boolean mask over the batch)."""
+
+    num_updated: int
+    num_stale: int
+    stale: np.ndarray
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What an agent's ``update(batch)`` returns: scalar ``metrics`` for logging and per-sample ``signals``
+    (arrays of shape [B], e.g. ``td_error``, ``log_likelihood``) for the buffer."""
+
+    metrics: Mapping[str, float]
+    signals: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+

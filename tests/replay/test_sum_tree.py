@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from relive.replay.sum_tree import MaxTree, SumTree
+
+
+@st.composite
+def update_sequences(draw):
+    capacity = draw(st.integers(1, 40))
+    steps = draw(st.lists(
+        st.lists(st.tuples(st.integers(0, capacity - 1), st.one_of(st.just(0.0), st.floats(1e-3, 100))),
+                 min_size=1, max_size=12),
+        min_size=1, max_size=8))
+    return capacity, steps
+
+
+@settings(max_examples=150, deadline=None)
+@given(update_sequences())
+def test_trees_match_naive_reference_under_random_batched_updates(case):
+    capacity, steps = case
+    sums, maxes = SumTree(capacity), MaxTree(capacity)
+    naive = np.zeros(capacity)
+    for batch in steps:
+        idx = np.array([i for i, _ in batch])
+        val = np.array([v for _, v in batch])
+        sums.update(idx, val)
+        maxes.update(idx, val)
+        for i, v in batch:  # sequential reference: the last write of an index wins
+            naive[i] = v
+        np.testing.assert_array_equal(sums.leaves, naive)
+        assert sums.total == pytest.approx(naive.sum(), rel=1e-12, abs=1e-12)
+        assert maxes.max == naive.max()
+        if naive.sum() > 0:
+            cum = np.cumsum(naive)
+            q = np.linspace(0, naive.sum(), 7, endpoint=False)
+            expected = np.searchsorted(cum, q, side="right")
+            got = sums.find_prefix(q)
+            # ties at a cumulative boundary may resolve to either side only when a leaf is zero
+            assert np.all(naive[got] > 0)
+            np.testing.assert_array_equal(got, expected)
+
+
+def test_duplicate_indices_last_write_wins():
+    t = SumTree(8)
+    t.update([3, 5, 3, 3], [1.0, 2.0, 7.0, 4.0])
+    assert t[3] == 4.0 and t[5] == 2.0 and t.total == 6.0
+    m = MaxTree(8)
+    m.update([2, 2], [9.0, 1.0])
+    assert m.max == 1.0
+
+
+def test_non_power_of_two_capacity_pads_with_zeros():
+    t = SumTree(5)
+    assert t.size == 8
+    t.set_all(np.arange(1, 6, dtype=float))
+    assert t.total == 15.0
+    assert set(t.find_prefix(np.linspace(0, 14.999, 50)).tolist()) <= set(range(5))
+
+
+def test_find_prefix_never_returns_a_zero_leaf_at_the_top_boundary():
+    t = SumTree(4)
+    t.update([0, 1, 2, 3], [0.1, 0.2, 0.7, 0.0])
+    # a query at (or rounded up to) the total must not land on the trailing zero leaf
+    got = t.find_prefix(np.array([t.total, np.nextafter(t.total, 0), 0.0]))
+    assert np.all(t[got] > 0)
+    assert got[0] == 2
+
+
+def test_total_does_not_drift_over_many_updates():
+    rng = np.random.default_rng(0)
+    t = SumTree(1000)
+    for _ in range(2000):
+        t.update(rng.integers(0, 1000, 64), rng.random(64) * 1e3)
+    assert t.total == pytest.approx(t.leaves.sum(), rel=1e-13)
+
+
+def test_set_all_equals_batched_updates():
+    rng = np.random.default_rng(1)
+    values = rng.random(37)
+    a, b = SumTree(37), SumTree(37)
+    a.set_all(values)
+    b.update(np.arange(37), values)
+    np.testing.assert_array_equal(a.nodes, b.nodes)
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        SumTree(0)
+    with pytest.raises(ValueError):
+        SumTree(4).update([0, 1], [1.0])
+    with pytest.raises(ValueError):
+        SumTree(4).find_prefix(np.array([0.0]))  # total is zero
