@@ -1,0 +1,1 @@
+"""Experiments: grids of runs (presets x tasks x seeds), a resumable runner and multi-seed reports."""

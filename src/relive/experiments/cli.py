@@ -1,0 +1,76 @@
+"""`relive bench run GRID` / `relive bench report GRID` / `relive bench list`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from relive.experiments.grid import GRID_DIR, load_grid
+
+
+def add_parsers(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="run experiment grids and report on them",
+                              description="Experiment grids: presets x tasks x seeds, resumable.")
+    sub = p.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+
+    run = sub.add_parser("run", help="run every unfinished run of a grid (skips finished ones)")
+    run.add_argument("grid", help="a built-in grid name (see `relive bench list`) or a TOML file")
+    run.add_argument("--root", default="runs", help="where run directories go (default: runs/)")
+    run.add_argument("--workers", type=int, default=None,
+                     help="concurrent runs (default: CPU cores / --threads-per-run)")
+    run.add_argument("--threads-per-run", type=int, default=1, help="torch threads per run (default 1)")
+    run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and "
+                     "recorded as crashed (default: none)")
+    run.add_argument("--seeds", type=int, default=None, help="only the first N seeds of the grid")
+    run.add_argument("--report", action="store_true", help="write the report when the runs are done")
+    run.add_argument("--out", default="docs/results", help="report directory (with --report)")
+    run.set_defaults(func=_run)
+
+    rep = sub.add_parser("report", help="Markdown tables and plots from a grid's run directories")
+    rep.add_argument("grid", help="a built-in grid name or a TOML file")
+    rep.add_argument("--root", default="runs", help="where the run directories are (default: runs/)")
+    rep.add_argument("--out", default="docs/results", help="where the Markdown and PNGs go")
+    rep.add_argument("--reps", type=int, default=2000, help="bootstrap resamples for the CIs")
+    rep.set_defaults(func=_report)
+
+    ls = sub.add_parser("list", help="list the built-in grids")
+    ls.set_defaults(func=_list)
+
+
+def _grid(args):
+    grid = load_grid(args.grid)
+    if getattr(args, "seeds", None):
+        from dataclasses import replace
+
+        grid = replace(grid, seeds=grid.seeds[: args.seeds])
+    return grid
+
+
+def _run(args: argparse.Namespace) -> int:
+    from relive.experiments.runner import run_grid
+
+    grid = _grid(args)
+    outcomes = run_grid(grid, args.root, workers=args.workers, threads_per_run=args.threads_per_run,
+                        timeout=args.timeout)
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "crashed")}
+    print(f"{grid.name}: {counts['finished']} finished now, {counts['skipped']} already done, "
+          f"{counts['crashed']} crashed (run directories under {Path(args.root) / grid.name})")
+    if args.report:
+        _report(argparse.Namespace(grid=args.grid, root=args.root, out=args.out, reps=2000))
+    return 1 if counts["crashed"] else 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from relive.experiments.report import make_report
+
+    md = make_report(load_grid(args.grid), args.root, args.out, reps=args.reps)
+    print(f"report written to {md}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    for path in sorted(GRID_DIR.glob("*.toml")):
+        grid = load_grid(path)
+        first_line = grid.description.strip().splitlines()[0] if grid.description else ""
+        print(f"{grid.name:12s} {len(grid.runs()):4d} runs  {first_line}")
+    return 0

@@ -1,0 +1,236 @@
+"""Reports over a grid's run directories: Markdown tables, IQM with bootstrap CIs, learning curves.
+
+Reads only what runs wrote (``eval.csv``, ``summary.json``, ``crash.json``); never re-runs anything.
+- Per task and variant: "offline -> online +- std" (CORL style): the score at the end of the offline phase
+  (first evaluation, at online env step 0) and at the end of training, mean +- std over seeds.
+- Aggregate over tasks: interquartile mean with stratified-bootstrap 95% confidence intervals (rliable).
+- Learning curves: mean over seeds with a shaded 95% bootstrap interval, one panel per task.
+- Optional, from the grid's [report] table: env steps to reach a score threshold (ReaPER's metric):
+  mean +- SD over the runs that reach it, the fraction that reach it, and the reduction vs a baseline.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from relive.experiments.grid import Grid
+from relive.experiments.runner import CRASHED, FINISHED, run_dir_of
+
+STEP_KEYS = ("env_step", "num_online_env_steps", "step")
+SCORE_KEYS = ("eval/normalized_score", "eval/return_mean", "eval/return")
+FRACTION_KEY = "replay/online_fraction"
+
+
+@dataclass
+class RunData:
+    label: str
+    task: str
+    seed: int
+    steps: np.ndarray
+    scores: np.ndarray
+    score_key: str
+    summary: dict
+    curves: dict  # other columns of eval.csv by name
+
+
+def _read_eval(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return np.zeros(0), {}
+    cols = {k: np.array([_num(r.get(k)) for r in rows]) for k in rows[0]}
+    step_key = next((k for k in STEP_KEYS if k in cols), None)
+    if step_key is None:
+        raise ValueError(f"{path}: no step column (one of {STEP_KEYS}) in {list(cols)}")
+    return cols.pop(step_key), cols
+
+
+def _num(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def collect(grid: Grid, root: str | Path) -> tuple[list[RunData], list[str], list[str]]:
+    """Finished runs' data, plus the keys of crashed and of missing runs."""
+    data, crashed, missing = [], [], []
+    for spec in grid.runs():
+        d = run_dir_of(Path(root), spec)
+        if (d / CRASHED).is_file() and not (d / FINISHED).is_file():
+            crashed.append(spec.key)
+            continue
+        if not (d / FINISHED).is_file() or not (d / "eval.csv").is_file():
+            missing.append(spec.key)
+            continue
+        steps, cols = _read_eval(d / "eval.csv")
+        key = next((k for k in SCORE_KEYS if k in cols and np.isfinite(cols[k]).any()), None)
+        if key is None:
+            missing.append(spec.key)
+            continue
+        data.append(RunData(spec.label, spec.task, spec.seed, steps, cols[key], key,
+                            json.loads((d / FINISHED).read_text()), cols))
+    return data, crashed, missing
+
+
+def iqm_with_ci(scores_by_label: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, tuple]:
+    """IQM and stratified-bootstrap 95% CI per label; scores are [num_runs, num_tasks] arrays."""
+    from rliable import library as rly
+    from rliable import metrics
+
+    np.random.seed(seed)  # noqa: NPY002 - rliable's bootstrap draws from numpy's global generator
+    point, ci = rly.get_interval_estimates(
+        scores_by_label, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps)
+    return {k: (float(point[k][0]), float(ci[k][0, 0]), float(ci[k][1, 0])) for k in scores_by_label}
+
+
+def steps_to_threshold(steps: np.ndarray, scores: np.ndarray, threshold: float) -> float:
+    """First evaluated env step whose score reaches ``threshold`` (nan if never)."""
+    hit = np.flatnonzero(scores >= threshold)
+    return float(steps[hit[0]]) if hit.size else math.nan
+
+
+def _fmt(mean: float, std: float, digits: int = 1) -> str:
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if np.isfinite(mean) else "—"
+
+
+def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2000) -> Path:
+    """Write ``<out_dir>/<grid>.md`` and PNG plots beside it; returns the Markdown path."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    data, crashed, missing = collect(grid, root)
+    labels = [v.label for v in grid.variants]
+    tasks = sorted({r.task for r in data}, key=lambda t: (grid.tasks + (t,)).index(t))
+    by = defaultdict(list)
+    for r in data:
+        by[(r.label, r.task)].append(r)
+    score_key = data[0].score_key if data else SCORE_KEYS[0]
+
+    lines = [f"# {grid.name}", ""]
+    if grid.description:
+        lines += [grid.description.strip(), ""]
+    lines += [f"Runs: {len(data)} finished, {len(crashed)} crashed, {len(missing)} missing "
+              f"(of {len(grid.runs())}). Score: `{score_key}`.", ""]
+
+    # -- offline -> online table ----------------------------------------------------------------------
+    lines += ["## Offline → online (mean ± std over seeds)", "",
+              "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+    final = defaultdict(dict)  # label -> task -> array of final scores per seed
+    for task in tasks:
+        cells = []
+        for label in labels:
+            runs = by.get((label, task), [])
+            if not runs:
+                cells.append("—")
+                continue
+            first = np.array([r.scores[0] for r in runs])
+            last = np.array([r.scores[-1] for r in runs])
+            final[label][task] = last
+            cells.append(f"{_fmt(first.mean(), first.std())} → {_fmt(last.mean(), last.std())} (n={len(runs)})")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    lines.append("")
+
+    # -- aggregate IQM ---------------------------------------------------------------------------------
+    complete = [lab for lab in labels if all(t in final[lab] for t in tasks) and tasks]
+    if complete:
+        n = min(min(len(final[lab][t]) for t in tasks) for lab in complete)
+        mat = {lab: np.stack([final[lab][t][:n] for t in tasks], axis=1) for lab in complete}
+        if n >= 2:
+            iqm = iqm_with_ci(mat, reps=reps)
+            lines += ["## Aggregate final score: IQM over runs x tasks, 95% stratified-bootstrap CI", "",
+                      "| variant | IQM | 95% CI |", "|---|---|---|"]
+            lines += [f"| {lab} | {iqm[lab][0]:.1f} | [{iqm[lab][1]:.1f}, {iqm[lab][2]:.1f}] |" for lab in complete]
+            lines.append("")
+
+    # -- steps to threshold (ReaPER) -------------------------------------------------------------------
+    thresholds = grid.report.get("thresholds", {})
+    if thresholds:
+        base = grid.report.get("baseline", labels[0])
+        paper = grid.report.get("paper", {})
+        lines += ["## Env steps to reach the threshold", "",
+                  "| task (threshold) | " + " | ".join(labels) + " | reduction vs "
+                  f"{base} | paper |", "|---|" + "---|" * (len(labels) + 2)]
+        for task in tasks:
+            if task not in thresholds:
+                continue
+            cells, means = [], {}
+            for label in labels:
+                runs = by.get((label, task), [])
+                hits = np.array([steps_to_threshold(r.steps, r.scores, thresholds[task]) for r in runs])
+                reached = hits[np.isfinite(hits)]
+                means[label] = reached.mean() if reached.size else math.nan
+                cells.append(f"{_fmt(means[label], reached.std() if reached.size else math.nan, 0)} "
+                             f"({reached.size}/{len(runs)} reach)" if runs else "—")
+            reductions = ", ".join(f"{lab}: {100 * (1 - means[lab] / means[base]):+.0f}%"
+                                   for lab in labels if lab != base and np.isfinite(means.get(lab, math.nan))
+                                   and np.isfinite(means.get(base, math.nan)))
+            lines.append(f"| {task} ({thresholds[task]}) | " + " | ".join(cells)
+                         + f" | {reductions or '—'} | {paper.get(task, '—')} |")
+        lines.append("")
+
+    # -- learning curves -------------------------------------------------------------------------------
+    if data:
+        png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_curves.png", score_key)
+        lines += [f"![learning curves]({png.name})", ""]
+        if any(FRACTION_KEY in r.curves for r in data):
+            png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_online_fraction.png",
+                              FRACTION_KEY, column=FRACTION_KEY)
+            lines += [f"![online fraction]({png.name})", ""]
+    if crashed:
+        lines += ["## Crashed runs", ""] + [f"- `{k}` (see its crash.json)" for k in crashed] + [""]
+    if missing:
+        lines += ["## Missing runs", "", f"{len(missing)} runs have not finished: " +
+                  ", ".join(f"`{k}`" for k in missing[:20]) + (" ..." if len(missing) > 20 else ""), ""]
+    md = out_dir / f"{grid.name}.md"
+    md.write_text("\n".join(lines))
+    return md
+
+
+def _bootstrap_band(curves: np.ndarray, reps: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = curves.shape[0]
+    if n < 2:
+        return curves[0], curves[0]
+    means = curves[rng.integers(0, n, size=(reps, n))].mean(axis=1)
+    return np.percentile(means, 2.5, axis=0), np.percentile(means, 97.5, axis=0)
+
+
+def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | None = None) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        for label in labels:
+            runs = by.get((label, task), [])
+            if not runs:
+                continue
+            series = [(r.steps, r.curves.get(column) if column else r.scores) for r in runs]
+            series = [(s, y) for s, y in series if y is not None]
+            if not series:
+                continue
+            n = min(len(s) for s, _ in series)
+            steps = series[0][0][:n]
+            ys = np.stack([y[:n] for _, y in series])
+            lo, hi = _bootstrap_band(ys)
+            (line,) = ax.plot(steps, ys.mean(axis=0), label=f"{label} (n={len(series)})")
+            ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2)
+        ax.set_title(task)
+        ax.set_xlabel("online env steps")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"{grid.name}: mean over seeds, shaded 95% bootstrap CI")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
