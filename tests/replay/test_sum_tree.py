@@ -16,11 +16,15 @@ def update_sequences(draw):
     return capacity, steps
 
 
+KERNELS = pytest.mark.parametrize("use_kernels", [True, False], ids=["compiled", "numpy"])
+
+
+@KERNELS
 @settings(max_examples=150, deadline=None)
-@given(update_sequences())
-def test_trees_match_naive_reference_under_random_batched_updates(case):
+@given(case=update_sequences())
+def test_trees_match_naive_reference_under_random_batched_updates(case, use_kernels):
     capacity, steps = case
-    sums, maxes = SumTree(capacity), MaxTree(capacity)
+    sums, maxes = SumTree(capacity, use_kernels), MaxTree(capacity, use_kernels)
     naive = np.zeros(capacity)
     for batch in steps:
         idx = np.array([i for i, _ in batch])
@@ -42,11 +46,12 @@ def test_trees_match_naive_reference_under_random_batched_updates(case):
             np.testing.assert_array_equal(got, expected)
 
 
-def test_duplicate_indices_last_write_wins():
-    t = SumTree(8)
+@KERNELS
+def test_duplicate_indices_last_write_wins(use_kernels):
+    t = SumTree(8, use_kernels)
     t.update([3, 5, 3, 3], [1.0, 2.0, 7.0, 4.0])
     assert t[3] == 4.0 and t[5] == 2.0 and t.total == 6.0
-    m = MaxTree(8)
+    m = MaxTree(8, use_kernels)
     m.update([2, 2], [9.0, 1.0])
     assert m.max == 1.0
 
@@ -59,8 +64,9 @@ def test_non_power_of_two_capacity_pads_with_zeros():
     assert set(t.find_prefix(np.linspace(0, 14.999, 50)).tolist()) <= set(range(5))
 
 
-def test_find_prefix_never_returns_a_zero_leaf_at_the_top_boundary():
-    t = SumTree(4)
+@KERNELS
+def test_find_prefix_never_returns_a_zero_leaf_at_the_top_boundary(use_kernels):
+    t = SumTree(4, use_kernels)
     t.update([0, 1, 2, 3], [0.1, 0.2, 0.7, 0.0])
     # a query at (or rounded up to) the total must not land on the trailing zero leaf
     got = t.find_prefix(np.array([t.total, np.nextafter(t.total, 0), 0.0]))
@@ -76,13 +82,33 @@ def test_total_does_not_drift_over_many_updates():
     assert t.total == pytest.approx(t.leaves.sum(), rel=1e-13)
 
 
-def test_set_all_equals_batched_updates():
+@KERNELS
+def test_set_all_update_and_update_range_agree(use_kernels):
     rng = np.random.default_rng(1)
     values = rng.random(37)
-    a, b = SumTree(37), SumTree(37)
-    a.set_all(values)
-    b.update(np.arange(37), values)
-    np.testing.assert_array_equal(a.nodes, b.nodes)
+    for cls in (SumTree, MaxTree):
+        a, b, c = cls(37, use_kernels), cls(37, use_kernels), cls(37, use_kernels)
+        a.set_all(values)
+        b.update(np.arange(37), values)
+        c.update_range(0, values[:20])
+        c.update_range(20, values[20:])
+        np.testing.assert_array_equal(a.nodes, b.nodes)
+        np.testing.assert_allclose(a.nodes, c.nodes, rtol=1e-15)
+        c.update_range(5, np.zeros(3))
+        b.update([5, 6, 7], np.zeros(3))
+        np.testing.assert_allclose(b.nodes, c.nodes, rtol=1e-15)
+
+
+def test_compiled_and_numpy_paths_build_identical_trees_and_draws():
+    rng = np.random.default_rng(2)
+    fast, slow = SumTree(1000, True), SumTree(1000, False)
+    for _ in range(20):
+        idx, val = rng.integers(0, 1000, 64), rng.random(64)
+        fast.update(idx, val)
+        slow.update(idx, val)
+    np.testing.assert_array_equal(fast.nodes, slow.nodes)
+    q = rng.random(500) * fast.total
+    np.testing.assert_array_equal(fast.find_prefix(q), slow.find_prefix(q))
 
 
 def test_bad_arguments():

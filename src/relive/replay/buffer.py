@@ -114,14 +114,16 @@ class ReplayBuffer:
             raise ValueError(f"info has {idx.size} indices but {gen.size} generations")
         arrays = {}
         for name, value in signals.items():
-            arr = _as_numpy(value).reshape(-1) if np.ndim(_as_numpy(value)) else _as_numpy(value)
+            arr = _as_numpy(value)
             if arr.shape != (idx.size,):
-                raise ValueError(f"signal {name!r}: expected shape ({idx.size},), got {np.shape(value)}")
+                if arr.size == idx.size and arr.ndim == 2 and 1 in arr.shape:
+                    arr = arr.reshape(-1)  # [B, 1] is fine
+                else:
+                    raise ValueError(f"signal {name!r}: expected shape ({idx.size},), got {arr.shape}")
             if arr.dtype.kind not in "fiub":
                 raise ValueError(f"signal {name!r}: expected numbers, got dtype {arr.dtype}")
-            bad = ~np.isfinite(arr.astype(np.float64))
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                i = int(np.flatnonzero(~np.isfinite(arr))[0])
                 raise ValueError(f"signal {name!r} row {i}: value {arr[i]!r} is not finite (NaN/inf)")
             arrays[name] = arr
         fresh = self.storage.meta["generation"].take(idx) == gen

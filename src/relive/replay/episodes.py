@@ -78,12 +78,23 @@ class EpisodeIndex:
         n = end.size
         if n == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        seg_starts = np.concatenate(([0], np.flatnonzero(end[:-1]) + 1))
-        seg_lengths = np.diff(np.append(seg_starts, n))
-        seg_of_row = np.cumsum(end) - end
-        steps = np.arange(n, dtype=np.int64) - seg_starts[seg_of_row]
-
         open_id = self._open[source]
+        if not end[:-1].any():  # fast path: all rows belong to one episode (the open one, or a new one)
+            if open_id == -1:
+                open_id = self._new_records(source, start, np.zeros(1, np.int64), np.array([n]), end[-1:])
+                base = 0
+            else:
+                r = int(self._rows(open_id))
+                base = int(self._rec["length"][r])
+                self._rec["length"][r] += n
+                self._rec["finished"][r] = end[-1]
+            self._open[source] = -1 if end[-1] else open_id
+            return np.full(n, open_id, dtype=np.int64), base + np.arange(n, dtype=np.int64)
+        seg_starts = np.concatenate(([0], np.flatnonzero(end[:-1]) + 1))
+        seg_lengths = np.diff(seg_starts, append=n)
+        seg_of_row = np.repeat(np.arange(seg_starts.size), seg_lengths)
+        steps = np.arange(n, dtype=np.int64) - np.repeat(seg_starts, seg_lengths)
+
         rec = self._rec
         new_segments = seg_starts
         new_lengths = seg_lengths
@@ -96,21 +107,28 @@ class EpisodeIndex:
             new_segments, new_lengths = seg_starts[1:], seg_lengths[1:]
         else:
             first_id = self.next_id
-        k = new_segments.size
-        if k:
-            self._grow(self._num_records + k)
-            sl = slice(self._num_records, self._num_records + k)
-            rec["start"][sl] = start + new_segments
-            rec["length"][sl] = new_lengths
-            rec["finished"][sl] = end[new_segments + new_lengths - 1]
-            rec["source"][sl] = source
-            self._num_records += k
-            self.next_id += k
-            if source == OFFLINE:
-                self.num_offline_episodes += k
+        if new_segments.size:
+            self._new_records(source, start, new_segments, new_lengths, end[new_segments + new_lengths - 1])
         ids = first_id + seg_of_row
         self._open[source] = -1 if end[-1] else int(ids[-1])
         return ids.astype(np.int64), steps
+
+    def _new_records(self, source: int, start: int, offsets, lengths, finished) -> int:
+        """Append records for new episodes starting at ``start + offsets``; returns the first new id."""
+        k = offsets.size
+        self._grow(self._num_records + k)
+        sl = slice(self._num_records, self._num_records + k)
+        rec = self._rec
+        rec["start"][sl] = start + offsets
+        rec["length"][sl] = lengths
+        rec["finished"][sl] = finished
+        rec["source"][sl] = source
+        self._num_records += k
+        first = self.next_id
+        self.next_id += k
+        if source == OFFLINE:
+            self.num_offline_episodes += k
+        return first
 
     def close_offline(self) -> None:
         """The dataset ended: its last episode can never grow, so it counts as finished."""
@@ -127,7 +145,13 @@ class EpisodeIndex:
             return
         self.online_evicted_before = int(position)
         lo = int(self._rows(self.first_live_online_id))
-        ends = self._rec["start"][lo : self._num_records] + self._rec["length"][lo : self._num_records]
+        rec, hi = self._rec, self._num_records
+        if lo >= hi or rec["start"][lo] + rec["length"][lo] > position:
+            return  # the oldest live episode still has rows: nothing was forgotten
+        window = min(hi, lo + 64)  # usually few episodes die at once: look at the oldest ones first
+        ends = rec["start"][lo:window] + rec["length"][lo:window]
+        if ends[-1] <= position and window < hi:
+            ends = rec["start"][lo:hi] + rec["length"][lo:hi]
         dead = int(np.searchsorted(ends, position, side="right"))  # ends are increasing for online records
         self.first_live_online_id += dead
         self._maybe_compact()

@@ -141,7 +141,8 @@ class Storage:
             out[name] = _convert(name, arr, spec.dtype)
         for name in _FINITE_CHECKED + tuple(e for e in self.extra_names if self.specs[e].dtype.kind == "f"):
             arr = out[name]
-            if arr.dtype.kind == "f":
+            # a sum is finite unless some value is NaN/inf (or the sum overflows): cheap screen, exact check after
+            if arr.dtype.kind == "f" and not np.isfinite(np.add.reduce(arr, axis=None)):
                 bad = ~np.isfinite(arr)
                 if bad.any():
                     where = tuple(int(i) for i in np.argwhere(bad)[0])
@@ -179,19 +180,28 @@ class Storage:
 
         end = rows["terminated"] | rows["truncated"]
         episode_id, step = self.episodes.append(source, start, end)
-        for name, arr in rows.items():
-            self.columns[name][slots] = arr[keep]
         meta = self.meta
-        meta["episode_id"][slots] = episode_id[keep]
-        meta["step_in_episode"][slots] = step[keep]
-        meta["source"][slots] = source
-        meta["generation"][slots] += 1
+        # the kept rows land in at most two runs of consecutive slots (two when the ring wraps): slice writes
+        first = int(slots[0])
+        split = min(slots.size, self.capacity - first)
+        offset = 0 if keep.start is None else keep.start
+        for lo, hi in ((0, split), (split, slots.size)):
+            if hi <= lo:
+                continue
+            dst = slice(int(slots[lo]), int(slots[lo]) + hi - lo)
+            src = slice(offset + lo, offset + hi)
+            for name, arr in rows.items():
+                self.columns[name][dst] = arr[src]
+            meta["episode_id"][dst] = episode_id[src]
+            meta["step_in_episode"][dst] = step[src]
+            meta["source"][dst] = source
+            meta["generation"][dst] += 1
         if source == OFFLINE:
             self.num_offline += n
         else:
             self.num_online_written += n
             self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
-        if isinstance(keep, slice) and keep.start:
+        if keep.start:
             full = np.full(n, -1, dtype=np.int64)
             full[keep] = slots
             return full
@@ -271,6 +281,8 @@ class Storage:
 
 
 def _as_numpy(x) -> np.ndarray:
+    if type(x) is np.ndarray:
+        return x
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
         x = x.detach().cpu().numpy()
     return np.asarray(x)

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from relive.types import ONLINE, SOURCE_NAMES
+from relive.types import SOURCE_NAMES
 
 
 class Draw(NamedTuple):
@@ -31,7 +31,7 @@ class Sampler:
     def __init__(self) -> None:
         self.storage = None
         self.source: int | None = None
-        self._last_online_fraction = float("nan")
+        self._last_indices = np.zeros(0, np.int64)
 
     # -- wiring ----------------------------------------------------------------------------------------
     def bind(self, storage, source: int | None = None) -> None:
@@ -56,8 +56,7 @@ class Sampler:
         if n == 0:
             raise ValueError(f"cannot sample: no {self._domain_name()} rows stored yet")
         draw = self._draw(int(batch_size), rng)
-        src = self.storage.meta["source"].take(draw.indices)
-        self._last_online_fraction = float(np.mean(src == ONLINE)) if src.size else float("nan")
+        self._last_indices = draw.indices  # the online share of the last batch is computed in stats()
         return draw
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:  # pragma: no cover - abstract
@@ -87,12 +86,19 @@ class Sampler:
         online_lo = self.storage.num_offline
         return {
             "replay/size": float(n),
-            "replay/online_fraction": self._last_online_fraction,
+            "replay/online_fraction": self.last_online_fraction(),
             "replay/online_mass": float(stored[online_lo:].sum()) if n else 0.0,
             "replay/ess": ess,
             "replay/ess_fraction": ess / n if n else 0.0,
             "replay/max_min_ratio": float(positive.max() / positive.min()) if positive.size else 0.0,
         }
+
+    def last_online_fraction(self) -> float:
+        """Share of online rows in the most recent batch (nan before the first)."""
+        idx = self._last_indices
+        if idx.size == 0:
+            return float("nan")
+        return float(np.mean(idx >= self.storage.num_offline))
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def config(self) -> dict:
@@ -104,10 +110,10 @@ class Sampler:
         return cls(**cfg)
 
     def state_dict(self) -> dict:
-        return {"last_online_fraction": self._last_online_fraction}
+        return {"last_indices": self._last_indices.copy()}
 
     def load_state_dict(self, state: dict) -> None:
-        self._last_online_fraction = float(state.get("last_online_fraction", float("nan")))
+        self._last_indices = np.asarray(state.get("last_indices", np.zeros(0)), dtype=np.int64)
 
     def _domain_name(self) -> str:
         return SOURCE_NAMES[self.source] if self.source is not None else ""

@@ -19,13 +19,24 @@ from relive.replay.sum_tree import MaxTree, SumTree
 
 
 def check_signal(name: str, values: np.ndarray, *, nonnegative: bool = False) -> np.ndarray:
+    """float64 view of a signal; the buffer has checked shape and finiteness, this checks the sign."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
-    bad = ~np.isfinite(values) | ((values < 0) if nonnegative else False)
-    if np.any(bad):
-        i = int(np.flatnonzero(bad)[0])
-        need = "finite and >= 0" if nonnegative else "finite"
-        raise ValueError(f"signal {name!r} row {i}: value {values[i]!r} must be {need}")
+    if nonnegative and (values < 0).any():
+        i = int(np.flatnonzero(values < 0)[0])
+        raise ValueError(f"signal {name!r} row {i}: value {values[i]!r} must be >= 0")
     return values
+
+
+def contiguous_runs(slots: np.ndarray, max_runs: int = 2) -> list[tuple[int, int]] | None:
+    """``slots`` as at most ``max_runs`` ascending runs of consecutive slots ((start, length) pairs), which is
+    what appending to the storage produces (two runs when the ring wraps); None otherwise."""
+    if slots.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(slots) != 1)
+    if breaks.size >= max_runs:
+        return None
+    bounds = np.concatenate(([0], breaks + 1, [slots.size]))
+    return [(int(slots[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 class PrioritizedSampler(Sampler):
@@ -62,13 +73,21 @@ class PrioritizedSampler(Sampler):
         return self.is_exponent + frac * (self.is_exponent_final - self.is_exponent)
 
     def on_insert(self, slots: np.ndarray) -> None:
+        runs = contiguous_runs(slots)
         # the overwritten rows no longer count towards "the largest priority currently stored"
-        self.max_tree.update(slots, np.zeros(slots.size))
+        self._set(self.max_tree, slots, runs, 0.0)
         current = self.max_tree.max
         p = current if current > 0 else self.initial_priority ** self.priority_exponent
-        values = np.full(slots.size, p)
-        self.sum_tree.update(slots, values)
-        self.max_tree.update(slots, values)
+        self._set(self.sum_tree, slots, runs, p)
+        self._set(self.max_tree, slots, runs, p)
+
+    @staticmethod
+    def _set(tree, slots, runs, value: float) -> None:
+        if runs is None:
+            tree.update(slots, np.full(slots.size, value))
+        else:
+            for start, n in runs:
+                tree.update_range(start, np.full(n, value))
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         tree = self.sum_tree

@@ -1,0 +1,83 @@
+"""Compiled kernels for the segment trees (numba), used when numba is importable.
+
+Each kernel is the sequential loop the NumPy path in :mod:`relive.replay.sum_tree` vectorizes level by
+level; both give identical trees (the tests run the same checks on both). Set ``RELIVE_NO_NUMBA=1`` to use
+the NumPy path. Sequential processing makes duplicate indices last-write-wins for free.
+"""
+
+from __future__ import annotations
+
+import os
+
+AVAILABLE = False
+if os.environ.get("RELIVE_NO_NUMBA", "") in ("", "0"):
+    try:
+        import numba
+        import numpy as np
+
+        AVAILABLE = True
+    except ImportError:  # pragma: no cover - numba is a dependency, but the NumPy path stands alone
+        AVAILABLE = False
+
+if AVAILABLE:
+
+    @numba.njit(cache=True, nogil=True)
+    def update_sum(nodes, size, indices, values):  # pragma: no cover - compiled
+        for k in range(indices.size):
+            i = indices[k] + size
+            nodes[i] = values[k]
+            i >>= 1
+            while i >= 1:
+                nodes[i] = nodes[2 * i] + nodes[2 * i + 1]
+                i >>= 1
+
+    @numba.njit(cache=True, nogil=True)
+    def update_max(nodes, size, indices, values):  # pragma: no cover - compiled
+        for k in range(indices.size):
+            i = indices[k] + size
+            nodes[i] = values[k]
+            i >>= 1
+            while i >= 1:
+                a = nodes[2 * i]
+                b = nodes[2 * i + 1]
+                nodes[i] = a if a >= b else b
+                i >>= 1
+
+    @numba.njit(cache=True, nogil=True)
+    def update_range(nodes, size, start, values, is_max):  # pragma: no cover - compiled
+        lo = start + size
+        hi = lo + values.size - 1
+        for k in range(values.size):
+            nodes[lo + k] = values[k]
+        while lo > 1:
+            lo >>= 1
+            hi >>= 1
+            for i in range(lo, hi + 1):
+                a = nodes[2 * i]
+                b = nodes[2 * i + 1]
+                if is_max:
+                    nodes[i] = a if a >= b else b
+                else:
+                    nodes[i] = a + b
+
+    @numba.njit(cache=True, nogil=True)
+    def find_prefix(nodes, size, mass, out):  # pragma: no cover - compiled
+        # level by level over the whole batch (independent loads overlap the cache misses of a large tree);
+        # never steps into a subtree whose sum is zero, so a zero leaf is never returned while total > 0
+        n = mass.size
+        m = mass.copy()
+        idx = np.ones(n, np.int64)
+        width = size
+        while width > 1:
+            for k in range(n):
+                i = idx[k]
+                left = nodes[2 * i]
+                if (m[k] >= left and nodes[2 * i + 1] > 0.0) or left <= 0.0:
+                    m[k] -= left
+                    idx[k] = 2 * i + 1
+                else:
+                    idx[k] = 2 * i
+            width >>= 1
+        for k in range(n):
+            out[k] = idx[k] - size
+        return out
