@@ -86,7 +86,7 @@ def save_tree(path: str | os.PathLike, tree: dict, *, kind: str) -> Path:
         if arr.dtype.hasobject:
             raise ValueError(f"array {key!r} has dtype object; checkpoints hold plain numeric arrays only")
         name = _file_name(key)
-        np.save(partial / name, np.ascontiguousarray(arr), allow_pickle=False)
+        np.save(partial / name, arr if arr.flags.c_contiguous else arr.copy(order="C"), allow_pickle=False)
         files[name] = key
     (partial / "state.json").write_text(json.dumps(scalars, indent=1, sort_keys=True, allow_nan=True))
     entries = {name: {"bytes": (partial / name).stat().st_size, "sha256": _sha256(partial / name)}
