@@ -31,6 +31,9 @@ test-all: $(VENV)/.stamp-test
 demo: $(VENV)/.stamp-demo
 	$(PY) bench/replay_throughput.py --rows 1000000 --out docs/img
 
+bench: $(VENV)/.stamp-demo
+	$(PY) bench/replay_throughput.py --rows 1000000 --seconds 2 --out docs/img
+
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check src tests bench
 
