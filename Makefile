@@ -19,7 +19,11 @@ $(VENV)/.stamp-test: pyproject.toml constraints.txt | $(PY)
 	touch $@
 
 $(VENV)/.stamp-demo: pyproject.toml constraints.txt | $(PY)
-	$(PIPC) -e ".[test,bench]"
+	$(PIPC) -e ".[train]"
+	touch $@
+
+$(VENV)/.stamp-bench: pyproject.toml constraints.txt | $(PY)
+	$(PIPC) -e ".[train,bench]"
 	touch $@
 
 test: $(VENV)/.stamp-test
@@ -29,9 +33,9 @@ test-all: $(VENV)/.stamp-test
 	$(PY) -m pytest
 
 demo: $(VENV)/.stamp-demo
-	$(PY) bench/replay_throughput.py --rows 1000000 --out docs/img
+	$(VENV)/bin/relive demo --out runs/demo
 
-bench: $(VENV)/.stamp-demo
+bench: $(VENV)/.stamp-bench
 	$(PY) bench/replay_throughput.py --rows 1000000 --seconds 2 --out docs/img
 
 lint: $(VENV)/.stamp-test

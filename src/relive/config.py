@@ -1,0 +1,168 @@
+"""Experiment configuration: frozen dataclasses grouped by concern, validated on construction, saved as
+``config.json`` and reloaded to an equal object (``load_config``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from relive.agents.cal_ql import CalQLConfig
+from relive.agents.ddqn import DDQNConfig
+from relive.agents.sac import SACConfig
+
+AGENT_CONFIGS = {"sac": SACConfig, "calql": CalQLConfig, "ddqn": DDQNConfig}
+REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    run_dir: str | None = None  # default: runs/<preset>-<env>-seed<seed>-<time>
+    device: str = "cpu"
+    num_threads: int = 1  # torch intra-op threads
+    log_every_env_steps: int = 1000
+    eval_every_env_steps: int = 5000
+    eval_episodes: int = 5
+    checkpoint_every_env_steps: int = 10_000  # checkpoints land on the first episode end after this many steps
+    progress: bool = True
+
+    def __post_init__(self):
+        for name in ("log_every_env_steps", "eval_every_env_steps", "eval_episodes", "checkpoint_every_env_steps",
+                     "num_threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    id: str = "Pendulum-v1"
+    max_episode_steps: int | None = None  # override the registered time limit
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str | None = None  # an .npz of columns written by relive (see relive.train.collector.save_dataset)
+    discount: float | None = None  # for Monte-Carlo returns-to-go; default: the agent's gamma
+    ref_min_return: float | None = None  # reference returns for normalized scores (D4RL style)
+    ref_max_return: float | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    num_offline_grad_steps: int = 0
+    num_online_env_steps: int = 10_000
+    env_steps_per_chunk: int = 1  # collect this many env steps, then chunk x utd_ratio gradient steps
+    utd_ratio: int = 1
+    num_warmup_env_steps: int = 1000  # random actions and no updates at the start of the online phase
+    batch_size: int = 256
+    refresh_every_grad_steps: int = 1000  # sampler.refresh cadence (ARB-style samplers)
+
+    def __post_init__(self):
+        if min(self.env_steps_per_chunk, self.utd_ratio, self.batch_size, self.refresh_every_grad_steps) < 1:
+            raise ValueError("env_steps_per_chunk, utd_ratio, batch_size and refresh_every_grad_steps must be >= 1")
+        if min(self.num_offline_grad_steps, self.num_online_env_steps, self.num_warmup_env_steps) < 0:
+            raise ValueError("step counts must be >= 0")
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    name: str = "uniform"  # uniform | per | symmetric (RLPD 50/50) | symmetric_per (uniform offline, PER online)
+    capacity: int = 1_000_000
+    offline_fraction: float = 0.5
+    priority_exponent: float = 0.6
+    is_exponent: float = 0.4
+    is_exponent_final: float = 1.0
+    score_mode: str = "log_prob"  # for samplers that refresh from policy scores
+
+    def __post_init__(self):
+        if self.name not in REPLAY_NAMES:
+            raise ValueError(f"replay.name must be one of {REPLAY_NAMES}, got {self.name!r}")
+        if not 0.0 <= self.offline_fraction <= 1.0 or self.capacity < 1:
+            raise ValueError("replay.offline_fraction must be in [0, 1] and capacity >= 1")
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    preset: str = "sac"
+    agent_kind: str = "sac"  # sac | calql | ddqn
+    agent: SACConfig | CalQLConfig | DDQNConfig = field(default_factory=SACConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+
+    def __post_init__(self):
+        if self.agent_kind not in AGENT_CONFIGS:
+            raise ValueError(f"agent_kind must be one of {list(AGENT_CONFIGS)}, got {self.agent_kind!r}")
+        if type(self.agent) is not AGENT_CONFIGS[self.agent_kind]:
+            raise ValueError(f"agent_kind {self.agent_kind!r} needs a {AGENT_CONFIGS[self.agent_kind].__name__}, "
+                             f"got {type(self.agent).__name__}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _build(cls, data):
+    """Rebuild a dataclass (recursively) from JSON data, turning lists back into tuples where typed so."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def _convert(tp, value):
+    if dataclasses.is_dataclass(value):
+        return value
+    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
+        return _build(tp, value)
+    origin = typing.get_origin(tp)
+    if origin is tuple and isinstance(value, list):
+        return tuple(value)
+    if origin in (typing.Union, types.UnionType):
+        return next((_convert(a, value) for a in typing.get_args(tp) if typing.get_origin(a) is tuple
+                     and isinstance(value, list)), value)
+    return value
+
+
+def config_from_dict(d: dict) -> ExperimentConfig:
+    d = dict(d)
+    kind = d.get("agent_kind", "sac")
+    if kind not in AGENT_CONFIGS:
+        raise ValueError(f"agent_kind must be one of {list(AGENT_CONFIGS)}, got {kind!r}")
+    d["agent"] = _build(AGENT_CONFIGS[kind], d.get("agent", {}))
+    return _build(ExperimentConfig, d)
+
+
+def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(cfg.to_dict(), indent=1, allow_nan=True))
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    return config_from_dict(json.loads(Path(path).read_text()))
+
+
+def override(cfg: ExperimentConfig, assignments: list[str]) -> ExperimentConfig:
+    """Apply ``section.key=value`` strings (value parsed as JSON, else a string), e.g. ``agent.num_qs=10``."""
+    d = cfg.to_dict()
+    for item in assignments:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ValueError(f"--set expects section.key=value (e.g. agent.num_qs=10), got {item!r}")
+        key, raw = item.split("=", 1)
+        section, name = key.split(".", 1)
+        if section not in d or not isinstance(d[section], dict) or name not in d[section]:
+            known = {s: list(v) for s, v in d.items() if isinstance(v, dict)}
+            raise ValueError(f"unknown setting {key!r}; known: {known}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        d[section][name] = value
+    return config_from_dict(d)

@@ -1,0 +1,1 @@
+"""Training: environments, rollouts, the offline -> online trainer, evaluation, run logging, checkpoints."""

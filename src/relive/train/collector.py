@@ -1,0 +1,112 @@
+"""Stepping an environment with a policy into replay rows, Monte-Carlo returns-to-go, and small datasets.
+
+``Collector`` keeps the current episode between calls so the trainer can collect in chunks. On truncation
+(time limit) the stored ``next_obs`` is the true final observation, so the critic bootstraps from it
+(``terminated`` is False); on termination there is no bootstrap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from relive.train.envs import EnvSpec, make_env, random_actions
+
+
+class Collector:
+    def __init__(self, env, spec: EnvSpec, seed: int):
+        self.env, self.spec = env, spec
+        self.obs, _ = env.reset(seed=int(seed))
+        self.needs_reset = False  # episodes are reset lazily, so a checkpoint between episodes holds the
+        self.episode_return = 0.0  # env RNG state *before* the next reset (exact resume)
+        self.episode_length = 0
+        self.finished_returns: list[float] = []  # returns of episodes finished since last read
+
+    @property
+    def at_episode_start(self) -> bool:
+        return self.episode_length == 0
+
+    def step(self, policy, n: int) -> dict:
+        """Run ``n`` env steps with ``policy(obs[1, ...]) -> action[1, ...]``; return the rows."""
+        rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+        for _ in range(n):
+            if self.needs_reset:
+                self.obs, _ = self.env.reset()
+                self.needs_reset = False
+            action = policy(self.obs[None])[0]
+            next_obs, reward, terminated, truncated, _ = self.env.step(action)
+            for k, v in (("obs", self.obs), ("action", action), ("reward", reward), ("next_obs", next_obs),
+                         ("terminated", terminated), ("truncated", truncated)):
+                rows[k].append(v)
+            self.episode_return += float(reward)
+            self.episode_length += 1
+            if terminated or truncated:
+                self.finished_returns.append(self.episode_return)
+                self.needs_reset = True
+                self.episode_return, self.episode_length = 0.0, 0
+            else:
+                self.obs = next_obs
+        return {k: np.asarray(v) for k, v in rows.items()}
+
+    def state_dict(self) -> dict:
+        """Only valid between episodes (``at_episode_start``): the env's RNG before its next reset."""
+        if not self.at_episode_start:
+            raise ValueError("a collector can only be checkpointed between episodes")
+        return {"env_rng": self.env.unwrapped.np_random.bit_generator.state, "needs_reset": self.needs_reset}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.env.unwrapped.np_random.bit_generator.state = state["env_rng"]
+        self.needs_reset = bool(state["needs_reset"])
+        self.episode_return, self.episode_length = 0.0, 0
+
+
+def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.ndarray, gamma: float) -> np.ndarray:
+    """Discounted Monte-Carlo return-to-go G_t = r_t + gamma (1 - end_t) G_{t+1}, restarting at every episode
+    end. A time-limit truncation ends the sum there (no bootstrap: the data has no value estimate), so
+    truncated episodes get a truncated return, as CORL and the official Cal-QL compute it."""
+    reward = np.asarray(reward, np.float64)
+    end = np.asarray(episode_end, bool) | np.asarray(terminated, bool)
+    out = np.zeros_like(reward)
+    g = 0.0
+    for t in range(reward.size - 1, -1, -1):  # one pass per dataset/episode, not on a hot path
+        g = reward[t] + (0.0 if end[t] else gamma * g)
+        out[t] = g
+    return out.astype(np.float32)
+
+
+def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_episode_steps: int | None = None) -> dict:
+    """Rows of ``num_steps`` env steps with ``policy`` (uniform random actions when None); the last
+    episode is cut as truncated so the dataset holds whole episodes."""
+    from relive.train.envs import env_spec
+
+    env = make_env(env_id, max_episode_steps)
+    spec = env_spec(env)
+    rng = np.random.default_rng(seed)
+    collector = Collector(env, spec, seed)
+    act = policy if policy is not None else (lambda obs: random_actions(spec, obs.shape[0], rng))
+    rows = collector.step(act, num_steps)
+    rows["truncated"][-1] = rows["truncated"][-1] or not rows["terminated"][-1]
+    env.close()
+    return rows
+
+
+def save_dataset(path: str | Path, rows: dict, **meta) -> Path:
+    """A dataset as one .npz of columns (no pickle); ``meta`` values are stored as 0-d arrays."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **rows, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
+    return path
+
+
+def load_dataset(path: str | Path) -> tuple[dict, dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"dataset {path} does not exist")
+    with np.load(path, allow_pickle=False) as z:
+        rows = {k: z[k] for k in z.files if not k.startswith("meta_")}
+        meta = {k[5:]: z[k].item() for k in z.files if k.startswith("meta_")}
+    missing = {"obs", "action", "reward", "next_obs", "terminated", "truncated"} - set(rows)
+    if missing:
+        raise ValueError(f"dataset {path} lacks column(s) {sorted(missing)}")
+    return rows, meta

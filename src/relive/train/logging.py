@@ -1,0 +1,100 @@
+"""A run directory people can watch: metrics.jsonl, eval.csv, summary.json, TensorBoard events, and a
+progress bar with env steps/s, gradient steps/s and the latest evaluation."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, total_env_steps: int, total_grad_steps_offline: int, progress: bool):
+        self.run_dir = Path(run_dir)
+        self.start = time.perf_counter()
+        self._tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.run_dir / "tb"))
+        except ImportError:  # tensorboard is optional: the JSONL/CSV files carry the same numbers
+            self._tb = None
+        self._eval_fields: list[str] | None = None
+        self._bar = None
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+            self._bar.start()
+            self._offline = self._bar.add_task("offline grad steps", total=max(total_grad_steps_offline, 1), info="")
+            self._online = self._bar.add_task("online env steps", total=max(total_env_steps, 1), info="")
+        self.latest_eval = ""
+
+    def progress(self, phase: str, done: int, info: str = "") -> None:
+        if self._bar is not None:
+            task = self._offline if phase == "offline" else self._online
+            self._bar.update(task, completed=done, info=f"{info} {self.latest_eval}")
+
+    def metrics(self, step: int, values: dict) -> None:
+        clean = {k: (float(v) if v is not None else math.nan) for k, v in values.items()}
+        with open(self.run_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps({"env_step": step, **clean}, allow_nan=True) + "\n")
+        if self._tb is not None:
+            for k, v in clean.items():
+                if math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+
+    def evaluation(self, row: dict) -> None:
+        path = self.run_dir / "eval.csv"
+        if self._eval_fields is None:
+            if path.is_file() and path.stat().st_size:
+                with open(path) as f:
+                    self._eval_fields = next(csv.reader(f))
+            else:
+                self._eval_fields = list(row)
+                with open(path, "w", newline="") as f:
+                    csv.writer(f).writerow(self._eval_fields)
+        with open(path, "a", newline="") as f:
+            csv.DictWriter(f, self._eval_fields, extrasaction="ignore").writerow(row)
+        score = row.get("eval/normalized_score")
+        has_score = score is not None and math.isfinite(score)
+        shown = f"score {score:.1f}" if has_score else f"return {row['eval/return_mean']:.1f}"
+        self.latest_eval = f"| last eval @ {row['env_step']}: {shown}"
+        if self._tb is not None:
+            for k, v in row.items():
+                if k.startswith("eval/") and isinstance(v, float) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, row["env_step"])
+
+    def print(self, msg: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(msg)
+        else:
+            print(msg, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        if self._tb is not None:
+            self._tb.close()
+
+    def truncate_after(self, env_step: int, grad_step: int) -> None:
+        """On resume, drop log lines written after the checkpoint so files hold each step once."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.is_file():
+            keep = [ln for ln in path.read_text().splitlines() if json.loads(ln)["env_step"] <= env_step]
+            path.write_text("".join(ln + "\n" for ln in keep))
+        path = self.run_dir / "eval.csv"
+        if path.is_file():
+            with open(path, newline="") as f:
+                rows = list(csv.DictReader(f))
+            if rows:
+                fields = list(rows[0])
+                kept = [r for r in rows
+                        if (int(float(r["env_step"])), int(float(r["grad_step"]))) <= (env_step, grad_step)]
+                with open(path, "w", newline="") as f:
+                    w = csv.DictWriter(f, fields)
+                    w.writeheader()
+                    w.writerows(kept)

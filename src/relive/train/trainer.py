@@ -1,0 +1,255 @@
+"""The one training loop: offline phase (gradient steps on the dataset), then online phase in chunks.
+
+Read top to bottom: build -> (resume) -> offline phase -> online phase -> summary. Every gradient step is
+sample -> agent.update -> buffer.update(signals); the sampler's refresh is driven by gradient steps.
+Checkpoints (agent, optimizers, buffer, sampler, RNGs, counters) land on the first episode boundary after
+every ``checkpoint_every_env_steps``, so ``train(resume=True)`` continues exactly where the run stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from relive.config import ExperimentConfig, load_config, save_config
+from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.replay.checkpoint import CheckpointError, load_tree, save_tree
+from relive.train.collector import Collector, load_dataset, returns_to_go
+from relive.train.envs import env_spec, make_env, random_actions
+from relive.train.evaluation import evaluate, normalized_score
+from relive.train.logging import RunLogger
+
+CHECKPOINT = "checkpoint"
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_dir: str
+    num_offline_grad_steps: int
+    num_online_env_steps: int
+    num_grad_steps: int
+    final_return: float
+    final_normalized_score: float
+    offline_return: float
+    seconds: float
+
+
+def build_sampler(cfg: ExperimentConfig):
+    r = cfg.replay
+    per = dict(priority_exponent=r.priority_exponent, is_exponent=r.is_exponent,
+               is_exponent_final=r.is_exponent_final,
+               is_anneal_samples=cfg.schedule.num_offline_grad_steps
+               + cfg.schedule.num_online_env_steps * cfg.schedule.utd_ratio)
+    match r.name:
+        case "uniform":
+            return UniformSampler()
+        case "per":
+            return PrioritizedSampler(**per)
+        case "symmetric":
+            return MixtureSampler(UniformSampler(), UniformSampler(), offline_fraction=r.offline_fraction)
+        case "symmetric_per":
+            return MixtureSampler(UniformSampler(), PrioritizedSampler(**per), offline_fraction=r.offline_fraction)
+    raise ValueError(f"unknown replay {r.name!r}")
+
+
+def build_agent(cfg: ExperimentConfig, spec, seed: int):
+    from relive.agents.cal_ql import CalQL
+    from relive.agents.ddqn import DDQN
+    from relive.agents.sac import SAC
+
+    obs_dim = int(np.prod(spec.obs_shape))
+    if cfg.agent_kind == "ddqn":
+        if not spec.discrete:
+            raise ValueError(f"ddqn needs a discrete action space; {spec.id} has a continuous one")
+        return DDQN(obs_dim, spec.num_actions, cfg.agent, seed=seed, device=cfg.run.device)
+    if spec.discrete:
+        raise ValueError(f"{cfg.agent_kind} needs a continuous action space; {spec.id} is discrete")
+    cls = CalQL if cfg.agent_kind == "calql" else SAC
+    return cls(obs_dim, spec.action_shape[0], spec.action_low, spec.action_high, cfg.agent, seed=seed,
+               device=cfg.run.device)
+
+
+def default_run_dir(cfg: ExperimentConfig) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{cfg.preset}-{cfg.env.id}-seed{cfg.run.seed}-{stamp}"
+
+
+def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
+          stop_after_env_steps: int | None = None) -> RunSummary:
+    """Run an experiment (or resume the one in ``resume_dir``). ``stop_after_env_steps`` ends the online
+    phase early without a summary (used to simulate an interrupted run in tests)."""
+    # -- build ---------------------------------------------------------------------------------------
+    if resume_dir is not None:
+        run_dir = Path(resume_dir)
+        cfg = load_config(run_dir / "config.json")
+    else:
+        run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
+        if (run_dir / "config.json").exists():
+            raise ValueError(f"{run_dir} already holds a run; resume it with --resume or pick another --run-dir")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.json")
+    s, seed = cfg.schedule, cfg.run.seed
+    torch.set_num_threads(cfg.run.num_threads)
+    env, eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps), make_env(cfg.env.id, cfg.env.max_episode_steps)
+    spec = env_spec(env)
+    agent = build_agent(cfg, spec, seed)
+    gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
+    needs_mc = cfg.agent_kind == "calql"
+    extra = {"mc_return": ()} if needs_mc else None
+    buffer = ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape, sampler=build_sampler(cfg),
+                          seed=seed, action_dtype=np.int64 if spec.discrete else np.float32, extra_columns=extra)
+    ref_min, ref_max = cfg.data.ref_min_return, cfg.data.ref_max_return
+    if cfg.data.dataset:
+        rows, meta = load_dataset(cfg.data.dataset)
+        if needs_mc:
+            rows["mc_return"] = returns_to_go(rows["reward"], rows["terminated"] | rows["truncated"],
+                                              rows["terminated"], gamma)
+        buffer.add_offline(rows)
+        ref_min = ref_min if ref_min is not None else meta.get("ref_min_return")
+        ref_max = ref_max if ref_max is not None else meta.get("ref_max_return")
+    elif s.num_offline_grad_steps:
+        raise ValueError("num_offline_grad_steps > 0 needs a dataset (--dataset PATH)")
+    rng = np.random.default_rng(seed + 7)  # warm-up actions
+    collector = Collector(env, spec, seed)
+    logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    grad_steps, env_steps, offline_done = 0, 0, 0
+    next_ckpt, next_eval, next_log = cfg.run.checkpoint_every_env_steps, 0, cfg.run.log_every_env_steps
+    train_metrics: dict = {}
+    online_draws = [0.0, 0]  # sum of online shares of sampled batches, number of batches (since last log)
+    offline_return = float("nan")  # evaluation after the offline phase (online env step 0)
+    start = time.perf_counter()
+
+    # -- resume --------------------------------------------------------------------------------------
+    if resume_dir is not None and (run_dir / CHECKPOINT).exists():
+        try:
+            tree = load_tree(run_dir / CHECKPOINT, kind="run")
+        except CheckpointError as e:
+            raise ValueError(f"cannot resume {run_dir}: {e}") from None
+        agent.load_state_dict(tree["agent"])
+        buffer = ReplayBuffer.from_state_dict(tree["buffer"])
+        t = tree["trainer"]
+        grad_steps, env_steps, offline_done = int(t["grad_steps"]), int(t["env_steps"]), int(t["offline_done"])
+        next_ckpt, next_eval, next_log = int(t["next_ckpt"]), int(t["next_eval"]), int(t["next_log"])
+        offline_return = float(t["offline_return"])
+        rng.bit_generator.state = t["rng"]
+        collector.load_state_dict(t["collector"])
+        logger.truncate_after(env_steps, grad_steps)
+        logger.print(f"resumed {run_dir} at env step {env_steps}, gradient step {grad_steps}")
+
+    def gradient_step() -> None:
+        nonlocal grad_steps, train_metrics
+        if len(buffer) < s.batch_size:
+            return  # not enough rows yet (no dataset and a short warm-up)
+        batch = buffer.sample(s.batch_size)
+        result = agent.update(batch)
+        buffer.update(batch.info, **result.signals)
+        train_metrics = result.metrics
+        online_draws[0] += float(np.mean(batch.info.source))
+        online_draws[1] += 1
+        grad_steps += 1
+        if grad_steps % s.refresh_every_grad_steps == 0 and hasattr(agent, "score_fn"):
+            buffer.refresh(agent.score_fn(cfg.replay.score_mode))
+
+    def run_eval() -> dict:
+        returns = evaluate(eval_env, agent, cfg.run.eval_episodes, seed=10_000 + 1000 * seed)
+        mean = float(returns.mean())
+        frac = online_draws[0] / online_draws[1] if online_draws[1] else float("nan")
+        row = {"env_step": env_steps, "grad_step": grad_steps, "eval/return_mean": mean,
+               "eval/return_std": float(returns.std()),
+               "eval/normalized_score": normalized_score(mean, ref_min, ref_max),
+               "replay/online_fraction": frac, "time/seconds": time.perf_counter() - start}
+        logger.evaluation(row)
+        online_draws[:] = [0.0, 0]  # the next row reports the batches drawn since this evaluation
+        return row
+
+    def checkpoint() -> None:
+        tree = {"agent": agent.state_dict(), "buffer": buffer.state_dict(),
+                "trainer": {"grad_steps": grad_steps, "env_steps": env_steps, "offline_done": offline_done,
+                            "next_ckpt": next_ckpt, "next_eval": next_eval, "next_log": next_log,
+                            "offline_return": offline_return,
+                            "rng": rng.bit_generator.state, "collector": collector.state_dict()}}
+        save_tree(run_dir / CHECKPOINT, tree, kind="run")
+
+    # -- offline phase -------------------------------------------------------------------------------
+    try:
+        while offline_done < s.num_offline_grad_steps:
+            gradient_step()
+            offline_done += 1
+            if offline_done % 100 == 0 or offline_done == s.num_offline_grad_steps:
+                logger.progress("offline", offline_done, f"{offline_done / (time.perf_counter() - start):.0f} grad/s")
+            if offline_done % cfg.run.log_every_env_steps == 0:
+                logger.metrics(0, train_metrics | {"grad_step": grad_steps})
+        if hasattr(agent, "set_online"):
+            agent.set_online(True)
+
+        # -- online phase ------------------------------------------------------------------------------
+        def policy(obs):
+            if env_steps < s.num_warmup_env_steps:
+                return random_actions(spec, obs.shape[0], rng)
+            return agent.act(obs, explore=True)
+
+        phase_start, phase_steps = time.perf_counter(), env_steps
+        while env_steps < s.num_online_env_steps:
+            if env_steps >= next_eval:
+                row = run_eval()
+                if env_steps == 0:
+                    offline_return = row["eval/return_mean"]
+                next_eval += cfg.run.eval_every_env_steps
+            if env_steps >= next_ckpt and collector.at_episode_start:  # between episodes: exact resume
+                next_ckpt = env_steps + cfg.run.checkpoint_every_env_steps
+                checkpoint()
+            if stop_after_env_steps is not None and env_steps >= stop_after_env_steps:
+                return None  # type: ignore[return-value]  # simulated interruption (tests)
+            k = min(s.env_steps_per_chunk, s.num_online_env_steps - env_steps)
+            rows = collector.step(policy, k)
+            if needs_mc:
+                rows["mc_return"] = np.zeros(k, np.float32)  # filled when the episode ends (below)
+            slots = buffer.extend(rows)
+            if needs_mc:
+                _fill_online_returns(buffer, slots, rows, gamma)
+            env_steps += k
+            if env_steps > s.num_warmup_env_steps:
+                for _ in range(k * s.utd_ratio):
+                    gradient_step()
+            if env_steps >= next_log:
+                rate = (env_steps - phase_steps) / max(time.perf_counter() - phase_start, 1e-9)
+                returns = collector.finished_returns
+                logger.metrics(env_steps, train_metrics | buffer.stats() | {
+                    "grad_step": grad_steps, "time/env_steps_per_s": rate,
+                    "train/episode_return": float(np.mean(returns)) if returns else float("nan")})
+                collector.finished_returns = []
+                next_log += cfg.run.log_every_env_steps
+            rate = (env_steps - phase_steps) / max(time.perf_counter() - phase_start, 1e-9)
+            logger.progress("online", env_steps, f"{rate:.0f} env/s")
+
+        # -- summary -----------------------------------------------------------------------------------
+        final = run_eval()
+        logger.metrics(env_steps, train_metrics | buffer.stats() | {"grad_step": grad_steps})
+        save_tree(run_dir / "agent_final", agent.state_dict(), kind="agent")  # the trained policy, reusable
+    finally:
+        logger.close()
+    summary = RunSummary(str(run_dir), s.num_offline_grad_steps, env_steps, grad_steps, final["eval/return_mean"],
+                         final["eval/normalized_score"], offline_return, time.perf_counter() - start)
+    (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=1, allow_nan=True))
+    return summary
+
+
+def _fill_online_returns(buffer: ReplayBuffer, slots: np.ndarray, rows: dict, gamma: float) -> None:
+    """Official Cal-QL: once an online episode ends, its rows get their true Monte-Carlo returns-to-go."""
+    ends = np.flatnonzero(rows["terminated"] | rows["truncated"])
+    if ends.size == 0:
+        return
+    episodes = buffer.storage.episodes
+    for i in ends:
+        view = episodes.get([buffer.storage.meta["episode_id"][slots[i]]])
+        ep_slots = buffer.storage.episode_slots(view.start, view.length, view.source)
+        reward = buffer.storage.columns["reward"][ep_slots]
+        term = buffer.storage.columns["terminated"][ep_slots]
+        end = np.zeros(ep_slots.size, bool)
+        end[-1] = True
+        buffer.set_column("mc_return", ep_slots, returns_to_go(reward, end, term, gamma))
