@@ -27,8 +27,10 @@ def demo(out: str | Path = "runs/demo", seed: int = 0, quick: bool = False) -> P
         dict(dataset=20_000, offline=2000, online=6000, eval_every=1000)
     t0 = time.perf_counter()
     print(f"[demo] 1/3 collecting a random-policy Pendulum-v1 dataset ({steps['dataset']:,} steps) ...", flush=True)
-    data_path = save_dataset(out / "pendulum-random.npz", collect_dataset("Pendulum-v1", steps["dataset"], seed=seed),
-                             ref_min_return=-1500.0, ref_max_return=-150.0)
+    rows = collect_dataset("Pendulum-v1", steps["dataset"], seed=seed)
+    random_return = float(rows["reward"].sum() / max(1, (rows["terminated"] | rows["truncated"]).sum()))
+    # normalized score: 0 = this dataset's random policy, 100 = -150, a typical converged SAC return on Pendulum-v1
+    data_path = save_dataset(out / "pendulum-random.npz", rows, ref_min_return=random_return, ref_max_return=-150.0)
     runs = {}
     for i, (label, replay) in enumerate(VARIANTS.items(), 1):
         run_dir = out / f"calql-{replay}-seed{seed}"
