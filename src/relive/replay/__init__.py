@@ -5,8 +5,11 @@ from relive.replay.checkpoint import CheckpointError
 from relive.replay.episodes import EpisodeIndex, EpisodeView
 from relive.replay.samplers import (
     SAMPLERS,
+    ARBSampler,
+    BERBSampler,
     MixtureSampler,
     PrioritizedSampler,
+    ReaPERSampler,
     Sampler,
     UniformSampler,
     register_sampler,
@@ -17,6 +20,7 @@ from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
 __all__ = [
     "ReplayBuffer", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree", "MaxTree",
-    "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "SAMPLERS", "register_sampler",
+    "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler", "ReaPERSampler",
+    "BERBSampler", "SAMPLERS", "register_sampler",
     "Batch", "SampleInfo", "UpdateReport", "CheckpointError", "OFFLINE", "ONLINE",
 ]

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from relive.replay.samplers.arb import ARBSampler
 from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.berb import BERBSampler
 from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.per import PrioritizedSampler
+from relive.replay.samplers.reaper import ReaPERSampler
 from relive.replay.samplers.uniform import UniformSampler
 
 SAMPLERS: dict[str, type[Sampler]] = {
     "UniformSampler": UniformSampler,
     "PrioritizedSampler": PrioritizedSampler,
     "MixtureSampler": MixtureSampler,
+    "ARBSampler": ARBSampler,
+    "ReaPERSampler": ReaPERSampler,
+    "BERBSampler": BERBSampler,
 }
 
 
@@ -32,5 +38,6 @@ def sampler_from_config(cfg: dict) -> Sampler:
     return cls.from_config(cfg["params"])
 
 
-__all__ = ["Draw", "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "SAMPLERS",
+__all__ = ["Draw", "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler",
+           "ReaPERSampler", "BERBSampler", "SAMPLERS",
            "register_sampler", "sampler_config", "sampler_from_config"]

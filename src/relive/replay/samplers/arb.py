@@ -1,0 +1,211 @@
+"""ARB: Adaptive Replay Buffer (Song, Lee, Park; AISTATS 2026, arXiv 2512.10510).
+
+One weighting over the union of offline and online rows, by how likely the *current* policy is to take the
+stored action (on-policyness, Sec. 4.1), averaged over the trajectory (geometric mean, Sec. 4.2):
+
+    l_i   = clip(score_i, log p_low, log p_high)            per-row log on-policyness (score_fn), clipped
+    l^_i  = l_i - max_j l_j                                 shift by the buffer maximum (numerical safety)
+    L_tau = mean_{i in tau} l^_i                            trajectory level: log of the geometric mean
+    w_i   = exp(L_tau(i) / lambda)                          temperature lambda (Alg. 1 l.13-16)
+    P(i)  = w_i / sum_j w_j                                 no importance-sampling correction by default
+
+``level="transition"`` uses w_i = exp(l^_i / lambda) (the paper's ablation, Fig. 3). The scores come from
+``buffer.refresh(score_fn)``, where ``score_fn(obs, action) -> [n]`` is supplied by the agent (see
+``relive.agents.scoring``: ``log_prob`` mode, the paper's log pi(a|s) averaged over action dimensions, or
+``standardized``, the reference code's); this sampler knows nothing of policies.
+
+Rows added since the last refresh get the provisional weight exp(0 / lambda) = 1, the largest weight a row can
+have after the shift (as in the reference code), so fresh data is sampled at least as often as any scored row
+until the next refresh.
+
+Sampling structure: weights live in a float64 sum tree (``SumTree``). A full refresh rebuilds it in one
+vectorized pass; inserts and the amortized mode update only the rows they touch (O(k log N)); a batch costs
+O(B log N), never O(N). (A flat CDF + searchsorted would need an O(N) suffix rebuild whenever the online
+ring overwrites a row in the middle of the array, i.e. on every env step once the ring is full.)
+
+Amortized mode (beyond the paper, its open question on large buffers): with ``amortized_rows_per_refresh=k``
+each ``refresh`` re-scores the next k rows of a rotating cursor instead of the whole buffer, so a call every
+gradient step costs O(k + touched episodes) and the weights track the full refresh (tested).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.sum_tree import MaxTree, SumTree
+
+LEVELS = ("trajectory", "transition")
+
+
+class ARBSampler(Sampler):
+    def __init__(self, temperature: float = 5.0, log_p_low: float = -12.0, log_p_high: float = 7.0,
+                 level: str = "trajectory", is_correction: bool = False, is_exponent: float = 1.0,
+                 amortized_rows_per_refresh: int = 0):
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature (lambda) must be > 0, got {temperature}")
+        if not log_p_low < log_p_high:
+            raise ValueError(f"need log_p_low < log_p_high, got {log_p_low}, {log_p_high}")
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+        if amortized_rows_per_refresh < 0:
+            raise ValueError("amortized_rows_per_refresh must be >= 0")
+        self.temperature = float(temperature)
+        self.log_p_low, self.log_p_high = float(log_p_low), float(log_p_high)
+        self.level = level
+        self.is_correction = bool(is_correction)
+        self.is_exponent = float(is_exponent)
+        self.amortized_rows_per_refresh = int(amortized_rows_per_refresh)
+        self.num_refreshes = 0
+        self.cursor = 0  # next row of the amortized sweep
+
+    def bind(self, storage, source=None) -> None:
+        super().bind(storage, source)
+        n = storage.capacity
+        self.tree = SumTree(n)
+        self.score = np.full(n, np.nan)  # clipped per-row score l_i; nan = not scored since written
+        self.max_score = MaxTree(n)  # over l_i - log_p_low (>= 0), for the shift
+        self.shift = 0.0  # the max subtracted at the last full refresh
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def on_insert(self, slots: np.ndarray) -> None:
+        self.score[slots] = np.nan
+        self.max_score.update(slots, np.zeros(slots.size))
+        self.tree.update(slots, np.full(slots.size, self.provisional_weight()))
+
+    def provisional_weight(self) -> float:
+        """Weight of rows not scored since they were written: the largest a scored row can have now,
+        exp((max_j l_j - shift) / lambda) (= 1 right after a full refresh, as in the reference code)."""
+        if not self.num_refreshes:
+            return 1.0
+        return float(np.exp((self.max_score.max + self.log_p_low - self.shift) / self.temperature))
+
+    # -- refresh ---------------------------------------------------------------------------------------
+    def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
+        lo, hi = self.domain()
+        if hi <= lo:
+            return True
+        if self.amortized_rows_per_refresh:
+            self._refresh_slice(score_fn, self.amortized_rows_per_refresh, chunk_size)
+        else:
+            self._score_rows(score_fn, np.arange(lo, hi), chunk_size)
+            self._rebuild_all()
+        self.num_refreshes += 1
+        return True
+
+    def _score_rows(self, score_fn, slots: np.ndarray, chunk_size: int) -> None:
+        cols = self.storage.columns
+        out = np.empty(slots.size)
+        try:
+            import torch
+
+            grad = torch.no_grad()
+        except ImportError:  # pragma: no cover - torch is a dependency
+            grad = None
+        for a in range(0, slots.size, chunk_size):
+            s = slots[a : a + chunk_size]
+            obs, act = cols["obs"].take(s, axis=0), cols["action"].take(s, axis=0)
+            if grad is not None:
+                with grad:
+                    res = score_fn(obs, act)
+            else:  # pragma: no cover
+                res = score_fn(obs, act)
+            res = np.asarray(res.detach().cpu() if hasattr(res, "detach") else res, dtype=np.float64).reshape(-1)
+            if res.size != s.size:
+                raise ValueError(f"score_fn returned {res.size} scores for {s.size} rows")
+            out[a : a + s.size] = res
+        bad = ~np.isfinite(out)
+        if bad.any():
+            raise ValueError(f"score_fn returned a non-finite score for slot {int(slots[np.flatnonzero(bad)[0]])}")
+        clipped = np.clip(out, self.log_p_low, self.log_p_high)
+        self.score[slots] = clipped
+        self.max_score.update(slots, clipped - self.log_p_low)
+
+    def log_weights(self, slots: np.ndarray) -> np.ndarray:
+        """(L_tau(i) or l^_i) / lambda of scored rows (trajectory mean over the episode's scored rows)."""
+        lhat = self.score[slots] - self.shift
+        if self.level == "transition":
+            return lhat / self.temperature
+        ep = self.storage.meta["episode_id"].take(slots)
+        uniq, inv = np.unique(ep, return_inverse=True)
+        sums = np.bincount(inv, weights=lhat, minlength=uniq.size)
+        counts = np.bincount(inv, minlength=uniq.size)
+        return (sums / counts)[inv] / self.temperature
+
+    def _rebuild_all(self) -> None:
+        lo, hi = self.domain()
+        self.shift = self.max_score.max + self.log_p_low  # max_j l_j over the stored rows
+        w = np.zeros(self.storage.capacity)
+        w[lo:hi] = np.exp(self.log_weights(np.arange(lo, hi)))
+        self.tree.set_all(w)
+
+    def _refresh_slice(self, score_fn, k: int, chunk_size: int) -> None:
+        lo, hi = self.domain()
+        n = hi - lo
+        k = min(k, n)
+        rows = lo + (self.cursor + np.arange(k)) % n
+        self.cursor = int((self.cursor + k) % n)
+        self._score_rows(score_fn, rows, chunk_size)
+        if not self.num_refreshes:  # one shift for the whole sweep, so that every row shares it
+            self.shift = self.max_score.max + self.log_p_low
+        if self.level == "transition":
+            touched = rows
+        else:  # every scored row of the touched trajectories gets the new trajectory mean
+            st = self.storage
+            view = st.episodes.get(np.unique(st.meta["episode_id"].take(rows)))
+            touched = st.episode_slots(view.start, view.length, view.source)
+        scored = touched[np.isfinite(self.score[touched])]
+        self.tree.update(scored, np.exp(self.log_weights(scored)))
+
+    # -- sampling --------------------------------------------------------------------------------------
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        tree = self.tree
+        total = tree.total
+        indices = tree.find_prefix(np.sort(rng.random(batch_size)) * total)
+        probability = tree.nodes[tree.size + indices] / total
+        if self.is_correction:
+            w = (self.num_rows() * probability) ** (-self.is_exponent)
+            is_weight = (w / w.max()).astype(np.float32)
+        else:
+            is_weight = np.ones(batch_size, np.float32)
+        return Draw(indices, probability, is_weight)
+
+    def probabilities(self) -> np.ndarray:
+        leaves = np.array(self.tree.leaves)
+        total = leaves.sum()
+        return leaves / total if total > 0 else leaves
+
+    def stats(self) -> dict[str, float]:
+        lo, hi = self.domain()
+        scored = np.isfinite(self.score[lo:hi])
+        return super().stats() | {"replay/arb_refreshes": float(self.num_refreshes),
+                                  "replay/arb_unscored_fraction": float(1 - scored.mean()) if hi > lo else 0.0,
+                                  "replay/arb_mean_score": float(np.nanmean(self.score[lo:hi])) if scored.any()
+                                  else float("nan")}
+
+    # -- checkpoint ------------------------------------------------------------------------------------
+    def config(self) -> dict:
+        return dict(temperature=self.temperature, log_p_low=self.log_p_low, log_p_high=self.log_p_high,
+                    level=self.level, is_correction=self.is_correction, is_exponent=self.is_exponent,
+                    amortized_rows_per_refresh=self.amortized_rows_per_refresh)
+
+    def state_dict(self) -> dict:
+        size = self.storage.size
+        return super().state_dict() | {"weight": np.array(self.tree.leaves[:size]), "score": self.score[:size].copy(),
+                                       "shift": self.shift, "num_refreshes": self.num_refreshes,
+                                       "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        n = self.storage.capacity
+        w = np.zeros(n)
+        w[: len(state["weight"])] = state["weight"]
+        self.tree.set_all(w)
+        self.score = np.full(n, np.nan)
+        self.score[: len(state["score"])] = state["score"]
+        finite = np.isfinite(self.score)
+        self.max_score.set_all(np.where(finite, self.score - self.log_p_low, 0.0))
+        self.shift = float(state["shift"])
+        self.num_refreshes = int(state["num_refreshes"])
+        self.cursor = int(state["cursor"])
