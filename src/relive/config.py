@@ -15,7 +15,7 @@ from relive.agents.ddqn import DDQNConfig
 from relive.agents.sac import SACConfig
 
 AGENT_CONFIGS = {"sac": SACConfig, "calql": CalQLConfig, "ddqn": DDQNConfig}
-REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per")
+REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper", "berb")
 
 
 @dataclass(frozen=True)
@@ -70,19 +70,28 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    name: str = "uniform"  # uniform | per | symmetric (RLPD 50/50) | symmetric_per (uniform offline, PER online)
+    # uniform | per | symmetric (RLPD 50/50) | symmetric_per (uniform offline, PER online) | arb (trajectory level)
+    # | arb_transition | reaper | berb
+    name: str = "uniform"
     capacity: int = 1_000_000
     offline_fraction: float = 0.5
     priority_exponent: float = 0.6
     is_exponent: float = 0.4
     is_exponent_final: float = 1.0
-    score_mode: str = "log_prob"  # for samplers that refresh from policy scores
+    score_mode: str = "standardized"  # ARB per-row score: "standardized" (reference code) or "log_prob"
+    arb_temperature: float = 5.0  # ARB lambda (reference defaults: Cal-QL 5, PEX 0.5, FamO2O 2)
+    arb_amortized_rows: int = 0  # > 0: re-score this many rows per refresh instead of the whole buffer
+    reliability_exponent: float = 0.2  # ReaPER omega (alpha: priority_exponent)
+    berb_temperature: float = 5.0
+    berb_init_online_fraction: float = 0.5
 
     def __post_init__(self):
         if self.name not in REPLAY_NAMES:
             raise ValueError(f"replay.name must be one of {REPLAY_NAMES}, got {self.name!r}")
         if not 0.0 <= self.offline_fraction <= 1.0 or self.capacity < 1:
             raise ValueError("replay.offline_fraction must be in [0, 1] and capacity >= 1")
+        if self.score_mode not in ("standardized", "log_prob"):
+            raise ValueError(f"replay.score_mode must be 'standardized' or 'log_prob', got {self.score_mode!r}")
 
 
 @dataclass(frozen=True)

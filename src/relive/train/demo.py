@@ -2,7 +2,8 @@
 
 1. Generate a Pendulum-v1 dataset with a uniform-random policy (20k steps, 100 episodes): "random" data.
 2. For each replay strategy -- uniform over the union of offline and online rows, symmetric 50/50 (RLPD),
-   symmetric with PER on the online part -- pre-train Cal-QL offline, then fine-tune online.
+   ARB (on-policyness weights over the union, trajectory level) -- pre-train Cal-QL offline, then fine-tune
+   online.
 3. Plot evaluation return and the online share of sampled batches against online env steps.
 """
 
@@ -17,7 +18,7 @@ from relive.train.collector import collect_dataset, save_dataset
 from relive.train.trainer import train
 
 VARIANTS = {"uniform over offline + online": "uniform", "symmetric 50/50 (RLPD)": "symmetric",
-            "symmetric, PER online": "symmetric_per"}
+            "ARB (lambda 5, trajectory level)": "arb"}
 
 
 def demo(out: str | Path = "runs/demo", seed: int = 0, quick: bool = False) -> Path:

@@ -17,7 +17,15 @@ import numpy as np
 import torch
 
 from relive.config import ExperimentConfig, load_config, save_config
-from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.replay import (
+    ARBSampler,
+    BERBSampler,
+    MixtureSampler,
+    PrioritizedSampler,
+    ReaPERSampler,
+    ReplayBuffer,
+    UniformSampler,
+)
 from relive.replay.checkpoint import CheckpointError, load_tree, save_tree
 from relive.train.collector import Collector, load_dataset, returns_to_go
 from relive.train.envs import env_spec, make_env, random_actions
@@ -54,6 +62,16 @@ def build_sampler(cfg: ExperimentConfig):
             return MixtureSampler(UniformSampler(), UniformSampler(), offline_fraction=r.offline_fraction)
         case "symmetric_per":
             return MixtureSampler(UniformSampler(), PrioritizedSampler(**per), offline_fraction=r.offline_fraction)
+        case "arb" | "arb_transition":
+            return ARBSampler(temperature=r.arb_temperature, level="transition" if r.name == "arb_transition"
+                              else "trajectory", amortized_rows_per_refresh=r.arb_amortized_rows)
+        case "reaper":
+            return ReaPERSampler(priority_exponent=r.priority_exponent, reliability_exponent=r.reliability_exponent,
+                                 is_exponent=r.is_exponent, is_exponent_final=r.is_exponent_final,
+                                 is_anneal_samples=per["is_anneal_samples"])
+        case "berb":
+            return BERBSampler(temperature=r.berb_temperature, init_online_fraction=r.berb_init_online_fraction,
+                               first_chunk_rows=max(cfg.schedule.env_steps_per_chunk, 1000), seed=cfg.run.seed)
     raise ValueError(f"unknown replay {r.name!r}")
 
 
@@ -186,6 +204,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
                 logger.metrics(0, train_metrics | {"grad_step": grad_steps})
         if hasattr(agent, "set_online"):
             agent.set_online(True)
+        if env_steps == 0 and hasattr(agent, "score_fn"):  # ARB-style samplers: score with the pre-trained policy
+            buffer.refresh(agent.score_fn(cfg.replay.score_mode))
 
         # -- online phase ------------------------------------------------------------------------------
         def policy(obs):
