@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.replay.samplers.base import Draw, Sampler
-from relive.replay.samplers.per import check_signal
+from relive.replay.samplers.per import check_signal, contiguous_runs
 from relive.replay.sum_tree import SumTree
 
 
@@ -87,7 +87,14 @@ class ReaPERSampler(Sampler):
         denom = np.where(denom > 0, denom, self.F)  # ongoing episodes: F
         reliability = np.minimum(prefix / np.maximum(denom, 1e-300), 1.0)
         psi = reliability**self.reliability_exponent * d**self.priority_exponent
-        self.tree.update(slots, psi)
+        runs = contiguous_runs(slots, max_runs=2 * view.ids.size + 1)  # episodes are contiguous (or wrap once)
+        if runs is None:
+            self.tree.update(slots, psi)
+            return
+        offset = 0
+        for start, n in runs:
+            self.tree.update_range(start, psi[offset : offset + n])
+            offset += n
 
     def _refresh_F(self) -> None:
         """F = the largest episode total among stored episodes; if it moved, ongoing episodes rescale."""

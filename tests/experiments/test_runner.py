@@ -1,0 +1,59 @@
+import json
+
+import pytest
+
+from relive.experiments.grid import parse_grid
+from relive.experiments.report import make_report
+from relive.experiments.runner import run_grid
+
+TINY = ["--online-steps", "300", "--warmup", "100", "--eval-every", "100", "--eval-episodes", "1",
+        "--batch-size", "32", "--set", "agent.hidden=[16,16]"]
+
+
+def grid(extra_variant=None):
+    raw = {
+        "name": "tiny",
+        "description": "two presets x two seeds, a few hundred steps",
+        "seeds": 2,
+        "tasks": ["Pendulum-v1"],
+        "variant": [
+            {"label": "sac-uniform", "preset": "sac", "args": [*TINY, "--replay", "uniform"]},
+            {"label": "sac-per", "preset": "sac", "args": [*TINY, "--replay", "per"]},
+        ],
+    }
+    if extra_variant:
+        raw["variant"].append(extra_variant)
+    return parse_grid(raw)
+
+
+def test_runner_skips_finished_runs_records_crashes_and_reports(tmp_path):
+    broken = {"label": "broken", "preset": "sac", "args": [*TINY, "--set", "agent.num_qs=0"]}
+    g = grid(broken)
+    outcomes = run_grid(g, tmp_path, workers=2, progress=False)
+    status = {o.spec.key: o.status for o in outcomes}
+    assert sum(s == "finished" for s in status.values()) == 4
+    assert status["broken/Pendulum-v1/seed_0"] == "crashed"
+    crash = json.loads((tmp_path / "tiny" / "broken" / "Pendulum-v1" / "seed_0" / "crash.json").read_text())
+    assert crash["returncode"] != 0 and any("num_qs" in line for line in crash["log_tail"])
+
+    again = run_grid(g, tmp_path, workers=2, progress=False)
+    again_status = {o.spec.key: o.status for o in again}
+    assert all(again_status[k] == "skipped" for k, v in status.items() if v == "finished")
+
+    md = make_report(g, tmp_path, tmp_path / "report", reps=200)
+    text = md.read_text()
+    assert "| Pendulum-v1 |" in text and "→" in text and "IQM" in text and "Crashed runs" in text
+    assert (tmp_path / "report" / "tiny_curves.png").stat().st_size > 1000
+
+
+def test_grid_validation():
+    with pytest.raises(ValueError, match="no \\[\\[variant\\]\\]"):
+        parse_grid({"name": "x", "tasks": ["A"]})
+    with pytest.raises(ValueError, match="unique"):
+        parse_grid({"tasks": ["A"], "variant": [{"label": "a", "preset": "sac"}, {"label": "a", "preset": "sac"}]})
+    with pytest.raises(ValueError, match="no tasks"):
+        parse_grid({"variant": [{"label": "a", "preset": "sac"}]})
+    g = parse_grid({"seeds": [3, 4], "tasks": ["A", "B"], "variant": [{"label": "a", "preset": "sac",
+                                                                         "args": ["--seed-note", "{seed}"]}]})
+    assert [r.key for r in g.runs()] == ["a/A/seed_3", "a/B/seed_3", "a/A/seed_4", "a/B/seed_4"]
+    assert g.runs()[0].args == ("--seed-note", "3")
