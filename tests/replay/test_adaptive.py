@@ -275,3 +275,22 @@ def test_save_load_round_trip(kind, tmp_path):
         buf.update(info, td_error=np.ones(8))
         loaded.update(info2, td_error=np.ones(8))
         np.testing.assert_allclose(loaded.sampler.probabilities(), buf.sampler.probabilities(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("new_rows", [3, 12, 40])
+def test_arb_alias_draws_stay_exact_after_inserts_that_overwrite_scored_rows(new_rows):
+    """Between refreshes ARB draws from the refresh's alias table plus the fresh rows; rows overwritten by
+    the ring since the refresh must drop out (40 new rows overwrite the whole 18-row ring twice)."""
+    buf = arb_buffer(ARBSampler(temperature=1.0), seed=5)
+    buf.refresh(score_fn)
+    buf.extend(rows(np.linspace(-5, 5, new_rows)))
+    s = buf.sampler
+    p = s.probabilities()
+    lo, hi, _, _, _, total_ref, _, _ = s._alias
+    n_fresh = min(new_rows, buf.storage.online_capacity)
+    assert total_ref - s.stale_mass + n_fresh * s.provisional_weight() == pytest.approx(s.tree.total, rel=1e-12)
+    draws = np.concatenate([buf.sample(len(buf)).info.indices for _ in range(60_000 // len(buf))])
+    assert chisquare_pvalue(draws, p) > 1e-3
+    wrong = p.copy()
+    wrong[np.argmax(p)] *= 1.10  # 10% too much on the heaviest row
+    assert chisquare_pvalue(draws, wrong / wrong.sum()) < 1e-3

@@ -81,3 +81,41 @@ if AVAILABLE:
         for k in range(n):
             out[k] = idx[k] - size
         return out
+
+    @numba.njit(cache=True, nogil=True)
+    def build_alias(weights, prob, alias):  # pragma: no cover - compiled
+        # Vose's alias method: O(n) build, O(1) draws (two array reads per draw)
+        n = weights.size
+        total = 0.0
+        for i in range(n):
+            total += weights[i]
+        scaled = np.empty(n)
+        small = np.empty(n, np.int64)
+        large = np.empty(n, np.int64)
+        ns = 0
+        nl = 0
+        for i in range(n):
+            scaled[i] = weights[i] * n / total
+            if scaled[i] < 1.0:
+                small[ns] = i
+                ns += 1
+            else:
+                large[nl] = i
+                nl += 1
+        while ns > 0 and nl > 0:
+            ns -= 1
+            s = small[ns]
+            g = large[nl - 1]
+            prob[s] = scaled[s]
+            alias[s] = g
+            scaled[g] = (scaled[g] + scaled[s]) - 1.0
+            if scaled[g] < 1.0:
+                nl -= 1
+                small[ns] = g
+                ns += 1
+        for k in range(nl):
+            prob[large[k]] = 1.0
+            alias[large[k]] = large[k]
+        for k in range(ns):
+            prob[small[k]] = 1.0
+            alias[small[k]] = small[k]

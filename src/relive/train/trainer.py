@@ -170,7 +170,9 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         online_draws[0] += float(np.mean(batch.info.source))
         online_draws[1] += 1
         grad_steps += 1
-        if grad_steps % s.refresh_every_grad_steps == 0 and hasattr(agent, "score_fn"):
+        # ARB-style re-scoring belongs to the online phase (the offline phase is the base algorithm's own)
+        if offline_done >= s.num_offline_grad_steps and grad_steps % s.refresh_every_grad_steps == 0 \
+                and hasattr(agent, "score_fn"):
             buffer.refresh(agent.score_fn(cfg.replay.score_mode))
 
     def run_eval() -> dict:

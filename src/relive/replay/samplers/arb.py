@@ -18,10 +18,14 @@ Rows added since the last refresh get the provisional weight exp(0 / lambda) = 1
 have after the shift (as in the reference code), so fresh data is sampled at least as often as any scored row
 until the next refresh.
 
-Sampling structure: weights live in a float64 sum tree (``SumTree``). A full refresh rebuilds it in one
-vectorized pass; inserts and the amortized mode update only the rows they touch (O(k log N)); a batch costs
-O(B log N), never O(N). (A flat CDF + searchsorted would need an O(N) suffix rebuild whenever the online
-ring overwrites a row in the middle of the array, i.e. on every env step once the ring is full.)
+Sampling structure. The exact weights live in a float64 sum tree (``SumTree``: ``probabilities()``, the
+amortized mode, per-row probabilities). Between two full refreshes the distribution is fixed except for rows
+written since (all with the same provisional weight), so a batch is drawn as a two-part mixture: the rows of
+the last refresh from a Walker/Vose alias table built at the refresh (O(1) per draw; rows overwritten since
+are rejected and redrawn), and the fresh rows uniformly; the number of fresh draws is binomial with their
+exact share of the mass. This is exact and costs O(B) per batch and O(N) once per refresh. (A flat CDF +
+searchsorted costs more per draw than the tree at 1M rows, and would need an O(N) suffix rebuild whenever the
+online ring overwrites a row.) Without numba (no compiled alias build) the tree's O(B log N) search is used.
 
 Amortized mode (beyond the paper, its open question on large buffers): with ``amortized_rows_per_refresh=k``
 each ``refresh`` re-scores the next k rows of a rotating cursor instead of the whole buffer, so a call every
@@ -32,8 +36,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from relive.replay import _tree_kernels as kernels
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.sum_tree import MaxTree, SumTree
+from relive.types import ONLINE
 
 LEVELS = ("trajectory", "transition")
 
@@ -67,9 +73,13 @@ class ARBSampler(Sampler):
         self.score = np.full(n, np.nan)  # clipped per-row score l_i; nan = not scored since written
         self.max_score = MaxTree(n)  # over l_i - log_p_low (>= 0), for the shift
         self.shift = 0.0  # the max subtracted at the last full refresh
+        self._alias = None  # (lo, hi, prob, alias, weights, total, num_online_written, num_offline) at refresh
+        self.stale_mass = 0.0  # refresh-time weight of the rows overwritten since the refresh
 
     # -- writing ---------------------------------------------------------------------------------------
     def on_insert(self, slots: np.ndarray) -> None:
+        if self._alias is not None:
+            self._retire(slots)
         self.score[slots] = np.nan
         self.max_score.update(slots, np.zeros(slots.size))
         self.tree.update(slots, np.full(slots.size, self.provisional_weight()))
@@ -139,6 +149,71 @@ class ARBSampler(Sampler):
         w = np.zeros(self.storage.capacity)
         w[lo:hi] = np.exp(self.log_weights(np.arange(lo, hi)))
         self.tree.set_all(w)
+        self._build_alias(lo, hi, w[lo:hi].copy(), self.storage.num_online_written, self.storage.num_offline)
+
+    # -- alias table of the last refresh -----------------------------------------------------------------
+    def _build_alias(self, lo, hi, weights, num_online_written, num_offline, stale_mass=0.0,
+                     seen_written=None) -> None:
+        if not kernels.AVAILABLE or hi <= lo:
+            self._alias = None
+            return
+        prob, alias = np.empty(hi - lo), np.empty(hi - lo, np.int64)
+        kernels.build_alias(weights, prob, alias)
+        self._alias = (lo, hi, prob, alias + lo, weights, float(weights.sum()), int(num_online_written),
+                       int(num_offline))
+        self.stale_mass = float(stale_mass)
+        self._seen_written = int(seen_written if seen_written is not None else num_online_written)
+
+    def _fresh(self, slots: np.ndarray) -> np.ndarray:
+        """Whether each slot holds a row written after the last refresh."""
+        st = self.storage
+        lo, hi, *_, ref_written, _ = self._alias
+        now, cap, k = st.num_online_written, st.online_capacity, st.num_offline
+        online = slots >= k
+        base = now - cap
+        pos = base + ((slots - k) - base) % max(cap, 1)  # logical position of the row now in each online slot
+        return online & (pos >= ref_written)
+
+    def _retire(self, slots: np.ndarray) -> None:
+        """Rows are about to be overwritten (already written): remove refresh-time mass the first time."""
+        st = self.storage
+        lo, hi, _, _, weights, _, ref_written, ref_offline = self._alias
+        if st.num_offline != ref_offline:
+            self._alias = None  # offline rows were added after the refresh: use the tree until the next one
+            return
+        online = slots >= st.num_offline
+        was_present = online & (slots < hi) & (slots >= lo)
+        # position of the row each slot held before this write (the ring as of the previous write)
+        cap, k = st.online_capacity, st.num_offline
+        base = self._seen_written - cap
+        pos = base + ((slots - k) - base) % max(cap, 1)
+        first_overwrite = was_present & (pos < ref_written)
+        if first_overwrite.any():
+            self.stale_mass += float(weights[slots[first_overwrite] - lo].sum())
+        self._seen_written = st.num_online_written
+
+    def _draw_alias(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        st = self.storage
+        lo, hi, prob, alias, _, total_ref, ref_written, _ = self._alias
+        dom_lo, dom_hi = self.domain()
+        now, cap = st.num_online_written, st.online_capacity
+        first_fresh = max(ref_written, now - cap)
+        n_fresh = now - first_fresh if (self.source in (None, ONLINE) and cap > 0) else 0
+        mass_fresh = n_fresh * self.provisional_weight()
+        mass_old = max(total_ref - self.stale_mass, 0.0)
+        k_fresh = int(rng.binomial(batch_size, mass_fresh / (mass_fresh + mass_old))) if n_fresh else 0
+        out = np.empty(batch_size, np.int64)
+        if k_fresh:
+            out[:k_fresh] = st.online_slot(rng.integers(first_fresh, now, k_fresh))
+        filled, need = k_fresh, batch_size - k_fresh
+        while need:  # alias draws over the refresh-time rows; rows overwritten since are rejected
+            i = rng.integers(0, hi - lo, need)
+            pick = np.where(rng.random(need) < prob[i], i + lo, alias[i])
+            keep = pick[~self._fresh(pick)] if n_fresh else pick
+            out[filled : filled + keep.size] = keep
+            filled += keep.size
+            need -= keep.size
+        return out
 
     def _refresh_slice(self, score_fn, k: int, chunk_size: int) -> None:
         lo, hi = self.domain()
@@ -162,7 +237,10 @@ class ARBSampler(Sampler):
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         tree = self.tree
         total = tree.total
-        indices = tree.find_prefix(np.sort(rng.random(batch_size)) * total)
+        if self._alias is not None and not self.amortized_rows_per_refresh:
+            indices = self._draw_alias(batch_size, rng)
+        else:
+            indices = tree.find_prefix(np.sort(rng.random(batch_size)) * total)
         probability = tree.nodes[tree.size + indices] / total
         if self.is_correction:
             w = (self.num_rows() * probability) ** (-self.is_exponent)
@@ -192,9 +270,15 @@ class ARBSampler(Sampler):
 
     def state_dict(self) -> dict:
         size = self.storage.size
-        return super().state_dict() | {"weight": np.array(self.tree.leaves[:size]), "score": self.score[:size].copy(),
-                                       "shift": self.shift, "num_refreshes": self.num_refreshes,
-                                       "cursor": self.cursor}
+        state = super().state_dict() | {"weight": np.array(self.tree.leaves[:size]), "score": self.score[:size].copy(),
+                                        "shift": self.shift, "num_refreshes": self.num_refreshes,
+                                        "cursor": self.cursor}
+        if self._alias is not None:  # the alias table is rebuilt (deterministically) from its weights
+            lo, hi, _, _, weights, _, written, offline = self._alias
+            state["alias"] = {"lo": lo, "hi": hi, "weights": weights.copy(), "num_online_written": written,
+                              "num_offline": offline, "stale_mass": self.stale_mass,
+                              "seen_written": self._seen_written}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -209,3 +293,9 @@ class ARBSampler(Sampler):
         self.shift = float(state["shift"])
         self.num_refreshes = int(state["num_refreshes"])
         self.cursor = int(state["cursor"])
+        a = state.get("alias")
+        self._alias = None
+        if a is not None:
+            self._build_alias(int(a["lo"]), int(a["hi"]), np.asarray(a["weights"], np.float64),
+                              int(a["num_online_written"]), int(a["num_offline"]), float(a["stale_mass"]),
+                              int(a["seen_written"]))
