@@ -29,6 +29,7 @@ class RunConfig:
     eval_episodes: int = 5
     checkpoint_every_env_steps: int = 10_000  # checkpoints land on the first episode end after this many steps
     progress: bool = True
+    save_final_buffer: bool = False  # also write the replay buffer at the end (buffer_final/)
 
     def __post_init__(self):
         for name in ("log_every_env_steps", "eval_every_env_steps", "eval_episodes", "checkpoint_every_env_steps",
@@ -45,7 +46,7 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str | None = None  # an .npz of columns written by relive (see relive.train.collector.save_dataset)
+    dataset: str | None = None  # a relive .npz, a D4RL .hdf5 file, or a local Minari dataset (id or directory)
     discount: float | None = None  # for Monte-Carlo returns-to-go; default: the agent's gamma
     ref_min_return: float | None = None  # reference returns for normalized scores (D4RL style)
     ref_max_return: float | None = None

@@ -17,7 +17,8 @@ def add_parsers(subparsers) -> None:
                     "events and checkpoints; `relive train --resume RUN_DIR` continues a stopped run.")
     p.add_argument("preset", nargs="?", help=f"one of {sorted(PRESETS)}")
     p.add_argument("--env", help="Gymnasium environment id, e.g. Pendulum-v1, Hopper-v5, CartPole-v1")
-    p.add_argument("--dataset", help="offline dataset (.npz written by relive, see relive.train.collector)")
+    p.add_argument("--dataset", help="offline dataset: a local Minari dataset id or directory (see `relive data "
+                   "list`), a D4RL-format .hdf5 file, or a relive .npz")
     p.add_argument("--replay", choices=REPLAY_NAMES, help="replay strategy: uniform over all rows, per, "
                    "symmetric (exact offline/online split), symmetric_per (uniform offline, PER online)")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")

@@ -47,7 +47,9 @@ class Collector:
                 self.episode_return, self.episode_length = 0.0, 0
             else:
                 self.obs = next_obs
-        return {k: np.asarray(v) for k, v in rows.items()}
+        out = {k: np.asarray(v) for k, v in rows.items()}
+        out["reward"] = out["reward"].astype(np.float32)  # the storage's reward dtype
+        return out
 
     def state_dict(self) -> dict:
         """Only valid between episodes (``at_episode_start``): the env's RNG before its next reset."""

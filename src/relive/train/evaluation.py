@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-
-def normalized_score(ret: float, ref_min: float | None, ref_max: float | None) -> float:
-    """D4RL: 100 * (R - R_random) / (R_expert - R_random); nan without reference returns."""
-    if ref_min is None or ref_max is None:
-        return float("nan")
-    if ref_max == ref_min:
-        raise ValueError(f"reference returns must differ, got {ref_min} and {ref_max}")
-    return 100.0 * (ret - ref_min) / (ref_max - ref_min)
+from relive.data.scores import normalized_score  # noqa: F401  (re-exported for the trainer)
 
 
 def evaluate(env, agent, episodes: int, seed: int) -> np.ndarray:

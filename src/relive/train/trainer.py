@@ -27,7 +27,7 @@ from relive.replay import (
     UniformSampler,
 )
 from relive.replay.checkpoint import CheckpointError, load_tree, save_tree
-from relive.train.collector import Collector, load_dataset, returns_to_go
+from relive.train.collector import Collector, returns_to_go
 from relive.train.envs import env_spec, make_env, random_actions
 from relive.train.evaluation import evaluate, normalized_score
 from relive.train.logging import RunLogger
@@ -123,11 +123,10 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
                           seed=seed, action_dtype=np.int64 if spec.discrete else np.float32, extra_columns=extra)
     ref_min, ref_max = cfg.data.ref_min_return, cfg.data.ref_max_return
     if cfg.data.dataset:
-        rows, meta = load_dataset(cfg.data.dataset)
-        if needs_mc:
-            rows["mc_return"] = returns_to_go(rows["reward"], rows["terminated"] | rows["truncated"],
-                                              rows["terminated"], gamma)
-        buffer.add_offline(rows)
+        from relive.data.loaders import fill_offline, load_rows
+
+        rows, meta = load_rows(cfg.data.dataset, env_id=cfg.env.id)
+        fill_offline(buffer, rows, gamma)
         ref_min = ref_min if ref_min is not None else meta.get("ref_min_return")
         ref_max = ref_max if ref_max is not None else meta.get("ref_max_return")
     elif s.num_offline_grad_steps:
@@ -253,6 +252,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         final = run_eval()
         logger.metrics(env_steps, train_metrics | buffer.stats() | {"grad_step": grad_steps})
         save_tree(run_dir / "agent_final", agent.state_dict(), kind="agent")  # the trained policy, reusable
+        if cfg.run.save_final_buffer:
+            buffer.save(run_dir / "buffer_final")
     finally:
         logger.close()
     summary = RunSummary(str(run_dir), s.num_offline_grad_steps, env_steps, grad_steps, final["eval/return_mean"],
