@@ -30,6 +30,7 @@ class RunConfig:
     checkpoint_every_env_steps: int = 10_000  # checkpoints land on the first episode end after this many steps
     progress: bool = True
     save_final_buffer: bool = False  # also write the replay buffer at the end (buffer_final/)
+    save_agent_snapshots: bool = False  # keep the agent of every evaluation (snapshots/agent_<env_step>/)
 
     def __post_init__(self):
         for name in ("log_every_env_steps", "eval_every_env_steps", "eval_episodes", "checkpoint_every_env_steps",

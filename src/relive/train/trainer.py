@@ -183,6 +183,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
                "eval/normalized_score": normalized_score(mean, ref_min, ref_max),
                "replay/online_fraction": frac, "time/seconds": time.perf_counter() - start}
         logger.evaluation(row)
+        if cfg.run.save_agent_snapshots:
+            save_tree(run_dir / "snapshots" / f"agent_{env_steps}", agent.state_dict(), kind="agent")
         online_draws[:] = [0.0, 0]  # the next row reports the batches drawn since this evaluation
         return row
 
