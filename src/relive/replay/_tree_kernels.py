@@ -119,3 +119,32 @@ if AVAILABLE:
         for k in range(ns):
             prob[small[k]] = 1.0
             alias[small[k]] = small[k]
+
+    @numba.njit(cache=True, nogil=True)
+    def alias_draw(table, lo, uniforms, num_offline, capacity, now, ref_written, out, weight_out):
+        # draw len(out) rows from an alias table whose row i is (prob_i, alias_i, weight_i, weight_alias_i)
+        # -- one cache line per draw -- rejecting rows written after the refresh (ref_written); returns how
+        # many were drawn (fewer only if the uniforms ran out)
+        n = table.shape[0]
+        filled = 0
+        j = 0
+        base = now - capacity
+        while filled < out.size and j + 1 < uniforms.size:
+            i = int(uniforms[j] * n)
+            if i >= n:
+                i = n - 1
+            if uniforms[j + 1] < table[i, 0]:
+                pick = i + lo
+                w = table[i, 2]
+            else:
+                pick = int(table[i, 1])
+                w = table[i, 3]
+            j += 2
+            if pick >= num_offline and capacity > 0:
+                pos = base + ((pick - num_offline) - base) % capacity
+                if pos >= ref_written:
+                    continue  # overwritten since the refresh: its old weight is gone
+            out[filled] = pick
+            weight_out[filled] = w
+            filled += 1
+        return filled

@@ -159,20 +159,12 @@ class ARBSampler(Sampler):
             return
         prob, alias = np.empty(hi - lo), np.empty(hi - lo, np.int64)
         kernels.build_alias(weights, prob, alias)
-        self._alias = (lo, hi, prob, alias + lo, weights, float(weights.sum()), int(num_online_written),
+        # one row per slot (prob, alias slot, own weight, alias's weight): a draw reads one cache line
+        table = np.column_stack([prob, (alias + lo).astype(np.float64), weights, weights[alias]])
+        self._alias = (lo, hi, table, None, weights, float(weights.sum()), int(num_online_written),
                        int(num_offline))
         self.stale_mass = float(stale_mass)
         self._seen_written = int(seen_written if seen_written is not None else num_online_written)
-
-    def _fresh(self, slots: np.ndarray) -> np.ndarray:
-        """Whether each slot holds a row written after the last refresh."""
-        st = self.storage
-        lo, hi, *_, ref_written, _ = self._alias
-        now, cap, k = st.num_online_written, st.online_capacity, st.num_offline
-        online = slots >= k
-        base = now - cap
-        pos = base + ((slots - k) - base) % max(cap, 1)  # logical position of the row now in each online slot
-        return online & (pos >= ref_written)
 
     def _retire(self, slots: np.ndarray) -> None:
         """Rows are about to be overwritten (already written): remove refresh-time mass the first time."""
@@ -192,28 +184,30 @@ class ARBSampler(Sampler):
             self.stale_mass += float(weights[slots[first_overwrite] - lo].sum())
         self._seen_written = st.num_online_written
 
-    def _draw_alias(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+    def _draw_alias(self, batch_size: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and their current weights: fresh rows uniformly (binomial share of the mass), the rest from
+        the alias table with rejection of rows overwritten since the refresh (one compiled loop)."""
         st = self.storage
-        lo, hi, prob, alias, _, total_ref, ref_written, _ = self._alias
-        dom_lo, dom_hi = self.domain()
+        lo, hi, table, _, weights, total_ref, ref_written, _ = self._alias
         now, cap = st.num_online_written, st.online_capacity
         first_fresh = max(ref_written, now - cap)
         n_fresh = now - first_fresh if (self.source in (None, ONLINE) and cap > 0) else 0
-        mass_fresh = n_fresh * self.provisional_weight()
+        provisional = self.provisional_weight()
+        mass_fresh = n_fresh * provisional
         mass_old = max(total_ref - self.stale_mass, 0.0)
         k_fresh = int(rng.binomial(batch_size, mass_fresh / (mass_fresh + mass_old))) if n_fresh else 0
         out = np.empty(batch_size, np.int64)
+        w = np.empty(batch_size)
         if k_fresh:
             out[:k_fresh] = st.online_slot(rng.integers(first_fresh, now, k_fresh))
-        filled, need = k_fresh, batch_size - k_fresh
-        while need:  # alias draws over the refresh-time rows; rows overwritten since are rejected
-            i = rng.integers(0, hi - lo, need)
-            pick = np.where(rng.random(need) < prob[i], i + lo, alias[i])
-            keep = pick[~self._fresh(pick)] if n_fresh else pick
-            out[filled : filled + keep.size] = keep
-            filled += keep.size
-            need -= keep.size
-        return out
+            w[:k_fresh] = provisional
+        filled = k_fresh
+        while filled < batch_size:
+            need = batch_size - filled
+            u = rng.random(2 * need + 16)
+            filled += kernels.alias_draw(table, lo, u, st.num_offline, cap, now, ref_written if n_fresh else now,
+                                         out[filled:], w[filled:])
+        return out, w
 
     def _refresh_slice(self, score_fn, k: int, chunk_size: int) -> None:
         lo, hi = self.domain()
@@ -238,10 +232,11 @@ class ARBSampler(Sampler):
         tree = self.tree
         total = tree.total
         if self._alias is not None and not self.amortized_rows_per_refresh:
-            indices = self._draw_alias(batch_size, rng)
+            indices, weight = self._draw_alias(batch_size, rng)
+            probability = weight / total
         else:
             indices = tree.find_prefix(np.sort(rng.random(batch_size)) * total)
-        probability = tree.nodes[tree.size + indices] / total
+            probability = tree.nodes[tree.size + indices] / total
         if self.is_correction:
             w = (self.num_rows() * probability) ** (-self.is_exponent)
             is_weight = (w / w.max()).astype(np.float32)
