@@ -57,3 +57,21 @@ def test_grid_validation():
                                                                          "args": ["--seed-note", "{seed}"]}]})
     assert [r.key for r in g.runs()] == ["a/A/seed_3", "a/B/seed_3", "a/A/seed_4", "a/B/seed_4"]
     assert g.runs()[0].args == ("--seed-note", "3")
+
+
+def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
+    """Every run of every shipped grid parses into a valid experiment config (catches typos in grid files)."""
+    from relive.cli import build_parser
+    from relive.experiments.grid import GRID_DIR, load_grid
+    from relive.train.cli import config_from_args
+
+    names = sorted(p.stem for p in GRID_DIR.glob("*.toml"))
+    assert {"arb", "reaper", "rlpd"} <= set(names)
+    for name in names:
+        g = load_grid(name)
+        for spec in g.runs():
+            args = build_parser().parse_args(["train", spec.preset, "--env", spec.task, "--seed", str(spec.seed),
+                                              "--run-dir", str(tmp_path / spec.key), *spec.args])
+            cfg = config_from_args(args)
+            assert cfg.run.seed == spec.seed
+            assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5"), cfg.env.id

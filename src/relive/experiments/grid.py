@@ -7,6 +7,8 @@
     label = "uniform"                      # a name for plots and tables
     preset = "ddqn"                        # `relive train PRESET`
     args = ["--replay", "uniform"]         # extra `relive train` arguments ({task}, {seed} are substituted)
+    [task_args]                            # optional: extra arguments per task (a task may be a label, e.g.
+    "hopper-random" = ["--env", "Hopper-v5", "--dataset", "relive/hopper-v5/random-v0"]   # env + dataset)
     [report]                               # optional: what the report computes
     thresholds = { "CartPole-v1" = 475 }   # env steps to reach a score (ReaPER's metric)
     paper = { "CartPole-v1" = "20,650 -> 15,850" }
@@ -55,6 +57,7 @@ class Grid:
     seeds: tuple[int, ...]
     report: dict = field(default_factory=dict)
     description: str = ""
+    task_args: dict = field(default_factory=dict)
 
     def runs(self) -> list[RunSpec]:
         """Every run of the grid, seeds innermost-last so that a partial sweep covers all variants early."""
@@ -62,7 +65,7 @@ class Grid:
         for seed in self.seeds:
             for v in self.variants:
                 for task in v.tasks or self.tasks:
-                    args = tuple(a.format(task=task, seed=seed) for a in v.args)
+                    args = tuple(a.format(task=task, seed=seed) for a in (*v.args, *self.task_args.get(task, ())))
                     out.append(RunSpec(self.name, v.label, v.preset, task, seed, args))
         return out
 
@@ -107,4 +110,6 @@ def parse_grid(raw: dict, default_name: str = "grid") -> Grid:
     for v in variants:
         if not (v.tasks or tasks):
             raise ValueError(f"grid {name!r}: variant {v.label!r} has no tasks (set tasks = [...])")
-    return Grid(name, tuple(variants), tasks, seeds, dict(raw.get("report", {})), raw.get("description", ""))
+    task_args = {str(k): tuple(str(a) for a in v) for k, v in raw.get("task_args", {}).items()}
+    return Grid(name, tuple(variants), tasks, seeds, dict(raw.get("report", {})), raw.get("description", ""),
+                task_args)
