@@ -20,11 +20,27 @@ class EnvSpec:
     max_episode_steps: int | None
 
 
+ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")
+
+
 def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
+    """``gym.make``; Gymnasium-Robotics mazes are registered on demand, and goal-conditioned (Dict)
+    observations are flattened into one Box (achieved_goal, desired_goal, observation)."""
+    kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    if env_id.startswith(ROBOTICS_PREFIXES):
+        try:
+            import gymnasium_robotics
+        except ImportError:
+            raise ValueError(f"{env_id} needs gymnasium-robotics: pip install 'relive[maze]'") from None
+        gym.register_envs(gymnasium_robotics)
+        kwargs["continuing_task"] = False  # an episode ends when the goal is reached
     try:
-        return gym.make(env_id, max_episode_steps=max_episode_steps) if max_episode_steps else gym.make(env_id)
+        env = gym.make(env_id, **kwargs)
     except gym.error.Error as e:
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from None
+    if isinstance(env.observation_space, gym.spaces.Dict):
+        env = gym.wrappers.FlattenObservation(env)
+    return env
 
 
 def env_spec(env: gym.Env) -> EnvSpec:
