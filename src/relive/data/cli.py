@@ -1,0 +1,77 @@
+"""`relive data make TASK LEVEL`, `relive data list`, `relive data info ID`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from relive.data.generate import BUDGETS, LEVELS, TASKS
+
+
+def add_parsers(subparsers) -> None:
+    p = subparsers.add_parser("data", help="generate, list and inspect offline datasets (Minari format)",
+                              description="D4RL-style offline datasets made locally, stored as Minari datasets.")
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    mk = sub.add_parser("make", help="generate a dataset level for a task",
+                        description="Levels: random (uniform actions), medium (SAC stopped early), medium-replay "
+                                    "(that run's replay data), expert (SAC trained longer), medium-expert (union). "
+                                    "One SAC run per task gives the medium and expert policies. Budgets: "
+                                    + ", ".join(f"{t}: {b.steps:,} rows, {b.expert_train_steps:,} training steps"
+                                                for t, b in BUDGETS.items()))
+    mk.add_argument("task", help=f"one of {sorted(TASKS)} (case-insensitive)")
+    mk.add_argument("level", choices=LEVELS)
+    mk.add_argument("--steps", type=int, help="rows to collect (default: the task's budget)")
+    mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--expert-train-steps", type=int, help="online SAC steps of the training run")
+    mk.add_argument("--root", help="Minari datasets root (default: $MINARI_DATASETS_PATH or data/minari)")
+    mk.add_argument("--out", default="data", help="where trained policies are kept (default data/)")
+    mk.add_argument("--no-progress", action="store_true")
+    mk.set_defaults(func=_make)
+    ls = sub.add_parser("list", help="list local datasets")
+    ls.add_argument("--root")
+    ls.set_defaults(func=_list)
+    info = sub.add_parser("info", help="size, returns and reference scores of a dataset")
+    info.add_argument("dataset", help="a dataset id (see `relive data list`) or a dataset directory")
+    info.add_argument("--root")
+    info.set_defaults(func=_info)
+
+
+def _make(args: argparse.Namespace) -> int:
+    from relive.data.generate import make_dataset
+
+    did, summary = make_dataset(args.task, args.level, steps=args.steps, seed=args.seed, root=args.root,
+                                out=args.out, expert_train_steps=args.expert_train_steps,
+                                progress=not args.no_progress)
+    print(f"wrote {did}: {summary['rows']:,} rows, {summary['episodes']} episodes, "
+          f"return {summary['return_mean']:.1f} ± {summary['return_std']:.1f}")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    from relive.data.minari_io import default_root, list_local
+
+    found = list_local(args.root)
+    print("\n".join(found) if found else f"no datasets under {args.root or default_root()}")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from relive.data.columns import split_episodes
+    from relive.data.minari_io import read_minari
+    from relive.data.scores import d4rl_reference, normalized_score
+
+    rows, meta = read_minari(args.dataset, args.root)
+    returns = np.array([rows["reward"][sl].sum() for sl in split_episodes(rows)])
+    out = {k: v for k, v in meta.items() if k != "relive"} | {
+        "rows": int(len(rows["obs"])), "episodes": int(returns.size),
+        "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+        "normalized_score": normalized_score(float(returns.mean()), meta["ref_min_return"], meta["ref_max_return"])}
+    ref = d4rl_reference(meta["env_id"] or "")
+    if ref:
+        out["d4rl_normalized_score"] = normalized_score(float(returns.mean()), *ref)
+    if "relive" in meta:
+        out["generated"] = meta["relive"]
+    print(json.dumps(out, indent=1, allow_nan=True))
+    return 0

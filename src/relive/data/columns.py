@@ -1,0 +1,59 @@
+"""Checks and conversions between relive's columns and episode-based formats (Minari, D4RL)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+
+
+def check_columns(rows: dict, where: str) -> int:
+    """Every column present, equal lengths, finite numbers; returns the row count. Nothing is cast or cut."""
+    missing = [c for c in COLUMNS if c not in rows]
+    if missing:
+        raise ValueError(f"{where}: missing column(s) {missing}")
+    n = len(rows["obs"])
+    for c in COLUMNS:
+        if len(rows[c]) != n:
+            raise ValueError(f"{where}: column {c!r} has {len(rows[c])} rows but 'obs' has {n}")
+    for c in ("obs", "action", "reward", "next_obs"):
+        arr = np.asarray(rows[c])
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            row = int(np.argwhere(~np.isfinite(arr))[0][0])
+            raise ValueError(f"{where}: column {c!r} row {row} is not finite (NaN/inf)")
+    return n
+
+
+def split_episodes(rows: dict) -> list[slice]:
+    """Episodes as slices: each ends at terminated | truncated; a trailing unfinished run is its own episode."""
+    end = np.asarray(rows["terminated"], bool) | np.asarray(rows["truncated"], bool)
+    stops = np.flatnonzero(end) + 1
+    if not stops.size or stops[-1] != end.size:
+        stops = np.append(stops, end.size)
+    starts = np.concatenate(([0], stops[:-1]))
+    return [slice(int(a), int(b)) for a, b in zip(starts, stops, strict=True) if b > a]
+
+
+def check_env_spaces(rows: dict, env_id: str, where: str) -> None:
+    """Observation and action shapes (and action bounds) must match the environment's spaces."""
+    from relive.train.envs import env_spec, make_env
+
+    env = make_env(env_id)
+    spec = env_spec(env)
+    env.close()
+    obs_shape = tuple(np.asarray(rows["obs"]).shape[1:])
+    if obs_shape != tuple(spec.obs_shape):
+        raise ValueError(f"{where}: observations have shape {obs_shape}, {env_id} expects {spec.obs_shape}")
+    act = np.asarray(rows["action"])
+    if spec.discrete:
+        if act.ndim != 1 or act.dtype.kind not in "iu" or act.min() < 0 or act.max() >= spec.num_actions:
+            raise ValueError(f"{where}: actions must be integers in [0, {spec.num_actions}) for {env_id}")
+        return
+    if tuple(act.shape[1:]) != tuple(spec.action_shape):
+        raise ValueError(f"{where}: actions have shape {tuple(act.shape[1:])}, {env_id} expects {spec.action_shape}")
+    low, high = spec.action_low - 1e-6, spec.action_high + 1e-6
+    bad = (act < low) | (act > high)
+    if bad.any():
+        row = int(np.argwhere(bad)[0][0])
+        raise ValueError(f"{where}: action row {row} {act[row]} is outside {env_id}'s action space "
+                         f"[{spec.action_low}, {spec.action_high}]")

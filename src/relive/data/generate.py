@@ -1,0 +1,182 @@
+"""D4RL-style datasets generated locally: random, medium, medium-replay, expert, medium-expert.
+
+One SAC training run per task and seed (``expert_train_steps`` online steps, evaluated every 1/20 of it, the
+agent of every evaluation kept) gives every level, as D4RL's recipe does:
+- random: uniform actions.
+- expert: the final policy, rolled out with its stochastic policy.
+- medium: the snapshot whose evaluation return is closest to one third of the way from the random return to
+  the expert's (D4RL: "a third of the expert return"), rolled out stochastically.
+- medium-replay: the rows that run had stored when that snapshot was taken (its replay data).
+- medium-expert: the union of medium and expert.
+The run (policies, evaluations, replay buffer) stays in ``data/policies/<task>/seed<N>`` (pickle-free), so
+levels can be regenerated without training again. Reference returns for normalized scores: R_random = mean
+return of uniform-random episodes, R_expert = mean return of the expert dataset's episodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from relive.data.minari_io import default_root, write_minari
+from relive.data.scores import d4rl_reference
+
+TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d-v5": "Walker2d-v5",
+         "pendulum-v1": "Pendulum-v1", "pointmaze-umaze-v3": "PointMaze_UMaze-v3",
+         "pointmaze-medium-v3": "PointMaze_Medium-v3"}
+LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert", "scripted")
+MAZE_TASKS = ("pointmaze-umaze-v3", "pointmaze-medium-v3")  # levels: random, scripted (waypoint controller)
+
+
+@dataclass(frozen=True)
+class Budget:
+    steps: int  # rows in a random / medium / expert dataset
+    expert_train_steps: int  # online SAC steps of the training run
+
+
+# sized for a 2-core CPU (~130 SAC steps/s on MuJoCo tasks): the MuJoCo experts are far from D4RL's 1M-step
+# SAC at these budgets; pass --expert-train-steps for more
+BUDGETS = {"pendulum-v1": Budget(20_000, 15_000), "hopper-v5": Budget(100_000, 100_000),
+           "halfcheetah-v5": Budget(100_000, 100_000), "walker2d-v5": Budget(100_000, 100_000),
+           "pointmaze-umaze-v3": Budget(50_000, 0), "pointmaze-medium-v3": Budget(100_000, 0)}
+
+
+def task_env(task: str) -> str:
+    key = task.lower()
+    if key not in TASKS:
+        raise ValueError(f"unknown task {task!r}; known: {sorted(TASKS)}")
+    return TASKS[key]
+
+
+def dataset_id(task: str, level: str) -> str:
+    return f"relive/{task.lower()}/{level}-v0"
+
+
+def _training_run(task: str, train_steps: int, seed: int, out: Path, progress: bool) -> Path:
+    """Train (or reuse) the task's SAC run, keeping the agent of every evaluation and the final buffer."""
+    from relive.config import override
+    from relive.presets import get_preset
+    from relive.train.trainer import train
+
+    run_dir = out / "policies" / task.lower() / f"seed{seed}-steps{train_steps}"
+    if (run_dir / "summary.json").exists():
+        return run_dir
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    cfg = override(get_preset("sac"), [
+        f'env.id="{task_env(task)}"', f"run.seed={seed}", f'run.run_dir="{run_dir}"',
+        f"schedule.num_online_env_steps={train_steps}", f"schedule.num_warmup_env_steps={min(5000, train_steps // 10)}",
+        f"replay.capacity={train_steps + 1}", f"run.eval_every_env_steps={max(train_steps // 20, 1)}",
+        f"run.checkpoint_every_env_steps={10**12}", "run.save_final_buffer=true", "run.save_agent_snapshots=true",
+        f"run.progress={'true' if progress else 'false'}"])
+    train(cfg)
+    return run_dir
+
+
+def _load_agent(run_dir: Path, snapshot: str):
+    from relive.config import load_config
+    from relive.replay.checkpoint import load_tree
+    from relive.train.envs import env_spec, make_env
+    from relive.train.trainer import build_agent
+
+    cfg = load_config(run_dir / "config.json")
+    agent = build_agent(cfg, env_spec(make_env(cfg.env.id)), cfg.run.seed)
+    agent.load_state_dict(load_tree(run_dir / snapshot, kind="agent"))
+    return agent
+
+
+def _medium_step(run_dir: Path, ref_min: float) -> tuple[int, float, float]:
+    """(env step, eval return) of the snapshot closest to a third of the way from random to the final
+    policy's evaluation, and that final evaluation."""
+    import csv
+
+    with open(run_dir / "eval.csv", newline="") as f:
+        evals = [(int(float(r["env_step"])), float(r["eval/return_mean"])) for r in csv.DictReader(f)]
+    final = evals[-1][1]
+    target = ref_min + (final - ref_min) / 3
+    step, ret = min(evals[:-1] or evals, key=lambda e: abs(e[1] - target))
+    return step, ret, final
+
+
+def _episode_returns(rows: dict) -> np.ndarray:
+    from relive.data.columns import split_episodes
+
+    return np.array([float(np.sum(rows["reward"][sl])) for sl in split_episodes(rows)])
+
+
+def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int = 0, root: str | Path | None = None,
+                 out: str | Path = "data", expert_train_steps: int | None = None,
+                 progress: bool = True) -> tuple[str, dict]:
+    """Generate one level and write it as a Minari dataset; returns (dataset id, summary)."""
+    from relive.train.collector import collect_dataset
+
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}; known: {LEVELS}")
+    env_id = task_env(task)
+    maze = task.lower() in MAZE_TASKS
+    if maze and level not in ("random", "scripted") or not maze and level == "scripted":
+        raise ValueError(f"level {level!r} is not made for {task}: mazes have random and scripted, "
+                         "locomotion and pendulum tasks have random, medium, medium-replay, expert, medium-expert")
+    budget = BUDGETS[task.lower()]
+    steps = steps or budget.steps
+    out = Path(out)
+    train_steps = expert_train_steps or budget.expert_train_steps
+
+    def rollout(agent, n, s):
+        return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True))
+
+    random_rows = collect_dataset(env_id, steps if level == "random" else min(steps, 10_000), seed=seed)
+    ref_min = float(_episode_returns(random_rows).mean())
+    ref_max = None
+    extra: dict = {}
+    if level == "random":
+        rows = random_rows
+    elif level == "scripted":
+        from relive.data.maze import waypoint_policy
+        from relive.train.envs import make_env
+
+        policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
+        rows = collect_dataset(env_id, steps, seed=seed, policy=policy)
+        ref_max = float(_episode_returns(rows).mean())
+    else:
+        run_dir = _training_run(task, train_steps, seed, out, progress)
+        med_step, med_eval, final_eval = _medium_step(run_dir, ref_min)
+        extra = {"training_run": str(run_dir), "train_steps": train_steps, "medium_snapshot_step": med_step,
+                 "medium_snapshot_eval_return": med_eval, "expert_eval_return": final_eval}
+        parts = []
+        if level in ("medium", "medium-expert"):
+            parts.append(rollout(_load_agent(run_dir, f"snapshots/agent_{med_step}"), steps, seed + 1))
+        if level in ("expert", "medium-expert"):
+            expert_rows = rollout(_load_agent(run_dir, "agent_final"), steps, seed + 2)
+            ref_max = float(_episode_returns(expert_rows).mean())
+            parts.append(expert_rows)
+        if level == "medium-replay":
+            from relive.replay import ReplayBuffer
+
+            st = ReplayBuffer.load(run_dir / "buffer_final").storage
+            lo = st.num_offline  # online rows in the order they were written (the ring never wrapped)
+            hi = lo + min(med_step, st.num_online)
+            rows = {k: st.columns[k][lo:hi].copy() for k in ("obs", "action", "reward", "next_obs", "terminated",
+                                                               "truncated")}
+            rows["truncated"][-1] |= not rows["terminated"][-1]
+        else:
+            rows = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    returns = _episode_returns(rows)
+    d4rl = d4rl_reference(env_id)
+    summary = {"task": task.lower(), "env_id": env_id, "level": level, "seed": seed, "rows": int(len(rows["obs"])),
+               "episodes": int(returns.size), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+               "ref_min_return": ref_min, "ref_max_return": ref_max, "d4rl_ref": list(d4rl) if d4rl else None} | extra
+    did = dataset_id(task, level)
+    root = Path(root) if root is not None else default_root()
+    if (root / did).exists():
+        import shutil
+
+        shutil.rmtree(root / did)
+    write_minari(did, rows, env_id, root=root, algorithm_name=f"relive {level}",
+                 description=f"{level} data for {env_id} generated by relive (seed {seed})",
+                 ref_min_score=ref_min, ref_max_score=ref_max, extra_metadata=summary)
+    return did, summary

@@ -1,0 +1,47 @@
+"""Load an offline dataset from any supported source into a replay buffer's frozen offline prefix.
+
+Sources: a relive ``.npz`` of columns, a D4RL-format ``.hdf5``/``.h5`` file, or a local Minari dataset
+(by id under the Minari root, or by directory). Rows keep their episode structure (episode ids come from the
+storage's episode index) and get Monte-Carlo returns-to-go in ``mc_return`` when the buffer has that column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from relive.data.columns import check_columns, check_env_spaces
+from relive.train.collector import returns_to_go
+
+
+def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | None = None) -> tuple[dict, dict]:
+    """Columns + metadata of a dataset; with ``env_id``, shapes and action bounds are checked against it."""
+    p = Path(source)
+    if p.suffix == ".npz":
+        from relive.train.collector import load_dataset
+
+        rows, meta = load_dataset(p)
+    elif p.suffix in (".hdf5", ".h5"):
+        from relive.data.d4rl_io import read_d4rl_hdf5
+
+        rows, meta = read_d4rl_hdf5(p)
+    else:
+        from relive.data.minari_io import read_minari
+
+        rows, meta = read_minari(source, root)
+        if env_id and meta.get("env_id") and meta["env_id"] != env_id:
+            raise ValueError(f"dataset {source} was recorded on {meta['env_id']}, not {env_id}")
+    check_columns(rows, str(source))
+    if env_id:
+        check_env_spaces(rows, env_id, str(source))
+    return rows, meta
+
+
+def fill_offline(buffer, rows: dict, gamma: float = 0.99) -> np.ndarray:
+    """``buffer.add_offline`` with returns-to-go in ``mc_return`` when the buffer has that column."""
+    rows = dict(rows)
+    if "mc_return" in buffer.storage.extra_names and "mc_return" not in rows:
+        rows["mc_return"] = returns_to_go(rows["reward"], rows["terminated"] | rows["truncated"],
+                                          rows["terminated"], gamma)
+    return buffer.add_offline(rows)

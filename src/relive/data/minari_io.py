@@ -1,0 +1,138 @@
+"""Datasets in the Minari format (HDF5 backend): write relive columns as episodes, read any local dataset.
+
+Datasets live under a root directory (default ``data/minari`` in the working directory, or
+``$MINARI_DATASETS_PATH``); nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from relive.data.columns import check_columns, split_episodes
+
+DEFAULT_ROOT = Path("data") / "minari"
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("MINARI_DATASETS_PATH", DEFAULT_ROOT))
+
+
+@contextlib.contextmanager
+def _root(root: str | Path | None):
+    old = os.environ.get("MINARI_DATASETS_PATH")
+    # minari joins relative roots twice: always hand it an absolute path
+    os.environ["MINARI_DATASETS_PATH"] = str((Path(root) if root is not None else default_root()).resolve())
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MINARI_DATASETS_PATH", None)
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = old
+
+
+def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path | None = None,
+                 algorithm_name: str = "relive", description: str = "", ref_min_score: float | None = None,
+                 ref_max_score: float | None = None, extra_metadata: dict | None = None) -> Path:
+    """Write rows as a Minari dataset. Within an episode next_obs[t] must equal obs[t + 1] (Minari stores one
+    observation sequence per episode); a trailing unfinished episode is stored as is (no flag)."""
+    import minari
+    from minari.data_collector import EpisodeBuffer
+
+    check_columns(rows, f"dataset {dataset_id!r}")
+    buffers = []
+    for i, sl in enumerate(split_episodes(rows)):
+        obs, nxt = np.asarray(rows["obs"][sl]), np.asarray(rows["next_obs"][sl])
+        if len(obs) > 1 and not np.allclose(obs[1:], nxt[:-1]):
+            t = int(np.flatnonzero(~np.isclose(obs[1:], nxt[:-1]).all(axis=tuple(range(1, obs.ndim))))[0])
+            raise ValueError(f"dataset {dataset_id!r}: episode {i} breaks at step {t}: next_obs[{t}] != obs[{t + 1}]")
+        buffers.append(EpisodeBuffer(
+            id=i, observations=np.concatenate([obs, nxt[-1:]]), actions=np.asarray(rows["action"][sl]),
+            rewards=list(np.asarray(rows["reward"][sl], np.float64)),
+            terminations=list(np.asarray(rows["terminated"][sl], bool)),
+            truncations=list(np.asarray(rows["truncated"][sl], bool))))
+    with _root(root), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is set to None.*")  # author / permalink nags
+        from relive.train.envs import make_env
+
+        env = make_env(env_id)  # the spaces as relive sees them (goal-conditioned dicts are flattened)
+        ds = minari.create_dataset_from_buffers(
+            dataset_id=dataset_id, buffer=buffers, env=env_id, algorithm_name=algorithm_name,
+            observation_space=env.observation_space, action_space=env.action_space,
+            description=description or None, ref_min_score=ref_min_score, ref_max_score=ref_max_score,
+            data_format="hdf5")
+        path = Path(ds.spec.data_path).parent
+    if extra_metadata:
+        (path / "relive.json").write_text(json.dumps(extra_metadata, indent=1, allow_nan=True))
+    return path
+
+
+def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[dict, dict]:
+    """Columns and metadata of a local Minari dataset, given its id (under ``root``) or its directory."""
+    import minari
+
+    dataset_id, root = _locate(dataset, root)
+    with _root(root):
+        try:
+            ds = minari.load_dataset(dataset_id)
+        except Exception as e:  # minari raises several types for a missing or broken dataset
+            raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root}: {e}") from None
+        cols = {c: [] for c in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+        for ep in ds.iterate_episodes():
+            obs = np.asarray(ep.observations)
+            if not isinstance(ep.observations, np.ndarray) or obs.dtype == object:
+                raise ValueError(f"{dataset_id}: only Box observations are supported (got a structured space)")
+            cols["obs"].append(obs[:-1])
+            cols["next_obs"].append(obs[1:])
+            cols["action"].append(np.asarray(ep.actions))
+            cols["reward"].append(np.asarray(ep.rewards, np.float32))
+            cols["terminated"].append(np.asarray(ep.terminations, bool))
+            trunc = np.asarray(ep.truncations, bool).copy()
+            if not (trunc[-1] or ep.terminations[-1]):
+                trunc[-1] = True  # an episode cut without a flag ends there (bootstrap, no terminal)
+            cols["truncated"].append(trunc)
+        rows = {k: np.concatenate(v) for k, v in cols.items()}
+        spec = ds.spec
+        stored = ds.storage.metadata
+        meta = {"dataset_id": dataset_id, "env_id": spec.env_spec.id if spec.env_spec else None,
+                "ref_min_return": stored.get("ref_min_score"), "ref_max_return": stored.get("ref_max_score"),
+                "total_episodes": spec.total_episodes, "total_steps": spec.total_steps}
+        extra = Path(spec.data_path).parent / "relive.json"
+        if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
+            meta["relive"] = json.loads(extra.read_text())
+            for key in ("ref_min_return", "ref_max_return"):
+                if meta[key] is None:
+                    meta[key] = meta["relive"].get(key)
+    check_columns(rows, f"Minari dataset {dataset_id!r}")
+    return rows, meta
+
+
+def _locate(dataset: str | Path, root: str | Path | None) -> tuple[str, Path]:
+    p = Path(dataset)
+    meta = p / "data" / "metadata.json"
+    if meta.is_file():  # a dataset directory: its id is in the metadata, the root is above it
+        dataset_id = json.loads(meta.read_text())["dataset_id"]
+        parts = len(Path(dataset_id).parts)
+        return dataset_id, p.resolve().parents[parts - 1]
+    root = Path(root) if root is not None else default_root()
+    if not (root / str(dataset) / "data" / "metadata.json").is_file():
+        known = list_local(root)
+        raise ValueError(f"no Minari dataset {str(dataset)!r} under {root} (local datasets: {known or 'none'}); "
+                         "generate one with `relive data make TASK LEVEL`")
+    return str(dataset), root
+
+
+def list_local(root: str | Path | None = None) -> list[str]:
+    root = Path(root) if root is not None else default_root()
+    if not root.is_dir():
+        return []
+    out = []
+    for meta in sorted(root.glob("**/data/metadata.json")):
+        out.append(json.loads(meta.read_text())["dataset_id"])
+    return out
