@@ -1,0 +1,156 @@
+import warnings
+
+import h5py
+import numpy as np
+import pytest
+
+from relive.data.columns import split_episodes
+from relive.data.d4rl_io import read_d4rl_hdf5, write_d4rl_hdf5
+from relive.data.loaders import fill_offline, load_rows
+from relive.data.minari_io import list_local, read_minari, write_minari
+from relive.data.scores import d4rl_reference, normalized_score
+from relive.replay import ReplayBuffer
+from relive.train.collector import collect_dataset
+
+
+@pytest.fixture(scope="module")
+def pendulum_rows():
+    return collect_dataset("Pendulum-v1", 450, seed=0)  # 2 full episodes + a cut one (truncated at the end)
+
+
+def test_minari_round_trip(tmp_path, pendulum_rows):
+    import minari
+
+    path = write_minari("test/pendulum/tiny-v0", pendulum_rows, "Pendulum-v1", root=tmp_path, ref_min_score=-1500.0,
+                        ref_max_score=-150.0, extra_metadata={"note": "made by a test"})
+    assert "test/pendulum/tiny-v0" in list_local(tmp_path)
+    # minari itself reads it
+    import os
+
+    os.environ["MINARI_DATASETS_PATH"] = str(tmp_path)
+    try:
+        ds = minari.load_dataset("test/pendulum/tiny-v0")
+        assert ds.total_steps == 450 and ds.total_episodes == 3
+    finally:
+        del os.environ["MINARI_DATASETS_PATH"]
+    for source in ("test/pendulum/tiny-v0", path):  # by id and by directory
+        rows, meta = read_minari(source, root=tmp_path)
+        for k in ("obs", "action", "next_obs", "terminated", "truncated"):
+            np.testing.assert_array_equal(rows[k], pendulum_rows[k], err_msg=k)
+        np.testing.assert_allclose(rows["reward"], pendulum_rows["reward"], rtol=1e-6)
+        assert meta["env_id"] == "Pendulum-v1" and meta["ref_min_return"] == -1500.0
+        assert meta["relive"]["note"] == "made by a test"
+
+
+def test_minari_rejects_broken_episodes_and_missing_datasets(tmp_path, pendulum_rows):
+    broken = {k: v.copy() for k, v in pendulum_rows.items()}
+    broken["next_obs"][5] += 1.0
+    with pytest.raises(ValueError, match="episode 0 breaks at step 5"):
+        write_minari("test/broken-v0", broken, "Pendulum-v1", root=tmp_path)
+    with pytest.raises(ValueError, match="no Minari dataset 'nope/x-v0'"):
+        read_minari("nope/x-v0", root=tmp_path)
+
+
+def test_d4rl_reader_with_next_observations(tmp_path, pendulum_rows):
+    path = write_d4rl_hdf5(tmp_path / "d.hdf5", pendulum_rows)
+    rows, meta = read_d4rl_hdf5(path)
+    for k in pendulum_rows:
+        np.testing.assert_array_equal(rows[k], pendulum_rows[k], err_msg=k)
+    assert meta["dropped_rows"] == 0
+
+
+def test_d4rl_reader_without_next_observations_drops_rows_it_cannot_complete(tmp_path):
+    # two episodes: a terminal one (rows 0-2) and one cut by a timeout (rows 3-5)
+    obs = np.arange(6, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
+    rows = dict(obs=obs, action=np.zeros((6, 1), np.float32), reward=np.arange(6, dtype=np.float32),
+                next_obs=obs, terminated=np.array([0, 0, 1, 0, 0, 0], bool), truncated=np.array([0, 0, 0, 0, 0, 1], bool))
+    path = write_d4rl_hdf5(tmp_path / "d.hdf5", rows, with_next_observations=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got, meta = read_d4rl_hdf5(path)
+    assert meta["dropped_rows"] == 1 and any("dropped 1 rows" in str(x.message) for x in w)
+    np.testing.assert_array_equal(got["reward"], [0, 1, 2, 3, 4])
+    np.testing.assert_array_equal(got["next_obs"][:, 0], [1, 2, 2, 4, 5])  # obs[t+1]; terminal keeps its own
+    assert got["terminated"].tolist() == [False, False, True, False, False]
+    assert got["truncated"].tolist() == [False, False, False, False, True]  # row 4 now ends its episode
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda f: f.__delitem__("rewards"), r"missing key\(s\) \['rewards'\]"),
+    (lambda f: (f.__delitem__("rewards"), f.create_dataset("rewards", data=np.zeros(3))), "'rewards' has 3 rows"),
+    (lambda f: (f.__delitem__("observations"), f.create_dataset("observations", data=np.full((450, 3), np.nan))),
+     "'observations' row 0 is not finite"),
+])
+def test_d4rl_bad_files(tmp_path, pendulum_rows, mutate, match):
+    path = write_d4rl_hdf5(tmp_path / "d.hdf5", pendulum_rows)
+    with h5py.File(path, "a") as f:
+        mutate(f)
+    with pytest.raises(ValueError, match=match):
+        read_d4rl_hdf5(path)
+    with pytest.raises(ValueError, match="does not exist"):
+        read_d4rl_hdf5(tmp_path / "missing.hdf5")
+
+
+def test_loader_checks_spaces_and_fills_returns_to_go(tmp_path, pendulum_rows):
+    path = write_d4rl_hdf5(tmp_path / "d.hdf5", pendulum_rows)
+    with pytest.raises(ValueError, match="observations have shape \\(3,\\), Hopper-v5 expects \\(11,\\)"):
+        load_rows(path, env_id="Hopper-v5")
+    bad = {k: v.copy() for k, v in pendulum_rows.items()}
+    bad["action"][7] = 5.0
+    with pytest.raises(ValueError, match="action row 7 .* outside"):
+        load_rows(write_d4rl_hdf5(tmp_path / "b.hdf5", bad), env_id="Pendulum-v1")
+    rows, _ = load_rows(path, env_id="Pendulum-v1")
+    buf = ReplayBuffer(1000, (3,), (1,), extra_columns={"mc_return": ()})
+    fill_offline(buf, rows, gamma=0.9)
+    ep = split_episodes(rows)[0]
+    r = rows["reward"][ep].astype(np.float64)
+    expected0 = sum(r[t] * 0.9**t for t in range(r.size))
+    assert buf.storage.columns["mc_return"][0] == pytest.approx(expected0, rel=1e-4)
+    assert buf.storage.episodes.live().ids.tolist() == [0, 1, 2]
+
+
+def test_normalized_score_formula_and_d4rl_references():
+    assert normalized_score(50.0, 0.0, 200.0) == 25.0
+    assert normalized_score(-20.272305, *d4rl_reference("Hopper-v5")) == pytest.approx(0.0)
+    assert normalized_score(3234.3, *d4rl_reference("Hopper-v5")) == pytest.approx(100.0)
+    assert np.isnan(normalized_score(1.0, None, 2.0))
+    assert d4rl_reference("Pendulum-v1") is None
+    with pytest.raises(ValueError):
+        normalized_score(1.0, 2.0, 2.0)
+
+
+def test_trainer_reads_a_minari_dataset(tmp_path, pendulum_rows):
+    from relive.cli import main
+
+    write_minari("test/pendulum/tiny-v0", pendulum_rows, "Pendulum-v1", root=tmp_path, ref_min_score=-1500.0,
+                 ref_max_score=-150.0)
+    import os
+
+    os.environ["MINARI_DATASETS_PATH"] = str(tmp_path)
+    try:
+        code = main(["train", "calql", "--env", "Pendulum-v1", "--dataset", "test/pendulum/tiny-v0",
+                     "--offline-steps", "20", "--online-steps", "200", "--eval-every", "200", "--eval-episodes", "1",
+                     "--batch-size", "32", "--set", "agent.hidden=[16,16]", "--set", "agent.cql_n_actions=2",
+                     "--run-dir", str(tmp_path / "run"), "--no-progress"])
+    finally:
+        del os.environ["MINARI_DATASETS_PATH"]
+    assert code == 0
+    header, first = (tmp_path / "run" / "eval.csv").read_text().splitlines()[:2]
+    score = float(first.split(",")[header.split(",").index("eval/normalized_score")])
+    assert np.isfinite(score)  # the dataset's reference returns reached the evaluation
+
+
+def test_maze_shortest_path_and_scripted_collector_reach_the_goal():
+    from relive.data.maze import shortest_path, waypoint_policy
+    from relive.train.envs import make_env
+
+    free = np.array([[0, 0, 0, 0, 0], [0, 1, 1, 1, 0], [0, 0, 0, 1, 0], [0, 1, 1, 1, 0], [0, 0, 0, 0, 0]], bool)
+    assert shortest_path(free, (1, 1), (3, 1)) == [(1, 1), (1, 2), (1, 3), (2, 3), (3, 3), (3, 2), (3, 1)]
+    assert shortest_path(free, (1, 1), (0, 0)) == [(1, 1)]  # unreachable: stay
+    env = make_env("PointMaze_UMaze-v3")
+    assert env.observation_space.shape == (8,)  # achieved goal, desired goal, position, velocity
+    scripted = collect_dataset("PointMaze_UMaze-v3", 900, seed=0,
+                               policy=waypoint_policy(env, np.random.default_rng(0)))
+    random = collect_dataset("PointMaze_UMaze-v3", 900, seed=0)
+    assert scripted["terminated"].sum() >= 5 * max(1, random["terminated"].sum())  # it reaches the goal
+    assert set(np.unique(scripted["reward"])) <= {0.0, 1.0}  # sparse reward
