@@ -30,6 +30,10 @@ def add_parsers(subparsers) -> None:
     ls = sub.add_parser("list", help="list local datasets")
     ls.add_argument("--root")
     ls.set_defaults(func=_list)
+    rep = sub.add_parser("report", help="a Markdown table of every local dataset (docs/datasets.md)")
+    rep.add_argument("--root")
+    rep.add_argument("--out", default="docs/datasets.md")
+    rep.set_defaults(func=_report)
     info = sub.add_parser("info", help="size, returns and reference scores of a dataset")
     info.add_argument("dataset", help="a dataset id (see `relive data list`) or a dataset directory")
     info.add_argument("--root")
@@ -55,14 +59,15 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _info(args: argparse.Namespace) -> int:
+def describe(dataset: str, root=None) -> dict:
+    """Size, returns and normalized scores (relive's references and D4RL's where published) of a dataset."""
     import numpy as np
 
     from relive.data.columns import split_episodes
     from relive.data.minari_io import read_minari
     from relive.data.scores import d4rl_reference, normalized_score
 
-    rows, meta = read_minari(args.dataset, args.root)
+    rows, meta = read_minari(dataset, root)
     returns = np.array([rows["reward"][sl].sum() for sl in split_episodes(rows)])
     out = {k: v for k, v in meta.items() if k != "relive"} | {
         "rows": int(len(rows["obs"])), "episodes": int(returns.size),
@@ -73,5 +78,52 @@ def _info(args: argparse.Namespace) -> int:
         out["d4rl_normalized_score"] = normalized_score(float(returns.mean()), *ref)
     if "relive" in meta:
         out["generated"] = meta["relive"]
-    print(json.dumps(out, indent=1, allow_nan=True))
+    return out
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from relive.data.minari_io import default_root, list_local
+
+    def fmt(x, d=1):
+        return "—" if x is None or x != x else f"{x:.{d}f}"
+
+    lines = ["# Generated datasets", "",
+             "Made on the project machine (2 CPU cores) with `relive data make TASK LEVEL` (default budgets and "
+             "seed 0 unless noted); regenerate this table with `relive data report`. Normalized score = 100 x "
+             "(R - R_random) / (R_expert - R_random) with relive's references (R_random: uniform-random "
+             "episodes; R_expert: the task's expert dataset) and, for the MuJoCo tasks, D4RL's published "
+             "references (measured on the older -v2 environments, so only roughly comparable).", "",
+             "| dataset | env | rows | episodes | return (mean ± std) | score (relive refs) | score (D4RL refs) "
+             "| R_random / R_expert | how |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
+    ids = list_local(args.root)
+    experts = {}
+    for did in ids:
+        if did.endswith("/expert-v0"):
+            experts[did.rsplit("/", 1)[0]] = describe(did, args.root)["return_mean"]
+    for did in ids:
+        d = describe(did, args.root)
+        g = d.get("generated", {})
+        ref_max = d["ref_max_return"] if d["ref_max_return"] is not None else experts.get(did.rsplit("/", 1)[0])
+        from relive.data.scores import normalized_score
+
+        score = normalized_score(d["return_mean"], d["ref_min_return"], ref_max)
+        if "train_steps" in g:
+            how = f"SAC run of {g['train_steps']:,} steps; medium = snapshot at {g['medium_snapshot_step']:,}"
+        else:
+            how = "waypoint controller" if g.get("level") == "scripted" else "uniform actions"
+        lines.append(f"| `{did}` | {d['env_id']} | {d['rows']:,} | {d['episodes']:,} | "
+                     f"{d['return_mean']:.1f} ± {d['return_std']:.1f} | {fmt(score)} | "
+                     f"{fmt(d.get('d4rl_normalized_score'))} | {fmt(d['ref_min_return'])} / {fmt(ref_max)} | {how} |")
+    if not ids:
+        lines.append(f"| (no datasets under {args.root or default_root()}) | | | | | | | | |")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out} ({len(ids)} datasets)")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    print(json.dumps(describe(args.dataset, args.root), indent=1, allow_nan=True))
     return 0

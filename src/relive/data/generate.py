@@ -129,7 +129,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     def rollout(agent, n, s):
         return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True))
 
-    random_rows = collect_dataset(env_id, steps if level == "random" else min(steps, 10_000), seed=seed)
+    random_rows = collect_dataset(env_id, steps, seed=seed)  # the random level; also R_random for every level
     ref_min = float(_episode_returns(random_rows).mean())
     ref_max = None
     extra: dict = {}
