@@ -38,6 +38,7 @@ import numpy as np
 
 from relive.replay import _tree_kernels as kernels
 from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.per import tree_probabilities
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import ONLINE
 
@@ -245,9 +246,7 @@ class ARBSampler(Sampler):
         return Draw(indices, probability, is_weight)
 
     def probabilities(self) -> np.ndarray:
-        leaves = np.array(self.tree.leaves)
-        total = leaves.sum()
-        return leaves / total if total > 0 else leaves
+        return tree_probabilities(self.tree)
 
     def stats(self) -> dict[str, float]:
         lo, hi = self.domain()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.per import proportional_draw, tree_probabilities
 from relive.replay.sum_tree import SumTree
 from relive.types import ONLINE
 
@@ -130,15 +131,10 @@ class BERBSampler(Sampler):
             self.max_priority = max(self.max_priority, float(p.max()))
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        tree = self.tree
-        total = tree.total
-        indices = tree.find_prefix(rng.random(batch_size) * total)
-        return Draw(indices, tree.nodes[tree.size + indices] / total, np.ones(batch_size, np.float32))
+        return proportional_draw(self.tree, batch_size, rng)  # no importance-sampling correction (BERB)
 
     def probabilities(self) -> np.ndarray:
-        leaves = np.array(self.tree.leaves)
-        total = leaves.sum()
-        return leaves / total if total > 0 else leaves
+        return tree_probabilities(self.tree)
 
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/berb_ratio_loss": self.last_ratio_loss,

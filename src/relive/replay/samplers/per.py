@@ -39,6 +39,32 @@ def contiguous_runs(slots: np.ndarray, max_runs: int = 2) -> list[tuple[int, int
     return [(int(slots[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+def linear_anneal(start: float, final: float, steps: int, t: int) -> float:
+    """``start`` moved linearly to ``final`` over ``steps`` calls (constant when steps <= 0)."""
+    if steps <= 0:
+        return start
+    return start + min(1.0, t / steps) * (final - start)
+
+
+def proportional_draw(tree: SumTree, batch_size: int, rng: np.random.Generator, num_rows: int = 0,
+                      is_exponent: float | None = None) -> Draw:
+    """i.i.d. draws proportional to the tree's leaves; IS weights (N P)^-beta / batch max when ``is_exponent``
+    is given, ones otherwise."""
+    total = tree.total
+    indices = tree.find_prefix(rng.random(batch_size) * total)
+    probability = tree.nodes[tree.size + indices] / total
+    if is_exponent is None:
+        return Draw(indices, probability, np.ones(batch_size, np.float32))
+    is_weight = (num_rows * probability) ** (-is_exponent)
+    return Draw(indices, probability, (is_weight / is_weight.max()).astype(np.float32))
+
+
+def tree_probabilities(tree: SumTree) -> np.ndarray:
+    leaves = np.array(tree.leaves)
+    total = leaves.sum()
+    return leaves / total if total > 0 else leaves
+
+
 class PrioritizedSampler(Sampler):
     signals = ("td_error", "priority")
 
@@ -67,10 +93,7 @@ class PrioritizedSampler(Sampler):
     @property
     def beta(self) -> float:
         """Current importance-sampling exponent of the linear schedule."""
-        if self.is_anneal_samples <= 0:
-            return self.is_exponent
-        frac = min(1.0, self.num_samples / self.is_anneal_samples)
-        return self.is_exponent + frac * (self.is_exponent_final - self.is_exponent)
+        return linear_anneal(self.is_exponent, self.is_exponent_final, self.is_anneal_samples, self.num_samples)
 
     def on_insert(self, slots: np.ndarray) -> None:
         runs = contiguous_runs(slots)
@@ -90,14 +113,9 @@ class PrioritizedSampler(Sampler):
                 tree.update_range(start, np.full(n, value))
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        tree = self.sum_tree
-        total = tree.total
-        indices = tree.find_prefix(rng.random(batch_size) * total)
-        probability = tree.nodes[tree.size + indices] / total
-        is_weight = (self.num_rows() * probability) ** (-self.beta)
-        is_weight /= is_weight.max()
+        draw = proportional_draw(self.sum_tree, batch_size, rng, self.num_rows(), self.beta)
         self.num_samples += 1
-        return Draw(indices, probability, is_weight.astype(np.float32))
+        return draw
 
     def priority_from_signals(self, signals: dict) -> np.ndarray:
         """p^alpha from ``td_error`` ((|delta| + eps)^alpha) or from a raw ``priority`` (priority^alpha)."""
@@ -117,9 +135,7 @@ class PrioritizedSampler(Sampler):
         self.max_tree.update(slots, p)
 
     def probabilities(self) -> np.ndarray:
-        leaves = np.array(self.sum_tree.leaves)
-        total = leaves.sum()
-        return leaves / total if total > 0 else leaves
+        return tree_probabilities(self.sum_tree)
 
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/is_exponent": self.beta}

@@ -28,7 +28,13 @@ from __future__ import annotations
 import numpy as np
 
 from relive.replay.samplers.base import Draw, Sampler
-from relive.replay.samplers.per import check_signal, contiguous_runs
+from relive.replay.samplers.per import (
+    check_signal,
+    contiguous_runs,
+    linear_anneal,
+    proportional_draw,
+    tree_probabilities,
+)
 from relive.replay.sum_tree import SumTree
 
 
@@ -58,10 +64,7 @@ class ReaPERSampler(Sampler):
 
     @property
     def beta(self) -> float:
-        if self.is_anneal_samples <= 0:
-            return self.is_exponent
-        frac = min(1.0, self.num_samples / self.is_anneal_samples)
-        return self.is_exponent + frac * (self.is_exponent_final - self.is_exponent)
+        return linear_anneal(self.is_exponent, self.is_exponent_final, self.is_anneal_samples, self.num_samples)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
     def _recompute(self, episode_ids: np.ndarray) -> None:
@@ -130,18 +133,12 @@ class ReaPERSampler(Sampler):
 
     # -- sampling --------------------------------------------------------------------------------------
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        tree = self.tree
-        total = tree.total
-        indices = tree.find_prefix(rng.random(batch_size) * total)
-        probability = tree.nodes[tree.size + indices] / total
-        w = (self.num_rows() * probability) ** (-self.beta)
+        draw = proportional_draw(self.tree, batch_size, rng, self.num_rows(), self.beta)
         self.num_samples += 1
-        return Draw(indices, probability, (w / w.max()).astype(np.float32))
+        return draw
 
     def probabilities(self) -> np.ndarray:
-        leaves = np.array(self.tree.leaves)
-        total = leaves.sum()
-        return leaves / total if total > 0 else leaves
+        return tree_probabilities(self.tree)
 
     def reliability(self, slots: np.ndarray) -> np.ndarray:
         """R of stored rows, from the priorities (Psi / d^alpha)^(1/omega) (diagnostics and tests)."""
