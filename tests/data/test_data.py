@@ -63,7 +63,8 @@ def test_d4rl_reader_without_next_observations_drops_rows_it_cannot_complete(tmp
     # two episodes: a terminal one (rows 0-2) and one cut by a timeout (rows 3-5)
     obs = np.arange(6, dtype=np.float32)[:, None] * np.ones((1, 2), np.float32)
     rows = dict(obs=obs, action=np.zeros((6, 1), np.float32), reward=np.arange(6, dtype=np.float32),
-                next_obs=obs, terminated=np.array([0, 0, 1, 0, 0, 0], bool), truncated=np.array([0, 0, 0, 0, 0, 1], bool))
+                next_obs=obs, terminated=np.array([0, 0, 1, 0, 0, 0], bool),
+                truncated=np.array([0, 0, 0, 0, 0, 1], bool))
     path = write_d4rl_hdf5(tmp_path / "d.hdf5", rows, with_next_observations=False)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

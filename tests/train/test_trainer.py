@@ -110,3 +110,14 @@ def test_ddqn_runs_on_cartpole_with_per(tmp_path):
                  "--eval-every", "300", "--run-dir", str(tmp_path / "d"), *TINY])
     assert code == 0
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["num_grad_steps"] == 250
+
+
+def test_demo_quick_runs_end_to_end_and_plots(tmp_path, capsys):
+    assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
+    out = capsys.readouterr().out
+    assert "[demo] done" in out and "Plot:" in out
+    png = tmp_path / "demo" / "demo.png"
+    assert png.stat().st_size > 10_000
+    for replay in ("uniform", "symmetric", "arb"):
+        summary = json.loads((tmp_path / "demo" / f"calql-{replay}-seed0" / "summary.json").read_text())
+        assert summary["num_online_env_steps"] == 400

@@ -24,8 +24,8 @@ VARIANTS = {"uniform over offline + online": "uniform", "symmetric 50/50 (RLPD)"
 def demo(out: str | Path = "runs/demo", seed: int = 0, quick: bool = False) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = dict(dataset=2000, offline=200, online=1000, eval_every=500) if quick else \
-        dict(dataset=20_000, offline=2000, online=6000, eval_every=1000)
+    steps = dict(dataset=1000, offline=100, online=400, eval_every=200, hidden=32) if quick else \
+        dict(dataset=20_000, offline=2000, online=6000, eval_every=1000, hidden=128)
     t0 = time.perf_counter()
     print(f"[demo] 1/3 collecting a random-policy Pendulum-v1 dataset ({steps['dataset']:,} steps) ...", flush=True)
     rows = collect_dataset("Pendulum-v1", steps["dataset"], seed=seed)
@@ -50,7 +50,8 @@ def demo(out: str | Path = "runs/demo", seed: int = 0, quick: bool = False) -> P
                 "run.eval_episodes=5", "run.log_every_env_steps=500", f"run.checkpoint_every_env_steps={10**9}",
                 f"schedule.num_offline_grad_steps={steps['offline']}",
                 f"schedule.num_online_env_steps={steps['online']}", "schedule.batch_size=128",
-                "agent.hidden=[128,128]", "agent.cql_n_actions=4", "agent.cql_alpha=1.0",
+                f"agent.hidden=[{steps['hidden']},{steps['hidden']}]", "agent.cql_n_actions=4", "agent.cql_alpha=1.0",
+                f"schedule.refresh_every_grad_steps={1000 if not quick else 100}",
             ])
             summary = train(cfg)
             print(f"[demo]     return after offline phase {summary.offline_return:.0f}, "
