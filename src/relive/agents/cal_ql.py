@@ -53,7 +53,7 @@ class CalQL(SAC):
                  seed: int = 0, device: str = "cpu"):
         super().__init__(obs_dim, action_dim, action_low, action_high, config or CalQLConfig(), seed, device)
         self.log_alpha_prime = torch.zeros((), device=self.device, requires_grad=True)
-        self.alpha_prime_opt = torch.optim.Adam([self.log_alpha_prime], lr=self.cfg.critic_lr)
+        self.alpha_prime_opt = nets.adam([self.log_alpha_prime], self.cfg.critic_lr)
         self.online = False  # set by the trainer at the offline -> online switch
 
     def set_online(self, online: bool = True) -> None:

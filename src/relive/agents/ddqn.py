@@ -51,7 +51,7 @@ class DDQN:
             self.q = nets.mlp(obs_dim, cfg.hidden, num_actions).to(self.device)
         self.target_q = nets.mlp(obs_dim, cfg.hidden, num_actions).to(self.device).requires_grad_(False)
         self.target_q.load_state_dict(self.q.state_dict())
-        self.opt = torch.optim.Adam(self.q.parameters(), lr=cfg.lr)
+        self.opt = nets.adam(self.q.parameters(), cfg.lr)
         self.num_updates = 0
         self.num_act_steps = 0
 

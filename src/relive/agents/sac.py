@@ -80,9 +80,9 @@ class SAC:
                                       requires_grad=True)
         self.target_entropy = float(-cfg.target_entropy_scale * action_dim if cfg.target_entropy is None
                                     else cfg.target_entropy)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
-        self.alpha_opt = torch.optim.Adam([self.log_alpha], lr=cfg.temp_lr)
+        self.actor_opt = nets.adam(self.actor.parameters(), cfg.actor_lr)
+        self.critic_opt = nets.adam(self.critic.parameters(), cfg.critic_lr)
+        self.alpha_opt = nets.adam([self.log_alpha], cfg.temp_lr)
         self.num_critic_steps = 0
         self.num_actor_steps = 0
 
