@@ -126,10 +126,13 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     out = Path(out)
     train_steps = expert_train_steps or budget.expert_train_steps
 
-    def rollout(agent, n, s):
-        return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True))
+    label = "collecting" if progress else None
 
-    random_rows = collect_dataset(env_id, steps, seed=seed)  # the random level; also R_random for every level
+    def rollout(agent, n, s):
+        return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True), progress=label)
+
+    # the random level; also R_random for every level
+    random_rows = collect_dataset(env_id, steps, seed=seed, progress=label)
     ref_min = float(_episode_returns(random_rows).mean())
     ref_max = None
     extra: dict = {}
@@ -140,7 +143,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         from relive.train.envs import make_env
 
         policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
-        rows = collect_dataset(env_id, steps, seed=seed, policy=policy)
+        rows = collect_dataset(env_id, steps, seed=seed, policy=policy, progress=label)
         ref_max = float(_episode_returns(rows).mean())
     else:
         run_dir = _training_run(task, train_steps, seed, out, progress)

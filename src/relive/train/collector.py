@@ -77,9 +77,10 @@ def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.nd
     return out.astype(np.float32)
 
 
-def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_episode_steps: int | None = None) -> dict:
+def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_episode_steps: int | None = None,
+                    progress: str | None = None) -> dict:
     """Rows of ``num_steps`` env steps with ``policy`` (uniform random actions when None); the last
-    episode is cut as truncated so the dataset holds whole episodes."""
+    episode is cut as truncated so the dataset holds whole episodes. ``progress``: a label for a progress bar."""
     from relive.train.envs import env_spec
 
     env = make_env(env_id, max_episode_steps)
@@ -87,7 +88,13 @@ def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_epi
     rng = np.random.default_rng(seed)
     collector = Collector(env, spec, seed)
     act = policy if policy is not None else (lambda obs: random_actions(spec, obs.shape[0], rng))
-    rows = collector.step(act, num_steps)
+    chunks = [min(10_000, num_steps - i) for i in range(0, num_steps, 10_000)]
+    if progress:
+        from rich.progress import track
+
+        chunks = track(chunks, description=f"{progress} ({num_steps:,} steps)")
+    parts = [collector.step(act, k) for k in chunks]
+    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     rows["truncated"][-1] = rows["truncated"][-1] or not rows["terminated"][-1]
     env.close()
     return rows
