@@ -155,3 +155,25 @@ def test_maze_shortest_path_and_scripted_collector_reach_the_goal():
     random = collect_dataset("PointMaze_UMaze-v3", 900, seed=0)
     assert scripted["terminated"].sum() >= 5 * max(1, random["terminated"].sum())  # it reaches the goal
     assert set(np.unique(scripted["reward"])) <= {0.0, 1.0}  # sparse reward
+
+
+def test_make_dataset_levels_from_one_training_run(tmp_path):
+    from relive.data.generate import make_dataset
+
+    kw = dict(steps=400, seed=0, root=tmp_path / "minari", out=tmp_path, expert_train_steps=400, progress=False)
+    summaries = {level: make_dataset("pendulum-v1", level, **kw)[1]
+                 for level in ("random", "medium", "medium-replay", "expert", "medium-expert")}
+    runs = list((tmp_path / "policies" / "pendulum-v1").iterdir())
+    assert len(runs) == 1  # one SAC run served every level
+    med = summaries["medium"]
+    assert (runs[0] / "snapshots" / f"agent_{med['medium_snapshot_step']}").exists()
+    assert summaries["medium-replay"]["rows"] == med["medium_snapshot_step"]
+    assert summaries["medium-expert"]["rows"] == 800 and summaries["expert"]["rows"] == 400
+    assert len({s["ref_min_return"] for s in summaries.values()}) == 1  # one R_random for every level
+    for level in summaries:
+        rows, meta = read_minari(f"relive/pendulum-v1/{level}-v0", root=tmp_path / "minari")
+        assert len(rows["obs"]) == summaries[level]["rows"] and meta["env_id"] == "Pendulum-v1"
+    with pytest.raises(ValueError, match="not made for"):
+        make_dataset("pendulum-v1", "scripted", **kw)
+    with pytest.raises(ValueError, match="unknown task"):
+        make_dataset("pong-v0", "random", **kw)
