@@ -173,6 +173,12 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
     for level in summaries:
         rows, meta = read_minari(f"relive/pendulum-v1/{level}-v0", root=tmp_path / "minari")
         assert len(rows["obs"]) == summaries[level]["rows"] and meta["env_id"] == "Pendulum-v1"
+    # deterministic for a seed: the same level again, into another root, holds the same rows
+    again, _ = make_dataset("pendulum-v1", "medium", **(kw | {"root": tmp_path / "again"}))
+    a, _ = read_minari("relive/pendulum-v1/medium-v0", root=tmp_path / "minari")
+    b, _ = read_minari(again, root=tmp_path / "again")
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
     with pytest.raises(ValueError, match="not made for"):
         make_dataset("pendulum-v1", "scripted", **kw)
     with pytest.raises(ValueError, match="unknown task"):

@@ -122,14 +122,15 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     buffer = ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape, sampler=build_sampler(cfg),
                           seed=seed, action_dtype=np.int64 if spec.discrete else np.float32, extra_columns=extra)
     ref_min, ref_max = cfg.data.ref_min_return, cfg.data.ref_max_return
-    if cfg.data.dataset:
+    resuming = resume_dir is not None and (run_dir / CHECKPOINT).exists()
+    if cfg.data.dataset and not resuming:  # (a checkpoint holds the buffer, offline rows included)
         from relive.data.loaders import fill_offline, load_rows
 
         rows, meta = load_rows(cfg.data.dataset, env_id=cfg.env.id)
         fill_offline(buffer, rows, gamma)
         ref_min = ref_min if ref_min is not None else meta.get("ref_min_return")
         ref_max = ref_max if ref_max is not None else meta.get("ref_max_return")
-    elif s.num_offline_grad_steps:
+    elif s.num_offline_grad_steps and not cfg.data.dataset:
         raise ValueError("num_offline_grad_steps > 0 needs a dataset (--dataset PATH)")
     rng = np.random.default_rng(seed + 7)  # warm-up actions
     collector = Collector(env, spec, seed)
@@ -142,7 +143,10 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     start = time.perf_counter()
 
     # -- resume --------------------------------------------------------------------------------------
-    if resume_dir is not None and (run_dir / CHECKPOINT).exists():
+    if resume_dir is not None and not resuming:  # stopped before its first checkpoint: start over, cleanly
+        logger.truncate_after(-1, -1)
+        logger.print(f"{run_dir} has no checkpoint yet: starting it from the beginning")
+    if resuming:
         try:
             tree = load_tree(run_dir / CHECKPOINT, kind="run")
         except CheckpointError as e:
@@ -153,6 +157,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         grad_steps, env_steps, offline_done = int(t["grad_steps"]), int(t["env_steps"]), int(t["offline_done"])
         next_ckpt, next_eval, next_log = int(t["next_ckpt"]), int(t["next_eval"]), int(t["next_log"])
         offline_return = float(t["offline_return"])
+        ref_min, ref_max = t["ref_min"], t["ref_max"]
         rng.bit_generator.state = t["rng"]
         collector.load_state_dict(t["collector"])
         logger.truncate_after(env_steps, grad_steps)
@@ -192,7 +197,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         tree = {"agent": agent.state_dict(), "buffer": buffer.state_dict(),
                 "trainer": {"grad_steps": grad_steps, "env_steps": env_steps, "offline_done": offline_done,
                             "next_ckpt": next_ckpt, "next_eval": next_eval, "next_log": next_log,
-                            "offline_return": offline_return,
+                            "offline_return": offline_return, "ref_min": ref_min, "ref_max": ref_max,
                             "rng": rng.bit_generator.state, "collector": collector.state_dict()}}
         save_tree(run_dir / CHECKPOINT, tree, kind="run")
 
