@@ -33,8 +33,9 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
         if k in data and data[k].dtype.kind == "f" and not np.isfinite(data[k]).all():
             row = int(np.argwhere(~np.isfinite(data[k]))[0][0])
             raise ValueError(f"{path}: {k!r} row {row} is not finite (NaN/inf)")
-    terminated = data["terminals"].astype(bool)
-    truncated = data.get("timeouts", np.zeros(n, bool)).astype(bool) & ~terminated
+    terminated = _flags(data["terminals"], "terminals", path)
+    # a row flagged both terminal and timeout is terminal (the task ended; no bootstrap)
+    truncated = _flags(data.get("timeouts", np.zeros(n, bool)), "timeouts", path) & ~terminated
     meta = {"path": str(path), "dropped_rows": 0}
     if "next_observations" in data:
         rows = dict(obs=data["observations"], action=data["actions"], reward=data["rewards"],
@@ -60,6 +61,19 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
             warnings.warn(f"{path}: no next_observations; dropped {meta['dropped_rows']} rows whose next "
                           "observation is unknown (episode ends by timeout or at the end of the file)", stacklevel=2)
     return rows, meta
+
+
+def _flags(arr: np.ndarray, name: str, path: Path) -> np.ndarray:
+    """Episode-end flags as bool: bool or 0/1 numbers only (a 0.5 is an error, not silently True)."""
+    if arr.dtype == bool:
+        return arr
+    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+        raise ValueError(f"{path}: {name!r} must be a 1-D array of booleans or 0/1, got {arr.dtype} {arr.shape}")
+    bad = (arr != 0) & (arr != 1)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"{path}: {name!r} row {row} is {arr[row].item()!r}, expected a flag (0/1 or bool)")
+    return arr.astype(bool)
 
 
 def write_d4rl_hdf5(path: str | Path, rows: dict, with_next_observations: bool = True) -> Path:

@@ -8,9 +8,11 @@ agent of every evaluation kept) gives every level, as D4RL's recipe does:
   the expert's (D4RL: "a third of the expert return"), rolled out stochastically.
 - medium-replay: the rows that run had stored when that snapshot was taken (its replay data).
 - medium-expert: the union of medium and expert.
-The run (policies, evaluations, replay buffer) stays in ``data/policies/<task>/seed<N>`` (pickle-free), so
-levels can be regenerated without training again. Reference returns for normalized scores: R_random = mean
-return of uniform-random episodes, R_expert = mean return of the expert dataset's episodes.
+The run (policies, evaluations, replay buffer) stays in ``data/policies/<task>/seed<N>-steps<M>``
+(pickle-free: .npy + JSON), so levels can be regenerated without training again. Reference returns for
+normalized scores: R_random = mean return of the random level's episodes, R_expert = mean return of the
+expert level's episodes; every level of a task records the same pair (cached in
+``data/policies/<task>/references.json``), so a run on the medium level reports normalized scores too.
 """
 
 from __future__ import annotations
@@ -54,13 +56,37 @@ def dataset_id(task: str, level: str) -> str:
     return f"relive/{task.lower()}/{level}-v0"
 
 
-def _training_run(task: str, train_steps: int, seed: int, out: Path, progress: bool) -> Path:
+def random_dataset(env_id: str, num_steps: int, seed: int, progress: str | None = None) -> dict:
+    """``num_steps`` rows of uniform-random actions on ``env_id`` (the ``random`` level): whole episodes, the
+    last one cut as truncated; the same rows for the same seed."""
+    from relive.train.collector import collect_dataset
+
+    return collect_dataset(env_id, num_steps, seed=seed, progress=progress)
+
+
+def _cached_reference(path: Path, key: str, compute=None) -> float | None:
+    """A reference return stored under ``key`` in the JSON file ``path``; computed and stored on a miss
+    (or None on a miss without ``compute``)."""
+    import json
+
+    cache = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in cache:
+        if compute is None:
+            return None
+        cache[key] = float(compute())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        tmp.replace(path)
+    return float(cache[key])
+
+
+def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progress: bool) -> Path:
     """Train (or reuse) the task's SAC run, keeping the agent of every evaluation and the final buffer."""
     from relive.config import override
     from relive.presets import get_preset
     from relive.train.trainer import train
 
-    run_dir = out / "policies" / task.lower() / f"seed{seed}-steps{train_steps}"
     if (run_dir / "summary.json").exists():
         return run_dir
     if run_dir.exists():
@@ -131,22 +157,34 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     def rollout(agent, n, s):
         return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True), progress=label)
 
-    # the random level; also R_random for every level
-    random_rows = collect_dataset(env_id, steps, seed=seed, progress=label)
-    ref_min = float(_episode_returns(random_rows).mean())
+    # every level records the same (R_random, R_expert): R_random is cached per task, R_expert in the training
+    # run's directory (or per task for the mazes' scripted level), keyed by seed and size
+    task_refs = out / "policies" / task.lower() / "references.json"
+    run_dir = out / "policies" / task.lower() / f"seed{seed}-steps{train_steps}"
+    random_rows = random_dataset(env_id, steps, seed, progress=label) if level == "random" else None
+    ref_min = _cached_reference(task_refs, f"random/seed{seed}-steps{steps}", lambda: _episode_returns(
+        random_rows if random_rows is not None else random_dataset(env_id, steps, seed, progress=label)).mean())
+    expert_refs, expert_key = run_dir / "references.json", f"expert/seed{seed}-steps{steps}"
+    if maze:
+        expert_refs, expert_key = task_refs, f"scripted/seed{seed}-steps{steps}"
     ref_max = None
     extra: dict = {}
     if level == "random":
         rows = random_rows
+        compute = None  # normalize against the expert when it exists (never train one for the random level)
+        if not maze and (run_dir / "summary.json").exists():
+            def compute():
+                return _episode_returns(rollout(_load_agent(run_dir, "agent_final"), steps, seed + 2)).mean()
+        ref_max = _cached_reference(expert_refs, expert_key, compute)
     elif level == "scripted":
         from relive.data.maze import waypoint_policy
         from relive.train.envs import make_env
 
         policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
         rows = collect_dataset(env_id, steps, seed=seed, policy=policy, progress=label)
-        ref_max = float(_episode_returns(rows).mean())
+        ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(rows).mean())
     else:
-        run_dir = _training_run(task, train_steps, seed, out, progress)
+        _training_run(task, train_steps, seed, run_dir, progress)
         med_step, med_eval, final_eval = _medium_step(run_dir, ref_min)
         extra = {"training_run": str(run_dir), "train_steps": train_steps, "medium_snapshot_step": med_step,
                  "medium_snapshot_eval_return": med_eval, "expert_eval_return": final_eval}
@@ -155,8 +193,11 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
             parts.append(rollout(_load_agent(run_dir, f"snapshots/agent_{med_step}"), steps, seed + 1))
         if level in ("expert", "medium-expert"):
             expert_rows = rollout(_load_agent(run_dir, "agent_final"), steps, seed + 2)
-            ref_max = float(_episode_returns(expert_rows).mean())
+            ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(expert_rows).mean())
             parts.append(expert_rows)
+        else:  # the same rollout as the expert level, unless its mean return is cached already
+            ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(
+                rollout(_load_agent(run_dir, "agent_final"), steps, seed + 2)).mean())
         if level == "medium-replay":
             from relive.replay import ReplayBuffer
 

@@ -83,11 +83,10 @@ def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[di
             ds = minari.load_dataset(dataset_id)
         except Exception as e:  # minari raises several types for a missing or broken dataset
             raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root}: {e}") from None
+        flat_keys = _flat_keys(ds.spec.observation_space, dataset_id)
         cols = {c: [] for c in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
         for ep in ds.iterate_episodes():
-            obs = np.asarray(ep.observations)
-            if not isinstance(ep.observations, np.ndarray) or obs.dtype == object:
-                raise ValueError(f"{dataset_id}: only Box observations are supported (got a structured space)")
+            obs = _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)
             cols["obs"].append(obs[:-1])
             cols["next_obs"].append(obs[1:])
             cols["action"].append(np.asarray(ep.actions))
@@ -103,6 +102,8 @@ def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[di
         meta = {"dataset_id": dataset_id, "env_id": spec.env_spec.id if spec.env_spec else None,
                 "ref_min_return": stored.get("ref_min_score"), "ref_max_return": stored.get("ref_max_score"),
                 "total_episodes": spec.total_episodes, "total_steps": spec.total_steps}
+        if flat_keys:
+            meta["flattened_observation_keys"] = flat_keys
         extra = Path(spec.data_path).parent / "relive.json"
         if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
             meta["relive"] = json.loads(extra.read_text())
@@ -111,6 +112,36 @@ def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[di
                     meta[key] = meta["relive"].get(key)
     check_columns(rows, f"Minari dataset {dataset_id!r}")
     return rows, meta
+
+
+def _flat_keys(space, dataset_id: str) -> list[str] | None:
+    """None for a Box space; for a Dict of Boxes (goal-conditioned tasks such as Minari's D4RL PointMaze and
+    AntMaze data) the keys in the space's order, which is the order gymnasium's FlattenObservation (and so
+    relive's ``make_env``) concatenates them in: achieved_goal, desired_goal, observation."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Box):
+        return None
+    if isinstance(space, gym.spaces.Dict) and all(isinstance(s, gym.spaces.Box) for s in space.spaces.values()):
+        return list(space.spaces)
+    raise ValueError(f"{dataset_id}: observation space {space} is not supported (a Box, or a Dict of Boxes)")
+
+
+def _flatten_obs(observations, keys: list[str] | None, dataset_id: str, episode: int) -> np.ndarray:
+    if keys is None:
+        obs = np.asarray(observations)
+        if obs.dtype == object:
+            raise ValueError(f"{dataset_id}: episode {episode} holds structured observations in a Box space")
+        return obs
+    if not isinstance(observations, dict) or set(observations) != set(keys):
+        got = sorted(observations) if isinstance(observations, dict) else type(observations).__name__
+        raise ValueError(f"{dataset_id}: episode {episode} observations have keys {got}, the space has {keys}")
+    parts = [np.asarray(observations[k]) for k in keys]
+    n = len(parts[0])
+    if any(len(p) != n for p in parts):
+        raise ValueError(f"{dataset_id}: episode {episode} observation parts differ in length "
+                         f"{ {k: len(p) for k, p in zip(keys, parts, strict=True)} }")
+    return np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
 
 
 def _locate(dataset: str | Path, root: str | Path | None) -> tuple[str, Path]:

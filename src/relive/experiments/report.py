@@ -120,7 +120,9 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
               f"(of {len(grid.runs())}). Score: `{score_key}`.", ""]
 
     # -- offline -> online table ----------------------------------------------------------------------
-    lines += ["## Offline → online (mean ± std over seeds)", "",
+    lines += ["## First → final evaluation (mean ± std over seeds)", "",
+              "For offline-to-online runs the first evaluation is the score after the offline phase (CORL's "
+              "\"offline → online\").", "",
               "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     final = defaultdict(dict)  # label -> task -> array of final scores per seed
     for task in tasks:
@@ -179,7 +181,9 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     if data:
         png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_curves.png", score_key)
         lines += [f"![learning curves]({png.name})", ""]
-        if any(FRACTION_KEY in r.curves for r in data):
+        fractions = np.concatenate([r.curves[FRACTION_KEY] for r in data if FRACTION_KEY in r.curves] or [[]])
+        fractions = fractions[np.isfinite(fractions)]
+        if fractions.size and not np.all(fractions == 1.0):  # pure online runs sample online rows only
             png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_online_fraction.png",
                               FRACTION_KEY, column=FRACTION_KEY)
             lines += [f"![online fraction]({png.name})", ""]
@@ -208,7 +212,7 @@ def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(max(6.5, 4.2 * len(tasks)), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         for label in labels:
             runs = by.get((label, task), [])
@@ -229,7 +233,7 @@ def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | 
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{grid.name}: mean over seeds, shaded 95% bootstrap CI")
+    fig.suptitle(f"{grid.name}: mean over seeds, shaded 95% bootstrap CI", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
