@@ -163,13 +163,20 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
     kw = dict(steps=400, seed=0, root=tmp_path / "minari", out=tmp_path, expert_train_steps=400, progress=False)
     summaries = {level: make_dataset("pendulum-v1", level, **kw)[1]
                  for level in ("random", "medium", "medium-replay", "expert", "medium-expert")}
-    runs = list((tmp_path / "policies" / "pendulum-v1").iterdir())
+    runs = [p for p in (tmp_path / "policies" / "pendulum-v1").iterdir() if p.is_dir()]
     assert len(runs) == 1  # one SAC run served every level
     med = summaries["medium"]
     assert (runs[0] / "snapshots" / f"agent_{med['medium_snapshot_step']}").exists()
     assert summaries["medium-replay"]["rows"] == med["medium_snapshot_step"]
     assert summaries["medium-expert"]["rows"] == 800 and summaries["expert"]["rows"] == 400
     assert len({s["ref_min_return"] for s in summaries.values()}) == 1  # one R_random for every level
+    assert summaries["random"]["ref_min_return"] == pytest.approx(summaries["random"]["return_mean"])
+    # one R_expert (the expert level's mean return) for every level made after the training run
+    for level in ("medium", "medium-replay", "medium-expert"):
+        assert summaries[level]["ref_max_return"] == pytest.approx(summaries["expert"]["return_mean"]), level
+    assert summaries["random"]["ref_max_return"] is None  # made before any expert existed: no training for it
+    again_random = make_dataset("pendulum-v1", "random", **(kw | {"root": tmp_path / "r2"}))[1]
+    assert again_random["ref_max_return"] == pytest.approx(summaries["expert"]["return_mean"])
     for level in summaries:
         rows, meta = read_minari(f"relive/pendulum-v1/{level}-v0", root=tmp_path / "minari")
         assert len(rows["obs"]) == summaries[level]["rows"] and meta["env_id"] == "Pendulum-v1"
@@ -183,3 +190,100 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
         make_dataset("pendulum-v1", "scripted", **kw)
     with pytest.raises(ValueError, match="unknown task"):
         make_dataset("pong-v0", "random", **kw)
+
+
+def test_random_dataset_is_uniform_and_deterministic():
+    from relive.data.generate import random_dataset
+
+    a, b = random_dataset("Pendulum-v1", 300, seed=3), random_dataset("Pendulum-v1", 300, seed=3)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert not np.array_equal(a["action"], random_dataset("Pendulum-v1", 300, seed=4)["action"])
+    assert a["action"].min() >= -2.0 and a["action"].max() <= 2.0 and a["action"].std() > 1.0  # U(-2, 2): sd 1.15
+    assert a["truncated"].sum() == 2 and a["truncated"][[199, 299]].all()  # one 200-step episode + the cut one
+
+
+def test_minari_dict_observations_are_flattened_in_the_envs_order(tmp_path):
+    """Minari's goal-conditioned datasets (D4RL PointMaze/AntMaze) store Dict observations; relive flattens them
+    as gymnasium's FlattenObservation does (keys in the space's sorted order), matching relive's envs."""
+    import os
+
+    import gymnasium as gym
+    import minari
+    from minari.data_collector import EpisodeBuffer
+
+    box = lambda n: gym.spaces.Box(-np.inf, np.inf, (n,), np.float64)  # noqa: E731
+    space = gym.spaces.Dict({"observation": box(4), "desired_goal": box(2), "achieved_goal": box(2)})
+    rng = np.random.default_rng(0)
+    obs = {k: rng.normal(size=(7, n)) for k, n in (("observation", 4), ("desired_goal", 2), ("achieved_goal", 2))}
+    ep = EpisodeBuffer(id=0, observations=obs, actions=rng.uniform(-1, 1, (6, 2)).astype(np.float32),
+                       rewards=[0.0] * 5 + [1.0], terminations=[False] * 5 + [True], truncations=[False] * 6)
+    os.environ["MINARI_DATASETS_PATH"] = str(tmp_path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            minari.create_dataset_from_buffers("test/maze/dict-v0", [ep], observation_space=space,
+                                               action_space=gym.spaces.Box(-1, 1, (2,), np.float32), data_format="hdf5")
+    finally:
+        del os.environ["MINARI_DATASETS_PATH"]
+    rows, meta = read_minari("test/maze/dict-v0", root=tmp_path)
+    assert meta["flattened_observation_keys"] == ["achieved_goal", "desired_goal", "observation"]
+    flat = np.concatenate([obs["achieved_goal"], obs["desired_goal"], obs["observation"]], axis=1)
+    np.testing.assert_allclose(rows["obs"], flat[:-1], rtol=1e-6)
+    np.testing.assert_allclose(rows["next_obs"], flat[1:], rtol=1e-6)
+    # gymnasium's flatten, which the FlattenObservation wrapper of relive's envs calls, gives the same order
+    np.testing.assert_allclose(gym.spaces.flatten(space, {k: v[0] for k, v in obs.items()}), flat[0])
+    assert rows["terminated"].tolist() == [False] * 5 + [True]
+    # PointMaze's flattened observation has these 8 numbers, so such data passes relive's space check
+    rows, _ = load_rows(tmp_path / "test" / "maze" / "dict-v0", env_id="PointMaze_UMaze-v3")
+    assert rows["obs"].shape == (6, 8)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda r: r.pop("reward"), r"missing column\(s\) \['reward'\]"),
+    (lambda r: r.__setitem__("terminated", r["terminated"][:-1]), "column 'terminated' has 449 rows but 'obs' has 450"),
+    (lambda r: r["obs"].__setitem__((9, 1), np.nan), "column 'obs' row 9 is not finite"),
+    (lambda r: r["reward"].__setitem__(3, np.inf), "column 'reward' row 3 is not finite"),
+])
+def test_minari_writer_rejects_bad_rows(tmp_path, pendulum_rows, mutate, match):
+    rows = {k: v.copy() for k, v in pendulum_rows.items()}
+    mutate(rows)
+    with pytest.raises(ValueError, match=match):
+        write_minari("test/bad-v0", rows, "Pendulum-v1", root=tmp_path)
+    assert list_local(tmp_path) == []  # nothing written
+
+
+@pytest.mark.parametrize("key, value, match", [
+    ("terminals", 0.5, "'terminals' row 4 is 0.5, expected a flag"),  # not silently True
+    ("timeouts", 2, "'timeouts' row 4 is 2.0, expected a flag"),
+    ("rewards", np.inf, "'rewards' row 4 is not finite"),
+    ("next_observations", -np.inf, "'next_observations' row 4 is not finite"),
+])
+def test_d4rl_bad_values(tmp_path, pendulum_rows, key, value, match):
+    path = write_d4rl_hdf5(tmp_path / "d.hdf5", pendulum_rows)
+    with h5py.File(path, "a") as f:
+        data = f[key][()].astype(np.float64)
+        data[4] = value
+        del f[key]
+        f[key] = data
+    with pytest.raises(ValueError, match=match):
+        read_d4rl_hdf5(path)
+
+
+def test_loader_rejects_mismatched_spaces_and_sources(tmp_path, pendulum_rows):
+    from relive.train.collector import save_dataset
+
+    wide = {k: v.copy() for k, v in pendulum_rows.items()}
+    wide["action"] = np.repeat(wide["action"], 2, axis=1)
+    with pytest.raises(ValueError, match=r"actions have shape \(2,\), Pendulum-v1 expects \(1,\)"):
+        load_rows(write_d4rl_hdf5(tmp_path / "w.hdf5", wide), env_id="Pendulum-v1")
+    with pytest.raises(ValueError, match="observations have shape \\(3,\\), CartPole-v1 expects \\(4,\\)"):
+        load_rows(write_d4rl_hdf5(tmp_path / "p.hdf5", pendulum_rows), env_id="CartPole-v1")
+    write_minari("test/pendulum/tiny-v0", pendulum_rows, "Pendulum-v1", root=tmp_path)
+    with pytest.raises(ValueError, match="recorded on Pendulum-v1, not MountainCarContinuous-v0"):
+        load_rows("test/pendulum/tiny-v0", env_id="MountainCarContinuous-v0", root=tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        load_rows(tmp_path / "missing.npz")
+    partial = {k: v for k, v in pendulum_rows.items() if k != "next_obs"}
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['next_obs'\]"):
+        load_rows(save_dataset(tmp_path / "partial.npz", partial))

@@ -39,7 +39,12 @@ def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | 
 
 
 def fill_offline(buffer, rows: dict, gamma: float = 0.99) -> np.ndarray:
-    """``buffer.add_offline`` with returns-to-go in ``mc_return`` when the buffer has that column."""
+    """``buffer.add_offline`` with Monte-Carlo returns-to-go in ``mc_return`` when the buffer has that column
+    (Cal-QL's reference values): G_t = r_t + gamma G_{t+1} within an episode, G = r at a terminal row, and at
+    a timeout (``truncated``) the sum simply stops — the return-to-go is truncated, not bootstrapped, as in
+    CORL's and the official Cal-QL's ``get_return_to_go``. (Their special case for sparse-reward failures,
+    G = r_fail / (1 - gamma) for a whole unsuccessful episode, is not applied; pass your own ``mc_return``
+    column in ``rows`` to use it.) Episode ids come from the storage's episode index."""
     rows = dict(rows)
     if "mc_return" in buffer.storage.extra_names and "mc_return" not in rows:
         rows["mc_return"] = returns_to_go(rows["reward"], rows["terminated"] | rows["truncated"],
