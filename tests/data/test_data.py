@@ -287,3 +287,28 @@ def test_loader_rejects_mismatched_spaces_and_sources(tmp_path, pendulum_rows):
     partial = {k: v for k, v in pendulum_rows.items() if k != "next_obs"}
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['next_obs'\]"):
         load_rows(save_dataset(tmp_path / "partial.npz", partial))
+
+
+def test_data_cli_list_info_and_report_keep_hand_written_notes(tmp_path, pendulum_rows, capsys):
+    import json
+
+    from relive.cli import main
+    from relive.data.cli import NOTES_MARKER
+
+    root = tmp_path / "minari"
+    write_minari("test/pendulum/tiny-v0", pendulum_rows, "Pendulum-v1", root=root, ref_min_score=-1500.0,
+                 ref_max_score=-150.0)
+    assert main(["data", "list", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.split() == ["test/pendulum/tiny-v0"]
+    assert main(["data", "info", "test/pendulum/tiny-v0", "--root", str(root)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    returns = [pendulum_rows["reward"][sl].sum() for sl in split_episodes(pendulum_rows)]
+    assert info["rows"] == 450 and info["episodes"] == 3 and info["megabytes"] > 0
+    assert info["normalized_score"] == pytest.approx(100 * (np.mean(returns) + 1500) / 1350, rel=1e-5)
+    out = tmp_path / "datasets.md"
+    assert main(["data", "report", "--root", str(root), "--out", str(out)]) == 0
+    row = next(line for line in out.read_text().splitlines() if "test/pendulum/tiny-v0" in line)
+    assert "| Pendulum-v1 | 450 | 3 |" in row and f"{info['normalized_score']:.1f}" in row
+    out.write_text(out.read_text() + "\nNotes: made by hand.\n")
+    assert main(["data", "report", "--root", str(root), "--out", str(out)]) == 0
+    assert out.read_text().split(NOTES_MARKER)[1].strip() == "Notes: made by hand."

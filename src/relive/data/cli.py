@@ -61,6 +61,8 @@ def _list(args: argparse.Namespace) -> int:
 
 def describe(dataset: str, root=None) -> dict:
     """Size, returns and normalized scores (relive's references and D4RL's where published) of a dataset."""
+    from pathlib import Path
+
     import numpy as np
 
     from relive.data.columns import split_episodes
@@ -69,8 +71,10 @@ def describe(dataset: str, root=None) -> dict:
 
     rows, meta = read_minari(dataset, root)
     returns = np.array([rows["reward"][sl].sum() for sl in split_episodes(rows)])
+    files = Path(meta["path"]).rglob("*") if meta.get("path") else ()
     out = {k: v for k, v in meta.items() if k != "relive"} | {
         "rows": int(len(rows["obs"])), "episodes": int(returns.size),
+        "megabytes": sum(f.stat().st_size for f in files if f.is_file()) / 2**20,
         "return_mean": float(returns.mean()), "return_std": float(returns.std()),
         "normalized_score": normalized_score(float(returns.mean()), meta["ref_min_return"], meta["ref_max_return"])}
     ref = d4rl_reference(meta["env_id"] or "")
@@ -79,6 +83,9 @@ def describe(dataset: str, root=None) -> dict:
     if "relive" in meta:
         out["generated"] = meta["relive"]
     return out
+
+
+NOTES_MARKER = "<!-- notes below are kept by `relive data report` -->"
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -95,8 +102,8 @@ def _report(args: argparse.Namespace) -> int:
              "(R - R_random) / (R_expert - R_random) with relive's references (R_random: uniform-random "
              "episodes; R_expert: the task's expert dataset) and, for the MuJoCo tasks, D4RL's published "
              "references (measured on the older -v2 environments, so only roughly comparable).", "",
-             "| dataset | env | rows | episodes | return (mean ± std) | score (relive refs) | score (D4RL refs) "
-             "| R_random / R_expert | how |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
+             "| dataset | env | rows | episodes | MB | return (mean ± std) | score (relive refs) | score (D4RL refs) "
+             "| R_random / R_expert | how |", "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
     ids = list_local(args.root)
     experts = {}
     for did in ids:
@@ -113,13 +120,17 @@ def _report(args: argparse.Namespace) -> int:
             how = f"SAC run of {g['train_steps']:,} steps; medium = snapshot at {g['medium_snapshot_step']:,}"
         else:
             how = "waypoint controller" if g.get("level") == "scripted" else "uniform actions"
-        lines.append(f"| `{did}` | {d['env_id']} | {d['rows']:,} | {d['episodes']:,} | "
+        lines.append(f"| `{did}` | {d['env_id']} | {d['rows']:,} | {d['episodes']:,} | {d['megabytes']:.1f} | "
                      f"{d['return_mean']:.1f} ± {d['return_std']:.1f} | {fmt(score)} | "
                      f"{fmt(d.get('d4rl_normalized_score'))} | {fmt(d['ref_min_return'])} / {fmt(ref_max)} | {how} |")
     if not ids:
-        lines.append(f"| (no datasets under {args.root or default_root()}) | | | | | | | | |")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
+        lines.append(f"| (no datasets under {args.root or default_root()}) | | | | | | | | | |")
+    out = Path(args.out)
+    lines += ["", NOTES_MARKER]
+    if out.is_file() and NOTES_MARKER in out.read_text():  # hand-written notes below the table are kept
+        lines.append(out.read_text().split(NOTES_MARKER, 1)[1].strip("\n"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out} ({len(ids)} datasets)")
     return 0
 

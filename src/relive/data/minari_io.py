@@ -99,7 +99,8 @@ def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[di
         rows = {k: np.concatenate(v) for k, v in cols.items()}
         spec = ds.spec
         stored = ds.storage.metadata
-        meta = {"dataset_id": dataset_id, "env_id": spec.env_spec.id if spec.env_spec else None,
+        meta = {"dataset_id": dataset_id, "path": str(Path(spec.data_path).parent),
+                "env_id": spec.env_spec.id if spec.env_spec else None,
                 "ref_min_return": stored.get("ref_min_score"), "ref_max_return": stored.get("ref_max_score"),
                 "total_episodes": spec.total_episodes, "total_steps": spec.total_steps}
         if flat_keys:
