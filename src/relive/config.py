@@ -28,21 +28,30 @@ class RunConfig:
     eval_every_env_steps: int = 5000
     eval_episodes: int = 5
     checkpoint_every_env_steps: int = 10_000  # checkpoints land on the first episode end after this many steps
+    checkpoint_every_offline_grad_steps: int = 10_000  # offline phase (and always at its end)
     progress: bool = True
     save_final_buffer: bool = False  # also write the replay buffer at the end (buffer_final/)
     save_agent_snapshots: bool = False  # keep the agent of every evaluation (snapshots/agent_<env_step>/)
 
     def __post_init__(self):
         for name in ("log_every_env_steps", "eval_every_env_steps", "eval_episodes", "checkpoint_every_env_steps",
-                     "num_threads"):
+                     "checkpoint_every_offline_grad_steps", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        if not (self.device == "cpu" or self.device.startswith(("cuda", "mps"))):
+            raise ValueError(f"run.device must be 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     id: str = "Pendulum-v1"
     max_episode_steps: int | None = None  # override the registered time limit
+
+    def __post_init__(self):
+        if not self.id:
+            raise ValueError("env.id must name a Gymnasium environment, e.g. 'Pendulum-v1'")
+        if self.max_episode_steps is not None and self.max_episode_steps < 1:
+            raise ValueError(f"env.max_episode_steps must be >= 1 or null, got {self.max_episode_steps}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,13 @@ class DataConfig:
     ref_min_return: float | None = None  # reference returns for normalized scores (D4RL style)
     ref_max_return: float | None = None
 
+    def __post_init__(self):
+        if self.discount is not None and not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"data.discount must be in [0, 1], got {self.discount}")
+        refs = (self.ref_min_return, self.ref_max_return)
+        if None not in refs and not refs[0] < refs[1]:
+            raise ValueError(f"data.ref_min_return must be below data.ref_max_return, got {refs}")
+
 
 @dataclass(frozen=True)
 class ScheduleConfig:
@@ -59,7 +75,8 @@ class ScheduleConfig:
     num_online_env_steps: int = 10_000
     env_steps_per_chunk: int = 1  # collect this many env steps, then chunk x utd_ratio gradient steps
     utd_ratio: int = 1
-    num_warmup_env_steps: int = 1000  # random actions and no updates at the start of the online phase
+    num_warmup_env_steps: int = 1000  # no updates at the start of the online phase
+    warmup_policy: str = "random"  # warm-up actions: "random" (uniform) or "agent" (the pre-trained policy)
     batch_size: int = 256
     refresh_every_grad_steps: int = 1000  # sampler.refresh cadence (ARB-style samplers)
 
@@ -68,6 +85,8 @@ class ScheduleConfig:
             raise ValueError("env_steps_per_chunk, utd_ratio, batch_size and refresh_every_grad_steps must be >= 1")
         if min(self.num_offline_grad_steps, self.num_online_env_steps, self.num_warmup_env_steps) < 0:
             raise ValueError("step counts must be >= 0")
+        if self.warmup_policy not in ("random", "agent"):
+            raise ValueError(f"schedule.warmup_policy must be 'random' or 'agent', got {self.warmup_policy!r}")
 
 
 @dataclass(frozen=True)
@@ -94,6 +113,14 @@ class ReplayConfig:
             raise ValueError("replay.offline_fraction must be in [0, 1] and capacity >= 1")
         if self.score_mode not in ("standardized", "log_prob"):
             raise ValueError(f"replay.score_mode must be 'standardized' or 'log_prob', got {self.score_mode!r}")
+        for name in ("priority_exponent", "is_exponent", "is_exponent_final", "reliability_exponent"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"replay.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("arb_temperature", "berb_temperature"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"replay.{name} must be > 0, got {getattr(self, name)}")
+        if self.arb_amortized_rows < 0 or not 0.0 <= self.berb_init_online_fraction <= 1.0:
+            raise ValueError("replay.arb_amortized_rows must be >= 0 and berb_init_online_fraction in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -113,6 +140,10 @@ class ExperimentConfig:
         if type(self.agent) is not AGENT_CONFIGS[self.agent_kind]:
             raise ValueError(f"agent_kind {self.agent_kind!r} needs a {AGENT_CONFIGS[self.agent_kind].__name__}, "
                              f"got {type(self.agent).__name__}")
+        if getattr(self.agent, "utd_ratio", self.schedule.utd_ratio) != self.schedule.utd_ratio:
+            raise ValueError(f"agent.utd_ratio ({self.agent.utd_ratio}) and schedule.utd_ratio "
+                             f"({self.schedule.utd_ratio}) differ; the trainer uses schedule.utd_ratio: set both "
+                             f"(relive train --utd N does)")
 
     def to_dict(self) -> dict:
         return asdict(self)

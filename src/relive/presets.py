@@ -32,6 +32,16 @@ def calql() -> ExperimentConfig:
                             replay=ReplayConfig(name="symmetric"))
 
 
+def calql_arb() -> ExperimentConfig:
+    """Cal-QL fine-tuned with ARB as in the ARB paper's code: on-policyness weights at trajectory level,
+    lambda 5, 1000 env steps then 1000 updates, every row re-scored every 1000 gradient steps; calibration off
+    online (the ARB code inherits CORL's Cal-QL)."""
+    cfg = calql()
+    return replace(cfg, preset="calql_arb", agent=replace(cfg.agent, calibrate_online=False),
+                   schedule=replace(cfg.schedule, env_steps_per_chunk=1000, refresh_every_grad_steps=1000),
+                   replay=ReplayConfig(name="arb", arb_temperature=5.0))
+
+
 def ddqn() -> ExperimentConfig:
     """Double DQN for discrete actions (the ReaPER paper's setting), uniform replay."""
     return ExperimentConfig(preset="ddqn", agent_kind="ddqn", agent=DDQNConfig(),
@@ -47,7 +57,7 @@ def ddqn_per() -> ExperimentConfig:
 
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
-    "sac": sac, "rlpd": rlpd, "calql": calql, "ddqn": ddqn, "ddqn_per": ddqn_per,
+    "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "ddqn": ddqn, "ddqn_per": ddqn_per,
 }
 
 

@@ -1,4 +1,7 @@
 import json
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -10,63 +13,185 @@ from relive.replay.checkpoint import load_tree
 from relive.train.cli import config_from_args
 from relive.train.collector import Collector, collect_dataset, returns_to_go, save_dataset
 from relive.train.envs import env_spec, make_env
-from relive.train.trainer import _fill_online_returns, train
+from relive.train.trainer import _fill_online_returns, build_agent, train
 
 TINY = ["--set", "agent.hidden=[16,16]", "--batch-size", "32", "--eval-episodes", "1", "--no-progress"]
+
+
+class SimulatedKill(Exception):
+    pass
+
+
+def kill_at(env_step=None, grad_step=None):
+    """An on_step hook that 'kills' the run at the first step reaching the given counters."""
+    def hook(e, g):
+        if (env_step is not None and e >= env_step) or (grad_step is not None and g >= grad_step):
+            raise SimulatedKill(f"killed at env step {e}, gradient step {g}")
+    return hook
+
+
+def cfg_for(args, run_dir):
+    return config_from_args(build_parser().parse_args(["train", *args, "--run-dir", str(run_dir)]))
+
+
+def assert_same_agent(dir_a, dir_b):
+    a, b = load_tree(dir_a / "agent_final"), load_tree(dir_b / "agent_final")
+    for part in ("actor", "critic", "target_critic", "actor_opt", "critic_opt"):
+        flat_a, flat_b = _leaves(a[part]), _leaves(b[part])
+        assert flat_a.keys() == flat_b.keys()
+        for k in flat_a:
+            np.testing.assert_array_equal(flat_a[k], flat_b[k], err_msg=f"{part}.{k}")
+
+
+def _leaves(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out |= _leaves(v, f"{prefix}{k}.")
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _logs_without_times(run_dir):
+    """metrics.jsonl and eval.csv with the wall-clock columns removed (they differ between runs)."""
+    metrics = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        metrics.append({k: "nan" if v != v else v for k, v in d.items() if not k.startswith("time/")})
+    rows = [ln.split(",")[:-1] for ln in (run_dir / "eval.csv").read_text().splitlines()]  # last: time/seconds
+    return metrics, rows
 
 
 def test_cli_train_writes_a_complete_run_directory(tmp_path):
     run = tmp_path / "run"
     code = main(["train", "sac", "--env", "Pendulum-v1", "--online-steps", "400", "--warmup", "100",
-                 "--eval-every", "200", "--run-dir", str(run), "--seed", "3", *TINY])
+                 "--eval-every", "200", "--log-every", "100", "--run-dir", str(run), "--seed", "3", *TINY])
     assert code == 0
     for name in ("config.json", "metrics.jsonl", "eval.csv", "summary.json", "agent_final/MANIFEST.json"):
         assert (run / name).exists(), name
+    assert list((run / "tb").glob("events.out.tfevents.*")), "no TensorBoard events"
     cfg = load_config(run / "config.json")
     assert cfg.run.seed == 3 and cfg.env.id == "Pendulum-v1" and cfg.agent.hidden == (16, 16)
-    assert load_config(run / "config.json") == cfg  # reloads to an equal config
+    assert cfg == config_from_args(build_parser().parse_args(
+        ["train", "sac", "--env", "Pendulum-v1", "--online-steps", "400", "--warmup", "100", "--eval-every", "200",
+         "--log-every", "100", "--run-dir", str(run), "--seed", "3", *TINY]))  # reloads to an equal config
     rows = (run / "eval.csv").read_text().splitlines()
     assert rows[0].startswith("env_step,grad_step,eval/return_mean") and len(rows) == 1 + 3  # 0, 200, final
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [d["env_step"] for d in lines] == [100, 200, 300, 400, 400]
+    assert [d["phase"] for d in lines] == ["online"] * 4 + ["final"]
+    assert lines[0]["grad_step"] == 0 and lines[1]["grad_step"] == 100  # no updates during the warm-up
+    for key in ("train/critic_loss", "replay/online_fraction", "time/env_steps_per_s", "time/grad_steps_per_s"):
+        assert np.isfinite(lines[2][key]), key
     summary = json.loads((run / "summary.json").read_text())
     assert summary["num_online_env_steps"] == 400 and summary["num_grad_steps"] == 300
+    assert summary["status"] == "finished" and summary["best_return"] >= summary["final_return"]
+    assert summary["torch_version"]
     with pytest.raises(ValueError, match="already holds a run"):
         main(["train", "sac", "--env", "Pendulum-v1", "--run-dir", str(run), *TINY])
 
 
-def test_cli_presets_and_bad_preset(capsys):
-    assert main(["presets"]) == 0
-    out = capsys.readouterr().out
-    assert "rlpd" in out and "calql" in out and "ddqn" in out
-    assert main(["presets", "rlpd"]) == 0
-    assert json.loads(capsys.readouterr().out)["agent"]["num_qs"] == 10
-    with pytest.raises(ValueError, match="unknown preset"):
-        main(["train", "nope", "--env", "Pendulum-v1"])
-    with pytest.raises(ValueError, match="unknown setting"):
-        main(["train", "sac", "--set", "agent.no_such_key=1"])
-
-
-def test_resume_after_interruption_reproduces_the_uninterrupted_run(tmp_path):
+def test_resume_after_a_kill_in_the_online_phase_reproduces_the_uninterrupted_run(tmp_path):
+    """Cal-QL + ARB with chunks of 40 env steps: killed in the middle of a chunk's updates, resumed from the
+    last checkpoint, the run ends with the same parameters, optimizer states, evaluations and log lines."""
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 400, seed=0))
-    args = ["calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "30", "--online-steps", "500",
-            "--eval-every", "250", "--checkpoint-every", "150", "--replay", "symmetric_per",
-            "--set", "agent.cql_n_actions=2", *TINY]
-
-    def cfg_for(run_dir):
-        return config_from_args(build_parser().parse_args(["train", *args, "--run-dir", str(run_dir)]))
-
-    full = train(cfg_for(tmp_path / "full"))
-    assert train(cfg_for(tmp_path / "cut"), stop_after_env_steps=330) is None  # "killed" at step 330
-    assert (tmp_path / "cut" / "checkpoint").exists() and not (tmp_path / "cut" / "summary.json").exists()
+    args = ["calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "30", "--online-steps", "520",
+            "--eval-every", "200", "--log-every", "80", "--checkpoint-every", "150", "--replay", "arb", "--chunk",
+            "40", "--set", "schedule.refresh_every_grad_steps=40", "--set", "agent.cql_n_actions=2", *TINY]
+    full = train(cfg_for(args, tmp_path / "full"))
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(grad_step=30 + 333))  # past the step-200 checkpoint
+    assert not (tmp_path / "cut" / "summary.json").exists()
+    assert load_tree(tmp_path / "cut" / "checkpoint", kind="run")["trainer"]["env_steps"] == 200
     resumed = train(resume_dir=tmp_path / "cut")
-    a = load_tree(tmp_path / "full" / "agent_final")
-    b = load_tree(tmp_path / "cut" / "agent_final")
-    for part in ("actor", "critic"):
-        for k in a[part]:
-            np.testing.assert_array_equal(a[part][k], b[part][k], err_msg=f"{part}.{k}")
-    assert resumed.final_return == full.final_return
-    # each evaluation appears once in the resumed run's log
-    steps = [ln.split(",")[0] for ln in (tmp_path / "cut" / "eval.csv").read_text().splitlines()[1:]]
-    assert steps == [ln.split(",")[0] for ln in (tmp_path / "full" / "eval.csv").read_text().splitlines()[1:]]
+    assert_same_agent(tmp_path / "full", tmp_path / "cut")
+    assert resumed.final_return == full.final_return and resumed.num_grad_steps == full.num_grad_steps
+    assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")  # each line once
+
+
+def test_resume_after_a_kill_in_the_offline_phase(tmp_path):
+    data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 400, seed=1))
+    args = ["calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "120", "--online-steps", "200",
+            "--warmup", "0", "--eval-every", "100", "--log-every", "50", "--offline-checkpoint-every", "50",
+            "--replay", "symmetric_per", "--set", "agent.cql_n_actions=2", *TINY]
+    train(cfg_for(args, tmp_path / "full"))
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(grad_step=77))
+    assert load_tree(tmp_path / "cut" / "checkpoint", kind="run")["trainer"]["offline_done"] == 50
+    train(resume_dir=tmp_path / "cut")
+    assert_same_agent(tmp_path / "full", tmp_path / "cut")
+    assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
+
+
+def test_resume_after_the_process_is_killed(tmp_path):
+    """A real SIGKILL of `relive train` in a subprocess, then `relive train --resume`."""
+    args = ["sac", "--env", "Pendulum-v1", "--online-steps", "1500", "--warmup", "100", "--eval-every", "500",
+            "--checkpoint-every", "200", *TINY]
+    run = tmp_path / "killed"
+    code = f"from relive.cli import main; main({['train', *args, '--run-dir', str(run)]!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (run / "checkpoint" / "MANIFEST.json").exists():
+        time.sleep(0.02)  # kill it as soon as its first checkpoint is complete
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    proc.kill()
+    proc.wait()
+    assert not (run / "summary.json").exists()
+    assert main(["train", "--resume", str(run)]) == 0
+    train(cfg_for(args, tmp_path / "full"))
+    assert_same_agent(tmp_path / "full", run)
+
+
+def test_resume_without_a_checkpoint_starts_over_and_bad_resume_dirs(tmp_path):
+    args = ["sac", "--env", "Pendulum-v1", "--online-steps", "150", "--warmup", "50", "--eval-every", "100", *TINY]
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(env_step=120))  # before the first checkpoint
+    train(resume_dir=tmp_path / "cut")
+    train(cfg_for(args, tmp_path / "full"))
+    assert_same_agent(tmp_path / "full", tmp_path / "cut")
+    assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
+    with pytest.raises(ValueError, match="no config.json"):
+        train(resume_dir=tmp_path / "nothing-here")
+
+
+def test_arb_is_rescored_after_each_collected_chunk_as_in_its_algorithm(tmp_path, monkeypatch):
+    """ARB Alg. 1: collect d_update env steps, re-score every row (current policy), then d_weight updates;
+    never during the offline phase."""
+    calls = []
+    original = ReplayBuffer.refresh
+
+    def spy(self, score_fn, chunk_size=65536):
+        calls.append(self.num_online)
+        return original(self, score_fn, chunk_size)
+
+    monkeypatch.setattr(ReplayBuffer, "refresh", spy)
+    data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 400, seed=0))
+    grad_steps = []
+    train(cfg_for(["calql_arb", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "20",
+                   "--online-steps", "200", "--chunk", "50", "--eval-every", "1000",
+                   "--set", "schedule.refresh_every_grad_steps=50", "--set", "agent.cql_n_actions=2", *TINY],
+                  tmp_path / "arb"), on_step=lambda e, g: grad_steps.append(g))
+    assert calls == [50, 100, 150, 200]  # right after each chunk; none in the offline phase (0 online rows)
+    assert max(grad_steps) == 20 + 200
+
+
+def test_warmup_with_the_agents_policy(tmp_path):
+    """warmup_policy=agent: the warm-up rows' actions are the (untrained) agent's exploration actions."""
+    def run(policy):
+        args = ["sac", "--env", "Pendulum-v1", "--online-steps", "30", "--warmup", "30", "--warmup-policy", policy,
+                "--eval-every", "1000", "--set", "run.save_final_buffer=true", *TINY]
+        cfg = cfg_for(args, tmp_path / policy)
+        train(cfg)
+        buf = ReplayBuffer.load(tmp_path / policy / "buffer_final")
+        agent = build_agent(cfg, env_spec(make_env("Pendulum-v1")), cfg.run.seed)  # same seed, same generator
+        obs, action = buf.storage.columns["obs"][:30], buf.storage.columns["action"][:30]
+        return action, np.concatenate([agent.act(o[None], explore=True) for o in obs])
+
+    stored, replayed = run("agent")
+    np.testing.assert_array_equal(stored, replayed)
+    stored, replayed = run("random")
+    assert not np.allclose(stored, replayed)
 
 
 def test_truncation_bootstraps_from_the_true_final_observation():
@@ -74,10 +199,16 @@ def test_truncation_bootstraps_from_the_true_final_observation():
     collector = Collector(env, env_spec(env), seed=0)
     rows = collector.step(lambda o: np.zeros((1, 1), np.float32), 7)
     assert rows["truncated"].tolist() == [False] * 4 + [True, False, False]
-    assert not rows["terminated"].any()
-    # the truncated row's next_obs is the last observation of its episode, not the next episode's first
+    assert not rows["terminated"].any()  # a time limit is not a terminal: the critic bootstraps from next_obs
+    # the truncated row's next_obs is the last observation of its episode (the env's final obs), not the
+    # first observation of the next episode; inside an episode next_obs[t] == obs[t + 1]
     assert not np.allclose(rows["next_obs"][4], rows["obs"][5])
-    np.testing.assert_allclose(rows["obs"][4 - 1 + 1], rows["next_obs"][3])
+    np.testing.assert_array_equal(rows["next_obs"][:4], rows["obs"][1:5])
+    ref = make_env("Pendulum-v1", max_episode_steps=5)
+    ref.reset(seed=0)
+    for _ in range(5):
+        final_obs, *_ = ref.step(np.zeros(1, np.float32))
+    np.testing.assert_allclose(rows["next_obs"][4], final_obs)
 
 
 def test_returns_to_go_with_discount_terminal_and_timeout():
@@ -110,6 +241,19 @@ def test_ddqn_runs_on_cartpole_with_per(tmp_path):
                  "--eval-every", "300", "--run-dir", str(tmp_path / "d"), *TINY])
     assert code == 0
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["num_grad_steps"] == 250
+
+
+def test_agent_and_environment_mismatches_are_named(tmp_path):
+    with pytest.raises(ValueError, match="discrete action space"):
+        main(["train", "ddqn", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "a"), *TINY])
+    with pytest.raises(ValueError, match="continuous action space"):
+        main(["train", "sac", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "b"), *TINY])
+    with pytest.raises(ValueError, match="ddqn has none"):
+        main(["train", "ddqn", "--env", "CartPole-v1", "--replay", "arb", "--run-dir", str(tmp_path / "c"), *TINY])
+    with pytest.raises(ValueError, match="needs a dataset"):
+        main(["train", "calql", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "d"), *TINY])
+    with pytest.raises(ValueError, match="cannot make environment"):
+        main(["train", "sac", "--env", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "e"), *TINY])
 
 
 def test_demo_quick_runs_end_to_end_and_plots(tmp_path, capsys):

@@ -19,22 +19,30 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--env", help="Gymnasium environment id, e.g. Pendulum-v1, Hopper-v5, CartPole-v1")
     p.add_argument("--dataset", help="offline dataset: a local Minari dataset id or directory (see `relive data "
                    "list`), a D4RL-format .hdf5 file, or a relive .npz")
-    p.add_argument("--replay", choices=REPLAY_NAMES, help="replay strategy: uniform over all rows, per, "
-                   "symmetric (exact offline/online split), symmetric_per (uniform offline, PER online)")
+    p.add_argument("--replay", choices=REPLAY_NAMES, metavar="NAME", help="replay strategy: uniform (over offline + "
+                   "online rows), per (proportional PER), symmetric (exact offline/online split per batch, RLPD), "
+                   "symmetric_per (uniform offline, PER online), arb / arb_transition (on-policyness weights, "
+                   "trajectory or transition level, re-scored every refresh_every_grad_steps), reaper "
+                   "(reliability-adjusted PER), berb (learned online/offline density ratio)")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
     p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
     p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")
     p.add_argument("--online-steps", type=int, help="online environment steps")
     p.add_argument("--utd", type=int, help="gradient steps per environment step (update-to-data ratio)")
     p.add_argument("--chunk", type=int, help="env steps collected before each burst of chunk x utd updates")
-    p.add_argument("--warmup", type=int, help="random-action env steps before the first online update")
+    p.add_argument("--warmup", type=int, help="env steps collected before the first online update")
+    p.add_argument("--warmup-policy", choices=("random", "agent"), help="who acts during the warm-up: uniform "
+                   "random actions, or the (pre-trained) agent's exploration policy")
     p.add_argument("--batch-size", type=int, help="rows per gradient step")
     p.add_argument("--capacity", type=int, help="replay capacity in rows (offline + online)")
     p.add_argument("--offline-fraction", type=float, help="offline share of each batch (symmetric replay)")
     p.add_argument("--eval-every", type=int, help="env steps between evaluations")
     p.add_argument("--eval-episodes", type=int, help="episodes per evaluation")
     p.add_argument("--log-every", type=int, help="env steps between metrics.jsonl / TensorBoard lines")
-    p.add_argument("--checkpoint-every", type=int, help="env steps between checkpoints")
+    p.add_argument("--checkpoint-every", type=int, help="env steps between checkpoints (each lands on the next "
+                   "episode boundary)")
+    p.add_argument("--offline-checkpoint-every", type=int, help="offline gradient steps between checkpoints (one "
+                   "is always written at the end of the offline phase)")
     p.add_argument("--threads", type=int, help="torch threads (default 1)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any other setting, e.g. --set agent.num_qs=10 --set agent.hidden=[64,64] (repeatable)")
@@ -51,7 +59,7 @@ def add_parsers(subparsers) -> None:
                                           "fine-tunes online with three replay strategies and plots return and the "
                                           "online share of sampled batches (about 5 minutes on 2 cores).")
     d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=int, default=0, help="seed of the dataset and of every run (default 0)")
     d.add_argument("--quick", action="store_true", help="a much shorter run (smoke test)")
     d.set_defaults(func=run_demo)
 
@@ -59,11 +67,13 @@ def add_parsers(subparsers) -> None:
 FLAG_TO_SETTING = {
     "env": "env.id", "dataset": "data.dataset", "replay": "replay.name", "seed": "run.seed", "run_dir": "run.run_dir",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
-    "utd": "schedule.utd_ratio", "chunk": "schedule.env_steps_per_chunk", "warmup": "schedule.num_warmup_env_steps",
+    "chunk": "schedule.env_steps_per_chunk", "warmup": "schedule.num_warmup_env_steps",
+    "warmup_policy": "schedule.warmup_policy",
     "batch_size": "schedule.batch_size", "capacity": "replay.capacity", "offline_fraction": "replay.offline_fraction",
     "eval_every": "run.eval_every_env_steps", "eval_episodes": "run.eval_episodes",
     "log_every": "run.log_every_env_steps",
-    "checkpoint_every": "run.checkpoint_every_env_steps", "threads": "run.num_threads",
+    "checkpoint_every": "run.checkpoint_every_env_steps",
+    "offline_checkpoint_every": "run.checkpoint_every_offline_grad_steps", "threads": "run.num_threads",
 }
 
 
@@ -74,9 +84,22 @@ def config_from_args(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value is not None:
             sets.append(f"{setting}={_json(value)}")
+    if getattr(args, "utd", None) is not None:
+        sets += utd_settings(cfg, args.utd)
     if getattr(args, "no_progress", False):
         sets.append("run.progress=false")
     return override(cfg, sets + list(args.set))
+
+
+def utd_settings(cfg, utd: int) -> list[str]:
+    """``--utd N``: the schedule's ratio and the agent's copy of it; a preset that updates the actor once per env
+    step (RLPD: ``actor_every == utd_ratio``) keeps doing so."""
+    sets = [f"schedule.utd_ratio={utd}"]
+    if hasattr(cfg.agent, "utd_ratio"):
+        sets.append(f"agent.utd_ratio={utd}")
+    if getattr(cfg.agent, "actor_every", 1) == cfg.schedule.utd_ratio > 1:
+        sets.append(f"agent.actor_every={utd}")
+    return sets
 
 
 def _json(value) -> str:
@@ -105,9 +128,15 @@ def run_presets(args: argparse.Namespace) -> int:
 
         print(json.dumps(dataclasses.asdict(get_preset(args.name)), indent=1))
         return 0
+    import textwrap
+
     for name, fn in PRESETS.items():
-        doc = (fn.__doc__ or "").strip().splitlines()
-        print(f"{name:10s} {doc[0] if doc else ''}")
+        cfg, doc = fn(), " ".join((fn.__doc__ or "").split())
+        s = cfg.schedule
+        settings = (f"[{cfg.agent_kind}, replay {cfg.replay.name}, utd {s.utd_ratio}, chunk {s.env_steps_per_chunk}, "
+                    f"offline {s.num_offline_grad_steps:,} grad steps, online {s.num_online_env_steps:,} env steps]")
+        print(textwrap.fill(f"{doc} {settings}", 110, initial_indent=f"{name:11s}", subsequent_indent=" " * 11))
+    print("\n`relive presets NAME` prints a preset's full configuration; `relive train NAME --help` the options.")
     return 0
 
 

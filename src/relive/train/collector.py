@@ -55,12 +55,14 @@ class Collector:
         """Only valid between episodes (``at_episode_start``): the env's RNG before its next reset."""
         if not self.at_episode_start:
             raise ValueError("a collector can only be checkpointed between episodes")
-        return {"env_rng": self.env.unwrapped.np_random.bit_generator.state, "needs_reset": self.needs_reset}
+        return {"env_rng": self.env.unwrapped.np_random.bit_generator.state, "needs_reset": self.needs_reset,
+                "finished_returns": np.asarray(self.finished_returns, np.float64)}
 
     def load_state_dict(self, state: dict) -> None:
         self.env.unwrapped.np_random.bit_generator.state = state["env_rng"]
         self.needs_reset = bool(state["needs_reset"])
         self.episode_return, self.episode_length = 0.0, 0
+        self.finished_returns = [float(r) for r in np.asarray(state.get("finished_returns", []))]
 
 
 def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.ndarray, gamma: float) -> np.ndarray:

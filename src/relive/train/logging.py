@@ -39,13 +39,17 @@ class RunLogger:
             self._bar.update(task, completed=done, info=f"{info} {self.latest_eval}")
 
     def metrics(self, step: int, values: dict) -> None:
-        clean = {k: (float(v) if v is not None else math.nan) for k, v in values.items()}
+        """One metrics.jsonl line (numbers as floats, strings such as ``phase`` kept) and the finite numbers
+        to TensorBoard, against ``env_step`` (``grad_step`` is a field of the line)."""
+        clean = {k: v if isinstance(v, str) else (float(v) if v is not None else math.nan) for k, v in values.items()}
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"env_step": step, **clean}, allow_nan=True) + "\n")
-        if self._tb is not None:
+        if self._tb is not None:  # offline-phase lines: under offline/ against gradient steps (env_step is 0)
+            offline = clean.get("phase") == "offline"
             for k, v in clean.items():
-                if math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+                if not isinstance(v, str) and math.isfinite(v) and k != "grad_step":
+                    self._tb.add_scalar(f"offline/{k}" if offline else k, v,
+                                        int(clean.get("grad_step", 0)) if offline else step)
 
     def evaluation(self, row: dict) -> None:
         path = self.run_dir / "eval.csv"
@@ -83,8 +87,9 @@ class RunLogger:
     def truncate_after(self, env_step: int, grad_step: int) -> None:
         """On resume, drop log lines written after the checkpoint so files hold each step once."""
         path = self.run_dir / "metrics.jsonl"
-        if path.is_file():
-            keep = [ln for ln in path.read_text().splitlines() if json.loads(ln)["env_step"] <= env_step]
+        if path.is_file():  # offline lines share env_step 0: order by (env_step, grad_step)
+            lines = [(ln, json.loads(ln)) for ln in path.read_text().splitlines() if ln.strip()]
+            keep = [ln for ln, d in lines if (d["env_step"], d.get("grad_step", 0)) <= (env_step, grad_step)]
             path.write_text("".join(ln + "\n" for ln in keep))
         path = self.run_dir / "eval.csv"
         if path.is_file():

@@ -1,15 +1,19 @@
 """The one training loop: offline phase (gradient steps on the dataset), then online phase in chunks.
 
 Read top to bottom: build -> (resume) -> offline phase -> online phase -> summary. Every gradient step is
-sample -> agent.update -> buffer.update(signals); the sampler's refresh is driven by gradient steps.
-Checkpoints (agent, optimizers, buffer, sampler, RNGs, counters) land on the first episode boundary after
-every ``checkpoint_every_env_steps``, so ``train(resume=True)`` continues exactly where the run stopped.
+[refresh the sampler on its cadence] -> sample -> agent.update -> buffer.update(signals). Checkpoints (agent,
+optimizers, buffer, sampler, RNGs, counters; ``train/checkpoint.py``) are written every
+``checkpoint_every_offline_grad_steps`` in the offline phase and on the first episode boundary after every
+``checkpoint_every_env_steps`` online, so ``train(resume_dir=...)`` continues exactly where the run stopped.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +30,14 @@ from relive.replay import (
     ReplayBuffer,
     UniformSampler,
 )
-from relive.replay.checkpoint import CheckpointError, load_tree, save_tree
+from relive.replay.checkpoint import save_tree
+from relive.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from relive.train.collector import Collector, returns_to_go
 from relive.train.envs import env_spec, make_env, random_actions
 from relive.train.evaluation import evaluate, normalized_score
 from relive.train.logging import RunLogger
 
-CHECKPOINT = "checkpoint"
+REFRESHED_REPLAYS = ("arb", "arb_transition")  # samplers re-scored by the agent's score_fn
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,12 @@ class RunSummary:
     num_grad_steps: int
     final_return: float
     final_normalized_score: float
-    offline_return: float
-    seconds: float
+    offline_return: float  # evaluation right after the offline phase (online env step 0)
+    best_return: float
+    seconds: float  # wall clock of this process (a resumed run counts from its resume)
+    status: str = "finished"
+    git_sha: str = ""
+    torch_version: str = ""
 
 
 def build_sampler(cfg: ExperimentConfig):
@@ -84,6 +93,8 @@ def build_agent(cfg: ExperimentConfig, spec, seed: int):
     if cfg.agent_kind == "ddqn":
         if not spec.discrete:
             raise ValueError(f"ddqn needs a discrete action space; {spec.id} has a continuous one")
+        if cfg.replay.name in REFRESHED_REPLAYS:
+            raise ValueError(f"replay {cfg.replay.name!r} re-scores rows with a policy's likelihood; ddqn has none")
         return DDQN(obs_dim, spec.num_actions, cfg.agent, seed=seed, device=cfg.run.device)
     if spec.discrete:
         raise ValueError(f"{cfg.agent_kind} needs a continuous action space; {spec.id} is discrete")
@@ -98,12 +109,17 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
-          stop_after_env_steps: int | None = None) -> RunSummary:
-    """Run an experiment (or resume the one in ``resume_dir``). ``stop_after_env_steps`` ends the online
-    phase early without a summary (used to simulate an interrupted run in tests)."""
+          on_step: Callable[[int, int], None] | None = None) -> RunSummary:
+    """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint.
+
+    ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk (tests
+    raise from it to simulate a run killed at an arbitrary point).
+    """
     # -- build ---------------------------------------------------------------------------------------
     if resume_dir is not None:
         run_dir = Path(resume_dir)
+        if not (run_dir / "config.json").is_file():
+            raise ValueError(f"cannot resume {run_dir}: no config.json (not a run directory)")
         cfg = load_config(run_dir / "config.json")
     else:
         run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
@@ -122,7 +138,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     buffer = ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape, sampler=build_sampler(cfg),
                           seed=seed, action_dtype=np.int64 if spec.discrete else np.float32, extra_columns=extra)
     ref_min, ref_max = cfg.data.ref_min_return, cfg.data.ref_max_return
-    resuming = resume_dir is not None and (run_dir / CHECKPOINT).exists()
+    resuming = resume_dir is not None and has_checkpoint(run_dir)
     if cfg.data.dataset and not resuming:  # (a checkpoint holds the buffer, offline rows included)
         from relive.data.loaders import fill_offline, load_rows
 
@@ -138,8 +154,9 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     grad_steps, env_steps, offline_done = 0, 0, 0
     next_ckpt, next_eval, next_log = cfg.run.checkpoint_every_env_steps, 0, cfg.run.log_every_env_steps
     train_metrics: dict = {}
-    online_draws = [0.0, 0]  # sum of online shares of sampled batches, number of batches (since last log)
-    offline_return = float("nan")  # evaluation after the offline phase (online env step 0)
+    online_draws = [0.0, 0]  # sum of online shares of sampled batches, number of batches (since last eval)
+    offline_return, best_return = math.nan, -math.inf
+    switch_grad_step: int | None = None  # gradient steps taken when the online phase began
     start = time.perf_counter()
 
     # -- resume --------------------------------------------------------------------------------------
@@ -147,16 +164,13 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         logger.truncate_after(-1, -1)
         logger.print(f"{run_dir} has no checkpoint yet: starting it from the beginning")
     if resuming:
-        try:
-            tree = load_tree(run_dir / CHECKPOINT, kind="run")
-        except CheckpointError as e:
-            raise ValueError(f"cannot resume {run_dir}: {e}") from None
-        agent.load_state_dict(tree["agent"])
-        buffer = ReplayBuffer.from_state_dict(tree["buffer"])
-        t = tree["trainer"]
+        agent_state, buffer, t = load_checkpoint(run_dir)
+        agent.load_state_dict(agent_state)
         grad_steps, env_steps, offline_done = int(t["grad_steps"]), int(t["env_steps"]), int(t["offline_done"])
         next_ckpt, next_eval, next_log = int(t["next_ckpt"]), int(t["next_eval"]), int(t["next_log"])
-        offline_return = float(t["offline_return"])
+        offline_return, best_return = float(t["offline_return"]), float(t.get("best_return", -math.inf))
+        switch_grad_step = None if int(t.get("switch_grad_step", -1)) < 0 else int(t["switch_grad_step"])
+        online_draws[:] = [float(t.get("online_share_sum", 0.0)), int(t.get("online_share_batches", 0))]
         ref_min, ref_max = t["ref_min"], t["ref_max"]
         rng.bit_generator.state = t["rng"]
         collector.load_state_dict(t["collector"])
@@ -167,22 +181,27 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         nonlocal grad_steps, train_metrics
         if len(buffer) < s.batch_size:
             return  # not enough rows yet (no dataset and a short warm-up)
+        # ARB Alg. 1 step b: re-score every row with the current policy every d_weight online gradient steps,
+        # before sampling (the offline phase is the base algorithm's own: no re-scoring there)
+        if cfg.replay.name in REFRESHED_REPLAYS and switch_grad_step is not None \
+                and (grad_steps - switch_grad_step) % s.refresh_every_grad_steps == 0:
+            buffer.refresh(agent.score_fn(cfg.replay.score_mode))
         batch = buffer.sample(s.batch_size)
         result = agent.update(batch)
-        buffer.update(batch.info, **result.signals)
+        buffer.update(batch.info, **result.signals)  # per-sample signals back to the sampler (td_error, ...)
         train_metrics = result.metrics
         online_draws[0] += float(np.mean(batch.info.source))
         online_draws[1] += 1
         grad_steps += 1
-        # ARB-style re-scoring belongs to the online phase (the offline phase is the base algorithm's own)
-        if offline_done >= s.num_offline_grad_steps and grad_steps % s.refresh_every_grad_steps == 0 \
-                and hasattr(agent, "score_fn"):
-            buffer.refresh(agent.score_fn(cfg.replay.score_mode))
+        if on_step is not None:
+            on_step(env_steps, grad_steps)
 
     def run_eval() -> dict:
+        nonlocal best_return
         returns = evaluate(eval_env, agent, cfg.run.eval_episodes, seed=10_000 + 1000 * seed)
         mean = float(returns.mean())
-        frac = online_draws[0] / online_draws[1] if online_draws[1] else float("nan")
+        best_return = max(best_return, mean)
+        frac = online_draws[0] / online_draws[1] if online_draws[1] else math.nan
         row = {"env_step": env_steps, "grad_step": grad_steps, "eval/return_mean": mean,
                "eval/return_std": float(returns.std()),
                "eval/normalized_score": normalized_score(mean, ref_min, ref_max),
@@ -194,34 +213,40 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         return row
 
     def checkpoint() -> None:
-        tree = {"agent": agent.state_dict(), "buffer": buffer.state_dict(),
-                "trainer": {"grad_steps": grad_steps, "env_steps": env_steps, "offline_done": offline_done,
-                            "next_ckpt": next_ckpt, "next_eval": next_eval, "next_log": next_log,
-                            "offline_return": offline_return, "ref_min": ref_min, "ref_max": ref_max,
-                            "rng": rng.bit_generator.state, "collector": collector.state_dict()}}
-        save_tree(run_dir / CHECKPOINT, tree, kind="run")
+        save_checkpoint(run_dir, agent, buffer, {
+            "grad_steps": grad_steps, "env_steps": env_steps, "offline_done": offline_done,
+            "next_ckpt": next_ckpt, "next_eval": next_eval, "next_log": next_log,
+            "offline_return": offline_return, "best_return": best_return, "ref_min": ref_min, "ref_max": ref_max,
+            "switch_grad_step": -1 if switch_grad_step is None else switch_grad_step,
+            "online_share_sum": online_draws[0], "online_share_batches": online_draws[1],
+            "rng": rng.bit_generator.state, "collector": collector.state_dict()})
 
     # -- offline phase -------------------------------------------------------------------------------
     try:
+        phase_start, phase_grad = time.perf_counter(), grad_steps
         while offline_done < s.num_offline_grad_steps:
             gradient_step()
             offline_done += 1
             if offline_done % 100 == 0 or offline_done == s.num_offline_grad_steps:
-                logger.progress("offline", offline_done, f"{offline_done / (time.perf_counter() - start):.0f} grad/s")
+                rate = (grad_steps - phase_grad) / max(time.perf_counter() - phase_start, 1e-9)
+                logger.progress("offline", offline_done, f"{rate:.0f} grad/s")
             if offline_done % cfg.run.log_every_env_steps == 0:
-                logger.metrics(0, train_metrics | {"grad_step": grad_steps})
+                logger.metrics(0, train_metrics | {"grad_step": grad_steps, "phase": "offline"})
+            if offline_done % cfg.run.checkpoint_every_offline_grad_steps == 0 \
+                    or offline_done == s.num_offline_grad_steps:
+                checkpoint()
+        if switch_grad_step is None:
+            switch_grad_step = grad_steps
         if hasattr(agent, "set_online"):
             agent.set_online(True)
-        if env_steps == 0 and hasattr(agent, "score_fn"):  # ARB-style samplers: score with the pre-trained policy
-            buffer.refresh(agent.score_fn(cfg.replay.score_mode))
 
         # -- online phase ------------------------------------------------------------------------------
         def policy(obs):
-            if env_steps < s.num_warmup_env_steps:
+            if env_steps < s.num_warmup_env_steps and s.warmup_policy == "random":
                 return random_actions(spec, obs.shape[0], rng)
-            return agent.act(obs, explore=True)
+            return agent.act(obs, explore=True)  # ("agent" warm-up: the pre-trained policy, no updates yet)
 
-        phase_start, phase_steps = time.perf_counter(), env_steps
+        phase_start, phase_env, phase_grad = time.perf_counter(), env_steps, grad_steps
         while env_steps < s.num_online_env_steps:
             if env_steps >= next_eval:
                 row = run_eval()
@@ -231,40 +256,42 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             if env_steps >= next_ckpt and collector.at_episode_start:  # between episodes: exact resume
                 next_ckpt = env_steps + cfg.run.checkpoint_every_env_steps
                 checkpoint()
-            if stop_after_env_steps is not None and env_steps >= stop_after_env_steps:
-                return None  # type: ignore[return-value]  # simulated interruption (tests)
             k = min(s.env_steps_per_chunk, s.num_online_env_steps - env_steps)
-            rows = collector.step(policy, k)
+            rows = collector.step(policy, k)  # truncation: next_obs is the true final obs (bootstrapped)
             if needs_mc:
                 rows["mc_return"] = np.zeros(k, np.float32)  # filled when the episode ends (below)
             slots = buffer.extend(rows)
             if needs_mc:
                 _fill_online_returns(buffer, slots, rows, gamma)
             env_steps += k
+            if on_step is not None:
+                on_step(env_steps, grad_steps)
             if env_steps > s.num_warmup_env_steps:
                 for _ in range(k * s.utd_ratio):
                     gradient_step()
+            elapsed = max(time.perf_counter() - phase_start, 1e-9)
+            env_rate, grad_rate = (env_steps - phase_env) / elapsed, (grad_steps - phase_grad) / elapsed
             if env_steps >= next_log:
-                rate = (env_steps - phase_steps) / max(time.perf_counter() - phase_start, 1e-9)
                 returns = collector.finished_returns
                 logger.metrics(env_steps, train_metrics | buffer.stats() | {
-                    "grad_step": grad_steps, "time/env_steps_per_s": rate,
-                    "train/episode_return": float(np.mean(returns)) if returns else float("nan")})
+                    "grad_step": grad_steps, "phase": "online", "time/env_steps_per_s": env_rate,
+                    "time/grad_steps_per_s": grad_rate,
+                    "train/episode_return": float(np.mean(returns)) if returns else math.nan})
                 collector.finished_returns = []
                 next_log += cfg.run.log_every_env_steps
-            rate = (env_steps - phase_steps) / max(time.perf_counter() - phase_start, 1e-9)
-            logger.progress("online", env_steps, f"{rate:.0f} env/s")
+            logger.progress("online", env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
 
         # -- summary -----------------------------------------------------------------------------------
         final = run_eval()
-        logger.metrics(env_steps, train_metrics | buffer.stats() | {"grad_step": grad_steps})
+        logger.metrics(env_steps, train_metrics | buffer.stats() | {"grad_step": grad_steps, "phase": "final"})
         save_tree(run_dir / "agent_final", agent.state_dict(), kind="agent")  # the trained policy, reusable
         if cfg.run.save_final_buffer:
             buffer.save(run_dir / "buffer_final")
     finally:
         logger.close()
     summary = RunSummary(str(run_dir), s.num_offline_grad_steps, env_steps, grad_steps, final["eval/return_mean"],
-                         final["eval/normalized_score"], offline_return, time.perf_counter() - start)
+                         final["eval/normalized_score"], offline_return, best_return, time.perf_counter() - start,
+                         git_sha=_git_sha(), torch_version=torch.__version__)
     (run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=1, allow_nan=True))
     return summary
 
@@ -283,3 +310,16 @@ def _fill_online_returns(buffer: ReplayBuffer, slots: np.ndarray, rows: dict, ga
         end = np.zeros(ep_slots.size, bool)
         end[-1] = True
         buffer.set_column("mc_return", ep_slots, returns_to_go(reward, end, term, gamma))
+
+
+def _git_sha() -> str:
+    """The source tree's commit (+ "-dirty"), or "" outside a git checkout."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f"{sha}-dirty" if sha and dirty else sha
