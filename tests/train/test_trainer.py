@@ -153,6 +153,8 @@ def test_resume_without_a_checkpoint_starts_over_and_bad_resume_dirs(tmp_path):
     assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
     with pytest.raises(ValueError, match="no config.json"):
         train(resume_dir=tmp_path / "nothing-here")
+    with pytest.raises(ValueError, match="already finished"):
+        main(["train", "--resume", str(tmp_path / "full")])
 
 
 def test_arb_is_rescored_after_each_collected_chunk_as_in_its_algorithm(tmp_path, monkeypatch):

@@ -120,6 +120,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         run_dir = Path(resume_dir)
         if not (run_dir / "config.json").is_file():
             raise ValueError(f"cannot resume {run_dir}: no config.json (not a run directory)")
+        if (run_dir / "summary.json").is_file():
+            raise ValueError(f"{run_dir} has already finished (summary.json); nothing to resume")
         cfg = load_config(run_dir / "config.json")
     else:
         run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
