@@ -117,8 +117,9 @@ def run_train(args: argparse.Namespace) -> int:
         if not args.preset:
             raise SystemExit("relive train: give a PRESET (see `relive presets`) or --resume RUN_DIR")
         summary = train(config_from_args(args))
-    print(f"done: {summary.run_dir} | final return {summary.final_return:.1f} "
-          f"(after offline phase: {summary.offline_return:.1f}) | {summary.seconds:.0f} s")
+    start = "after the offline phase" if summary.num_offline_grad_steps else "at the start"
+    print(f"done: {summary.run_dir} | final return {summary.final_return:.1f} ({start}: {summary.offline_return:.1f}, "
+          f"best: {summary.best_return:.1f}) | {summary.seconds:.0f} s")
     return 0
 
 

@@ -26,11 +26,12 @@ class RunLogger:
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),
                                  TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
             self._bar.start()
-            self._offline = self._bar.add_task("offline grad steps", total=max(total_grad_steps_offline, 1), info="")
-            self._online = self._bar.add_task("online env steps", total=max(total_env_steps, 1), info="")
+            self._offline = self._bar.add_task("offline", total=max(total_grad_steps_offline, 1), info="",
+                                               visible=total_grad_steps_offline > 0)
+            self._online = self._bar.add_task("online ", total=max(total_env_steps, 1), info="")
         self.latest_eval = ""
 
     def progress(self, phase: str, done: int, info: str = "") -> None:
@@ -66,7 +67,7 @@ class RunLogger:
         score = row.get("eval/normalized_score")
         has_score = score is not None and math.isfinite(score)
         shown = f"score {score:.1f}" if has_score else f"return {row['eval/return_mean']:.1f}"
-        self.latest_eval = f"| last eval @ {row['env_step']}: {shown}"
+        self.latest_eval = f"| eval @{row['env_step']}: {shown}"
         if self._tb is not None:
             for k, v in row.items():
                 if k.startswith("eval/") and isinstance(v, float) and math.isfinite(v):
