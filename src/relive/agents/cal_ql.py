@@ -1,139 +1,193 @@
-"""Cal-QL: calibrated conservative Q-learning for offline pre-training and online fine-tuning
-(Nakamoto et al., NeurIPS 2023, arXiv 2303.05479), on top of the SAC agent of this package.
+"""Cal-QL: calibrated conservative Q-learning for offline pre-training then online fine-tuning (Nakamoto et
+al., NeurIPS 2023, arXiv 2303.05479), as SAC (``relive.agents.sac``) plus the calibrated CQL penalty.
 
-Critic loss per member (Eq. 4 / Alg. 1 of the paper; official code's CQL(H) with importance sampling):
-    L = MSE(Q(s,a), y) + alpha * clip(CQL_ood - Q(s,a), clip_diff_min, clip_diff_max)
-    CQL_ood = T * logsumexp over 3n values / T of
-        [Q(s, a_rand) - log 0.5^|A|,  Q~(s, a'_pi) - log pi(a'_pi|s'),  Q~(s, a_pi) - log pi(a_pi|s)]
-    Q~ = max(Q, V_mu(s)): policy actions' values lower-bounded by the Monte-Carlo return-to-go of the
-    stored trajectory (``batch.mc_return``) -- the calibration; random actions are not calibrated.
-Optional Lagrange alpha (target action gap). Target: SAC's, optionally the max over n sampled next actions
-(``max_target_backup``); backup entropy off by default (official Cal-QL).
+Critic objective (Cal-QL Sec. 4, Alg. 1 l.3; CQL(H) with importance sampling, Kumar et al. 2020 Eq. 4 and
+App. F), per member e and per sample:
+    L_e = (Q_e(s, a) - y)^2 + alpha_cql * clip(CQL_ood_e - Q_e(s, a), clip_diff_min, clip_diff_max)
+    CQL_ood_e = T logsumexp over 3n values / T of
+        [Q_e(s, a_rand) - log U(a_rand),  Q~_e(s, a'_pi) - log pi(a'_pi|s'),  Q~_e(s, a_pi) - log pi(a_pi|s)]
+    a_rand ~ U(action box), a_pi ~ pi(.|s), a'_pi ~ pi(.|s') (evaluated at s, as in the CQL reference code),
+    Q~ = max(Q, V_mu(s)): the **calibration**. Only the policy actions' values are lower-bounded by the
+    Monte-Carlo return-to-go of the stored trajectory (``batch.mc_return``); random and data actions are not.
+With ``lagrange``, alpha' (learned, clipped to [0, 1e6]) scales alpha_cql (CQL_ood - Q - target_action_gap)
+and ascends on it (CQL Eq. 5). Target: SAC's (subset-min), by default the max over n sampled next actions
+(``max_target_backup``), no entropy in the backup (official Cal-QL defaults). The actor minimizes
+alpha log pi - min_e Q_e as in SAC. ``update`` runs in Alg. 1's order: critic step, Lagrange step, Polyak,
+actor step, temperature step.
 
-Online rows: by default calibration stays on online and the trainer fills ``mc_return`` of online rows when
-their episode ends (the official Cal-QL). ``calibrate_online=False`` reproduces CORL, which switches the
-calibration off at the offline->online switch (and stores mc_return = 0 online).
+**Online rows (documented default).** ``calibrate_online=True`` (official Cal-QL): calibration stays on
+during fine-tuning and online rows are calibrated with their true discounted returns-to-go, which the trainer
+writes into ``mc_return`` when their episode ends (``buffer.set_column``). A NaN ``mc_return`` means "not
+known yet" and leaves that row's values uncalibrated (never max(Q, NaN)). ``calibrate_online=False``
+reproduces CORL (and the ARB code built on it): the calibration is switched off for every row once
+``set_online(True)`` has been called at the offline -> online switch.
+
+Example::
+
+    buffer = ReplayBuffer(..., extra_columns={"mc_return": ()})   # returns-to-go of the offline data
+    agent = CalQL(obs_dim, action_dim, low, high, CalQLConfig(cql_alpha=5.0), seed=0)
+    for _ in range(num_offline_grad_steps):
+        agent.update(buffer.sample(256))
+    agent.set_online(True)                                         # then fine-tune online
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from relive.agents import networks as nets
-from relive.agents.sac import SAC, SACConfig
-from relive.types import Batch
+from relive.agents.sac import SAC, SACConfig, _step
+from relive.types import Batch, UpdateResult
 
 
 @dataclass(frozen=True)
 class CalQLConfig(SACConfig):
-    backup_entropy: bool = False
-    cql_alpha: float = 5.0  # weight of the conservative regularizer
-    cql_n_actions: int = 10  # n sampled actions per kind (uniform, pi(s), pi(s'))
-    cql_temp: float = 1.0
-    clip_diff_min: float = -np.inf
+    """Cal-QL hyperparameters: SAC's plus the conservative penalty. Defaults follow the official Cal-QL code
+    (``conservative_sac.py``: policy lr 1e-4, qf lr 3e-4, n = 10, importance sampling, max target backup,
+    no backup entropy) with alpha_cql = 5 (its antmaze setting; CORL: 10 on locomotion, 1 on adroit)."""
+
+    actor_lr: float = 1e-4  # official Cal-QL policy_lr (CORL locomotion: 3e-5)
+    temp_lr: float = 1e-4  # official Cal-QL: the temperature uses policy_lr
+    backup_entropy: bool = False  # official Cal-QL / CORL: no entropy term in the critic target
+    cql_alpha: float = 5.0  # weight alpha_cql of the conservative penalty
+    cql_n_actions: int = 10  # n sampled actions per kind (uniform, pi(s), pi(s')); also the max-backup samples
+    cql_temp: float = 1.0  # temperature T of the logsumexp
+    cql_importance_sample: bool = True  # subtract log densities (CQL(H) with IS); False: plain logsumexp incl. Q(s,a)
+    clip_diff_min: float = -np.inf  # clip of CQL_ood - Q(s, a) (antmaze: -200)
     clip_diff_max: float = np.inf
-    lagrange: bool = False  # learn alpha' so that the gap matches target_action_gap
-    target_action_gap: float = 0.8
-    max_target_backup: bool = False  # target = max over n sampled next actions of the subset-min
-    calibrate: bool = True  # the Cal-QL lower bound; False gives plain CQL
-    calibrate_online: bool = True  # official Cal-QL; False = CORL's switch-off at the online phase
+    lagrange: bool = False  # learn alpha' so that the penalty's gap matches target_action_gap (antmaze)
+    target_action_gap: float = 0.8  # Lagrange threshold (official antmaze scripts: 0.8)
+    init_log_alpha_prime: float = 1.0  # initial log alpha' (official / CORL: Scalar(1.0))
+    max_target_backup: bool = True  # target = max over cql_n_actions next actions of the subset-min
+    calibrate: bool = True  # the Cal-QL lower bound max(Q, V_mu); False gives plain CQL
+    calibrate_online: bool = True  # official Cal-QL; False = CORL: calibration off after set_online(True)
 
     def __post_init__(self):
         super().__post_init__()
         if self.cql_n_actions < 1 or self.cql_alpha < 0 or self.cql_temp <= 0:
-            raise ValueError("cql_n_actions >= 1, cql_alpha >= 0 and cql_temp > 0 are required")
+            raise ValueError(f"need cql_n_actions >= 1, cql_alpha >= 0 and cql_temp > 0, got "
+                             f"{self.cql_n_actions}, {self.cql_alpha}, {self.cql_temp}")
+        if not self.clip_diff_min < self.clip_diff_max:
+            raise ValueError(f"clip_diff_min must be below clip_diff_max, got {self.clip_diff_min}, "
+                             f"{self.clip_diff_max}")
 
 
 class CalQL(SAC):
+    """Cal-QL agent (see the module docstring). ``set_online(True)`` marks the offline -> online switch."""
+
     def __init__(self, obs_dim, action_dim, action_low, action_high, config: CalQLConfig | None = None,
                  seed: int = 0, device: str = "cpu"):
-        super().__init__(obs_dim, action_dim, action_low, action_high, config or CalQLConfig(), seed, device)
-        self.log_alpha_prime = torch.zeros((), device=self.device, requires_grad=True)
-        self.alpha_prime_opt = nets.adam([self.log_alpha_prime], self.cfg.critic_lr)
-        self.online = False  # set by the trainer at the offline -> online switch
+        config = config if config is not None else CalQLConfig()
+        if not isinstance(config, CalQLConfig):
+            raise ValueError(f"CalQL needs a CalQLConfig, got {type(config).__name__}")
+        super().__init__(obs_dim, action_dim, action_low, action_high, config, seed, device)
+        self.log_alpha_prime = torch.tensor(float(config.init_log_alpha_prime), device=self.device,
+                                            requires_grad=True)
+        self.alpha_prime_opt = nets.adam([self.log_alpha_prime], config.critic_lr)  # official: qf_lr
+        self.online = False
 
     def set_online(self, online: bool = True) -> None:
-        self.online = online
+        """Called by the trainer at the offline -> online switch (matters with ``calibrate_online=False``)."""
+        self.online = bool(online)
 
     @property
     def calibrating(self) -> bool:
         return self.cfg.calibrate and (self.cfg.calibrate_online or not self.online)
 
+    @property
+    def alpha_prime(self) -> torch.Tensor:
+        return self.log_alpha_prime.detach().exp().clamp(0.0, 1e6)
+
+    # -- losses ----------------------------------------------------------------------------------------
+    @torch.no_grad()
     def critic_target(self, reward, next_obs, terminated) -> torch.Tensor:
+        """SAC's target, or with ``max_target_backup`` the max over n next actions a'_k ~ pi(s') of the
+        subset-min target value (CQL reference code's max backup)."""
         if not self.cfg.max_target_backup:
             return super().critic_target(reward, next_obs, terminated)
-        with torch.no_grad():  # max over n next actions of the subset-min target (CQL's max backup)
-            n, B = self.cfg.cql_n_actions, next_obs.shape[0]
-            rep = next_obs.repeat_interleave(n, dim=0)
-            a, logp = self.actor.sample(rep, self.gen)
-            tq = self.target_critic(rep, a)
-            if self.cfg.num_min_qs < self.cfg.num_qs:
-                tq = tq[torch.randperm(self.cfg.num_qs, generator=self.gen, device=self.device)[: self.cfg.num_min_qs]]
-            tq = tq.min(dim=0).values.view(B, n)
-            idx = tq.argmax(dim=1, keepdim=True)
-            tq = tq.gather(1, idx).squeeze(1)
-            if self.cfg.backup_entropy:
-                tq = tq - self.alpha * logp.view(B, n).gather(1, idx).squeeze(1)
-            return reward + self.cfg.gamma * (1.0 - terminated) * tq
+        n, batch_size = self.cfg.cql_n_actions, next_obs.shape[0]
+        next_rep = next_obs.repeat_interleave(n, dim=0)  # [B n, O]
+        next_a, next_logp = self.actor.sample(next_rep, self.gen)
+        v_next = self.subset_min(self.target_critic(next_rep, next_a)).view(batch_size, n)
+        best = v_next.argmax(dim=1, keepdim=True)
+        v_next = v_next.gather(1, best).squeeze(1)
+        if self.cfg.backup_entropy:
+            v_next = v_next - self.alpha * next_logp.view(batch_size, n).gather(1, best).squeeze(1)
+        return reward + self.cfg.gamma * (1.0 - terminated) * v_next
 
-    def conservative_penalty(self, b: Batch, q_data: torch.Tensor) -> torch.Tensor:
-        """Per-member, per-sample clip(CQL_ood - Q(s, a)) of Eq. 4 with the calibrated policy values: [E, B]."""
+    @staticmethod
+    def calibrated(q_pi: torch.Tensor, mc_return: torch.Tensor) -> torch.Tensor:
+        """Q~ = max(Q(s, a_pi), V_mu(s)), the Cal-QL lower bound; NaN returns-to-go (unknown) leave Q as is.
+        q_pi [E, B, n], mc_return [B]."""
+        bound = torch.nan_to_num(mc_return, nan=-torch.inf).view(1, -1, 1)
+        return torch.maximum(q_pi, bound)
+
+    def conservative_gap(self, b: Batch, q_data: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+        """clip(CQL_ood - Q(s, a)) per member and sample, with the calibrated policy values: [E, B]."""
         cfg = self.cfg
-        n, B, A = cfg.cql_n_actions, b.obs.shape[0], self.action_dim
-        obs_rep = b.obs.repeat_interleave(n, dim=0)
-        next_rep = b.next_obs.repeat_interleave(n, dim=0)
-        u = torch.rand((B * n, A), generator=self.gen, device=self.device) * 2 - 1
-        rand_a = u * self.actor.scale + self.actor.center
-        with torch.no_grad():
+        n, batch_size, num_actions = cfg.cql_n_actions, b.obs.shape[0], self.action_dim
+        obs_rep = b.obs.repeat_interleave(n, dim=0)  # [B n, O], row i*n + k belongs to sample i
+        with torch.no_grad():  # sampled actions and their log-densities carry no gradient (CQL reference)
+            u = torch.rand((batch_size * n, num_actions), generator=self.gen, device=self.device)
+            rand_a = (2.0 * u - 1.0) * self.actor.scale + self.actor.center
             pi_a, pi_logp = self.actor.sample(obs_rep, self.gen)
-            next_a, next_logp = self.actor.sample(next_rep, self.gen)
-        E = cfg.num_qs
-        q_rand = self.critic(obs_rep, rand_a).view(E, B, n)
-        q_pi = self.critic(obs_rep, pi_a).view(E, B, n)
-        q_next = self.critic(obs_rep, next_a).view(E, B, n)  # next-state actions evaluated at s (CQL ref.)
-        if self.calibrating:  # Q~ = max(Q, V_mu(s)), the calibration (Eq. 4)
-            v_mu = b.mc_return.view(1, B, 1)
-            q_pi = torch.maximum(q_pi, v_mu)
-            q_next = torch.maximum(q_next, v_mu)
-        log_uniform = A * math.log(0.5) - torch.log(self.actor.scale).sum()  # density of U(box)
-        cat = torch.cat([q_rand - log_uniform, q_next - next_logp.view(1, B, n), q_pi - pi_logp.view(1, B, n)], -1)
+            next_a, next_logp = self.actor.sample(b.next_obs.repeat_interleave(n, dim=0), self.gen)
+        # one ensemble forward for the 3n actions of every sample, all evaluated at s
+        q = self.critic(obs_rep.repeat(3, 1), torch.cat([rand_a, pi_a, next_a]))
+        q_rand, q_pi, q_next = q.view(-1, 3, batch_size, n).unbind(1)  # each [E, B, n]
+        bound_rate = (q_pi < b.mc_return.view(1, -1, 1)).float().mean().item()  # NaN compares False
+        if self.calibrating:  # Cal-QL: lower-bound the policy actions' values by V_mu(s)
+            q_pi, q_next = self.calibrated(q_pi, b.mc_return), self.calibrated(q_next, b.mc_return)
+        if cfg.cql_importance_sample:
+            log_uniform = -torch.log(2.0 * self.actor.scale).sum()  # log density of U(box) = log 0.5^|A| on [-1, 1]
+            cat = torch.cat([q_rand - log_uniform, q_next - next_logp.view(1, batch_size, n),
+                             q_pi - pi_logp.view(1, batch_size, n)], dim=-1)
+        else:
+            cat = torch.cat([q_rand, q_data.unsqueeze(-1), q_next, q_pi], dim=-1)
         ood = torch.logsumexp(cat / cfg.cql_temp, dim=-1) * cfg.cql_temp  # [E, B]
-        return (ood - q_data).clamp(cfg.clip_diff_min, cfg.clip_diff_max)
+        gap = (ood - q_data).clamp(cfg.clip_diff_min, cfg.clip_diff_max)
+        return gap, {"train/cql_ood_mean": ood.mean().item(), "train/cql_bound_rate": bound_rate}
 
-    def critic_loss(self, b: Batch):
+    # -- the update ------------------------------------------------------------------------------------
+    def update(self, batch: Batch, update_actor: bool | None = None) -> UpdateResult:
+        if "mc_return" not in batch.extras:
+            raise ValueError("Cal-QL needs an 'mc_return' column (returns-to-go): build the buffer with "
+                             "extra_columns={'mc_return': ()} and load the data with its returns-to-go")
+        b = self._to_torch(batch)
+        w = b.info.is_weight
+        cfg = self.cfg
+
+        # 1. critic step: TD loss + calibrated conservative penalty (Cal-QL Alg. 1 l.3)
         y = self.critic_target(b.reward, b.next_obs, b.terminated)
         q = self.critic(b.obs, b.action)  # [E, B]
-        gap = self.conservative_penalty(b, q)
-        if self.cfg.lagrange:  # alpha' cql_alpha (gap - target_gap), alpha' = exp(log alpha') in [0, 1e6]
-            alpha_prime = self.log_alpha_prime.detach().exp().clamp(0.0, 1e6)
-            penalty = alpha_prime * self.cfg.cql_alpha * (gap - self.cfg.target_action_gap)
+        gap, metrics = self.conservative_gap(b, q)
+        if cfg.lagrange:  # alpha' alpha_cql (gap - target gap) (CQL Eq. 5)
+            penalty = self.alpha_prime * cfg.cql_alpha * (gap - cfg.target_action_gap)
         else:
-            penalty = self.cfg.cql_alpha * gap
-        per_sample = ((q - y) ** 2 + penalty).mean(dim=0)
-        self._last_gap = (gap.detach().mean(dim=0) * b.info.is_weight).mean()
-        return (b.info.is_weight * per_sample).mean(), q, y
+            penalty = cfg.cql_alpha * gap
+        td = self.td_loss(q, y)
+        critic_loss = nets.weighted_mean(td + penalty.mean(dim=0), w)
+        _step(self.critic_opt, critic_loss)
+        self.num_critic_steps += 1
+        weighted_gap = nets.weighted_mean(gap.detach().mean(dim=0), w)
+        # 2. Lagrange dual step: alpha' ascends on alpha_cql (gap - target gap)
+        if cfg.lagrange:
+            prime = self.log_alpha_prime.exp().clamp(0.0, 1e6)
+            _step(self.alpha_prime_opt, -prime * cfg.cql_alpha * (weighted_gap - cfg.target_action_gap))
+            metrics["train/alpha_prime"] = self.alpha_prime.item()
+        # 3. target critics (Polyak)
+        nets.polyak(self.target_critic, self.critic, cfg.tau)
+        metrics |= {"train/critic_loss": critic_loss.item(), "train/td_loss": nets.weighted_mean(td, w).item(),
+                    "train/cql_gap": weighted_gap.item(), "train/q_mean": q.mean().item(),
+                    "train/target_mean": y.mean().item(), "train/calibrating": float(self.calibrating)}
+        # 4-5. policy and temperature: SAC's (Cal-QL Alg. 1 l.4)
+        actor_metrics, log_likelihood = self._actor_steps(b, update_actor)
+        return self._result(metrics | actor_metrics, q, y, log_likelihood)
 
-    def update(self, batch: Batch, update_actor: bool | None = None):
-        if "mc_return" not in batch.extras:
-            raise ValueError("Cal-QL needs an 'mc_return' column: build the buffer with "
-                             "extra_columns={'mc_return': ()} and load data with returns-to-go")
-        result = super().update(batch, update_actor)
-        if self.cfg.lagrange:  # alpha' ascends on its term (dual step on the target action gap)
-            prime_loss = -(self.log_alpha_prime.exp().clamp(0.0, 1e6) * self.cfg.cql_alpha
-                           * (self._last_gap - self.cfg.target_action_gap))
-            self.alpha_prime_opt.zero_grad(set_to_none=True)
-            prime_loss.backward()
-            self.alpha_prime_opt.step()
-        metrics = dict(result.metrics) | {"train/cql_gap": self._last_gap.item(),
-                                          "train/calibrating": float(self.calibrating)}
-        if self.cfg.lagrange:
-            metrics["train/alpha_prime"] = self.log_alpha_prime.exp().item()
-        return type(result)(metrics, result.signals)
-
+    # -- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return super().state_dict() | {
             "log_alpha_prime": self.log_alpha_prime.detach().cpu().numpy().copy(),
@@ -147,3 +201,4 @@ class CalQL(SAC):
             self.log_alpha_prime.copy_(torch.as_tensor(np.asarray(state["log_alpha_prime"])))
         nets.load_optimizer_state(self.alpha_prime_opt, state["alpha_prime_opt"])
         self.online = bool(state["online"])
+

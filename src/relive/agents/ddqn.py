@@ -1,9 +1,21 @@
-"""Double DQN (van Hasselt et al., AAAI 2016, arXiv 1509.06461) in the setting ReaPER uses (seed 003).
+"""Double DQN (van Hasselt, Guez, Silver, AAAI 2016, arXiv 1509.06461) in the setting the ReaPER paper uses
+(seed 003, App. D: RL Zoo hyperparameters on CartPole / Acrobot / LunarLander).
 
-Target (Eq. 4 of the paper): y = r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a)):
-the online net selects the next action, the target net evaluates it. Huber loss per sample, weighted by
-``batch.info.is_weight``; hard target update every ``target_update_period`` gradient steps; epsilon-greedy
-exploration with a linear schedule over acting calls.
+``update(batch)``:
+  1. target (Double DQN Eq. 4): y = r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a)):
+     the online net *selects* the next action, the target net *evaluates* it (DQN would take
+     max_a Q_target(s', a));
+  2. per-sample Huber loss of Q_online(s, a) - y, multiplied by ``batch.info.is_weight`` (PER Alg. 1 l.12),
+     one Adam step with the gradient norm clipped (RL Zoo: 10);
+  3. hard target copy every ``target_update_period`` gradient steps.
+Exploration is epsilon-greedy with epsilon decaying linearly from ``eps_start`` to ``eps_end`` over
+``eps_decay_steps`` exploring ``act`` calls (one call per vectorized env step). Signal: ``td_error`` [B].
+
+Example::
+
+    agent = DDQN(obs_dim=4, num_actions=2, config=DDQNConfig(lr=2.3e-3, target_update_period=10), seed=0)
+    a = agent.act(obs[None], explore=True)          # int64 [1]
+    result = agent.update(buffer.sample(64))        # metrics, {"td_error": [64]}
 """
 
 from __future__ import annotations
@@ -15,41 +27,55 @@ import torch
 import torch.nn.functional as F
 
 from relive.agents import networks as nets
-from relive.agents.sac import _seeded_init
 from relive.types import Batch, UpdateResult
 
 
 @dataclass(frozen=True)
 class DDQNConfig:
-    hidden: tuple[int, ...] = (256, 256)
-    lr: float = 1e-3
-    gamma: float = 0.99
-    target_update_period: int = 500  # gradient steps between hard target copies
-    huber_delta: float = 1.0
-    eps_start: float = 1.0
-    eps_end: float = 0.05
-    eps_decay_steps: int = 10_000  # acting steps of the linear epsilon schedule
-    max_grad_norm: float | None = 10.0
-    utd_ratio: int = 1
+    """Double DQN hyperparameters (defaults: RL Zoo's LunarLander-like setting, hidden 256x256)."""
+
+    hidden: tuple[int, ...] = (256, 256)  # hidden layer widths of the Q-network
+    lr: float = 1e-3  # Adam learning rate (RL Zoo: CartPole 2.3e-3, Acrobot / LunarLander 6.3e-4)
+    gamma: float = 0.99  # discount
+    target_update_period: int = 500  # gradient steps between hard target copies (Zoo: CartPole 10, others 250)
+    huber_delta: float = 1.0  # Huber loss threshold (SB3 DQN: smooth L1 with delta 1)
+    eps_start: float = 1.0  # initial exploration rate
+    eps_end: float = 0.05  # final exploration rate (Zoo: CartPole 0.04, Acrobot / LunarLander 0.1)
+    eps_decay_steps: int = 10_000  # exploring act() calls of the linear epsilon schedule (Zoo: fraction x budget)
+    max_grad_norm: float | None = 10.0  # gradient-norm clip (Zoo: 10); None: no clipping
+    utd_ratio: int = 1  # gradient steps per env step; read by the trainer (must equal schedule.utd_ratio)
+    init: str = "torch"  # parameter init: "torch" (nn.Linear default, as SB3) or "xavier"
 
     def __post_init__(self):
         if self.target_update_period < 1 or self.eps_decay_steps < 0 or not 0 <= self.eps_end <= self.eps_start <= 1:
-            raise ValueError("need target_update_period >= 1, eps_decay_steps >= 0, 0 <= eps_end <= eps_start <= 1")
+            raise ValueError("need target_update_period >= 1, eps_decay_steps >= 0, 0 <= eps_end <= eps_start <= 1, "
+                             f"got {self.target_update_period}, {self.eps_decay_steps}, {self.eps_end}, "
+                             f"{self.eps_start}")
+        if self.utd_ratio < 1 or self.huber_delta <= 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
+            raise ValueError("need utd_ratio >= 1, huber_delta > 0 and max_grad_norm > 0 (or None)")
+        if self.init not in nets.INIT_SCHEMES:
+            raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 class DDQN:
+    """Double DQN agent for discrete actions (see the module docstring)."""
+
     def __init__(self, obs_dim: int, num_actions: int, config: DDQNConfig | None = None, seed: int = 0,
                  device: str = "cpu"):
-        self.cfg = cfg = config or DDQNConfig()
-        self.num_actions = int(num_actions)
+        self.cfg = cfg = config if config is not None else DDQNConfig()
+        if int(num_actions) < 2:
+            raise ValueError(f"num_actions must be >= 2, got {num_actions}")
+        self.obs_dim, self.num_actions = int(obs_dim), int(num_actions)
         self.device = torch.device(device)
-        self.rng = np.random.default_rng(seed)
-        with _seeded_init(torch.Generator().manual_seed(int(seed) + 1)):
-            self.q = nets.mlp(obs_dim, cfg.hidden, num_actions).to(self.device)
-        self.target_q = nets.mlp(obs_dim, cfg.hidden, num_actions).to(self.device).requires_grad_(False)
+        self.rng = np.random.default_rng(seed)  # epsilon-greedy draws
+        with nets.private_rng():
+            q = nets.mlp(obs_dim, cfg.hidden, num_actions)
+            target_q = nets.mlp(obs_dim, cfg.hidden, num_actions)
+        self.q = nets.init_(q, torch.Generator().manual_seed(int(seed)), cfg.init).to(self.device)
+        self.target_q = target_q.to(self.device).requires_grad_(False)
         self.target_q.load_state_dict(self.q.state_dict())
         self.opt = nets.adam(self.q.parameters(), cfg.lr)
         self.num_updates = 0
@@ -63,35 +89,46 @@ class DDQN:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        o = torch.as_tensor(np.asarray(obs, np.float32), device=self.device)
-        squeeze = o.dim() == 1
-        o = o.unsqueeze(0) if squeeze else o
-        greedy = self.q(o).argmax(dim=-1).cpu().numpy().astype(np.int64)
+        """int64 actions [N]: greedy in Q_online, or epsilon-greedy (and one schedule step) if ``explore``."""
+        o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        action = self.q(o).argmax(dim=-1).cpu().numpy().astype(np.int64)
         if explore:
             eps = self.epsilon
             self.num_act_steps += 1
-            random = self.rng.random(greedy.shape[0]) < eps
-            greedy[random] = self.rng.integers(0, self.num_actions, int(random.sum()))
-        return greedy[0] if squeeze else greedy
+            random = self.rng.random(action.shape[0]) < eps
+            action[random] = self.rng.integers(0, self.num_actions, int(random.sum()))
+        return action[0] if single else action
 
-    def target(self, reward, next_obs, terminated) -> torch.Tensor:
-        with torch.no_grad():
-            next_a = self.q(next_obs).argmax(dim=-1, keepdim=True)  # online net selects
-            next_q = self.target_q(next_obs).gather(1, next_a).squeeze(1)  # target net evaluates
-            return reward + self.cfg.gamma * (1.0 - terminated) * next_q
+    @torch.no_grad()
+    def target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+        """y = r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a)) (Double DQN Eq. 4): [B]."""
+        next_a = self.q(next_obs).argmax(dim=-1, keepdim=True)  # the online net selects ...
+        next_q = self.target_q(next_obs).gather(1, next_a).squeeze(1)  # ... the target net evaluates
+        return reward + self.cfg.gamma * (1.0 - terminated) * next_q
+
+    def loss(self, b: Batch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-sample Huber loss of Q(s, a) - y: ([B], Q(s, a) [B])."""
+        q = self.q(b.obs).gather(1, b.action.long().view(-1, 1)).squeeze(1)
+        return F.huber_loss(q, y, reduction="none", delta=self.cfg.huber_delta), q
 
     def update(self, batch: Batch) -> UpdateResult:
-        b = batch.to_torch(self.device)
+        if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
+            raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
+        if batch.action.ndim != 1:
+            raise ValueError(f"batch.action must hold integer actions of shape [B], got {tuple(batch.action.shape)}")
+        b = batch.to_torch(self.device, dtype=torch.float32)
+        # 1. Double DQN target (Eq. 4)
         y = self.target(b.reward, b.next_obs, b.terminated)
-        q = self.q(b.obs).gather(1, b.action.long().view(-1, 1)).squeeze(1)
-        per_sample = F.huber_loss(q, y, reduction="none", delta=self.cfg.huber_delta)
-        loss = (b.info.is_weight * per_sample).mean()
+        # 2. importance-weighted Huber loss, one Adam step
+        per_sample, q = self.loss(b, y)
+        loss = nets.weighted_mean(per_sample, b.info.is_weight)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)
         self.opt.step()
         self.num_updates += 1
+        # 3. hard target update
         if self.num_updates % self.cfg.target_update_period == 0:
             self.target_q.load_state_dict(self.q.state_dict())
         td = (q.detach() - y).cpu().numpy()

@@ -1,19 +1,27 @@
-"""Networks shared by the agents: MLPs, a batched critic ensemble, a tanh-Gaussian actor, and the
-conversions that make agent state checkpointable without pickle."""
+"""Networks shared by the agents: MLPs, a batched critic ensemble, a tanh-Gaussian actor, explicit seeded
+initialization, and the conversions that make agent state checkpointable without pickle.
+
+Every parameter is drawn from the agent's own ``torch.Generator`` (:func:`init_`); building a network never
+reads or advances the global torch RNG.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # RLPD / SAC reference clipping of the state-dependent log-std
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC / RLPD clipping of the state-dependent log-std
+INIT_SCHEMES = ("torch", "xavier")
 
 
 def mlp(in_dim: int, hidden: tuple[int, ...], out_dim: int) -> nn.Sequential:
+    """Linear -> ReLU for every hidden layer, then a linear head."""
     layers: list[nn.Module] = []
     d = in_dim
     for h in hidden:
@@ -28,18 +36,16 @@ class EnsembleLinear(nn.Module):
 
     def __init__(self, num_members: int, in_dim: int, out_dim: int):
         super().__init__()
+        self.in_dim, self.out_dim = in_dim, out_dim
         self.weight = nn.Parameter(torch.empty(num_members, in_dim, out_dim))
-        self.bias = nn.Parameter(torch.zeros(num_members, 1, out_dim))
-        bound = 1.0 / math.sqrt(in_dim)  # nn.Linear's default init, per member
-        nn.init.uniform_(self.weight, -bound, bound)
-        nn.init.uniform_(self.bias, -bound, bound)
+        self.bias = nn.Parameter(torch.empty(num_members, 1, out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(self.bias, x, self.weight)
 
 
 class EnsembleLayerNorm(nn.Module):
-    """LayerNorm over features with a separate affine transform per ensemble member."""
+    """LayerNorm over features with a separate affine transform per ensemble member: [E, B, D]."""
 
     def __init__(self, num_members: int, dim: int):
         super().__init__()
@@ -48,13 +54,15 @@ class EnsembleLayerNorm(nn.Module):
         self.dim = dim
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (self.dim,)) * self.weight + self.bias
+        return torch.addcmul(self.bias, F.layer_norm(x, (self.dim,)), self.weight)
 
 
 class EnsembleCritic(nn.Module):
-    """E Q-functions Q_e(s, a) evaluated together (no Python loop over members): returns [E, B].
+    """E Q-functions Q_e(s, a) evaluated together, with no Python loop over members: returns [E, B].
 
-    With ``layer_norm`` every hidden layer is Linear -> LayerNorm -> ReLU (RLPD, Ball et al. 2023 Sec. 4.2).
+    Each layer is one ``baddbmm`` over all members. With ``layer_norm`` every hidden layer is
+    Linear -> LayerNorm -> ReLU, the last hidden layer included, then a plain linear head (RLPD, Ball et al.
+    2023, Sec. 4.2 / reference code ``MLP(activate_final=True, use_layer_norm=True)``).
     """
 
     def __init__(self, num_members: int, obs_dim: int, action_dim: int, hidden: tuple[int, ...],
@@ -73,53 +81,112 @@ class EnsembleCritic(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        """obs [B, O] and action [B, A] (same inputs for every member) or [E, B, *] (one per member)."""
         x = torch.cat([obs, action], dim=-1)
-        if x.dim() == 2:  # same inputs for every member
+        if x.dim() == 2:
             x = x.unsqueeze(0).expand(self.num_members, -1, -1)
         return self.net(x).squeeze(-1)
 
 
 class TanhGaussianActor(nn.Module):
-    """pi(a|s): a = tanh(u) scaled to the action box, u ~ N(mu(s), sigma(s)^2) (SAC, Haarnoja et al. 2018)."""
+    """pi(a|s): a = center + scale * tanh(u), u ~ N(mu(s), sigma(s)^2) with a state-dependent, clipped
+    log-std (SAC, Haarnoja et al. 2018, arXiv 1812.05905, App. C)."""
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__()
+        low = np.asarray(action_low, np.float32).reshape(-1)
+        high = np.asarray(action_high, np.float32).reshape(-1)
+        if low.shape != (action_dim,) or high.shape != (action_dim,):
+            raise ValueError(f"action_low / action_high must have shape ({action_dim},), got {low.shape} / "
+                             f"{high.shape}")
+        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+            raise ValueError(f"the action box must be finite with low < high, got low={low}, high={high}")
         self.trunk = mlp(obs_dim, hidden, 2 * action_dim)
-        low = torch.as_tensor(np.asarray(action_low, np.float32))
-        high = torch.as_tensor(np.asarray(action_high, np.float32))
-        self.register_buffer("scale", (high - low) / 2)
-        self.register_buffer("center", (high + low) / 2)
+        self.register_buffer("scale", torch.as_tensor((high - low) / 2))
+        self.register_buffer("center", torch.as_tensor((high + low) / 2))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and clipped log-std of the pre-squash Gaussian: ([B, A], [B, A])."""
         mean, log_std = self.trunk(obs).chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
 
+    def squash(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(u) * self.scale + self.center
+
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None,
                deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterized action in the env's box and its log-density log pi(a|s) (summed over dims)."""
-        mean, log_std = self(obs)
+        """Reparameterized action in the env's box and its log-density log pi(a|s), summed over dims."""
+        return self.sample_from(*self(obs), generator, deterministic)
+
+    def sample_from(self, mean: torch.Tensor, log_std: torch.Tensor, generator: torch.Generator | None = None,
+                    deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`sample`, from an already computed forward pass (SAC Eq. 8: a = f(eps; s))."""
         if deterministic:
             u = mean
         else:
             eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             u = mean + log_std.exp() * eps
-        log_prob = tanh_gaussian_log_prob(mean, log_std, u).sum(-1) - torch.log(self.scale).sum()
-        return torch.tanh(u) * self.scale + self.center, log_prob
+        log_prob = tanh_gaussian_log_prob(mean, log_std, u).sum(-1) - self.log_scale_sum()
+        return self.squash(u), log_prob
 
     def log_prob(self, obs: torch.Tensor, action: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         """log pi(a|s) of given (stored) actions, per dimension: [B, A] (tanh-squash corrected)."""
-        mean, log_std = self(obs)
+        return self.log_prob_from(*self(obs), action, eps)
+
+    def log_prob_from(self, mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor,
+                      eps: float = 1e-6) -> torch.Tensor:
         y = ((action - self.center) / self.scale).clamp(-1 + eps, 1 - eps)
         return tanh_gaussian_log_prob(mean, log_std, torch.atanh(y)) - torch.log(self.scale)
 
+    def log_scale_sum(self) -> torch.Tensor:
+        return torch.log(self.scale).sum()
+
 
 def tanh_gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Per-dimension log-density of a = tanh(u), u ~ N(mean, std^2): Gaussian log-density minus
-    log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)) (stable form; SAC App. C)."""
-    gauss = -0.5 * ((u - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
+    """Per-dimension log-density of a = tanh(u), u ~ N(mean, std^2): the Gaussian log-density minus
+    log|d tanh(u)/du| = log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)) (SAC App. C, Eq. 21, stable form)."""
+    gauss = -0.5 * ((u - mean) * torch.exp(-log_std)) ** 2 - log_std - 0.5 * math.log(2 * math.pi)
     return gauss - 2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))
 
 
+# -- seeded initialization --------------------------------------------------------------------------
+@contextmanager
+def private_rng() -> Iterator[None]:
+    """Build modules without touching the global torch RNG: whatever their constructors draw is discarded
+    (parameters are then set by :func:`init_` from the agent's own generator)."""
+    with torch.random.fork_rng(devices=[]):
+        yield
+
+
+def init_(module: nn.Module, generator: torch.Generator, scheme: str = "torch") -> nn.Module:
+    """(Re-)initialize every linear layer of ``module`` from ``generator``.
+
+    ``"torch"``: PyTorch's ``nn.Linear`` default, weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (what
+    CleanRL and Stable-Baselines3 use). ``"xavier"``: Xavier-uniform weights, zero biases (RLPD's reference
+    code). Ensemble layers are initialized member by member with the same rule.
+    """
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(f"init scheme must be one of {INIT_SCHEMES}, got {scheme!r}")
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.Linear):
+                fan_in, fan_out, weight, bias = m.in_features, m.out_features, m.weight, m.bias
+            elif isinstance(m, EnsembleLinear):
+                fan_in, fan_out, weight, bias = m.in_dim, m.out_dim, m.weight, m.bias
+            else:
+                continue
+            if scheme == "torch":
+                bound = 1.0 / math.sqrt(fan_in)
+                weight.uniform_(-bound, bound, generator=generator)
+                bias.uniform_(-bound, bound, generator=generator)
+            else:
+                bound = math.sqrt(6.0 / (fan_in + fan_out))
+                weight.uniform_(-bound, bound, generator=generator)
+                bias.zero_()
+    return module
+
+
+# -- optimization helpers ---------------------------------------------------------------------------
 def polyak(target: nn.Module, source: nn.Module, tau: float) -> None:
     """target <- target + tau (source - target), all parameters in one foreach call."""
     with torch.no_grad():
@@ -134,6 +201,12 @@ def adam(params, lr: float) -> torch.optim.Adam:
         return torch.optim.Adam(params, lr=lr, fused=True)
     except (RuntimeError, TypeError, ValueError):
         return torch.optim.Adam(params, lr=lr)
+
+
+def weighted_mean(per_sample: torch.Tensor, is_weight: torch.Tensor) -> torch.Tensor:
+    """mean_i w_i l_i: every per-sample loss is multiplied by its importance-sampling weight (PER Alg. 1
+    l.12); rows with weight 0 contribute nothing, not even through the normalization."""
+    return (is_weight * per_sample).mean()
 
 
 # -- pickle-free state ------------------------------------------------------------------------------
@@ -158,7 +231,7 @@ def optimizer_state(opt: torch.optim.Optimizer) -> dict:
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
-    groups = [state["param_groups"][str(i)] for i in range(len(state["param_groups"]))]
+    groups = [dict(state["param_groups"][str(i)]) for i in range(len(state["param_groups"]))]
     for g in groups:
         if "betas" in g:
             g["betas"] = tuple(g["betas"])
@@ -171,8 +244,20 @@ def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
 
 
 def generator_state(gen: torch.Generator) -> np.ndarray:
-    return gen.get_state().numpy().copy()
+    return gen.get_state().cpu().numpy().copy()
 
 
 def load_generator_state(gen: torch.Generator, state) -> None:
     gen.set_state(torch.as_tensor(np.asarray(state, dtype=np.uint8)))
+
+
+def as_obs_tensor(obs, obs_dim: int, device: torch.device) -> tuple[torch.Tensor, bool]:
+    """[N, obs_dim] float32 tensor from array-like observations; a single [obs_dim] observation is accepted
+    and flagged so that ``act`` can return a single action."""
+    o = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=device)
+    single = o.dim() == 1
+    if single:
+        o = o.unsqueeze(0)
+    if o.dim() != 2 or o.shape[1] != obs_dim:
+        raise ValueError(f"obs must have shape [N, {obs_dim}] (or [{obs_dim}]), got {tuple(np.shape(obs))}")
+    return o, single

@@ -1,13 +1,33 @@
-"""Soft Actor-Critic with a critic ensemble, and the RLPD options as flags.
+"""Soft Actor-Critic with a batched critic ensemble; RLPD is a configuration of it.
 
-SAC: Haarnoja et al. 2018 (arXiv 1812.05905). RLPD: Ball et al. 2023 (arXiv 2302.02948): LayerNorm critics,
-E = 10 members with targets from a random subset of 2 (REDQ, Chen et al. 2021), UTD 20, target entropy
--|A|/2, 50/50 symmetric replay (a replay setting: ``MixtureSampler``). ``SACConfig.rlpd()`` sets them.
+SAC: Haarnoja et al., "Soft Actor-Critic Algorithms and Applications", arXiv 1812.05905 (equation numbers
+below refer to it). RLPD: Ball et al., ICML 2023, arXiv 2302.02948: LayerNorm critics, an ensemble of E = 10
+with targets from a random subset of 2 members (REDQ, Chen et al. 2021, arXiv 2101.05982), the actor on the
+ensemble mean, UTD 20 with one actor step per env step, target entropy -|A|/2, 50/50 symmetric replay.
+``SACConfig.rlpd()`` sets the agent's part; the replay part (``MixtureSampler``, 50/50) and the UTD loop
+belong to the trainer (it reads ``utd_ratio``).
 
-``update(batch)`` in the paper's order: critic target (Eq. 3 / RLPD Alg. 1 l.7-9), critic regression,
-Polyak target update, then actor (Eq. 7) and temperature (Eq. 18). Per-sample losses are multiplied by
-``batch.info.is_weight``. Returned signals: ``td_error`` (mean over members of Q - y) and
-``log_likelihood`` (log pi of the stored action, mean over dims), both of shape [B].
+``update(batch)``, in the paper's order (SAC Alg. 1; RLPD Alg. 1 / ``sac_learner.update``):
+  1. soft Q step: y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - alpha log pi(a'|s')),
+     a' ~ pi(s'), Z a random subset of ``num_min_qs`` target members (Eq. 3, 5; REDQ Eq. 1), every member
+     regressed on the same y, per-sample loss times ``batch.info.is_weight``;
+  2. Polyak update of the target critics;
+  3. policy step, every ``actor_every`` critic steps: E[alpha log pi(a|s) - Q(s, a)], a = f(eps; s), Q the
+     min (SAC) or the mean (RLPD) over members (Eq. 8-9);
+  4. temperature step: J(alpha) = E[-alpha (log pi(a|s) + target_entropy)] (Eq. 18).
+``truncated`` never enters the target: time-limit ends bootstrap from the stored (true) next observation.
+
+Returned signals, each of shape [B]: ``td_error`` = mean over members of Q_e(s, a) - y, and
+``log_likelihood`` = log pi(a|s) of the stored action under the current policy, averaged over action
+dimensions (tanh-corrected; for on-policyness-aware samplers).
+
+Example::
+
+    agent = SAC(obs_dim=11, action_dim=3, action_low=-np.ones(3), action_high=np.ones(3),
+                config=SACConfig.rlpd(), seed=0)
+    action = agent.act(obs[None], explore=True)            # [1, 3] float32 inside the box
+    result = agent.update(buffer.sample(256))              # UpdateResult(metrics, signals)
+    buffer.update(batch.info, **result.signals)
 """
 
 from __future__ import annotations
@@ -22,40 +42,61 @@ from relive.agents import networks as nets
 from relive.agents.scoring import log_prob_score, standardized_score
 from relive.types import Batch, UpdateResult
 
+ACTOR_Q_REDUCTIONS = ("min", "mean")
+SCORE_MODES = ("log_prob", "standardized")
+
 
 @dataclass(frozen=True)
 class SACConfig:
-    hidden: tuple[int, ...] = (256, 256)  # actor and critic hidden layers
-    num_qs: int = 2  # critic ensemble size E
-    num_min_qs: int = 2  # target = min over a random subset of this many members (REDQ "M")
+    """SAC hyperparameters. Defaults are SAC's (twin critics, min in target and actor, target entropy -|A|);
+    ``SACConfig.rlpd()`` gives RLPD's."""
+
+    hidden: tuple[int, ...] = (256, 256)  # hidden layer widths of the actor and of every critic
+    num_qs: int = 2  # critic ensemble size E (all members evaluated in one batched module)
+    num_min_qs: int = 2  # target = min over a random subset of this many target members (REDQ's M)
     critic_layer_norm: bool = False  # LayerNorm after every hidden critic layer (RLPD)
-    gamma: float = 0.99
-    tau: float = 0.005  # Polyak rate of the target critics
-    actor_lr: float = 3e-4
-    critic_lr: float = 3e-4
-    temp_lr: float = 3e-4
-    init_temperature: float = 1.0
-    learn_temperature: bool = True
-    target_entropy: float | None = None  # explicit value; default -target_entropy_scale * |A|
+    actor_q_reduce: str = "min"  # how the actor reduces the members' Q(s, pi(s)): "min" (SAC) or "mean" (RLPD)
+    init: str = "torch"  # parameter init: "torch" (nn.Linear default, as CleanRL/SB3) or "xavier" (RLPD)
+    gamma: float = 0.99  # discount
+    tau: float = 0.005  # Polyak rate of the target critics (per critic step)
+    actor_lr: float = 3e-4  # Adam learning rate of the actor
+    critic_lr: float = 3e-4  # Adam learning rate of the critic ensemble
+    temp_lr: float = 3e-4  # Adam learning rate of log(alpha)
+    init_temperature: float = 1.0  # initial alpha
+    learn_temperature: bool = True  # False: alpha stays at init_temperature
+    target_entropy: float | None = None  # explicit target entropy; None: -target_entropy_scale * |A|
     target_entropy_scale: float = 1.0  # SAC: 1 (-|A|); RLPD: 0.5 (-|A|/2)
-    backup_entropy: bool = True  # subtract alpha log pi(a'|s') in the critic target
-    utd_ratio: int = 1  # gradient steps per env step (read by the trainer)
-    actor_every: int = 1  # actor + temperature step every this many critic steps (RLPD: once per env step)
-    compute_log_likelihood: bool = True  # return log pi(stored action) as a signal (for ARB-style samplers)
+    backup_entropy: bool = True  # subtract alpha log pi(a'|s') in the critic target (RLPD: off for antmaze/adroit)
+    utd_ratio: int = 1  # gradient steps per env step; read by the trainer (must equal schedule.utd_ratio)
+    actor_every: int = 1  # actor + temperature step every this many critic steps (RLPD: utd_ratio, i.e. once
+    #                       per env step, on the last minibatch)
+    compute_log_likelihood: bool = True  # return log pi(stored action | s) as a signal (on-policyness samplers)
 
     def __post_init__(self):
         if self.num_qs < 1 or not 1 <= self.num_min_qs <= self.num_qs:
-            raise ValueError(f"need num_qs >= 1 and 1 <= num_min_qs <= num_qs, got {self.num_qs}, {self.num_min_qs}")
+            raise ValueError(f"need num_qs >= 1 and 1 <= num_min_qs <= num_qs, got num_qs={self.num_qs}, "
+                             f"num_min_qs={self.num_min_qs}")
         if not 0 < self.tau <= 1 or not 0 <= self.gamma <= 1:
-            raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got {self.tau}, {self.gamma}")
+            raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
         if self.utd_ratio < 1 or self.actor_every < 1:
-            raise ValueError("utd_ratio and actor_every must be >= 1")
+            raise ValueError(f"utd_ratio and actor_every must be >= 1, got {self.utd_ratio}, {self.actor_every}")
+        if self.actor_q_reduce not in ACTOR_Q_REDUCTIONS:
+            raise ValueError(f"actor_q_reduce must be one of {ACTOR_Q_REDUCTIONS}, got {self.actor_q_reduce!r}")
+        if self.init not in nets.INIT_SCHEMES:
+            raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden must be a non-empty tuple of positive widths, got {self.hidden}")
+        if self.init_temperature <= 0:
+            raise ValueError(f"init_temperature must be > 0, got {self.init_temperature}")
 
     @classmethod
     def rlpd(cls, **overrides) -> SACConfig:
-        """RLPD's defaults (Ball et al. 2023, Table/App. of hyperparameters; reference code's configs)."""
-        base = dict(num_qs=10, num_min_qs=2, critic_layer_norm=True, utd_ratio=20, actor_every=20,
-                    target_entropy_scale=0.5)
+        """RLPD's defaults (``configs/rlpd_config.py`` of the reference code; o2o_methods.md Sec. 4.1):
+        E = 10, subset-min of 2, LayerNorm critics, actor on the ensemble mean, Xavier init, target entropy
+        -|A|/2, UTD 20 with one actor/temperature step per 20 critic steps. For antmaze/adroit the reference
+        commands also set ``backup_entropy=False`` (and antmaze ``num_min_qs=1``, hidden (256, 256, 256))."""
+        base = dict(num_qs=10, num_min_qs=2, critic_layer_norm=True, actor_q_reduce="mean", init="xavier",
+                    utd_ratio=20, actor_every=20, target_entropy_scale=0.5)
         return replace(cls(**base), **overrides)
 
     def to_dict(self) -> dict:
@@ -63,18 +104,22 @@ class SACConfig:
 
 
 class SAC:
+    """SAC / RLPD agent (see the module docstring for the update and its equations)."""
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: SACConfig | None = None,
                  seed: int = 0, device: str = "cpu"):
-        self.cfg = cfg = config or SACConfig()
+        self.cfg = cfg = config if config is not None else SACConfig()
         self.obs_dim, self.action_dim = int(obs_dim), int(action_dim)
         self.device = torch.device(device)
-        self.gen = torch.Generator(device=self.device).manual_seed(int(seed))
-        init_gen = torch.Generator().manual_seed(int(seed) + 1)
-        with _seeded_init(init_gen):
-            self.actor = nets.TanhGaussianActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
-            self.critic = nets.EnsembleCritic(cfg.num_qs, obs_dim, action_dim, cfg.hidden, cfg.critic_layer_norm)
-        self.actor.to(self.device)
-        self.critic.to(self.device)
+        self.action_low = np.asarray(action_low, np.float32).reshape(-1)
+        self.action_high = np.asarray(action_high, np.float32).reshape(-1)
+        init_gen = torch.Generator().manual_seed(int(seed))  # parameters (CPU: identical on every device)
+        self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration, targets, ...
+        with nets.private_rng():
+            actor = nets.TanhGaussianActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
+            critic = nets.EnsembleCritic(cfg.num_qs, obs_dim, action_dim, cfg.hidden, cfg.critic_layer_norm)
+        self.actor = nets.init_(actor, init_gen, cfg.init).to(self.device)
+        self.critic = nets.init_(critic, init_gen, cfg.init).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.tensor(np.log(cfg.init_temperature), dtype=torch.float32, device=self.device,
                                       requires_grad=True)
@@ -93,100 +138,140 @@ class SAC:
     # -- acting ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        o = torch.as_tensor(np.asarray(obs, np.float32), device=self.device)
-        squeeze = o.dim() == 1
-        if squeeze:
-            o = o.unsqueeze(0)
+        """Actions [N, action_dim] float32 inside the box: a ~ pi(.|s) if ``explore``, else tanh(mu(s))."""
+        o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
         a, _ = self.actor.sample(o, self.gen, deterministic=not explore)
-        a = a.cpu().numpy()
-        return a[0] if squeeze else a
+        a = np.clip(a.cpu().numpy(), self.action_low, self.action_high)
+        return a[0] if single else a
 
-    # -- learning --------------------------------------------------------------------------------------
-    def critic_target(self, reward, next_obs, terminated) -> torch.Tensor:
-        """y = r + gamma (1 - terminated) (min_{j in subset} Q'_j(s', a') - alpha log pi(a'|s')),
-        a' ~ pi(s'); the subset has num_min_qs members drawn at random (REDQ Eq. 1; RLPD Alg. 1 l.8)."""
-        with torch.no_grad():
-            next_a, next_logp = self.actor.sample(next_obs, self.gen)
-            tq = self.target_critic(next_obs, next_a)  # [E, B]
-            if self.cfg.num_min_qs < self.cfg.num_qs:
-                subset = torch.randperm(self.cfg.num_qs, generator=self.gen, device=self.device)[: self.cfg.num_min_qs]
-                tq = tq[subset]
-            tq = tq.min(dim=0).values
-            if self.cfg.backup_entropy:
-                tq = tq - self.alpha * next_logp
-            return reward + self.cfg.gamma * (1.0 - terminated) * tq
+    # -- losses (pure given the generator state; unit-tested) ------------------------------------------
+    def subset_min(self, target_q: torch.Tensor) -> torch.Tensor:
+        """min over a random subset of ``num_min_qs`` members, drawn once per update (REDQ Eq. 1 / RLPD):
+        [E, ...] -> [...]."""
+        m, e = self.cfg.num_min_qs, self.cfg.num_qs
+        if m < e:
+            target_q = target_q[torch.randperm(e, generator=self.gen, device=self.device)[:m]]
+        return target_q.min(dim=0).values
 
-    def critic_loss(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Importance-weighted squared TD error, mean over members and batch. Returns (loss, q, y)."""
+    @torch.no_grad()
+    def critic_target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+        """y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - [backup_entropy] alpha log pi(a'|s')),
+        a' ~ pi(s') (SAC Eq. 3 and 5; RLPD Alg. 1). Only ``terminated`` stops the bootstrap: [B]."""
+        next_a, next_logp = self.actor.sample(next_obs, self.gen)
+        v_next = self.subset_min(self.target_critic(next_obs, next_a))
+        if self.cfg.backup_entropy:
+            v_next = v_next - self.alpha * next_logp
+        return reward + self.cfg.gamma * (1.0 - terminated) * v_next
+
+    @staticmethod
+    def td_loss(q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Squared TD error averaged over members (SAC Eq. 5, RLPD: mean over the ensemble): [E, B] -> [B]."""
+        return ((q - y) ** 2).mean(dim=0)
+
+    def reduce_q(self, q: torch.Tensor) -> torch.Tensor:
+        """The actor's value of its own action: min (SAC) or mean (RLPD) over members: [E, B] -> [B]."""
+        return q.min(dim=0).values if self.cfg.actor_q_reduce == "min" else q.mean(dim=0)
+
+    def actor_loss(self, obs: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor):
+        """Per-sample alpha log pi(a|s) - Q(s, a), a = f(eps; s) reparameterized (SAC Eq. 8-9): ([B], log pi [B]).
+        The critic must be frozen by the caller (its gradient is not wanted here)."""
+        a, logp = self.actor.sample_from(mean, log_std, self.gen)
+        return self.alpha * logp - self.reduce_q(self.critic(obs, a)), logp
+
+    def temperature_loss(self, logp: torch.Tensor) -> torch.Tensor:
+        """Per-sample -alpha (log pi(a|s) + target_entropy) (SAC Eq. 18): [B]."""
+        return -self.log_alpha.exp() * (logp.detach() + self.target_entropy)
+
+    # -- the update ------------------------------------------------------------------------------------
+    def update(self, batch: Batch, update_actor: bool | None = None) -> UpdateResult:
+        """One critic step and, every ``actor_every`` critic steps (or when ``update_actor`` says so), one
+        actor and temperature step."""
+        b = self._to_torch(batch)
+        w = b.info.is_weight
+
+        # 1. soft Q step (Eq. 3, 5): all members regress on the same subset-min target
         y = self.critic_target(b.reward, b.next_obs, b.terminated)
         q = self.critic(b.obs, b.action)  # [E, B]
-        per_sample = ((q - y) ** 2).mean(dim=0)
-        return (b.info.is_weight * per_sample).mean(), q, y
-
-    def actor_loss(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """E[alpha log pi(a|s) - mean_e Q_e(s, a)], a ~ pi(s) (SAC Eq. 7; RLPD uses the ensemble mean)."""
-        a, logp = self.actor.sample(b.obs, self.gen)
-        q = self.critic(b.obs, a).mean(dim=0)
-        return (b.info.is_weight * (self.alpha * logp - q)).mean(), logp
-
-    def update(self, batch: Batch, update_actor: bool | None = None) -> UpdateResult:
-        b = batch.to_torch(self.device)
-        loss, q, y = self.critic_loss(b)
-        self.critic_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.critic_opt.step()
-        nets.polyak(self.target_critic, self.critic, self.cfg.tau)
+        critic_loss = nets.weighted_mean(self.td_loss(q, y), w)
+        _step(self.critic_opt, critic_loss)
         self.num_critic_steps += 1
-        metrics = {"train/critic_loss": loss.item(), "train/q_mean": q.mean().item()}
+        # 2. target critics (Polyak averaging, SAC Alg. 1)
+        nets.polyak(self.target_critic, self.critic, self.cfg.tau)
+        metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(),
+                   "train/target_mean": y.mean().item()}
+        # 3-4. policy (Eq. 9) and temperature (Eq. 18)
+        actor_metrics, log_likelihood = self._actor_steps(b, update_actor)
+        return self._result(metrics | actor_metrics, q, y, log_likelihood)
 
+    def _actor_steps(self, b: Batch, update_actor: bool | None) -> tuple[dict[str, float], torch.Tensor | None]:
+        """Policy and temperature steps when due. Also returns the ``log_likelihood`` signal, computed from the
+        same forward pass when the actor steps (so always under the policy before its step)."""
         if update_actor is None:
             update_actor = self.num_critic_steps % self.cfg.actor_every == 0
-        if update_actor:
-            metrics.update(self._actor_and_temperature_step(b))
-        signals = {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()}
+        log_likelihood = None
+        if not update_actor:
+            if self.cfg.compute_log_likelihood:
+                with torch.no_grad():
+                    log_likelihood = self.actor.log_prob(b.obs, b.action).mean(-1)
+            return {}, log_likelihood
+        w = b.info.is_weight
+        mean, log_std = self.actor(b.obs)
         if self.cfg.compute_log_likelihood:
             with torch.no_grad():
-                signals["log_likelihood"] = self.actor.log_prob(b.obs, b.action).mean(-1).cpu().numpy()
+                log_likelihood = self.actor.log_prob_from(mean, log_std, b.action).mean(-1)
+        self.critic.requires_grad_(False)
+        per_sample, logp = self.actor_loss(b.obs, mean, log_std)
+        actor_loss = nets.weighted_mean(per_sample, w)
+        _step(self.actor_opt, actor_loss)
+        self.critic.requires_grad_(True)
+        self.num_actor_steps += 1
+        metrics = {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
+        if self.cfg.learn_temperature:
+            _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))
+        metrics["train/alpha"] = self.alpha.item()
+        return metrics, log_likelihood
+
+    @staticmethod
+    def _result(metrics: dict[str, float], q: torch.Tensor, y: torch.Tensor,
+                log_likelihood: torch.Tensor | None) -> UpdateResult:
+        signals = {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()}
+        if log_likelihood is not None:
+            signals["log_likelihood"] = log_likelihood.cpu().numpy()
         return UpdateResult(metrics, signals)
 
-    def _actor_and_temperature_step(self, b: Batch) -> dict[str, float]:
-        for p in self.critic.parameters():
-            p.requires_grad_(False)
-        actor_loss, logp = self.actor_loss(b)
-        self.actor_opt.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_opt.step()
-        for p in self.critic.parameters():
-            p.requires_grad_(True)
-        self.num_actor_steps += 1
-        out = {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
-        if self.cfg.learn_temperature:  # alpha (entropy - target), entropy = -E log pi (SAC Eq. 18)
-            temp_loss = (b.info.is_weight * (-self.log_alpha.exp() * (logp.detach() + self.target_entropy))).mean()
-            self.alpha_opt.zero_grad(set_to_none=True)
-            temp_loss.backward()
-            self.alpha_opt.step()
-        out["train/alpha"] = self.alpha.item()
-        return out
+    def _to_torch(self, batch: Batch) -> Batch:
+        if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
+            raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
+        if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:
+            raise ValueError(f"batch.action must have shape [B, {self.action_dim}], got "
+                             f"{tuple(batch.action.shape)}")
+        return batch.to_torch(self.device, dtype=torch.float32)
 
     # -- ARB scores ------------------------------------------------------------------------------------
     def score_fn(self, mode: str = "log_prob"):
-        """``score_fn(obs, action) -> [N]`` per-row on-policyness of stored actions (see agents/scoring.py)."""
-        if mode not in ("log_prob", "standardized"):
-            raise ValueError(f"score mode must be 'log_prob' or 'standardized', got {mode!r}")
+        """``score(obs [N, obs_dim], action [N, action_dim]) -> [N]``: per-row on-policyness of stored
+        actions under the current policy, for a sampler's refresh (see ``agents/scoring.py``):
+        ``"log_prob"`` = mean over dims of log pi(a|s), ``"standardized"`` = the ARB reference code's score."""
+        if mode not in SCORE_MODES:
+            raise ValueError(f"score mode must be one of {SCORE_MODES}, got {mode!r}")
 
         @torch.no_grad()
         def score(obs: np.ndarray, action: np.ndarray) -> np.ndarray:
-            o = torch.as_tensor(np.asarray(obs, np.float32), device=self.device)
-            a = torch.as_tensor(np.asarray(action, np.float32), device=self.device)
-            a = (a - self.actor.center) / self.actor.scale
+            o, _ = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+            a = torch.as_tensor(np.asarray(action, np.float32), device=self.device).reshape(-1, self.action_dim)
+            a = (a - self.actor.center) / self.actor.scale  # the scores take actions in [-1, 1]
             mean, log_std = self.actor(o)
-            s = log_prob_score(mean, log_std, a) if mode == "log_prob" else standardized_score(mean, log_std.exp(), a)
+            if mode == "log_prob":
+                s = log_prob_score(mean, log_std, a)
+            else:
+                s = standardized_score(mean, log_std.exp(), a)
             return s.cpu().numpy()
 
         return score
 
     # -- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """Parameters, target parameters, log alpha, optimizer states, RNG and counters (NumPy / JSON)."""
         return {
             "actor": nets.module_state(self.actor),
             "critic": nets.module_state(self.critic),
@@ -213,17 +298,7 @@ class SAC:
         self.num_actor_steps = int(state["counters"]["num_actor_steps"])
 
 
-class _seeded_init:
-    """Initialize parameters from a private generator (no global ``torch.manual_seed``)."""
-
-    def __init__(self, gen: torch.Generator):
-        self.gen = gen
-
-    def __enter__(self):
-        self._fork = torch.random.fork_rng(devices=[])
-        self._fork.__enter__()
-        torch.random.default_generator.set_state(self.gen.get_state())
-        return self
-
-    def __exit__(self, *exc):
-        return self._fork.__exit__(*exc)
+def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
