@@ -17,7 +17,7 @@ import numpy as np
 
 from relive.replay import checkpoint
 from relive.replay.samplers import Sampler, UniformSampler, sampler_config, sampler_from_config
-from relive.replay.storage import CORE_COLUMNS, Storage, _as_numpy
+from relive.replay.storage import Storage, _as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
 
@@ -66,7 +66,7 @@ class ReplayBuffer:
 
     def _write(self, source: int, rows: Mapping) -> np.ndarray:
         slots = self.storage.write(source, rows)
-        live = slots[slots >= 0]
+        live = slots if slots.size == 0 or slots[0] >= 0 else slots[slots >= 0]  # -1s come first, if any
         if live.size:
             self.sampler.on_insert(live)
         return slots
@@ -89,17 +89,19 @@ class ReplayBuffer:
         """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1."""
         st = self.storage
         idx = np.asarray(indices, dtype=np.int64)
-        cols = st.gather(idx)
+        cols, meta = st.columns, st.meta
         n = idx.size
         info = SampleInfo(
             indices=idx,
-            generation=st.meta["generation"].take(idx),
+            generation=meta["generation"].take(idx),
             probability=np.full(n, np.nan) if probability is None else probability,
             is_weight=np.ones(n, np.float32) if is_weight is None else is_weight,
-            source=st.meta["source"].take(idx),
+            source=meta["source"].take(idx),
         )
-        extras = {name: cols.pop(name) for name in st.extra_names}
-        return Batch(**{name: cols[name] for name in CORE_COLUMNS}, info=info, extras=extras)
+        extras = {name: cols[name].take(idx, axis=0) for name in st.extra_names} if st.extra_names else {}
+        return Batch(cols["obs"].take(idx, axis=0), cols["action"].take(idx, axis=0), cols["reward"].take(idx),
+                     cols["next_obs"].take(idx, axis=0), cols["terminated"].take(idx), cols["truncated"].take(idx),
+                     info=info, extras=extras)
 
     # -- feedback --------------------------------------------------------------------------------------
     def update(self, info: SampleInfo, **signals) -> UpdateReport:
@@ -128,7 +130,7 @@ class ReplayBuffer:
             arrays[name] = arr
         fresh = self.storage.meta["generation"].take(idx) == gen
         stale = ~fresh
-        n_stale = int(stale.sum())
+        n_stale = 0 if fresh.all() else int(stale.sum())
         if n_stale:
             idx = idx[fresh]
             arrays = {k: v[fresh] for k, v in arrays.items()}

@@ -53,6 +53,10 @@ class EpisodeIndex:
         ids = np.asarray(ids, dtype=np.int64)
         return np.where(ids < self.num_offline_episodes, ids, ids - self._shift)
 
+    def _row(self, episode_id: int) -> int:
+        """:meth:`_rows` for one id, in plain Python (the per-write bookkeeping path)."""
+        return episode_id if episode_id < self.num_offline_episodes else episode_id - self._shift
+
     def _grow(self, need: int) -> None:
         cap = self._rec["start"].size
         if need <= cap:
@@ -81,10 +85,10 @@ class EpisodeIndex:
         open_id = self._open[source]
         if not end[:-1].any():  # fast path: all rows belong to one episode (the open one, or a new one)
             if open_id == -1:
-                open_id = self._new_records(source, start, np.zeros(1, np.int64), np.array([n]), end[-1:])
+                open_id = self._new_record(source, start, n, bool(end[-1]))
                 base = 0
             else:
-                r = int(self._rows(open_id))
+                r = self._row(open_id)
                 base = int(self._rec["length"][r])
                 self._rec["length"][r] += n
                 self._rec["finished"][r] = end[-1]
@@ -99,7 +103,7 @@ class EpisodeIndex:
         new_segments = seg_starts
         new_lengths = seg_lengths
         if open_id != -1:  # the first segment continues an episode from an earlier call
-            r = int(self._rows(open_id))
+            r = self._row(open_id)
             steps[seg_of_row == 0] += rec["length"][r]
             rec["length"][r] += seg_lengths[0]
             rec["finished"][r] = end[seg_lengths[0] - 1]
@@ -130,6 +134,22 @@ class EpisodeIndex:
             self.num_offline_episodes += k
         return first
 
+    def _new_record(self, source: int, start: int, length: int, finished: bool) -> int:
+        """:meth:`_new_records` for one episode, with plain Python numbers."""
+        r = self._num_records
+        self._grow(r + 1)
+        rec = self._rec
+        rec["start"][r] = start
+        rec["length"][r] = length
+        rec["finished"][r] = finished
+        rec["source"][r] = source
+        self._num_records = r + 1
+        first = self.next_id
+        self.next_id += 1
+        if source == OFFLINE:
+            self.num_offline_episodes += 1
+        return first
+
     def close_offline(self) -> None:
         """The dataset ended: its last episode can never grow, so it counts as finished."""
         open_id = self._open[OFFLINE]
@@ -144,15 +164,19 @@ class EpisodeIndex:
         if position <= self.online_evicted_before:
             return
         self.online_evicted_before = int(position)
-        lo = int(self._rows(self.first_live_online_id))
+        lo = self._row(self.first_live_online_id)
         rec, hi = self._rec, self._num_records
-        if lo >= hi or rec["start"][lo] + rec["length"][lo] > position:
+        start, length = rec["start"], rec["length"]
+        if lo >= hi or int(start[lo]) + int(length[lo]) > position:
             return  # the oldest live episode still has rows: nothing was forgotten
-        window = min(hi, lo + 64)  # usually few episodes die at once: look at the oldest ones first
-        ends = rec["start"][lo:window] + rec["length"][lo:window]
-        if ends[-1] <= position and window < hi:
-            ends = rec["start"][lo:hi] + rec["length"][lo:hi]
-        dead = int(np.searchsorted(ends, position, side="right"))  # ends are increasing for online records
+        if lo + 1 >= hi or int(start[lo + 1]) + int(length[lo + 1]) > position:
+            dead = 1  # the usual case: one episode died
+        else:
+            window = min(hi, lo + 64)  # usually few episodes die at once: look at the oldest ones first
+            ends = start[lo:window] + length[lo:window]
+            if ends[-1] <= position and window < hi:
+                ends = start[lo:hi] + length[lo:hi]
+            dead = int(np.searchsorted(ends, position, side="right"))  # online ends are increasing
         self.first_live_online_id += dead
         self._maybe_compact()
 

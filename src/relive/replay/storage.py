@@ -141,14 +141,11 @@ class Storage:
             out[name] = _convert(name, arr, spec.dtype)
         for name in _FINITE_CHECKED + tuple(e for e in self.extra_names if self.specs[e].dtype.kind == "f"):
             arr = out[name]
-            # a sum is finite unless some value is NaN/inf (or the sum overflows): cheap screen, exact check after
-            if arr.dtype.kind == "f" and not np.isfinite(np.add.reduce(arr, axis=None)):
-                bad = ~np.isfinite(arr)
-                if bad.any():
-                    where = tuple(int(i) for i in np.argwhere(bad)[0])
-                    elem = f" element {where[1:]}" if len(where) > 1 else ""
-                    raise ValueError(f"column {name!r} row {where[0]}{elem}: value {arr[where]} is not finite; "
-                                     "obs, action, reward and next_obs must hold finite numbers")
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                where = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+                elem = f" element {where[1:]}" if len(where) > 1 else ""
+                raise ValueError(f"column {name!r} row {where[0]}{elem}: value {arr[where]} is not finite; "
+                                 "obs, action, reward and next_obs must hold finite numbers")
         return out, int(n)
 
     # -- writing ---------------------------------------------------------------------------------------
@@ -167,31 +164,30 @@ class Storage:
             if self.num_offline + n > self.capacity:
                 raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
                                  f"({self.num_offline} stored + {n} new rows)")
-            slots = np.arange(self.num_offline, self.num_offline + n, dtype=np.int64)
-            keep = slice(None)
-            start = self.num_offline
+            start = first = self.num_offline
+            skip = 0
         else:
-            if self.online_capacity <= 0:
+            ring = self.online_capacity
+            if ring <= 0:
                 raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
                                  "build the buffer with a larger capacity")
             start = self.num_online_written
-            keep = slice(max(0, n - self.online_capacity), n)  # earlier rows would be overwritten at once
-            slots = self.online_slot(np.arange(start, start + n, dtype=np.int64)[keep])
+            skip = max(0, n - ring)  # earlier rows of the batch would be overwritten at once
+            first = self.num_offline + (start + skip) % ring
+        kept = n - skip
+        # the kept rows land in at most two runs of consecutive slots (two when the ring wraps): slice writes
+        split = min(kept, self.capacity - first)
 
         end = rows["terminated"] | rows["truncated"]
         episode_id, step = self.episodes.append(source, start, end)
-        meta = self.meta
-        # the kept rows land in at most two runs of consecutive slots (two when the ring wraps): slice writes
-        first = int(slots[0])
-        split = min(slots.size, self.capacity - first)
-        offset = 0 if keep.start is None else keep.start
-        for lo, hi in ((0, split), (split, slots.size)):
+        columns, meta = self.columns, self.meta
+        for dst_lo, lo, hi in ((first, 0, split), (self.num_offline, split, kept)):
             if hi <= lo:
                 continue
-            dst = slice(int(slots[lo]), int(slots[lo]) + hi - lo)
-            src = slice(offset + lo, offset + hi)
+            dst = slice(dst_lo, dst_lo + hi - lo)
+            src = slice(skip + lo, skip + hi)
             for name, arr in rows.items():
-                self.columns[name][dst] = arr[src]
+                columns[name][dst] = arr[src]
             meta["episode_id"][dst] = episode_id[src]
             meta["step_in_episode"][dst] = step[src]
             meta["source"][dst] = source
@@ -201,9 +197,12 @@ class Storage:
         else:
             self.num_online_written += n
             self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
-        if keep.start:
+        slots = np.arange(first, first + split, dtype=np.int64)
+        if split < kept:
+            slots = np.concatenate((slots, np.arange(self.num_offline, self.num_offline + kept - split)))
+        if skip:
             full = np.full(n, -1, dtype=np.int64)
-            full[keep] = slots
+            full[skip:] = slots
             return full
         return slots
 
@@ -227,8 +226,9 @@ class Storage:
         if slots.dtype.kind not in "iu":
             raise ValueError(f"indices must be integers, got dtype {slots.dtype}")
         slots = slots.astype(np.int64, copy=False).reshape(-1)
-        bad = (slots < 0) | (slots >= self.size)
-        if bad.any():
+        # one pass over the batch: seen as uint64, a negative slot is larger than any size
+        if slots.size and slots.view(np.uint64).max() >= self.size:
+            bad = (slots < 0) | (slots >= self.size)
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"index {int(slots[i])} at position {i} does not exist: stored slots are "
                              f"0..{self.size - 1}")

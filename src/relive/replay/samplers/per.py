@@ -51,12 +51,16 @@ def proportional_draw(tree: SumTree, batch_size: int, rng: np.random.Generator, 
     """i.i.d. draws proportional to the tree's leaves; IS weights (N P)^-beta / batch max when ``is_exponent``
     is given, ones otherwise."""
     total = tree.total
-    indices = tree.find_prefix(rng.random(batch_size) * total)
-    probability = tree.nodes[tree.size + indices] / total
+    mass = rng.random(batch_size)
+    mass *= total
+    indices, probability = tree.find_prefix_with_values(mass)
+    probability /= total
     if is_exponent is None:
         return Draw(indices, probability, np.ones(batch_size, np.float32))
-    is_weight = (num_rows * probability) ** (-is_exponent)
-    return Draw(indices, probability, (is_weight / is_weight.max()).astype(np.float32))
+    # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j P_j / P_i)^beta: N cancels, the largest weight is exactly 1
+    is_weight = np.divide(probability.min(), probability)
+    np.power(is_weight, is_exponent, out=is_weight)
+    return Draw(indices, probability, is_weight.astype(np.float32))
 
 
 def tree_probabilities(tree: SumTree) -> np.ndarray:
@@ -120,8 +124,9 @@ class PrioritizedSampler(Sampler):
     def priority_from_signals(self, signals: dict) -> np.ndarray:
         """p^alpha from ``td_error`` ((|delta| + eps)^alpha) or from a raw ``priority`` (priority^alpha)."""
         if "td_error" in signals:
-            td = check_signal("td_error", signals["td_error"])
-            return (np.abs(td) + self.eps) ** self.priority_exponent
+            p = np.abs(check_signal("td_error", signals["td_error"]))
+            p += self.eps
+            return np.power(p, self.priority_exponent, out=p)
         if "priority" in signals:
             return check_signal("priority", signals["priority"], nonnegative=True) ** self.priority_exponent
         raise ValueError(f"{type(self).__name__}.update needs a 'td_error' or 'priority' signal, "
