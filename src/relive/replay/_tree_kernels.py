@@ -67,6 +67,23 @@ if AVAILABLE:
                     nodes[i] = a + b
 
     @numba.njit(cache=True, nogil=True)
+    def range_max(nodes, size, lo, hi):  # pragma: no cover - compiled
+        # max of leaves lo .. hi - 1 (0.0 for an empty range), O(log N): the usual bottom-up query
+        res = 0.0
+        lo += size
+        hi += size
+        while lo < hi:
+            if lo & 1:
+                res = nodes[lo] if nodes[lo] > res else res
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                res = nodes[hi] if nodes[hi] > res else res
+            lo >>= 1
+            hi >>= 1
+        return res
+
+    @numba.njit(cache=True, nogil=True)
     def find_prefix(nodes, size, mass, out, leaf_value):  # pragma: no cover - compiled
         # level by level over the whole batch (independent loads overlap the cache misses of a large tree)
         # and branch-free (the left/right choice is a coin flip a branch predictor cannot learn: a branch

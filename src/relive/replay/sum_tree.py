@@ -195,3 +195,21 @@ class MaxTree(SegmentTree):
     @property
     def max(self) -> float:
         return float(self.nodes[1])
+
+    def range_max(self, lo: int, hi: int) -> float:
+        """Largest of the leaves ``lo .. hi - 1`` in O(log N); 0.0 (the padding value) for an empty range."""
+        lo, hi = max(0, int(lo)), min(self.capacity, int(hi))
+        if self._kernel_update is not None:
+            return float(kernels.range_max(self.nodes, self.size, lo, hi))
+        nodes, res = self.nodes, 0.0
+        lo, hi = lo + self.size, hi + self.size
+        while lo < hi:
+            if lo & 1:
+                res = max(res, float(nodes[lo]))
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                res = max(res, float(nodes[hi]))
+            lo >>= 1
+            hi >>= 1
+        return res

@@ -30,13 +30,16 @@ def check_signal(name: str, values: np.ndarray, *, nonnegative: bool = False) ->
 def contiguous_runs(slots: np.ndarray, max_runs: int = 2) -> list[tuple[int, int]] | None:
     """``slots`` as at most ``max_runs`` ascending runs of consecutive slots ((start, length) pairs), which is
     what appending to the storage produces (two runs when the ring wraps); None otherwise."""
-    if slots.size == 0:
+    n = slots.size
+    if n == 0:
         return []
-    breaks = np.flatnonzero(np.diff(slots) != 1)
+    breaks = np.flatnonzero((slots[1:] - slots[:-1]) != 1)
     if breaks.size >= max_runs:
         return None
-    bounds = np.concatenate(([0], breaks + 1, [slots.size]))
-    return [(int(slots[a]), int(b - a)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    if breaks.size == 0:
+        return [(int(slots[0]), n)]
+    bounds = [0, *(breaks + 1).tolist(), n]
+    return [(int(slots[a]), b - a) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def linear_anneal(start: float, final: float, steps: int, t: int) -> float:
@@ -102,19 +105,25 @@ class PrioritizedSampler(Sampler):
     def on_insert(self, slots: np.ndarray) -> None:
         runs = contiguous_runs(slots)
         # the overwritten rows no longer count towards "the largest priority currently stored"
-        self._set(self.max_tree, slots, runs, 0.0)
-        current = self.max_tree.max
+        if runs is None:  # scattered slots (the storage always writes runs): clear them, then read the root
+            self.max_tree.update(slots, np.zeros(slots.size))
+            current = self.max_tree.max
+        else:  # the max over the leaves outside the runs: range queries, nothing written twice
+            current, lo = 0.0, 0
+            for start, n in sorted(runs):
+                current = max(current, self.max_tree.range_max(lo, start))
+                lo = start + n
+            current = max(current, self.max_tree.range_max(lo, self.max_tree.capacity))
         p = current if current > 0 else self.initial_priority ** self.priority_exponent
-        self._set(self.sum_tree, slots, runs, p)
-        self._set(self.max_tree, slots, runs, p)
-
-    @staticmethod
-    def _set(tree, slots, runs, value: float) -> None:
-        if runs is None:
-            tree.update(slots, np.full(slots.size, value))
-        else:
-            for start, n in runs:
-                tree.update_range(start, np.full(n, value))
+        values = np.full(slots.size, p)
+        for tree in (self.sum_tree, self.max_tree):
+            if runs is None:
+                tree.update(slots, values)
+            else:
+                offset = 0
+                for start, n in runs:
+                    tree.update_range(start, values[offset : offset + n])
+                    offset += n
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         draw = proportional_draw(self.sum_tree, batch_size, rng, self.num_rows(), self.beta)
