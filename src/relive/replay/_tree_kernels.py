@@ -88,25 +88,25 @@ if AVAILABLE:
         # level by level over the whole batch (independent loads overlap the cache misses of a large tree)
         # and branch-free (the left/right choice is a coin flip a branch predictor cannot learn: a branch
         # costs a misprediction per draw and level, more than the memory walk itself). Never steps into a
-        # subtree whose sum is zero, so a zero leaf is never returned while total > 0. ``leaf_value`` gets
-        # the value of each leaf found.
+        # subtree whose sum is zero, so a zero leaf is never returned while total > 0. Writes the leaves to
+        # ``out`` and their values to ``leaf_value``; ``mass`` is used as scratch (overwritten). Allocates and
+        # returns nothing: boxing a returned array costs more than a small batch's search.
         n = mass.size
-        m = mass.copy()
-        idx = np.ones(n, np.int64)
+        for k in range(n):
+            out[k] = 1
         width = size
         while width > 1:
             for k in range(n):
-                i = idx[k]
+                i = out[k]
                 left = nodes[2 * i]
                 right = nodes[2 * i + 1]
-                go_right = ((m[k] >= left) & (right > 0.0)) | (left <= 0.0)
-                m[k] -= left * go_right
-                idx[k] = 2 * i + go_right
+                go_right = ((mass[k] >= left) & (right > 0.0)) | (left <= 0.0)
+                mass[k] -= left * go_right
+                out[k] = 2 * i + go_right
             width >>= 1
         for k in range(n):
-            out[k] = idx[k] - size
-            leaf_value[k] = nodes[idx[k]]
-        return out
+            leaf_value[k] = nodes[out[k]]
+            out[k] -= size
 
     @numba.njit(cache=True, nogil=True)
     def build_alias(weights, prob, alias):  # pragma: no cover - compiled

@@ -150,12 +150,12 @@ class SumTree(SegmentTree):
         """:meth:`find_prefix` and the value of each leaf found (one pass; what proportional sampling needs)."""
         if not self.nodes[1] > 0.0:
             raise ValueError("cannot sample from a sum tree whose total is zero")
-        if self._kernel_find is not None:
-            q = np.ascontiguousarray(mass, dtype=np.float64).reshape(-1)
-            values = np.empty(q.size, np.float64)
-            return self._kernel_find(self.nodes, self.size, q, np.empty(q.size, np.int64), values), values
-        nodes = self.nodes
         q = np.array(mass, dtype=np.float64, copy=True).reshape(-1)
+        if self._kernel_find is not None:
+            leaf, values = np.empty(q.size, np.int64), np.empty(q.size, np.float64)
+            self._kernel_find(self.nodes, self.size, q, leaf, values)
+            return leaf, values
+        nodes = self.nodes
         idx = np.ones(q.size, dtype=np.int64)
         for _ in range(self.depth):
             idx <<= 1
