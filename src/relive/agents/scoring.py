@@ -6,6 +6,14 @@ the agents wrap them into ``score_fn(obs, action)`` and the ARB sampler only see
   averaged over action dimensions (the quantity the paper writes, log pi(a|s)).
 - ``standardized_score``: the reference code's: atanh of the clipped stored action, per-dimension Gaussian
   log-density of its standardized distance to the policy mean, averaged over dimensions (no Jacobian term).
+
+``standardized`` is the default of the training configuration (``replay.score_mode``): it is what the official
+ARB code computes (so the paper's temperatures 0.5 / 2 / 5 mean what they meant there), and it is scale-free --
+without the log-sigma and tanh-Jacobian terms a narrow policy cannot push scores past the upper clip (log 7),
+and actions near the bounds are not dominated by the Jacobian. It never exceeds -log(2 pi) / 2, so only the
+lower clip (-12) binds. ``log_prob`` is the density the paper writes; use it to study that choice.
+Stored actions are scaled to [-1, 1] by the caller and clipped to +-(1 - 1e-6) before atanh (D4RL actions can
+sit exactly on the bounds).
 """
 
 from __future__ import annotations

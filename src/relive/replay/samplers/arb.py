@@ -27,9 +27,17 @@ exact share of the mass. This is exact and costs O(B) per batch and O(N) once pe
 searchsorted costs more per draw than the tree at 1M rows, and would need an O(N) suffix rebuild whenever the
 online ring overwrites a row.) Without numba (no compiled alias build) the tree's O(B log N) search is used.
 
-Amortized mode (beyond the paper, its open question on large buffers): with ``amortized_rows_per_refresh=k``
-each ``refresh`` re-scores the next k rows of a rotating cursor instead of the whole buffer, so a call every
-gradient step costs O(k + touched episodes) and the weights track the full refresh (tested).
+Amortized mode (beyond the paper, its open question on large buffers): ``amortized_rows_per_refresh=k``
+turns each ``buffer.refresh(score_fn)`` into a step of a rotating sweep: it re-scores the next k stored rows
+(cursor over the stored rows, wrapping), re-weights the trajectories they belong to (trajectory mean over
+their scored rows) and updates those leaves of the sum tree -- O(k + rows of the touched trajectories), not
+O(N). The trainer calls ``buffer.refresh(score_fn)`` after *every* gradient step in this mode (schedule
+``refresh_every_grad_steps=1`` with ``replay.arb_amortized_rows=k``); k = N / 1000 re-scores every row once
+per 1000 steps, the paper's cadence, and a smaller k trades freshness for cost. Draws then come from the sum
+tree (O(B log N)): the weights change every step, so there is no alias table to build. Between sweeps the
+shift stays fixed; it is moved (one O(N) rescale of the tree) only if the best score drifts more than
+100 lambda from it, which keeps every weight inside float64 range. The weights track the full refresh: after
+one full sweep with an unchanged policy they equal it (tested).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import ONLINE
 
 LEVELS = ("trajectory", "transition")
+RESHIFT = 100.0  # amortized mode: move the shift when the best score drifts this many lambdas from it
 
 
 class ARBSampler(Sampler):
@@ -217,8 +226,13 @@ class ARBSampler(Sampler):
         rows = lo + (self.cursor + np.arange(k)) % n
         self.cursor = int((self.cursor + k) % n)
         self._score_rows(score_fn, rows, chunk_size)
+        best = self.max_score.max + self.log_p_low  # max_j l_j over the scored rows
         if not self.num_refreshes:  # one shift for the whole sweep, so that every row shares it
-            self.shift = self.max_score.max + self.log_p_low
+            self.shift = best
+        elif abs(best - self.shift) > RESHIFT * self.temperature:  # keep exp(.) in range: rescale once
+            w = np.array(self.tree.leaves) * np.exp((self.shift - best) / self.temperature)
+            self.tree.set_all(w)
+            self.shift = best
         if self.level == "transition":
             touched = rows
         else:  # every scored row of the touched trajectories gets the new trajectory mean

@@ -7,14 +7,22 @@ learned by a small network (Sec. 4.2; the variational f-divergence estimator of 
              f*(f'(w)) = -log(2 / (w + 1))                                                     (Eq. 5)
     priority_i = clip( w(s_i, a_i)^(1/T) / mean_{offline batch} w^(1/T), 1e-3, 1e3 ),  T = 5      (Eq. 6)
 
-One sum tree over the union of offline and online rows, no importance-sampling correction. The network is
-trained one step per ``update`` call (one per RL gradient step, on 256 offline + 256 online rows drawn
-uniformly by this sampler's own generator) and the priorities of the rows just sampled are refreshed with it
--- the trainer needs nothing special: ``buffer.update(info, **signals)`` drives both.
+One sum tree over the union of offline and online rows, i.i.d. proportional draws, no importance-sampling
+correction (as in the reference code, shlee94/Off2OnRL ``ours.py``).
+
+How the trainer drives it: nothing beyond the usual loop. Every ``buffer.update(info, **signals)`` after a
+gradient step calls ``update``, which (in the reference code's order) evaluates w on the rows just sampled and
+on a uniform offline and a uniform online batch of ``ratio_batch_size`` rows (drawn by the sampler's own
+generator), sets those rows' priorities from the *pre-step* network and the offline batch's mean of w^(1/T),
+then takes one Adam step on L(psi): one density-ratio step per RL step. The signals themselves are not used.
+``train_ratio()`` is the same step without a priority refresh (e.g. to pre-train w), and ``ratio(slots)``
+evaluates w. Before the first online row (offline pre-training) ``update`` does nothing.
 
 Offline rows enter with priority 1. Online rows enter with the all-time maximum priority (reference code);
 before the first online row that maximum is set to M f / ((1 - f) N), M = number of offline rows,
 N = ``first_chunk_rows``, so that the first online chunk receives the fraction f of the sampling mass.
+The network (``hidden`` layers, ReLU, a ReLU on the output so that w >= 0, last bias 1 so that w starts near 1)
+is built and trained here in torch, seeded from ``seed`` without touching the global torch RNG.
 """
 
 from __future__ import annotations
@@ -32,8 +40,15 @@ class BERBSampler(Sampler):
                  hidden: tuple[int, ...] = (256, 256), lr: float = 3e-4, ratio_batch_size: int = 256,
                  clip_low: float = 1e-3, clip_high: float = 1e3, seed: int = 0, device: str = "cpu"):
         super().__init__()
-        if temperature <= 0 or not 0 < init_online_fraction < 1 or first_chunk_rows < 1:
-            raise ValueError("need temperature > 0, 0 < init_online_fraction < 1, first_chunk_rows >= 1")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        if not 0 < init_online_fraction < 1:
+            raise ValueError(f"init_online_fraction must be in (0, 1), got {init_online_fraction}")
+        if first_chunk_rows < 1 or ratio_batch_size < 1:
+            raise ValueError(f"first_chunk_rows and ratio_batch_size must be >= 1, got {first_chunk_rows}, "
+                             f"{ratio_batch_size}")
+        if not 0 < clip_low < clip_high:
+            raise ValueError(f"need 0 < clip_low < clip_high, got {clip_low}, {clip_high}")
         self.temperature = float(temperature)
         self.init_online_fraction = float(init_online_fraction)
         self.first_chunk_rows = int(first_chunk_rows)
@@ -48,87 +63,109 @@ class BERBSampler(Sampler):
         self.normalizer = 1.0  # mean over the last offline batch of w^(1/T)
         self.num_ratio_steps = 0
         self.last_ratio_loss = float("nan")
+        self.seen_online = False
 
     def bind(self, storage, source=None) -> None:
         if source is not None:
             raise ValueError("BERBSampler weighs offline against online rows; it cannot be restricted to one source")
         super().bind(storage, source)
         import torch
-
-        from relive.agents.networks import mlp
+        from torch import nn
 
         self.tree = SumTree(storage.capacity)
         obs_dim = int(np.prod(storage.specs["obs"].shape))
         act_spec = storage.specs["action"]
         act_dim = int(np.prod(act_spec.shape)) if act_spec.shape else 1
-        gen = torch.Generator().manual_seed(self.seed)
-        with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.set_state(gen.get_state())
-            self.net = mlp(obs_dim + act_dim, self.hidden, 1).to(self.device)
+        with torch.random.fork_rng(devices=[]):  # seeded init that leaves the global RNG alone
+            torch.manual_seed(self.seed)
+            layers: list[nn.Module] = []
+            d = obs_dim + act_dim
+            for h in self.hidden:
+                layers += [nn.Linear(d, h), nn.ReLU()]
+                d = h
+            layers.append(nn.Linear(d, 1))
+            self.net = nn.Sequential(*layers).to(self.device)
         with torch.no_grad():
             self.net[-1].bias.fill_(1.0)  # w starts near 1 (reference code)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=self.lr)
 
     # -- density ratio ---------------------------------------------------------------------------------
     def ratio(self, slots: np.ndarray):
-        """w(s, a) >= 0 of stored rows (a ReLU on the output), as a torch tensor [n]."""
+        """w(s, a) >= 0 of stored rows (a ReLU on the output), as a torch tensor [n] (with autograd)."""
         import torch
 
         cols = self.storage.columns
-        obs = torch.as_tensor(cols["obs"].take(slots, axis=0), dtype=torch.float32, device=self.device)
-        act = torch.as_tensor(cols["action"].take(slots, axis=0), dtype=torch.float32, device=self.device)
-        x = torch.cat([obs.reshape(len(slots), -1), act.reshape(len(slots), -1)], dim=1)
-        return torch.relu(self.net(x)).squeeze(-1)
+        n = len(slots)
+        obs = torch.as_tensor(cols["obs"].take(slots, axis=0).reshape(n, -1), dtype=torch.float32, device=self.device)
+        act = torch.as_tensor(cols["action"].take(slots, axis=0).reshape(n, -1), dtype=torch.float32,
+                              device=self.device)
+        return torch.relu(self.net(torch.cat([obs, act], dim=1))).squeeze(-1)
 
-    def train_ratio(self) -> float:
-        """One Adam step of the JS variational objective (Eq. 5) on uniform offline and online batches."""
-        import torch
-
+    def _ratio_batches(self) -> tuple[np.ndarray, np.ndarray] | None:
         st = self.storage
         (off_lo, off_hi), (on_lo, on_hi) = st.slot_range(0), st.slot_range(ONLINE)
         if off_hi <= off_lo or on_hi <= on_lo:
-            return float("nan")
-        off = self.rng.integers(off_lo, off_hi, self.ratio_batch_size)
-        on = self.rng.integers(on_lo, on_hi, self.ratio_batch_size)
+            return None
+        return (self.rng.integers(off_lo, off_hi, self.ratio_batch_size),
+                self.rng.integers(on_lo, on_hi, self.ratio_batch_size))
+
+    def _step(self, slots: np.ndarray | None) -> tuple[bool, np.ndarray | None]:
+        """One density-ratio step (False while a source is empty); with ``slots``, first their priorities
+        (Eq. 6) from the network before this step, as the reference code orders it."""
+        import torch
+
+        batches = self._ratio_batches()
+        if batches is None:
+            return False, None
+        off, on = batches
         w_off, w_on = self.ratio(off), self.ratio(on)
-        f_star = -torch.log(2.0 / (w_off + 1.0) + 1e-10)  # f*(f'(w)) on offline rows
+        f_star = -torch.log(2.0 / (w_off + 1.0) + 1e-10)  # f*(f'(w)) on offline rows, JS (Eq. 5)
         f_prime = torch.log(2.0 * w_on / (w_on + 1.0) + 1e-10)  # f'(w) on online rows
-        loss = f_star.mean() - f_prime.mean()
+        loss = (f_star - f_prime).mean()
+        priority = None
+        with torch.no_grad():
+            inv_t = 1.0 / self.temperature
+            self.normalizer = float((w_off.detach().double() ** inv_t).mean()) + 1e-10  # MC E_off[w^(1/T)]
+            if slots is not None:
+                priority = self.priority(slots)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        with torch.no_grad():
-            self.normalizer = float((w_off.detach() ** (1.0 / self.temperature)).mean().clamp_min(1e-10))
         self.num_ratio_steps += 1
         self.last_ratio_loss = float(loss.item())
-        return self.last_ratio_loss
+        return True, priority
+
+    def train_ratio(self) -> float:
+        """One Adam step of the JS variational objective (Eq. 5) on uniform offline and online batches, without
+        a priority refresh; returns the loss (nan, and no step, while either source is empty)."""
+        stepped, _ = self._step(None)
+        return self.last_ratio_loss if stepped else float("nan")
 
     def priority(self, slots: np.ndarray) -> np.ndarray:
+        """Eq. 6 for stored rows with the current network and the last offline batch's normalizer."""
         import torch
 
         with torch.no_grad():
-            w = self.ratio(slots).cpu().numpy().astype(np.float64)
-        return np.clip(w ** (1.0 / self.temperature) / self.normalizer, self.clip_low, self.clip_high)
+            w = self.ratio(slots).double()
+            return (w ** (1.0 / self.temperature) / self.normalizer).clamp(self.clip_low, self.clip_high).cpu().numpy()
 
     # -- buffer hooks ----------------------------------------------------------------------------------
     def on_insert(self, slots: np.ndarray) -> None:
         st = self.storage
         online = st.meta["source"].take(slots) == ONLINE
-        if online.any() and st.num_online == online.sum() and self.num_ratio_steps == 0 and \
-                self.max_priority == 1.0:
-            # first online rows: give the first chunk the fraction f of the mass (reference code)
+        if online.any() and not self.seen_online:
+            # the first online rows: give the first chunk the fraction f of the mass (reference code)
+            self.seen_online = True
             f, m = self.init_online_fraction, max(st.num_offline, 1)
             self.max_priority = m * f / ((1 - f) * self.first_chunk_rows)
-        values = np.where(online, self.max_priority, 1.0)
-        self.tree.update(slots, values)
+        self.tree.update(slots, np.where(online, self.max_priority, 1.0))
 
     def update(self, slots: np.ndarray, signals: dict) -> None:
-        """Called after each RL step with the rows it used: train w one step, refresh those rows' priorities."""
-        self.train_ratio()
-        if self.num_ratio_steps:
-            p = self.priority(slots)
-            self.tree.update(slots, p)
-            self.max_priority = max(self.max_priority, float(p.max()))
+        """After each RL step, with the rows it used: refresh their priorities, train w one step."""
+        _, priority = self._step(slots)
+        if priority is not None:
+            self.tree.update(slots, priority)
+            self.max_priority = max(self.max_priority, float(priority.max()))  # all-time max (reference)
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         return proportional_draw(self.tree, batch_size, rng)  # no importance-sampling correction (BERB)
@@ -138,7 +175,8 @@ class BERBSampler(Sampler):
 
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/berb_ratio_loss": self.last_ratio_loss,
-                                  "replay/berb_max_priority": self.max_priority}
+                                  "replay/berb_max_priority": self.max_priority,
+                                  "replay/berb_normalizer": self.normalizer}
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def config(self) -> dict:
@@ -148,24 +186,33 @@ class BERBSampler(Sampler):
                     seed=self.seed, device=self.device)
 
     def state_dict(self) -> dict:
-        from relive.agents.networks import module_state, optimizer_state
-
         size = self.storage.size
+        net = {k.replace(".", "__"): v.detach().cpu().numpy().copy() for k, v in self.net.state_dict().items()}
+        opt = self.opt.state_dict()
+        opt_state = {str(k): {n: (v.detach().cpu().numpy().copy() if hasattr(v, "detach") else v) for n, v in s.items()}
+                     for k, s in opt["state"].items()}
         return super().state_dict() | {
-            "priority": np.array(self.tree.leaves[:size]), "net": module_state(self.net),
-            "opt": optimizer_state(self.opt), "rng": self.rng.bit_generator.state, "max_priority": self.max_priority,
-            "normalizer": self.normalizer, "num_ratio_steps": self.num_ratio_steps}
+            "priority": np.array(self.tree.leaves[:size]), "net": net, "opt_state": opt_state,
+            "rng": self.rng.bit_generator.state, "max_priority": self.max_priority,
+            "normalizer": self.normalizer, "num_ratio_steps": self.num_ratio_steps,
+            "last_ratio_loss": self.last_ratio_loss, "seen_online": self.seen_online}
 
     def load_state_dict(self, state: dict) -> None:
-        from relive.agents.networks import load_module_state, load_optimizer_state
+        import torch
 
         super().load_state_dict(state)
         leaves = np.zeros(self.storage.capacity)
         leaves[: len(state["priority"])] = state["priority"]
         self.tree.set_all(leaves)
-        load_module_state(self.net, state["net"])
-        load_optimizer_state(self.opt, state["opt"])
+        self.net.load_state_dict({k.replace("__", "."): torch.as_tensor(np.asarray(v), device=self.device)
+                                  for k, v in state["net"].items()})
+        opt = self.opt.state_dict()  # param groups (lr, betas, ...) come from the config
+        opt["state"] = {int(k): {n: (torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v)
+                                 for n, v in s.items()} for k, s in state["opt_state"].items()}
+        self.opt.load_state_dict(opt)
         self.rng.bit_generator.state = state["rng"]
         self.max_priority = float(state["max_priority"])
         self.normalizer = float(state["normalizer"])
         self.num_ratio_steps = int(state["num_ratio_steps"])
+        self.last_ratio_loss = float(state.get("last_ratio_loss", float("nan")))
+        self.seen_online = bool(state.get("seen_online", self.storage.num_online_written > 0))

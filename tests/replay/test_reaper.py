@@ -1,0 +1,238 @@
+"""ReaPER (Pleiss et al., Eq. 16-17): exact probabilities against a from-scratch NumPy model, the locality of an
+update, draws, IS weights and checkpoints -- for the compiled and the NumPy path."""
+
+import numpy as np
+import pytest
+
+from relive.replay import MixtureSampler, ReaPERSampler, ReplayBuffer, UniformSampler
+from relive.replay._tree_kernels import AVAILABLE
+from tests.replay.adaptive_helpers import check_frequencies_with_power, rows
+
+KERNELS = [False, True] if AVAILABLE else [False]
+ALPHA, OMEGA, BETA, EPS = 0.7, 0.5, 0.5, 1e-6
+
+
+class Model:
+    """ReaPER from scratch: every row ever stored keeps its last d (evicted rows too, as the sampler documents),
+    keyed by (episode id, step); reliabilities are recomputed over whole episodes for every query."""
+
+    def __init__(self, buf, truncation="finished"):
+        self.buf, self.truncation = buf, truncation
+        self.d: dict[tuple[int, int], float] = {}
+        self.max_d = 1.0
+
+    def _keys(self, slots):
+        meta = self.buf.storage.meta
+        return list(zip(meta["episode_id"][slots].tolist(), meta["step_in_episode"][slots].tolist(), strict=True))
+
+    def inserted(self, slots):
+        for key in self._keys(np.asarray(slots)[np.asarray(slots) >= 0]):
+            self.d[key] = self.max_d
+
+    def updated(self, slots, td):
+        for key, v in zip(self._keys(slots), np.abs(td) + EPS, strict=True):
+            self.d[key] = v
+        self.max_d = max(self.max_d, float(np.max(np.abs(td) + EPS)))
+
+    def psi(self, source=None):
+        st = self.buf.storage
+        view = st.episodes.live(source)
+        totals, finished = {}, {}
+        for e, start, length, src, fin in zip(view.ids, view.start, view.length, view.source, view.finished,
+                                              strict=True):
+            totals[e] = sum(v for (ep, _), v in self.d.items() if ep == e)
+            last = st.episode_slots([start], [length], [src])[-1]
+            finished[e] = fin and (self.truncation == "finished" or st.columns["terminated"][last])
+        F = max(totals.values())
+        psi = np.zeros(st.capacity)
+        lo, hi = st.slot_range(source)
+        for slot in range(lo, hi):
+            e, step = self._keys([slot])[0]
+            C = sum(v for (ep, s), v in self.d.items() if ep == e and s <= step)
+            R = C / (totals[e] if finished[e] else F)
+            psi[slot] = R**OMEGA * self.d[(e, step)] ** ALPHA
+        return psi
+
+    def probabilities(self, source=None):
+        psi = self.psi(source)
+        return psi / psi.sum()
+
+
+def make(capacity=40, use_kernels=True, truncation="finished", **kw):
+    s = ReaPERSampler(priority_exponent=ALPHA, reliability_exponent=OMEGA, is_exponent=BETA, is_exponent_final=BETA,
+                      truncation=truncation, use_kernels=use_kernels, **kw)
+    buf = ReplayBuffer(capacity, (2,), (1,), sampler=s, seed=1)
+    return buf, Model(buf, truncation)
+
+
+def filled(use_kernels=True, truncation="finished", n_online=14, capacity=40, td_seed=0):
+    """Offline: a terminated episode of 4 rows, a truncated one of 5, and the dataset's unfinished last one of 3
+    (finished when the online phase starts). Online: episodes of 8 (truncated), one terminated at row 20, the
+    last one ongoing; ``n_online`` > 28 wraps the ring of 28 slots."""
+    buf, model = make(capacity, use_kernels, truncation)
+    model.inserted(buf.add_offline(rows(np.arange(12), ends=(8,), terms=(3,))))
+    ends = tuple(range(7, n_online - 1, 8))
+    model.inserted(buf.extend(rows(np.arange(n_online), ends=ends, terms=(20,) if n_online > 21 else ())))
+    if td_seed is not None:
+        n = len(buf)
+        td = np.random.default_rng(td_seed).normal(size=n) * 3
+        buf.update(buf.gather(np.arange(n)).info, td_error=td)
+        model.updated(np.arange(n), td)
+    return buf, model
+
+
+@pytest.mark.parametrize("use_kernels", KERNELS)
+@pytest.mark.parametrize("truncation", ["finished", "ongoing"])
+@pytest.mark.parametrize("n_online", [14, 45])
+def test_probabilities_match_a_from_scratch_evaluation(use_kernels, truncation, n_online):
+    """Finished (terminated and truncated), ongoing, the dataset's last episode, and (45 rows into a ring of 28)
+    dead and half-evicted episodes."""
+    buf, model = filled(use_kernels, truncation, n_online)
+    np.testing.assert_allclose(buf.sampler.probabilities(), model.probabilities(), rtol=1e-10, atol=1e-15)
+    # the terminal-row rule: the last row of an episode that uses S_e has reliability 1
+    st = buf.storage
+    view = st.episodes.live()
+    s = buf.sampler
+    for start, length, src in zip(view.start, view.length, view.source, strict=True):
+        last = st.episode_slots([start], [length], [src])[-1:]
+        if s.finished[s.slot_leaf[last[0]]]:
+            np.testing.assert_allclose(s.reliability(last), 1.0, rtol=1e-12)
+    # which episodes use F: the open online one, and with truncation="ongoing" every non-terminated one
+    uses_F = {int(e) for e, leaf in zip(view.ids, s._leaf_of(view.ids), strict=True) if not s.finished[leaf]}
+    open_id = st.episodes.is_open(1)
+    if truncation == "finished":
+        assert uses_F == {open_id}
+    else:
+        terminated = {int(st.meta["episode_id"][i]) for i in np.flatnonzero(st.columns["terminated"][: len(buf)])}
+        assert uses_F == {int(e) for e in view.ids} - terminated
+
+
+@pytest.mark.parametrize("use_kernels", KERNELS)
+def test_a_long_random_run_matches_the_model(use_kernels):
+    """Many extends (the ring wraps several times, some extends longer than the ring) and updates, with
+    duplicate indices in batches, against the from-scratch model after every step."""
+    rng = np.random.default_rng(7)
+    buf, model = make(capacity=30, use_kernels=use_kernels)
+    model.inserted(buf.add_offline(rows(np.zeros(6), ends=(2,))))
+    t = 0
+    for step in range(25):
+        n = int(rng.integers(1, 9)) if step != 12 else 30  # step 12: longer than the 24-slot ring
+        ends = tuple(int(i) for i in np.flatnonzero(rng.random(n) < 0.25))
+        model.inserted(buf.extend(rows(np.arange(t, t + n), ends=ends, terms=ends[:1])))
+        t += n
+        b = buf.sample(6)
+        td = rng.normal(size=6) * rng.uniform(0.1, 4)
+        buf.update(b.info, td_error=td)
+        model.updated(b.info.indices, td)  # duplicates: the last value wins in both
+        np.testing.assert_allclose(buf.sampler.probabilities(), model.probabilities(), rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("use_kernels", KERNELS)
+def test_an_update_moves_only_its_episode_and_equals_a_recompute(use_kernels):
+    buf, model = filled(use_kernels, td_seed=None)
+    n = len(buf)
+    td = np.random.default_rng(1).uniform(1, 2, n)
+    buf.update(buf.gather(np.arange(n)).info, td_error=td)
+    model.updated(np.arange(n), td)
+    s = buf.sampler
+    stored = np.arange(n)
+    before = s._psi(stored)
+    F_before = s.F
+    slot = 1  # row 1 of the first offline episode (rows 0..3, terminated, not the largest total)
+    buf.update(buf.gather([slot]).info, td_error=[0.3])
+    model.updated([slot], [0.3])
+    assert s.F == F_before
+    changed = np.flatnonzero(s._psi(stored) != before)
+    # rows 0..2 move (C_t / S_e changed); the terminal row keeps R = 1 and its own d
+    assert set(changed.tolist()) == {0, 1, 2}
+    np.testing.assert_allclose(s._psi(stored), model.psi()[:n], rtol=1e-10)
+    np.testing.assert_allclose(s.reliability(stored), [
+        model.psi()[i] ** (1 / OMEGA) / model.d[k] ** (ALPHA / OMEGA) for i, k in enumerate(model._keys(stored))],
+        rtol=1e-9)
+    # raising the largest episode total moves F, and with it the ongoing episode only
+    before = s._psi(stored)
+    buf.update(buf.gather([5]).info, td_error=[100.0])
+    model.updated([5], [100.0])
+    assert s.F > F_before
+    changed = set(np.flatnonzero(s._psi(stored) != before).tolist())
+    episode_of = buf.storage.meta["episode_id"][:n]
+    ongoing = set(np.flatnonzero(episode_of == buf.storage.episodes.is_open(1)).tolist())
+    assert changed == set(np.flatnonzero(episode_of == episode_of[5]).tolist()) - {8} | ongoing
+    np.testing.assert_allclose(s._psi(stored), model.psi()[:n], rtol=1e-10)
+
+
+def test_an_update_costs_its_episode_not_the_buffer():
+    """The work of an update is the suffix of the touched episodes: rows of other episodes keep their stored
+    running sums bit for bit (checked on the per-slot arrays, not on timing)."""
+    buf, _ = make(capacity=5000)
+    buf.extend(rows(np.zeros(4000), ends=tuple(range(99, 4000, 100))))
+    s = buf.sampler
+    prefix, cum_u = s.prefix.copy(), s.cum_u.copy()
+    buf.update(buf.gather([1250]).info, td_error=[3.0])  # episode 12 = rows 1200..1299, position 50
+    moved = np.flatnonzero((s.prefix != prefix) | (s.cum_u != cum_u))
+    assert moved.min() == 1250 and moved.max() == 1299
+
+
+def test_new_rows_get_the_running_max_td():
+    buf, model = filled()
+    buf.update(buf.gather([0, 5]).info, td_error=[7.0, -2.0])
+    (slot,) = buf.extend(rows([99.0]))
+    assert buf.sampler.delta[slot] == pytest.approx(7.0 + EPS)
+
+
+@pytest.mark.parametrize("use_kernels", KERNELS)
+def test_draws_and_is_weights(use_kernels):
+    buf, model = filled(use_kernels, n_online=45)
+    p = model.probabilities()
+    batch = buf.sample(32)
+    idx = batch.info.indices
+    np.testing.assert_allclose(batch.info.probability, p[idx], rtol=1e-9)
+    w = (len(buf) * p[idx]) ** -BETA
+    np.testing.assert_allclose(batch.info.is_weight, w / w.max(), rtol=1e-6)
+    check_frequencies_with_power(buf, p)
+
+
+def test_draws_inside_a_mixture_and_the_offline_part_sees_the_dataset_close():
+    s = MixtureSampler(ReaPERSampler(ALPHA, OMEGA, BETA), UniformSampler())
+    buf = ReplayBuffer(40, (2,), (1,), sampler=s, seed=3)
+    buf.add_offline(rows(np.arange(12), ends=(3, 8)))  # the last episode (rows 9..11) is open
+    off = s.offline
+    assert not off.finished[off.slot_leaf[11]]
+    buf.extend(rows(np.arange(10), ends=(4,)))  # the online phase starts: the dataset's last episode is finished
+    model = Model(buf)
+    model.inserted(np.arange(len(buf)))
+    td = np.random.default_rng(0).normal(size=12) * 2
+    buf.update(buf.gather(np.arange(12)).info, td_error=td)
+    model.updated(np.arange(12), td)
+    p_off = model.probabilities(source=0)
+    np.testing.assert_allclose(off.probabilities(), p_off, rtol=1e-10, atol=1e-15)
+    assert off.finished[off.slot_leaf[11]]
+    check_frequencies_with_power(buf, s.probabilities(batch_size=len(buf)))
+
+
+@pytest.mark.parametrize("use_kernels", KERNELS)
+def test_save_load_round_trip(use_kernels, tmp_path):
+    buf, _ = filled(use_kernels, n_online=45)
+    buf.save(tmp_path / "c")
+    loaded = ReplayBuffer.load(tmp_path / "c")
+    np.testing.assert_array_equal(loaded.sampler.probabilities(), buf.sampler.probabilities())
+    for _ in range(3):
+        a, b = buf.sample(8).info, loaded.sample(8).info
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.probability, b.probability)
+        buf.update(a, td_error=np.arange(8.0))
+        loaded.update(b, td_error=np.arange(8.0))
+        rows_ = rows(np.arange(5), ends=(2,))
+        buf.extend(rows_)
+        loaded.extend(rows_)
+    np.testing.assert_array_equal(loaded.sampler.probabilities(), buf.sampler.probabilities())
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="truncation"):
+        ReaPERSampler(truncation="ignore")
+    with pytest.raises(ValueError, match="eps"):
+        ReaPERSampler(eps=0)
+    buf, _ = filled()
+    with pytest.raises(ValueError, match="td_error"):
+        buf.update(buf.gather([0]).info, priority=[1.0])
