@@ -1,18 +1,25 @@
-"""Agent throughput: relive SAC vs Stable-Baselines3 SAC, in one process with the same thread count.
+"""Agent throughput: relive SAC vs Stable-Baselines3 SAC, in one process, with the same torch thread count.
 
-    python bench/agent_throughput.py --threads 2
+    python bench/agent_throughput.py --threads 2 --seconds 5 --rounds 3 --loop-steps 2000 --profile
 
-1. SAC gradient step (batch 256, Hopper shapes obs 11 / action 3, 256x256 networks, twin critics):
-   relive ``SAC.update`` vs SB3 ``SAC.train(gradient_steps=1)``; both sample from their own full buffer.
-2. A full training loop on Hopper-v5 at one update per env step (after ``--learning-starts`` random
-   steps): relive (Collector + ReplayBuffer + SAC, the trainer's inner loop) vs SB3 ``SAC.learn``.
-3. The price of an ensemble: relive SAC update with 10 LayerNorm critics (RLPD) vs 2 critics.
+1. One SAC gradient step (batch 256, Hopper shapes obs 11 / action 3, 256x256 networks, twin critics):
+   relive ``SAC.update`` (which also returns per-sample ``td_error`` and ``log_likelihood``) vs SB3
+   ``SAC.train(gradient_steps=1)``; each samples from its own full 100k-row buffer. The contenders alternate
+   in ``--rounds`` rounds (the machine is shared) and the median of the per-round ratios is reported.
+2. A full SAC training loop on Hopper-v5 at one update per env step, after ``--learning-starts`` random steps
+   (untimed): a minimal loop written here (gymnasium env, relive ``ReplayBuffer`` + ``SAC``, act -> env.step
+   -> add -> sample -> update -> buffer.update(signals)) vs SB3 ``SAC.learn``.
+3. The price of an ensemble: relive SAC update with 10 critics (plain, and with LayerNorm as in RLPD, eager
+   and with ``compile=True``) vs the twin-critic update, same rounds.
+``--profile`` adds where the time of one step goes (torch profiler: matmul kernels vs the rest, operator
+count, matmul FLOPs) for relive and SB3: the floor that bounds the update ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import warnings
@@ -20,10 +27,11 @@ from pathlib import Path
 
 import numpy as np
 
-OBS, ACT, BATCH = 11, 3, 256
+OBS, ACT, BATCH, ROWS = 11, 3, 256, 100_000
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
-def rate(fn, seconds: float, warmup: int = 5) -> float:
+def rate(fn, seconds: float, warmup: int = 10) -> float:
     for _ in range(warmup):
         fn()
     n, start = 0, time.perf_counter()
@@ -33,29 +41,24 @@ def rate(fn, seconds: float, warmup: int = 5) -> float:
     return n / (time.perf_counter() - start)
 
 
-def filled_relive_buffer(rows: int):
+# -- contenders: one gradient step ------------------------------------------------------------------
+def relive_step(**cfg):
+    from relive.agents.sac import SAC, SACConfig
     from relive.replay import ReplayBuffer
     from relive.testing import random_transitions
 
-    buf = ReplayBuffer(rows, (OBS,), (ACT,), seed=0)
-    buf.extend(random_transitions(rows, OBS, ACT, rng=0, episode_length=1000))
-    return buf
-
-
-def relive_update_rate(seconds: float, **cfg) -> float:
-    from relive.agents.sac import SAC, SACConfig
-
-    buf = filled_relive_buffer(100_000)
+    buf = ReplayBuffer(ROWS, (OBS,), (ACT,), seed=0)
+    buf.extend(random_transitions(ROWS, OBS, ACT, rng=0, episode_length=1000))
     agent = SAC(OBS, ACT, -np.ones(ACT), np.ones(ACT), SACConfig(**cfg), seed=0)
-    return rate(lambda: agent.update(buf.sample(BATCH)), seconds)
+    return lambda: agent.update(buf.sample(BATCH))
 
 
-def sb3_update_rate(seconds: float) -> float:
+def sb3_step():
     import gymnasium as gym
     from stable_baselines3 import SAC as SB3SAC
 
-    env = gym.make("Hopper-v5")
-    model = SB3SAC("MlpPolicy", env, batch_size=BATCH, buffer_size=100_000, learning_starts=0, device="cpu", seed=0)
+    model = SB3SAC("MlpPolicy", gym.make("Hopper-v5"), batch_size=BATCH, buffer_size=ROWS, learning_starts=0,
+                   device="cpu", seed=0)
     rng = np.random.default_rng(0)
     rb = model.replay_buffer
     rb.observations[:] = rng.normal(size=rb.observations.shape)
@@ -64,50 +67,79 @@ def sb3_update_rate(seconds: float) -> float:
     rb.rewards[:] = rng.normal(size=rb.rewards.shape)
     rb.full = True
     model._setup_learn(total_timesteps=1, reset_num_timesteps=True)
-    return rate(lambda: model.train(gradient_steps=1, batch_size=BATCH), seconds)
+    return lambda: model.train(gradient_steps=1, batch_size=BATCH)
 
 
-def relive_loop_rate(steps: int, learning_starts: int) -> float:
+# -- contenders: the training loop ------------------------------------------------------------------
+def relive_loop_rate(steps: int, learning_starts: int, seed: int = 0) -> float:
+    import gymnasium as gym
+
     from relive.agents.sac import SAC, SACConfig
     from relive.replay import ReplayBuffer
-    from relive.train.collector import Collector
-    from relive.train.envs import env_spec, make_env, random_actions
 
-    env = make_env("Hopper-v5")
-    spec = env_spec(env)
-    agent = SAC(OBS, ACT, spec.action_low, spec.action_high, SACConfig(), seed=0)
-    buf = ReplayBuffer(steps + 10, spec.obs_shape, spec.action_shape, seed=0)
-    col = Collector(env, spec, seed=0)
-    rng = np.random.default_rng(0)
-    buf.extend(col.step(lambda o: random_actions(spec, 1, rng), learning_starts))
+    env = gym.make("Hopper-v5")
+    low, high = env.action_space.low, env.action_space.high
+    agent = SAC(OBS, ACT, low, high, SACConfig(), seed=seed)
+    buf = ReplayBuffer(steps + learning_starts + 10, (OBS,), (ACT,), seed=seed)
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+
+    def env_step(action: np.ndarray) -> None:
+        nonlocal obs
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        buf.add(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,
+                truncated=truncated)  # next_obs is the true final observation on truncation
+        obs = env.reset()[0] if terminated or truncated else next_obs
+
+    for _ in range(learning_starts):
+        env_step(rng.uniform(low, high).astype(np.float32))
     start = time.perf_counter()
     for _ in range(steps):
-        buf.extend(col.step(lambda o: agent.act(o, explore=True), 1))
+        env_step(agent.act(obs[None], explore=True)[0])
         batch = buf.sample(BATCH)
         result = agent.update(batch)
         buf.update(batch.info, **result.signals)
     return steps / (time.perf_counter() - start)
 
 
-def sb3_loop_rate(steps: int, learning_starts: int) -> float:
+def sb3_loop_rate(steps: int, learning_starts: int, seed: int = 0) -> float:
     import gymnasium as gym
     from stable_baselines3 import SAC as SB3SAC
 
-    env = gym.make("Hopper-v5")
-    model = SB3SAC("MlpPolicy", env, batch_size=BATCH, buffer_size=steps + learning_starts + 10,
-                   learning_starts=learning_starts, device="cpu", seed=0)
+    model = SB3SAC("MlpPolicy", gym.make("Hopper-v5"), batch_size=BATCH, buffer_size=steps + learning_starts + 10,
+                   learning_starts=learning_starts, device="cpu", seed=seed)
     model.learn(total_timesteps=learning_starts)  # random warm-up, not timed
     start = time.perf_counter()
     model.learn(total_timesteps=steps, reset_num_timesteps=False)
     return steps / (time.perf_counter() - start)
 
 
+# -- where the time goes ------------------------------------------------------------------------------
+def profile_step(step, n: int = 20) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(10):
+        step()
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        for _ in range(n):
+            step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / n / 1e3
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / n / 1e3
+    return {"ms per step (profiled)": total, "matmul ms": matmul, "matmul share": matmul / total,
+            "matmul MFLOP": sum(e.flops for e in events if e.key in MATMULS) / n / 1e6,
+            "operators": sum(e.count for e in events) / n}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2, help="torch threads for every contender")
-    p.add_argument("--seconds", type=float, default=15.0, help="timing window of the update benchmarks")
-    p.add_argument("--loop-steps", type=int, default=2000, help="timed env steps of the training loops")
+    p.add_argument("--seconds", type=float, default=5.0, help="timing window per contender and round")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of the update measurements")
+    p.add_argument("--loop-steps", type=int, default=2000, help="timed env steps of each training loop")
+    p.add_argument("--loop-rounds", type=int, default=1, help="alternating rounds of the loop measurements")
     p.add_argument("--learning-starts", type=int, default=1000)
+    p.add_argument("--profile", action="store_true", help="also profile one step of each (matmul share)")
     p.add_argument("--json", default="bench/out/agent_throughput.json")
     args = p.parse_args(argv)
 
@@ -115,23 +147,48 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    res = {}
-    print(f"torch threads: {args.threads}", flush=True)
-    res["relive SAC update/s"] = relive_update_rate(args.seconds)
-    print(f"relive SAC update:          {res['relive SAC update/s']:8.1f} /s", flush=True)
-    res["SB3 SAC update/s"] = sb3_update_rate(args.seconds)
-    print(f"SB3 SAC train step:         {res['SB3 SAC update/s']:8.1f} /s "
-          f"-> ratio {res['relive SAC update/s'] / res['SB3 SAC update/s']:.2f}x (target >= 2x)", flush=True)
-    res["relive RLPD-ensemble update/s"] = relive_update_rate(args.seconds, num_qs=10, critic_layer_norm=True)
-    cost = res["relive SAC update/s"] / res["relive RLPD-ensemble update/s"]
-    print(f"relive 10-critic update:    {res['relive RLPD-ensemble update/s']:8.1f} /s "
-          f"-> costs {cost:.2f}x a twin-critic update (target <= 4x)", flush=True)
-    res["relive loop env steps/s"] = relive_loop_rate(args.loop_steps, args.learning_starts)
-    print(f"relive Hopper loop:         {res['relive loop env steps/s']:8.1f} env steps/s", flush=True)
-    res["SB3 loop env steps/s"] = sb3_loop_rate(args.loop_steps, args.learning_starts)
-    print(f"SB3 SAC.learn on Hopper:    {res['SB3 loop env steps/s']:8.1f} env steps/s "
-          f"-> ratio {res['relive loop env steps/s'] / res['SB3 loop env steps/s']:.2f}x (target >= 1.5x)", flush=True)
-    res["command"] = "python bench/agent_throughput.py " + " ".join(argv or sys.argv[1:])
+    print(f"torch {torch.__version__}, threads {args.threads}", flush=True)
+    steps = {"relive SAC": relive_step(), "SB3 SAC": sb3_step(),
+             "relive 10 critics": relive_step(num_qs=10),
+             "relive 10 LayerNorm critics (RLPD)": relive_step(num_qs=10, critic_layer_norm=True),
+             "relive 10 LayerNorm critics, compiled": relive_step(num_qs=10, critic_layer_norm=True, compile=True)}
+    rates: dict[str, list[float]] = {k: [] for k in steps}
+    for r in range(args.rounds):
+        for name, step in steps.items():
+            rates[name].append(rate(step, args.seconds))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items()), flush=True)
+
+    def ratio(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+
+    res: dict = {"threads": args.threads, "torch": torch.__version__,
+                 "updates per second (median)": {k: statistics.median(v) for k, v in rates.items()},
+                 "update ratio relive / SB3": ratio("relive SAC", "SB3 SAC"),
+                 "10-critic update cost vs twin": ratio("relive SAC", "relive 10 critics"),
+                 "RLPD critic update cost vs twin": ratio("relive SAC", "relive 10 LayerNorm critics (RLPD)"),
+                 "RLPD critic update cost vs twin, compiled": ratio("relive SAC",
+                                                                    "relive 10 LayerNorm critics, compiled")}
+    print(f"SAC update: relive / SB3 = {res['update ratio relive / SB3']:.2f}x (target >= 2x)", flush=True)
+    print(f"10 critics cost {res['10-critic update cost vs twin']:.2f}x, 10 LayerNorm critics "
+          f"{res['RLPD critic update cost vs twin']:.2f}x ({res['RLPD critic update cost vs twin, compiled']:.2f}x "
+          "compiled) a twin-critic update (target <= 4x)", flush=True)
+
+    loops: dict[str, list[float]] = {"relive": [], "SB3": []}
+    for r in range(args.loop_rounds):
+        loops["relive"].append(relive_loop_rate(args.loop_steps, args.learning_starts, seed=r))
+        loops["SB3"].append(sb3_loop_rate(args.loop_steps, args.learning_starts, seed=r))
+        print(f"loop round {r + 1}: relive {loops['relive'][-1]:.1f}, SB3 {loops['SB3'][-1]:.1f} env steps/s",
+              flush=True)
+    res["loop env steps per second (median)"] = {k: statistics.median(v) for k, v in loops.items()}
+    res["loop ratio relive / SB3"] = statistics.median(
+        x / y for x, y in zip(loops["relive"], loops["SB3"], strict=True))
+    print(f"Hopper-v5 loop: relive / SB3 = {res['loop ratio relive / SB3']:.2f}x (target >= 1.5x)", flush=True)
+
+    if args.profile:
+        res["profile"] = {name: profile_step(steps[name]) for name in ("relive SAC", "SB3 SAC")}
+        for name, prof in res["profile"].items():
+            print(f"profile {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in prof.items()), flush=True)
+    res["command"] = "python bench/agent_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(res, indent=1))
     return 0

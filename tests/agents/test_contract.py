@@ -181,3 +181,19 @@ def test_bad_batches_are_rejected(kind):
                         terminated=b.terminated, truncated=b.truncated, info=b.info)
         with pytest.raises(ValueError, match="mc_return"):
             agent.update(no_mc)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["rlpd", "calql"])
+def test_compiled_critics_match_eager(kind, tmp_path):
+    """compile=True (torch.compile of the critic ensembles) changes speed, not results or checkpoints."""
+    eager, compiled = make(kind), make(kind, compile=True)
+    for step in range(3):
+        b = batch(kind, seed=step)
+        r1, r2 = eager.update(b), compiled.update(b)
+        np.testing.assert_allclose(r1.signals["td_error"], r2.signals["td_error"], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(flat_params(eager), flat_params(compiled), rtol=1e-4, atol=1e-4)
+    save_tree(tmp_path / "agent", compiled.state_dict(), kind="agent")
+    plain = make(kind)
+    plain.load_state_dict(load_tree(tmp_path / "agent", kind="agent"))
+    torch.testing.assert_close(flat_params(plain), flat_params(compiled), rtol=0, atol=0)
