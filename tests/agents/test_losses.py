@@ -279,6 +279,9 @@ def test_calql_penalty_formula_with_the_calibration_on_policy_actions_only():
     agent.gen.set_state(state)
     unknown, _ = agent.conservative_gap(with_mc_return(b, nan_b.mc_return), q_data)
     torch.testing.assert_close(plain, unknown)
+    agent.gen.set_state(state)  # the "unknown yet" placeholder a buffer can store: the lowest float32
+    lowest = torch.full((B,), float(np.finfo(np.float32).min))
+    torch.testing.assert_close(plain, agent.conservative_gap(with_mc_return(b, lowest), q_data)[0])
     assert torch.all(plain[:, 0::2] < gap[:, 0::2] + 1e-6) and torch.any(plain < gap - 1)
 
 

@@ -17,8 +17,10 @@ actor step, temperature step.
 
 **Online rows (documented default).** ``calibrate_online=True`` (official Cal-QL): calibration stays on
 during fine-tuning and online rows are calibrated with their true discounted returns-to-go, which the trainer
-writes into ``mc_return`` when their episode ends (``buffer.set_column``). A NaN ``mc_return`` means "not
-known yet" and leaves that row's values uncalibrated (never max(Q, NaN)). ``calibrate_online=False``
+writes into ``mc_return`` when their episode ends (``buffer.set_column``). Until then a row's bound should
+say "unknown": a very low value such as ``np.finfo(np.float32).min`` (max(Q, bound) = Q; the storage refuses
+NaN) -- a placeholder 0 would be a real, often wrong, lower bound. NaN is also read as "unknown" (never
+max(Q, NaN)) for batches built outside the buffer. ``calibrate_online=False``
 reproduces CORL (and the ARB code built on it): the calibration is switched off for every row once
 ``set_online(True)`` has been called at the offline -> online switch.
 
