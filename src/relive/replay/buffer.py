@@ -96,7 +96,8 @@ class ReplayBuffer:
             generation=meta["generation"].take(idx),
             probability=np.full(n, np.nan) if probability is None else probability,
             is_weight=np.ones(n, np.float32) if is_weight is None else is_weight,
-            source=meta["source"].take(idx),
+            # offline rows are the prefix [0, num_offline): no read of meta["source"] (a cache miss per row)
+            source=(idx >= st.num_offline).view(np.int8),
         )
         extras = {name: cols[name].take(idx, axis=0) for name in st.extra_names} if st.extra_names else {}
         return Batch(cols["obs"].take(idx, axis=0), cols["action"].take(idx, axis=0), cols["reward"].take(idx),
