@@ -12,7 +12,9 @@ stored action (on-policyness, Sec. 4.1), averaged over the trajectory (geometric
 ``level="transition"`` uses w_i = exp(l^_i / lambda) (the paper's ablation, Fig. 3). The scores come from
 ``buffer.refresh(score_fn)``, where ``score_fn(obs, action) -> [n]`` is supplied by the agent (see
 ``relive.agents.scoring``: ``log_prob`` mode, the paper's log pi(a|s) averaged over action dimensions, or
-``standardized``, the reference code's); this sampler knows nothing of policies.
+``standardized``, the reference code's and the training default -- see that module for why); this sampler
+knows nothing of policies. ``refresh`` feeds the stored rows to ``score_fn`` in chunks of ``chunk_size`` under
+``torch.no_grad()``; the function may return a NumPy array or a tensor.
 
 Rows added since the last refresh get the provisional weight exp(0 / lambda) = 1, the largest weight a row can
 have after the shift (as in the reference code), so fresh data is sampled at least as often as any scored row
@@ -250,8 +252,8 @@ class ARBSampler(Sampler):
             indices, weight = self._draw_alias(batch_size, rng)
             probability = weight / total
         else:
-            indices = tree.find_prefix(np.sort(rng.random(batch_size)) * total)
-            probability = tree.nodes[tree.size + indices] / total
+            indices, weight = tree.find_prefix_with_values(np.sort(rng.random(batch_size)) * total)
+            probability = weight / total
         if self.is_correction:
             w = (self.num_rows() * probability) ** (-self.is_exponent)
             is_weight = (w / w.max()).astype(np.float32)

@@ -153,11 +153,10 @@ class ReaPERSampler(Sampler):
         omega = self.reliability_exponent
         if self._compiled:
             c = np.empty(n_rows)
-            da = np.empty(n_rows)
-            _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.delta_pow, self.prefix,
-                           self.evicted_d, c, da)
-            u = _power(c, omega) * da  # u_j = C_j^omega d_j^alpha (vectorized: the powers dominate)
-            _suffix_running_u(p_from, start, end, online, leaves, k, cap, u, self.cum_u, self.evicted_u)
+            _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d, c)
+            c_pow = _power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
+            _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
+                              self.evicted_u)
             return
         lengths = end - p_from
         seg = np.repeat(np.arange(lengths.size), lengths)
@@ -413,9 +412,9 @@ if _tree_kernels.AVAILABLE:
         return k + p % cap if online else p
 
     @numba.njit(cache=True, nogil=True)
-    def _suffix_prefix(p_from, start, end, online, leaves, k, cap, delta, delta_pow, prefix, evicted_d, c_out,
-                       da_out):  # pragma: no cover - compiled
-        # C_j = C_{j-1} + d_j from p_from to the end of each episode; also gathers d^alpha for the powers.
+    def _suffix_prefix(p_from, start, end, online, leaves, k, cap, delta, prefix, evicted_d,
+                       c_out):  # pragma: no cover - compiled
+        # C_j = C_{j-1} + d_j from p_from to the end of each episode (stored per slot and gathered in c_out).
         # Slots advance by one and wrap at the end of the ring (no division per row).
         j = 0
         for e in range(p_from.size):
@@ -428,14 +427,15 @@ if _tree_kernels.AVAILABLE:
                 c += delta[s]
                 prefix[s] = c
                 c_out[j] = c
-                da_out[j] = delta_pow[s]
                 j += 1
                 s += 1
                 if online[e] and s == k + cap:
                     s = k
 
     @numba.njit(cache=True, nogil=True)
-    def _suffix_running_u(p_from, start, end, online, leaves, k, cap, u, cum_u, evicted_u):  # pragma: no cover
+    def _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, delta_pow, cum_u,
+                          evicted_u):  # pragma: no cover - compiled
+        # running sum of u_j = C_j^omega d_j^alpha over the same rows
         j = 0
         for e in range(p_from.size):
             p = p_from[e]
@@ -444,7 +444,7 @@ if _tree_kernels.AVAILABLE:
             run = cum_u[_slot(p - 1, online[e], k, cap)] if p > start[e] else evicted_u[leaves[e]]
             s = _slot(p, online[e], k, cap)
             for _ in range(end[e] - p):
-                run += u[j]
+                run += c_pow[j] * delta_pow[s]
                 cum_u[s] = run
                 j += 1
                 s += 1
