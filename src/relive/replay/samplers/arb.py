@@ -48,7 +48,7 @@ import numpy as np
 
 from relive.replay import _tree_kernels as kernels
 from relive.replay.samplers.base import Draw, Sampler
-from relive.replay.samplers.per import tree_probabilities
+from relive.replay.samplers.per import contiguous_runs, tree_probabilities
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import ONLINE
 
@@ -142,24 +142,28 @@ class ARBSampler(Sampler):
             raise ValueError(f"score_fn returned a non-finite score for slot {int(slots[np.flatnonzero(bad)[0]])}")
         clipped = np.clip(out, self.log_p_low, self.log_p_high)
         self.score[slots] = clipped
-        self.max_score.update(slots, clipped - self.log_p_low)
+        _set(self.max_score, slots, clipped - self.log_p_low)
 
-    def log_weights(self, slots: np.ndarray) -> np.ndarray:
-        """(L_tau(i) or l^_i) / lambda of scored rows (trajectory mean over the episode's scored rows)."""
+    def episode_weights(self, view) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows of the episodes in ``view`` (EpisodeView), their weights exp(L_tau / lambda) (trajectory level:
+        L_tau = mean of l^ over the episode's scored rows) or exp(l^_i / lambda), and which rows are scored."""
+        slots = self.storage.episode_slots(view.start, view.length, view.source)
         lhat = self.score[slots] - self.shift
+        scored = np.isfinite(lhat)
         if self.level == "transition":
-            return lhat / self.temperature
-        ep = self.storage.meta["episode_id"].take(slots)
-        uniq, inv = np.unique(ep, return_inverse=True)
-        sums = np.bincount(inv, weights=lhat, minlength=uniq.size)
-        counts = np.bincount(inv, minlength=uniq.size)
-        return (sums / counts)[inv] / self.temperature
+            return slots, np.exp(lhat / self.temperature), scored
+        starts = np.cumsum(view.length) - view.length  # every stored episode has at least one row
+        sums = np.add.reduceat(np.where(scored, lhat, 0.0), starts)
+        counts = np.add.reduceat(scored.astype(np.int64), starts)
+        mean = sums / np.maximum(counts, 1)
+        return slots, np.repeat(np.exp(mean / self.temperature), view.length), scored
 
     def _rebuild_all(self) -> None:
         lo, hi = self.domain()
         self.shift = self.max_score.max + self.log_p_low  # max_j l_j over the stored rows
         w = np.zeros(self.storage.capacity)
-        w[lo:hi] = np.exp(self.log_weights(np.arange(lo, hi)))
+        slots, weights, _ = self.episode_weights(self.storage.episodes.live(self.source))
+        w[slots] = weights
         self.tree.set_all(w)
         self._build_alias(lo, hi, w[lo:hi].copy(), self.storage.num_online_written, self.storage.num_offline)
 
@@ -169,10 +173,14 @@ class ARBSampler(Sampler):
         if not kernels.AVAILABLE or hi <= lo:
             self._alias = None
             return
-        prob, alias = np.empty(hi - lo), np.empty(hi - lo, np.int64)
-        kernels.build_alias(weights, prob, alias)
         # one row per slot (prob, alias slot, own weight, alias's weight): a draw reads one cache line
-        table = np.column_stack([prob, (alias + lo).astype(np.float64), weights, weights[alias]])
+        table = np.empty((hi - lo, 4))
+        alias = np.empty(hi - lo, np.int64)
+        kernels.build_alias(weights, table[:, 0], alias)
+        table[:, 1] = alias
+        table[:, 1] += lo
+        table[:, 2] = weights
+        np.take(weights, alias, out=table[:, 3])
         self._alias = (lo, hi, table, None, weights, float(weights.sum()), int(num_online_written),
                        int(num_offline))
         self.stale_mass = float(stale_mass)
@@ -236,13 +244,14 @@ class ARBSampler(Sampler):
             self.tree.set_all(w)
             self.shift = best
         if self.level == "transition":
-            touched = rows
-        else:  # every scored row of the touched trajectories gets the new trajectory mean
-            st = self.storage
-            view = st.episodes.get(np.unique(st.meta["episode_id"].take(rows)))
-            touched = st.episode_slots(view.start, view.length, view.source)
-        scored = touched[np.isfinite(self.score[touched])]
-        self.tree.update(scored, np.exp(self.log_weights(scored)))
+            _set(self.tree, rows, np.exp((self.score[rows] - self.shift) / self.temperature))
+            return
+        # every scored row of the touched trajectories gets the new trajectory mean (the rows of a slice are
+        # consecutive, so its episodes are runs of equal ids)
+        ep = self.storage.meta["episode_id"].take(rows)
+        heads = np.concatenate(([0], np.flatnonzero(ep[1:] != ep[:-1]) + 1))
+        slots, weights, scored = self.episode_weights(self.storage.episodes.get(np.unique(ep[heads])))
+        _set(self.tree, slots, np.where(scored, weights, self.tree.leaves.take(slots)))
 
     # -- sampling --------------------------------------------------------------------------------------
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
@@ -309,3 +318,15 @@ class ARBSampler(Sampler):
             self._build_alias(int(a["lo"]), int(a["hi"]), np.asarray(a["weights"], np.float64),
                               int(a["num_online_written"]), int(a["num_offline"]), float(a["stale_mass"]),
                               int(a["seen_written"]))
+
+
+def _set(tree, slots: np.ndarray, values: np.ndarray) -> None:
+    """tree[slots] = values, as range updates when the slots are a few runs of consecutive slots."""
+    runs = contiguous_runs(slots, max_runs=8)
+    if runs is None:
+        tree.update(slots, values)
+        return
+    offset = 0
+    for start, n in runs:
+        tree.update_range(start, values[offset : offset + n])
+        offset += n
