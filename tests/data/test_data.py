@@ -168,6 +168,15 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
     med = summaries["medium"]
     assert (runs[0] / "snapshots" / f"agent_{med['medium_snapshot_step']}").exists()
     assert summaries["medium-replay"]["rows"] == med["medium_snapshot_step"]
+    import csv
+
+    evals = {int(float(r["env_step"])): float(r["eval/return_mean"]) for r in csv.DictReader(
+        (runs[0] / "eval.csv").open())}
+    assert med["expert_eval_return"] == max(evals.values())  # the expert is the best evaluated policy
+    assert 0 < med["medium_snapshot_step"] < med["expert_snapshot_step"]
+    target = med["ref_min_return"] + (med["ref_max_return"] - med["ref_min_return"]) / 3
+    earlier = [r for step, r in evals.items() if 0 < step < med["expert_snapshot_step"]]
+    assert abs(med["medium_snapshot_eval_return"] - target) == min(abs(r - target) for r in earlier)
     assert summaries["medium-expert"]["rows"] == 800 and summaries["expert"]["rows"] == 400
     assert len({s["ref_min_return"] for s in summaries.values()}) == 1  # one R_random for every level
     assert summaries["random"]["ref_min_return"] == pytest.approx(summaries["random"]["return_mean"])

@@ -3,9 +3,10 @@
 One SAC training run per task and seed (``expert_train_steps`` online steps, evaluated every 1/20 of it, the
 agent of every evaluation kept) gives every level, as D4RL's recipe does:
 - random: uniform actions.
-- expert: the final policy, rolled out with its stochastic policy.
-- medium: the snapshot whose evaluation return is closest to one third of the way from the random return to
-  the expert's (D4RL: "a third of the expert return"), rolled out stochastically.
+- expert: the run's best evaluated policy (usually the final one; short runs on 2 cores are unstable, e.g.
+  Walker2d's evaluation fell from 851 to 306 over the last 15k steps), rolled out with its stochastic policy.
+- medium: an earlier snapshot whose evaluation return is closest to one third of the way from R_random to
+  R_expert (D4RL: "a third of the expert return"), rolled out stochastically.
 - medium-replay: the rows that run had stored when that snapshot was taken (its replay data).
 - medium-expert: the union of medium and expert.
 The run (policies, evaluations, replay buffer) stays in ``data/policies/<task>/seed<N>-steps<M>``
@@ -115,17 +116,30 @@ def _load_agent(run_dir: Path, snapshot: str):
     return agent
 
 
-def _medium_step(run_dir: Path, ref_min: float) -> tuple[int, float, float]:
-    """(env step, eval return) of the snapshot closest to a third of the way from random to the final
-    policy's evaluation, and that final evaluation."""
+def _evaluations(run_dir: Path) -> list[tuple[int, float]]:
     import csv
 
     with open(run_dir / "eval.csv", newline="") as f:
-        evals = [(int(float(r["env_step"])), float(r["eval/return_mean"])) for r in csv.DictReader(f)]
-    final = evals[-1][1]
-    target = ref_min + (final - ref_min) / 3
-    step, ret = min(evals[:-1] or evals, key=lambda e: abs(e[1] - target))
-    return step, ret, final
+        return [(int(float(r["env_step"])), float(r["eval/return_mean"])) for r in csv.DictReader(f)]
+
+
+def _expert_snapshot(run_dir: Path) -> tuple[str, int, float]:
+    """(agent path in the run, env step, eval return) of the best evaluated policy; the last one on ties."""
+    evals = _evaluations(run_dir)
+    i = max(range(len(evals)), key=lambda j: (evals[j][1], j))
+    step, ret = evals[i]
+    return ("agent_final" if i == len(evals) - 1 else f"snapshots/agent_{step}"), step, ret
+
+
+def _medium_snapshot(run_dir: Path, expert_step: int, ref_min: float, ref_max: float) -> tuple[int, float]:
+    """(env step, eval return) of the trained snapshot (after step 0, before the expert's) whose evaluation
+    return is closest to R_random + (R_expert - R_random) / 3."""
+    target = ref_min + (ref_max - ref_min) / 3
+    evals = [e for e in _evaluations(run_dir) if 0 < e[0] < expert_step]
+    if not evals:
+        raise ValueError(f"{run_dir}: no evaluated snapshot between the start and the expert (step {expert_step}) "
+                         "to serve as the medium policy; train longer (--expert-train-steps)")
+    return min(evals, key=lambda e: abs(e[1] - target))
 
 
 def _episode_returns(rows: dict) -> np.ndarray:
@@ -173,8 +187,11 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         rows = random_rows
         compute = None  # normalize against the expert when it exists (never train one for the random level)
         if not maze and (run_dir / "summary.json").exists():
+            expert_agent = _expert_snapshot(run_dir)[0]
+            expert_key = f"expert/{expert_agent}/seed{seed}-steps{steps}"
+
             def compute():
-                return _episode_returns(rollout(_load_agent(run_dir, "agent_final"), steps, seed + 2)).mean()
+                return _episode_returns(rollout(_load_agent(run_dir, expert_agent), steps, seed + 2)).mean()
         ref_max = _cached_reference(expert_refs, expert_key, compute)
     elif level == "scripted":
         from relive.data.maze import waypoint_policy
@@ -185,19 +202,23 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(rows).mean())
     else:
         _training_run(task, train_steps, seed, run_dir, progress)
-        med_step, med_eval, final_eval = _medium_step(run_dir, ref_min)
+        expert_agent, expert_step, expert_eval = _expert_snapshot(run_dir)
+        expert_key = f"expert/{expert_agent}/seed{seed}-steps{steps}"
+        expert_rows = None
+        if level in ("expert", "medium-expert"):
+            expert_rows = rollout(_load_agent(run_dir, expert_agent), steps, seed + 2)
+        ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(
+            expert_rows if expert_rows is not None else rollout(_load_agent(run_dir, expert_agent), steps, seed + 2)
+        ).mean())
+        med_step, med_eval = _medium_snapshot(run_dir, expert_step, ref_min, ref_max)
         extra = {"training_run": str(run_dir), "train_steps": train_steps, "medium_snapshot_step": med_step,
-                 "medium_snapshot_eval_return": med_eval, "expert_eval_return": final_eval}
+                 "medium_snapshot_eval_return": med_eval, "expert_snapshot": expert_agent,
+                 "expert_snapshot_step": expert_step, "expert_eval_return": expert_eval}
         parts = []
         if level in ("medium", "medium-expert"):
             parts.append(rollout(_load_agent(run_dir, f"snapshots/agent_{med_step}"), steps, seed + 1))
-        if level in ("expert", "medium-expert"):
-            expert_rows = rollout(_load_agent(run_dir, "agent_final"), steps, seed + 2)
-            ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(expert_rows).mean())
+        if expert_rows is not None:
             parts.append(expert_rows)
-        else:  # the same rollout as the expert level, unless its mean return is cached already
-            ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(
-                rollout(_load_agent(run_dir, "agent_final"), steps, seed + 2)).mean())
         if level == "medium-replay":
             from relive.replay import ReplayBuffer
 
