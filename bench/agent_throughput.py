@@ -1,14 +1,16 @@
 """Agent throughput: relive SAC vs Stable-Baselines3 SAC, in one process, with the same torch thread count.
 
-    python bench/agent_throughput.py --threads 2 --seconds 5 --rounds 3 --loop-steps 2000 --profile
+    python bench/agent_throughput.py --threads 2 --profile
 
 1. One SAC gradient step (batch 256, Hopper shapes obs 11 / action 3, 256x256 networks, twin critics):
    relive ``SAC.update`` (which also returns per-sample ``td_error`` and ``log_likelihood``) vs SB3
    ``SAC.train(gradient_steps=1)``; each samples from its own full 100k-row buffer. The contenders alternate
-   in ``--rounds`` rounds (the machine is shared) and the median of the per-round ratios is reported.
+   in ``--rounds`` short rounds (the machine is shared: contention changes slowly compared with a round) and
+   the median of the per-round ratios is reported.
 2. A full SAC training loop on Hopper-v5 at one update per env step, after ``--learning-starts`` random steps
    (untimed): a minimal loop written here (gymnasium env, relive ``ReplayBuffer`` + ``SAC``, act -> env.step
-   -> add -> sample -> update -> buffer.update(signals)) vs SB3 ``SAC.learn``.
+   -> add -> sample -> update -> buffer.update(signals)) vs SB3 ``SAC.learn``, in alternating chunks of
+   ``--loop-steps`` env steps (both loops continue where they stopped).
 3. The price of an ensemble: relive SAC update with 10 critics (plain, and with LayerNorm as in RLPD, eager
    and with ``compile=True``) vs the twin-critic update, same rounds.
 ``--profile`` adds where the time of one step goes (torch profiler: matmul kernels vs the rest, operator
@@ -71,7 +73,8 @@ def sb3_step():
 
 
 # -- contenders: the training loop ------------------------------------------------------------------
-def relive_loop_rate(steps: int, learning_starts: int, seed: int = 0) -> float:
+def relive_loop(learning_starts: int, capacity: int, seed: int = 0):
+    """A minimal relive SAC loop on Hopper-v5; returns ``run(n) -> seconds`` for n more timed env steps."""
     import gymnasium as gym
 
     from relive.agents.sac import SAC, SACConfig
@@ -80,7 +83,7 @@ def relive_loop_rate(steps: int, learning_starts: int, seed: int = 0) -> float:
     env = gym.make("Hopper-v5")
     low, high = env.action_space.low, env.action_space.high
     agent = SAC(OBS, ACT, low, high, SACConfig(), seed=seed)
-    buf = ReplayBuffer(steps + learning_starts + 10, (OBS,), (ACT,), seed=seed)
+    buf = ReplayBuffer(capacity, (OBS,), (ACT,), seed=seed)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
 
@@ -91,27 +94,36 @@ def relive_loop_rate(steps: int, learning_starts: int, seed: int = 0) -> float:
                 truncated=truncated)  # next_obs is the true final observation on truncation
         obs = env.reset()[0] if terminated or truncated else next_obs
 
-    for _ in range(learning_starts):
+    for _ in range(learning_starts):  # random warm-up, not timed
         env_step(rng.uniform(low, high).astype(np.float32))
-    start = time.perf_counter()
-    for _ in range(steps):
-        env_step(agent.act(obs[None], explore=True)[0])
-        batch = buf.sample(BATCH)
-        result = agent.update(batch)
-        buf.update(batch.info, **result.signals)
-    return steps / (time.perf_counter() - start)
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        for _ in range(n):
+            env_step(agent.act(obs[None], explore=True)[0])
+            batch = buf.sample(BATCH)
+            result = agent.update(batch)
+            buf.update(batch.info, **result.signals)
+        return time.perf_counter() - start
+
+    return run
 
 
-def sb3_loop_rate(steps: int, learning_starts: int, seed: int = 0) -> float:
+def sb3_loop(learning_starts: int, capacity: int, seed: int = 0):
+    """SB3 ``SAC.learn`` on Hopper-v5 (train_freq 1, one gradient step per env step); ``run(n) -> seconds``."""
     import gymnasium as gym
     from stable_baselines3 import SAC as SB3SAC
 
-    model = SB3SAC("MlpPolicy", gym.make("Hopper-v5"), batch_size=BATCH, buffer_size=steps + learning_starts + 10,
+    model = SB3SAC("MlpPolicy", gym.make("Hopper-v5"), batch_size=BATCH, buffer_size=capacity,
                    learning_starts=learning_starts, device="cpu", seed=seed)
     model.learn(total_timesteps=learning_starts)  # random warm-up, not timed
-    start = time.perf_counter()
-    model.learn(total_timesteps=steps, reset_num_timesteps=False)
-    return steps / (time.perf_counter() - start)
+
+    def run(n: int) -> float:
+        start = time.perf_counter()
+        model.learn(total_timesteps=n, reset_num_timesteps=False)
+        return time.perf_counter() - start
+
+    return run
 
 
 # -- where the time goes ------------------------------------------------------------------------------
@@ -134,10 +146,11 @@ def profile_step(step, n: int = 20) -> dict[str, float]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2, help="torch threads for every contender")
-    p.add_argument("--seconds", type=float, default=5.0, help="timing window per contender and round")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds of the update measurements")
-    p.add_argument("--loop-steps", type=int, default=2000, help="timed env steps of each training loop")
-    p.add_argument("--loop-rounds", type=int, default=1, help="alternating rounds of the loop measurements")
+    p.add_argument("--seconds", type=float, default=2.0, help="timing window per contender and round")
+    p.add_argument("--rounds", type=int, default=7, help="alternating rounds of the update measurements")
+    p.add_argument("--loop-steps", type=int, default=500, help="timed env steps per training loop and round")
+    p.add_argument("--loop-rounds", type=int, default=4, help="alternating rounds of the loop measurements "
+                   "(both loops keep going: round r times env steps r x loop-steps .. (r + 1) x loop-steps)")
     p.add_argument("--learning-starts", type=int, default=1000)
     p.add_argument("--profile", action="store_true", help="also profile one step of each (matmul share)")
     p.add_argument("--json", default="bench/out/agent_throughput.json")
@@ -173,10 +186,12 @@ def main(argv=None) -> int:
           f"{res['RLPD critic update cost vs twin']:.2f}x ({res['RLPD critic update cost vs twin, compiled']:.2f}x "
           "compiled) a twin-critic update (target <= 4x)", flush=True)
 
-    loops: dict[str, list[float]] = {"relive": [], "SB3": []}
+    capacity = args.learning_starts + args.loop_steps * args.loop_rounds + 10
+    loop_runs = {"relive": relive_loop(args.learning_starts, capacity), "SB3": sb3_loop(args.learning_starts, capacity)}
+    loops: dict[str, list[float]] = {k: [] for k in loop_runs}
     for r in range(args.loop_rounds):
-        loops["relive"].append(relive_loop_rate(args.loop_steps, args.learning_starts, seed=r))
-        loops["SB3"].append(sb3_loop_rate(args.loop_steps, args.learning_starts, seed=r))
+        for name, run in loop_runs.items():
+            loops[name].append(args.loop_steps / run(args.loop_steps))
         print(f"loop round {r + 1}: relive {loops['relive'][-1]:.1f}, SB3 {loops['SB3'][-1]:.1f} env steps/s",
               flush=True)
     res["loop env steps per second (median)"] = {k: statistics.median(v) for k, v in loops.items()}
