@@ -189,7 +189,13 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
     for level in summaries:
         rows, meta = read_minari(f"relive/pendulum-v1/{level}-v0", root=tmp_path / "minari")
         assert len(rows["obs"]) == summaries[level]["rows"] and meta["env_id"] == "Pendulum-v1"
-    # deterministic for a seed: the same level again, into another root, holds the same rows
+    me, _ = read_minari("relive/pendulum-v1/medium-expert-v0", root=tmp_path / "minari")
+    ex, _ = read_minari("relive/pendulum-v1/expert-v0", root=tmp_path / "minari")
+    np.testing.assert_array_equal(me["obs"][400:], ex["obs"])  # medium rows, then the expert's
+    # deterministic for a seed: the same level again (rollout rows not cached) holds the same rows
+    import shutil
+
+    shutil.rmtree(runs[0] / "rollouts")
     again, _ = make_dataset("pendulum-v1", "medium", **(kw | {"root": tmp_path / "again"}))
     a, _ = read_minari("relive/pendulum-v1/medium-v0", root=tmp_path / "minari")
     b, _ = read_minari(again, root=tmp_path / "again")

@@ -171,6 +171,18 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     def rollout(agent, n, s):
         return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True), progress=label)
 
+    def policy_rows(agent_name: str, n: int, s: int) -> dict:
+        """A snapshot's stochastic rollout, kept in the run directory (.npz) so that medium-expert reuses the
+        medium and expert rows instead of collecting them again."""
+        from relive.train.collector import load_dataset, save_dataset
+
+        path = run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{s}-steps{n}.npz"
+        if path.is_file():
+            return load_dataset(path)[0]
+        rows = rollout(_load_agent(run_dir, agent_name), n, s)
+        save_dataset(path.with_suffix(".tmp.npz"), rows).replace(path)
+        return rows
+
     # every level records the same (R_random, R_expert): R_random is cached per task, R_expert in the training
     # run's directory (or per task for the mazes' scripted level), keyed by seed and size
     task_refs = out / "policies" / task.lower() / "references.json"
@@ -191,7 +203,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
             expert_key = f"expert/{expert_agent}/seed{seed}-steps{steps}"
 
             def compute():
-                return _episode_returns(rollout(_load_agent(run_dir, expert_agent), steps, seed + 2)).mean()
+                return _episode_returns(policy_rows(expert_agent, steps, seed + 2)).mean()
         ref_max = _cached_reference(expert_refs, expert_key, compute)
     elif level == "scripted":
         from relive.data.maze import waypoint_policy
@@ -204,19 +216,16 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         _training_run(task, train_steps, seed, run_dir, progress)
         expert_agent, expert_step, expert_eval = _expert_snapshot(run_dir)
         expert_key = f"expert/{expert_agent}/seed{seed}-steps{steps}"
-        expert_rows = None
-        if level in ("expert", "medium-expert"):
-            expert_rows = rollout(_load_agent(run_dir, expert_agent), steps, seed + 2)
+        expert_rows = policy_rows(expert_agent, steps, seed + 2) if level in ("expert", "medium-expert") else None
         ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(
-            expert_rows if expert_rows is not None else rollout(_load_agent(run_dir, expert_agent), steps, seed + 2)
-        ).mean())
+            expert_rows if expert_rows is not None else policy_rows(expert_agent, steps, seed + 2)).mean())
         med_step, med_eval = _medium_snapshot(run_dir, expert_step, ref_min, ref_max)
         extra = {"training_run": str(run_dir), "train_steps": train_steps, "medium_snapshot_step": med_step,
                  "medium_snapshot_eval_return": med_eval, "expert_snapshot": expert_agent,
                  "expert_snapshot_step": expert_step, "expert_eval_return": expert_eval}
         parts = []
         if level in ("medium", "medium-expert"):
-            parts.append(rollout(_load_agent(run_dir, f"snapshots/agent_{med_step}"), steps, seed + 1))
+            parts.append(policy_rows(f"snapshots/agent_{med_step}", steps, seed + 1))
         if expert_rows is not None:
             parts.append(expert_rows)
         if level == "medium-replay":
