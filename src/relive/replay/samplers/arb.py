@@ -212,10 +212,12 @@ class ARBSampler(Sampler):
         now, cap = st.num_online_written, st.online_capacity
         first_fresh = max(ref_written, now - cap)
         n_fresh = now - first_fresh if (self.source in (None, ONLINE) and cap > 0) else 0
-        provisional = self.provisional_weight()
-        mass_fresh = n_fresh * provisional
-        mass_old = max(total_ref - self.stale_mass, 0.0)
-        k_fresh = int(rng.binomial(batch_size, mass_fresh / (mass_fresh + mass_old))) if n_fresh else 0
+        k_fresh = 0
+        if n_fresh:
+            provisional = self.provisional_weight()
+            mass_fresh = n_fresh * provisional
+            mass_old = max(total_ref - self.stale_mass, 0.0)
+            k_fresh = int(rng.binomial(batch_size, mass_fresh / (mass_fresh + mass_old)))
         out = np.empty(batch_size, np.int64)
         w = np.empty(batch_size)
         if k_fresh:
@@ -255,14 +257,12 @@ class ARBSampler(Sampler):
 
     # -- sampling --------------------------------------------------------------------------------------
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        tree = self.tree
-        total = tree.total
+        total = self.tree.total
         if self._alias is not None and not self.amortized_rows_per_refresh:
-            indices, weight = self._draw_alias(batch_size, rng)
-            probability = weight / total
+            indices, probability = self._draw_alias(batch_size, rng)
         else:
-            indices, weight = tree.find_prefix_with_values(np.sort(rng.random(batch_size)) * total)
-            probability = weight / total
+            indices, probability = self.tree.find_prefix_with_values(np.sort(rng.random(batch_size)) * total)
+        probability /= total
         if self.is_correction:
             w = (self.num_rows() * probability) ** (-self.is_exponent)
             is_weight = (w / w.max()).astype(np.float32)
