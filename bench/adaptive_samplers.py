@@ -155,36 +155,16 @@ def make_score_fn(actor, mode: str):
     return score
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=1.0, help="per measurement, per round")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--json", default="bench/out/adaptive_samplers.json")
-    args = p.parse_args(argv)
+def say(msg: str) -> None:
+    print(msg, flush=True)
 
-    import cpprb
+
+def full_refresh(ctx, out) -> None:
     import torch
 
-    from relive.replay import ARBSampler, ReaPERSampler, ReplayBuffer, UniformSampler
-
-    torch.set_num_threads(args.threads)
-    N, R, S = args.rows, args.rounds, args.seconds
-    rows = make_rows(N)
-    actor, sac_update = build_sac()
-    out: dict = {"rows": N, "threads": args.threads, "rounds": R, "seconds": S,
-                 "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                              "torch": torch.__version__, "cpprb": getattr(cpprb, "__version__", "?")}}
-
-    def say(msg: str) -> None:
-        print(msg, flush=True)
-
-    # 1. full refresh ----------------------------------------------------------------------------------
-    arb = ReplayBuffer(N, (OBS,), (ACT,), sampler=ARBSampler(temperature=5.0), seed=0)
-    arb.extend(rows)
+    arb, N, rows = ctx["arb"], ctx["N"], ctx["rows"]
     for mode in ("standardized", "log_prob"):
-        score = make_score_fn(actor, mode)
+        score = make_score_fn(ctx["actor"], mode)
         arb.refresh(score)  # warm-up (allocations, compiled kernels)
         times = []
         for _ in range(3):
@@ -193,32 +173,37 @@ def main(argv=None) -> int:
             times.append(time.perf_counter() - t)
         out[f"ARB full refresh s ({mode})"] = min(times)
         say(f"ARB full refresh of {N:,} rows, {mode}: {min(times):.2f} s (target <= 3 s)")
+    score = make_score_fn(ctx["actor"], "standardized")
     with torch.no_grad():  # the forward pass alone, for the split
-        score = make_score_fn(actor, "standardized")
         t = time.perf_counter()
         for a in range(0, N, 65536):
             score(rows["obs"][a : a + 65536], rows["action"][a : a + 65536])
         out["policy forward over all rows s"] = time.perf_counter() - t
+    say(f"  of which the policy's forward pass: {out['policy forward over all rows s']:.2f} s")
 
-    # 2. sampling ------------------------------------------------------------------------------------
-    uni = ReplayBuffer(N, (OBS,), (ACT,), sampler=UniformSampler(), seed=0)
-    uni.extend(rows)
+
+def sampling(ctx, out) -> None:
+    arb, uni, R, S = ctx["arb"], ctx["uni"], ctx["rounds"], ctx["seconds"]
     r = interleaved({"uniform": lambda: uni.sample(BATCH), "ARB": lambda: arb.sample(BATCH)}, R, S)
     out["uniform sample/s"], out["ARB sample/s"] = statistics.median(r["uniform"]), statistics.median(r["ARB"])
     out["ARB / uniform sample"] = median_ratio(r["ARB"], r["uniform"])
     say(f"ARB sample {out['ARB sample/s']:,.0f}/s vs uniform {out['uniform sample/s']:,.0f}/s: "
         f"{out['ARB / uniform sample']:.2f}x (target >= 0.8x)")
 
-    # 3. amortized mode ------------------------------------------------------------------------------
-    score = make_score_fn(actor, "standardized")
+
+def amortized_mode(ctx, out) -> None:
+    from relive.replay import ARBSampler, ReplayBuffer
+
+    N, uni, sac_update, R, S = ctx["N"], ctx["uni"], ctx["sac_update"], ctx["rounds"], ctx["seconds"]
+    score = make_score_fn(ctx["actor"], "standardized")
     fns = {"SAC step": lambda: sac_update(uni.sample(BATCH))}
-    amortized = {}
+    buffers = {}
     for sweep in (4000, 2000, 1000):
         k = max(1, N // sweep)
         buf = ReplayBuffer(N, (OBS,), (ACT,), sampler=ARBSampler(temperature=5.0, amortized_rows_per_refresh=k),
                            seed=0)
-        buf.extend(rows)
-        amortized[sweep] = buf
+        buf.extend(ctx["rows"])
+        buffers[sweep] = buf
         fns[f"amortized k={k}"] = (lambda b: lambda: b.refresh(score))(buf)
     r = interleaved(fns, R, S)
     out["SAC step/s"] = statistics.median(r["SAC step"])
@@ -230,12 +215,18 @@ def main(argv=None) -> int:
         out[f"ARB amortized k={k} / SAC step"] = cost
         say(f"ARB amortized, {k:,} rows per step (sweep every {sweep} steps): "
             f"{out[f'ARB amortized k={k} ms']:.2f} ms = {100 * cost:.1f}% of a SAC step (target <= 10%)")
-    buf = amortized[1000]
+    buf = buffers[1000]
     r = interleaved({"uniform": lambda: uni.sample(BATCH), "amortized": lambda: buf.sample(BATCH)}, R, S)
     out["ARB amortized / uniform sample"] = median_ratio(r["amortized"], r["uniform"])
     say(f"ARB amortized-mode sample (sum tree) vs uniform: {out['ARB amortized / uniform sample']:.2f}x")
 
-    # 4. ReaPER vs cpprb PER -------------------------------------------------------------------------
+
+def reaper_vs_per(ctx, out) -> None:
+    import cpprb
+
+    from relive.replay import ReaPERSampler, ReplayBuffer
+
+    N, rows, R, S = ctx["N"], ctx["rows"], ctx["rounds"], ctx["seconds"]
     td = np.random.default_rng(1).random(BATCH)
 
     def reaper(n: int):
@@ -270,7 +261,7 @@ def main(argv=None) -> int:
 
     small = reaper(10_000)
 
-    def touched_rows(buf) -> float:  # rows an update recomputes: suffixes from each touched episode's first row
+    def rows_recomputed(buf) -> float:  # an update recomputes each touched episode from its earliest updated row
         s, st = buf.sampler, buf.storage
         counts = []
         for _ in range(50):
@@ -290,8 +281,8 @@ def main(argv=None) -> int:
     out["ReaPER update ms at N"] = 1e3 / statistics.median(r["update N"])
     out["ReaPER update ms at 10k"] = 1e3 / statistics.median(r["update 10k"])
     out["ReaPER update cost N / 10k"] = median_ratio(r["update 10k"], r["update N"])
-    out["ReaPER rows recomputed per update at N"] = touched_rows(big)
-    out["ReaPER rows recomputed per update at 10k"] = touched_rows(small)
+    out["ReaPER rows recomputed per update at N"] = rows_recomputed(big)
+    out["ReaPER rows recomputed per update at 10k"] = rows_recomputed(small)
     out["ReaPER 1-row update cost N / 10k"] = median_ratio(r["1-row 10k"], r["1-row N"])
     out["ReaPER 1-row update us at N"] = 1e6 / statistics.median(r["1-row N"])
     say(f"ReaPER update (batch {BATCH}): {out['ReaPER update ms at N']:.2f} ms at {N:,} rows vs "
@@ -301,6 +292,45 @@ def main(argv=None) -> int:
     say(f"ReaPER one-row update: {out['ReaPER 1-row update us at N']:.0f} us at {N:,} rows, "
         f"{out['ReaPER 1-row update cost N / 10k']:.2f}x the cost at 10k rows")
 
+
+SECTIONS = {"refresh": full_refresh, "sample": sampling, "amortized": amortized_mode, "reaper": reaper_vs_per}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=1.0, help="per measurement, per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {list(SECTIONS)}")
+    p.add_argument("--json", default="bench/out/adaptive_samplers.json")
+    args = p.parse_args(argv)
+    sections = args.sections.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        p.error(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
+
+    import cpprb
+    import torch
+
+    from relive.replay import ARBSampler, ReplayBuffer, UniformSampler
+
+    torch.set_num_threads(args.threads)
+    N = args.rows
+    rows = make_rows(N)
+    actor, sac_update = build_sac()
+    arb = ReplayBuffer(N, (OBS,), (ACT,), sampler=ARBSampler(temperature=5.0), seed=0)
+    arb.extend(rows)
+    arb.refresh(make_score_fn(actor, "standardized"))
+    uni = ReplayBuffer(N, (OBS,), (ACT,), sampler=UniformSampler(), seed=0)
+    uni.extend(rows)
+    ctx = {"N": N, "rows": rows, "actor": actor, "sac_update": sac_update, "arb": arb, "uni": uni,
+           "rounds": args.rounds, "seconds": args.seconds}
+    out: dict = {"rows": N, "threads": args.threads, "rounds": args.rounds, "seconds": args.seconds,
+                 "versions": {"python": platform.python_version(), "numpy": np.__version__,
+                              "torch": torch.__version__, "cpprb": getattr(cpprb, "__version__", "?")}}
+    for name in sections:
+        SECTIONS[name](ctx, out)
     out["command"] = "python bench/adaptive_samplers.py " + " ".join(sys.argv[1:] if argv is None else argv)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
