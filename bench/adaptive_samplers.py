@@ -21,6 +21,7 @@ Results go to ``--json`` (default bench/out/adaptive_samplers.json) and are summ
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import platform
 import statistics
@@ -310,7 +311,6 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown section(s) {unknown}; choose from {list(SECTIONS)}")
 
-    import cpprb
     import torch
 
     from relive.replay import ARBSampler, ReplayBuffer, UniformSampler
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
            "rounds": args.rounds, "seconds": args.seconds}
     out: dict = {"rows": N, "threads": args.threads, "rounds": args.rounds, "seconds": args.seconds,
                  "versions": {"python": platform.python_version(), "numpy": np.__version__,
-                              "torch": torch.__version__, "cpprb": getattr(cpprb, "__version__", "?")}}
+                              "torch": torch.__version__, "cpprb": importlib.metadata.version("cpprb")}}
     for name in sections:
         SECTIONS[name](ctx, out)
     out["command"] = "python bench/adaptive_samplers.py " + " ".join(sys.argv[1:] if argv is None else argv)
