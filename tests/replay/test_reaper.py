@@ -108,15 +108,16 @@ def test_probabilities_match_a_from_scratch_evaluation(use_kernels, truncation, 
 
 
 @pytest.mark.parametrize("use_kernels", KERNELS)
-def test_a_long_random_run_matches_the_model(use_kernels):
-    """Many extends (the ring wraps several times, some extends longer than the ring) and updates, with
+@pytest.mark.parametrize("seed,capacity,truncation", [(7, 30, "finished"), (8, 17, "ongoing"), (9, 45, "finished")])
+def test_a_long_random_run_matches_the_model(use_kernels, seed, capacity, truncation):
+    """Many extends (the ring wraps several times, one extend is longer than the ring) and updates, with
     duplicate indices in batches, against the from-scratch model after every step."""
-    rng = np.random.default_rng(7)
-    buf, model = make(capacity=30, use_kernels=use_kernels)
+    rng = np.random.default_rng(seed)
+    buf, model = make(capacity=capacity, use_kernels=use_kernels, truncation=truncation)
     model.inserted(buf.add_offline(rows(np.zeros(6), ends=(2,))))
     t = 0
     for step in range(25):
-        n = int(rng.integers(1, 9)) if step != 12 else 30  # step 12: longer than the 24-slot ring
+        n = int(rng.integers(1, 9)) if step != 12 else capacity  # step 12: longer than the ring
         ends = tuple(int(i) for i in np.flatnonzero(rng.random(n) < 0.25))
         model.inserted(buf.extend(rows(np.arange(t, t + n), ends=ends, terms=ends[:1])))
         t += n
@@ -236,3 +237,18 @@ def test_bad_input():
     buf, _ = filled()
     with pytest.raises(ValueError, match="td_error"):
         buf.update(buf.gather([0]).info, priority=[1.0])
+
+
+def test_omega_zero_is_proportional_per():
+    """With R^0 = 1 the priority is PER's (|delta| + eps)^alpha (Eq. 17 reduces to Schaul et al.)."""
+    from relive.replay import PrioritizedSampler
+
+    td = np.random.default_rng(4).normal(size=30)
+    out = []
+    for sampler in (ReaPERSampler(priority_exponent=0.6, reliability_exponent=0.0, eps=1e-6),
+                    PrioritizedSampler(priority_exponent=0.6, eps=1e-6)):
+        buf = ReplayBuffer(30, (2,), (1,), sampler=sampler)
+        buf.extend(rows(np.arange(30), ends=(9, 19)))
+        buf.update(buf.gather(np.arange(30)).info, td_error=td)
+        out.append(sampler.probabilities())
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
