@@ -1,5 +1,5 @@
-"""BERB (Lee et al. 2021, Eq. 5-6): the first-chunk mass, priorities and the JS loss against a NumPy evaluation of
-the density-ratio network, learning online vs offline, draws and checkpoints."""
+"""BERB (Lee et al. 2021; formulas of the official code): the first-chunk mass, priorities and the JS loss
+against a NumPy evaluation of the density-ratio network, learning online vs offline, draws and checkpoints."""
 
 import numpy as np
 import pytest
@@ -67,9 +67,10 @@ def test_an_update_sets_eq6_priorities_from_the_pre_step_network_and_takes_one_j
     replay.bit_generator.state = rng_state
     off, on = replay.integers(0, 300, 64), replay.integers(300, 500, 64)
     w_rl, w_off, w_on = numpy_ratio(s, b.info.indices), numpy_ratio(s, off), numpy_ratio(s, on)
-    loss = np.mean(-np.log(2 / (w_off + 1) + 1e-10)) - np.mean(np.log(2 * w_on / (w_on + 1) + 1e-10))  # Eq. 5
+    # JS objective [L_w]
+    loss = np.mean(-np.log(2 / (w_off + 1) + 1e-10)) - np.mean(np.log(2 * w_on / (w_on + 1) + 1e-10))
     normalizer = np.mean(w_off ** (1 / T)) + 1e-10
-    expected = np.clip(w_rl ** (1 / T) / normalizer, 1e-3, 1e3)  # Eq. 6
+    expected = np.clip(w_rl ** (1 / T) / normalizer, 1e-3, 1e3)  # priority [p_i]
     old_params = [p.detach().clone() for p in s.net.parameters()]
     buf.update(b.info, td_error=np.zeros(32))
     assert s.last_ratio_loss == pytest.approx(loss, rel=1e-4)

@@ -1,4 +1,4 @@
-"""ReaPER (Pleiss et al., Eq. 16-17): exact probabilities against a from-scratch NumPy model, the locality of an
+"""ReaPER (Pleiss et al., Eq. 15-18): exact probabilities against a from-scratch NumPy model, the locality of an
 update, draws, IS weights and checkpoints -- for the compiled and the NumPy path."""
 
 import numpy as np
@@ -240,7 +240,7 @@ def test_bad_input():
 
 
 def test_omega_zero_is_proportional_per():
-    """With R^0 = 1 the priority is PER's (|delta| + eps)^alpha (Eq. 17 reduces to Schaul et al.)."""
+    """With R^0 = 1 the priority is PER's (|delta| + eps)^alpha (Eq. 15 reduces to Schaul et al.)."""
     from relive.replay import PrioritizedSampler
 
     td = np.random.default_rng(4).normal(size=30)

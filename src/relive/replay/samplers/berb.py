@@ -4,8 +4,11 @@ Prioritize rows by how *online-like* they are, with a density ratio w(s, a) ~ d_
 learned by a small network (Sec. 4.2; the variational f-divergence estimator of Sinha et al., LFIW):
 
     L(psi) = E_offline[ f*(f'(w)) ] - E_online[ f'(w) ],  Jensen-Shannon: f'(w) = log(2w / (w + 1)),
-             f*(f'(w)) = -log(2 / (w + 1))                                                     (Eq. 5)
-    priority_i = clip( w(s_i, a_i)^(1/T) / mean_{offline batch} w^(1/T), 1e-3, 1e3 ),  T = 5      (Eq. 6)
+             f*(f'(w)) = -log(2 / (w + 1))                                                     [L_w]
+    priority_i = clip( w(s_i, a_i)^(1/T) / mean_{offline batch} w^(1/T), 1e-3, 1e3 ),  T = 5      [p_i]
+
+(The paper's text was not available to us: the formulas, their constants and their order are those of the
+official code, shlee94/Off2OnRL ``rlkit/torch/sac/ours.py``; [L_w] and [p_i] label them below.)
 
 One sum tree over the union of offline and online rows, i.i.d. proportional draws, no importance-sampling
 correction (as in the reference code, shlee94/Off2OnRL ``ours.py``).
@@ -111,7 +114,7 @@ class BERBSampler(Sampler):
 
     def _step(self, slots: np.ndarray | None) -> tuple[bool, np.ndarray | None]:
         """One density-ratio step (False while a source is empty); with ``slots``, first their priorities
-        (Eq. 6) from the network before this step, as the reference code orders it."""
+        [p_i] from the network before this step, as the reference code orders it."""
         import torch
 
         batches = self._ratio_batches()
@@ -119,7 +122,7 @@ class BERBSampler(Sampler):
             return False, None
         off, on = batches
         w_off, w_on = self.ratio(off), self.ratio(on)
-        f_star = -torch.log(2.0 / (w_off + 1.0) + 1e-10)  # f*(f'(w)) on offline rows, JS (Eq. 5)
+        f_star = -torch.log(2.0 / (w_off + 1.0) + 1e-10)  # f*(f'(w)) on offline rows, JS [L_w]
         f_prime = torch.log(2.0 * w_on / (w_on + 1.0) + 1e-10)  # f'(w) on online rows
         loss = (f_star - f_prime).mean()
         priority = None
@@ -136,13 +139,13 @@ class BERBSampler(Sampler):
         return True, priority
 
     def train_ratio(self) -> float:
-        """One Adam step of the JS variational objective (Eq. 5) on uniform offline and online batches, without
+        """One Adam step of the JS variational objective [L_w] on uniform offline and online batches, without
         a priority refresh; returns the loss (nan, and no step, while either source is empty)."""
         stepped, _ = self._step(None)
         return self.last_ratio_loss if stepped else float("nan")
 
     def priority(self, slots: np.ndarray) -> np.ndarray:
-        """Eq. 6 for stored rows with the current network and the last offline batch's normalizer."""
+        """[p_i] for stored rows with the current network and the last offline batch's normalizer."""
         import torch
 
         with torch.no_grad():

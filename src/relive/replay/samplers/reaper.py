@@ -1,12 +1,13 @@
 """ReaPER: Reliability-adjusted Prioritized Experience Replay (Pleiss, Sutter, Schiffer; ICLR 2026,
 arXiv 2506.18482).
 
-A TD target is only as reliable as the TD errors downstream of it in its episode (Sec. 3, Eq. 16):
+A TD target is only as reliable as the TD errors downstream of it in its episode (Sec. 4):
 
-    R_t = 1 - (sum_{i > t} d_i) / (sum_{i in e} d_i) = C_t / S_e      finished episode e
-    R_t = 1 - (F - C_t) / F                          = C_t / F        ongoing episode (F = max_e S_e)
-    Psi_t = R_t^omega * d_t^alpha,   P(t) = Psi_t / sum_j Psi_j        (Eq. 17)
-    w_t = (N * P(t))^-beta / max over the batch                      beta annealed like PER (Sec. 3.4 of PER)
+    R_t = 1 - (sum_{i > t} d_i) / (sum_{i in e} d_i) = C_t / S_e      terminated episode e     (Eq. 16)
+    R_t = 1 - (F - C_t) / F                          = C_t / F        ongoing episode          (Eq. 16)
+    F = max over the stored episodes of S_e                                                   (Eq. 17)
+    Psi_t = R_t^omega * d_t^alpha                                                             (Eq. 15)
+    P(t) = Psi_t / sum_j Psi_j,   w_t = (N * P(t))^-beta / max over the batch                  (Eq. 18)
 
 with d_i = |td_error_i| + eps, C_t the inclusive prefix sum of d over the episode, S_e = C at its last row and
 F the largest S_e among the stored episodes. New rows get d = the largest d seen so far (the running max
@@ -34,8 +35,8 @@ Eviction: when the ring overwrites the head of an episode, the evicted rows' d s
 behaviour): the surviving rows' downstream errors are unchanged, and nothing needs recomputing. A row dropped
 before it was ever stored (one ``extend`` longer than the ring) contributes nothing.
 
-IS weights are normalized by the largest weight in the batch (the reference code uses the buffer's
-smallest probability instead).
+IS weights: Eq. 18 is (N P(t))^-beta; like PER we divide by the largest weight in the batch (the reference
+code divides by the weight of the buffer's least likely row, which no structure here tracks cheaply).
 """
 
 from __future__ import annotations
