@@ -43,6 +43,8 @@ from relive.agents.scoring import log_prob_score, standardized_score
 from relive.types import Batch, UpdateResult
 
 ACTOR_Q_REDUCTIONS = ("min", "mean")
+RLPD_OFFLINE_FRACTION = 0.5  # RLPD's symmetric sampling: half of every minibatch offline (a replay setting:
+#                              MixtureSampler(offline_fraction=...); presets read it from here)
 SCORE_MODES = ("log_prob", "standardized")
 
 
