@@ -32,6 +32,7 @@ class RunConfig:
     progress: bool = True
     save_final_buffer: bool = False  # also write the replay buffer at the end (buffer_final/)
     save_agent_snapshots: bool = False  # keep the agent of every evaluation (snapshots/agent_<env_step>/)
+    stop_at_return: float | None = None  # end the online phase at the first evaluation with mean return >= this
 
     def __post_init__(self):
         for name in ("log_every_env_steps", "eval_every_env_steps", "eval_episodes", "checkpoint_every_env_steps",
@@ -75,6 +76,9 @@ class ScheduleConfig:
     num_online_env_steps: int = 10_000
     env_steps_per_chunk: int = 1  # collect this many env steps, then chunk x utd_ratio gradient steps
     utd_ratio: int = 1
+    # > 0: this many gradient steps after each chunk instead of chunk x utd_ratio (RL Zoo's train_freq /
+    # gradient_steps, e.g. 128 updates every 256 env steps on CartPole)
+    grad_steps_per_chunk: int = 0
     num_warmup_env_steps: int = 1000  # no updates at the start of the online phase
     warmup_policy: str = "random"  # warm-up actions: "random" (uniform) or "agent" (the pre-trained policy)
     batch_size: int = 256
@@ -83,7 +87,8 @@ class ScheduleConfig:
     def __post_init__(self):
         if min(self.env_steps_per_chunk, self.utd_ratio, self.batch_size, self.refresh_every_grad_steps) < 1:
             raise ValueError("env_steps_per_chunk, utd_ratio, batch_size and refresh_every_grad_steps must be >= 1")
-        if min(self.num_offline_grad_steps, self.num_online_env_steps, self.num_warmup_env_steps) < 0:
+        if min(self.num_offline_grad_steps, self.num_online_env_steps, self.num_warmup_env_steps,
+               self.grad_steps_per_chunk) < 0:
             raise ValueError("step counts must be >= 0")
         if self.warmup_policy not in ("random", "agent"):
             raise ValueError(f"schedule.warmup_policy must be 'random' or 'agent', got {self.warmup_policy!r}")

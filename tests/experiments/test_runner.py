@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from relive.experiments.grid import parse_grid
@@ -75,3 +76,15 @@ def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
             cfg = config_from_args(args)
             assert cfg.run.seed == spec.seed
             assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5"), cfg.env.id
+
+
+def test_curves_of_runs_stopped_at_their_threshold_hold_their_last_value():
+    from relive.experiments.report import align_curves, steps_to_threshold
+
+    full = (np.array([0, 500, 1000, 1500]), np.array([10.0, 100.0, 200.0, 480.0]))
+    stopped = (np.array([0, 500, 1000]), np.array([10.0, 300.0, 476.0]))
+    steps, ys = align_curves([full, stopped])
+    np.testing.assert_array_equal(steps, full[0])
+    np.testing.assert_array_equal(ys, [[10, 100, 200, 480], [10, 300, 476, 476]])
+    assert steps_to_threshold(*stopped, 475) == 1000 and steps_to_threshold(*full, 475) == 1500
+    assert np.isnan(steps_to_threshold(*full, 500))

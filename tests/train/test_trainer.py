@@ -266,3 +266,21 @@ def test_demo_quick_runs_end_to_end_and_plots(tmp_path, capsys):
     for replay in ("uniform", "symmetric", "arb"):
         summary = json.loads((tmp_path / "demo" / f"calql-{replay}-seed0" / "summary.json").read_text())
         assert summary["num_online_env_steps"] == 400
+
+
+def test_zoo_schedule_and_stop_at_threshold(tmp_path):
+    """--grad-steps-per-chunk: 128 updates after every 256 env steps (RL Zoo's CartPole train_freq /
+    gradient_steps); --stop-at-return ends the online phase at the first evaluation that reaches it."""
+    base = ["train", "ddqn", "--env", "CartPole-v1", "--warmup", "256", "--chunk", "256",
+            "--grad-steps-per-chunk", "128", "--eval-every", "512", *TINY]
+    assert main([*base, "--online-steps", "1024", "--run-dir", str(tmp_path / "a")]) == 0
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert s["num_online_env_steps"] == 1024 and s["num_grad_steps"] == 3 * 128  # no updates in the warm-up chunk
+    # any CartPole episode returns >= 1: the evaluation at env step 0 already reaches the threshold
+    assert main([*base, "--online-steps", "1024", "--stop-at-return", "1", "--run-dir", str(tmp_path / "b")]) == 0
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert s["num_online_env_steps"] == 0 and s["num_grad_steps"] == 0
+    assert len((tmp_path / "b" / "eval.csv").read_text().splitlines()) == 2  # header + the one evaluation
+    # unreachable threshold: the run goes to the end
+    assert main([*base, "--online-steps", "512", "--stop-at-return", "1e9", "--run-dir", str(tmp_path / "c")]) == 0
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["num_online_env_steps"] == 512

@@ -206,6 +206,17 @@ def _bootstrap_band(curves: np.ndarray, reps: int = 500, seed: int = 0) -> tuple
     return np.percentile(means, 2.5, axis=0), np.percentile(means, 97.5, axis=0)
 
 
+def align_curves(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Put runs' curves on the longest run's evaluation steps, each holding its last value after it ends: a run
+    stopped at its score threshold (``run.stop_at_return``, the ReaPER protocol) counts as solved from then on."""
+    steps = max((s for s, _ in series), key=len)
+    ys = []
+    for s, y in series:
+        idx = np.searchsorted(s, steps, side="right") - 1
+        ys.append(np.where(idx >= 0, y[np.clip(idx, 0, len(y) - 1)], y[0]))
+    return steps, np.stack(ys)
+
+
 def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | None = None) -> Path:
     import matplotlib
 
@@ -222,9 +233,7 @@ def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | 
             series = [(s, y) for s, y in series if y is not None]
             if not series:
                 continue
-            n = min(len(s) for s, _ in series)
-            steps = series[0][0][:n]
-            ys = np.stack([y[:n] for _, y in series])
+            steps, ys = align_curves(series)
             lo, hi = _bootstrap_band(ys)
             (line,) = ax.plot(steps, ys.mean(axis=0), label=f"{label} (n={len(series)})")
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2)

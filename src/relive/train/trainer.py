@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relive.config import ExperimentConfig, load_config, save_config
+from relive.config import ExperimentConfig, ScheduleConfig, load_config, save_config
 from relive.replay import (
     ARBSampler,
     BERBSampler,
@@ -56,12 +56,18 @@ class RunSummary:
     torch_version: str = ""
 
 
+def online_grad_steps(s: ScheduleConfig) -> int:
+    """Gradient steps of a full online phase (warm-up excluded only approximately: used for beta's annealing)."""
+    if s.grad_steps_per_chunk:
+        return s.num_online_env_steps * s.grad_steps_per_chunk // s.env_steps_per_chunk
+    return s.num_online_env_steps * s.utd_ratio
+
+
 def build_sampler(cfg: ExperimentConfig):
     r = cfg.replay
     per = dict(priority_exponent=r.priority_exponent, is_exponent=r.is_exponent,
                is_exponent_final=r.is_exponent_final,
-               is_anneal_samples=cfg.schedule.num_offline_grad_steps
-               + cfg.schedule.num_online_env_steps * cfg.schedule.utd_ratio)
+               is_anneal_samples=cfg.schedule.num_offline_grad_steps + online_grad_steps(cfg.schedule))
     match r.name:
         case "uniform":
             return UniformSampler()
@@ -249,12 +255,18 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             return agent.act(obs, explore=True)  # ("agent" warm-up: the pre-trained policy, no updates yet)
 
         phase_start, phase_env, phase_grad = time.perf_counter(), env_steps, grad_steps
+        stop_at, stopped = cfg.run.stop_at_return, None
         while env_steps < s.num_online_env_steps:
             if env_steps >= next_eval:
                 row = run_eval()
                 if env_steps == 0:
                     offline_return = row["eval/return_mean"]
                 next_eval += cfg.run.eval_every_env_steps
+                if stop_at is not None and row["eval/return_mean"] >= stop_at:
+                    logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {stop_at}: stopping at env "
+                                 f"step {env_steps} (run.stop_at_return)")
+                    stopped = row
+                    break
             if env_steps >= next_ckpt and collector.at_episode_start:  # between episodes: exact resume
                 next_ckpt = env_steps + cfg.run.checkpoint_every_env_steps
                 checkpoint()
@@ -269,7 +281,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             if on_step is not None:
                 on_step(env_steps, grad_steps)
             if env_steps > s.num_warmup_env_steps:
-                for _ in range(k * s.utd_ratio):
+                for _ in range(s.grad_steps_per_chunk or k * s.utd_ratio):
                     gradient_step()
             elapsed = max(time.perf_counter() - phase_start, 1e-9)
             env_rate, grad_rate = (env_steps - phase_env) / elapsed, (grad_steps - phase_grad) / elapsed
@@ -284,7 +296,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             logger.progress("online", env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
 
         # -- summary -----------------------------------------------------------------------------------
-        final = run_eval()
+        final = stopped if stopped is not None else run_eval()
         logger.metrics(env_steps, train_metrics | buffer.stats() | {"grad_step": grad_steps, "phase": "final"})
         save_tree(run_dir / "agent_final", agent.state_dict(), kind="agent")  # the trained policy, reusable
         if cfg.run.save_final_buffer:
