@@ -32,6 +32,9 @@ class RunConfig:
     progress: bool = True
     save_final_buffer: bool = False  # also write the replay buffer at the end (buffer_final/)
     save_agent_snapshots: bool = False  # keep the agent of every evaluation (snapshots/agent_<env_step>/)
+    # start from the agent a finished run saved (<dir>/agent_final: networks, optimizers, temperatures), e.g. one
+    # offline pre-training shared by fine-tuning runs that differ only in their replay (the ARB paper's protocol)
+    init_from: str | None = None
     stop_at_return: float | None = None  # end the online phase at the first evaluation with mean return >= this
 
     def __post_init__(self):

@@ -67,7 +67,7 @@ def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
     from relive.train.cli import config_from_args
 
     names = sorted(p.stem for p in GRID_DIR.glob("*.toml"))
-    assert {"arb", "reaper", "rlpd"} <= set(names)
+    assert {"arb", "arb-pretrain", "reaper", "rlpd"} <= set(names)
     for name in names:
         g = load_grid(name)
         for spec in g.runs():
@@ -75,7 +75,7 @@ def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
                                               "--run-dir", str(tmp_path / spec.key), *spec.args])
             cfg = config_from_args(args)
             assert cfg.run.seed == spec.seed
-            assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5"), cfg.env.id
+            assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5", "Pendulum-v1"), cfg.env.id
 
 
 def test_curves_of_runs_stopped_at_their_threshold_hold_their_last_value():
@@ -88,3 +88,12 @@ def test_curves_of_runs_stopped_at_their_threshold_hold_their_last_value():
     np.testing.assert_array_equal(ys, [[10, 100, 200, 480], [10, 300, 476, 476]])
     assert steps_to_threshold(*stopped, 475) == 1000 and steps_to_threshold(*full, 475) == 1500
     assert np.isnan(steps_to_threshold(*full, 500))
+
+
+def test_task_filter_keeps_only_the_named_tasks():
+    g = parse_grid({"seeds": 2, "tasks": ["A", "B"], "variant": [{"label": "a", "preset": "sac"},
+                                                               {"label": "b", "preset": "sac", "tasks": ["B"]}]})
+    from dataclasses import replace
+
+    assert [r.key for r in replace(g, only_tasks=("A",)).runs()] == ["a/A/seed_0", "a/A/seed_1"]
+    assert len(replace(g, only_tasks=("B",)).runs()) == 4

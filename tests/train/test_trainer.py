@@ -284,3 +284,18 @@ def test_zoo_schedule_and_stop_at_threshold(tmp_path):
     # unreachable threshold: the run goes to the end
     assert main([*base, "--online-steps", "512", "--stop-at-return", "1e9", "--run-dir", str(tmp_path / "c")]) == 0
     assert json.loads((tmp_path / "c" / "summary.json").read_text())["num_online_env_steps"] == 512
+
+
+def test_init_from_a_pretraining_run_shares_its_agent(tmp_path):
+    """--init-from: a fine-tuning run starts from the agent another run saved (the same leaves), and a directory
+    without an agent is named."""
+    pre = ["train", "sac", "--env", "Pendulum-v1", "--warmup", "50", "--eval-every", "1000", *TINY]
+    assert main([*pre, "--online-steps", "100", "--run-dir", str(tmp_path / "pre")]) == 0
+    cfg = cfg_for([*pre[1:], "--online-steps", "0", "--init-from", str(tmp_path / "pre")], tmp_path / "fine")
+    train(cfg)
+    a, b = _leaves(load_tree(tmp_path / "pre" / "agent_final")), _leaves(load_tree(tmp_path / "fine" / "agent_final"))
+    assert a.keys() == b.keys()
+    for k in a:  # no updates in between: the fine-tuning run's final agent is the pre-trained one
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    with pytest.raises(ValueError, match="holds no agent"):
+        train(cfg_for([*pre[1:], "--init-from", str(tmp_path / "nowhere")], tmp_path / "bad"))

@@ -22,6 +22,7 @@ def add_parsers(subparsers) -> None:
     run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and "
                      "recorded as crashed (default: none)")
     run.add_argument("--seeds", type=int, default=None, help="only the first N seeds of the grid")
+    run.add_argument("--tasks", nargs="+", default=None, metavar="TASK", help="only these tasks of the grid")
     run.add_argument("--report", action="store_true", help="write the report when the runs are done")
     run.add_argument("--out", default="docs/results", help="report directory (with --report)")
     run.set_defaults(func=_run)
@@ -43,6 +44,14 @@ def _grid(args):
         from dataclasses import replace
 
         grid = replace(grid, seeds=grid.seeds[: args.seeds])
+    if getattr(args, "tasks", None):
+        from dataclasses import replace
+
+        known = set(grid.tasks) | {t for v in grid.variants for t in v.tasks}
+        unknown = sorted(set(args.tasks) - known)
+        if unknown:
+            raise SystemExit(f"grid {grid.name!r} has no task(s) {unknown}; its tasks: {sorted(known)}")
+        grid = replace(grid, only_tasks=tuple(args.tasks))
     return grid
 
 

@@ -58,6 +58,7 @@ class Grid:
     report: dict = field(default_factory=dict)
     description: str = ""
     task_args: dict = field(default_factory=dict)
+    only_tasks: tuple[str, ...] = ()  # when set, runs() keeps these tasks only (`relive bench run --tasks`)
 
     def runs(self) -> list[RunSpec]:
         """Every run of the grid, seeds innermost-last so that a partial sweep covers all variants early."""
@@ -65,6 +66,8 @@ class Grid:
         for seed in self.seeds:
             for v in self.variants:
                 for task in v.tasks or self.tasks:
+                    if self.only_tasks and task not in self.only_tasks:
+                        continue
                     args = tuple(a.format(task=task, seed=seed) for a in (*v.args, *self.task_args.get(task, ())))
                     out.append(RunSpec(self.name, v.label, v.preset, task, seed, args))
         return out

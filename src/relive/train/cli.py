@@ -34,6 +34,8 @@ def add_parsers(subparsers) -> None:
                    "(RL Zoo's gradient_steps with train_freq = --chunk)")
     p.add_argument("--stop-at-return", type=float, help="stop the online phase at the first evaluation whose mean "
                    "return reaches this (the ReaPER protocol: train until the reward threshold)")
+    p.add_argument("--init-from", metavar="RUN_DIR", help="start from the agent a finished run saved (its "
+                   "agent_final/): e.g. one offline pre-training shared by several fine-tuning runs")
     p.add_argument("--warmup", type=int, help="env steps collected before the first online update")
     p.add_argument("--warmup-policy", choices=("random", "agent"), help="who acts during the warm-up: uniform "
                    "random actions, or the (pre-trained) agent's exploration policy")
@@ -72,7 +74,7 @@ FLAG_TO_SETTING = {
     "env": "env.id", "dataset": "data.dataset", "replay": "replay.name", "seed": "run.seed", "run_dir": "run.run_dir",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",
-    "stop_at_return": "run.stop_at_return", "warmup": "schedule.num_warmup_env_steps",
+    "stop_at_return": "run.stop_at_return", "init_from": "run.init_from", "warmup": "schedule.num_warmup_env_steps",
     "warmup_policy": "schedule.warmup_policy",
     "batch_size": "schedule.batch_size", "capacity": "replay.capacity", "offline_fraction": "replay.offline_fraction",
     "eval_every": "run.eval_every_env_steps", "eval_episodes": "run.eval_episodes",

@@ -30,7 +30,7 @@ from relive.replay import (
     ReplayBuffer,
     UniformSampler,
 )
-from relive.replay.checkpoint import save_tree
+from relive.replay.checkpoint import load_tree, save_tree
 from relive.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from relive.train.collector import Collector, returns_to_go
 from relive.train.envs import env_spec, make_env, random_actions
@@ -156,6 +156,11 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         ref_max = ref_max if ref_max is not None else meta.get("ref_max_return")
     elif s.num_offline_grad_steps and not cfg.data.dataset:
         raise ValueError("num_offline_grad_steps > 0 needs a dataset (--dataset PATH)")
+    if cfg.run.init_from and not resuming:  # one pre-trained agent shared by several fine-tuning runs
+        init = Path(cfg.run.init_from) / "agent_final"
+        if not (init / "MANIFEST.json").is_file():
+            raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
+        agent.load_state_dict(load_tree(init, kind="agent"))
     rng = np.random.default_rng(seed + 7)  # warm-up actions
     collector = Collector(env, spec, seed)
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
