@@ -21,6 +21,7 @@ def grid(extra_variant=None):
             {"label": "sac-uniform", "preset": "sac", "args": [*TINY, "--replay", "uniform"]},
             {"label": "sac-per", "preset": "sac", "args": [*TINY, "--replay", "per"]},
         ],
+        "report": {"figure": [{"name": "per_only", "title": "PER alone", "labels": ["sac-per", "no-such-label"]}]},
     }
     if extra_variant:
         raw["variant"].append(extra_variant)
@@ -45,6 +46,7 @@ def test_runner_skips_finished_runs_records_crashes_and_reports(tmp_path):
     text = md.read_text()
     assert "| Pendulum-v1 |" in text and "→" in text and "IQM" in text and "Crashed runs" in text
     assert (tmp_path / "report" / "tiny_curves.png").stat().st_size > 1000
+    assert (tmp_path / "report" / "tiny_per_only.png").stat().st_size > 1000 and "### PER alone" in text
 
 
 def test_grid_validation():

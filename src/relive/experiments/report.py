@@ -187,6 +187,16 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
             png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_online_fraction.png",
                               FRACTION_KEY, column=FRACTION_KEY)
             lines += [f"![online fraction]({png.name})", ""]
+    # -- extra figures from the grid's [[report.figure]] entries: a subset of variants, score or a column -----
+    for fig in grid.report.get("figure", []):
+        fig_labels = [lab for lab in fig.get("labels", labels) if lab in labels]
+        fig_tasks = [t for t in fig.get("tasks", tasks) if t in tasks]
+        column = fig.get("column")
+        if not fig_labels or not fig_tasks or not any(by.get((lab, t)) for lab in fig_labels for t in fig_tasks):
+            continue
+        png = plot_curves(grid, by, fig_labels, fig_tasks, out_dir / f"{grid.name}_{fig['name']}.png",
+                          column or score_key, column=column, title=fig.get("title"))
+        lines += [f"### {fig.get('title', fig['name'])}", "", f"![{fig['name']}]({png.name})", ""]
     if crashed:
         lines += ["## Crashed runs", ""] + [f"- `{k}` (see its crash.json)" for k in crashed] + [""]
     if missing:
@@ -217,7 +227,8 @@ def align_curves(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
     return steps, np.stack(ys)
 
 
-def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | None = None) -> Path:
+def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | None = None,
+                title: str | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -242,7 +253,7 @@ def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | 
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.suptitle(f"{grid.name}: mean over seeds, shaded 95% bootstrap CI", fontsize=10)
+    fig.suptitle(f"{title or grid.name}: mean over seeds, shaded 95% bootstrap CI", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
