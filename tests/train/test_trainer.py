@@ -175,6 +175,12 @@ def test_arb_is_rescored_after_each_collected_chunk_as_in_its_algorithm(tmp_path
                   tmp_path / "arb"), on_step=lambda e, g: grad_steps.append(g))
     assert calls == [50, 100, 150, 200]  # right after each chunk; none in the offline phase (0 online rows)
     assert max(grad_steps) == 20 + 200
+    calls.clear()  # amortized mode re-scores a slice before every online gradient step
+    train(cfg_for(["calql_arb", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "20",
+                   "--online-steps", "100", "--chunk", "50", "--eval-every", "1000",
+                   "--set", "replay.arb_amortized_rows=64", "--set", "agent.cql_n_actions=2", *TINY],
+                  tmp_path / "arb_amortized"))
+    assert calls == [50] * 50 + [100] * 50
 
 
 def test_warmup_with_the_agents_policy(tmp_path):

@@ -190,6 +190,9 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         logger.truncate_after(env_steps, grad_steps)
         logger.print(f"resumed {run_dir} at env step {env_steps}, gradient step {grad_steps}")
 
+    # amortized ARB re-scores a rotating slice per call: it is called every gradient step (its contract)
+    refresh_every = 1 if cfg.replay.arb_amortized_rows else s.refresh_every_grad_steps
+
     def gradient_step() -> None:
         nonlocal grad_steps, train_metrics
         if len(buffer) < s.batch_size:
@@ -197,7 +200,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         # ARB Alg. 1 step b: re-score every row with the current policy every d_weight online gradient steps,
         # before sampling (the offline phase is the base algorithm's own: no re-scoring there)
         if cfg.replay.name in REFRESHED_REPLAYS and switch_grad_step is not None \
-                and (grad_steps - switch_grad_step) % s.refresh_every_grad_steps == 0:
+                and (grad_steps - switch_grad_step) % refresh_every == 0:
             buffer.refresh(agent.score_fn(cfg.replay.score_mode))
         batch = buffer.sample(s.batch_size)
         result = agent.update(batch)
