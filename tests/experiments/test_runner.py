@@ -99,3 +99,11 @@ def test_task_filter_keeps_only_the_named_tasks():
 
     assert [r.key for r in replace(g, only_tasks=("A",)).runs()] == ["a/A/seed_0", "a/A/seed_1"]
     assert len(replace(g, only_tasks=("B",)).runs()) == 4
+
+
+def test_a_variant_may_run_fewer_seeds_than_the_grid():
+    g = parse_grid({"seeds": 3, "tasks": ["A"], "variant": [{"label": "a", "preset": "sac"},
+                                                          {"label": "b", "preset": "sac", "seeds": 2}]})
+    assert [r.key for r in g.runs()] == ["a/A/seed_0", "b/A/seed_0", "a/A/seed_1", "b/A/seed_1", "a/A/seed_2"]
+    with pytest.raises(ValueError, match="outside the grid"):
+        parse_grid({"seeds": 2, "tasks": ["A"], "variant": [{"label": "b", "preset": "sac", "seeds": [5]}]})

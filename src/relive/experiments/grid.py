@@ -7,11 +7,17 @@
     label = "uniform"                      # a name for plots and tables
     preset = "ddqn"                        # `relive train PRESET`
     args = ["--replay", "uniform"]         # extra `relive train` arguments ({task}, {seed} are substituted)
+    tasks = ["CartPole-v1"]                # optional: this variant's own tasks / seeds (e.g. an ablation
+    seeds = 3                              # on one task with fewer seeds)
     [task_args]                            # optional: extra arguments per task (a task may be a label, e.g.
     "hopper-random" = ["--env", "Hopper-v5", "--dataset", "relive/hopper-v5/random-v0"]   # env + dataset)
     [report]                               # optional: what the report computes
     thresholds = { "CartPole-v1" = 475 }   # env steps to reach a score (ReaPER's metric)
     paper = { "CartPole-v1" = "20,650 -> 15,850" }
+    [[report.figure]]                      # optional: extra plots of a subset of variants / tasks / a column
+    name = "fig1"
+    labels = ["uniform"]
+    column = "replay/online_fraction"
 
 Grids ship in ``relive/experiments/grids/``; ``relive bench run NAME`` finds them by name or path.
 """
@@ -47,6 +53,7 @@ class Variant:
     preset: str
     args: tuple[str, ...] = ()
     tasks: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = ()  # a variant's own seeds (e.g. fewer for an ablation); default: the grid's
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ class Grid:
         out = []
         for seed in self.seeds:
             for v in self.variants:
+                if v.seeds and seed not in v.seeds:
+                    continue
                 for task in v.tasks or self.tasks:
                     if self.only_tasks and task not in self.only_tasks:
                         continue
@@ -103,8 +112,12 @@ def parse_grid(raw: dict, default_name: str = "grid") -> Grid:
         missing = [k for k in ("label", "preset") if k not in v]
         if missing:
             raise ValueError(f"grid {name!r}: variant #{i} lacks {missing}")
+        v_seeds = v.get("seeds", ())
+        v_seeds = tuple(range(v_seeds)) if isinstance(v_seeds, int) else tuple(int(s) for s in v_seeds)
+        if set(v_seeds) - set(seeds):
+            raise ValueError(f"grid {name!r}: variant {v['label']!r} has seeds outside the grid's {list(seeds)}")
         variants.append(Variant(v["label"], v["preset"], tuple(str(a) for a in v.get("args", ())),
-                                tuple(v.get("tasks", ()))))
+                                tuple(v.get("tasks", ())), v_seeds))
     if not variants:
         raise ValueError(f"grid {name!r}: no [[variant]] entries")
     labels = [v.label for v in variants]
