@@ -21,7 +21,8 @@ def grid(extra_variant=None):
             {"label": "sac-uniform", "preset": "sac", "args": [*TINY, "--replay", "uniform"]},
             {"label": "sac-per", "preset": "sac", "args": [*TINY, "--replay", "per"]},
         ],
-        "report": {"figure": [{"name": "per_only", "title": "PER alone", "labels": ["sac-per", "no-such-label"]}]},
+        "report": {"figure": [{"name": "per_only", "title": "PER alone", "labels": ["sac-per", "no-such-label"]}],
+                   "thresholds": {"Pendulum-v1": -1e9}, "baseline": "sac-uniform"},
     }
     if extra_variant:
         raw["variant"].append(extra_variant)
@@ -47,6 +48,8 @@ def test_runner_skips_finished_runs_records_crashes_and_reports(tmp_path):
     assert "| Pendulum-v1 |" in text and "→" in text and "IQM" in text and "Crashed runs" in text
     assert (tmp_path / "report" / "tiny_curves.png").stat().st_size > 1000
     assert (tmp_path / "report" / "tiny_per_only.png").stat().st_size > 1000 and "### PER alone" in text
+    # every run reaches a threshold of -1e9 at its first evaluation (env step 0)
+    assert "| Pendulum-v1 (-1000000000.0) | 0 ± 0 (2/2 reach) | 0 ± 0 (2/2 reach) | — | — | — |" in text
 
 
 def test_grid_validation():
