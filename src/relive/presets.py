@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from relive.agents.cal_ql import CalQLConfig
 from relive.agents.ddqn import DDQNConfig
-from relive.agents.sac import SACConfig
+from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
 from relive.config import ExperimentConfig, ReplayConfig, ScheduleConfig
 
 
@@ -21,7 +21,7 @@ def rlpd() -> ExperimentConfig:
     sampling, no offline pre-training, 5000 random warm-up steps (Ball et al. 2023)."""
     return ExperimentConfig(preset="rlpd", agent_kind="sac", agent=SACConfig.rlpd(),
                             schedule=ScheduleConfig(utd_ratio=20, num_warmup_env_steps=5000),
-                            replay=ReplayConfig(name="symmetric"))
+                            replay=ReplayConfig(name="symmetric", offline_fraction=RLPD_OFFLINE_FRACTION))
 
 
 def calql() -> ExperimentConfig:
