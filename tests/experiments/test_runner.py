@@ -110,3 +110,32 @@ def test_a_variant_may_run_fewer_seeds_than_the_grid():
     assert [r.key for r in g.runs()] == ["a/A/seed_0", "b/A/seed_0", "a/A/seed_1", "b/A/seed_1", "a/A/seed_2"]
     with pytest.raises(ValueError, match="outside the grid"):
         parse_grid({"seeds": 2, "tasks": ["A"], "variant": [{"label": "b", "preset": "sac", "seeds": [5]}]})
+
+
+def _fake_run(root, key, steps, returns):
+    d = root / key
+    d.mkdir(parents=True)
+    d.joinpath("eval.csv").write_text("env_step,eval/return_mean\n" + "".join(
+        f"{s},{r}\n" for s, r in zip(steps, returns, strict=True)))
+    d.joinpath("summary.json").write_text(json.dumps({"final_return": returns[-1]}))
+
+
+def test_report_from_hand_made_run_directories(tmp_path):
+    """Two tasks on raw-return scales: per-task IQMs (none across tasks), steps to threshold with the fraction
+    that reach it and the change vs the baseline, and stopped runs' curves held at their last value."""
+    g = parse_grid({"name": "hand", "seeds": 3, "tasks": ["A", "B"],
+                    "variant": [{"label": "per", "preset": "ddqn"}, {"label": "reaper", "preset": "ddqn"}],
+                    "report": {"baseline": "per", "thresholds": {"A": 100, "B": -50}}})
+    steps = [0, 1000, 2000, 3000]
+    runs = {("per", "A"): [[0, 50, 100, 120], [0, 20, 60, 100], [0, 10, 20, 30]],
+            ("reaper", "A"): [[0, 100], [0, 50, 100], [0, 100]],
+            ("per", "B"): [[-500, -100, -60, -40]] * 3, ("reaper", "B"): [[-500, -40]] * 3}
+    for (label, task), series in runs.items():
+        for seed, r in enumerate(series):
+            _fake_run(tmp_path / "hand", f"{label}/{task}/seed_{seed}", steps[:len(r)], r)
+    text = make_report(g, tmp_path, tmp_path / "out", reps=100).read_text()
+    assert "IQM over runs per task" in text and "Aggregate final score" not in text
+    # per on A: reaches 100 at 2000 and 3000 (2 of 3 runs): mean 2500, SD 707; reaper: 1000, 2000, 1000
+    assert "| A (100) | 2500 ± 707 (2/3 reach) | 1333 ± 577 (3/3 reach) | reaper: -47% (p=" in text
+    assert "| B (-50) | 3000 ± 0 (3/3 reach) | 1000 ± 0 (3/3 reach) | reaper: -67% (p=" in text
+    assert (tmp_path / "out" / "hand_curves.png").stat().st_size > 1000

@@ -149,7 +149,19 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
 
     # -- aggregate IQM ---------------------------------------------------------------------------------
     complete = [lab for lab in labels if all(t in final[lab] for t in tasks) and tasks]
-    if complete:
+    if complete and len(tasks) > 1 and score_key != SCORE_KEYS[0]:
+        # raw returns of different tasks live on different scales: an IQM across them means nothing
+        lines += ["## Final score: IQM over runs per task, 95% bootstrap CI", "",
+                  "Raw returns (no normalization references), so one IQM per task rather than across tasks.", "",
+                  "| variant | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        per_task = {t: iqm_with_ci({lab: final[lab][t][:, None] for lab in complete}, reps=reps)
+                    if min(len(final[lab][t]) for lab in complete) >= 2 else {} for t in tasks}
+        for lab in complete:
+            lines.append(f"| {lab} | " + " | ".join(
+                f"{per_task[t][lab][0]:.1f} [{per_task[t][lab][1]:.1f}, {per_task[t][lab][2]:.1f}]"
+                if lab in per_task[t] else "—" for t in tasks) + " |")
+        lines.append("")
+    elif complete:
         n = min(min(len(final[lab][t]) for t in tasks) for lab in complete)
         mat = {lab: np.stack([final[lab][t][:n] for t in tasks], axis=1) for lab in complete}
         if n >= 2:
