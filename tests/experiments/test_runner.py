@@ -139,3 +139,26 @@ def test_report_from_hand_made_run_directories(tmp_path):
     assert "| A (100) | 2500 ± 707 (2/3 reach) | 1333 ± 577 (3/3 reach) | reaper: -47% (p=" in text
     assert "| B (-50) | 3000 ± 0 (3/3 reach) | 1000 ± 0 (3/3 reach) | reaper: -67% (p=" in text
     assert (tmp_path / "out" / "hand_curves.png").stat().st_size > 1000
+
+
+def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_over(tmp_path):
+    import subprocess
+    import sys
+
+    from relive.experiments.runner import LOCK, execute, run_dir_of
+
+    g = parse_grid({"name": "locks", "tasks": ["Pendulum-v1"],
+                    "variant": [{"label": "bad", "preset": "sac", "args": ["--set", "agent.num_qs=0", *TINY]}]})
+    spec = g.runs()[0]
+    d = run_dir_of(tmp_path, spec)
+    d.mkdir(parents=True)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (d / LOCK).write_text(str(live.pid))
+        assert execute(spec, tmp_path).status == "busy" and not (d / "crash.json").exists()
+    finally:
+        live.kill()
+        live.wait()
+    (d / LOCK).write_text(str(live.pid))  # its process is gone: the lock is stale
+    assert execute(spec, tmp_path).status == "crashed" and (d / "crash.json").is_file()
+    assert not (d / LOCK).exists()

@@ -61,9 +61,10 @@ def _run(args: argparse.Namespace) -> int:
     grid = _grid(args)
     outcomes = run_grid(grid, args.root, workers=args.workers, threads_per_run=args.threads_per_run,
                         timeout=args.timeout)
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "crashed")}
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "busy", "crashed")}
     print(f"{grid.name}: {counts['finished']} finished now, {counts['skipped']} already done, "
-          f"{counts['crashed']} crashed (run directories under {Path(args.root) / grid.name})")
+          f"{counts['busy']} left to another runner, {counts['crashed']} crashed "
+          f"(run directories under {Path(args.root) / grid.name})")
     if args.report:
         _report(argparse.Namespace(grid=args.grid, root=args.root, out=args.out, reps=2000))
     return 1 if counts["crashed"] else 0

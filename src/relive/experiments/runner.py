@@ -22,12 +22,13 @@ from relive.experiments.grid import Grid, RunSpec
 FINISHED = "summary.json"
 CRASHED = "crash.json"
 LOG = "stdout.log"
+LOCK = "running.lock"  # holds the PID of the runner executing the run: a second runner on the same root skips it
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     spec: RunSpec
-    status: str  # "finished" (now), "skipped" (earlier), "crashed"
+    status: str  # "finished" (now), "skipped" (earlier), "busy" (another runner has it), "crashed"
     seconds: float
     run_dir: Path
 
@@ -49,11 +50,42 @@ def default_workers(threads_per_run: int = 1) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, threads_per_run))
 
 
+def _take_lock(run_dir: Path) -> bool:
+    """Claim a run for this process; False when a live process holds it (a stale lock is taken over)."""
+    lock = run_dir / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+                os.kill(pid, 0)  # raises when no such process
+                return pid == os.getpid()
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # its runner died: take the run over
+                continue
+            except PermissionError:
+                return False  # a live process of another user
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
+
+
 def execute(spec: RunSpec, root: Path, threads_per_run: int = 1, timeout: float | None = None) -> RunOutcome:
     run_dir = run_dir_of(root, spec)
     if (run_dir / FINISHED).is_file():
         return RunOutcome(spec, "skipped", 0.0, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not _take_lock(run_dir):
+        return RunOutcome(spec, "busy", 0.0, run_dir)
+    try:
+        return _execute_locked(spec, run_dir, threads_per_run, timeout)
+    finally:
+        (run_dir / LOCK).unlink(missing_ok=True)
+
+
+def _execute_locked(spec: RunSpec, run_dir: Path, threads_per_run: int, timeout: float | None) -> RunOutcome:
     (run_dir / CRASHED).unlink(missing_ok=True)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_run), MKL_NUM_THREADS=str(threads_per_run),
                RELIVE_NUM_THREADS=str(threads_per_run))
@@ -96,7 +128,7 @@ def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_p
             for fut in as_completed(futures):
                 out = fut.result()
                 outcomes.append(out)
-                mark = "ok" if out.status == "finished" else "CRASHED"
+                mark = {"finished": "ok", "busy": "busy: another runner has it"}.get(out.status, "CRASHED")
                 bar.console.print(f"[{mark}] {out.spec.key} ({out.seconds:.0f} s)"
                                   + (f" -> see {out.run_dir / CRASHED}" if out.status == "crashed" else ""))
                 bar.advance(task)
