@@ -125,7 +125,7 @@ def test_report_from_hand_made_run_directories(tmp_path):
     that reach it and the change vs the baseline, and stopped runs' curves held at their last value."""
     g = parse_grid({"name": "hand", "seeds": 3, "tasks": ["A", "B"],
                     "variant": [{"label": "per", "preset": "ddqn"}, {"label": "reaper", "preset": "ddqn"}],
-                    "report": {"baseline": "per", "thresholds": {"A": 100, "B": -50}}})
+                    "report": {"baseline": "per", "thresholds": {"A": 100, "B": -50}, "auc": True}})
     steps = [0, 1000, 2000, 3000]
     runs = {("per", "A"): [[0, 50, 100, 120], [0, 20, 60, 100], [0, 10, 20, 30]],
             ("reaper", "A"): [[0, 100], [0, 50, 100], [0, 100]],
@@ -139,6 +139,10 @@ def test_report_from_hand_made_run_directories(tmp_path):
     assert "| A (100) | 2500 ± 707 (2/3 reach) | 1333 ± 577 (3/3 reach) | reaper: -47% (p=" in text
     assert "| B (-50) | 3000 ± 0 (3/3 reach) | 1000 ± 0 (3/3 reach) | reaper: -67% (p=" in text
     assert (tmp_path / "out" / "hand_curves.png").stat().st_size > 1000
+    # area under the curve: per on A: mean of [50, 100, 120], [20, 60, 100], [10, 20, 30] = 90, 60, 20
+    assert (f"| A | {np.mean([90, 60, 20]):.1f} ± {np.std([90, 60, 20]):.1f} (n=3) | "
+            f"{np.mean([100, 75, 100]):.1f} ± {np.std([100, 75, 100]):.1f} (n=3) |") in text
+    # (reaper's runs on A stopped at the threshold hold it on the cell's steps: [0, 100, 100] -> 100)
 
 
 def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_over(tmp_path):

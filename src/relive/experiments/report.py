@@ -147,6 +147,23 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
     lines.append("")
 
+    # -- learning speed: the mean over every online evaluation (area under the curve) -------------------
+    if grid.report.get("auc", False):
+        lines += ["## Mean score over the online evaluations (area under the learning curve)", "",
+                  "The average of every evaluation after the first, per run; mean ± std over seeds. Separates "
+                  "variants that end at the same score but get there at different speeds.", "",
+                  "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+        for task in tasks:
+            cells = []
+            for label in labels:
+                runs = by.get((label, task), [])
+                # (curves on the cell's common steps: a run stopped at a threshold holds its last score)
+                ys = align_curves([(r.steps, r.scores) for r in runs])[1] if runs else np.zeros((0, 0))
+                auc = np.nanmean(ys[:, 1:], axis=1) if ys.shape[1] > 1 else np.zeros(0)
+                cells.append(f"{_fmt(auc.mean(), auc.std())} (n={auc.size})" if auc.size else "—")
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
+        lines.append("")
+
     # -- aggregate IQM ---------------------------------------------------------------------------------
     complete = [lab for lab in labels if all(t in final[lab] for t in tasks) and tasks]
     if complete and len(tasks) > 1 and score_key != SCORE_KEYS[0]:
