@@ -179,13 +179,16 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
                 if lab in per_task[t] else "—" for t in tasks) + " |")
         lines.append("")
     elif complete:
-        n = min(min(len(final[lab][t]) for t in tasks) for lab in complete)
-        mat = {lab: np.stack([final[lab][t][:n] for t in tasks], axis=1) for lab in complete}
-        if n >= 2:
+        # each variant with all of its own seeds (an ablation run on fewer seeds does not shrink the others)
+        n_of = {lab: min(len(final[lab][t]) for t in tasks) for lab in complete}
+        complete = [lab for lab in complete if n_of[lab] >= 2]
+        mat = {lab: np.stack([final[lab][t][:n_of[lab]] for t in tasks], axis=1) for lab in complete}
+        if complete:
             iqm = iqm_with_ci(mat, reps=reps)
             lines += ["## Aggregate final score: IQM over runs x tasks, 95% stratified-bootstrap CI", "",
-                      "| variant | IQM | 95% CI |", "|---|---|---|"]
-            lines += [f"| {lab} | {iqm[lab][0]:.1f} | [{iqm[lab][1]:.1f}, {iqm[lab][2]:.1f}] |" for lab in complete]
+                      "| variant | runs per task | IQM | 95% CI |", "|---|---|---|---|"]
+            lines += [f"| {lab} | {n_of[lab]} | {iqm[lab][0]:.1f} | [{iqm[lab][1]:.1f}, {iqm[lab][2]:.1f}] |"
+                      for lab in complete]
             lines.append("")
 
     # -- steps to threshold (ReaPER) -------------------------------------------------------------------
