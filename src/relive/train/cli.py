@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 
 from relive.config import REPLAY_NAMES, override
 from relive.presets import PRESETS, get_preset
@@ -125,8 +126,9 @@ def run_train(args: argparse.Namespace) -> int:
             raise SystemExit("relive train: give a PRESET (see `relive presets`) or --resume RUN_DIR")
         summary = train(config_from_args(args))
     start = "after the offline phase" if summary.num_offline_grad_steps else "at the start"
-    print(f"done: {summary.run_dir} | final return {summary.final_return:.1f} ({start}: {summary.offline_return:.1f}, "
-          f"best: {summary.best_return:.1f}) | {summary.seconds:.0f} s")
+    first = f"{start}: {summary.offline_return:.1f}, " if math.isfinite(summary.offline_return) else ""
+    print(f"done: {summary.run_dir} | final return {summary.final_return:.1f} ({first}best: "
+          f"{summary.best_return:.1f}) | {summary.seconds:.0f} s")
     return 0
 
 
