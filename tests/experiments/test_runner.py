@@ -166,3 +166,17 @@ def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_ove
     (d / LOCK).write_text(str(live.pid))  # its process is gone: the lock is stale
     assert execute(spec, tmp_path).status == "crashed" and (d / "crash.json").is_file()
     assert not (d / LOCK).exists()
+
+
+def test_normalized_scores_get_an_average_row_and_one_iqm_across_tasks(tmp_path):
+    g = parse_grid({"name": "norm", "seeds": 2, "tasks": ["A", "B"], "variant": [{"label": "x", "preset": "sac"}]})
+    scores = {"A": [[10, 30], [20, 50]], "B": [[0, 60], [10, 80]]}
+    for task, series in scores.items():
+        for seed, r in enumerate(series):
+            d = tmp_path / "norm" / f"x/{task}/seed_{seed}"
+            d.mkdir(parents=True)
+            d.joinpath("eval.csv").write_text(f"env_step,eval/normalized_score\n0,{r[0]}\n100,{r[1]}\n")
+            d.joinpath("summary.json").write_text("{}")
+    text = make_report(g, tmp_path, tmp_path / "out", reps=100).read_text()
+    # first: mean of task means (15, 5) = 10; final: mean of (40, 70) = 55
+    assert "| **average** | 10.0 → 55.0 |" in text and "Aggregate final score" in text

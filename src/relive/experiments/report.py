@@ -133,6 +133,7 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
               "\"offline → online\").", "",
               "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     final = defaultdict(dict)  # label -> task -> array of final scores per seed
+    first_means = defaultdict(list)  # label -> mean first score per task
     for task in tasks:
         cells = []
         for label in labels:
@@ -144,7 +145,12 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
             last = np.array([r.scores[-1] for r in runs])
             final[label][task] = last
             cells.append(f"{_fmt(first.mean(), first.std())} → {_fmt(last.mean(), last.std())} (n={len(runs)})")
+            first_means[label].append(first.mean())
         lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    if score_key == SCORE_KEYS[0] and len(tasks) > 1:  # CORL's average row: normalized scores only
+        cells = [f"{np.mean(first_means[lab]):.1f} → {np.mean([final[lab][t].mean() for t in tasks]):.1f}"
+                 if all(t in final[lab] for t in tasks) else "—" for lab in labels]
+        lines.append("| **average** | " + " | ".join(cells) + " |")
     lines.append("")
 
     # -- learning speed: the mean over every online evaluation (area under the curve) -------------------
