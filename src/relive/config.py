@@ -15,7 +15,8 @@ from relive.agents.ddqn import DDQNConfig
 from relive.agents.sac import SACConfig
 
 AGENT_CONFIGS = {"sac": SACConfig, "calql": CalQLConfig, "ddqn": DDQNConfig}
-REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper", "berb")
+REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper",
+               "reaper_reference", "berb")
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class ScheduleConfig:
 @dataclass(frozen=True)
 class ReplayConfig:
     # uniform | per | symmetric (RLPD 50/50) | symmetric_per (uniform offline, PER online) | arb (trajectory level)
-    # | arb_transition | reaper | berb
+    # | arb_transition | reaper | reaper_reference (the reference code's open choices) | berb
     name: str = "uniform"
     capacity: int = 1_000_000
     offline_fraction: float = 0.5

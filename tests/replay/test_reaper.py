@@ -252,3 +252,103 @@ def test_omega_zero_is_proportional_per():
         buf.update(buf.gather(np.arange(30)).info, td_error=td)
         out.append(sampler.probabilities())
     np.testing.assert_allclose(out[0], out[1], rtol=1e-12)
+
+
+# -- the reference code's readings (ReaPERReferenceSampler) ----------------------------------------------------
+def make_reference(capacity=40, **flags):
+    from relive.replay import ReaPERReferenceSampler
+
+    s = ReaPERReferenceSampler(priority_exponent=ALPHA, reliability_exponent=OMEGA, is_exponent=BETA,
+                               is_exponent_final=BETA, **flags)
+    return ReplayBuffer(capacity, (2,), (1,), sampler=s, seed=1)
+
+
+def fill_like_filled(buf, td_seed=0):
+    """The same rows and updates as ``filled(n_online=14)`` (the open online episode starts at row 8)."""
+    buf.add_offline(rows(np.arange(12), ends=(8,), terms=(3,)))
+    buf.extend(rows(np.arange(14), ends=(7,)))
+    n = len(buf)
+    td = np.random.default_rng(td_seed).normal(size=n) * 3
+    buf.update(buf.gather(np.arange(n)).info, td_error=td)
+
+
+def test_reference_sampler_with_its_switches_off_is_the_paper_sampler():
+    buf = make_reference(fresh_unweighted=False, frozen_F=False, is_normalization="batch")
+    fill_like_filled(buf)
+    base, _ = filled(n_online=14)
+    np.testing.assert_allclose(buf.sampler.probabilities(), base.sampler.probabilities(), rtol=1e-10, atol=1e-15)
+    for _ in range(3):  # the same rows keep the same probabilities through further inserts and updates
+        r = rows(np.arange(3))
+        buf.extend(r)
+        base.extend(r)
+        idx = np.array([5, 20, 27, 28])
+        buf.update(buf.gather(idx).info, td_error=[1.0, 2.0, 0.5, 4.0])
+        base.update(base.gather(idx).info, td_error=[1.0, 2.0, 0.5, 4.0])
+        np.testing.assert_allclose(buf.sampler.probabilities(), base.sampler.probabilities(), rtol=1e-10)
+    check_frequencies_with_power(buf, buf.sampler.probabilities())
+
+
+def test_reference_fresh_rows_skip_reliability_until_their_episode_is_updated():
+    buf = make_reference(frozen_F=False)
+    fill_like_filled(buf)
+    s = buf.sampler
+    fresh = buf.extend(rows([50.0, 51.0]))  # continue the open online episode (rows 8..13 were updated)
+    # the episode was not updated since these rows arrived: no reliability factor for them, the rest keeps C/F
+    np.testing.assert_allclose(s.reliability(fresh), 1.0)
+    old = np.arange(20, 26)
+    np.testing.assert_allclose(s.reliability(old), s.prefix[old] / s.F, rtol=1e-12)
+    psi = s.max_delta**ALPHA  # Eq. 15 without R
+    p = s.probabilities()
+    np.testing.assert_allclose(p[fresh], psi / s._psi(np.arange(len(buf))).sum(), rtol=1e-12)
+    # an update of any row of the episode ends that: every row of it now uses C_t / F
+    buf.update(buf.gather([21]).info, td_error=[0.3])
+    np.testing.assert_allclose(s.reliability(fresh), s.prefix[fresh] / s.F, rtol=1e-12)
+    # a new episode's rows are fresh again, and a finished episode always uses S_e
+    new = buf.extend(rows([60.0, 61.0, 62.0], ends=(2,)))
+    np.testing.assert_allclose(s.reliability(new), s.prefix[new] / s.total[s.slot_leaf[new]], rtol=1e-12)
+    more = buf.extend(rows([70.0]))
+    np.testing.assert_allclose(s.reliability(more), 1.0)
+
+
+def test_reference_ongoing_rows_divide_by_the_F_of_their_insert_time():
+    buf = make_reference(fresh_unweighted=False)
+    buf.extend(rows(np.arange(4), ends=(3,)))  # a finished episode of 4 rows
+    s = buf.sampler
+    first = buf.extend(rows([10.0, 11.0]))  # an ongoing episode
+    f_then = s.F
+    buf.update(buf.gather([0, 1, 2, 3]).info, td_error=[9.0, 9.0, 9.0, 9.0])  # the finished total (and F) grows
+    assert s.F > f_then
+    later = buf.extend(rows([12.0]))
+    np.testing.assert_allclose(s.reliability(first), s.prefix[first] / f_then, rtol=1e-12)
+    np.testing.assert_allclose(s.reliability(later), s.prefix[later] / s.F, rtol=1e-12)
+    # C_t may outgrow the F of insert time: R > 1 is kept, as in the reference code
+    buf.update(buf.gather(first).info, td_error=[200.0, 200.0])
+    assert s.reliability(first)[1] > 1.0
+
+
+def test_reference_is_weights_divide_by_the_least_likely_row():
+    buf = make_reference()
+    fill_like_filled(buf)
+    p = buf.sampler.probabilities()
+    stored = p[: len(buf)]
+    b = buf.sample(20).info
+    np.testing.assert_allclose(b.probability, p[b.indices], rtol=1e-12)
+    np.testing.assert_allclose(b.is_weight, (stored.min() / p[b.indices]) ** BETA, rtol=1e-6)
+    assert b.is_weight.max() <= 1.0
+    check_frequencies_with_power(buf, p)
+
+
+def test_reference_save_load_round_trip(tmp_path):
+    buf = make_reference()
+    fill_like_filled(buf)
+    buf.extend(rows([50.0, 51.0]))
+    buf.save(tmp_path / "c")
+    loaded = ReplayBuffer.load(tmp_path / "c")
+    assert type(loaded.sampler).__name__ == "ReaPERReferenceSampler"
+    np.testing.assert_array_equal(loaded.sampler.probabilities(), buf.sampler.probabilities())
+    for b in (buf, loaded):
+        b.extend(rows([52.0]))
+        b.update(b.gather([3, 21]).info, td_error=[2.0, 0.1])
+    np.testing.assert_array_equal(loaded.sampler.probabilities(), buf.sampler.probabilities())
+    with pytest.raises(ValueError, match="is_normalization"):
+        make_reference(is_normalization="max")

@@ -9,6 +9,7 @@ from relive.replay.samplers import (
     BERBSampler,
     MixtureSampler,
     PrioritizedSampler,
+    ReaPERReferenceSampler,
     ReaPERSampler,
     Sampler,
     UniformSampler,
@@ -21,6 +22,6 @@ from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 __all__ = [
     "ReplayBuffer", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree", "MaxTree",
     "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler", "ReaPERSampler",
-    "BERBSampler", "SAMPLERS", "register_sampler",
+    "ReaPERReferenceSampler", "BERBSampler", "SAMPLERS", "register_sampler",
     "Batch", "SampleInfo", "UpdateReport", "CheckpointError", "OFFLINE", "ONLINE",
 ]

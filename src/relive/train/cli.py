@@ -24,7 +24,9 @@ def add_parsers(subparsers) -> None:
                    "online rows), per (proportional PER), symmetric (exact offline/online split per batch, RLPD), "
                    "symmetric_per (uniform offline, PER online), arb / arb_transition (on-policyness weights, "
                    "trajectory or transition level, re-scored every refresh_every_grad_steps), reaper "
-                   "(reliability-adjusted PER), berb (learned online/offline density ratio)")
+                   "(reliability-adjusted PER), reaper_reference (ReaPER with the reference code's choices where "
+                   "the paper is open: fresh rows unweighted, F frozen at insert, IS by the buffer's minimum), berb "
+                   "(learned online/offline density ratio)")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
     p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
     p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")

@@ -26,6 +26,7 @@ from relive.replay import (
     BERBSampler,
     MixtureSampler,
     PrioritizedSampler,
+    ReaPERReferenceSampler,
     ReaPERSampler,
     ReplayBuffer,
     UniformSampler,
@@ -80,10 +81,11 @@ def build_sampler(cfg: ExperimentConfig):
         case "arb" | "arb_transition":
             return ARBSampler(temperature=r.arb_temperature, level="transition" if r.name == "arb_transition"
                               else "trajectory", amortized_rows_per_refresh=r.arb_amortized_rows)
-        case "reaper":
-            return ReaPERSampler(priority_exponent=r.priority_exponent, reliability_exponent=r.reliability_exponent,
-                                 is_exponent=r.is_exponent, is_exponent_final=r.is_exponent_final,
-                                 is_anneal_samples=per["is_anneal_samples"])
+        case "reaper" | "reaper_reference":
+            cls = ReaPERReferenceSampler if r.name == "reaper_reference" else ReaPERSampler
+            return cls(priority_exponent=r.priority_exponent, reliability_exponent=r.reliability_exponent,
+                       is_exponent=r.is_exponent, is_exponent_final=r.is_exponent_final,
+                       is_anneal_samples=per["is_anneal_samples"])
         case "berb":
             return BERBSampler(temperature=r.berb_temperature, init_online_fraction=r.berb_init_online_fraction,
                                first_chunk_rows=max(cfg.schedule.env_steps_per_chunk, 1000), seed=cfg.run.seed)

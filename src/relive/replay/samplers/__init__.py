@@ -7,7 +7,7 @@ from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.berb import BERBSampler
 from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.per import PrioritizedSampler
-from relive.replay.samplers.reaper import ReaPERSampler
+from relive.replay.samplers.reaper import ReaPERReferenceSampler, ReaPERSampler
 from relive.replay.samplers.uniform import UniformSampler
 
 SAMPLERS: dict[str, type[Sampler]] = {
@@ -16,6 +16,7 @@ SAMPLERS: dict[str, type[Sampler]] = {
     "MixtureSampler": MixtureSampler,
     "ARBSampler": ARBSampler,
     "ReaPERSampler": ReaPERSampler,
+    "ReaPERReferenceSampler": ReaPERReferenceSampler,
     "BERBSampler": BERBSampler,
 }
 
@@ -39,5 +40,5 @@ def sampler_from_config(cfg: dict) -> Sampler:
 
 
 __all__ = ["Draw", "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler",
-           "ReaPERSampler", "BERBSampler", "SAMPLERS",
+           "ReaPERSampler", "ReaPERReferenceSampler", "BERBSampler", "SAMPLERS",
            "register_sampler", "sampler_config", "sampler_from_config"]

@@ -12,7 +12,8 @@ A TD target is only as reliable as the TD errors downstream of it in its episode
 with d_i = |td_error_i| + eps, C_t the inclusive prefix sum of d over the episode, S_e = C at its last row and
 F the largest S_e among the stored episodes. New rows get d = the largest d seen so far (the running max
 starts at 1, as in the reference code); their reliability is applied at once (C_t / F while the episode is
-ongoing; the reference code leaves it out until the episode ends or is updated).
+ongoing; the reference code leaves it out until some row of their episode is updated or the episode ends --
+``ReaPERReferenceSampler`` below follows the reference code on this and the other open choices).
 
 Efficient exact updates (the paper's O(n - t) update, see research/replay_methods.md Sec. 1.4). The priority
 factorizes as Psi_t = D_e^-omega * u_t with u_t = C_t^omega * d_t^alpha and D_e = S_e or F, so sampling is
@@ -36,7 +37,8 @@ behaviour): the surviving rows' downstream errors are unchanged, and nothing nee
 before it was ever stored (one ``extend`` longer than the ring) contributes nothing.
 
 IS weights: Eq. 18 is (N P(t))^-beta; like PER we divide by the largest weight in the batch (the reference
-code divides by the weight of the buffer's least likely row, which no structure here tracks cheaply).
+code divides by the weight of the buffer's least likely row, which no structure here tracks cheaply; with
+Adam the two differ by a per-batch constant factor).
 """
 
 from __future__ import annotations
@@ -467,3 +469,112 @@ if _tree_kernels.AVAILABLE:
                     b = m
             out[i] = _slot(a, online[i], k, cap)
         return out
+
+
+class ReaPERReferenceSampler(ReaPERSampler):
+    """ReaPER with the reference code's (leonardpleiss/ReaPER) choices where the paper leaves them open, each
+    switchable, for comparing the two readings (docs/results.md). Read from that code, not copied:
+
+    - ``fresh_unweighted``: a row of an ongoing episode gets Psi = d^alpha with no reliability factor until
+      some row of its episode is updated (or the episode ends); then all of them use C_t / D.
+    - ``frozen_F``: an ongoing episode's row divides by the F of its insert time, not the live F, and R may
+      exceed 1 when C_t outgrows it (the reference code does not clip).
+    - ``is_normalization="buffer"``: IS weights divided by the weight of the buffer's least likely row,
+      (P_min / P(t))^beta, instead of the batch's largest (Eq. 18's normalization).
+
+    All the bookkeeping (d, C_t, S_e, F, episode status) is the parent's; the draw is O(buffer size) per batch
+    (a cumulative sum and a binary search, as in the reference code): fine for classic control, not for 1M rows.
+    With all three switches off it draws with exactly the parent's probabilities (a test checks this).
+    """
+
+    def __init__(self, *args, fresh_unweighted: bool = True, frozen_F: bool = True,
+                 is_normalization: str = "buffer", **kwargs):
+        super().__init__(*args, **kwargs)
+        if is_normalization not in ("buffer", "batch"):
+            raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {is_normalization!r}")
+        self.fresh_unweighted = bool(fresh_unweighted)
+        self.frozen_F = bool(frozen_F)
+        self.is_normalization = is_normalization
+        self._serial = 0
+
+    def bind(self, storage, source=None) -> None:
+        super().bind(storage, source)
+        n = storage.capacity
+        self.f_insert = np.zeros(n)  # F when the row was stored
+        self.insert_serial = np.zeros(n, np.int64)  # which insert stored the row
+        self.update_serial = np.zeros(n, np.int64)  # per episode leaf: the insert count at its last update
+
+    def on_insert(self, slots: np.ndarray) -> None:
+        super().on_insert(slots)
+        self._serial += 1
+        self.insert_serial[slots] = self._serial
+        self.f_insert[slots] = self.F
+
+    def update(self, slots: np.ndarray, signals: dict) -> None:
+        super().update(slots, signals)
+        self.update_serial[self.slot_leaf[np.asarray(slots, np.int64)]] = self._serial
+
+    def reliability(self, slots: np.ndarray, leaves: np.ndarray | None = None) -> np.ndarray:
+        slots = np.asarray(slots, np.int64)
+        leaves = self.slot_leaf[slots] if leaves is None else leaves
+        fin = self.finished[leaves]
+        ongoing_denom = self.f_insert[slots] if self.frozen_F else self.F
+        r = self.prefix[slots] / np.where(fin, self.total[leaves], ongoing_denom)
+        if self.fresh_unweighted:
+            r = np.where(~fin & (self.insert_serial[slots] > self.update_serial[leaves]), 1.0, r)
+        return r
+
+    def _all_psi(self) -> tuple[int, np.ndarray]:
+        """Psi of every stored row (the domain is contiguous: slices, not gathers, where possible)."""
+        self._sync()
+        lo, hi = self.domain()
+        leaves = self.slot_leaf[lo:hi]
+        fin = self.finished[leaves]
+        ongoing_denom = self.f_insert[lo:hi] if self.frozen_F else self.F
+        r = self.prefix[lo:hi] / np.where(fin, self.total[leaves], ongoing_denom)
+        if self.fresh_unweighted:
+            r[~fin & (self.insert_serial[lo:hi] > self.update_serial[leaves])] = 1.0
+        return lo, _power(r, self.reliability_exponent) * self.delta_pow[lo:hi]
+
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        lo, psi = self._all_psi()
+        cum = np.cumsum(psi)
+        z = cum[-1]
+        pick = np.minimum(np.searchsorted(cum, rng.random(batch_size) * z, side="right"), psi.size - 1)
+        probability = psi[pick] / z
+        self.num_samples += 1
+        is_weight = (psi.size * probability) ** (-self.beta)
+        if self.is_normalization == "buffer":
+            largest = (psi.size * psi.min() / z) ** (-self.beta)
+        else:
+            largest = is_weight.max()
+        return Draw(lo + pick, probability, (is_weight / largest).astype(np.float32))
+
+    def probabilities(self) -> np.ndarray:
+        lo, psi = self._all_psi()
+        p = np.zeros(self.storage.capacity)
+        p[lo: lo + psi.size] = psi / psi.sum()
+        return p
+
+    def config(self) -> dict:
+        return super().config() | dict(fresh_unweighted=self.fresh_unweighted, frozen_F=self.frozen_F,
+                                       is_normalization=self.is_normalization)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        size = self.storage.size
+        n_leaves = len(state["leaves"]["leaf_id"])
+        return state | {"reference": {"f_insert": self.f_insert[:size].copy(),
+                                      "insert_serial": self.insert_serial[:size].copy(),
+                                      "update_serial": self.update_serial[:n_leaves].copy(),
+                                      "serial": self._serial}}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        ref = state["reference"]
+        for name in ("f_insert", "insert_serial", "update_serial"):
+            arr = getattr(self, name)
+            src = np.asarray(ref[name], dtype=arr.dtype)
+            arr[:] = 0
+            arr[: src.size] = src
+        self._serial = int(ref["serial"])
