@@ -149,7 +149,7 @@ def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_ove
     import subprocess
     import sys
 
-    from relive.experiments.runner import LOCK, execute, run_dir_of
+    from relive.experiments.runner import LOCK, execute, run_dir_of, status_line
 
     g = parse_grid({"name": "locks", "tasks": ["Pendulum-v1"],
                     "variant": [{"label": "bad", "preset": "sac", "args": ["--set", "agent.num_qs=0", *TINY]}]})
@@ -164,8 +164,13 @@ def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_ove
         live.kill()
         live.wait()
     (d / LOCK).write_text(str(live.pid))  # its process is gone: the lock is stale
-    assert execute(spec, tmp_path).status == "crashed" and (d / "crash.json").is_file()
+    out = execute(spec, tmp_path)
+    assert out.status == "crashed" and (d / "crash.json").is_file()
     assert not (d / LOCK).exists()
+    assert status_line(out) == f"[CRASHED] bad/Pendulum-v1/seed_0 ({out.seconds:.0f} s) -> see {d / 'crash.json'}"
+    # finished by another runner while this one waited: reported as such, not as a crash
+    (d / "summary.json").write_text("{}")
+    assert status_line(execute(spec, tmp_path)) == "[done by another runner] bad/Pendulum-v1/seed_0 (0 s)"
 
 
 def test_normalized_scores_get_an_average_row_and_one_iqm_across_tasks(tmp_path):

@@ -128,11 +128,18 @@ def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_p
             for fut in as_completed(futures):
                 out = fut.result()
                 outcomes.append(out)
-                mark = {"finished": "ok", "busy": "busy: another runner has it"}.get(out.status, "CRASHED")
-                bar.console.print(f"[{mark}] {out.spec.key} ({out.seconds:.0f} s)"
-                                  + (f" -> see {out.run_dir / CRASHED}" if out.status == "crashed" else ""))
+                bar.console.print(status_line(out), markup=False)
                 bar.advance(task)
     return outcomes
+
+
+def status_line(out: RunOutcome) -> str:
+    """One line per run as the sweep goes: ok, busy (another runner has it), done by another runner (finished
+    while this runner waited), or CRASHED with where to look."""
+    mark = {"finished": "ok", "busy": "busy: another runner has it",
+            "skipped": "done by another runner", "crashed": "CRASHED"}[out.status]
+    tail = f" -> see {out.run_dir / CRASHED}" if out.status == "crashed" else ""
+    return f"[{mark}] {out.spec.key} ({out.seconds:.0f} s){tail}"
 
 
 def _progress(enabled: bool):
