@@ -11,6 +11,7 @@ from relive.replay import (
     BERBSampler,
     MixtureSampler,
     PrioritizedSampler,
+    ReaPERReferenceSampler,
     ReaPERSampler,
     UniformSampler,
 )
@@ -43,7 +44,7 @@ def test_presets_carry_the_papers_settings():
 @pytest.mark.parametrize("name,kind", [
     ("uniform", UniformSampler), ("per", PrioritizedSampler), ("symmetric", MixtureSampler),
     ("symmetric_per", MixtureSampler), ("arb", ARBSampler), ("arb_transition", ARBSampler),
-    ("reaper", ReaPERSampler), ("berb", BERBSampler)])
+    ("reaper", ReaPERSampler), ("reaper_reference", ReaPERReferenceSampler), ("berb", BERBSampler)])
 def test_replay_names_build_their_samplers(name, kind):
     cfg = override(get_preset("sac"), [f'replay.name="{name}"', "replay.offline_fraction=0.25"])
     sampler = build_sampler(cfg)
@@ -55,7 +56,7 @@ def test_replay_names_build_their_samplers(name, kind):
     if name.startswith("arb"):
         assert sampler.config()["level"] == ("transition" if name == "arb_transition" else "trajectory")
     assert set(REPLAY_NAMES) == {"uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition",
-                                 "reaper", "berb"}
+                                 "reaper", "reaper_reference", "berb"}
 
 
 @pytest.mark.parametrize("setting,match", [
