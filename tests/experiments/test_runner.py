@@ -185,3 +185,27 @@ def test_normalized_scores_get_an_average_row_and_one_iqm_across_tasks(tmp_path)
     text = make_report(g, tmp_path, tmp_path / "out", reps=100).read_text()
     # first: mean of task means (15, 5) = 10; final: mean of (40, 70) = 55
     assert "| **average** | 10.0 → 55.0 |" in text and "Aggregate final score" in text
+
+
+def test_compare_table_and_online_share_on_hand_made_runs(tmp_path):
+    """[report] compare = focal: differences of the means and Mann-Whitney p per task; the online share at the
+    last evaluation as mean [min, max]."""
+    from scipy.stats import mannwhitneyu
+
+    g = parse_grid({"name": "cmp", "seeds": 3, "tasks": ["A"], "report": {"compare": "arb"},
+                    "variant": [{"label": "uni", "preset": "sac"}, {"label": "arb", "preset": "sac"}]})
+    curves = {"uni": [[0, 2, 4], [0, 3, 5], [0, 1, 6]], "arb": [[0, 4, 7], [0, 5, 8], [0, 6, 9]]}
+    shares = {"uni": [0.04, 0.04, 0.04], "arb": [0.05, 0.06, 0.04]}
+    for label, series in curves.items():
+        for seed, ys in enumerate(series):
+            d = tmp_path / "cmp" / f"{label}/A/seed_{seed}"
+            d.mkdir(parents=True)
+            rows_ = "".join(f"{100 * i},{y},{shares[label][seed] * i / 2}\n" for i, y in enumerate(ys))
+            d.joinpath("eval.csv").write_text("env_step,eval/normalized_score,replay/online_fraction\n" + rows_)
+            d.joinpath("summary.json").write_text("{}")
+    text = make_report(g, tmp_path, tmp_path / "out", reps=100).read_text()
+    # final: arb (7, 8, 9) - uni (5, 6, 4) = 8 - 5 = +3; online means: arb (5.5, 6.5, 7.5) - uni (3, 4, 3.5) = +3
+    p_final = mannwhitneyu([7, 8, 9], [5, 6, 4]).pvalue
+    p_auc = mannwhitneyu([5.5, 6.5, 7.5], [3, 4, 3.5]).pvalue
+    assert f"| A | uni | +3.00 (p={p_final:.2f}) | +3.00 (p={p_auc:.2f}) |" in text
+    assert "| A | 0.040 [0.040, 0.040] | 0.050 [0.040, 0.060] |" in text

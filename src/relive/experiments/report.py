@@ -105,6 +105,13 @@ def _mann_whitney(a: np.ndarray, b: np.ndarray) -> str:
     return f"{mannwhitneyu(a, b, alternative='two-sided').pvalue:.2f}"
 
 
+def online_means(runs) -> np.ndarray:
+    """Per run, the mean of every evaluation after the first (area under the online learning curve), on the
+    runs' common steps (a run stopped at a threshold holds its last score)."""
+    ys = align_curves([(r.steps, r.scores) for r in runs])[1] if runs else np.zeros((0, 0))
+    return np.nanmean(ys[:, 1:], axis=1) if ys.shape[1] > 1 else np.zeros(0)
+
+
 def _fmt(mean: float, std: float, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if np.isfinite(mean) else "—"
 
@@ -162,10 +169,7 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
         for task in tasks:
             cells = []
             for label in labels:
-                runs = by.get((label, task), [])
-                # (curves on the cell's common steps: a run stopped at a threshold holds its last score)
-                ys = align_curves([(r.steps, r.scores) for r in runs])[1] if runs else np.zeros((0, 0))
-                auc = np.nanmean(ys[:, 1:], axis=1) if ys.shape[1] > 1 else np.zeros(0)
+                auc = online_means(by.get((label, task), []))
                 cells.append(f"{_fmt(auc.mean(), auc.std())} (n={auc.size})" if auc.size else "—")
             lines.append(f"| {task} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -196,6 +200,44 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
             lines += [f"| {lab} | {n_of[lab]} | {iqm[lab][0]:.1f} | [{iqm[lab][1]:.1f}, {iqm[lab][2]:.1f}] |"
                       for lab in complete]
             lines.append("")
+
+    # -- one variant against each of the others (e.g. ARB vs the other replays) ---------------------------
+    focal = grid.report.get("compare")
+    if focal in labels:
+        lines += [f"## {focal} vs each other variant", "",
+                  f"Difference of the means ({focal} minus the other) of the final score and of the mean over the "
+                  "online evaluations, with two-sided Mann-Whitney U p-values over the runs.", "",
+                  "| task | vs | final score | mean over the online evaluations |", "|---|---|---|---|"]
+        for task in tasks:
+            mine = by.get((focal, task), [])
+            if not mine:
+                continue
+            for other in labels:
+                theirs = by.get((other, task), [])
+                if other == focal or not theirs:
+                    continue
+                cells = []
+                for a, b in ((final[focal][task], final[other][task]), (online_means(mine), online_means(theirs))):
+                    cells.append(f"{a.mean() - b.mean():+.2f} (p={_mann_whitney(a, b)})" if a.size and b.size
+                                 else "—")
+                lines.append(f"| {task} | {other} | " + " | ".join(cells) + " |")
+        lines.append("")
+
+    # -- the online share of sampled batches at the last evaluation (ARB's Figure 1 in numbers) -------------
+    shares = {(r.label, r.task): [] for r in data}
+    for r in data:
+        f = r.curves.get(FRACTION_KEY)
+        if f is not None and f.size and np.isfinite(f[-1]):
+            shares[(r.label, r.task)].append(float(f[-1]))
+    if any(shares.values()) and not all(v == 1.0 for vals in shares.values() for v in vals):
+        lines += ["## Online share of sampled batches at the last evaluation", "",
+                  "Mean over seeds [smallest, largest].", "",
+                  "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
+        for task in tasks:
+            cells = [f"{np.mean(v):.3f} [{min(v):.3f}, {max(v):.3f}]" if (v := shares.get((lab, task))) else "—"
+                     for lab in labels]
+            lines.append(f"| {task} | " + " | ".join(cells) + " |")
+        lines.append("")
 
     # -- steps to threshold (ReaPER) -------------------------------------------------------------------
     thresholds = grid.report.get("thresholds", {})
