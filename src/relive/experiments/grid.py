@@ -14,6 +14,9 @@
     [report]                               # optional: what the report computes
     thresholds = { "CartPole-v1" = 475 }   # env steps to reach a score (ReaPER's metric)
     paper = { "CartPole-v1" = "20,650 -> 15,850" }
+    baseline = "per"                       # the thresholds table's reference variant (default: the first)
+    auc = true                             # a table of the mean over the online evaluations
+    compare = "arb"                        # that variant against each other one, with Mann-Whitney p-values
     [[report.figure]]                      # optional: extra plots of a subset of variants / tasks / a column
     name = "fig1"
     labels = ["uniform"]
