@@ -63,6 +63,9 @@ def test_grid_validation():
                                                                          "args": ["--seed-note", "{seed}"]}]})
     assert [r.key for r in g.runs()] == ["a/A/seed_3", "a/B/seed_3", "a/A/seed_4", "a/B/seed_4"]
     assert g.runs()[0].args == ("--seed-note", "3")
+    g = parse_grid({"tasks": ["A"], "args": ["--from", "runs/pre/{task}/seed_{seed}"], "task_args": {"A": ["--t"]},
+                    "variant": [{"label": "a", "preset": "sac", "args": ["--v"]}]})
+    assert g.runs()[0].args == ("--from", "runs/pre/A/seed_0", "--v", "--t")  # grid, variant, task
 
 
 def test_built_in_grids_expand_to_valid_train_commands(tmp_path):

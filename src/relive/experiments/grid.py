@@ -3,6 +3,7 @@
     name = "reaper"
     seeds = [0, 1, 2]                      # or an integer n for seeds 0..n-1
     tasks = ["CartPole-v1", "Acrobot-v1"]  # default tasks for every variant
+    args = ["--eval-episodes", "5"]        # optional: `relive train` arguments of every run (first on the line)
     [[variant]]
     label = "uniform"                      # a name for plots and tables
     preset = "ddqn"                        # `relive train PRESET`
@@ -68,6 +69,7 @@ class Grid:
     report: dict = field(default_factory=dict)
     description: str = ""
     task_args: dict = field(default_factory=dict)
+    args: tuple[str, ...] = ()  # arguments of every run, before the variant's and the task's
     only_tasks: tuple[str, ...] = ()  # when set, runs() keeps these tasks only (`relive bench run --tasks`)
 
     def runs(self) -> list[RunSpec]:
@@ -80,7 +82,8 @@ class Grid:
                 for task in v.tasks or self.tasks:
                     if self.only_tasks and task not in self.only_tasks:
                         continue
-                    args = tuple(a.format(task=task, seed=seed) for a in (*v.args, *self.task_args.get(task, ())))
+                    args = tuple(a.format(task=task, seed=seed)
+                                 for a in (*self.args, *v.args, *self.task_args.get(task, ())))
                     out.append(RunSpec(self.name, v.label, v.preset, task, seed, args))
         return out
 
@@ -131,4 +134,4 @@ def parse_grid(raw: dict, default_name: str = "grid") -> Grid:
             raise ValueError(f"grid {name!r}: variant {v.label!r} has no tasks (set tasks = [...])")
     task_args = {str(k): tuple(str(a) for a in v) for k, v in raw.get("task_args", {}).items()}
     return Grid(name, tuple(variants), tasks, seeds, dict(raw.get("report", {})), raw.get("description", ""),
-                task_args)
+                task_args, tuple(str(a) for a in raw.get("args", ())))

@@ -127,6 +127,10 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     for r in data:
         by[(r.label, r.task)].append(r)
     score_key = data[0].score_key if data else SCORE_KEYS[0]
+    online = {key: online_means(runs) for key, runs in by.items()}  # (label, task) -> mean online score per run
+    fractions = np.concatenate([r.curves[FRACTION_KEY] for r in data if FRACTION_KEY in r.curves] or [[]])
+    fractions = fractions[np.isfinite(fractions)]
+    mixed = bool(fractions.size) and not np.all(fractions == 1.0)  # pure online runs sample online rows only
 
     lines = [f"# {grid.name}", ""]
     if grid.description:
@@ -169,7 +173,7 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
         for task in tasks:
             cells = []
             for label in labels:
-                auc = online_means(by.get((label, task), []))
+                auc = online.get((label, task), np.zeros(0))
                 cells.append(f"{_fmt(auc.mean(), auc.std())} (n={auc.size})" if auc.size else "—")
             lines.append(f"| {task} | " + " | ".join(cells) + " |")
         lines.append("")
@@ -209,27 +213,25 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
                   "online evaluations, with two-sided Mann-Whitney U p-values over the runs.", "",
                   "| task | vs | final score | mean over the online evaluations |", "|---|---|---|---|"]
         for task in tasks:
-            mine = by.get((focal, task), [])
-            if not mine:
+            if (focal, task) not in by:
                 continue
             for other in labels:
-                theirs = by.get((other, task), [])
-                if other == focal or not theirs:
+                if other == focal or (other, task) not in by:
                     continue
                 cells = []
-                for a, b in ((final[focal][task], final[other][task]), (online_means(mine), online_means(theirs))):
+                for a, b in ((final[focal][task], final[other][task]), (online[focal, task], online[other, task])):
                     cells.append(f"{a.mean() - b.mean():+.2f} (p={_mann_whitney(a, b)})" if a.size and b.size
                                  else "—")
                 lines.append(f"| {task} | {other} | " + " | ".join(cells) + " |")
         lines.append("")
 
     # -- the online share of sampled batches at the last evaluation (ARB's Figure 1 in numbers) -------------
-    shares = {(r.label, r.task): [] for r in data}
-    for r in data:
-        f = r.curves.get(FRACTION_KEY)
-        if f is not None and f.size and np.isfinite(f[-1]):
-            shares[(r.label, r.task)].append(float(f[-1]))
-    if any(shares.values()) and not all(v == 1.0 for vals in shares.values() for v in vals):
+    if mixed:
+        shares = defaultdict(list)
+        for r in data:
+            f = r.curves.get(FRACTION_KEY)
+            if f is not None and f.size and np.isfinite(f[-1]):
+                shares[(r.label, r.task)].append(float(f[-1]))
         lines += ["## Online share of sampled batches at the last evaluation", "",
                   "Mean over seeds [smallest, largest].", "",
                   "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
@@ -273,9 +275,7 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     if data:
         png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_curves.png", score_key)
         lines += [f"![learning curves]({png.name})", ""]
-        fractions = np.concatenate([r.curves[FRACTION_KEY] for r in data if FRACTION_KEY in r.curves] or [[]])
-        fractions = fractions[np.isfinite(fractions)]
-        if fractions.size and not np.all(fractions == 1.0):  # pure online runs sample online rows only
+        if mixed:
             png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_online_fraction.png",
                               FRACTION_KEY, column=FRACTION_KEY)
             lines += [f"![online fraction]({png.name})", ""]

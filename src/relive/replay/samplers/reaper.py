@@ -368,10 +368,7 @@ class ReaPERSampler(Sampler):
         super().load_state_dict(state)
         for group, names in (("slots", self._SLOT_ARRAYS), ("leaves", self._LEAF_ARRAYS)):
             for name in names:
-                arr = getattr(self, name)
-                src = np.asarray(state[group][name], dtype=arr.dtype)
-                arr[:] = -1 if name in ("slot_leaf", "leaf_id") else 0
-                arr[: src.size] = src
+                _restore(getattr(self, name), state[group][name], fill=-1 if name in ("slot_leaf", "leaf_id") else 0)
         self.max_delta = float(state["max_delta"])
         self.num_samples = int(state["num_samples"])
         self._seen_next_id = int(state["seen_next_id"])
@@ -384,6 +381,13 @@ class ReaPERSampler(Sampler):
         self.finished_tree.set_all(fin)
         self.ongoing_tree.set_all(ongoing)
         self.total_tree.set_all(totals)
+
+
+def _restore(arr: np.ndarray, saved, fill: int = 0) -> None:
+    """Put a checkpoint's prefix of a per-slot / per-leaf array back in place; the rest gets ``fill``."""
+    src = np.asarray(saved, dtype=arr.dtype)
+    arr[:] = fill
+    arr[: src.size] = src
 
 
 def _power(x: np.ndarray, exponent: float) -> np.ndarray:
@@ -516,25 +520,24 @@ class ReaPERReferenceSampler(ReaPERSampler):
 
     def reliability(self, slots: np.ndarray, leaves: np.ndarray | None = None) -> np.ndarray:
         slots = np.asarray(slots, np.int64)
-        leaves = self.slot_leaf[slots] if leaves is None else leaves
+        return self._reliability_at(slots, self.slot_leaf[slots] if leaves is None else leaves)
+
+    def _reliability_at(self, rows: np.ndarray | slice, leaves: np.ndarray) -> np.ndarray:
+        """R of stored rows given as slots or as a slice of slots (a slice reads the arrays without a gather)."""
         fin = self.finished[leaves]
-        ongoing_denom = self.f_insert[slots] if self.frozen_F else self.F
-        r = self.prefix[slots] / np.where(fin, self.total[leaves], ongoing_denom)
+        ongoing_denom = self.f_insert[rows] if self.frozen_F else self.F
+        r = self.prefix[rows] / np.where(fin, self.total[leaves], ongoing_denom)
         if self.fresh_unweighted:
-            r = np.where(~fin & (self.insert_serial[slots] > self.update_serial[leaves]), 1.0, r)
+            r[~fin & (self.insert_serial[rows] > self.update_serial[leaves])] = 1.0
         return r
 
     def _all_psi(self) -> tuple[int, np.ndarray]:
-        """Psi of every stored row (the domain is contiguous: slices, not gathers, where possible)."""
+        """Psi of every stored row (the domain is one contiguous slot range)."""
         self._sync()
         lo, hi = self.domain()
-        leaves = self.slot_leaf[lo:hi]
-        fin = self.finished[leaves]
-        ongoing_denom = self.f_insert[lo:hi] if self.frozen_F else self.F
-        r = self.prefix[lo:hi] / np.where(fin, self.total[leaves], ongoing_denom)
-        if self.fresh_unweighted:
-            r[~fin & (self.insert_serial[lo:hi] > self.update_serial[leaves])] = 1.0
-        return lo, _power(r, self.reliability_exponent) * self.delta_pow[lo:hi]
+        rows = slice(lo, hi)
+        r = self._reliability_at(rows, self.slot_leaf[rows])
+        return lo, _power(r, self.reliability_exponent) * self.delta_pow[rows]
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         lo, psi = self._all_psi()
@@ -573,8 +576,5 @@ class ReaPERReferenceSampler(ReaPERSampler):
         super().load_state_dict(state)
         ref = state["reference"]
         for name in ("f_insert", "insert_serial", "update_serial"):
-            arr = getattr(self, name)
-            src = np.asarray(ref[name], dtype=arr.dtype)
-            arr[:] = 0
-            arr[: src.size] = src
+            _restore(getattr(self, name), ref[name])
         self._serial = int(ref["serial"])
