@@ -28,6 +28,9 @@ class SampleInfo:
     probability: np.ndarray
     is_weight: np.ndarray
     source: np.ndarray
+    # per-batch values a sampler publishes for the agent's update (e.g. ReF-ER's ``c_max`` and ``beta``):
+    # scalars, or arrays of shape [B] (``to_torch`` turns those into tensors); empty for most samplers
+    hints: Mapping[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -83,6 +86,8 @@ class Batch:
             probability=info.probability,
             is_weight=torch.as_tensor(info.is_weight, dtype=torch.float32, device=device),
             source=info.source,
+            hints={k: (torch.as_tensor(v, device=device) if isinstance(v, np.ndarray) else v)
+                   for k, v in info.hints.items()},
         )
         return Batch(
             obs=conv(self.obs),
@@ -115,3 +120,57 @@ class UpdateResult:
     signals: Mapping[str, np.ndarray] = field(default_factory=dict)
 
 
+
+
+@dataclass(frozen=True)
+class ColumnDecl:
+    """A per-row column a method needs stored beside the core columns (a *behaviour record* written by the
+    collector from ``act``, or a column the loop fills, like Cal-QL's ``mc_return``).
+
+    ``offline``: ``"required"`` -- a dataset without this column is refused with a message naming it;
+    ``"fill"`` -- offline rows that lack it get ``fill``. Online rows always come from ``act`` (or from a loop
+    hook such as returns-to-go, which writes ``fill`` first and the value at episode end)."""
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: str = "float32"
+    offline: str = "fill"
+    fill: float = 0.0
+    doc: str = ""
+
+    def __post_init__(self):
+        if self.offline not in ("required", "fill"):
+            raise ValueError(f"column {self.name!r}: offline must be 'required' or 'fill', got {self.offline!r}")
+        if not self.name.isidentifier():
+            raise ValueError(f"column name must be an identifier, got {self.name!r}")
+
+    @property
+    def spec(self) -> tuple[tuple[int, ...], np.dtype]:
+        """(shape, dtype), as ``ReplayBuffer(extra_columns=...)`` takes it."""
+        return tuple(self.shape), np.dtype(self.dtype)
+
+    def filled(self, n: int) -> np.ndarray:
+        return np.full((n, *self.shape), self.fill, dtype=np.dtype(self.dtype))
+
+
+@dataclass(frozen=True)
+class Acted:
+    """What ``act`` may return instead of a bare action array.
+
+    ``action``: [N, *action_shape]; ``record``: per-step columns to store with each row (name -> [N, ...],
+    e.g. the behaviour policy's Gaussian mean and std for ReF-ER, the base action for residual RL); ``store``:
+    False (or a [N] boolean mask) for steps that are executed but never stored (PLD's base-policy probing)."""
+
+    action: np.ndarray
+    record: Mapping[str, np.ndarray] = field(default_factory=dict)
+    store: Any = True
+
+
+def unpack_acted(out) -> tuple[np.ndarray, Mapping[str, np.ndarray], np.ndarray]:
+    """(action, record, store mask [N]) of whatever ``act`` returned (an array or an :class:`Acted`)."""
+    if isinstance(out, Acted):
+        action = np.asarray(out.action)
+        store = np.broadcast_to(np.asarray(out.store, dtype=bool), (action.shape[0],))
+        return action, out.record, store
+    action = np.asarray(out)
+    return action, {}, np.ones(action.shape[0], bool)

@@ -83,10 +83,12 @@ class ReplayBuffer:
         if batch_size > stored:
             raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
         draw = self.sampler.sample(int(batch_size), self.rng)
-        return self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight)
+        return self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
+                           hints=self.sampler.hints())
 
-    def gather(self, indices, probability=None, is_weight=None) -> Batch:
-        """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1."""
+    def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
+        """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1,
+        ``hints`` (the sampler's per-batch values for the agent) to none."""
         st = self.storage
         idx = np.asarray(indices, dtype=np.int64)
         cols, meta = st.columns, st.meta
@@ -98,6 +100,7 @@ class ReplayBuffer:
             is_weight=np.ones(n, np.float32) if is_weight is None else is_weight,
             # offline rows are the prefix [0, num_offline): no read of meta["source"] (a cache miss per row)
             source=(idx >= st.num_offline).view(np.int8),
+            hints=hints if hints is not None else {},
         )
         extras = {name: cols[name].take(idx, axis=0) for name in st.extra_names} if st.extra_names else {}
         return Batch(cols["obs"].take(idx, axis=0), cols["action"].take(idx, axis=0), cols["reward"].take(idx),

@@ -65,6 +65,11 @@ class Sampler:
     def update(self, slots: np.ndarray, signals: dict[str, np.ndarray]) -> None:
         """Per-sample signals for rows that were sampled and are still stored (stale rows already removed)."""
 
+    def hints(self) -> dict:
+        """Per-batch values for the agent's update, carried on ``batch.info.hints`` (e.g. ReF-ER's ``c_max``
+        and ``beta``). Called once per ``sample``, after the draw."""
+        return {}
+
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
         """Whole-buffer recompute from an agent-supplied ``score_fn(obs, action)``. Returns whether the
         sampler uses it (uniform and PER do not)."""

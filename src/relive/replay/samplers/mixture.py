@@ -74,6 +74,20 @@ class MixtureSampler(Sampler):
             if mask.any():
                 child.update(slots[mask], {k: np.asarray(v)[mask] for k, v in signals.items()})
 
+    def hints(self) -> dict:
+        """Both parts' hints; a name both publish is kept per part as ``offline/NAME`` and ``online/NAME``."""
+        off, on = self.offline.hints(), self.online.hints()
+        both = off.keys() & on.keys()
+        out = {k: v for k, v in (off | on).items() if k not in both}
+        for k in both:
+            out[f"offline/{k}"], out[f"online/{k}"] = off[k], on[k]
+        return out
+
+    def loop_hooks(self, ctx) -> list:
+        from relive.train.hooks import collect_hooks
+
+        return collect_hooks(ctx, self.offline, self.online)
+
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
         used_off = self.offline.refresh(score_fn, chunk_size)
         used_on = self.online.refresh(score_fn, chunk_size)
