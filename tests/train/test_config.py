@@ -61,8 +61,8 @@ def test_replay_names_build_their_samplers(name, kind):
         assert sampler.config()["offline_fraction"] == 0.25
     if name.startswith("arb"):
         assert sampler.config()["level"] == ("transition" if name == "arb_transition" else "trajectory")
-    assert set(REPLAY_NAMES) == {"uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition",
-                                 "reaper", "reaper_reference", "berb"}
+    assert {"uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper", "reaper_reference",
+            "berb"} <= set(REPLAYS)
 
 
 @pytest.mark.parametrize("setting,match", [
