@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from relive.agents.refer import BETA_SCHEDULES, annealed_lr, beta_step, c_max_at, is_far, smarties_eta
+from relive.agents.refer import BETA_SCHEDULES, LOG_RHO_CLIP, annealed_lr, beta_step, c_max_at, is_far, smarties_eta
 from relive.registry import ReplayBuild, register_replay
 from relive.replay.samplers import register_sampler
 from relive.replay.samplers.base import Draw, Sampler
@@ -202,8 +202,8 @@ class ReFERSampler(Sampler):
     # -- the periodic recount --------------------------------------------------------------------------
     def recount(self, log_rho_fn, chunk_size: int | None = None) -> None:
         """Recompute every covered row's rho with ``log_rho_fn(obs, action, mu_mean, mu_std) -> [n]`` (the
-        agent's clipped log pi/mu, NumPy or tensor) in chunks, and the far flags against the current c_max.
-        Nothing changes if the function returns a non-finite value."""
+        agent's log pi/mu, NumPy or tensor; clipped to [-7, 7] here too) in chunks, and the far flags against the
+        current c_max. Nothing changes if the function returns a non-finite value."""
         lo, hi = self.domain()
         chunk = int(chunk_size or self.recount_chunk_size)
         cols = self.storage.columns
@@ -217,7 +217,7 @@ class ReFERSampler(Sampler):
             log_rho[a - lo : b - lo] = res
         if not np.isfinite(log_rho).all():
             raise ValueError(f"log_rho_fn returned a non-finite value for slot {lo + int(np.argmax(~np.isfinite(log_rho)))}")
-        self.rho[lo:hi] = np.exp(log_rho)
+        self.rho[lo:hi] = np.exp(np.clip(log_rho, -LOG_RHO_CLIP, LOG_RHO_CLIP))
         self.far[lo:hi] = is_far(self.rho[lo:hi], self.c_max)
         self.num_far = int(self.far[lo:hi].sum())
         self.num_recounts += 1
