@@ -213,7 +213,7 @@ def test_rule1_mixed_batch_is_the_update_on_its_near_rows():
         g = []
         for b in (mixed, alone):
             tb = b.to_torch()
-            _, _, near, _ = agent.refer_masks(tb)
+            _, near, _, _ = agent.refer_masks(tb)
             if which == "critic":
                 g.append(_grads(agent.critic, agent.critic_loss(tb, near)[0]))
             else:
@@ -244,7 +244,7 @@ def test_rule2_actor_gradient_is_beta_g_minus_one_minus_beta_grad_kl():
     b = Batch(**{k: getattr(b, k) for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")},
               info=b.info, extras={"mu_mean": (b.mu_mean + 0.1).astype(np.float32), "mu_std": b.mu_std})
     tb = b.to_torch()
-    _, covered, near, _ = agent.refer_masks(tb)
+    covered, near, _, _ = agent.refer_masks(tb)
     assert near.tolist() == [0.0 if i in (0, 7) else 1.0 for i in range(B)]
     agent.critic.requires_grad_(False)
     got = _grads(agent.actor, agent.actor_loss(tb, near, covered, beta)[0])
@@ -265,7 +265,7 @@ def test_is_weight_weights_the_critic_loss_and_offline_rows_are_exempt():
     w = np.r_[np.ones(B // 2), np.zeros(B // 2)]
     b = make_batch(agent, seed=3, is_weight=w)
     tb = b.to_torch()
-    _, _, near, _ = agent.refer_masks(tb)
+    _, near, _, _ = agent.refer_masks(tb)
     g1 = _grads(agent.critic, agent.critic_loss(tb, near)[0])
     tb2 = gather_rows(b, np.arange(B // 2)).to_torch()
     g2 = _grads(agent.critic, agent.critic_loss(tb2, torch.ones(B // 2))[0])
@@ -275,7 +275,7 @@ def test_is_weight_weights_the_critic_loss_and_offline_rows_are_exempt():
     std = np.broadcast_to(SIGMA_ENV, (B, ACT)).astype(np.float32).copy()
     std[:4] = 0.0
     mixed = make_batch(agent, seed=5, far_rows=(0, 1, 8), source=source, mu_std=std, hints=HINTS | {"refer_source": 1})
-    _, covered, near, rho = agent.refer_masks(mixed.to_torch())
+    covered, near, rho, _ = agent.refer_masks(mixed.to_torch())
     assert covered.tolist() == [0.0] * 4 + [1.0] * (B - 4)
     assert near.tolist() == [1.0 if i != 8 else 0.0 for i in range(B)]
     assert rho[:4].tolist() == [1.0] * 4
@@ -353,3 +353,115 @@ def test_ddpg_learns_a_one_step_bandit():
         agent.update(Batch(obs, a, r.astype(np.float32), obs, np.ones(64, bool), np.zeros(64, bool), info=info))
     end = np.abs(agent.act(obs[:1], explore=False).action[0] - target).max()
     assert end < 0.2 and end < start / 3, (start, end)
+
+
+# -- SAC + ReF-ER (our extension) ----------------------------------------------------------------------------
+from relive.agents.sac import SAC, SACConfig  # noqa: E402
+from relive.agents.sac_refer import SACReFER, SACReFERConfig  # noqa: E402
+
+
+def make_sac(seed=0, **overrides):
+    return SACReFER(OBS, ACT, LOW, HIGH, SACReFERConfig(**(dict(hidden=(32, 32)) | overrides)), seed=seed)
+
+
+def sac_batch(agent, seed=0, far_rows=(), hints=None):
+    """Near rows: the stored action is the squashed policy mean and mu = pi (rho = 1). Far rows: mu's mean is 4
+    pre-squash units (~4 policy stds) from pi's and the action is its squashed mean: log rho < -7."""
+    rng = np.random.default_rng(seed)
+    obs = rng.normal(size=(B, OBS)).astype(np.float32)
+    with torch.no_grad():
+        mean, log_std = agent.actor(t(obs))
+    mu_mean, mu_std = mean.numpy().copy(), log_std.exp().numpy().copy()
+    far = np.zeros(B, bool)
+    far[list(far_rows)] = True
+    mu_mean[far] = np.where(mu_mean[far] > 0, -4.0, 4.0)
+    action = agent.actor.squash(t(mu_mean)).numpy()
+    info = SampleInfo(np.arange(B), np.ones(B, np.int64), np.full(B, 1 / B), np.ones(B, np.float32),
+                      np.ones(B, np.int8), hints=hints or {})
+    return Batch(obs=obs, action=action, reward=rng.normal(size=B).astype(np.float32),
+                 next_obs=rng.normal(size=(B, OBS)).astype(np.float32), terminated=rng.random(B) < 0.2,
+                 truncated=np.zeros(B, bool), info=info, extras={"mu_mean": mu_mean, "mu_std": mu_std})
+
+
+def sac_params(agent):
+    return {name: torch.cat([p.detach().flatten() for p in m.parameters()])
+            for name, m in (("actor", agent.actor), ("critic", agent.critic), ("target", agent.target_critic))}
+
+
+def test_sac_refer_records_the_pre_squash_behaviour_and_its_rho():
+    agent = make_sac()
+    obs = np.random.default_rng(0).normal(size=(8, OBS)).astype(np.float32)
+    out = agent.act(obs, explore=True)
+    with torch.no_grad():
+        mean, log_std = agent.actor(t(obs))
+    np.testing.assert_allclose(out.record["mu_mean"], mean.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(out.record["mu_std"], log_std.exp().numpy(), rtol=1e-6)
+    b = sac_batch(agent, seed=1, far_rows=(2,), hints=HINTS)
+    b = Batch(**{k: getattr(b, k) for k in ("obs", "reward", "next_obs", "terminated", "truncated")},
+              action=np.clip(b.action + 0.1, LOW, HIGH).astype(np.float32), info=b.info, extras=b.extras)
+    tb = b.to_torch()
+    with torch.no_grad():  # the squashed densities of the stored action; the Jacobian cancels in the ratio
+        mean, log_std = agent.actor(tb.obs)
+        log_pi = agent.actor.log_prob_from(mean, log_std, tb.action).sum(-1)
+        log_mu = agent.actor.log_prob_from(tb.mu_mean, torch.log(tb.mu_std), tb.action).sum(-1)
+    expected = (log_pi - log_mu).clamp(-7, 7).numpy()
+    np.testing.assert_allclose(agent.refer_log_rho(b.obs, b.action, b.mu_mean, b.mu_std), expected, atol=2e-3)
+    res = agent.update(b)
+    np.testing.assert_allclose(np.log(res.signals["rho"]), expected, atol=2e-3)
+    assert set(res.signals) == {"td_error", "log_likelihood", "rho"} and expected[2] == -7
+
+
+def test_sac_refer_without_hints_is_sac():
+    a, b = make_sac(seed=3), SAC(OBS, ACT, LOW, HIGH, SACConfig(hidden=(32, 32)), seed=3)
+    for s in range(2):
+        batch = sac_batch(a, seed=s)
+        ra, rb = a.update(batch), b.update(batch)
+        assert ra.metrics == rb.metrics
+    for name, value in sac_params(a).items():
+        torch.testing.assert_close(value, sac_params(b)[name], rtol=0, atol=0)
+
+
+def test_sac_refer_rule1_masks_critic_and_actor_and_the_temperature_is_untouched():
+    """All rows far, Rule 1 alone: critic and actor keep every parameter; the temperature steps exactly as plain
+    SAC's on the same batch (its loss uses log pi of fresh samples only)."""
+    agent, plain = make_sac(refer_rule2=False), SAC(OBS, ACT, LOW, HIGH, SACConfig(hidden=(32, 32)), seed=0)
+    before = sac_params(agent)
+    b = sac_batch(agent, seed=2, far_rows=range(B), hints=HINTS)
+    res = agent.update(b)
+    assert res.metrics["train/refer_near_fraction"] == 0.0
+    after = sac_params(agent)
+    torch.testing.assert_close(after["actor"], before["actor"], rtol=0, atol=0)
+    torch.testing.assert_close(after["critic"], before["critic"], rtol=0, atol=0)
+    plain.update(b)
+    assert agent.log_alpha.item() == plain.log_alpha.item() != 0.0
+
+
+def test_sac_refer_rule2_actor_gradient():
+    """The actor's gradient is beta * grad(SAC actor loss on near rows) + (1 - beta) * grad KL(mu || pi) over all
+    rows, the KL from torch.distributions on the pre-squash Gaussians."""
+    beta = 0.4
+    agent = make_sac()
+    b = sac_batch(agent, seed=5, far_rows=(1, 9), hints=HINTS | {"beta": beta})
+    b = Batch(**{k: getattr(b, k) for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")},
+              info=b.info, extras={"mu_mean": b.mu_mean + 0.3, "mu_std": b.mu_std * 1.5})
+    captured = []
+    agent.actor_opt.step = lambda *a, **k: captured.append(
+        torch.cat([p.grad.flatten() for p in agent.actor.parameters()]))
+    # replay the generator: the critic target draws first, then the actor's reparameterized sample
+    tb = b.to_torch()
+    state = agent.gen.get_state()
+    agent.update(b)
+    ref = make_sac()
+    ref.gen.set_state(state)
+    ref.critic_target(tb.reward, tb.next_obs, tb.terminated)
+    ref.critic.load_state_dict(agent.critic.state_dict())  # the actor step sees the critic after its step
+    mean, log_std = ref.actor(tb.obs)
+    per_sample, _ = ref.actor_loss(tb.obs, mean, log_std)
+    near = torch.ones(B)
+    near[[1, 9]] = 0
+    g = torch.autograd.grad((near * per_sample).mean(), list(ref.actor.parameters()), retain_graph=True)
+    mu = torch.distributions.Normal(tb.mu_mean, tb.mu_std)
+    pi = torch.distributions.Normal(mean, log_std.exp())
+    g_d = torch.autograd.grad(torch.distributions.kl_divergence(mu, pi).sum(-1).mean(), list(ref.actor.parameters()))
+    expected = torch.cat([(beta * x + (1 - beta) * y).flatten() for x, y in zip(g, g_d, strict=True)])
+    torch.testing.assert_close(captured[0], expected, rtol=1e-4, atol=1e-6)

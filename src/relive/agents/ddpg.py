@@ -195,32 +195,13 @@ class DDPG:
         t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device) for x in (obs, action, mu_mean, mu_std)]
         return self.log_rho(self.actor(t[0]), *t[1:]).cpu().numpy()
 
-    def refer_masks(self, b: Batch) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(hints, covered, near, rho), each mask [B] float: the rows ReF-ER covers, the rows that may contribute a
-        gradient (Rule 1) and their importance weights under the current actor (1 where not covered)."""
-        hints = b.info.hints
-        n = b.obs.shape[0]
-        ones = torch.ones(n, device=self.device)
-        if "c_max" not in hints:
-            return hints, torch.zeros(n, device=self.device), ones, ones
-        if self.cfg.exploration_noise != "gaussian":
+    def refer_masks(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(covered, near, rho, mu_std) of a torch batch under the current actor (``refer.batch_rows``)."""
+        if "c_max" in b.info.hints and self.cfg.exploration_noise != "gaussian":
             raise ValueError("ReF-ER needs Gaussian exploration (rho needs the behaviour's density); "
                              f"exploration_noise is {self.cfg.exploration_noise!r}")
-        for name in ("mu_mean", "mu_std"):
-            if name not in b.extras:
-                raise ValueError(f"ReF-ER needs the behaviour column {name!r} in the batch (declare "
-                                 f"stored_columns()); the batch has {sorted(b.extras)}")
-        source = int(hints.get("refer_source", -1))
-        covered = ones if source < 0 else torch.as_tensor(b.info.source == source, device=self.device).float()
-        mu_std = torch.where(covered[:, None] > 0, b.mu_std, torch.ones_like(b.mu_std))
-        if not (mu_std > 0).all():
-            row = int(torch.nonzero(~(mu_std > 0).all(-1))[0, 0])
-            raise ValueError(f"ReF-ER: mu_std of batch row {row} is not > 0 ({b.mu_std[row].tolist()})")
-        with torch.no_grad():
-            rho = torch.where(covered > 0, self.log_rho(self.actor(b.obs), b.action, b.mu_mean, mu_std).exp(), ones)
-        far = refer.is_far(rho, float(hints["c_max"])) & (covered > 0)
-        near = ones - far.float() if self.cfg.refer_rule1 else ones
-        return hints, covered, near, rho
+        return refer.batch_rows(b, lambda mu_std: self.log_rho(self.actor(b.obs), b.action, b.mu_mean, mu_std),
+                                self.cfg.refer_rule1)
 
     # -- losses (pure; unit-tested) --------------------------------------------------------------------
     @torch.no_grad()
@@ -234,14 +215,14 @@ class DDPG:
         q = self.critic(b.obs, b.action)[0]
         return nets.weighted_mean((q - y) ** 2, b.info.is_weight * near), q, y
 
-    def actor_loss(self, b: Batch, near, covered, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def actor_loss(self, b: Batch, near, covered, beta: float, mu_std=None) -> tuple[torch.Tensor, torch.Tensor]:
         """E[beta * near * (-Q(s, m^w(s))) + (1 - beta) * covered * KL(mu || pi^w)] (Eq. 3, 10, 11): its negative
         gradient is beta g - (1 - beta) g^D. (loss, KL [B]). The critic must be frozen by the caller."""
         mean = self.actor(b.obs)
         dpg = -self.critic(b.obs, mean)[0]
         if beta == 1.0:  # plain DDPG / Rule 1 only: no KL term (and no behaviour columns needed)
             return (near * dpg).mean(), torch.zeros_like(dpg)
-        mu_std = torch.where(covered[:, None] > 0, b.mu_std, torch.ones_like(b.mu_std))
+        mu_std = b.mu_std if mu_std is None else mu_std
         kl = refer.refer_kl(b.mu_mean, mu_std, mean, self.std.expand_as(mean), self.cfg.kl_direction) * covered
         return (beta * near * dpg + (1.0 - beta) * kl).mean(), kl.detach()
 
@@ -249,7 +230,8 @@ class DDPG:
     def update(self, batch: Batch) -> UpdateResult:
         b = self._to_torch(batch)
         # 0. ReF-ER: annealed learning rates (Eq. 13) and the near/far split of the batch (Sec. 3)
-        hints, covered, near, rho = self.refer_masks(b)
+        hints = b.info.hints
+        covered, near, rho, mu_std = self.refer_masks(b)
         refer_on = "c_max" in hints
         beta = float(hints["beta"]) if refer_on and self.cfg.refer_rule2 else 1.0
         if "lr_scale" in hints:
@@ -262,7 +244,7 @@ class DDPG:
             _step(self.critic_opt, critic_loss)
         # 2. actor: beta * DPG on near rows - (1 - beta) * grad KL on all rows (Eq. 3, 10, 11)
         self.critic.requires_grad_(False)
-        actor_loss, kl = self.actor_loss(b, near, covered, beta)
+        actor_loss, kl = self.actor_loss(b, near, covered, beta, mu_std)
         actor_steps = bool(near.any()) or beta < 1.0
         if actor_steps:
             _step(self.actor_opt, actor_loss)

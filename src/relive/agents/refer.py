@@ -27,9 +27,12 @@ distributions equals the KL between the pre-squash Gaussians (KL is invariant un
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
+BEHAVIOUR_COLUMNS = ("mu_mean", "mu_std")  # the stored behaviour record of every row ReF-ER covers
+ALL_SOURCES = -1  # the ``refer_source`` hint of a sampler that covers offline and online rows
 LOG_RHO_CLIP = 7.0  # |log rho| is clipped here before exponentiation (smarties Continuous_policy.h)
 KL_DIRECTIONS = ("mu_pi", "pi_mu")  # paper's D_KL(mu || pi) / smarties' D_KL(pi || mu)
 BETA_SCHEDULES = ("paper", "smarties")
@@ -70,6 +73,35 @@ def is_far(rho, c_max: float):
     if c_max <= 1.0:
         return rho < -math.inf  # all False, same type and shape as rho
     return (rho <= 1.0 / c_max) | (rho >= c_max)
+
+
+def batch_rows(b, log_rho_fn: Callable, rule1: bool = True):
+    """The ReF-ER view of a torch batch: ``(covered, near, rho, mu_std)``, the first three [B] float.
+
+    Without a ``c_max`` hint nothing is covered and every row is near (plain updates). With one: ``covered`` = rows
+    of the source the sampler covers (``refer_source`` hint; offline rows of a mixture have no behaviour record),
+    ``rho`` = exp(``log_rho_fn(mu_std)``) under the current policy on covered rows (1 elsewhere, no gradient),
+    ``near`` = not far (Rule 1; all ones with ``rule1=False``), ``mu_std`` the stored std with 1 on uncovered rows
+    (so that a KL term there is finite; callers multiply it by ``covered``). Refuses a batch without the behaviour
+    columns or with a covered std that is not > 0."""
+    hints, n = b.info.hints, b.obs.shape[0]
+    ones = torch.ones(n, device=b.obs.device)
+    if "c_max" not in hints:
+        return torch.zeros_like(ones), ones, ones, None
+    for name in BEHAVIOUR_COLUMNS:
+        if name not in b.extras:
+            raise ValueError(f"ReF-ER needs the behaviour column {name!r} in the batch (declared by the agent's "
+                             f"stored_columns()); the batch has {sorted(b.extras)}")
+    source = int(hints.get("refer_source", ALL_SOURCES))
+    covered = ones if source == ALL_SOURCES else torch.as_tensor(b.info.source == source, device=ones.device).float()
+    mu_std = torch.where(covered[:, None] > 0, b.mu_std, torch.ones_like(b.mu_std))
+    if not (mu_std > 0).all():
+        row = int(torch.nonzero(~(mu_std > 0).all(-1))[0, 0])
+        raise ValueError(f"ReF-ER: mu_std of batch row {row} is not > 0 ({b.mu_std[row].tolist()})")
+    with torch.no_grad():
+        rho = torch.where(covered > 0, log_rho_fn(mu_std).exp(), ones)
+    far = is_far(rho, float(hints["c_max"])) & (covered > 0)
+    return covered, (ones - far.float()) if rule1 else ones, rho, mu_std
 
 
 # -- KL divergences -------------------------------------------------------------------------------------

@@ -46,14 +46,21 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from relive.agents.refer import BETA_SCHEDULES, LOG_RHO_CLIP, annealed_lr, beta_step, c_max_at, is_far, smarties_eta
+from relive.agents.refer import (
+    ALL_SOURCES,
+    BEHAVIOUR_COLUMNS,
+    BETA_SCHEDULES,
+    LOG_RHO_CLIP,
+    annealed_lr,
+    beta_step,
+    c_max_at,
+    is_far,
+    smarties_eta,
+)
 from relive.registry import ReplayBuild, register_replay
 from relive.replay.samplers import register_sampler
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.uniform import UniformSampler
-
-BEHAVIOUR_COLUMNS = ("mu_mean", "mu_std")
-ALL_SOURCES = -1  # the ``refer_source`` hint of a sampler that covers offline and online rows
 
 
 @dataclass(frozen=True)
