@@ -207,7 +207,8 @@ class DDPG:
     @torch.no_grad()
     def critic_target(self, reward, next_obs, terminated) -> torch.Tensor:
         """y = r + gamma (1 - terminated) Q'(s', m'(s')) (Eq. 2 with the target networks): [B]."""
-        return reward + self.cfg.gamma * (1.0 - terminated) * self.target_critic(next_obs, self.target_actor(next_obs))[0]
+        q_next = self.target_critic(next_obs, self.target_actor(next_obs))[0]
+        return reward + self.cfg.gamma * (1.0 - terminated) * q_next
 
     def critic_loss(self, b: Batch, near: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """E[is_weight * near * (Q(s, a) - y)^2] over the batch (Rule 1 masks far rows): (loss, Q [B], y [B])."""
