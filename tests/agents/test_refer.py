@@ -465,3 +465,76 @@ def test_sac_refer_rule2_actor_gradient():
     g_d = torch.autograd.grad(torch.distributions.kl_divergence(mu, pi).sum(-1).mean(), list(ref.actor.parameters()))
     expected = torch.cat([(beta * x + (1 - beta) * y).flatten() for x, y in zip(g, g_d, strict=True)])
     torch.testing.assert_close(captured[0], expected, rtol=1e-4, atol=1e-6)
+
+
+# -- a manual loop through the plug-in seams (until the trainer serves them) ---------------------------------
+def _run_loop(sampler, steps=300, seed=0, agent_cls=DDPG, config=None):
+    """Pendulum-v1, one env step then one gradient step: ``act`` -> Acted record -> buffer columns; the sampler's
+    hints -> ``update``; signals -> ``buffer.update``; the sampler's EveryGradSteps hooks before sampling."""
+    import gymnasium as gym
+
+    from relive.replay import ReplayBuffer
+    from relive.train.hooks import EveryGradSteps, LoopContext, collect_hooks, of_type
+    from relive.types import unpack_acted
+
+    env = gym.make("Pendulum-v1")
+    low, high = env.action_space.low, env.action_space.high
+    agent = agent_cls(3, 1, low, high, config or DDPGConfig(hidden=(32, 32)), seed=seed)
+    buf = ReplayBuffer(1000, 3, 1, sampler=sampler, seed=seed,
+                       extra_columns={d.name: d.spec for d in agent.stored_columns()})
+    hooks = of_type(collect_hooks(LoopContext(agent, buf, None, 0.99), agent, buf.sampler), EveryGradSteps)
+    obs, _ = env.reset(seed=seed)
+    metrics = []
+    for step in range(steps):
+        action, record, store = unpack_acted(agent.act(obs[None].astype(np.float32), explore=True))
+        next_obs, reward, term, trunc, _ = env.step(action[0])
+        buf.extend(dict(obs=obs[None], action=action, reward=np.float32([reward]), next_obs=next_obs[None],
+                        terminated=[term], truncated=[trunc], **record))
+        obs = env.reset()[0] if term or trunc else next_obs
+        if step < 64:
+            continue
+        grad_step = step - 64
+        for h in hooks:
+            if h.phase == "online" and grad_step % h.every == 0:
+                h.fn()
+        b = buf.sample(64)
+        res = agent.update(b)
+        buf.update(b.info, **res.signals)
+        metrics.append(res.metrics)
+    return agent, buf, metrics
+
+
+def test_ddpg_refer_runs_through_the_plug_in_seams_on_pendulum():
+    from relive.replay.samplers.refer import ReFERSampler
+
+    sampler = ReFERSampler(recount_every_grad_steps=50, beta_eta=0.02, A=1e-3, initial_beta=0.5)
+    agent, buf, metrics = _run_loop(sampler, steps=300)
+    assert all(np.isfinite(v) for m in metrics for v in m.values())
+    s = buf.sampler
+    assert s.t == 236 and s.num_recounts == 5
+    assert s.c_max == pytest.approx(1 + 4 / (1 + 1e-3 * 236))
+    assert buf.storage.columns["mu_std"][:300] == pytest.approx(0.2 * 2.0)  # sigma x half-width of [-2, 2]
+    assert s.beta != 0.5 and 0 <= s.far_fraction() <= 1
+    brute = np.exp(np.clip(agent.refer_log_rho(*(buf.storage.columns[c][:300] for c in
+                                                 ("obs", "action", "mu_mean", "mu_std"))), -7, 7))
+    s.recount(agent.refer_log_rho)
+    assert s.far_fraction() == pytest.approx(is_far_fraction(brute, s.c_max))
+    assert "train/refer_kl" in metrics[-1]
+
+
+def is_far_fraction(rho, c_max):
+    return float(refer.is_far(rho, c_max).mean())
+
+
+def test_ddpg_with_per_uses_td_errors_and_sac_refer_runs_the_loop():
+    from relive.replay import PrioritizedSampler
+    from relive.replay.samplers.refer import ReFERSampler
+
+    _, buf, metrics = _run_loop(PrioritizedSampler(), steps=120)
+    p = buf.sampler.probabilities()[:120]
+    assert p.max() > 2 * p.min()  # priorities moved off the initial max
+    assert "train/refer_beta" not in metrics[-1]
+    _, buf, metrics = _run_loop(ReFERSampler(recount_every_grad_steps=20, initial_beta=0.5), steps=120,
+                                agent_cls=SACReFER, config=SACReFERConfig(hidden=(32, 32)))
+    assert buf.sampler.t == 56 and buf.sampler.num_recounts == 3
+    assert "train/refer_kl" in metrics[-1] and all(np.isfinite(v) for m in metrics for v in m.values())
