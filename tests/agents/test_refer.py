@@ -416,7 +416,7 @@ def test_sac_refer_without_hints_is_sac():
     for s in range(2):
         batch = sac_batch(a, seed=s)
         ra, rb = a.update(batch), b.update(batch)
-        assert ra.metrics == rb.metrics
+        assert {k: v for k, v in ra.metrics.items() if k != "train/kl_behaviour"} == rb.metrics
     for name, value in sac_params(a).items():
         torch.testing.assert_close(value, sac_params(b)[name], rtol=0, atol=0)
 
@@ -519,7 +519,21 @@ def test_ddpg_refer_runs_through_the_plug_in_seams_on_pendulum():
                                                  ("obs", "action", "mu_mean", "mu_std"))), -7, 7))
     s.recount(agent.refer_log_rho)
     assert s.far_fraction() == pytest.approx(is_far_fraction(brute, s.c_max))
-    assert "train/refer_kl" in metrics[-1]
+    assert "train/refer_kl" in metrics[-1] and metrics[-1]["train/kl_behaviour"] > 0
+
+
+def test_behaviour_kl_metric_is_the_mean_kl_over_rows_with_a_record():
+    agent = make()
+    std = np.broadcast_to(SIGMA_ENV, (B, ACT)).astype(np.float32).copy()
+    std[:3] = 0.0  # no record (offline fill)
+    b = make_batch(agent, seed=6, mu_std=std)
+    b = Batch(**{k: getattr(b, k) for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")},
+              info=b.info, extras={"mu_mean": (b.mu_mean + 0.1).astype(np.float32), "mu_std": std})
+    with torch.no_grad():
+        m = agent.actor(t(b.obs[3:])).numpy()
+    expected = ((((m - b.mu_mean[3:]) / SIGMA_ENV) ** 2).sum(1) / 2).mean()
+    assert agent.behaviour_kl(b.to_torch())["train/kl_behaviour"] == pytest.approx(expected, rel=1e-4)
+    assert agent.behaviour_kl(make_batch(agent, mu_std=np.zeros((B, ACT), np.float32)).to_torch()) == {}
 
 
 def is_far_fraction(rho, c_max):

@@ -26,6 +26,8 @@ Without ReF-ER hints this is plain DDPG (uniform replay or PER; ``td_error`` sig
 ``refer_rule2`` switch each rule off for the paper's ReF-ER-1 / ReF-ER-2 ablations. Rows of a source the ReF-ER
 sampler does not cover (offline rows when ReF-ER is on the online part of a mixture, ``refer_source`` hint) have
 no behaviour record: they are near and carry no KL term. Signals: ``td_error`` [B] and, with ReF-ER, ``rho`` [B].
+Metric ``train/kl_behaviour``: mean D_KL(mu_t || pi^w) of the replayed rows with a record (the paper's Fig. 2),
+logged with or without ReF-ER.
 
 Defaults: CleanRL's DDPG (Adam 3e-4, tau 0.005, 256x256) but the ReF-ER paper's sigma 0.2; the paper ran DDPG
 with lr 1e-4 (critic) / 1e-5 (actor), which ``DDPGConfig.paper()`` gives.
@@ -203,6 +205,19 @@ class DDPG:
         return refer.batch_rows(b, lambda mu_std: self.log_rho(self.actor(b.obs), b.action, b.mu_mean, mu_std),
                                 self.cfg.refer_rule1)
 
+    @torch.no_grad()
+    def behaviour_kl(self, b: Batch) -> dict[str, float]:
+        """``{"train/kl_behaviour": mean D_KL(mu_t || pi^w)}`` over the batch's rows that have a behaviour record
+        (std > 0): the paper's Fig. 2 measure of how off-policy the replayed data is ({} without records)."""
+        if "mu_std" not in b.extras:
+            return {}
+        has = (b.mu_std > 0).all(-1)
+        if not has.any():
+            return {}
+        mean = self.actor(b.obs[has])
+        kl = refer.refer_kl(b.mu_mean[has], b.mu_std[has], mean, self.std.expand_as(mean))
+        return {"train/kl_behaviour": kl.mean().item()}
+
     # -- losses (pure; unit-tested) --------------------------------------------------------------------
     @torch.no_grad()
     def critic_target(self, reward, next_obs, terminated) -> torch.Tensor:
@@ -256,7 +271,7 @@ class DDPG:
             nets.polyak(self.target_actor, self.actor, self.cfg.tau)
         self.num_updates += 1
         metrics = {"train/critic_loss": critic_loss.item(), "train/actor_loss": actor_loss.item(),
-                   "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()}
+                   "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()} | self.behaviour_kl(b)
         signals = {"td_error": (q.detach() - y).cpu().numpy()}
         if refer_on:
             metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta,

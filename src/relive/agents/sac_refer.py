@@ -15,9 +15,11 @@ two squashed policies equals the KL between the pre-squash Gaussians.
      (Rule 2, the KL on the pre-squash Gaussians over every covered row; the std is learned, so the KL keeps
      its variance terms);
   4. temperature step untouched (SAC Eq. 18; beta does not scale it, far rows still count).
-Signals: SAC's ``td_error`` and ``log_likelihood``, and ``rho``. Caveat (replay_methods.md 2.5): SAC's actor
-loss re-samples actions, so masking it on far rows only uses rho as a proxy for "this state came from a stale
-policy"; a high-entropy policy makes rho weakly discriminative.
+Signals: SAC's ``td_error`` and ``log_likelihood``, and ``rho``; metric ``train/kl_behaviour`` (mean pre-squash
+D_KL(mu_t || pi) of the replayed rows with a record, the ReF-ER paper's Fig. 2 measure).
+
+Caveat (replay_methods.md 2.5): SAC's actor loss re-samples actions, so masking it on far rows only uses rho as a
+proxy for "this state came from a stale policy"; a high-entropy policy makes rho weakly discriminative.
 """
 
 from __future__ import annotations
@@ -95,6 +97,14 @@ class SACReFER(SAC):
                       for x in (obs, action, mu_mean, mu_std))
         return self.log_rho(*self.actor(o), a, m, s).cpu().numpy()
 
+    @torch.no_grad()
+    def behaviour_kl(self, b: Batch) -> dict[str, float]:
+        """``{"train/kl_behaviour": mean D_KL(mu_t || pi)}`` (pre-squash) over rows with a behaviour record."""
+        if "mu_std" not in b.extras or not (has := (b.mu_std > 0).all(-1)).any():
+            return {}
+        mean, log_std = self.actor(b.obs[has])
+        return {"train/kl_behaviour": refer.refer_kl(b.mu_mean[has], b.mu_std[has], mean, log_std.exp()).mean().item()}
+
     # -- the update ------------------------------------------------------------------------------------
     def update(self, batch: Batch, update_actor: bool | None = None) -> UpdateResult:
         b = self._to_torch(batch)
@@ -125,6 +135,7 @@ class SACReFER(SAC):
                 log_likelihood = self.actor.log_prob(b.obs, b.action).mean(-1)
         if update_actor if update_actor is not None else self.num_critic_steps % self.cfg.actor_every == 0:
             metrics |= self._refer_actor_step(b, near, covered, beta, mu_std)
+        metrics |= self.behaviour_kl(b)
         if refer_on:
             metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta}
         result = self._result(metrics, q, y, log_likelihood)
