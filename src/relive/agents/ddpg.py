@@ -65,7 +65,6 @@ class DDPGConfig:
     refer_rule1: bool = True  # under ReF-ER: far rows contribute no gradient (off: the paper's ReF-ER-2)
     refer_rule2: bool = True  # under ReF-ER: beta g - (1 - beta) grad KL for the actor (off: ReF-ER-1)
     kl_direction: str = "mu_pi"  # "mu_pi" (the paper) or "pi_mu" (smarties); equal here (pinned std)
-    utd_ratio: int = 1  # gradient steps per env step; read by the trainer (must equal schedule.utd_ratio)
     init: str = "torch"  # parameter init: "torch" (nn.Linear default) or "xavier"
 
     def __post_init__(self):
@@ -77,9 +76,8 @@ class DDPGConfig:
             raise ValueError(f"sigma must be > 0 and ou_theta in (0, 1], got {self.sigma}, {self.ou_theta}")
         if self.kl_direction not in refer.KL_DIRECTIONS:
             raise ValueError(f"kl_direction must be one of {refer.KL_DIRECTIONS}, got {self.kl_direction!r}")
-        if not self.hidden or min(self.hidden) < 1 or self.utd_ratio < 1:
-            raise ValueError(f"need non-empty positive hidden widths and utd_ratio >= 1, got {self.hidden}, "
-                             f"{self.utd_ratio}")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden must be a non-empty tuple of positive widths, got {self.hidden}")
         if self.init not in nets.INIT_SCHEMES:
             raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
 
@@ -139,12 +137,12 @@ class DDPG:
         self.num_updates = 0
 
     @classmethod
-    def from_spec(cls, spec, config: DDPGConfig, seed: np.random.SeedSequence, device: str = "cpu") -> DDPG:
-        if spec.discrete or len(spec.action_shape) != 1:
-            raise ValueError(f"DDPG needs a 1-D continuous (Box) action space; {spec.id} has "
-                             f"{'discrete actions' if spec.discrete else spec.action_shape}")
+    def from_spec(cls, spec, config: DDPGConfig, seed, device: str = "cpu") -> DDPG:
+        """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
+        if spec.discrete:
+            raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
         return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
-                   seed=int(seed.generate_state(1)[0]), device=device)
+                   seed=nets.seed_int(seed), device=device)
 
     # -- acting ----------------------------------------------------------------------------------------
     def stored_columns(self) -> tuple[ColumnDecl, ...]:

@@ -59,14 +59,6 @@ class SACReFER(SAC):
         super().__init__(obs_dim, action_dim, action_low, action_high,
                          config if config is not None else SACReFERConfig(), seed, device)
 
-    @classmethod
-    def from_spec(cls, spec, config: SACReFERConfig, seed: np.random.SeedSequence, device: str = "cpu"):
-        if spec.discrete or len(spec.action_shape) != 1:
-            raise ValueError(f"SAC needs a 1-D continuous (Box) action space; {spec.id} has "
-                             f"{'discrete actions' if spec.discrete else spec.action_shape}")
-        return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
-                   seed=int(seed.generate_state(1)[0]), device=device)
-
     # -- acting: the pre-squash behaviour is stored with every row ---------------------------------------
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
         a = (self.action_dim,)

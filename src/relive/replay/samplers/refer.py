@@ -162,8 +162,9 @@ class ReFERSampler(Sampler):
         if bad.any():
             row = int(np.argwhere(bad)[0][0])
             raise ValueError(f"ReF-ER: column 'mu_std' row {row} is {std[row]!r}; every row ReF-ER covers needs "
-                             "a behaviour record with std > 0 (offline data without one: use ReF-ER on the online "
-                             "part only, e.g. replay option online_only)")
+                             "a behaviour record with std > 0 (random warm-up actions have none: use "
+                             "schedule.warmup_policy = 'agent'; offline data without one: put ReF-ER on the online "
+                             "part only, replay.refer.online_only = true)")
 
     def on_insert(self, slots: np.ndarray) -> None:
         self.num_far -= int(self.far[slots].sum())
@@ -221,7 +222,7 @@ class ReFERSampler(Sampler):
         log_rho = np.empty(hi - lo)
         for a in range(lo, hi, chunk):
             b = min(a + chunk, hi)
-            res = log_rho_fn(cols["obs"][a:b], cols["action"][a:b], cols["mu_mean"][a:b], cols["mu_std"][a:b])
+            res = log_rho_fn(*(cols[name][a:b].copy() for name in ("obs", "action", *BEHAVIOUR_COLUMNS)))
             res = np.asarray(res.detach().cpu() if hasattr(res, "detach") else res, np.float64).reshape(-1)
             if res.size != b - a:
                 raise ValueError(f"log_rho_fn returned {res.size} values for {b - a} rows")
