@@ -62,3 +62,18 @@ def test_a_killed_ddpg_refer_run_resumes_exactly(tmp_path):
     resumed = train(resume_dir=tmp_path / "cut")
     assert_same_agent(tmp_path / "full", tmp_path / "cut")
     assert resumed.final_return == full.final_return
+
+
+def test_offline_data_without_behaviour_records(tmp_path):
+    """A dataset has no behaviour record (the agent's columns are filled with 0): ReF-ER over the whole buffer refuses
+    it, naming the fix; ReF-ER on the online part of a 50/50 mixture runs (offline rows replayed as plain DDPG)."""
+    from relive.train.collector import collect_dataset, save_dataset
+
+    data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
+    args = ["ddpg_refer", *REFER, "--dataset", str(data), "--offline-steps", "20"]
+    with pytest.raises(ValueError, match="online_only"):
+        main(["train", *args, "--run-dir", str(tmp_path / "whole")])
+    run = tmp_path / "online"
+    assert main(["train", *args, "--set", "replay.refer.online_only=true", "--run-dir", str(run)]) == 0
+    last = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()][-2]
+    assert np.isfinite(last["replay/online/far_policy_fraction"]) and 0.3 < last["replay/online_fraction"] < 0.7

@@ -12,21 +12,23 @@ each step its most recent rho_t"), and whether it is far-policy (rho not in (1/c
 with t the number of gradient steps so far. Each ``update`` (one per gradient step: the trainer hands over the
 agent's ``rho`` signal for the sampled rows) refreshes those rows' rho, then takes one beta step and t += 1.
 ``hints()`` publishes ``c_max``, ``beta``, ``lr_scale`` and ``refer_source`` (the source this sampler covers,
--1 for both) on every batch; the agent applies Rules 1 and 2 with them (``relive.agents.ddpg``, ``sac``).
+-1 for both) on every batch; the agent applies Rules 1 and 2 with them (``relive.agents.ddpg``, ``sac_refer``).
 
 rho goes stale between samplings and c_max anneals, so every ``recount_every_grad_steps`` gradient steps a loop
 hook recounts every covered row against the current policy and c_max (``recount``: the agent's batched
 ``refer_log_rho(obs, action, mu_mean, mu_std)`` over all rows in chunks, as ARB's refresh). Right after a recount
 the far fraction is exact. smarties re-flags its stored rho against the current c_max every 1000 steps without
 recomputing rho; we recompute it, every 2000 steps by default, which keeps the amortized pass under 5% of a DDPG
-update at 2^18 rows (``bench/refer_overhead.py``; every 1000 steps it is ~8%).
+update at 2^18 rows (``bench/refer_overhead.py``; every 1000 steps it is 6-8%).
 
 Rows need a behaviour record: the columns ``mu_mean`` and ``mu_std`` ([A] each; for a tanh-squashed Gaussian
 the pre-squash parameters) written from ``act``. A row whose ``mu_std`` is not > 0 is refused before anything
 is written (``check_insert``), which is what offline rows without a record (filled with 0) get: ReF-ER over a
 dataset without behaviour records is refused with a message; put ReF-ER on the online part of a mixture
 (``MixtureSampler(offline=UniformSampler(), online=ReFERSampler())``): the agent then exempts rows of the other
-source from both rules (``refer_source`` hint) -- they are replayed as plain DDPG/SAC rows.
+source from both rules (``refer_source`` hint) -- they are replayed as plain DDPG/SAC rows. Random warm-up
+actions have no record either: the ReF-ER presets warm up with the agent's own (Gaussian) policy, as smarties
+fills its buffer with the initial policy.
 
 beta's step size and start (both options, ``beta_schedule``):
 
@@ -34,7 +36,8 @@ beta's step size and start (both options, ``beta_schedule``):
   rate), annealed with it (eta / (1 + A t)), starting at ``initial_beta`` (the paper does not give one; 1.0:
   plain updates until the far fraction exceeds D, which suits the short runs of this library);
 - ``"smarties"``: eta = 0.1 B / max(N_max, N) with each step clamped to keep beta in [0, 1]
-  (``MemoryProcessing.cpp``), starting at beta = 1e-4 (``MemoryBuffer.h``); ``ReFERConfig.smarties()``.
+  (``MemoryProcessing.cpp``), starting at beta = 1e-4 (``MemoryBuffer.h``); ``ReFERConfig.smarties()``, or
+  ``--set replay.refer.beta_schedule=smarties --set replay.refer.initial_beta=1e-4``.
 
 Forgetting is FIFO, as the buffer's ring does. smarties' optional ``farpolfrac`` rule (delete the episode with
 the largest far fraction) is left out: the online storage is a ring whose slots are overwritten in order, so
@@ -72,14 +75,14 @@ class ReFERConfig:
     C: float = 4.0  # c_max(0) = 1 + C (paper: 4; smarties' default when unset is sqrt(dim A / 2))
     D: float = 0.1  # target far-policy fraction of the buffer (paper / smarties penalTol)
     A: float = 5e-7  # annealing rate of c_max and of the learning rates: 1 / (1 + A t) (paper / smarties)
-    beta_schedule: str = "paper"  # "paper": eta = beta_eta / (1 + A t), unclamped; "smarties": eta =
-    #                               0.1 B / max(N_max, N), clamped steps
+    # beta's step size eta: "paper": beta_eta / (1 + A t), unclamped; "smarties": 0.1 B / max(N_max, N), clamped
+    beta_schedule: str = "paper"
     beta_eta: float = 1e-4  # "paper" schedule: beta's step size (the network learning rate in the paper)
     initial_beta: float = 1.0  # beta at t = 0 (smarties: 1e-4, almost pure KL penalty at first)
-    recount_every_grad_steps: int = 2000  # recount every row's rho against the current policy (0: never);
-    #                                        smarties re-flags stored rho against c_max every 1000 (no forward pass)
-    recount_chunk_size: int = 4096  # rows per batched call of the agent's log-rho function in a recount (4096:
-    #                                  fastest on CPU here; 65536 was 2.5x slower, out of cache)
+    # recount every row's rho under the current policy every this many gradient steps (0: never); smarties only
+    # re-flags its stored rho against c_max, every 1000 steps
+    recount_every_grad_steps: int = 2000
+    recount_chunk_size: int = 4096  # rows per call of the agent's log-rho function in a recount (fastest on CPU)
     online_only: bool = False  # cover only the online rows: offline rows go to a uniform part (a 50/50 mixture)
     offline_fraction: float = 0.5  # share of offline rows per batch when online_only
 
