@@ -115,3 +115,54 @@ def test_a_partial_left_by_a_killed_save_is_cleaned_and_a_failed_save_leaves_not
         buf.save(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # an error: nothing half-written left
     assert len(ReplayBuffer.load(path)) == 40
+
+
+# -- 4. integer and float casts never wrap or overflow ----------------------------------------------------------
+def _int_buffer():
+    return ReplayBuffer(10, (2,), (), obs_dtype=np.uint8, action_dtype=np.int32)
+
+
+def _int_row(obs=(1, 2), action=3):
+    return {"obs": np.array([obs]), "action": np.array([action]), "reward": np.zeros(1), "next_obs": np.array([[0, 0]]),
+            "terminated": np.zeros(1, bool), "truncated": np.zeros(1, bool)}
+
+
+@pytest.mark.parametrize("row, match", [
+    (_int_row(obs=(300, 1)), r"column 'obs' row 0 element \(0,\): value 300 does not fit.*uint8 \[0, 255\]"),
+    (_int_row(obs=(1, -1)), r"column 'obs' row 0 element \(1,\): value -1 does not fit.*uint8"),
+    (_int_row(action=2**40), r"column 'action' row 0: value 1099511627776 does not fit.*int32"),
+])
+def test_out_of_range_integers_are_refused_naming_column_and_row(row, match):
+    buf = _int_buffer()
+    with pytest.raises(ValueError, match=match):
+        buf.extend(row)
+    assert len(buf) == 0
+    buf.extend(_int_row(obs=(255, 0), action=-(2**31)))  # the extremes that fit are stored exactly
+    assert buf.storage.columns["obs"][0].tolist() == [255, 0] and buf.storage.columns["action"][0] == -(2**31)
+
+
+def test_float64_beyond_float32_is_refused_not_stored_as_inf():
+    buf = ReplayBuffer(10, (2,), (1,))
+    rows = _int_row() | {"obs": np.array([[0.0, 1e300]]), "action": np.zeros((1, 1))}
+    with pytest.raises(ValueError, match=r"column 'obs' row 0 element \(1,\): value 1e\+300 does not fit.*float32"):
+        buf.extend(rows)
+    assert len(buf) == 0
+
+
+@pytest.mark.parametrize("capacity", [2.7, True, "10", 0, -3])
+def test_capacity_must_be_a_positive_integer(capacity):
+    with pytest.raises(ValueError, match="capacity must be a positive integer"):
+        ReplayBuffer(capacity, (3,), (2,))
+
+
+@pytest.mark.parametrize("batch_size", [True, 2.0, 0])
+def test_batch_size_must_be_a_positive_integer(batch_size):
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        _buffer().sample(batch_size)
+
+
+@pytest.mark.parametrize("name", ["a/b", "a.b", "", "1x", "two words"])
+def test_extra_column_names_must_be_identifiers(name, tmp_path):
+    with pytest.raises(ValueError, match="must be an identifier"):
+        ReplayBuffer(10, (3,), (2,), extra_columns={name: ()})
+    assert not list(tmp_path.iterdir())

@@ -77,7 +77,7 @@ class ReplayBuffer:
 
     # -- sampling --------------------------------------------------------------------------------------
     def sample(self, batch_size: int) -> Batch:
-        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        if isinstance(batch_size, bool | np.bool_) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         stored = self.storage.size
         if batch_size > stored:
