@@ -132,6 +132,7 @@ class ReplayBuffer:
                 i = int(np.flatnonzero(~np.isfinite(arr))[0])
                 raise ValueError(f"signal {name!r} row {i}: value {arr[i]!r} is not finite (NaN/inf)")
             arrays[name] = arr
+        self.sampler.check_signals(idx, arrays)  # every part validates before any state changes
         fresh = self.storage.meta["generation"].take(idx) == gen
         stale = ~fresh
         n_stale = 0 if fresh.all() else int(stale.sum())

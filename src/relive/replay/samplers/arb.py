@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.replay import _tree_kernels as kernels
-from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.base import Draw, Sampler, check_number
 from relive.replay.samplers.per import contiguous_runs, tree_probabilities
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import ONLINE
@@ -61,20 +61,19 @@ class ARBSampler(Sampler):
                  level: str = "trajectory", is_correction: bool = False, is_exponent: float = 1.0,
                  amortized_rows_per_refresh: int = 0):
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature (lambda) must be > 0, got {temperature}")
+        name = type(self).__name__
+        self.temperature = check_number(name, "temperature (lambda)", temperature, low=0, low_open=True)
+        self.log_p_low = check_number(name, "log_p_low", log_p_low)
+        self.log_p_high = check_number(name, "log_p_high", log_p_high)
         if not log_p_low < log_p_high:
             raise ValueError(f"need log_p_low < log_p_high, got {log_p_low}, {log_p_high}")
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-        if amortized_rows_per_refresh < 0:
-            raise ValueError("amortized_rows_per_refresh must be >= 0")
-        self.temperature = float(temperature)
-        self.log_p_low, self.log_p_high = float(log_p_low), float(log_p_high)
         self.level = level
         self.is_correction = bool(is_correction)
-        self.is_exponent = float(is_exponent)
-        self.amortized_rows_per_refresh = int(amortized_rows_per_refresh)
+        self.is_exponent = check_number(name, "is_exponent", is_exponent, low=0)
+        self.amortized_rows_per_refresh = check_number(name, "amortized_rows_per_refresh", amortized_rows_per_refresh,
+                                                       low=0, integer=True)
         self.num_refreshes = 0
         self.cursor = 0  # next row of the amortized sweep
 
@@ -264,8 +263,8 @@ class ARBSampler(Sampler):
             indices, probability = self.tree.find_prefix_with_values(np.sort(rng.random(batch_size)) * total)
         probability /= total
         if self.is_correction:
-            w = (self.num_rows() * probability) ** (-self.is_exponent)
-            is_weight = (w / w.max()).astype(np.float32)
+            # (N P)^-beta / batch max = (min P / P)^beta (no overflow for tiny P)
+            is_weight = ((probability.min() / probability) ** self.is_exponent).astype(np.float32)
         else:
             is_weight = np.ones(batch_size, np.float32)
         return Draw(indices, probability, is_weight)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.base import MAX_PRIORITY, Draw, Sampler, check_number
 from relive.replay.samplers.per import proportional_draw, tree_probabilities
 from relive.replay.sum_tree import SumTree
 from relive.types import ONLINE
@@ -43,23 +43,19 @@ class BERBSampler(Sampler):
                  hidden: tuple[int, ...] = (256, 256), lr: float = 3e-4, ratio_batch_size: int = 256,
                  clip_low: float = 1e-3, clip_high: float = 1e3, seed: int = 0, device: str = "cpu"):
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if not 0 < init_online_fraction < 1:
-            raise ValueError(f"init_online_fraction must be in (0, 1), got {init_online_fraction}")
-        if first_chunk_rows < 1 or ratio_batch_size < 1:
-            raise ValueError(f"first_chunk_rows and ratio_batch_size must be >= 1, got {first_chunk_rows}, "
-                             f"{ratio_batch_size}")
-        if not 0 < clip_low < clip_high:
+        name = type(self).__name__
+        self.temperature = check_number(name, "temperature", temperature, low=0, low_open=True)
+        self.init_online_fraction = check_number(name, "init_online_fraction", init_online_fraction, low=0, high=1,
+                                                 low_open=True, high_open=True)
+        self.first_chunk_rows = check_number(name, "first_chunk_rows", first_chunk_rows, low=1, integer=True)
+        self.hidden = tuple(check_number(name, "hidden layer width", h, low=1, integer=True) for h in hidden)
+        self.lr = check_number(name, "lr", lr, low=0, low_open=True)
+        self.ratio_batch_size = check_number(name, "ratio_batch_size", ratio_batch_size, low=1, integer=True)
+        self.clip_low = check_number(name, "clip_low", clip_low, low=0, low_open=True, high=MAX_PRIORITY)
+        self.clip_high = check_number(name, "clip_high", clip_high, low=0, low_open=True, high=MAX_PRIORITY)
+        if not clip_low < clip_high:
             raise ValueError(f"need 0 < clip_low < clip_high, got {clip_low}, {clip_high}")
-        self.temperature = float(temperature)
-        self.init_online_fraction = float(init_online_fraction)
-        self.first_chunk_rows = int(first_chunk_rows)
-        self.hidden = tuple(int(h) for h in hidden)
-        self.lr = float(lr)
-        self.ratio_batch_size = int(ratio_batch_size)
-        self.clip_low, self.clip_high = float(clip_low), float(clip_high)
-        self.seed = int(seed)
+        self.seed = check_number(name, "seed", seed, integer=True)
         self.device = device
         self.rng = np.random.default_rng(seed)
         self.max_priority = 1.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.base import Draw, Sampler, check_number
 from relive.replay.samplers.uniform import UniformSampler
 from relive.types import OFFLINE, ONLINE
 
@@ -20,8 +20,10 @@ class MixtureSampler(Sampler):
     def __init__(self, offline: Sampler | None = None, online: Sampler | None = None,
                  offline_fraction: float = 0.5):
         super().__init__()
-        if not 0.0 <= offline_fraction <= 1.0:
-            raise ValueError(f"offline_fraction must be in [0, 1], got {offline_fraction}")
+        check_number(type(self).__name__, "offline_fraction", offline_fraction, low=0, high=1)
+        if offline is not None and offline is online:
+            raise ValueError("MixtureSampler got the same sampler instance for both parts; give each part its own "
+                             "(e.g. MixtureSampler(UniformSampler(), UniformSampler()))")
         self.offline = offline if offline is not None else UniformSampler()
         self.online = online if online is not None else UniformSampler()
         self.offline_fraction = float(offline_fraction)
@@ -33,6 +35,8 @@ class MixtureSampler(Sampler):
     def bind(self, storage, source=None) -> None:
         if source is not None:
             raise ValueError("a MixtureSampler spans both sources; it cannot be restricted to one")
+        if self.offline.storage is not None or self.online.storage is not None:
+            raise ValueError("a part of this MixtureSampler is already bound to a buffer; give each buffer its own")
         super().bind(storage, None)
         self.offline.bind(storage, OFFLINE)
         self.online.bind(storage, ONLINE)
@@ -68,7 +72,16 @@ class MixtureSampler(Sampler):
             return parts[0]
         return Draw(*(np.concatenate(x) for x in zip(*parts, strict=True)))
 
+    def check_signals(self, slots: np.ndarray, signals: dict) -> None:
+        """Both parts validate their rows' signals before either changes (an update is all-or-nothing)."""
+        super().check_signals(slots, signals)
+        online = self.storage.meta["source"].take(slots) == ONLINE
+        for child, mask in ((self.offline, ~online), (self.online, online)):
+            if mask.any():
+                child.check_signals(slots[mask], {k: np.asarray(v)[mask] for k, v in signals.items()})
+
     def update(self, slots: np.ndarray, signals: dict) -> None:
+        self.check_signals(slots, signals)
         online = self.storage.meta["source"].take(slots) == ONLINE
         for child, mask in ((self.offline, ~online), (self.online, online)):
             if mask.any():
