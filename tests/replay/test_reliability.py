@@ -166,3 +166,145 @@ def test_extra_column_names_must_be_identifiers(name, tmp_path):
     with pytest.raises(ValueError, match="must be an identifier"):
         ReplayBuffer(10, (3,), (2,), extra_columns={name: ()})
     assert not list(tmp_path.iterdir())
+
+
+# -- 7. one sampler instance cannot be both parts of a mixture -----------------------------------------------------
+def test_mixture_refuses_the_same_instance_twice_and_parts_bound_elsewhere():
+    u = UniformSampler()
+    with pytest.raises(ValueError, match="same sampler instance for both parts"):
+        MixtureSampler(u, u)
+    _buffer(u)
+    with pytest.raises(ValueError, match="already bound"):
+        _buffer(MixtureSampler(u, UniformSampler()))
+
+
+# -- 8. a mixture update is all-or-nothing ----------------------------------------------------------------------
+def test_mixture_update_validates_every_part_before_changing_any():
+    buf = _buffer(MixtureSampler(PrioritizedSampler(), ReaPERSampler()))
+    info = buf.sample(8).info
+    assert (info.source == 0).any() and (info.source == 1).any()
+    before = buf.sampler.probabilities().copy()
+    per_before = np.array(buf.sampler.offline.sum_tree.leaves)
+    with pytest.raises(ValueError, match="ReaPERSampler.update needs a 'td_error' signal"):
+        buf.update(info, priority=np.full(8, 7.0))
+    np.testing.assert_array_equal(np.array(buf.sampler.offline.sum_tree.leaves), per_before)
+    np.testing.assert_array_equal(buf.sampler.probabilities(), before)
+    assert buf.num_updated == 0
+
+
+# -- 9. extreme finite signals and bad hyper-parameters -----------------------------------------------------------
+def _check_distribution(buf):
+    p = buf.sampler.probabilities()
+    assert np.isfinite(p).all() and (p >= 0).all()
+    assert p[: len(buf)].sum() == pytest.approx(1.0) and not p[len(buf):].any()
+    b = buf.sample(16)
+    assert np.isfinite(b.info.probability).all() and np.isfinite(b.info.is_weight).all()
+    assert (b.info.is_weight >= 0).all() and (b.info.is_weight <= 1).all()
+
+
+@pytest.mark.parametrize("make", [
+    ReaPERSampler, ReaPERReferenceSampler, lambda: PrioritizedSampler(priority_exponent=1.0),
+    lambda: PrioritizedSampler(priority_exponent=4.0, is_exponent=1.0),
+    lambda: MixtureSampler(PrioritizedSampler(priority_exponent=1.0), ReaPERSampler())])
+@pytest.mark.parametrize("value", [1e308, -1e308, 0.0, 5e-324])
+def test_extreme_finite_td_errors_keep_probabilities_finite(make, value):
+    buf = _buffer(make())
+    for _ in range(3):
+        info = buf.sample(8).info
+        buf.update(info, td_error=np.full(8, value))
+        _check_distribution(buf)
+    info = buf.sample(8).info
+    buf.update(info, td_error=np.where(np.arange(8) % 2, 1e308, 1e-300))
+    _check_distribution(buf)
+
+
+def test_extreme_priorities_keep_per_finite_and_all_zero_priorities_sample_uniformly():
+    buf = _buffer(PrioritizedSampler(priority_exponent=1.0, is_exponent=1.0))
+    buf.update(buf.gather(np.arange(40)).info, priority=np.full(40, 1e308))
+    _check_distribution(buf)
+    buf.update(buf.gather(np.arange(40)).info, priority=np.zeros(40))
+    _check_distribution(buf)
+    np.testing.assert_allclose(buf.sampler.probabilities()[:40], 1 / 40)
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("make, name", [
+    (lambda: PrioritizedSampler(is_exponent=NAN), "is_exponent"),
+    (lambda: PrioritizedSampler(priority_exponent=NAN), "priority_exponent"),
+    (lambda: PrioritizedSampler(priority_exponent=float("inf")), "priority_exponent"),
+    (lambda: PrioritizedSampler(is_exponent_final=NAN), "is_exponent_final"),
+    (lambda: PrioritizedSampler(eps=NAN), "eps"),
+    (lambda: PrioritizedSampler(initial_priority=NAN), "initial_priority"),
+    (lambda: PrioritizedSampler(is_anneal_samples=2.5), "is_anneal_samples"),
+    (lambda: ReaPERSampler(priority_exponent=NAN), "priority_exponent"),
+    (lambda: ReaPERSampler(reliability_exponent=NAN), "reliability_exponent"),
+    (lambda: ReaPERSampler(is_exponent=NAN), "is_exponent"),
+    (lambda: ReaPERSampler(eps=NAN), "eps"),
+    (lambda: ReaPERReferenceSampler(reliability_exponent=-1.0), "reliability_exponent"),
+    (lambda: ARBSampler(temperature=NAN), "temperature"),
+    (lambda: ARBSampler(is_exponent=NAN), "is_exponent"),
+    (lambda: ARBSampler(log_p_low=NAN), "log_p_low"),
+    (lambda: ARBSampler(amortized_rows_per_refresh=1.5), "amortized_rows_per_refresh"),
+    (lambda: BERBSampler(temperature=NAN), "temperature"),
+    (lambda: BERBSampler(lr=NAN), "lr"),
+    (lambda: BERBSampler(clip_low=NAN), "clip_low"),
+    (lambda: BERBSampler(init_online_fraction=NAN), "init_online_fraction"),
+    (lambda: MixtureSampler(offline_fraction=NAN), "offline_fraction"),
+    (lambda: PrioritizedSampler(priority_exponent=True), "priority_exponent"),
+])
+def test_bad_hyper_parameters_are_refused_at_construction(make, name):
+    with pytest.raises(ValueError, match=rf"{name}.* must be .*got"):
+        make()
+
+
+# -- lower severity: negative priority signals everywhere --------------------------------------------------------
+@pytest.mark.parametrize("make", [UniformSampler, ARBSampler, lambda: BERBSampler(hidden=(8,)), PrioritizedSampler,
+                                  lambda: MixtureSampler(UniformSampler(), UniformSampler())])
+def test_negative_priority_signals_are_refused_by_every_sampler(make):
+    buf = _buffer(make())
+    info = buf.sample(8).info
+    before = buf.sampler.probabilities().copy()
+    with pytest.raises(ValueError, match=r"signal 'priority' row 0: value -1.0 must be >= 0"):
+        buf.update(info, priority=-np.ones(8))
+    with pytest.raises(ValueError, match=r"'priority' row 0.*not finite"):
+        buf.update(info, priority=np.full(8, np.inf))
+    np.testing.assert_array_equal(buf.sampler.probabilities(), before)
+
+
+# -- lower severity: every sampler works without numba ------------------------------------------------------------
+NO_NUMBA_SCRIPT = r"""
+import numpy as np
+from relive.replay import _tree_kernels
+from relive.replay import (ARBSampler, BERBSampler, MixtureSampler, PrioritizedSampler, ReaPERReferenceSampler,
+                           ReaPERSampler, ReplayBuffer, UniformSampler)
+from relive.testing import random_transitions
+
+assert not _tree_kernels.AVAILABLE
+makers = [UniformSampler, PrioritizedSampler, ReaPERSampler, ReaPERReferenceSampler, ARBSampler,
+          lambda: ARBSampler(amortized_rows_per_refresh=7), lambda: BERBSampler(hidden=(8,)),
+          lambda: MixtureSampler(UniformSampler(), PrioritizedSampler())]
+for make in makers:
+    buf = ReplayBuffer(60, (3,), (2,), sampler=make(), seed=0)
+    buf.add_offline(random_transitions(20, (3,), (2,), rng=0, episode_length=7))
+    for k in range(4):
+        buf.extend(random_transitions(15, (3,), (2,), rng=k + 1, episode_length=6, start_step=15 * k))
+        buf.refresh(lambda obs, act: -np.square(act).sum(1))
+        b = buf.sample(16)
+        mix = isinstance(buf.sampler, MixtureSampler)
+        p = buf.sampler.probabilities(batch_size=16) if mix else buf.sampler.probabilities()
+        assert np.isfinite(p).all() and abs(p[: len(buf)].sum() - 1) < 1e-9, type(buf.sampler).__name__
+        np.testing.assert_allclose(b.info.probability, p[b.info.indices], rtol=1e-9)
+        buf.update(b.info, td_error=np.linspace(-1, 1, 16) * 1e308)
+print("ok", len(makers))
+"""
+
+
+def test_every_sampler_samples_updates_and_refreshes_without_numba():
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = os.environ | {"RELIVE_NO_NUMBA": "1", "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", NO_NUMBA_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "ok 8"
