@@ -57,3 +57,90 @@ def test_d4rl_non_hdf5_file_and_group_name_the_path(tmp_path):
         f.create_group("rewards")
     with pytest.raises(ValueError, match=r"g.hdf5: 'rewards' is an HDF5 group, expected a dataset"):
         read_d4rl_hdf5(path)
+
+
+# -- 2. `relive data make` keeps the old dataset until the new one is complete -------------------------------------
+@pytest.fixture(scope="module")
+def pendulum_rows():
+    from relive.train.collector import collect_dataset
+
+    return collect_dataset("Pendulum-v1", 250, seed=0)
+
+
+DID = "relive/pendulum-v1/random-v0"
+
+
+def test_make_keeps_an_existing_dataset_unless_overwrite(tmp_path, pendulum_rows):
+    from relive.data.generate import make_dataset
+    from relive.data.minari_io import read_minari, write_minari
+
+    root = tmp_path / "minari"
+    write_minari(DID, pendulum_rows, "Pendulum-v1", root=root)
+    kw = dict(steps=60, seed=1, root=root, out=tmp_path, progress=False)
+    with pytest.raises(ValueError, match=rf"dataset {DID} already exists under .*--overwrite"):
+        make_dataset("pendulum-v1", "random", **kw)
+    assert len(read_minari(DID, root=root)[0]["obs"]) == 250
+    with pytest.raises(ValueError, match="already exists"):
+        write_minari(DID, pendulum_rows, "Pendulum-v1", root=root)
+    make_dataset("pendulum-v1", "random", overwrite=True, **kw)
+    assert len(read_minari(DID, root=root)[0]["obs"]) == 60
+    assert [p.name for p in root.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+
+
+def test_a_write_killed_before_the_swap_leaves_the_old_dataset_listed_and_loadable(tmp_path, pendulum_rows,
+                                                                                   monkeypatch):
+    import relive.data.minari_io as mio
+    from relive.data.minari_io import list_local, read_minari, write_minari
+
+    root = tmp_path / "minari"
+    write_minari(DID, pendulum_rows, "Pendulum-v1", root=root)
+    new = {k: v[:100] for k, v in pendulum_rows.items()}
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setattr(mio, "_swap_into_place", killed)
+    monkeypatch.setattr(mio.shutil, "rmtree", lambda *a, **k: None)  # a kill runs no clean-up
+    with pytest.raises(KeyboardInterrupt):
+        write_minari(DID, new, "Pendulum-v1", root=root, overwrite=True)
+    monkeypatch.undo()
+    assert any(p.name.startswith(mio.STAGING_PREFIX) for p in root.iterdir())  # the complete new one, hidden
+    assert list_local(root) == [DID]  # listed once: the old one
+    assert len(read_minari(DID, root=root)[0]["obs"]) == 250
+    write_minari(DID, new, "Pendulum-v1", root=root, overwrite=True)  # a later run swaps it in
+    assert list_local(root) == [DID] and len(read_minari(DID, root=root)[0]["obs"]) == 100
+
+
+def test_the_swap_exchanges_atomically_or_falls_back(tmp_path, monkeypatch):
+    import relive.data.minari_io as mio
+
+    for exchange in (True, False):
+        a, b = tmp_path / f"new{exchange}", tmp_path / f"target{exchange}"
+        a.mkdir()
+        (a / "x").write_text("new")
+        b.mkdir()
+        (b / "x").write_text("old")
+        if not exchange:
+            monkeypatch.setattr(mio, "_exchange", lambda *_: False)
+        mio._swap_into_place(a, b)
+        assert (b / "x").read_text() == "new" and (a / "x").read_text() == "old"
+
+
+def test_loading_a_broken_dataset_names_the_file(tmp_path, pendulum_rows):
+    from relive.data.minari_io import read_minari, write_minari
+
+    root = tmp_path / "minari"
+    path = write_minari(DID, pendulum_rows, "Pendulum-v1", root=root)
+    data = path / "data" / "main_data.hdf5"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 3])
+    with pytest.raises(ValueError, match=r"main_data.hdf5"):
+        read_minari(DID, root=root)
+
+
+@pytest.mark.parametrize("steps", [0, -10, 2.5, True])
+def test_make_dataset_refuses_non_positive_steps(tmp_path, steps):
+    from relive.data.generate import make_dataset
+
+    with pytest.raises(ValueError, match="steps must be a positive integer"):
+        make_dataset("pendulum-v1", "random", steps=steps, root=tmp_path / "m", out=tmp_path, progress=False)
+    assert not (tmp_path / "m").exists()
