@@ -178,7 +178,10 @@ class ReaPERSampler(Sampler):
     def _leaf_values(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mass = self.u_total[leaves] - self.evicted_u[leaves]  # U_e over the stored rows
         fin = self.finished[leaves]
-        scaled = mass * _power(np.where(fin, self.total[leaves], 1.0), -self.reliability_exponent)
+        # S_e >= MIN_PRIORITY once its rows are in; 0 only transiently (a status change seen before the new rows'
+        # sums are computed, recomputed right after): no log(0)
+        total = np.maximum(self.total[leaves], MIN_PRIORITY)
+        scaled = mass * _power(np.where(fin, total, 1.0), -self.reliability_exponent)
         return np.where(fin, scaled, 0.0), np.where(fin, 0.0, mass)
 
     def _set_leaves(self, leaves: np.ndarray) -> None:
