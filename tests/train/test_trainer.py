@@ -256,7 +256,8 @@ def test_agent_and_environment_mismatches_are_named(tmp_path):
     with pytest.raises(ValueError, match="continuous action space"):
         main(["--debug", "train", "sac", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "b"), *TINY])
     with pytest.raises(ValueError, match="ddqn has none"):
-        main(["--debug", "train", "ddqn", "--env", "CartPole-v1", "--replay", "arb", "--run-dir", str(tmp_path / "c"), *TINY])
+        main(["--debug", "train", "ddqn", "--env", "CartPole-v1", "--replay", "arb", "--run-dir", str(tmp_path / "c"),
+              *TINY])
     with pytest.raises(ValueError, match="needs a dataset"):
         main(["--debug", "train", "calql", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "d"), *TINY])
     with pytest.raises(ValueError, match="cannot make environment"):

@@ -5,9 +5,9 @@ A checkpoint is a directory of ``.npy`` arrays plus ``state.json`` (numbers, str
 ``<path>.partial``, then swaps it into place (``<path>`` -> ``<path>.previous``, ``.partial`` -> ``<path>``,
 then deletes ``.previous``): at every instant one complete checkpoint exists on disk. It never deletes what it
 did not write: ``<path>`` must be missing, empty or an earlier relive checkpoint of the same kind, and a
-``.partial`` / ``.previous`` that relive did not write is refused, by name, before anything is written. ``load`` verifies the
-manifest and falls back to ``<path>.previous`` when ``<path>`` is missing or incomplete (a process killed
-while saving). Arrays are read with ``allow_pickle=False``; nothing is ever unpickled.
+``.partial`` / ``.previous`` that relive did not write is refused, by name, before anything is written.
+``load`` verifies the manifest and falls back to ``<path>.previous`` when ``<path>`` is missing or incomplete
+(a process killed while saving). Arrays are read with ``allow_pickle=False``; nothing is ever unpickled.
 """
 
 from __future__ import annotations
