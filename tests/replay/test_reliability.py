@@ -308,3 +308,19 @@ def test_every_sampler_samples_updates_and_refreshes_without_numba():
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip() == "ok 8"
+
+
+def test_berb_stays_finite_with_extreme_but_finite_observations():
+    buf = ReplayBuffer(60, (3,), (2,), sampler=BERBSampler(hidden=(8,), ratio_batch_size=8, first_chunk_rows=5))
+    off = random_transitions(20, (3,), (2,), rng=0, episode_length=7)
+    off["obs"][:, 0] = 3e38  # fits float32; the ratio network overflows on it
+    buf.add_offline(off)
+    buf.extend(random_transitions(20, (3,), (2,), rng=1, episode_length=6))
+    s = buf.sampler
+    for layer in (s.net[0], s.net[2]):  # 3 x 3e38 overflows float32: w = inf on the offline rows
+        layer.weight.data.fill_(1.0)
+    for _ in range(5):
+        buf.update(buf.sample(8).info, td_error=np.ones(8))
+        _check_distribution(buf)
+    assert all(np.isfinite(q.detach().numpy()).all() for q in s.net.parameters())
+    assert np.isfinite(s.normalizer) and np.isfinite(s.stats()["replay/berb_skipped_steps"])

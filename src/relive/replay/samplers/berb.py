@@ -30,6 +30,8 @@ is built and trained here in torch, seeded from ``seed`` without touching the gl
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from relive.replay.samplers.base import MAX_PRIORITY, Draw, Sampler, check_number
@@ -61,6 +63,7 @@ class BERBSampler(Sampler):
         self.max_priority = 1.0
         self.normalizer = 1.0  # mean over the last offline batch of w^(1/T)
         self.num_ratio_steps = 0
+        self.num_skipped_ratio_steps = 0  # steps skipped for a non-finite loss or gradient
         self.last_ratio_loss = float("nan")
         self.seen_online = False
 
@@ -124,14 +127,20 @@ class BERBSampler(Sampler):
         priority = None
         with torch.no_grad():
             inv_t = 1.0 / self.temperature
-            self.normalizer = float((w_off.detach().double() ** inv_t).mean()) + 1e-10  # MC E_off[w^(1/T)]
+            normalizer = float((w_off.detach().double() ** inv_t).mean())  # MC E_off[w^(1/T)]
+            if math.isfinite(normalizer):  # (extreme observations can overflow w: keep the last good one)
+                self.normalizer = normalizer + 1e-10
             if slots is not None:
                 priority = self.priority(slots)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        self.opt.step()
-        self.num_ratio_steps += 1
         self.last_ratio_loss = float(loss.item())
+        if math.isfinite(self.last_ratio_loss) and all(bool(torch.isfinite(q.grad).all())
+                                                       for q in self.net.parameters() if q.grad is not None):
+            self.opt.step()
+        else:  # a non-finite loss or gradient would turn every weight into NaN: skip the step
+            self.num_skipped_ratio_steps += 1
+        self.num_ratio_steps += 1
         return True, priority
 
     def train_ratio(self) -> float:
@@ -146,7 +155,10 @@ class BERBSampler(Sampler):
 
         with torch.no_grad():
             w = self.ratio(slots).double()
-            return (w ** (1.0 / self.temperature) / self.normalizer).clamp(self.clip_low, self.clip_high).cpu().numpy()
+            p = w ** (1.0 / self.temperature) / self.normalizer
+            # a ratio that overflowed (extreme observations) gets the clip bound it exceeds; NaN the neutral 1
+            p = torch.nan_to_num(p, nan=1.0, posinf=self.clip_high, neginf=self.clip_low)
+            return p.clamp(self.clip_low, self.clip_high).cpu().numpy()
 
     # -- buffer hooks ----------------------------------------------------------------------------------
     def on_insert(self, slots: np.ndarray) -> None:
@@ -175,7 +187,8 @@ class BERBSampler(Sampler):
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/berb_ratio_loss": self.last_ratio_loss,
                                   "replay/berb_max_priority": self.max_priority,
-                                  "replay/berb_normalizer": self.normalizer}
+                                  "replay/berb_normalizer": self.normalizer,
+                                  "replay/berb_skipped_steps": float(self.num_skipped_ratio_steps)}
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def config(self) -> dict:
@@ -194,6 +207,7 @@ class BERBSampler(Sampler):
             "priority": np.array(self.tree.leaves[:size]), "net": net, "opt_state": opt_state,
             "rng": self.rng.bit_generator.state, "max_priority": self.max_priority,
             "normalizer": self.normalizer, "num_ratio_steps": self.num_ratio_steps,
+            "num_skipped_ratio_steps": self.num_skipped_ratio_steps,
             "last_ratio_loss": self.last_ratio_loss, "seen_online": self.seen_online}
 
     def load_state_dict(self, state: dict) -> None:
@@ -213,5 +227,6 @@ class BERBSampler(Sampler):
         self.max_priority = float(state["max_priority"])
         self.normalizer = float(state["normalizer"])
         self.num_ratio_steps = int(state["num_ratio_steps"])
+        self.num_skipped_ratio_steps = int(state.get("num_skipped_ratio_steps", 0))
         self.last_ratio_loss = float(state.get("last_ratio_loss", float("nan")))
         self.seen_online = bool(state.get("seen_online", self.storage.num_online_written > 0))
