@@ -324,3 +324,13 @@ def test_berb_stays_finite_with_extreme_but_finite_observations():
         _check_distribution(buf)
     assert all(np.isfinite(q.detach().numpy()).all() for q in s.net.parameters())
     assert np.isfinite(s.normalizer) and np.isfinite(s.stats()["replay/berb_skipped_steps"])
+
+
+def test_a_partial_left_by_an_older_version_without_the_marker_is_still_cleaned(tmp_path):
+    path = tmp_path / "ckpt"
+    old = tmp_path / "ckpt.partial"
+    old.mkdir()
+    np.save(old / "storage__columns__obs.npy", np.zeros(3))
+    (old / "state.json").write_text("{}")
+    _buffer().save(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

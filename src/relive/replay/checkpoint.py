@@ -179,9 +179,13 @@ def _is_our_partial(path: Path) -> bool:
         return True
     try:
         marker = json.loads((path / PARTIAL_MARKER).read_text())
+        return isinstance(marker, dict) and marker.get("format") == FORMAT
     except (OSError, ValueError):
-        return False
-    return isinstance(marker, dict) and marker.get("format") == FORMAT
+        pass
+    # left by a version without the marker: only the plain files a save writes, nothing else
+    entries = list(path.iterdir())
+    return bool(entries) and all(p.is_file() and not p.is_symlink() and (p.suffix == ".npy" or p.name in (
+        "state.json", "MANIFEST.json.tmp")) for p in entries)
 
 
 def _fsync_dir(path: Path) -> None:
