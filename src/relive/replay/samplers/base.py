@@ -21,7 +21,7 @@ from relive.types import SOURCE_NAMES
 #: largest priority base a sampler stores: |td_error| + eps and raw ``priority`` signals are clamped to it, so that
 #: sums over any buffer of p^alpha (alpha <= MAX_EXPONENT) stay finite in float64 (documented in docs/guarantees.md)
 MAX_PRIORITY = 1e20
-#: smallest priority base (a zero priority becomes this): the total mass stays > 0, so probabilities are defined
+#: ReaPER floors |td_error| + eps at this (a tiny eps cannot underflow d^alpha to 0): its total mass stays > 0
 MIN_PRIORITY = 1e-20
 #: largest priority / reliability exponent a sampler accepts (MAX_PRIORITY ** MAX_EXPONENT stays far from overflow)
 MAX_EXPONENT = 4.0
