@@ -56,6 +56,7 @@ SAMPLERS = {
     "mixture_per_reaper": lambda: MixtureSampler(PrioritizedSampler(), ReaPERSampler(), offline_fraction=0.5),
     "arb": lambda: ARBSampler(temperature=1.0, is_correction=True),
     "arb_amortized": lambda: ARBSampler(temperature=0.5, level="transition", amortized_rows_per_refresh=5),
+    "arb_cold": lambda: ARBSampler(temperature=0.01),  # exp(L / lambda) underflows
     "reaper": ReaPERSampler,
     "reaper_reference": ReaPERReferenceSampler,
     "berb": lambda: BERBSampler(hidden=(8,), ratio_batch_size=8, first_chunk_rows=5),
@@ -337,7 +338,7 @@ def _run(kind: str, examples: int, steps: int, derandomize: bool) -> None:
 
 @pytest.mark.parametrize("kind", list(SAMPLERS))
 def test_fuzz_buffer_api(kind):
-    _run(kind, examples=5, steps=15, derandomize=True)
+    _run(kind, examples=4, steps=15, derandomize=True)
 
 
 @pytest.mark.slow

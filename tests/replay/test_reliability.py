@@ -334,3 +334,19 @@ def test_a_partial_left_by_an_older_version_without_the_marker_is_still_cleaned(
     (old / "state.json").write_text("{}")
     _buffer().save(path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+@pytest.mark.parametrize("amortized", [0, 5])
+def test_arb_with_a_small_temperature_keeps_a_distribution(amortized):
+    """exp(L / lambda) underflows to 0 for every trajectory when lambda is small: the refresh divided by 0."""
+    buf = _buffer(ARBSampler(temperature=0.01, amortized_rows_per_refresh=amortized))
+    rng = np.random.default_rng(0)
+
+    def score_fn(obs, action):
+        s = np.full(len(obs), -12.0)
+        s[rng.integers(len(obs))] = 7.0
+        return s
+
+    for _ in range(3):
+        buf.refresh(score_fn)
+        _check_distribution(buf)

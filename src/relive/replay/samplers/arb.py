@@ -54,6 +54,9 @@ from relive.types import ONLINE
 
 LEVELS = ("trajectory", "transition")
 RESHIFT = 100.0  # amortized mode: move the shift when the best score drifts this many lambdas from it
+# smallest weight of a stored row: exp(L / lambda) underflows to 0 for a small temperature, and a buffer whose
+# weights are all 0 has no distribution (every weight below it is raised to it: a probability of ~1e-300)
+MIN_WEIGHT = 1e-300
 
 
 class ARBSampler(Sampler):
@@ -100,7 +103,7 @@ class ARBSampler(Sampler):
         exp((max_j l_j - shift) / lambda) (= 1 right after a full refresh, as in the reference code)."""
         if not self.num_refreshes:
             return 1.0
-        return float(np.exp((self.max_score.max + self.log_p_low - self.shift) / self.temperature))
+        return max(float(np.exp((self.max_score.max + self.log_p_low - self.shift) / self.temperature)), MIN_WEIGHT)
 
     # -- refresh ---------------------------------------------------------------------------------------
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
@@ -150,12 +153,12 @@ class ARBSampler(Sampler):
         lhat = self.score[slots] - self.shift
         scored = np.isfinite(lhat)
         if self.level == "transition":
-            return slots, np.exp(lhat / self.temperature), scored
+            return slots, np.maximum(np.exp(lhat / self.temperature), MIN_WEIGHT), scored
         starts = np.cumsum(view.length) - view.length  # every stored episode has at least one row
         sums = np.add.reduceat(np.where(scored, lhat, 0.0), starts)
         counts = np.add.reduceat(scored.astype(np.int64), starts)
         mean = sums / np.maximum(counts, 1)
-        return slots, np.repeat(np.exp(mean / self.temperature), view.length), scored
+        return slots, np.repeat(np.maximum(np.exp(mean / self.temperature), MIN_WEIGHT), view.length), scored
 
     def _rebuild_all(self) -> None:
         lo, hi = self.domain()
@@ -241,11 +244,13 @@ class ARBSampler(Sampler):
         if not self.num_refreshes:  # one shift for the whole sweep, so that every row shares it
             self.shift = best
         elif abs(best - self.shift) > RESHIFT * self.temperature:  # keep exp(.) in range: rescale once
-            w = np.array(self.tree.leaves) * np.exp((self.shift - best) / self.temperature)
+            leaves = np.array(self.tree.leaves)
+            w = np.maximum(leaves * np.exp((self.shift - best) / self.temperature), MIN_WEIGHT)
+            w[leaves <= 0] = 0.0  # slots not stored stay empty
             self.tree.set_all(w)
             self.shift = best
         if self.level == "transition":
-            _set(self.tree, rows, np.exp((self.score[rows] - self.shift) / self.temperature))
+            _set(self.tree, rows, np.maximum(np.exp((self.score[rows] - self.shift) / self.temperature), MIN_WEIGHT))
             return
         # every scored row of the touched trajectories gets the new trajectory mean (the rows of a slice are
         # consecutive, so its episodes are runs of equal ids)
