@@ -128,7 +128,7 @@ def reference_targets(agent, buf, slots) -> np.ndarray:
                                            torch.as_tensor(cols["mu_std"][slots]), a, agent.net.low, agent.net.high)
         rho = torch.exp(torch.clamp(agent.net.log_prob(mean, std, a) - log_mu, -7, 7)).numpy()
         v_end = agent.net(torch.as_tensor(cols["next_obs"][slots[-1:]]))[0].item()
-    v, r = v.numpy().astype(np.float64), cols["reward"][slots].astype(np.float64)
+    v, r = v.numpy().astype(np.float64), agent.reward_scale * cols["reward"][slots].astype(np.float64)
     q = np.zeros(len(slots))
     q[-1] = r[-1] + (0.0 if cols["terminated"][slots[-1]] else gamma * v_end)
     for t in range(len(slots) - 2, -1, -1):
@@ -154,6 +154,8 @@ def test_refresh_rewrites_every_stored_episode_like_a_per_episode_loop_across_th
     whole.refresh_targets(buf)
     np.testing.assert_allclose(q_ret, chunked, rtol=1e-5, atol=1e-6)
     assert (q_ret != Q_RET_UNSET).all() and agent.num_refreshes == 1
+    rewards = buf.storage.columns["reward"].astype(np.float64)
+    assert agent.reward_scale == pytest.approx(1 / np.sqrt(np.mean(rewards**2)), rel=1e-12)  # default: 1 / RMS
 
 
 def test_episode_end_hook_fills_only_that_episode():
@@ -401,3 +403,13 @@ def test_learns_a_continuous_bandit_through_buffer_and_hooks():
             agent.update(buf.sample(64))
     final = score()
     assert initial < -1.0 and final > -0.02, (initial, final)
+
+
+def test_a_row_without_a_behaviour_record_is_refused_before_any_change():
+    agent = make()
+    b = behaviour_batch(agent, n=8)
+    b.extras["mu_std"][5] = 0.0  # what a zero-filled record would look like
+    before = params(agent).clone()
+    with pytest.raises(ValueError, match=r"row 5 .*mu_std must be > 0"):
+        agent.update(b)
+    assert torch.equal(params(agent), before) and agent.num_grad_steps == 0

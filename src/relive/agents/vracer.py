@@ -42,6 +42,9 @@ Between refreshes a sampled row uses its stored Q^ret with the *current* V(s_t) 
 smarties, the stored targets of the row's predecessors are not corrected on the fly (that needs the whole
 episode per sampled step). Rows whose episode has not ended since the last refresh have no target yet
 (``q_ret == Q_RET_UNSET``); they use the one-step target r + gamma (1 - terminated) V(s_{t+1}) instead.
+Rewards enter every target times a scale, by default 1 / sqrt(mean r^2) over the stored rows, re-estimated
+at every refresh just before all targets are recomputed (smarties ``updateRewardsStats``), so V is learned in
+units of the RMS reward.
 
 **Actions and their density.** pi^w is a diagonal Gaussian in the env's action units, mean = center + scale
 m(s), std = scale (softplus(.) + min_std); the executed (and stored) action is the sample clipped to the
@@ -94,7 +97,8 @@ class VRACERConfig:
     lr_anneal: float = 5e-7  # A in eta(t) = eta / (1 + A t), t = gradient steps (smarties epsAnneal)
     gamma: float = 0.995  # discount (smarties code default)
     retrace_lambda: float = 1.0  # trace factor lambda: 1 = the paper's Eq. 6 and the code default (default.json 0.95)
-    reward_scale: float = 1.0  # rewards are multiplied by this in the targets (smarties rescales rewards itself)
+    reward_scale: float | None = None  # rewards times this in the targets; None: 1 / RMS of the stored rewards,
+    #                                    re-estimated at every refresh (smarties updateRewardsStats)
     batch_size: int = 256  # minibatch size B; read by the trainer
     refresh_every_grad_steps: int = 1000  # recompute V, rho and Q^ret of every stored row this often (smarties)
     refresh_chunk_rows: int = 65536  # rows per forward pass of a refresh (whole episodes per chunk)
@@ -112,6 +116,8 @@ class VRACERConfig:
             raise ValueError(f"gamma and retrace_lambda must be in [0, 1], got {self.gamma}, {self.retrace_lambda}")
         if not 0 < self.min_std < self.init_std:
             raise ValueError(f"need 0 < min_std < init_std, got {self.min_std}, {self.init_std}")
+        if self.reward_scale is not None and not self.reward_scale > 0:
+            raise ValueError(f"reward_scale must be > 0 (or None: 1 / RMS reward), got {self.reward_scale}")
         if self.lr <= 0 or self.lr_anneal < 0 or self.out_init_scale <= 0:
             raise ValueError("lr and out_init_scale must be > 0 and lr_anneal >= 0")
         if min(self.batch_size, self.refresh_every_grad_steps, self.refresh_chunk_rows, self.utd_ratio) < 1:
@@ -255,6 +261,7 @@ class VRACER:
         self.num_grad_steps = 0  # t of the learning-rate annealing
         self.num_skipped_steps = 0  # all-far batches with beta = 1: no optimizer step
         self.num_refreshes = 0
+        self.reward_scale = 1.0 if cfg.reward_scale is None else float(cfg.reward_scale)  # r -> r * this
 
     @classmethod
     def from_spec(cls, spec, config: VRACERConfig, seed: np.random.SeedSequence, device: str = "cpu") -> VRACER:
@@ -326,7 +333,7 @@ class VRACER:
         trace = np.empty_like(v)
         trace[:-1] = self.cfg.retrace_lambda * np.minimum(1.0, np.exp(log_rho[1:]))
         trace[last] = 0.0
-        reward = self.cfg.reward_scale * np.asarray(cols["reward"], np.float64)
+        reward = self.reward_scale * np.asarray(cols["reward"], np.float64)
         q = retrace_targets(reward, cols["terminated"], v_next, trace, lengths, self.cfg.gamma)
         return q.astype(np.float32)
 
@@ -340,12 +347,16 @@ class VRACER:
         buffer.set_column("q_ret", slots, self.targets_of(cols, np.array([slots.size])))
 
     def refresh_targets(self, buffer) -> None:
-        """``EveryGradSteps``: V, rho and Q^ret of every stored episode (the running one included) with the
-        current network, in chunks of whole episodes of about ``refresh_chunk_rows`` rows."""
+        """``EveryGradSteps``: the reward scale (``reward_scale=None``: 1 / RMS of the stored rewards), then V,
+        rho and Q^ret of every stored episode (the running one included) with the current network, in chunks
+        of whole episodes of about ``refresh_chunk_rows`` rows."""
         st = buffer.storage
         ep = st.episodes.live()
         if len(ep) == 0:
             return
+        if self.cfg.reward_scale is None:
+            rms = float(np.sqrt(np.mean(np.square(st.columns["reward"][:st.size], dtype=np.float64))))
+            self.reward_scale = 1.0 / rms if rms > 0 else 1.0
         keep = ep.length > 0
         start, length, source = ep.start[keep], ep.length[keep], ep.source[keep]
         group = np.cumsum(length) // self.cfg.refresh_chunk_rows  # episodes of one chunk share a group number
@@ -375,7 +386,7 @@ class VRACER:
             unset = q_ret <= 0.5 * Q_RET_UNSET
             if bool(unset.any()):  # no stored target yet: one-step r + gamma (1 - terminated) V(s')
                 v_next = self.net(b.next_obs)[0]
-                one_step = self.cfg.reward_scale * b.reward + self.cfg.gamma * (1 - b.terminated) * v_next
+                one_step = self.reward_scale * b.reward + self.cfg.gamma * (1 - b.terminated) * v_next
                 q_ret = torch.where(unset, one_step, q_ret)
             adv = q_ret - v  # A-hat = Q^ret - V(s)
             v_tbc = v + torch.clamp(rho, max=1.0) * adv  # Eq. 7
@@ -391,6 +402,10 @@ class VRACER:
 
     def update(self, batch: Batch) -> UpdateResult:
         b = batch.to_torch(self.device, torch.float32)
+        if not bool((b.mu_std > 0).all()):
+            row = int(torch.nonzero(~(b.mu_std > 0))[0, 0])
+            raise ValueError(f"batch row {row} (slot {int(batch.info.indices[row])}): the behaviour std mu_std must "
+                             f"be > 0, got {b.mu_std[row].tolist()} (a row stored without a behaviour record?)")
         hints = batch.info.hints
         c_max = float(hints.get("c_max", math.inf))
         beta = float(hints.get("beta", 1.0))
@@ -421,6 +436,7 @@ class VRACER:
             "train/unset_target_fraction": d["unset"].float().mean().item(),
             "train/beta": beta,
             "train/lr": lr,
+            "train/reward_scale": self.reward_scale,
         }
         if math.isfinite(c_max):
             metrics["train/c_max"] = c_max
@@ -435,7 +451,7 @@ class VRACER:
             "opt": nets.optimizer_state(self.opt),
             "generator": nets.generator_state(self.gen),
             "counters": {"num_grad_steps": self.num_grad_steps, "num_skipped_steps": self.num_skipped_steps,
-                         "num_refreshes": self.num_refreshes},
+                         "num_refreshes": self.num_refreshes, "reward_scale": self.reward_scale},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -446,3 +462,4 @@ class VRACER:
         self.num_grad_steps = int(c["num_grad_steps"])
         self.num_skipped_steps = int(c["num_skipped_steps"])
         self.num_refreshes = int(c["num_refreshes"])
+        self.reward_scale = float(c["reward_scale"])
