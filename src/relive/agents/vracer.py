@@ -26,7 +26,7 @@ under the current policy, in log space clipped to [-7, 7] as everywhere in ReF-E
      V^w(s_t) (the clip at c_max never binds under Rule 1; smarties keeps it);
   5. Rule 2 (Eq. 10-11): the step is beta * (steps 3-4) - (1 - beta) grad D_KL(mu_t || pi^w(.|s_t)), the
      penalty on every sampled row, near or far (smarties scales the value gradient by beta too: so do we);
-  6. one Adam step with the annealed rate lr / (1 + A t), t = gradient steps taken.
+  6. one Adam step with the annealed rate lr / (1 + A t) (Eq. 13), t = gradient steps taken.
 Without hints (any sampler but ReF-ER's) c_max = inf and beta = 1: plain V-RACER. A batch that is all far
 with beta = 1 has nothing to learn from, so no optimizer step is taken (Adam's momentum would still move the
 parameters otherwise); the step counter still advances.
@@ -370,7 +370,7 @@ class VRACER:
 
     # -- the update --------------------------------------------------------------------------------------
     def lr_now(self) -> float:
-        """eta(t) = eta / (1 + A t) (paper Sec. 3; smarties ``annealRate``)."""
+        """eta(t) = eta / (1 + A t) (Eq. 13; smarties ``annealRate``)."""
         return self.cfg.lr / (1.0 + self.cfg.lr_anneal * self.num_grad_steps)
 
     def losses(self, b: Batch, v: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, c_max: float = math.inf):
