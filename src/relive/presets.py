@@ -8,6 +8,7 @@ from dataclasses import replace
 from relive.agents.cal_ql import CalQLConfig
 from relive.agents.ddqn import DDQNConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
+from relive.agents.vracer import VRACERConfig
 from relive.config import ExperimentConfig, ReplayConfig, ScheduleConfig
 
 
@@ -56,8 +57,19 @@ def ddqn_per() -> ExperimentConfig:
     return replace(cfg, preset="ddqn_per", replay=ReplayConfig.of("per", capacity=cfg.replay.capacity))
 
 
+def vracer() -> ExperimentConfig:
+    """V-RACER (Novati & Koumoutsakos 2019) without ReF-ER: one network for V and a Gaussian policy, Retrace
+    targets, off-policy PG; uniform replay of 2^18 rows, batch 256, one gradient step per env step. Warm-up
+    steps act with the agent's own policy (rho needs the behaviour record of every row; uniform random
+    actions would have none)."""
+    return ExperimentConfig(preset="vracer", agent_kind="vracer", agent=VRACERConfig(),
+                            schedule=ScheduleConfig(batch_size=256, utd_ratio=1, warmup_policy="agent"),
+                            replay=ReplayConfig.of("uniform", capacity=2**18))
+
+
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "ddqn": ddqn, "ddqn_per": ddqn_per,
+    "vracer": vracer,
 }
 
 

@@ -86,7 +86,9 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 @dataclass(frozen=True)
 class VRACERConfig:
     """V-RACER hyperparameters. Defaults: smarties' code defaults (``HyperParameters.h``) and ``default.json``
-    where the paper gives none (research/replay_methods.md Sec. 2.4)."""
+    where the paper gives none (research/replay_methods.md Sec. 2.4). The batch size (256) and one gradient
+    step per env step (smarties obsPerStep) are schedule settings: ``schedule.batch_size``, ``schedule.utd_ratio``
+    (the ``vracer`` preset)."""
 
     hidden: tuple[int, ...] = (128, 128)  # hidden layer widths of the one network (smarties nnLayerSizes)
     activation: str = "tanh"  # hidden activation: "tanh" (smarties code default) or "softsign" (default.json)
@@ -99,11 +101,9 @@ class VRACERConfig:
     retrace_lambda: float = 1.0  # trace factor lambda: 1 = the paper's Eq. 6 and the code default (default.json 0.95)
     reward_scale: float | None = None  # rewards times this in the targets; None: 1 / RMS of the stored rewards,
     #                                    re-estimated at every refresh (smarties updateRewardsStats)
-    batch_size: int = 256  # minibatch size B; read by the trainer
     refresh_every_grad_steps: int = 1000  # recompute V, rho and Q^ret of every stored row this often (smarties)
     refresh_chunk_rows: int = 65536  # rows per forward pass of a refresh (whole episodes per chunk)
     kl_direction: str = "mu_pi"  # Rule 2 penalty: "mu_pi" = D_KL(mu || pi) (paper), "pi_mu" (smarties as built)
-    utd_ratio: int = 1  # gradient steps per env step (smarties obsPerStep = 1); read by the trainer
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
@@ -120,8 +120,8 @@ class VRACERConfig:
             raise ValueError(f"reward_scale must be > 0 (or None: 1 / RMS reward), got {self.reward_scale}")
         if self.lr <= 0 or self.lr_anneal < 0 or self.out_init_scale <= 0:
             raise ValueError("lr and out_init_scale must be > 0 and lr_anneal >= 0")
-        if min(self.batch_size, self.refresh_every_grad_steps, self.refresh_chunk_rows, self.utd_ratio) < 1:
-            raise ValueError("batch_size, refresh_every_grad_steps, refresh_chunk_rows and utd_ratio must be >= 1")
+        if min(self.refresh_every_grad_steps, self.refresh_chunk_rows) < 1:
+            raise ValueError("refresh_every_grad_steps and refresh_chunk_rows must be >= 1")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -268,7 +268,7 @@ class VRACER:
         if spec.discrete:
             raise ValueError(f"V-RACER needs a continuous action space; {spec.id} is discrete")
         return cls(int(np.prod(spec.obs_shape)), int(np.prod(spec.action_shape)), spec.action_low,
-                   spec.action_high, config, seed=int(seed.generate_state(1)[0]), device=device)
+                   spec.action_high, config, seed=nets.seed_int(seed), device=device)
 
     # -- what the loop stores and serves ---------------------------------------------------------------
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
@@ -311,10 +311,10 @@ class VRACER:
         vs, lrs = [], []
         step = self.cfg.refresh_chunk_rows
         for i in range(0, obs.shape[0], step):
-            t = lambda x: torch.as_tensor(x[i:i + step], dtype=torch.float32, device=self.device)  # noqa: E731
-            v, mean, std = self.net(t(obs))
-            a = t(action)
-            log_rho = _clipped_log_rho(self.net.log_prob(mean, std, a), self.net.log_prob(t(mu_mean), t(mu_std), a))
+            o, a, m_mu, s_mu = (torch.as_tensor(x[i:i + step], dtype=torch.float32, device=self.device)
+                                for x in (obs, action, mu_mean, mu_std))
+            v, mean, std = self.net(o)
+            log_rho = _clipped_log_rho(self.net.log_prob(mean, std, a), self.net.log_prob(m_mu, s_mu, a))
             vs.append(v.cpu().numpy())
             lrs.append(log_rho.cpu().numpy())
         return np.concatenate(vs), np.concatenate(lrs)
