@@ -477,3 +477,23 @@ def test_relive_train_vracer_end_to_end(tmp_path):
     lines = (run / "metrics.jsonl").read_text().splitlines()
     last = [json.loads(ln) for ln in lines if "train/rho_mean" in ln][-1]
     assert np.isfinite(last["train/rho_mean"]) and last["train/beta"] == 1.0 and last["grad_step"] == 200
+
+
+@pytest.mark.slow
+def test_a_killed_vracer_run_resumes_to_the_uninterrupted_result(tmp_path):
+    """Killed after a checkpoint, resumed: the same final parameters, optimizer state, RNG, counters and
+    reward scale, hence the stored targets and behaviour records round-trip through the run checkpoint too."""
+    from relive.train.trainer import train
+    from tests.train.test_trainer import SimulatedKill, assert_same_agent, cfg_for, kill_at
+
+    args = ["vracer", "--env", "Pendulum-v1", "--online-steps", "300", "--warmup", "60", "--batch-size", "32",
+            "--eval-every", "300", "--eval-episodes", "1", "--no-progress", "--checkpoint-every", "150",
+            "--set", "agent.hidden=[16,16]", "--set", "agent.refresh_every_grad_steps=40",
+            "--set", "env.max_episode_steps=70"]
+    full = train(cfg_for(args, tmp_path / "full"))
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(env_step=220))
+    assert load_tree(tmp_path / "cut" / "checkpoint", kind="run")["loop"]["env_steps"] == 210  # an episode end
+    resumed = train(resume_dir=tmp_path / "cut")
+    assert_same_agent(tmp_path / "full", tmp_path / "cut")
+    assert resumed.final_return == full.final_return and resumed.num_grad_steps == full.num_grad_steps == 240
