@@ -322,7 +322,9 @@ class VRACER:
     @torch.no_grad()
     def targets_of(self, cols: dict, lengths: np.ndarray) -> np.ndarray:
         """Q^ret of whole stored episodes laid end to end (``cols``: their rows' columns in episode then time
-        order, ``lengths`` per episode) with the current network: float32 [n]."""
+        order, ``lengths`` per episode) with the current network: float32 [n]. Inside an episode row t + 1 must
+        be row t's successor (obs[t+1] == next_obs[t], as the collector writes them): V(s_{t+1}) and rho_{t+1}
+        come from row t + 1's forward pass, so one pass over the rows (plus one per episode end) suffices."""
         lengths = np.asarray(lengths, np.int64)
         v, log_rho = self._value_and_log_rho(cols["obs"], cols["action"], cols["mu_mean"], cols["mu_std"])
         last = np.cumsum(lengths) - 1
