@@ -264,6 +264,14 @@ def test_policy_and_value_gradients_equal_the_closed_forms():
     np.testing.assert_allclose(v.grad.numpy(), -np.minimum(1, rho) * adv / 4, rtol=1e-5, atol=1e-7)
 
 
+def test_rho_of_stored_rows_equals_the_updates_rho_signal():
+    agent = make(refresh_chunk_rows=7)
+    b = behaviour_batch(agent, n=32, shift=0.8)
+    rho = agent.rho_of(b.obs, b.action, b.mu_mean, b.mu_std)
+    np.testing.assert_allclose(rho, agent.update(b).signals["rho"], rtol=1e-5)
+    assert rho.std() > 0.1
+
+
 def test_rule1_far_rows_get_zero_gradient_and_near_rows_the_plain_one():
     agent = make()
     b, out = hand_batch()

@@ -319,6 +319,11 @@ class VRACER:
             lrs.append(log_rho.cpu().numpy())
         return np.concatenate(vs), np.concatenate(lrs)
 
+    def rho_of(self, obs: np.ndarray, action: np.ndarray, mu_mean: np.ndarray, mu_std: np.ndarray) -> np.ndarray:
+        """rho = pi(a|s) / mu(a|s) of stored rows under the current policy (log-ratio clipped to [-7, 7]), in
+        chunks: what a ReF-ER recount of the whole buffer needs from the agent. [n] float32."""
+        return np.exp(self._value_and_log_rho(obs, action, mu_mean, mu_std)[1])
+
     @torch.no_grad()
     def targets_of(self, cols: dict, lengths: np.ndarray) -> np.ndarray:
         """Q^ret of whole stored episodes laid end to end (``cols``: their rows' columns in episode then time
