@@ -45,7 +45,8 @@ class Entry:
 REPLAYS: dict[str, Entry] = {}
 AGENTS: dict[str, Entry] = {}
 _BUILTINS = ("relive.replay.samplers", "relive.agents.sac", "relive.agents.cal_ql", "relive.agents.ddqn")
-_OPTIONAL_BUILTINS = ("relive.agents.ddpg", "relive.agents.vracer", "relive.agents.residual_sac")
+_OPTIONAL_BUILTINS = ("relive.replay.samplers.refer", "relive.agents.ddpg", "relive.agents.sac_refer",
+                      "relive.agents.vracer", "relive.agents.residual_sac")
 
 
 def _check_config_cls(name: str, config_cls: type) -> None:

@@ -11,16 +11,8 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from relive.agents.vracer import (
-    Q_RET_UNSET,
-    VRACER,
-    VRACERConfig,
-    _clipped_log_rho,
-    _gaussian_kl,
-    _is_far,
-    clipped_gaussian_log_prob,
-    retrace_targets,
-)
+from relive.agents.refer import is_far
+from relive.agents.vracer import Q_RET_UNSET, VRACER, VRACERConfig, clipped_gaussian_log_prob, retrace_targets
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train.hooks import EveryGradSteps, OnEpisodeEnd
@@ -196,19 +188,6 @@ def test_clipped_gaussian_density_closed_forms():
     np.testing.assert_allclose(got, expected, rtol=1e-10)
 
 
-def test_log_rho_clip_far_predicate_and_kl_closed_forms():
-    log_rho = _clipped_log_rho(torch.tensor([10.0, -9.0, 0.5]), torch.tensor([0.0, 0.0, 0.0]))
-    assert log_rho.tolist() == [7.0, -7.0, 0.5]
-    rho = torch.tensor([0.5, 0.5001, 1.0, 1.999, 2.0, 3.0])
-    assert _is_far(rho, 2.0).tolist() == [True, False, False, False, True, True]  # far iff outside (1/c, c)
-    assert not _is_far(rho, 1.0).any() and not _is_far(rho, math.inf).any()
-    rng = np.random.default_rng(0)
-    mp, mq = torch.as_tensor(rng.normal(size=(5, 3))), torch.as_tensor(rng.normal(size=(5, 3)))
-    sp, sq = torch.as_tensor(rng.uniform(0.2, 2, (5, 3))), torch.as_tensor(rng.uniform(0.2, 2, (5, 3)))
-    ref = torch.distributions.kl_divergence(torch.distributions.Normal(mp, sp), torch.distributions.Normal(mq, sq))
-    torch.testing.assert_close(_gaussian_kl(mp, sp, mq, sq), ref.sum(-1))
-
-
 # -- the gradients ------------------------------------------------------------------------------------------
 def hand_batch(hints=None) -> tuple[Batch, dict]:
     """Four rows, two action dims (row 1 dim 0 clipped at low, row 2 dim 1 at high), outputs chosen by hand."""
@@ -264,10 +243,10 @@ def test_policy_and_value_gradients_equal_the_closed_forms():
     np.testing.assert_allclose(v.grad.numpy(), -np.minimum(1, rho) * adv / 4, rtol=1e-5, atol=1e-7)
 
 
-def test_rho_of_stored_rows_equals_the_updates_rho_signal():
-    agent = make(refresh_chunk_rows=7)
+def test_refer_log_rho_of_stored_rows_equals_the_updates_rho_signal():
+    agent = make(refresh_chunk_rows=7)  # the recount's chunks
     b = behaviour_batch(agent, n=32, shift=0.8)
-    rho = agent.rho_of(b.obs, b.action, b.mu_mean, b.mu_std)
+    rho = np.exp(agent.refer_log_rho(b.obs, b.action, b.mu_mean, b.mu_std))
     np.testing.assert_allclose(rho, agent.update(b).signals["rho"], rtol=1e-5)
     assert rho.std() > 0.1
 
@@ -281,11 +260,39 @@ def test_rule1_far_rows_get_zero_gradient_and_near_rows_the_plain_one():
         task, _, d = agent.losses(b.to_torch(), *outs, c_max=c_max)
         task.sum().backward()
         grads[c_max] = [t.grad for t in outs]
-    far = _is_far(d["rho"], 1.3)
+    far = is_far(d["rho"], 1.3)
     assert 0 < far.sum() < 4  # a mixed batch
     for g_plain, g_rule1 in zip(grads[math.inf], grads[1.3], strict=True):
         assert (g_rule1[far] == 0).all()
         torch.testing.assert_close(g_rule1[~far], g_plain[~far])
+
+
+def test_rows_of_a_source_the_sampler_does_not_cover_are_exempt_from_both_rules():
+    """``refer_source`` = 0 (ReF-ER on the offline part only, say) and every row online: nothing is far and no
+    KL is charged, whatever c_max and beta say; covering the online source brings both rules back."""
+    agent = make()
+    b, out = hand_batch()  # every row has source 1
+    plain_task, _, _ = agent.losses(b.to_torch(), *leaf_outputs(out))
+    for source, expect_rules in ((0, False), (1, True)):
+        bt = with_hints(b, c_max=1.3, beta=0.5, refer_source=source).to_torch()
+        c_max, beta, covered = agent.refer_view(bt)
+        task, kl, d = agent.losses(bt, *leaf_outputs(out), c_max=c_max, covered=covered)
+        assert (c_max, beta) == (1.3, 0.5)
+        assert bool((kl > 0).all()) == expect_rules and bool((~d["near"]).any()) == expect_rules
+        if not expect_rules:
+            assert (kl == 0).all()
+            torch.testing.assert_close(task, plain_task)
+
+
+def test_the_learning_rate_follows_the_samplers_lr_scale_or_its_own_annealing():
+    agent = make(lr=1e-3, lr_anneal=0.01)
+    b = behaviour_batch(agent)
+    agent.update(b)
+    agent.update(b)
+    assert agent.lr_now() == pytest.approx(1e-3 / (1 + 0.01 * 2))
+    assert agent.opt.param_groups[0]["lr"] == pytest.approx(1e-3 / (1 + 0.01 * 1))  # the lr of the last step
+    agent.update(with_hints(b, c_max=5.0, beta=1.0, lr_scale=0.25))
+    assert agent.opt.param_groups[0]["lr"] == pytest.approx(2.5e-4)  # the sampler's schedule, not both
 
 
 def test_rule1_all_far_batch_leaves_every_parameter_bit_identical():
@@ -295,7 +302,7 @@ def test_rule1_all_far_batch_leaves_every_parameter_bit_identical():
     before = params(agent).clone()
     far_batch = behaviour_batch(agent, seed=9, shift=6.0)  # behaviour 6 std away: rho ~ 0
     res = agent.update(with_hints(far_batch, c_max=2.0, beta=1.0))
-    assert res.metrics["train/far_fraction"] == 1.0 and agent.num_skipped_steps == 1
+    assert res.metrics["train/refer_near_fraction"] == 0.0 and agent.num_skipped_steps == 1
     assert torch.equal(params(agent), before)
     assert agent.num_grad_steps == 4  # the step still counts (learning-rate annealing)
     agent.update(far_batch)  # without ReF-ER the same batch moves the parameters
@@ -325,7 +332,7 @@ def test_rule2_step_is_beta_times_the_task_gradient_minus_one_minus_beta_times_g
     expected = torch.cat([(-beta * gt - (1 - beta) * gk).flatten() for gt, gk in zip(g_task, g_kl, strict=True)])
     before = params(agent).clone()
     res = agent.update(with_hints(b, beta=beta, c_max=math.inf))
-    assert res.metrics["train/kl"] > 1e-3
+    assert res.metrics["train/refer_kl"] > 1e-3
     torch.testing.assert_close(params(agent) - before, expected, rtol=1e-4, atol=1e-6)
 
 
@@ -467,13 +474,15 @@ def test_learns_a_ten_step_reach_task_with_refer_hints():
     assert initial < -10 and final > -1.5, (initial, final)
 
 
-def test_relive_train_vracer_end_to_end(tmp_path):
-    """The preset through ``relive train``: behaviour records stored by the collector for every row (warm-up
-    included), targets written by the hooks, the update's metrics logged."""
+@pytest.mark.parametrize("preset", ["vracer", "vracer_refer"])
+def test_relive_train_vracer_end_to_end(tmp_path, preset):
+    """The presets through ``relive train``: behaviour records stored by the collector for every row (warm-up
+    included), targets written by the hooks, the update's metrics logged; with ReF-ER the sampler's hints reach
+    the update and its recount runs on the agent's refer_log_rho."""
     from relive.cli import main
 
     run = tmp_path / "run"
-    code = main(["train", "vracer", "--env", "Pendulum-v1", "--online-steps", "300", "--warmup", "100",
+    code = main(["train", preset, "--env", "Pendulum-v1", "--online-steps", "300", "--warmup", "100",
                  "--batch-size", "32", "--eval-every", "300", "--eval-episodes", "1", "--no-progress",
                  "--set", "agent.hidden=[16,16]", "--set", "agent.refresh_every_grad_steps=50",
                  "--set", "run.save_final_buffer=true", "--run-dir", str(run)])
@@ -484,7 +493,12 @@ def test_relive_train_vracer_end_to_end(tmp_path):
     assert cols["truncated"][199] and (cols["q_ret"][:200] != Q_RET_UNSET).all()  # the finished episode
     lines = (run / "metrics.jsonl").read_text().splitlines()
     last = [json.loads(ln) for ln in lines if "train/rho_mean" in ln][-1]
-    assert np.isfinite(last["train/rho_mean"]) and last["train/beta"] == 1.0 and last["grad_step"] == 200
+    assert np.isfinite(last["train/rho_mean"]) and last["grad_step"] == 200
+    if preset == "vracer":
+        assert "train/refer_beta" not in last
+    else:
+        assert 0 < last["train/refer_beta"] <= 1 and 0 <= last["replay/far_policy_fraction"] <= 1
+        assert last["replay/refer_recounts"] >= 1
 
 
 @pytest.mark.slow

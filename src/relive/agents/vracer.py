@@ -22,14 +22,17 @@ under the current policy, in log space clipped to [-7, 7] as everywhere in ReF-E
   2. Rule 1: far-policy iff rho_t outside (1/c_max, c_max) -- such rows get zero value and policy gradient;
   3. value (Eq. 7-9): loss 1/2 (V^w(s_t) - V^tbc_t)^2 with the target V^tbc_t = V(s_t) + min(1, rho_t)
      (Q^ret_t - V(s_t)) held fixed, i.e. the gradient step on V is min(1, rho_t) (Q^ret_t - V(s_t));
-  4. policy (Eq. 5): off-policy gradient min(c_max, rho_t) A-hat_t grad log pi^w(a_t|s_t), A-hat_t = Q^ret_t -
-     V^w(s_t) (the clip at c_max never binds under Rule 1; smarties keeps it);
+  4. policy (Eq. 5): off-policy gradient rho_t A-hat_t grad log pi^w(a_t|s_t), A-hat_t = Q^ret_t - V^w(s_t)
+     (smarties clips rho at c_max here, which never binds under Rule 1);
   5. Rule 2 (Eq. 10-11): the step is beta * (steps 3-4) - (1 - beta) grad D_KL(mu_t || pi^w(.|s_t)), the
      penalty on every sampled row, near or far (smarties scales the value gradient by beta too: so do we);
   6. one Adam step with the annealed rate lr / (1 + A t) (Eq. 13), t = gradient steps taken.
-Without hints (any sampler but ReF-ER's) c_max = inf and beta = 1: plain V-RACER. A batch that is all far
-with beta = 1 has nothing to learn from, so no optimizer step is taken (Adam's momentum would still move the
-parameters otherwise); the step counter still advances.
+c_max, beta and the annealing come from the ReF-ER sampler's hints (``replay.name = "refer"``: ``c_max``,
+``beta``, ``lr_scale``, ``refer_source``; the math is ``relive.agents.refer``'s). Without them (any other
+sampler) c_max = inf, beta = 1 and lr / (1 + A t) with this agent's own A and t: plain V-RACER. A batch that is
+all far with beta = 1 has nothing to learn from, so no optimizer step is taken (Adam's momentum would still
+move the parameters otherwise); the step counter still advances. ``refer_rule1`` / ``refer_rule2`` switch a
+rule off (the paper's ReF-ER-2 / ReF-ER-1). The agent's ``refer_log_rho`` serves the sampler's recounts.
 
 **Stored targets, and what is refreshed when.** The agent declares (``stored_columns``) the behaviour record
 ``mu_mean``/``mu_std`` (what ``act`` returns) and ``q_ret``. Its loop hooks (``loop_hooks``) keep ``q_ret``
@@ -73,12 +76,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from relive.agents import networks as nets
+from relive.agents import refer
 from relive.registry import register_agent
 from relive.train.hooks import EveryGradSteps, OnEpisodeEnd
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
 ACTIVATIONS = {"tanh": nn.Tanh, "softsign": nn.Softsign}
-KL_DIRECTIONS = ("mu_pi", "pi_mu")
 Q_RET_UNSET = float(np.finfo(np.float32).min)  # q_ret of a row whose target was never computed
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -104,12 +107,14 @@ class VRACERConfig:
     refresh_every_grad_steps: int = 1000  # recompute V, rho and Q^ret of every stored row this often (smarties)
     refresh_chunk_rows: int = 65536  # rows per forward pass of a refresh (whole episodes per chunk)
     kl_direction: str = "mu_pi"  # Rule 2 penalty: "mu_pi" = D_KL(mu || pi) (paper), "pi_mu" (smarties as built)
+    refer_rule1: bool = True  # under ReF-ER hints: far rows get no gradient (off: the paper's ReF-ER-2)
+    refer_rule2: bool = True  # under ReF-ER hints: beta * task - (1 - beta) grad KL (off: ReF-ER-1, beta = 1)
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
-        if self.kl_direction not in KL_DIRECTIONS:
-            raise ValueError(f"kl_direction must be one of {KL_DIRECTIONS}, got {self.kl_direction!r}")
+        if self.kl_direction not in refer.KL_DIRECTIONS:
+            raise ValueError(f"kl_direction must be one of {refer.KL_DIRECTIONS}, got {self.kl_direction!r}")
         if not self.hidden or min(self.hidden) < 1:
             raise ValueError(f"hidden must be a non-empty tuple of positive widths, got {self.hidden}")
         if not 0 <= self.gamma <= 1 or not 0 <= self.retrace_lambda <= 1:
@@ -125,32 +130,6 @@ class VRACERConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# -- ReF-ER pieces ----------------------------------------------------------------------------------------
-# TODO(relive.agents.refer): the shared ReF-ER module is being built on another branch; when it is merged,
-# switch these three to it (they are formula-identical: log-ratio clipped to [-7, 7], far iff rho outside
-# (1/c_max, c_max) with nothing far when c_max <= 1, diagonal-Gaussian KL).
-LOG_RHO_CLIP = 7.0
-
-
-def _clipped_log_rho(log_pi: torch.Tensor, log_mu: torch.Tensor) -> torch.Tensor:
-    """log rho = log pi - log mu, clipped to [-7, 7] (smarties ``importanceWeight``)."""
-    return (log_pi - log_mu).clamp(-LOG_RHO_CLIP, LOG_RHO_CLIP)
-
-
-def _is_far(rho: torch.Tensor, c_max: float) -> torch.Tensor:
-    """Rule 1's predicate: far-policy iff rho <= 1/c_max or rho >= c_max; with c_max <= 1 nothing is far."""
-    if not c_max > 1:
-        return torch.zeros_like(rho, dtype=torch.bool)
-    return (rho <= 1.0 / c_max) | (rho >= c_max)
-
-
-def _gaussian_kl(mean_p: torch.Tensor, std_p: torch.Tensor, mean_q: torch.Tensor, std_q: torch.Tensor) -> torch.Tensor:
-    """D_KL(p || q) of diagonal Gaussians, summed over the last dimension:
-    sum_i 1/2 [(s_p/s_q)^2 - 1 + ((m_q - m_p)/s_q)^2 - 2 log(s_p/s_q)]."""
-    ratio = std_p / std_q
-    return 0.5 * (ratio**2 - 1 + ((mean_q - mean_p) / std_q) ** 2 - 2 * torch.log(ratio)).sum(-1)
 
 
 # -- the policy's density and Retrace ------------------------------------------------------------------
@@ -314,15 +293,15 @@ class VRACER:
             o, a, m_mu, s_mu = (torch.as_tensor(x[i:i + step], dtype=torch.float32, device=self.device)
                                 for x in (obs, action, mu_mean, mu_std))
             v, mean, std = self.net(o)
-            log_rho = _clipped_log_rho(self.net.log_prob(mean, std, a), self.net.log_prob(m_mu, s_mu, a))
+            log_rho = refer.clipped_log_rho(self.net.log_prob(mean, std, a), self.net.log_prob(m_mu, s_mu, a))
             vs.append(v.cpu().numpy())
             lrs.append(log_rho.cpu().numpy())
         return np.concatenate(vs), np.concatenate(lrs)
 
-    def rho_of(self, obs: np.ndarray, action: np.ndarray, mu_mean: np.ndarray, mu_std: np.ndarray) -> np.ndarray:
-        """rho = pi(a|s) / mu(a|s) of stored rows under the current policy (log-ratio clipped to [-7, 7]), in
-        chunks: what a ReF-ER recount of the whole buffer needs from the agent. [n] float32."""
-        return np.exp(self._value_and_log_rho(obs, action, mu_mean, mu_std)[1])
+    def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
+        """The ReF-ER sampler's recount: clipped log rho of stored rows under the current policy (the censored
+        density, as in ``update``), in chunks: [n] NumPy."""
+        return self._value_and_log_rho(*(np.asarray(x, np.float32) for x in (obs, action, mu_mean, mu_std)))[1]
 
     @torch.no_grad()
     def targets_of(self, cols: dict, lengths: np.ndarray) -> np.ndarray:
@@ -376,19 +355,40 @@ class VRACER:
         self.num_refreshes += 1
 
     # -- the update --------------------------------------------------------------------------------------
-    def lr_now(self) -> float:
-        """eta(t) = eta / (1 + A t) (Eq. 13; smarties ``annealRate``)."""
-        return self.cfg.lr / (1.0 + self.cfg.lr_anneal * self.num_grad_steps)
+    def lr_now(self, hints=None) -> float:
+        """eta(t) = eta / (1 + A t) (Eq. 13; smarties ``annealRate``): the ReF-ER sampler's schedule when it
+        publishes one (``lr_scale`` hint, its own A and t), else this agent's ``lr_anneal`` and step count."""
+        if hints and "lr_scale" in hints:
+            return self.cfg.lr * float(hints["lr_scale"])
+        return refer.annealed_lr(self.cfg.lr, self.num_grad_steps, self.cfg.lr_anneal)
 
-    def losses(self, b: Batch, v: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, c_max: float = math.inf):
-        """Per-sample task loss (value + policy, zero on far rows), KL penalty, and diagnostics, from a forward
-        pass (v, mean, std) of a torch batch. Gradients: d/dV = -min(1, rho)(Q^ret - V) (Eq. 9 with the TBC
-        target of Eq. 7 held fixed); d/dw of the policy part = -min(c_max, rho) A-hat grad log pi (Eq. 5)."""
+    def refer_view(self, b: Batch) -> tuple[float, float, torch.Tensor]:
+        """(c_max, beta, covered [B]) from the ReF-ER sampler's hints (``relive.replay.samplers.refer``);
+        without them (any other sampler) c_max = inf and beta = 1: plain V-RACER. ``covered``: the rows of the
+        source the sampler keeps far-policy counts for (``refer_source``; all rows by default) -- the rules
+        apply to them only. ``refer_rule1`` / ``refer_rule2`` off give the paper's ReF-ER-2 / ReF-ER-1."""
+        hints, ones = b.info.hints, torch.ones(b.obs.shape[0], device=self.device)
+        if "c_max" not in hints:
+            return math.inf, 1.0, ones
+        c_max = float(hints["c_max"]) if self.cfg.refer_rule1 else math.inf
+        beta = float(hints["beta"]) if self.cfg.refer_rule2 else 1.0
+        source = int(hints.get("refer_source", refer.ALL_SOURCES))
+        covered = ones if source == refer.ALL_SOURCES else torch.as_tensor(
+            b.info.source == source, device=self.device).float()
+        return c_max, beta, covered
+
+    def losses(self, b: Batch, v: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, c_max: float = math.inf,
+               covered: torch.Tensor | None = None):
+        """Per-sample task loss (value + policy, zero on far rows), KL penalty (zero on uncovered rows), and
+        diagnostics, from a forward pass (v, mean, std) of a torch batch. Gradients: d/dV = -min(1, rho)
+        (Q^ret - V) (Eq. 9 with the TBC target of Eq. 7 held fixed); d/dw of the policy part = -rho A-hat
+        grad log pi (Eq. 5)."""
+        covered = torch.ones_like(v) if covered is None else covered
         log_pi = self.net.log_prob(mean, std, b.action)
         with torch.no_grad():
             log_mu = self.net.log_prob(b.mu_mean, b.mu_std, b.action)
-            rho = torch.exp(_clipped_log_rho(log_pi, log_mu))  # 1.
-            near = ~_is_far(rho, c_max)  # 2. Rule 1
+            rho = torch.exp(refer.clipped_log_rho(log_pi, log_mu))  # 1.
+            near = ~(refer.is_far(rho, c_max) & (covered > 0))  # 2. Rule 1
             q_ret = b.q_ret.to(v.dtype)
             unset = q_ret <= 0.5 * Q_RET_UNSET
             if bool(unset.any()):  # no stored target yet: one-step r + gamma (1 - terminated) V(s')
@@ -398,12 +398,9 @@ class VRACER:
             adv = q_ret - v  # A-hat = Q^ret - V(s)
             v_tbc = v + torch.clamp(rho, max=1.0) * adv  # Eq. 7
         value_loss = 0.5 * (v - v_tbc) ** 2  # 3. Eq. 9
-        pg_loss = -torch.clamp(rho, max=c_max) * adv * log_pi  # 4. Eq. 5
+        pg_loss = -rho * adv * log_pi  # 4. Eq. 5 (smarties clips rho at c_max here: never binds under Rule 1)
         task = near.to(v.dtype) * (value_loss + pg_loss)
-        if self.cfg.kl_direction == "mu_pi":  # 5. Rule 2's penalty, every row
-            kl = _gaussian_kl(b.mu_mean, b.mu_std, mean, std)
-        else:
-            kl = _gaussian_kl(mean, std, b.mu_mean, b.mu_std)
+        kl = refer.refer_kl(b.mu_mean, b.mu_std, mean, std, self.cfg.kl_direction) * covered  # 5. every row
         return task, kl, {"rho": rho, "near": near, "adv": adv, "q_ret": q_ret, "unset": unset,
                           "value_loss": value_loss.detach(), "pg_loss": pg_loss.detach()}
 
@@ -413,17 +410,14 @@ class VRACER:
             row = int(torch.nonzero(~(b.mu_std > 0))[0, 0])
             raise ValueError(f"batch row {row} (slot {int(batch.info.indices[row])}): the behaviour std mu_std must "
                              f"be > 0, got {b.mu_std[row].tolist()} (a row stored without a behaviour record?)")
-        hints = batch.info.hints
-        c_max = float(hints.get("c_max", math.inf))
-        beta = float(hints.get("beta", 1.0))
+        c_max, beta, covered = self.refer_view(b)
         w = b.info.is_weight
         v, mean, std = self.net(b.obs)  # 1.
-        task, kl, d = self.losses(b, v, mean, std, c_max)  # 2.-4.
+        task, kl, d = self.losses(b, v, mean, std, c_max, covered)  # 2.-4.
         loss = beta * nets.weighted_mean(task, w) + (1.0 - beta) * nets.weighted_mean(kl, w)  # 5. Eq. 10
-        lr = self.lr_now()
+        lr = self.lr_now(b.info.hints)
         if beta < 1.0 or bool(d["near"].any()):  # 6.
-            for g in self.opt.param_groups:
-                g["lr"] = lr
+            refer.set_lr(self.opt, lr)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             self.opt.step()
@@ -431,23 +425,24 @@ class VRACER:
             self.num_skipped_steps += 1
         self.num_grad_steps += 1
         rho, near = d["rho"], d["near"]
+        with torch.no_grad():
+            kl_behaviour = refer.gaussian_kl(b.mu_mean, b.mu_std, mean, std).mean().item()
         metrics = {
             "train/value_loss": (d["value_loss"] * near).mean().item(),
             "train/pg_loss": (d["pg_loss"] * near).mean().item(),
-            "train/kl": kl.detach().mean().item(),
+            "train/kl_behaviour": kl_behaviour,  # D_KL(mu || pi) of the replayed rows (the paper's Fig. 2 measure)
             "train/v_mean": v.detach().mean().item(),
             "train/q_ret_mean": d["q_ret"].mean().item(),
             "train/std_mean": std.detach().mean().item(),
             "train/rho_mean": rho.mean().item(),
-            "train/far_fraction": 1.0 - near.float().mean().item(),
             "train/unset_target_fraction": d["unset"].float().mean().item(),
-            "train/beta": beta,
             "train/lr": lr,
             "train/reward_scale": self.reward_scale,
         }
-        if math.isfinite(c_max):
-            metrics["train/c_max"] = c_max
-        signals = {"rho": rho.cpu().numpy().astype(np.float32), "td_error": d["adv"].cpu().numpy().astype(np.float32)}
+        if "c_max" in b.info.hints:
+            metrics |= {"train/refer_near_fraction": near.float().mean().item(), "train/refer_beta": beta,
+                        "train/refer_kl": kl.detach().mean().item()}
+        signals = {"rho": rho.cpu().numpy().astype(np.float64), "td_error": d["adv"].cpu().numpy()}
         return UpdateResult(metrics, signals)
 
     # -- state -----------------------------------------------------------------------------------------

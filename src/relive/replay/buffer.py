@@ -65,6 +65,7 @@ class ReplayBuffer:
         return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()})[0])
 
     def _write(self, source: int, rows: Mapping) -> np.ndarray:
+        self.sampler.check_insert(source, rows)
         slots = self.storage.write(source, rows)
         live = slots if slots.size == 0 or slots[0] >= 0 else slots[slots >= 0]  # -1s come first, if any
         if live.size:

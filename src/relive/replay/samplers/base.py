@@ -53,6 +53,10 @@ class Sampler:
     def on_insert(self, slots: np.ndarray) -> None:
         """Rows were written into ``slots`` (new or overwritten), all within this sampler's domain."""
 
+    def check_insert(self, source: int, rows) -> None:
+        """Raise ValueError if rows about to be written with ``source`` are unusable to this sampler (called
+        before anything is written, so a refused batch leaves the buffer unchanged)."""
+
     # -- sampling --------------------------------------------------------------------------------------
     def sample(self, batch_size: int, rng: np.random.Generator) -> Draw:
         n = self.num_rows()

@@ -50,6 +50,9 @@ class MixtureSampler(Sampler):
             self.offline.on_insert(slots[~online])
             self.online.on_insert(slots[online])
 
+    def check_insert(self, source: int, rows) -> None:
+        (self.offline if source == OFFLINE else self.online).check_insert(source, rows)
+
     def split(self, batch_size: int) -> tuple[int, int]:
         """(offline, online) row counts of a batch, given what is stored."""
         n_off, n_on = self.offline.num_rows(), self.online.num_rows()
