@@ -99,11 +99,10 @@ class VRACERConfig:
     init_std: float = 0.4472  # policy std at init, in units of the action half-range (smarties explNoise sqrt(.2))
     min_std: float = 1e-3  # lower bound of the std, in units of the action half-range (keeps rho and KL finite)
     lr: float = 1e-4  # Adam learning rate eta at t = 0 (smarties learnrate)
-    lr_anneal: float = 5e-7  # A in eta(t) = eta / (1 + A t), t = gradient steps (smarties epsAnneal)
+    lr_anneal: float = 5e-7  # A in eta / (1 + A t), t = gradient steps (smarties); ReF-ER: the lr_scale hint instead
     gamma: float = 0.995  # discount (smarties code default)
     retrace_lambda: float = 1.0  # trace factor lambda: 1 = the paper's Eq. 6 and the code default (default.json 0.95)
-    reward_scale: float | None = None  # rewards times this in the targets; None: 1 / RMS of the stored rewards,
-    #                                    re-estimated at every refresh (smarties updateRewardsStats)
+    reward_scale: float | None = None  # reward factor in the targets; None: 1 / RMS of stored rewards, per refresh
     refresh_every_grad_steps: int = 1000  # recompute V, rho and Q^ret of every stored row this often (smarties)
     refresh_chunk_rows: int = 65536  # rows per forward pass of a refresh (whole episodes per chunk)
     kl_direction: str = "mu_pi"  # Rule 2 penalty: "mu_pi" = D_KL(mu || pi) (paper), "pi_mu" (smarties as built)
