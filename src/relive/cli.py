@@ -12,6 +12,7 @@ COMMAND_MODULES = (
     "relive.train.cli",  # train, presets, demo
     "relive.data.cli",  # data make / list / info
     "relive.experiments.cli",  # bench run / report
+    "relive.agents.cli",  # bc, pld distill
 )
 
 
