@@ -169,3 +169,12 @@ def test_cli_bc_on_a_tiny_npz(tmp_path, capsys):
     assert info["episodes"] == 1 and info["rows"] == 200 and info["config"]["num_steps"] == 30
     base = load_base_policy(out, env_spec(make_env("Pendulum-v1")))
     assert base(np.zeros((3, 3), np.float32)).shape == (3, 1)
+
+
+def test_observation_statistics_and_constant_features():
+    rows = expert_rows(400)
+    rows["obs"][:, 2] = 7.0  # a feature constant in the data (the goal of a single demo)
+    policy, _ = train_bc(rows, LOW, HIGH, BCConfig(hidden=(8,), num_steps=1), seed=0)
+    np.testing.assert_allclose(policy.obs_mean.numpy(), rows["obs"].mean(0), rtol=1e-5)
+    np.testing.assert_allclose(policy.obs_std.numpy()[:2], rows["obs"].std(0)[:2], rtol=1e-5)
+    assert policy.obs_std[2] == 1.0  # centred, not divided by ~0

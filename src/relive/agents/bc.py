@@ -2,7 +2,8 @@
 fine-tuning step of its distillation stage).
 
 The policy is ``a = center + scale * tanh(f((s - mu) / sigma))``: an MLP ``f`` (``networks.mlp``) on
-standardized observations (mu, sigma from the training rows, kept as buffers), squashed into the action box.
+standardized observations (mu, sigma from the training rows, kept as buffers; sigma = 1 for features that
+barely vary in them), squashed into the action box.
 The loss is the mean squared error to the dataset action,
 
     L(theta) = E_{(s, a) ~ D} || pi_theta(s) - a ||^2,
@@ -36,6 +37,7 @@ from relive.data.columns import split_episodes
 
 KIND = "bc_policy"
 POLICY_DIR = "policy"  # inside a `relive bc --out DIR` directory
+MIN_OBS_STD = 1e-2  # observation features with a smaller std in the training rows are not rescaled
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,9 @@ def train_bc(rows: dict, action_low, action_high, config: BCConfig | None = None
     if config.normalize_obs and len(obs):
         with torch.no_grad():
             policy.obs_mean.copy_(torch.as_tensor(obs.mean(0)))
-            policy.obs_std.copy_(torch.as_tensor(np.maximum(obs.std(0), 1e-3)))
+            std = obs.std(0)  # features (almost) constant in the data, e.g. the goal of a single demo, are
+            #                   centred but not scaled: dividing by a tiny std would blow up unseen values
+            policy.obs_std.copy_(torch.as_tensor(np.where(std < MIN_OBS_STD, 1.0, std).astype(np.float32)))
     losses = fit(policy, rows, config.num_steps, config.batch_size, config.lr, seed + 1, progress)
     return policy, losses
 

@@ -168,7 +168,7 @@ def run_distill(args: argparse.Namespace) -> int:
             raise
         raise ValueError("`relive pld distill` loads the residual policy with relive.agents.residual_sac."
                          "load_residual(run_dir), which this version does not have (the residual SAC agent is "
-                         "not installed); call relive.agents.distill.distill with your own residual callable")
+                         "not installed); call relive.agents.distill.distill with your own residual callable") from None
     if not hasattr(residual_sac, "load_residual"):
         raise ValueError("relive.agents.residual_sac has no load_residual(run_dir) -> residual(obs, base_action)")
     residual = residual_sac.load_residual(run_dir)
