@@ -103,6 +103,11 @@ def test_episode_selection_counts():
     # success by return threshold: returns are the lengths 3, 2, 4, 1
     np.testing.assert_array_equal(episode_successes(rows, success_return=3), [True, False, True, False])
     assert set(select_episodes(rows, successful_only=True, success_return=3)["ep"]) == {0, 2}
+    skipped = select_episodes(rows, episodes=2, skip=1)
+    assert len(skipped["obs"]) == 6 and set(skipped["ep"]) == {1, 2}
+    assert set(select_episodes(rows, episodes=1, successful_only=True, skip=1)["ep"]) == {3}
+    with pytest.raises(ValueError, match="skip must be in"):
+        select_episodes(rows, skip=4)
     with pytest.raises(ValueError, match="asked for 3 successful episodes, the dataset has 2"):
         select_episodes(rows, episodes=3, successful_only=True)
     with pytest.raises(ValueError, match="no successful episode"):

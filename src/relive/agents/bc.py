@@ -107,22 +107,27 @@ def episode_successes(rows: dict, success_return: float | None = None) -> np.nda
 
 
 def select_episodes(rows: dict, episodes: int | None = None, successful_only: bool = False,
-                    success_return: float | None = None) -> dict:
-    """Rows of whole episodes: only successful ones if asked (see :func:`episode_successes`), then the first
-    ``episodes`` of them (few demos). Raises a ValueError when fewer episodes than asked are available."""
+                    success_return: float | None = None, skip: int = 0) -> dict:
+    """Rows of whole episodes: only successful ones if asked (see :func:`episode_successes`), then, after
+    skipping the first ``skip`` of them, the next ``episodes`` (few demos; ``skip`` picks another demo set).
+    Raises a ValueError when fewer episodes than asked are available."""
     slices = split_episodes(rows)
     if successful_only:
         ok = episode_successes(rows, success_return)
         slices = [sl for sl, s in zip(slices, ok, strict=True) if s]
+    if not slices:
+        raise ValueError("no episodes to train on" + (" (no successful episode)" if successful_only else ""))
+    if skip < 0 or skip >= len(slices):
+        raise ValueError(f"skip must be in [0, {len(slices)}) (the number of episodes), got {skip}")
+    slices = slices[skip:]
     if episodes is not None:
         if episodes < 1:
             raise ValueError(f"episodes must be >= 1, got {episodes}")
         if episodes > len(slices):
             what = "successful episodes" if successful_only else "episodes"
-            raise ValueError(f"asked for {episodes} {what}, the dataset has {len(slices)}")
+            after = f" after skipping {skip}" if skip else ""
+            raise ValueError(f"asked for {episodes} {what}, the dataset has {len(slices)}{after}")
         slices = slices[:episodes]
-    if not slices:
-        raise ValueError("no episodes left to train on" + (" (no successful episode)" if successful_only else ""))
     idx = np.concatenate([np.arange(sl.start, sl.stop) for sl in slices])
     return {k: np.asarray(v)[idx] for k, v in rows.items()}
 

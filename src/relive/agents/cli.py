@@ -18,6 +18,8 @@ def add_parsers(subparsers) -> None:
                    "relive .npz")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--episodes", type=int, help="use only the first N episodes (after --successful-only)")
+    p.add_argument("--skip-episodes", type=int, default=0, help="skip this many (successful) episodes first: "
+                   "another set of few demos")
     p.add_argument("--successful-only", action="store_true", help="use only successful episodes (goal tasks: "
                    "ended by termination; with --success-return: return >= it)")
     p.add_argument("--success-return", type=float, help="success = episode return >= this (MuJoCo tasks), for "
@@ -95,7 +97,7 @@ def run_bc(args: argparse.Namespace) -> int:
     rows, meta = load_rows(args.dataset, root=args.root)
     env_id = args.env or meta.get("env_id") or None
     n_all = len(rows["obs"])
-    rows = select_episodes(rows, args.episodes, args.successful_only, args.success_return)
+    rows = select_episodes(rows, args.episodes, args.successful_only, args.success_return, args.skip_episodes)
     from relive.data.columns import split_episodes
 
     n_episodes = len(split_episodes(rows))
@@ -112,6 +114,7 @@ def run_bc(args: argparse.Namespace) -> int:
         policy, losses = train_bc(rows, low, high, config, seed=args.seed, progress=advance)
     tail = float(losses[-min(100, len(losses)):].mean()) if len(losses) else float("nan")
     info = {"dataset": str(args.dataset), "env_id": env_id, "episodes": n_episodes, "rows": int(len(rows["obs"])),
+            "skip_episodes": args.skip_episodes,
             "successful_only": args.successful_only, "success_return": args.success_return, "seed": args.seed,
             "config": config_dict(config), "loss_first": float(losses[0]) if len(losses) else None,
             "loss_last100": tail}
