@@ -69,9 +69,6 @@ class BasePolicy:
         a = self.torch(o).cpu().numpy().astype(np.float32, copy=False)
         return a[0] if single else a
 
-    def parameters(self) -> list[torch.Tensor]:
-        return list(self.module.state_dict().values())
-
     def digest(self) -> str:
         """SHA-256 over every parameter and buffer: equal digests = bit-identical weights."""
         h = hashlib.sha256()
