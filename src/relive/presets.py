@@ -6,8 +6,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from relive.agents.cal_ql import CalQLConfig
+from relive.agents.ddpg import DDPGConfig
 from relive.agents.ddqn import DDQNConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
+from relive.agents.sac_refer import SACReFERConfig
 from relive.config import ExperimentConfig, ReplayConfig, ScheduleConfig
 
 
@@ -21,7 +23,7 @@ def rlpd() -> ExperimentConfig:
     sampling, no offline pre-training, 5000 random warm-up steps (Ball et al. 2023)."""
     return ExperimentConfig(preset="rlpd", agent_kind="sac", agent=SACConfig.rlpd(),
                             schedule=ScheduleConfig(utd_ratio=20, num_warmup_env_steps=5000),
-                            replay=ReplayConfig(name="symmetric", offline_fraction=RLPD_OFFLINE_FRACTION))
+                            replay=ReplayConfig.of("symmetric", offline_fraction=RLPD_OFFLINE_FRACTION))
 
 
 def calql() -> ExperimentConfig:
@@ -29,7 +31,7 @@ def calql() -> ExperimentConfig:
     budgets scaled down); calibration stays on online with true online returns-to-go (official Cal-QL)."""
     return ExperimentConfig(preset="calql", agent_kind="calql", agent=CalQLConfig(),
                             schedule=ScheduleConfig(num_offline_grad_steps=20_000, num_warmup_env_steps=0),
-                            replay=ReplayConfig(name="symmetric"))
+                            replay=ReplayConfig.of("symmetric"))
 
 
 def calql_arb() -> ExperimentConfig:
@@ -38,8 +40,8 @@ def calql_arb() -> ExperimentConfig:
     online (the ARB code inherits CORL's Cal-QL)."""
     cfg = calql()
     return replace(cfg, preset="calql_arb", agent=replace(cfg.agent, calibrate_online=False),
-                   schedule=replace(cfg.schedule, env_steps_per_chunk=1000, refresh_every_grad_steps=1000),
-                   replay=ReplayConfig(name="arb", arb_temperature=5.0))
+                   schedule=replace(cfg.schedule, env_steps_per_chunk=1000),
+                   replay=ReplayConfig.of("arb", temperature=5.0, refresh_every_grad_steps=1000))
 
 
 def ddqn() -> ExperimentConfig:
@@ -47,17 +49,61 @@ def ddqn() -> ExperimentConfig:
     return ExperimentConfig(preset="ddqn", agent_kind="ddqn", agent=DDQNConfig(),
                             schedule=ScheduleConfig(num_online_env_steps=50_000, batch_size=64,
                                                     num_warmup_env_steps=1000),
-                            replay=ReplayConfig(name="uniform", capacity=100_000))
+                            replay=ReplayConfig.of("uniform", capacity=100_000))
 
 
 def ddqn_per() -> ExperimentConfig:
     """Double DQN with proportional PER (alpha 0.6, beta 0.4 -> 1)."""
     cfg = ddqn()
-    return replace(cfg, preset="ddqn_per", replay=replace(cfg.replay, name="per"))
+    return replace(cfg, preset="ddqn_per", replay=ReplayConfig.of("per", capacity=cfg.replay.capacity))
+
+
+REFER_CAPACITY = 2**18  # the ReF-ER paper's buffer (N), for every DDPG variant of its Fig. 1
+
+
+def ddpg() -> ExperimentConfig:
+    """DDPG with uniform replay (ER), Gaussian exploration sigma 0.2, a 2^18-row buffer; warm-up with the initial
+    policy (as smarties fills its buffer), the same schedule for every DDPG variant of ReF-ER's Fig. 1."""
+    return ExperimentConfig(preset="ddpg", agent_kind="ddpg", agent=DDPGConfig(),
+                            schedule=ScheduleConfig(warmup_policy="agent"),
+                            replay=ReplayConfig.of("uniform", capacity=REFER_CAPACITY))
+
+
+def ddpg_per() -> ExperimentConfig:
+    """DDPG with proportional PER (alpha 0.6, beta 0.4 -> 1)."""
+    return replace(ddpg(), preset="ddpg_per", replay=ReplayConfig.of("per", capacity=REFER_CAPACITY))
+
+
+def ddpg_refer() -> ExperimentConfig:
+    """DDPG with ReF-ER (Novati & Koumoutsakos 2019): C 4, D 0.1, A 5e-7, both rules; rows carry their behaviour
+    (the actor's mean and sigma), so warm-up uses the agent's policy, not random actions (which have no record)."""
+    return replace(ddpg(), preset="ddpg_refer", replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
+
+
+def ddpg_refer1() -> ExperimentConfig:
+    """DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1."""
+    cfg = ddpg_refer()
+    return replace(cfg, preset="ddpg_refer1", agent=replace(cfg.agent, refer_rule2=False))
+
+
+def ddpg_refer2() -> ExperimentConfig:
+    """DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2."""
+    cfg = ddpg_refer()
+    return replace(cfg, preset="ddpg_refer2", agent=replace(cfg.agent, refer_rule1=False))
+
+
+def sac_refer() -> ExperimentConfig:
+    """SAC with ReF-ER's rules (our extension: far rows masked, KL to the pre-squash behaviour, beta on the actor
+    loss, temperature untouched); warm-up with the agent's policy (random actions have no behaviour record)."""
+    return ExperimentConfig(preset="sac_refer", agent_kind="sac_refer", agent=SACReFERConfig(),
+                            schedule=ScheduleConfig(warmup_policy="agent"),
+                            replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
 
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "ddqn": ddqn, "ddqn_per": ddqn_per,
+    "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
+    "ddpg_refer2": ddpg_refer2, "sac_refer": sac_refer,
 }
 
 

@@ -65,11 +65,18 @@ class ReplayBuffer:
         return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()})[0])
 
     def _write(self, source: int, rows: Mapping) -> np.ndarray:
+        self.sampler.check_insert(source, rows)
         slots = self.storage.write(source, rows)
         live = slots if slots.size == 0 or slots[0] >= 0 else slots[slots >= 0]  # -1s come first, if any
         if live.size:
             self.sampler.on_insert(live)
         return slots
+
+    def episode_slots_of(self, slot: int) -> np.ndarray:
+        """Slots of the stored rows of the episode that holds ``slot``, in time order."""
+        st = self.storage
+        view = st.episodes.get([int(st.meta["episode_id"][int(st.check_slots([slot])[0])])])
+        return st.episode_slots(view.start, view.length, view.source)
 
     def set_column(self, name: str, indices, values) -> None:
         """Fill an extra column of stored rows (e.g. ``mc_return`` when an episode ends)."""

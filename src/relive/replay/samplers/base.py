@@ -35,8 +35,11 @@ class Sampler:
 
     # -- wiring ----------------------------------------------------------------------------------------
     def bind(self, storage, source: int | None = None) -> None:
-        """Attach to ``storage``; ``source`` restricts the sampler to offline (0) or online (1) rows."""
-        self.storage = storage
+        """Attach to ``storage`` (read through a :class:`~relive.replay.storage.StorageView`: samplers never write
+        rows); ``source`` restricts the sampler to offline (0) or online (1) rows."""
+        from relive.replay.storage import StorageView
+
+        self.storage = storage if isinstance(storage, StorageView) else StorageView(storage)
         self.source = source
 
     def domain(self) -> tuple[int, int]:
@@ -49,6 +52,10 @@ class Sampler:
 
     def on_insert(self, slots: np.ndarray) -> None:
         """Rows were written into ``slots`` (new or overwritten), all within this sampler's domain."""
+
+    def check_insert(self, source: int, rows) -> None:
+        """Raise ValueError if rows about to be written with ``source`` are unusable to this sampler (called
+        before anything is written, so a refused batch leaves the buffer unchanged)."""
 
     # -- sampling --------------------------------------------------------------------------------------
     def sample(self, batch_size: int, rng: np.random.Generator) -> Draw:
