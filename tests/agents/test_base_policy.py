@@ -105,6 +105,17 @@ def test_sac_run_and_agent_directories_give_the_deterministic_mean_action(tmp_pa
     np.testing.assert_allclose(load_base_policy(tmp_path / "lone_agent", spec())(obs), want, atol=1e-6)
 
 
+def test_ddpg_agent_directory_gives_its_deterministic_actor(tmp_path):
+    from relive.agents.ddpg import DDPG, DDPGConfig
+
+    agent = DDPG(OBS, ACT, LOW, HIGH, DDPGConfig(hidden=(16, 8)), seed=2)
+    save_tree(tmp_path / "ddpg_agent", agent.state_dict(), kind="agent")
+    base = load_base_policy(tmp_path / "ddpg_agent", spec())
+    obs = obs_batch()
+    np.testing.assert_allclose(base(obs), expected(agent.actor, obs), atol=1e-6)
+    assert "DDPG" in base.describe()
+
+
 def test_sac_run_whose_config_disagrees_with_the_weights_is_rejected(tmp_path):
     run = _write_run(tmp_path, _sac(hidden=(32, 32)), hidden=(64, 64))
     with pytest.raises(ValueError, match=r"hidden=\(64, 64\).*\(32, 32\)"):

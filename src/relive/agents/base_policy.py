@@ -3,9 +3,9 @@ theta never updated).
 
 ``load_base_policy(path, spec)`` accepts
   (a) a relive run directory (``<run>/config.json`` + ``<run>/agent_final``) or an agent directory written by
-      ``save_tree(..., kind="agent")`` (``agent_final``, ``snapshots/agent_N``) of a SAC / RLPD / Cal-QL run:
-      the actor's deterministic action center + scale * tanh(mu(s)) (``TanhGaussianActor``, hidden sizes from
-      the run's config.json, else read off the weight shapes);
+      ``save_tree(..., kind="agent")`` (``agent_final``, ``snapshots/agent_N``) of a SAC / RLPD / Cal-QL run
+      (the actor's deterministic action center + scale * tanh(mu(s))) or of a DDPG run (its deterministic
+      actor); layer sizes read off the weights and checked against the run's config.json when there is one;
   (b) a behaviour-cloning directory written by ``relive bc`` (``relive.agents.bc``);
   (c) a saved torch module mapping float32 obs [N, obs_dim] to actions [N, A]: a TorchScript file
       (``torch.jit.save``), a ``torch.export.save`` program (``.pt2``; exported with a dynamic batch
@@ -160,9 +160,9 @@ def _load_directory(p: Path) -> tuple[nn.Module, str]:
     if _manifest_kind(p) == bc.KIND or _manifest_kind(p / bc.POLICY_DIR) == bc.KIND:
         return bc.load_bc_policy(p), "behaviour-cloning MLP"
     if _manifest_kind(p) == "agent":
-        return _load_agent(p), "SAC actor (deterministic mean)"
+        return _load_agent(p)
     if (p / "agent_final").is_dir():
-        return _load_agent(p / "agent_final"), "SAC actor (deterministic mean)"
+        return _load_agent(p / "agent_final")
     if (p / "config.json").is_file():
         raise ValueError(f"base policy {p}: a run directory without agent_final/ (the run has not finished)")
     for f in ("policy.safetensors", "model.safetensors"):
@@ -182,7 +182,9 @@ def _run_config(agent_dir: Path):
     return None
 
 
-def _load_agent(agent_dir: Path) -> nn.Module:
+def _load_agent(agent_dir: Path) -> tuple[nn.Module, str]:
+    """The deterministic action of a saved agent's actor: a SAC-family ``TanhGaussianActor`` (weights
+    ``trunk__*``: center + scale * tanh(mu(s))) or DDPG's ``DeterministicActor`` (weights ``net__*``)."""
     from relive.replay.checkpoint import CheckpointError, load_tree
 
     try:
@@ -192,26 +194,33 @@ def _load_agent(agent_dir: Path) -> nn.Module:
     if "actor" not in state:
         raise ValueError(f"base policy {agent_dir}: the agent has no actor (a DDQN run cannot be a base policy)")
     actor_state = state["actor"]
-    weights = sorted((k for k in actor_state if k.startswith("trunk__") and k.endswith("__weight")),
+    prefix = "trunk" if any(k.startswith("trunk__") for k in actor_state) else "net"
+    weights = sorted((k for k in actor_state if k.startswith(f"{prefix}__") and k.endswith("__weight")),
                      key=lambda k: int(k.split("__")[1]))
+    if not weights or "scale" not in actor_state or "center" not in actor_state:
+        raise ValueError(f"base policy {agent_dir}: unknown actor layout (keys {sorted(actor_state)[:6]}...)")
     shapes = [np.asarray(actor_state[k]).shape for k in weights]  # [out, in] per linear layer
-    obs_dim, action_dim = shapes[0][1], shapes[-1][0] // 2
+    obs_dim, out_dim = shapes[0][1], shapes[-1][0]
     hidden = tuple(s[0] for s in shapes[:-1])
     cfg = _run_config(agent_dir)
-    if cfg is not None:
-        if cfg.agent_kind not in ("sac", "calql"):
-            raise ValueError(f"base policy {agent_dir}: agent kind {cfg.agent_kind!r} has no continuous actor")
-        if tuple(cfg.agent.hidden) != hidden:
-            raise ValueError(f"base policy {agent_dir}: config.json says hidden={tuple(cfg.agent.hidden)}, the "
-                             f"saved actor has {hidden}")
+    cfg_hidden = getattr(getattr(cfg, "agent", None), "hidden", None)
+    if cfg_hidden is not None and tuple(cfg_hidden) != hidden:
+        raise ValueError(f"base policy {agent_dir}: config.json says hidden={tuple(cfg_hidden)}, the saved actor "
+                         f"has {hidden}")
     low = np.asarray(actor_state["center"]) - np.asarray(actor_state["scale"])
     high = np.asarray(actor_state["center"]) + np.asarray(actor_state["scale"])
     with nets.private_rng():
-        actor = nets.TanhGaussianActor(obs_dim, action_dim, hidden, low, high)
+        if prefix == "trunk":
+            actor = nets.TanhGaussianActor(obs_dim, out_dim // 2, hidden, low, high)
+            module, kind = _ActorMean(actor), "SAC actor (deterministic mean)"
+        else:
+            from relive.agents.ddpg import DeterministicActor
+
+            actor = module = DeterministicActor(obs_dim, out_dim, hidden, low, high)
+            kind = "DDPG actor"
     nets.load_module_state(actor, actor_state)
-    module = _ActorMean(actor)
     module.obs_dim = obs_dim
-    return module
+    return module, kind
 
 
 # -- the safetensors MLP format -------------------------------------------------------------------------------------
