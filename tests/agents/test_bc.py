@@ -183,3 +183,26 @@ def test_observation_statistics_and_constant_features():
     np.testing.assert_allclose(policy.obs_mean.numpy(), rows["obs"].mean(0), rtol=1e-5)
     np.testing.assert_allclose(policy.obs_std.numpy()[:2], rows["obs"].std(0)[:2], rtol=1e-5)
     assert policy.obs_std[2] == 1.0  # centred, not divided by ~0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--steps", "0"], "argument --steps: expected a positive integer, got 0"),
+    (["--episodes", "-1"], "argument --episodes"),
+    (["--lr", "nan"], "argument --lr: expected a positive number"),
+    (["--eval-episodes", "-2"], "argument --eval-episodes: expected a non-negative integer"),
+])
+def test_cli_bc_rejects_bad_arguments(tmp_path, capsys, argv, message):
+    from relive.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["bc", "--dataset", str(tmp_path / "x.npz"), "--out", str(tmp_path / "o"), *argv])
+    assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_bc_refused_input_is_one_line(tmp_path, capsys):
+    from relive.cli import main
+
+    assert main(["bc", "--dataset", str(tmp_path / "missing.npz"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("relive: error:") and "missing.npz" in err and err.count("\n") == 1
+

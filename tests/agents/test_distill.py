@@ -169,14 +169,16 @@ def test_cli_distill(tmp_path, monkeypatch, capsys):
             "--eval-episodes", "0"]
     if "relive.agents.residual_sac" not in sys.modules:
         with pytest.raises(ValueError, match="load_residual"):
-            main(args)
+            main(["--debug", *args])
+        assert main(args) == 2 and "load_residual" in capsys.readouterr().err  # one line, exit code 2
     fake = types.ModuleType("relive.agents.residual_sac")
     fake.load_residual = lambda run_dir: full_speed
     monkeypatch.setitem(sys.modules, "relive.agents.residual_sac", fake)
     with pytest.raises(ValueError, match="pass --env and --base"):
-        main(args)
+        main(["--debug", *args])
     (run / "config.json").write_text(json.dumps({"env": {"id": "LineGoal-v0"},
                                                  "agent": {"base_policy": str(base_dir)}}))
+    capsys.readouterr()
     assert main(args) == 0
     assert '"successful_episodes"' in capsys.readouterr().out
     assert (tmp_path / "new" / "policy" / "MANIFEST.json").is_file()

@@ -6,6 +6,19 @@ import argparse
 import json
 from pathlib import Path
 
+from relive.cli import positive_float, positive_int
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type`` for a count that may be 0 (``--eval-episodes 0``: no evaluation)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
 
 def add_parsers(subparsers) -> None:
     p = subparsers.add_parser(
@@ -17,23 +30,24 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--dataset", required=True, help="a local Minari dataset id or directory, a D4RL .hdf5 or a "
                    "relive .npz")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--episodes", type=int, help="use only the first N episodes (after --successful-only)")
-    p.add_argument("--skip-episodes", type=int, default=0, help="skip this many (successful) episodes first: "
-                   "another set of few demos")
+    p.add_argument("--episodes", type=positive_int, help="use only the first N episodes (after --successful-only)")
+    p.add_argument("--skip-episodes", type=non_negative_int, default=0, help="skip this many (successful) "
+                   "episodes first: another set of few demos")
     p.add_argument("--successful-only", action="store_true", help="use only successful episodes (goal tasks: "
                    "ended by termination; with --success-return: return >= it)")
     p.add_argument("--success-return", type=float, help="success = episode return >= this (MuJoCo tasks), for "
                    "the episode filter and the evaluation")
-    p.add_argument("--steps", type=int, default=5000, help="gradient steps (default 5000)")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--steps", type=positive_int, default=5000, help="gradient steps (default 5000)")
+    p.add_argument("--batch-size", type=positive_int, default=256)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--hidden", default="256,256", help="hidden widths, comma-separated (default 256,256)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initialization and minibatches (default 0)")
     p.add_argument("--env", help="environment for the evaluation (default: the dataset's)")
-    p.add_argument("--eval-episodes", type=int, default=50, help="evaluation episodes (0: none; default 50)")
+    p.add_argument("--eval-episodes", type=non_negative_int, default=50,
+                   help="evaluation episodes (0: none; default 50)")
     p.add_argument("--eval-seed", type=int, default=10_000, help="first reset seed of the evaluation")
     p.add_argument("--root", help="Minari datasets root")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=run_bc)
 
@@ -46,19 +60,20 @@ def add_parsers(subparsers) -> None:
                                    "Repeat with --base OUT for the data flywheel.")
     d.add_argument("--run", required=True, help="a residual SAC run directory (read by "
                    "relive.agents.residual_sac.load_residual)")
-    d.add_argument("--episodes", type=int, required=True, help="hybrid episodes to roll out")
+    d.add_argument("--episodes", type=positive_int, required=True, help="hybrid episodes to roll out")
     d.add_argument("--out", required=True, help="directory of the new base policy")
     d.add_argument("--base", help="the base policy to fine-tune (a `relive bc` directory; default: the run's)")
     d.add_argument("--env", help="environment (default: the run's env.id)")
     d.add_argument("--success-return", type=float, help="success = episode return >= this (tasks without "
                    "info['success'])")
-    d.add_argument("--horizon", type=int, help="H of T_base ~ U{0..H} (default: the env's time limit)")
-    d.add_argument("--steps", type=int, default=2000, help="BC fine-tuning gradient steps (default 2000)")
-    d.add_argument("--lr", type=float, default=3e-4)
-    d.add_argument("--batch-size", type=int, default=256)
+    d.add_argument("--horizon", type=non_negative_int, help="H of T_base ~ U{0..H} (default: the env's time limit)")
+    d.add_argument("--steps", type=positive_int, default=2000, help="BC fine-tuning gradient steps (default 2000)")
+    d.add_argument("--lr", type=positive_float, default=3e-4)
+    d.add_argument("--batch-size", type=positive_int, default=256)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--eval-episodes", type=int, default=50, help="evaluate the old and the new base (0: none)")
-    d.add_argument("--threads", type=int, default=1)
+    d.add_argument("--eval-episodes", type=non_negative_int, default=50,
+                   help="evaluate the old and the new base (0: none)")
+    d.add_argument("--threads", type=positive_int, default=1)
     d.set_defaults(func=run_distill)
 
 
