@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "relive.train.cli",  # train, presets, demo
     "relive.data.cli",  # data make / list / info
     "relive.experiments.cli",  # bench run / report
+    "relive.agents.cli",  # bc, pld distill
 )
 
 EXIT_USAGE = 2  # argparse's exit code for a bad command line; relive uses it for every refused input

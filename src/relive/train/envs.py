@@ -60,3 +60,67 @@ def random_actions(spec: EnvSpec, n: int, rng: np.random.Generator) -> np.ndarra
     if spec.discrete:
         return rng.integers(0, spec.num_actions, n)
     return rng.uniform(spec.action_low, spec.action_high, (n, *spec.action_shape)).astype(np.float32)
+
+
+# -- success signals (goal-reaching tasks; PLD's success-filtered data) ----------------------------------
+SUCCESS_INFO_PREFIXES = ROBOTICS_PREFIXES  # tasks whose step info carries their own "success" flag
+
+
+def reports_success(env: gym.Env) -> bool:
+    """True when ``env`` puts its own ``info["success"]`` on every step: the Gymnasium-Robotics mazes (made
+    episodic by :func:`make_env`, so an episode terminates exactly when it succeeds), an env wrapped by
+    :func:`with_success`, or any env whose unwrapped class sets ``reports_success = True``."""
+    if isinstance(env, ReturnThresholdSuccess) or getattr(env.unwrapped, "reports_success", False):
+        return True
+    e = env
+    while isinstance(e, gym.Wrapper):  # a ReturnThresholdSuccess below other wrappers
+        if isinstance(e, ReturnThresholdSuccess):
+            return True
+        e = e.env
+    return env.spec is not None and env.spec.id.startswith(SUCCESS_INFO_PREFIXES)
+
+
+class ReturnThresholdSuccess(gym.Wrapper):
+    """Success for tasks without a goal (MuJoCo locomotion): ``info["success"]`` = the episode's return so far
+    >= ``success_return``. At the last step of an episode that is "episode return >= threshold"."""
+
+    def __init__(self, env: gym.Env, success_return: float):
+        super().__init__(env)
+        if not np.isfinite(success_return):
+            raise ValueError(f"success_return must be a finite number, got {success_return}")
+        self.success_return = float(success_return)
+        self.episode_return = 0.0
+
+    def reset(self, **kwargs):
+        self.episode_return = 0.0
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.episode_return += float(reward)
+        info = dict(info, success=self.episode_return >= self.success_return)
+        return obs, reward, terminated, truncated, info
+
+
+def with_success(env: gym.Env, success_return: float | None = None) -> gym.Env:
+    """``env`` with a success signal in ``info["success"]``: the task's own (PointMaze, AntMaze) when
+    ``success_return`` is None, else "episode return >= success_return" (which then replaces the task's
+    own). Raises a ValueError when the task has no success signal and no threshold is given."""
+    if success_return is not None:
+        return ReturnThresholdSuccess(env, success_return)
+    if not reports_success(env):
+        name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+        raise ValueError(f"{name} has no success signal (only {', '.join(SUCCESS_INFO_PREFIXES)} tasks report "
+                         "info['success']); pass a return threshold (success_return / --success-return) so that "
+                         "success = episode return >= threshold")
+    return env
+
+
+def episode_success(info: dict, env: gym.Env | None = None) -> bool:
+    """Whether the episode that just ended succeeded, from its last step's ``info`` (an env made by
+    :func:`with_success`). A ValueError names the env when the info carries no success flag."""
+    if "success" not in info:
+        name = env.spec.id if env is not None and env.spec is not None else "this environment"
+        raise ValueError(f"{name} reports no info['success']; wrap it with relive.train.envs.with_success(env, "
+                         "success_return=...) to define success as episode return >= a threshold")
+    return bool(info["success"])

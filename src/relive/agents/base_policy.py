@@ -1,0 +1,267 @@
+"""Frozen base policies for residual RL (PLD, arXiv 2511.00091; spec §1.1 and §6.1: a_base = pi_theta(x),
+theta never updated).
+
+``load_base_policy(path, spec)`` accepts
+  (a) a relive run directory (``<run>/config.json`` + ``<run>/agent_final``) or an agent directory written by
+      ``save_tree(..., kind="agent")`` (``agent_final``, ``snapshots/agent_N``) of a SAC / RLPD / Cal-QL run
+      (the actor's deterministic action center + scale * tanh(mu(s))) or of a DDPG run (its deterministic
+      actor); layer sizes read off the weights and checked against the run's config.json when there is one;
+  (b) a behaviour-cloning directory written by ``relive bc`` (``relive.agents.bc``);
+  (c) a saved torch module mapping float32 obs [N, obs_dim] to actions [N, A]: a TorchScript file
+      (``torch.jit.save``), a ``torch.export.save`` program (``.pt2``; exported with a dynamic batch
+      dimension), or an MLP state dict in safetensors with a JSON description beside it (same name,
+      ``.json``; see :func:`save_mlp_safetensors` for the layout).
+The result is a :class:`BasePolicy`: eval mode, ``requires_grad_(False)``, no optimizer; calling it never
+changes a parameter (``digest()`` lets a test or a run check that).
+
+Example::
+
+    base = load_base_policy("runs/bc-umaze", env_spec(make_env("PointMaze_UMaze-v3")))
+    a_base = base(obs)                        # [N, obs_dim] -> [N, action_dim] float32, deterministic
+    a_base_t = base.torch(obs_tensor)         # the same on tensors, for a critic target (no grad)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from relive.agents import networks as nets
+
+TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
+
+
+class _ActorMean(nn.Module):
+    """A SAC actor's deterministic action: center + scale * tanh(mu(s))."""
+
+    def __init__(self, actor: nets.TanhGaussianActor):
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.actor.squash(self.actor(obs)[0])
+
+
+class BasePolicy:
+    """A frozen deterministic policy ``obs [N, obs_dim] -> action [N, action_dim]`` (NumPy float32)."""
+
+    def __init__(self, module: nn.Module, obs_dim: int, action_dim: int, kind: str, source: str,
+                 device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        self.module = _eval_mode(module.to(self.device))
+        for p in self.module.parameters():  # (TorchScript modules have no requires_grad_)
+            p.requires_grad_(False)
+        self.obs_dim, self.action_dim = int(obs_dim), int(action_dim)
+        self.kind, self.source = kind, str(source)
+
+    @torch.no_grad()
+    def torch(self, obs: torch.Tensor) -> torch.Tensor:
+        """Base actions of a float32 tensor of observations [N, obs_dim] -> [N, action_dim] (no gradient)."""
+        return self.module(obs)
+
+    def __call__(self, obs) -> np.ndarray:
+        o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        a = self.torch(o).cpu().numpy().astype(np.float32, copy=False)
+        return a[0] if single else a
+
+    def digest(self) -> str:
+        """SHA-256 over every parameter and buffer: equal digests = bit-identical weights."""
+        h = hashlib.sha256()
+        for k, v in sorted(self.module.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+    def describe(self) -> str:
+        n = sum(int(v.numel()) for v in self.module.state_dict().values())
+        return (f"frozen {self.kind} base policy from {self.source}: obs [N, {self.obs_dim}] -> action "
+                f"[N, {self.action_dim}], {n:,} parameters")
+
+    def __repr__(self) -> str:
+        return f"BasePolicy({self.describe()})"
+
+
+def _eval_mode(module: nn.Module) -> nn.Module:
+    """``module.eval()``; exported programs (torch.export) refuse train/eval switches and are left as they are."""
+    try:
+        return module.eval()
+    except (NotImplementedError, RuntimeError):
+        return module
+
+
+# -- loading ----------------------------------------------------------------------------------------------------
+def load_base_policy(path: str | Path, spec, device: str = "cpu") -> BasePolicy:
+    """The frozen base policy stored at ``path`` (see the module docstring for the formats), checked against
+    ``spec`` (a ``relive.train.envs.EnvSpec``): observation size, and the action shape of one call."""
+    if getattr(spec, "discrete", False):
+        raise ValueError(f"a base policy needs a continuous action space; {spec.id} is discrete")
+    obs_dim = int(np.prod(spec.obs_shape))
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"base policy {p} does not exist")
+    if p.is_dir():
+        module, kind = _load_directory(p)
+    elif p.suffix == ".safetensors":
+        module, kind = _load_safetensors(p), "MLP (safetensors)"
+    elif p.suffix == ".json" and p.with_suffix(".safetensors").is_file():
+        module, kind = _load_safetensors(p.with_suffix(".safetensors")), "MLP (safetensors)"
+    elif p.suffix == ".pt2":
+        try:
+            module = torch.export.load(str(p)).module()
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise ValueError(f"base policy {p} is not a torch.export program (torch.export.save): {e}") from None
+        kind = "torch.export program"
+    elif p.suffix in TORCHSCRIPT_SUFFIXES:
+        try:
+            module = torch.jit.load(str(p), map_location="cpu")
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"base policy {p} is not a TorchScript module (torch.jit.save): {e}") from None
+        kind = "TorchScript"
+    else:
+        raise ValueError(f"base policy {p}: not a run / agent / `relive bc` directory, a TorchScript file "
+                         f"({', '.join(TORCHSCRIPT_SUFFIXES)}), a torch.export .pt2 or a .safetensors MLP")
+    module_obs_dim = getattr(module, "obs_dim", None)
+    if module_obs_dim is not None and int(module_obs_dim) != obs_dim:
+        raise ValueError(f"base policy {p} takes observations of shape ({module_obs_dim},), the environment "
+                         f"{spec.id} gives {tuple(spec.obs_shape)}")
+    probe = torch.zeros(1, obs_dim)
+    try:
+        with torch.no_grad():
+            out = _eval_mode(module)(probe)
+    except RuntimeError as e:
+        raise ValueError(f"base policy {p} cannot act on observations of shape (N, {obs_dim}) of {spec.id}: "
+                         f"{e}") from None
+    expected = (1, *spec.action_shape)
+    if not torch.is_tensor(out) or tuple(out.shape) != expected:
+        got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
+        raise ValueError(f"base policy {p} returns actions of shape {got} for one observation; {spec.id} "
+                         f"expects {expected} (action shape {tuple(spec.action_shape)})")
+    return BasePolicy(module, obs_dim, int(np.prod(spec.action_shape)), kind, str(p), device)
+
+
+def _manifest_kind(p: Path) -> str | None:
+    m = p / "MANIFEST.json"
+    if not m.is_file():
+        return None
+    try:
+        return json.loads(m.read_text()).get("kind")
+    except json.JSONDecodeError:
+        return None
+
+
+def _load_directory(p: Path) -> tuple[nn.Module, str]:
+    from relive.agents import bc
+
+    if _manifest_kind(p) == bc.KIND or _manifest_kind(p / bc.POLICY_DIR) == bc.KIND:
+        return bc.load_bc_policy(p), "behaviour-cloning MLP"
+    if _manifest_kind(p) == "agent":
+        return _load_agent(p)
+    if (p / "agent_final").is_dir():
+        return _load_agent(p / "agent_final")
+    if (p / "config.json").is_file():
+        raise ValueError(f"base policy {p}: a run directory without agent_final/ (the run has not finished)")
+    for f in ("policy.safetensors", "model.safetensors"):
+        if (p / f).is_file():
+            return _load_safetensors(p / f), "MLP (safetensors)"
+    raise ValueError(f"base policy {p}: not a run directory (agent_final/), an agent checkpoint, a `relive bc` "
+                     "directory or a directory with policy.safetensors + policy.json")
+
+
+def _run_config(agent_dir: Path):
+    """The config.json of the run an agent directory belongs to (agent_final/ or snapshots/agent_N/), or None."""
+    from relive.config import load_config
+
+    for run in (agent_dir.parent, agent_dir.parent.parent):
+        if (run / "config.json").is_file():
+            return load_config(run / "config.json")
+    return None
+
+
+def _load_agent(agent_dir: Path) -> tuple[nn.Module, str]:
+    """The deterministic action of a saved agent's actor: a SAC-family ``TanhGaussianActor`` (weights
+    ``trunk__*``: center + scale * tanh(mu(s))) or DDPG's ``DeterministicActor`` (weights ``net__*``)."""
+    from relive.replay.checkpoint import CheckpointError, load_tree
+
+    try:
+        state = load_tree(agent_dir, kind="agent")
+    except CheckpointError as e:
+        raise ValueError(f"base policy: {e}") from None
+    if "actor" not in state:
+        raise ValueError(f"base policy {agent_dir}: the agent has no actor (a DDQN run cannot be a base policy)")
+    actor_state = state["actor"]
+    prefix = "trunk" if any(k.startswith("trunk__") for k in actor_state) else "net"
+    weights = sorted((k for k in actor_state if k.startswith(f"{prefix}__") and k.endswith("__weight")),
+                     key=lambda k: int(k.split("__")[1]))
+    if not weights or "scale" not in actor_state or "center" not in actor_state:
+        raise ValueError(f"base policy {agent_dir}: unknown actor layout (keys {sorted(actor_state)[:6]}...)")
+    shapes = [np.asarray(actor_state[k]).shape for k in weights]  # [out, in] per linear layer
+    obs_dim, out_dim = shapes[0][1], shapes[-1][0]
+    hidden = tuple(s[0] for s in shapes[:-1])
+    cfg = _run_config(agent_dir)
+    cfg_hidden = getattr(getattr(cfg, "agent", None), "hidden", None)
+    if cfg_hidden is not None and tuple(cfg_hidden) != hidden:
+        raise ValueError(f"base policy {agent_dir}: config.json says hidden={tuple(cfg_hidden)}, the saved actor "
+                         f"has {hidden}")
+    low = np.asarray(actor_state["center"]) - np.asarray(actor_state["scale"])
+    high = np.asarray(actor_state["center"]) + np.asarray(actor_state["scale"])
+    with nets.private_rng():
+        if prefix == "trunk":
+            actor = nets.TanhGaussianActor(obs_dim, out_dim // 2, hidden, low, high)
+            module, kind = _ActorMean(actor), "SAC actor (deterministic mean)"
+        else:
+            from relive.agents.ddpg import DeterministicActor
+
+            actor = module = DeterministicActor(obs_dim, out_dim, hidden, low, high)
+            kind = "DDPG actor"
+    nets.load_module_state(actor, actor_state)
+    module.obs_dim = obs_dim
+    return module, kind
+
+
+# -- the safetensors MLP format -------------------------------------------------------------------------------------
+def save_mlp_safetensors(policy, path: str | Path) -> Path:
+    """Write a ``relive.agents.bc.SquashedMLP`` as ``<path>.safetensors`` (its state dict: ``net.<i>.weight`` /
+    ``net.<i>.bias`` of Linear -> ReLU -> ... -> Linear, ``obs_mean``, ``obs_std``, ``scale``, ``center``) and
+    ``<path>.json`` (``{"format": "relive-mlp", "obs_dim", "action_dim", "hidden", "action_low",
+    "action_high"}``). Any MLP with that layout loads: ``obs_mean`` / ``obs_std`` may be left out (0 / 1)."""
+    from safetensors.torch import save_file
+
+    path = Path(path).with_suffix(".safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}, str(path))
+    path.with_suffix(".json").write_text(json.dumps({"format": "relive-mlp"} | policy.architecture(), indent=1))
+    return path
+
+
+def _load_safetensors(path: Path) -> nn.Module:
+    from relive.agents.bc import SquashedMLP
+
+    desc = path.with_suffix(".json")
+    if not desc.is_file():
+        raise ValueError(f"base policy {path}: the JSON description {desc.name} (obs_dim, action_dim, hidden, "
+                         "action_low, action_high) is missing beside it")
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        raise ValueError(f"base policy {path}: reading .safetensors needs the safetensors package "
+                         "(pip install safetensors)") from None
+    arch = json.loads(desc.read_text())
+    module = SquashedMLP.from_architecture(arch)
+    tensors = load_file(str(path))
+    state = module.state_dict()
+    missing = [k for k in state if k not in tensors and k not in ("obs_mean", "obs_std")]
+    unexpected = [k for k in tensors if k not in state]
+    if missing or unexpected:
+        raise ValueError(f"base policy {path}: tensors do not match the MLP of {desc.name} "
+                         f"(missing {missing}, unexpected {unexpected})")
+    for k, v in tensors.items():
+        if tuple(v.shape) != tuple(state[k].shape):
+            raise ValueError(f"base policy {path}: tensor {k} has shape {tuple(v.shape)}, the MLP of {desc.name} "
+                             f"needs {tuple(state[k].shape)}")
+    module.load_state_dict(state | tensors)
+    return module

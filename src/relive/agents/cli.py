@@ -1,0 +1,203 @@
+"""`relive bc` (behaviour cloning of a base policy) and `relive pld distill` (PLD's stage 3)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from relive.cli import positive_float, positive_int
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type`` for a count that may be 0 (``--eval-episodes 0``: no evaluation)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def add_parsers(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bc", help="behaviour cloning: an MLP base policy from a dataset (few demos allowed)",
+        description="Fits a deterministic tanh-squashed MLP to a dataset's actions (MSE), saves it pickle-free in "
+                    "OUT/policy (load it with relive.agents.base_policy.load_base_policy or pass OUT as a base "
+                    "policy), then evaluates it on the dataset's environment: success rate and return, printed "
+                    "and written to OUT/eval.json.")
+    p.add_argument("--dataset", required=True, help="a local Minari dataset id or directory, a D4RL .hdf5 or a "
+                   "relive .npz")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--episodes", type=positive_int, help="use only the first N episodes (after --successful-only)")
+    p.add_argument("--skip-episodes", type=non_negative_int, default=0, help="skip this many (successful) "
+                   "episodes first: another set of few demos")
+    p.add_argument("--successful-only", action="store_true", help="use only successful episodes (goal tasks: "
+                   "ended by termination; with --success-return: return >= it)")
+    p.add_argument("--success-return", type=float, help="success = episode return >= this (MuJoCo tasks), for "
+                   "the episode filter and the evaluation")
+    p.add_argument("--steps", type=positive_int, default=5000, help="gradient steps (default 5000)")
+    p.add_argument("--batch-size", type=positive_int, default=256)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
+    p.add_argument("--hidden", default="256,256", help="hidden widths, comma-separated (default 256,256)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initialization and minibatches (default 0)")
+    p.add_argument("--env", help="environment for the evaluation (default: the dataset's)")
+    p.add_argument("--eval-episodes", type=non_negative_int, default=50,
+                   help="evaluation episodes (0: none; default 50)")
+    p.add_argument("--eval-seed", type=int, default=10_000, help="first reset seed of the evaluation")
+    p.add_argument("--root", help="Minari datasets root")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads (default 1)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=run_bc)
+
+    pld = subparsers.add_parser("pld", help="PLD (probe, learn, distill) tools on a frozen base policy")
+    sub = pld.add_subparsers(dest="pld_command", required=True, metavar="ACTION")
+    d = sub.add_parser("distill", help="distill a residual run's successes into a new base policy",
+                       description="Rolls out hybrid episodes (the base alone for t < T_base, T_base ~ U{0..H}, then "
+                                   "base + residual), keeps the successful ones and fine-tunes the base policy by "
+                                   "behaviour cloning on their executed actions; OUT is a new base policy directory. "
+                                   "Repeat with --base OUT for the data flywheel.")
+    d.add_argument("--run", required=True, help="a residual SAC run directory (read by "
+                   "relive.agents.residual_sac.load_residual)")
+    d.add_argument("--episodes", type=positive_int, required=True, help="hybrid episodes to roll out")
+    d.add_argument("--out", required=True, help="directory of the new base policy")
+    d.add_argument("--base", help="the base policy to fine-tune (a `relive bc` directory; default: the run's)")
+    d.add_argument("--env", help="environment (default: the run's env.id)")
+    d.add_argument("--success-return", type=float, help="success = episode return >= this (tasks without "
+                   "info['success'])")
+    d.add_argument("--horizon", type=non_negative_int, help="H of T_base ~ U{0..H} (default: the env's time limit)")
+    d.add_argument("--steps", type=positive_int, default=2000, help="BC fine-tuning gradient steps (default 2000)")
+    d.add_argument("--lr", type=positive_float, default=3e-4)
+    d.add_argument("--batch-size", type=positive_int, default=256)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--eval-episodes", type=non_negative_int, default=50,
+                   help="evaluate the old and the new base (0: none)")
+    d.add_argument("--threads", type=positive_int, default=1)
+    d.set_defaults(func=run_distill)
+
+
+def _progress(enabled: bool, total: int, label: str):
+    """(callback(i), context manager) of a rich progress bar, or no-ops."""
+    import contextlib
+
+    if not enabled or total <= 0:
+        return None, contextlib.nullcontext()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    task = bar.add_task(label, total=total)
+
+    def advance(i: int) -> None:
+        if (i + 1) % 50 == 0 or i + 1 == total:
+            bar.update(task, completed=i + 1)
+
+    return advance, bar
+
+
+def run_bc(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from relive.agents.bc import BCConfig, config_dict, evaluate_policy, save_bc_policy, select_episodes, train_bc
+    from relive.data.loaders import load_rows
+    from relive.train.envs import env_spec, make_env
+
+    torch.set_num_threads(args.threads)
+    try:
+        hidden = tuple(int(h) for h in args.hidden.split(","))
+    except ValueError:
+        raise ValueError(f"--hidden must be comma-separated integers, got {args.hidden!r}") from None
+    config = BCConfig(hidden=hidden, lr=args.lr, batch_size=args.batch_size, num_steps=args.steps)
+    rows, meta = load_rows(args.dataset, root=args.root)
+    env_id = args.env or meta.get("env_id") or None
+    n_all = len(rows["obs"])
+    rows = select_episodes(rows, args.episodes, args.successful_only, args.success_return, args.skip_episodes)
+    from relive.data.columns import split_episodes
+
+    n_episodes = len(split_episodes(rows))
+    if env_id:
+        spec = env_spec(make_env(env_id))
+        low, high = spec.action_low, spec.action_high
+    else:  # no env: the box spanned by the data
+        act = np.asarray(rows["action"], np.float32)
+        low, high = act.min(0) - 1e-3, act.max(0) + 1e-3
+    print(f"BC on {args.dataset}: {len(rows['obs']):,} of {n_all:,} rows, {n_episodes} episodes, "
+          f"{args.steps} steps, seed {args.seed}")
+    advance, bar = _progress(not args.no_progress, args.steps, "behaviour cloning")
+    with bar:
+        policy, losses = train_bc(rows, low, high, config, seed=args.seed, progress=advance)
+    tail = float(losses[-min(100, len(losses)):].mean()) if len(losses) else float("nan")
+    info = {"dataset": str(args.dataset), "env_id": env_id, "episodes": n_episodes, "rows": int(len(rows["obs"])),
+            "skip_episodes": args.skip_episodes,
+            "successful_only": args.successful_only, "success_return": args.success_return, "seed": args.seed,
+            "config": config_dict(config), "loss_first": float(losses[0]) if len(losses) else None,
+            "loss_last100": tail}
+    out = save_bc_policy(args.out, policy, info)
+    print(f"loss {info['loss_first']:.4f} -> {tail:.4f} (mean of the last 100 steps); policy in {out / 'policy'}")
+    if args.eval_episodes > 0:
+        if not env_id:
+            raise ValueError(f"dataset {args.dataset} names no environment; pass --env (or --eval-episodes 0)")
+
+        def act(obs):
+            with torch.no_grad():
+                return policy(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+        ev = evaluate_policy(act, env_id, args.eval_episodes, args.eval_seed, args.success_return)
+        (out / "eval.json").write_text(json.dumps(ev, indent=1))
+        sr = "n/a (no success signal)" if ev["success_rate"] is None else f"{ev['success_rate']:.2f}"
+        print(f"evaluation on {env_id} ({args.eval_episodes} episodes): success rate {sr}, return "
+              f"{ev['return_mean']:.2f} ± {ev['return_std']:.2f}; written to {out / 'eval.json'}")
+    return 0
+
+
+def _run_settings(run_dir: Path) -> dict:
+    """env.id and the base policy path a run's config.json names (any key called base_policy), if any."""
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.is_file():
+        return {}
+    cfg = json.loads(cfg_path.read_text())
+    found: dict = {"env_id": (cfg.get("env") or {}).get("id")}
+
+    def search(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in ("base_policy", "base_policy_path") and isinstance(v, str):
+                    found.setdefault("base_policy", v)
+                search(v)
+
+    search(cfg)
+    return found
+
+
+def run_distill(args: argparse.Namespace) -> int:
+    import importlib
+
+    import torch
+
+    from relive.agents.distill import distill
+
+    torch.set_num_threads(args.threads)
+    run_dir = Path(args.run)
+    try:
+        residual_sac = importlib.import_module("relive.agents.residual_sac")
+    except ModuleNotFoundError as e:
+        if e.name != "relive.agents.residual_sac":
+            raise
+        raise ValueError("`relive pld distill` loads the residual policy with relive.agents.residual_sac."
+                         "load_residual(run_dir), which this version does not have (the residual SAC agent is "
+                         "not installed); call relive.agents.distill.distill with your own residual callable") from None
+    if not hasattr(residual_sac, "load_residual"):
+        raise ValueError("relive.agents.residual_sac has no load_residual(run_dir) -> residual(obs, base_action)")
+    residual = residual_sac.load_residual(run_dir)
+    settings = _run_settings(run_dir)
+    env_id = args.env or settings.get("env_id")
+    base = args.base or settings.get("base_policy")
+    if not env_id or not base:
+        raise ValueError(f"{run_dir}: cannot tell the {'environment' if not env_id else 'base policy'} from its "
+                         "config.json; pass --env and --base")
+    stats = distill(base, residual, env_id, args.episodes, args.out, success_return=args.success_return,
+                    horizon=args.horizon, num_steps=args.steps, lr=args.lr, batch_size=args.batch_size,
+                    seed=args.seed, eval_episodes=args.eval_episodes)
+    print(json.dumps({k: v for k, v in stats.items() if k not in ("episode_successes", "t_base")}, indent=1))
+    return 0
