@@ -182,3 +182,26 @@ def test_cli_distill(tmp_path, monkeypatch, capsys):
     assert main(args) == 0
     assert '"successful_episodes"' in capsys.readouterr().out
     assert (tmp_path / "new" / "policy" / "MANIFEST.json").is_file()
+
+
+def test_collect_keeps_the_base_policys_successful_episodes_as_a_dataset(tmp_path):
+    """PLD's D_offline: the base alone, successes only, saved as a relive .npz (and never overwritten)."""
+    from relive.agents.distill import collect_successes
+    from relive.cli import main
+    from relive.train.collector import load_dataset
+
+    with pytest.raises(ValueError, match="succeeded in none of 4 episodes"):
+        collect_successes(idle_base(tmp_path), "LineGoal-v0", 4, tmp_path / "none.npz")
+    assert not (tmp_path / "none.npz").exists()
+    policy = new_policy(2, 1, [-1.0], [1.0], BCConfig(hidden=(16, 16)), seed=0)
+    with torch.no_grad():  # always full speed: every episode reaches the goal in NEED steps
+        policy.net[-1].weight.zero_()
+        policy.net[-1].bias.fill_(20.0)
+    fast = save_bc_policy(tmp_path / "fast", policy, {})
+    assert main(["pld", "collect", "--base", str(fast), "--env", "LineGoal-v0", "--episodes", "3",
+                 "--out", str(tmp_path / "d_off.npz")]) == 0
+    rows, meta = load_dataset(tmp_path / "d_off.npz")
+    assert len(rows["obs"]) == 3 * NEED and rows["terminated"].sum() == 3 and meta["success_rate"] == 1.0
+    np.testing.assert_allclose(rows["action"], 1.0, atol=1e-6)
+    assert main(["pld", "collect", "--base", str(fast), "--env", "LineGoal-v0", "--episodes", "3",
+                 "--out", str(tmp_path / "d_off.npz")]) == 2  # exists: refused, one line, exit 2

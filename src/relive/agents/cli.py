@@ -76,6 +76,31 @@ def add_parsers(subparsers) -> None:
     d.add_argument("--threads", type=positive_int, default=1)
     d.set_defaults(func=run_distill)
 
+    c = sub.add_parser("collect", help="roll out the base alone and save its successful episodes (D_offline)",
+                       description="PLD's offline data: the frozen base policy's successful episodes, saved as a "
+                                   "relive .npz dataset for `relive train residual_sac --dataset OUT` (Cal-QL critic "
+                                   "pre-training and the offline half of symmetric replay).")
+    c.add_argument("--base", required=True, help="the frozen base policy (any path load_base_policy reads)")
+    c.add_argument("--env", required=True, help="environment id, e.g. PointMaze_UMaze-v3")
+    c.add_argument("--episodes", type=positive_int, required=True, help="base episodes to roll out")
+    c.add_argument("--out", required=True, help="the dataset file to write (.npz; never overwritten)")
+    c.add_argument("--success-return", type=float, help="success = episode return >= this (tasks without "
+                   "info['success'])")
+    c.add_argument("--seed", type=int, default=0, help="first reset seed (default 0)")
+    c.set_defaults(func=run_collect)
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    from relive.agents.distill import collect_successes
+
+    if not args.out.endswith(".npz"):
+        raise ValueError(f"--out must be a .npz file, got {args.out!r}")
+    stats = collect_successes(args.base, args.env, args.episodes, args.out, seed=args.seed,
+                              success_return=args.success_return)
+    print(f"base success rate {stats['success_rate']:.2f} ({stats['successes']}/{stats['episodes']} episodes); "
+          f"{stats['rows']} rows of successful episodes -> {stats['out']}")
+    return 0
+
 
 def _progress(enabled: bool, total: int, label: str):
     """(callback(i), context manager) of a rich progress bar, or no-ops."""

@@ -65,6 +65,33 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
     return episodes
 
 
+def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out: str | Path, *, seed: int = 0,
+                      success_return: float | None = None, max_episode_steps: int | None = None) -> dict:
+    """PLD's D_offline (spec Sec. 8; paper stage 1 step 1): roll out the frozen base alone for ``num_episodes``
+    episodes (reset seeds ``seed, seed + 1, ...``), keep the successful ones and save their rows as a relive
+    ``.npz`` dataset at ``out`` (``--dataset`` of a residual run; returns-to-go are computed when it is loaded).
+    Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set."""
+    from relive.agents.base_policy import load_base_policy
+    from relive.train.collector import save_dataset
+    from relive.train.envs import env_spec, make_env, with_success
+
+    out = Path(out)
+    if out.exists():
+        raise ValueError(f"{out} exists; pick another --out (datasets are never overwritten)")
+    env = with_success(make_env(env_id, max_episode_steps), success_return)
+    base = load_base_policy(base_path, env_spec(env))
+    episodes = hybrid_rollouts(env, base, lambda obs, a_base: a_base, num_episodes, seed, horizon=0)
+    rows = successful_rows(episodes)
+    rate = float(np.mean([e["success"] for e in episodes]))
+    if rows is None:
+        raise ValueError(f"the base policy at {base_path} succeeded in none of {num_episodes} episodes on {env_id}: "
+                         f"no D_offline to save")
+    rows = {k: v for k, v in rows.items() if k in COLUMNS}
+    save_dataset(out, rows, env_id=env_id, base_policy=str(base_path), success_rate=rate)
+    return {"success_rate": rate, "episodes": num_episodes, "successes": int(sum(e["success"] for e in episodes)),
+            "rows": int(len(rows["reward"])), "out": str(out)}
+
+
 def successful_rows(episodes: list[dict]) -> dict | None:
     """The rows of the successful episodes, concatenated (None if none succeeded)."""
     ok = [e["rows"] for e in episodes if e["success"]]
