@@ -1,0 +1,504 @@
+"""Residual SAC (PLD stage 1): acting (warm-up, probing, clipping), the OTF target, the residual's log-prob in
+the actor and temperature losses, beta schedules, the frozen base, Cal-QL pre-training, exact state, learning."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from relive.agents import networks as nets
+from relive.agents.residual_sac import ResidualSAC, ResidualSACConfig, beta_at
+from relive.replay.buffer import ReplayBuffer
+from relive.replay.checkpoint import load_tree, save_tree
+from relive.train.envs import EnvSpec
+from relive.train.hooks import OnEpisodeStart, OnPhase
+from relive.types import Acted, Batch, SampleInfo, unpack_acted
+from tests.agents.factory import ACT, HIGH, LOW, OBS, SMALL, B
+
+HALF = (HIGH - LOW) / 2
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small networks on a shared machine: one thread is faster and does not contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class LinearBase(torch.nn.Module):
+    """A small fixed torch base policy: a = W x + b, called on NumPy arrays."""
+
+    def __init__(self, seed=0, out_dim=ACT):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.lin = torch.nn.Linear(OBS, out_dim)
+        with torch.no_grad():
+            self.lin.weight.copy_(0.3 * torch.randn(out_dim, OBS, generator=g))
+            self.lin.bias.copy_(0.1 * torch.randn(out_dim, generator=g))
+
+    def __call__(self, obs):
+        with torch.no_grad():
+            return self.lin(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+
+def make(seed=0, base=None, **overrides) -> ResidualSAC:
+    cfg = ResidualSACConfig(**(dict(SMALL, warmup=0, probe_max_steps=0) | overrides))
+    return ResidualSAC(OBS, ACT, LOW, HIGH, cfg, seed=seed, base_policy=base if base is not None else LinearBase())
+
+
+def make_batch(seed=0, n=B, mc_return=True) -> Batch:
+    rng = np.random.default_rng(seed)
+    info = SampleInfo(np.arange(n), np.ones(n, np.int64), np.full(n, 1 / n), np.ones(n, np.float32),
+                      np.zeros(n, np.int8))
+    extras = {"mc_return": rng.normal(size=n).astype(np.float32)} if mc_return else {}
+    return Batch(obs=rng.normal(size=(n, OBS)).astype(np.float32),
+                 action=rng.uniform(LOW, HIGH, (n, ACT)).astype(np.float32),
+                 reward=rng.normal(size=n).astype(np.float32), next_obs=rng.normal(size=(n, OBS)).astype(np.float32),
+                 terminated=rng.random(n) < 0.3, truncated=np.zeros(n, bool), info=info, extras=extras)
+
+
+def obs_rows(n=1, seed=0):
+    return np.random.default_rng(seed).normal(size=(n, OBS)).astype(np.float32)
+
+
+def params(module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+class FnCritic(torch.nn.Module):
+    """A stand-in critic: member e returns fn(obs, action) + offsets[e]."""
+
+    def __init__(self, fn, offsets):
+        super().__init__()
+        self.fn, self.offsets = fn, torch.as_tensor(offsets, dtype=torch.float32).view(-1, 1)
+
+    def forward(self, obs, action):
+        return self.fn(obs, action).unsqueeze(0) + self.offsets
+
+
+# -- acting: init, clipping, warm-up, probing, evaluation -----------------------------------------------
+def test_executed_action_equals_the_base_at_init():
+    """Zero last layer: the deterministic residual is exactly 0 (a = clip(a_base)), and the initial std is small
+    (init_log_std = -3: every sampled |a - a_base| < 5 sigma beta (high - low) / 2)."""
+    agent, base = make(), LinearBase()
+    obs = obs_rows(256)
+    a_base = np.clip(base(obs), LOW, HIGH)
+    np.testing.assert_array_equal(agent.act(obs, explore=False), a_base)
+    a = unpack_acted(agent.act(obs, explore=True))[0]
+    dev = np.abs(a - a_base)
+    assert dev.max() < 5 * math.exp(-3.0) * 0.5 * HALF.max() and dev.max() > 0
+
+
+def test_executed_action_is_clipped_to_the_bounds_and_records_its_parts():
+    """A base far outside the box and beta = 1: every action is in the box and equals clip(base + beta delta)."""
+    agent = make(base=lambda o: np.tile(np.array([[5.0, -0.95]], np.float32), (len(o), 1)), beta=1.0,
+                 init_log_std=0.0)
+    out = agent.act(obs_rows(500), explore=True)
+    action, record, store = unpack_acted(out)
+    assert store.all() and (action >= LOW).all() and (action <= HIGH).all()
+    assert (action[:, 0] == HIGH[0]).all() and (action[:, 1] == LOW[1]).any()
+    expected = np.clip(record["base_action"] + record["beta"][:, None] * record["delta_action"], LOW, HIGH)
+    np.testing.assert_allclose(action, expected, rtol=0, atol=1e-6)
+    assert (np.abs(record["delta_action"]) <= HALF).all()  # the residual lives in [-(high-low)/2, (high-low)/2]
+
+
+def test_records_match_the_declared_columns():
+    agent = make(calibrate=True)
+    cols = {c.name: c for c in agent.stored_columns()}
+    assert set(cols) == {"base_action", "delta_action", "beta", "mc_return"}
+    assert all(cols[k].offline == "fill" and cols[k].fill == 0.0 for k in ("base_action", "delta_action", "beta"))
+    assert cols["mc_return"].offline == "required"
+    assert "mc_return" not in {c.name for c in make(calibrate=False).stored_columns()}
+    _, record, _ = unpack_acted(agent.act(obs_rows(3), explore=True))
+    for name in ("base_action", "delta_action", "beta"):
+        assert record[name].shape == (3, *cols[name].shape) and record[name].dtype == np.float32
+
+
+@pytest.mark.parametrize("unit", ["steps", "episodes"])
+def test_warmup_acts_with_the_base_and_is_stored(unit):
+    """warmup = 4 steps, or 2 episodes of 2 steps: those actions equal the base's, with delta = beta = 0 and
+    store=True even with probing on (warm-up episodes are stored whole); afterwards steps probe or act with the
+    residual (beta recorded)."""
+    base = LinearBase()
+    agent = make(base=base, warmup=4 if unit == "steps" else 2, warmup_unit=unit, probe_max_steps=1)
+    after = []
+    for step in range(12):
+        if step % 2 == 0:
+            agent.on_episode_start()
+        obs = obs_rows(1, seed=step)
+        action, record, store = unpack_acted(agent.act(obs, explore=True))
+        if step < 4:
+            np.testing.assert_array_equal(action, np.clip(base(obs), LOW, HIGH))
+            assert store.all() and record["beta"][0] == 0 and not record["delta_action"].any()
+        else:
+            after.append((bool(store.all()), float(record["beta"][0])))
+    assert set(after) == {(False, 0.0), (True, 0.5)}  # probing and residual steps, nothing else
+    assert agent.num_env_steps + agent.num_probe_steps == 12 and agent.num_probe_steps == after.count((False, 0.0))
+
+
+def test_probing_steps_are_base_only_and_never_stored():
+    """Each episode: h ~ U{0..H_probe} from the agent's generator; the first h steps are the base's and are
+    returned with store=False (counted in num_probe_steps, not in the beta / warm-up clock); then residual."""
+    h_max, base = 3, LinearBase()
+    agent = make(base=base, probe_max_steps=h_max)
+    draws = copy.deepcopy(agent.rng)
+    seen_h, stored = [], 0
+    for episode in range(40):
+        agent.on_episode_start()
+        h = int(draws.integers(0, h_max + 1))
+        seen_h.append(h)
+        for t in range(6):
+            obs = obs_rows(1, seed=100 * episode + t)
+            action, record, store = unpack_acted(agent.act(obs, explore=True))
+            assert store.all() == (t >= h)
+            if t < h:
+                np.testing.assert_array_equal(action, np.clip(base(obs), LOW, HIGH))
+            else:
+                assert record["beta"][0] == 0.5
+            stored += int(store.all())
+    assert set(seen_h) == set(range(h_max + 1))
+    assert agent.num_probe_steps == sum(seen_h) and agent.num_env_steps == stored == 40 * 6 - sum(seen_h)
+
+
+def test_evaluation_never_probes_and_never_advances_the_episode():
+    agent, base = make(probe_max_steps=50, warmup=0), LinearBase()
+    agent.set_base_policy(base)
+    with torch.no_grad():
+        agent.actor.trunk[-1].bias[:ACT] = 1.0  # a residual that is visibly non-zero: tanh(1)
+    agent.on_episode_start()
+    agent.probe_steps = 10
+    obs = obs_rows(4)
+    a = agent.act(obs, explore=False)
+    assert isinstance(a, np.ndarray) and (agent.episode_step, agent.num_env_steps) == (0, 0)
+    np.testing.assert_allclose(a, np.clip(base(obs) + 0.5 * HALF * np.tanh(1.0), LOW, HIGH), atol=1e-6)
+    assert not unpack_acted(agent.act(obs, explore=True))[2].any()  # while exploring, step 0 < h probes
+
+
+def test_loop_hooks_reach_the_agent():
+    agent = make(probe_max_steps=5)
+    hooks = agent.loop_hooks(None)
+    on_phase = next(h for h in hooks if isinstance(h, OnPhase))
+    on_start = next(h for h in hooks if isinstance(h, OnEpisodeStart))
+    on_phase.fn("offline")
+    assert agent.phase == "offline"
+    on_start.fn()
+    assert agent.num_episodes == 1 and agent.episode_step == 0
+    with pytest.raises(ValueError, match="phase must be one of"):
+        on_phase.fn("test")
+
+
+# -- beta schedules -------------------------------------------------------------------------------------
+def test_beta_schedules_give_their_formulas():
+    const = ResidualSACConfig(beta=0.3)
+    assert [beta_at(const, t) for t in (0, 10, 10**6)] == [0.3] * 3
+    lin = ResidualSACConfig(beta_schedule="linear", beta=0.5, beta_ramp_steps=100)  # min(beta, beta t / T)
+    assert [beta_at(lin, t) for t in (0, 25, 100, 1000)] == pytest.approx([0.0, 0.125, 0.5, 0.5])
+    lin0 = ResidualSACConfig(beta_schedule="linear", beta=0.3, beta_start=0.01, beta_ramp_steps=400)
+    assert beta_at(lin0, 200) == pytest.approx(0.01 + 0.29 * 0.5)
+    step = ResidualSACConfig(beta_schedule="stepwise", beta_boundaries=(10, 20), beta_values=(0.1, 0.2, 0.4))
+    assert [beta_at(step, t) for t in (0, 9, 10, 19, 20, 500)] == [0.1, 0.1, 0.2, 0.2, 0.4, 0.4]
+    agent = make(beta_schedule="linear", beta=0.5, beta_ramp_steps=4)  # the agent's clock: stored env steps
+    betas = [unpack_acted(agent.act(obs_rows(1), explore=True))[1]["beta"][0] for _ in range(6)]
+    assert betas == pytest.approx([0.0, 0.125, 0.25, 0.375, 0.5, 0.5])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(beta_schedule="cosine"), "beta_schedule must be one of"),
+    (dict(beta_schedule="stepwise", beta_boundaries=(10,), beta_values=(0.1,)), "len\\(beta_values\\)"),
+    (dict(beta_schedule="stepwise", beta_boundaries=(20, 10), beta_values=(0.1, 0.2, 0.3)), "strictly increasing"),
+    (dict(beta=-0.1), "beta values must be >= 0"),
+    (dict(num_qs=1), "clipped double Q"),
+    (dict(otf_candidates=0), "otf_candidates"),
+    (dict(warmup_unit="minutes"), "warmup_unit"),
+])
+def test_bad_config_is_a_clear_error(bad, match):
+    with pytest.raises(ValueError, match=match):
+        ResidualSACConfig(**bad)
+
+
+# -- the OTF target -------------------------------------------------------------------------------------
+def redraw_candidates(agent, next_obs, k, state):
+    """From the generator state ``state``: the K residual candidates at x' the target draws, as [B, K, ...]."""
+    agent.gen.set_state(state)
+    base = agent._base_t(next_obs).repeat_interleave(k, dim=0)
+    delta, logp = agent.residual(next_obs.repeat_interleave(k, dim=0), base)
+    n = next_obs.shape[0]
+    return base.view(n, k, ACT), delta.view(n, k, ACT), logp.view(n, k)
+
+
+def test_otf_target_is_the_max_over_k_of_the_soft_values():
+    """Hand-made critic Q_e(x, a) = -|a - 0.2|^2 + c_e: y = r + gamma (1 - d) max_k (min_e Q_e(x', a'_k) - alpha
+    log dpi(delta_k)), computed here candidate by candidate; it is >= every single candidate's backup and differs
+    from the backup of the candidate with the largest Q (the max is over soft values, not Q)."""
+    agent = make(otf_candidates=5, init_temperature=2.0, init_log_std=-0.5, beta=1.0)
+    agent.target_critic = FnCritic(lambda o, a: -((a - 0.2) ** 2).sum(-1), [1.0, -0.5])
+    b = make_batch().to_torch()
+    next_base = agent._base_t(b.next_obs)
+    state = agent.gen.get_state()
+    y = agent.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta=1.0)
+    base, delta, logp = redraw_candidates(agent, b.next_obs, 5, state)
+    soft = torch.empty(B, 5)
+    for k in range(5):
+        a_k = torch.clamp(base[:, k] + 1.0 * delta[:, k], agent.low_t, agent.high_t)
+        soft[:, k] = -((a_k - 0.2) ** 2).sum(-1) - 0.5 - 2.0 * logp[:, k]  # min over c_e = -0.5
+    expected = b.reward + 0.99 * (1 - b.terminated) * soft.max(dim=1).values
+    torch.testing.assert_close(y, expected)
+    q_only = soft + 2.0 * logp  # the candidates' Q values
+    by_q = soft.gather(1, q_only.argmax(dim=1, keepdim=True)).squeeze(1)
+    assert (soft.max(dim=1).values >= by_q).all() and (soft.max(dim=1).values > by_q + 1e-3).any()
+
+
+def test_otf_with_one_candidate_is_sacs_target():
+    """K = 1: y = r + gamma (1 - d) (min_e Qbar_e(x', a') - alpha log dpi(delta'|x', a_base')), a single a'."""
+    agent = make(otf_candidates=1, init_temperature=0.7, init_log_std=-1.0)
+    agent.target_critic = FnCritic(lambda o, a: o[:, 0] * a[:, 0] - a[:, 1], [0.3, 0.1])
+    b = make_batch(seed=3).to_torch()
+    next_base = agent._base_t(b.next_obs)
+    state = agent.gen.get_state()
+    y = agent.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta=0.5)
+    agent.gen.set_state(state)
+    delta, logp = agent.residual(b.next_obs, next_base)
+    a = torch.clamp(next_base + 0.5 * delta, agent.low_t, agent.high_t)
+    v = b.next_obs[:, 0] * a[:, 0] - a[:, 1] + 0.1 - 0.7 * logp
+    torch.testing.assert_close(y, b.reward + 0.99 * (1 - b.terminated) * v)
+
+
+def test_truncation_never_stops_the_bootstrap():
+    results = []
+    for trunc, term in ((False, False), (True, False), (False, True)):
+        agent = make()
+        b = make_batch(seed=1)
+        b = Batch(b.obs, b.action, b.reward, b.next_obs, np.full(B, term), np.full(B, trunc), b.info, b.extras)
+        agent.update(b)
+        results.append(torch.cat([p.flatten() for p in params(agent.critic)]))
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+    assert not torch.allclose(results[0], results[2])
+
+
+# -- the actor's and the temperature's log-prob ---------------------------------------------------------
+def residual_log_prob(agent, obs, base, u):
+    """log dpi(delta | x, a_base) of delta = half tanh(u), from the actor's Gaussian, independently of sample()."""
+    mean, log_std = agent.actor(torch.cat([obs, base], dim=-1))
+    return (nets.tanh_gaussian_log_prob(mean, log_std, u) - torch.log(agent.actor.scale)).sum(-1)
+
+
+def test_actor_entropy_term_is_the_residuals_log_prob():
+    """With a critic that ignores the action, the actor loss is alpha log dpi(delta | x, a_base): its value and its
+    gradient match the residual's log-density recomputed from the same noise, and they do not depend on beta (a
+    density of the executed action would carry -|A| log beta)."""
+    losses, grads = [], []
+    for beta in (0.1, 0.9):
+        agent = make(init_temperature=0.4, init_log_std=-0.7)
+        with torch.no_grad():  # a non-trivial residual mean
+            agent.actor.trunk[-1].weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(1))
+        agent.critic = FnCritic(lambda o, a: 0.0 * a.sum(-1) + o[:, 0], [0.0, 0.0])
+        b = make_batch(seed=2).to_torch()
+        base = agent._base_t(b.obs)
+        state = agent.gen.get_state()
+        per_sample, logp = agent.actor_loss(b.obs, base, beta)
+        agent.gen.set_state(state)
+        mean, log_std = agent.actor(torch.cat([b.obs, base], dim=-1))
+        eps = torch.randn(mean.shape, generator=agent.gen)
+        u = mean + log_std.exp() * eps
+        expected = 0.4 * residual_log_prob(agent, b.obs, base, u) - b.obs[:, 0]
+        torch.testing.assert_close(per_sample, expected)
+        g = torch.autograd.grad(per_sample.mean(), list(agent.actor.parameters()))
+        g_expected = torch.autograd.grad(expected.mean(), list(agent.actor.parameters()))
+        for x, y in zip(g, g_expected):
+            torch.testing.assert_close(x, y)
+        losses.append(per_sample.detach())
+        grads.append(torch.cat([x.flatten() for x in g]))
+    torch.testing.assert_close(losses[0], losses[1])
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_temperature_loss_uses_the_residuals_log_prob():
+    """d/d log(alpha) of -alpha (log dpi + H_tgt) = -alpha (log dpi + H_tgt), H_tgt = -|A|."""
+    agent = make(init_temperature=0.3)
+    logp = torch.tensor([1.0, -2.0, 0.5])
+    loss = agent.temperature_loss(logp).mean()
+    (g,) = torch.autograd.grad(loss, [agent.log_alpha])
+    assert agent.target_entropy == -ACT
+    assert g.item() == pytest.approx(-0.3 * (logp + agent.target_entropy).mean().item(), rel=1e-5)
+
+
+def test_actor_steps_every_second_critic_step():
+    agent = make()
+    for step in range(1, 5):
+        res = agent.update(make_batch(seed=step))
+        assert ("train/actor_loss" in res.metrics) == (step % 2 == 0)
+        assert res.signals["td_error"].shape == (B,) and np.isfinite(res.signals["td_error"]).all()
+    assert (agent.num_critic_steps, agent.num_actor_steps) == (4, 2)
+
+
+# -- the frozen base ------------------------------------------------------------------------------------
+def test_base_parameters_are_bit_identical_after_training():
+    base = LinearBase()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    agent = make(base=base)
+    actor_before = params(agent.actor)
+    owned = {id(p) for opt in (agent.actor_opt, agent.critic_opt, agent.alpha_opt)
+             for g in opt.param_groups for p in g["params"]}
+    assert not owned & {id(p) for p in base.parameters()}
+    agent.on_phase("offline")
+    for step in range(3):
+        agent.update(make_batch(seed=step))
+    agent.on_phase("online")
+    for step in range(4):
+        agent.update(make_batch(seed=10 + step))
+        agent.act(obs_rows(2), explore=True)
+    for k, v in base.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+        assert base.lin.weight.grad is None
+    assert any(not torch.equal(a, b) for a, b in zip(actor_before, params(agent.actor)))
+
+
+def test_a_base_policy_with_the_wrong_shape_is_refused():
+    agent = make()
+    with pytest.raises(ValueError, match=r"actions \[N, 2\].*shape \(2, 3\)"):
+        agent.set_base_policy(LinearBase(out_dim=3))
+    with pytest.raises(ValueError, match="must be callable"):
+        agent.set_base_policy("policy.pt")
+    spec = EnvSpec("Toy-v0", (OBS,), False, (ACT,), 0, LOW, HIGH, 10)
+    with pytest.raises(ValueError, match=r"actions \[N, 2\]"):
+        ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL), np.random.SeedSequence(0),
+                              base_policy=lambda o: np.zeros((len(o),), np.float32))
+    no_base = ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL), np.random.SeedSequence(0))
+    with pytest.raises(ValueError, match="no base policy"):
+        no_base.act(obs_rows(1), explore=True)
+
+
+# -- Cal-QL critic initialization -----------------------------------------------------------------------
+def test_offline_phase_trains_the_critic_only_with_the_calibrated_gap():
+    """OnPhase("offline"): update() is the Cal-QL critic step; actor and temperature do not move; the loss is
+    TD + cql_alpha * gap (cql_alpha = 0 gives the TD loss alone); mc_return is required when calibrating."""
+    agent = make(cql_alpha=2.0, cql_n_actions=3)
+    agent.on_phase("offline")
+    actor_before, alpha_before = params(agent.actor), agent.log_alpha.item()
+    res = agent.update(make_batch())
+    m = res.metrics
+    assert m["train/critic_loss"] == pytest.approx(m["train/td_loss"] + 2.0 * m["train/cql_gap"], rel=1e-5)
+    assert (agent.num_pretrain_steps, agent.num_critic_steps, agent.num_actor_steps) == (1, 0, 0)
+    assert all(torch.equal(a, b) for a, b in zip(actor_before, params(agent.actor)))
+    assert agent.log_alpha.item() == alpha_before
+    with pytest.raises(ValueError, match="mc_return"):
+        agent.update(make_batch(mc_return=False))
+    plain = make(calibrate=False, cql_n_actions=3)
+    plain.pretrain_critic(make_batch(mc_return=False))  # plain CQL needs no returns-to-go
+
+
+def test_calibration_lifts_the_policy_values_to_the_returns_to_go():
+    """The gap is the library's Cal-QL gap: with a huge mc_return the calibrated policy values dominate the
+    logsumexp, so the gap is ~ mc_return - Q(data); without calibration it is not."""
+    b = make_batch(seed=4)
+    big = Batch(b.obs, b.action, b.reward, b.next_obs, b.terminated, b.truncated, b.info,
+                {"mc_return": np.full(B, 100.0, np.float32)})
+    gaps = {}
+    for calibrate in (True, False):
+        agent = make(calibrate=calibrate, cql_n_actions=3)
+        agent.on_phase("offline")
+        gaps[calibrate] = agent.update(big).metrics["train/cql_gap"]
+    assert gaps[True] > 99.0 and gaps[False] < 10.0
+
+
+def test_cal_ql_pretraining_ranks_data_actions_above_random_ones():
+    """A few hundred pre-training steps on base data (successes, reward 1 at the end): Q(x, a_data) > Q(x, a_rand)."""
+    torch.manual_seed(0)
+    base = LinearBase()
+    rng = np.random.default_rng(0)
+    n = 256
+    obs = rng.normal(size=(n, OBS)).astype(np.float32)
+    info = SampleInfo(np.arange(n), np.ones(n, np.int64), np.full(n, 1 / n), np.ones(n, np.float32),
+                      np.zeros(n, np.int8))
+    data = Batch(obs, np.clip(base(obs), LOW, HIGH), np.ones(n, np.float32), obs, np.ones(n, bool),
+                 np.zeros(n, bool), info, {"mc_return": np.ones(n, np.float32)})
+    agent = make(base=base, cql_n_actions=4)
+    agent.on_phase("offline")
+    for _ in range(150):
+        agent.update(data)
+    with torch.no_grad():
+        o = torch.as_tensor(obs)
+        q_data = agent.critic(o, torch.as_tensor(data.action)).min(0).values
+        q_rand = agent.critic(o, torch.as_tensor(rng.uniform(LOW, HIGH, (n, ACT)).astype(np.float32))).min(0).values
+    assert q_data.mean() > q_rand.mean() + 0.3 and abs(q_data.mean().item() - 1.0) < 0.3
+
+
+# -- state ----------------------------------------------------------------------------------------------
+def test_checkpoint_resume_is_exact(tmp_path):
+    """Mid-episode (probing), after updates: save -> load into a fresh agent; the next actions, the next probing
+    draw and the next update are identical."""
+    cfg = dict(probe_max_steps=4, warmup=2, otf_candidates=3)
+    agent = make(seed=5, **cfg)
+    for step in range(3):
+        agent.on_episode_start()
+        for t in range(3):
+            agent.act(obs_rows(1, seed=10 * step + t), explore=True)
+        agent.update(make_batch(seed=step))
+    agent.on_episode_start()
+    agent.act(obs_rows(1), explore=True)
+    save_tree(tmp_path / "agent", agent.state_dict(), kind="agent")
+    other = make(seed=99, **cfg)
+    other.load_state_dict(load_tree(tmp_path / "agent", kind="agent"))
+
+    def future(a: ResidualSAC):
+        outs = [a.act(obs_rows(1, seed=t), explore=True) for t in range(6)]
+        a.on_episode_start()
+        outs.append(a.act(obs_rows(1), explore=True))
+        a.update(make_batch(seed=7))
+        a.update(make_batch(seed=8))
+        return outs, torch.cat([p.flatten() for m in (a.actor, a.critic, a.target_critic) for p in m.parameters()])
+
+    (outs_a, params_a), (outs_b, params_b) = future(agent), future(other)
+    for x, y in zip(outs_a, outs_b):
+        assert isinstance(x, Acted) and bool(x.store) == bool(y.store)
+        np.testing.assert_array_equal(x.action, y.action)
+        for k in x.record:
+            np.testing.assert_array_equal(x.record[k], y.record[k])
+    torch.testing.assert_close(params_a, params_b, rtol=0, atol=0)
+    assert agent.state_dict()["counters"] == other.state_dict()["counters"]
+
+
+def test_same_seed_same_agent_and_from_spec_seeds():
+    spec = EnvSpec("Toy-v0", (OBS,), False, (ACT,), 0, LOW, HIGH, 10)
+    agents = [ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL), np.random.SeedSequence(3),
+                                    base_policy=LinearBase()) for _ in range(2)]
+    for a in agents:
+        a.update(make_batch())
+    for p, q in zip(agents[0].critic.parameters(), agents[1].critic.parameters()):
+        assert torch.equal(p, q)
+
+
+# -- learning -------------------------------------------------------------------------------------------
+def test_residual_learns_to_correct_a_base_that_is_off_by_a_constant():
+    """1-D toy, one-step episodes: x ~ U(-1, 1), reward -(a - x)^2, base(x) = x - 0.4. With beta = 0.5 the residual
+    must output ~ +0.8; after 50 base-only warm-up steps and 300 updates on the agent's own stored data (a
+    ReplayBuffer with the declared record columns) the evaluation action's error drops from 0.4 to < 0.12."""
+    rng = np.random.default_rng(0)
+
+    def base(o):
+        return (o[:, :1] - 0.4).astype(np.float32)
+
+    cfg = ResidualSACConfig(hidden=(32, 32), warmup=50, probe_max_steps=0, actor_every=1, beta=0.5,
+                            init_temperature=0.01, learn_temperature=False, init_log_std=-1.0, actor_lr=1e-3,
+                            critic_lr=1e-3)
+    agent = ResidualSAC(1, 1, [-1.0], [1.0], cfg, seed=0, base_policy=base)
+    buffer = ReplayBuffer(1000, (1,), (1,), seed=0, extra_columns={c.name: c.spec for c in agent.stored_columns()
+                                                                   if c.name != "mc_return"})
+    test_obs = np.linspace(-0.5, 0.5, 21, dtype=np.float32)[:, None]
+    err_before = np.abs(agent.act(test_obs, explore=False) - test_obs).mean()
+    for step in range(350):
+        agent.on_episode_start()
+        obs = rng.uniform(-1, 1, (1, 1)).astype(np.float32)
+        action, record, store = unpack_acted(agent.act(obs, explore=True))
+        assert store.all() and (record["beta"][0] == 0) == (step < 50)
+        reward = -((action - obs) ** 2).sum(-1).astype(np.float32)
+        buffer.extend({"obs": obs, "action": action, "reward": reward, "next_obs": obs,
+                       "terminated": np.ones(1, bool), "truncated": np.zeros(1, bool)} | dict(record))
+        if step >= 50:
+            agent.update(buffer.sample(32))
+    err_after = np.abs(agent.act(test_obs, explore=False) - test_obs).mean()
+    assert err_before == pytest.approx(0.4, abs=1e-5) and err_after < 0.12, (err_before, err_after)
