@@ -267,6 +267,28 @@ def test_otf_with_one_candidate_is_sacs_target():
     torch.testing.assert_close(y, b.reward + 0.99 * (1 - b.terminated) * v)
 
 
+def test_critic_step_regresses_every_member_on_y_and_moves_the_targets_by_tau():
+    """(13) critic loss = mean over members and samples of (Q_e(x, a) - y)^2 (constant members c_e here);
+    (15) after the step Qbar = (1 - tau) Qbar_before + tau Q_after, parameter by parameter."""
+    agent = make(tau=0.1)
+    with torch.no_grad():
+        head = agent.critic.net[-1]
+        head.weight.zero_()
+        head.bias.copy_(torch.tensor([1.5, -0.5]).view(-1, 1, 1))
+    b = make_batch(seed=6)
+    tb = b.to_torch()
+    state = agent.gen.get_state()
+    y = agent.critic_target(tb.reward, tb.next_obs, agent._base_t(tb.next_obs), tb.terminated, agent.beta())
+    agent.gen.set_state(state)
+    target_before = params(agent.target_critic)
+    res = agent.update(b)
+    expected = 0.5 * (((1.5 - y) ** 2).mean() + ((-0.5 - y) ** 2).mean())
+    assert res.metrics["train/critic_loss"] == pytest.approx(expected.item(), rel=1e-5)
+    np.testing.assert_allclose(res.signals["td_error"], (0.5 - y).numpy(), rtol=1e-5, atol=1e-5)
+    for t0, t1, q in zip(target_before, params(agent.target_critic), params(agent.critic)):
+        torch.testing.assert_close(t1, 0.9 * t0 + 0.1 * q)
+
+
 def test_truncation_never_stops_the_bootstrap():
     results = []
     for trunc, term in ((False, False), (True, False), (False, True)):

@@ -101,8 +101,8 @@ class ResidualSACConfig:
     cql_alpha: float = CalQLConfig.cql_alpha  # offline phase: weight of the calibrated conservative gap
     cql_n_actions: int = CalQLConfig.cql_n_actions  # offline phase: uniform / pi(x) / pi(x') actions per sample
     cql_temp: float = CalQLConfig.cql_temp  # offline phase: temperature of the logsumexp
-    clip_diff_min: float = CalQLConfig.clip_diff_min  # offline phase: clip of CQL_ood - Q(x, a)
-    clip_diff_max: float = CalQLConfig.clip_diff_max
+    clip_diff_min: float = CalQLConfig.clip_diff_min  # offline phase: lower clip of CQL_ood - Q(x, a)
+    clip_diff_max: float = CalQLConfig.clip_diff_max  # offline phase: upper clip of CQL_ood - Q(x, a)
     calibrate: bool = True  # offline phase: Cal-QL's max(Q, mc_return) on the policy actions; False: plain CQL
 
     def __post_init__(self):
@@ -300,7 +300,8 @@ class ResidualSAC:
         """``explore=False`` (evaluation): clip(a_base + beta tanh(mu)) as a bare [N, A] array -- never warm-up,
         never probing. ``explore=True``: an :class:`Acted` with the records ``base_action``, ``delta_action``,
         ``beta`` and ``store=False`` on probing steps; it advances the episode step and the clocks. The rows of
-        one call share the episode's state (the online collector runs one environment)."""
+        one call share the episode's state (the online collector runs one environment); an ``Acted`` always
+        holds [N, ...] arrays, also for a single observation, so that its store flag is per row."""
         o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
         base = torch.as_tensor(self.base_action(o.cpu().numpy()), device=self.device)
         if not explore:
@@ -323,8 +324,6 @@ class ResidualSAC:
             self.num_env_steps += n
         record = {"base_action": base.cpu().numpy(), "delta_action": delta.cpu().numpy(),
                   "beta": np.full(n, beta, np.float32)}
-        if single:
-            action, record = action[0], {k: v[0] for k, v in record.items()}
         return Acted(action, record, store=kind != "probe")  # (25): probing steps are never stored
 
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
