@@ -524,3 +524,87 @@ def test_residual_learns_to_correct_a_base_that_is_off_by_a_constant():
             agent.update(buffer.sample(32))
     err_after = np.abs(agent.act(test_obs, explore=False) - test_obs).mean()
     assert err_before == pytest.approx(0.4, abs=1e-5) and err_after < 0.12, (err_before, err_after)
+
+
+# -- a short manual loop: hooks, offline pre-training, symmetric replay, probing --------------------------
+class Reach1D:
+    """x' = x + a (a in [-0.2, 0.2]), goal 1.0; reward 1 and terminated when |x' - 1| < 0.1; 15-step limit."""
+
+    def reset(self, rng):
+        self.x, self.t = float(rng.uniform(-0.5, 0.0)), 0
+        return np.array([self.x], np.float32)
+
+    def step(self, a):
+        self.x, self.t = self.x + float(a[0]), self.t + 1
+        success = abs(self.x - 1.0) < 0.1
+        return np.array([self.x], np.float32), float(success), success, self.t >= 15 and not success
+
+
+def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_steps():
+    """What the trainer will do, by hand: offline base successes with returns-to-go in a 50/50 mixture buffer
+    (``OnPhase("offline")``: Cal-QL critic steps), then online episodes (``OnEpisodeStart`` before each) where the
+    rows stored are exactly the non-probing steps, every batch is half offline, and the records are stored."""
+    from relive.data.loaders import fill_offline
+    from relive.replay.samplers.mixture import MixtureSampler
+    from relive.train.hooks import LoopContext, collect_hooks, of_type
+
+    rng = np.random.default_rng(0)
+    env = Reach1D()
+
+    def base(o):  # reaches the goal slowly: 0.15 per step (0.1 short of the box)
+        return np.full((len(o), 1), 0.15, np.float32)
+
+    cfg = ResidualSACConfig(hidden=(16, 16), warmup=1, warmup_unit="episodes", probe_max_steps=4, cql_n_actions=2)
+    agent = ResidualSAC(1, 1, [-0.2], [0.2], cfg, seed=0, base_policy=base)
+    buffer = ReplayBuffer(2000, (1,), (1,), sampler=MixtureSampler(offline_fraction=0.5), seed=0,
+                          extra_columns={c.name: c.spec for c in agent.stored_columns()})
+    rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    while sum(rows["terminated"]) < 5:  # D_off: 5 successful base episodes
+        obs, done, episode = env.reset(rng), False, {k: [] for k in rows}
+        while not done:
+            a = base(obs[None])[0]
+            nxt, r, term, trunc = env.step(a)
+            for k, v in zip(rows, (obs, a, r, nxt, term, trunc)):
+                episode[k].append(v)
+            obs, done = nxt, term or trunc
+        if episode["terminated"][-1]:
+            for k in rows:
+                rows[k] += episode[k]
+    data = {k: np.asarray(v, np.float32 if k not in ("terminated", "truncated") else bool) for k, v in rows.items()}
+    for c in agent.stored_columns():  # the trainer's job: offline rows get the "fill" columns' fill values
+        if c.offline == "fill":
+            data[c.name] = c.filled(len(data["reward"]))
+    fill_offline(buffer, data, cfg.gamma)  # computes mc_return
+    assert buffer.storage.columns["mc_return"][: buffer.num_offline].max() == pytest.approx(1.0)
+
+    hooks = collect_hooks(LoopContext(agent, buffer, None, cfg.gamma), agent)
+    for h in of_type(hooks, OnPhase):
+        h.fn("offline")
+    for _ in range(5):
+        assert "train/cql_gap" in agent.update(buffer.sample(16)).metrics
+    for h in of_type(hooks, OnPhase):
+        h.fn("online")
+    executed = probed = 0
+    for episode in range(6):
+        for h in of_type(hooks, OnEpisodeStart):
+            h.fn()
+        obs, done = env.reset(rng), False
+        while not done:
+            action, record, store = unpack_acted(agent.act(obs[None], explore=True))
+            nxt, r, term, trunc = env.step(action[0])
+            executed += 1
+            if store.all():
+                buffer.extend({"obs": obs[None], "action": action, "reward": np.array([r], np.float32),
+                               "next_obs": nxt[None], "terminated": np.array([term]), "truncated": np.array([trunc]),
+                               "mc_return": np.zeros(1, np.float32)} | dict(record))
+            else:
+                probed += 1
+            obs, done = nxt, term or trunc
+            if buffer.num_online >= 8:
+                batch = buffer.sample(16)
+                assert (batch.info.source == 1).sum() == 8
+                assert "train/critic_loss" in agent.update(batch).metrics
+    assert probed > 0 and probed == agent.num_probe_steps
+    assert buffer.num_online == executed - probed == agent.num_env_steps
+    online = slice(buffer.num_offline, buffer.num_offline + buffer.num_online)
+    assert (buffer.storage.columns["beta"][online] > 0).any()  # residual rows carry their beta
