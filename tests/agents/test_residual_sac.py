@@ -394,6 +394,27 @@ def test_a_base_policy_with_the_wrong_shape_is_refused():
         no_base.act(obs_rows(1), explore=True)
 
 
+def test_from_spec_loads_the_base_policy_named_in_the_config(monkeypatch):
+    """config.base_policy = PATH: from_spec calls relive.agents.base_policy.load_base_policy(PATH, spec) (a stand-in
+    module here, so the test does not depend on the loader's branch); a wrong shape from it is refused."""
+    import sys
+    import types
+
+    spec = EnvSpec("Toy-v0", (OBS,), False, (ACT,), 0, LOW, HIGH, 10)
+    calls = []
+    fake = types.ModuleType("relive.agents.base_policy")
+    fake.load_base_policy = lambda path, s: calls.append((path, s)) or LinearBase(out_dim=int(path[-1]))
+    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    agent = ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL, base_policy="dir/base2"), np.random.SeedSequence(0))
+    assert calls == [("dir/base2", spec)]
+    np.testing.assert_array_equal(agent.act(obs_rows(3), explore=False), np.clip(LinearBase()(obs_rows(3)), LOW, HIGH))
+    with pytest.raises(ValueError, match=r"actions \[N, 2\]"):
+        ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL, base_policy="dir/base3"), np.random.SeedSequence(0))
+    discrete = EnvSpec("Toy-v1", (OBS,), True, (), 3, None, None, 10)
+    with pytest.raises(ValueError, match="flat Box observations and actions"):
+        ResidualSAC.from_spec(discrete, ResidualSACConfig(**SMALL), np.random.SeedSequence(0))
+
+
 # -- Cal-QL critic initialization -----------------------------------------------------------------------
 def test_offline_phase_trains_the_critic_only_with_the_calibrated_gap():
     """OnPhase("offline"): update() is the Cal-QL critic step; actor and temperature do not move; the loss is
