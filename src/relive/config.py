@@ -1,36 +1,40 @@
 """Experiment configuration: frozen dataclasses grouped by concern, validated on construction, saved as
-``config.json`` and reloaded to an equal object (``load_config``)."""
+``config.json`` and reloaded to an equal object (``load_config``).
+
+The agent and the replay strategy are chosen by name from their registries (``relive.registry``); each brings its
+own frozen config dataclass, nested here: ``agent_kind = "calql"`` with ``agent`` a ``CalQLConfig``, and
+``replay.name = "reaper"`` with ``replay.options`` a ``ReaPERConfig`` (``replay.reaper.*`` in JSON and on the
+command line). Defaults live only in those dataclasses. ``override`` parses ``--set section.key=value`` against each
+field's declared type.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from relive.agents.cal_ql import CalQLConfig
-from relive.agents.ddqn import DDQNConfig
 from relive.agents.sac import SACConfig
-
-AGENT_CONFIGS = {"sac": SACConfig, "calql": CalQLConfig, "ddqn": DDQNConfig}
-REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper",
-               "reaper_reference", "berb")
+from relive.registry import agent_entry, field_docs, replay_entry
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    seed: int = 0
+    seed: int = 0  # run seed: every component gets its own stream from SeedSequence(seed).spawn
     run_dir: str | None = None  # default: runs/<preset>-<env>-seed<seed>-<time>
-    device: str = "cpu"
+    device: str = "cpu"  # torch device of the agent: cpu, cuda[:N], mps
     num_threads: int = 1  # torch intra-op threads
-    log_every_env_steps: int = 1000
-    eval_every_env_steps: int = 5000
-    eval_episodes: int = 5
+    log_every_env_steps: int = 1000  # env steps between metrics.jsonl / TensorBoard lines
+    eval_every_env_steps: int = 5000  # env steps between evaluations
+    eval_episodes: int = 5  # episodes per evaluation
     checkpoint_every_env_steps: int = 10_000  # checkpoints land on the first episode end after this many steps
     checkpoint_every_offline_grad_steps: int = 10_000  # offline phase (and always at its end)
-    progress: bool = True
+    progress: bool = True  # progress bar on the terminal
     save_final_buffer: bool = False  # also write the replay buffer at the end (buffer_final/)
     save_agent_snapshots: bool = False  # keep the agent of every evaluation (snapshots/agent_<env_step>/)
     # start from the agent a finished run saved (<dir>/agent_final: networks, optimizers, temperatures), e.g. one
@@ -49,7 +53,7 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    id: str = "Pendulum-v1"
+    id: str = "Pendulum-v1"  # Gymnasium environment id
     max_episode_steps: int | None = None  # override the registered time limit
 
     def __post_init__(self):
@@ -64,7 +68,7 @@ class DataConfig:
     dataset: str | None = None  # a relive .npz, a D4RL .hdf5 file, or a local Minari dataset (id or directory)
     discount: float | None = None  # for Monte-Carlo returns-to-go; default: the agent's gamma
     ref_min_return: float | None = None  # reference returns for normalized scores (D4RL style)
-    ref_max_return: float | None = None
+    ref_max_return: float | None = None  # (default: the dataset's own, when it records them)
 
     def __post_init__(self):
         if self.discount is not None and not 0.0 <= self.discount <= 1.0:
@@ -76,21 +80,20 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    num_offline_grad_steps: int = 0
-    num_online_env_steps: int = 10_000
+    num_offline_grad_steps: int = 0  # gradient steps on the dataset before going online
+    num_online_env_steps: int = 10_000  # online environment steps
     env_steps_per_chunk: int = 1  # collect this many env steps, then chunk x utd_ratio gradient steps
-    utd_ratio: int = 1
+    utd_ratio: int = 1  # gradient steps per env step (update-to-data ratio); the only copy of it
     # > 0: this many gradient steps after each chunk instead of chunk x utd_ratio (RL Zoo's train_freq /
     # gradient_steps, e.g. 128 updates every 256 env steps on CartPole)
     grad_steps_per_chunk: int = 0
     num_warmup_env_steps: int = 1000  # no updates at the start of the online phase
     warmup_policy: str = "random"  # warm-up actions: "random" (uniform) or "agent" (the pre-trained policy)
-    batch_size: int = 256
-    refresh_every_grad_steps: int = 1000  # sampler.refresh cadence (ARB-style samplers)
+    batch_size: int = 256  # rows per gradient step (updates wait until the buffer holds this many rows)
 
     def __post_init__(self):
-        if min(self.env_steps_per_chunk, self.utd_ratio, self.batch_size, self.refresh_every_grad_steps) < 1:
-            raise ValueError("env_steps_per_chunk, utd_ratio, batch_size and refresh_every_grad_steps must be >= 1")
+        if min(self.env_steps_per_chunk, self.utd_ratio, self.batch_size) < 1:
+            raise ValueError("env_steps_per_chunk, utd_ratio and batch_size must be >= 1")
         if min(self.num_offline_grad_steps, self.num_online_env_steps, self.num_warmup_env_steps,
                self.grad_steps_per_chunk) < 0:
             raise ValueError("step counts must be >= 0")
@@ -100,43 +103,33 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class ReplayConfig:
-    # uniform | per | symmetric (RLPD 50/50) | symmetric_per (uniform offline, PER online) | arb (trajectory level)
-    # | arb_transition | reaper | reaper_reference (the reference code's open choices) | berb
-    name: str = "uniform"
-    capacity: int = 1_000_000
-    offline_fraction: float = 0.5
-    priority_exponent: float = 0.6
-    is_exponent: float = 0.4
-    is_exponent_final: float = 1.0
-    score_mode: str = "standardized"  # ARB per-row score: "standardized" (reference code) or "log_prob"
-    arb_temperature: float = 5.0  # ARB lambda (reference defaults: Cal-QL 5, PEX 0.5, FamO2O 2)
-    arb_amortized_rows: int = 0  # > 0: re-score this many rows per refresh instead of the whole buffer
-    reliability_exponent: float = 0.2  # ReaPER omega (alpha: priority_exponent)
-    berb_temperature: float = 5.0
-    berb_init_online_fraction: float = 0.5
+    name: str = "uniform"  # a registered replay strategy (`relive presets --show replays`)
+    capacity: int = 1_000_000  # rows, offline + online
+    options: Any = None  # the strategy's own config dataclass (``replay.<name>.*``); None: its defaults
 
     def __post_init__(self):
-        if self.name not in REPLAY_NAMES:
-            raise ValueError(f"replay.name must be one of {REPLAY_NAMES}, got {self.name!r}")
-        if not 0.0 <= self.offline_fraction <= 1.0 or self.capacity < 1:
-            raise ValueError("replay.offline_fraction must be in [0, 1] and capacity >= 1")
-        if self.score_mode not in ("standardized", "log_prob"):
-            raise ValueError(f"replay.score_mode must be 'standardized' or 'log_prob', got {self.score_mode!r}")
-        for name in ("priority_exponent", "is_exponent", "is_exponent_final", "reliability_exponent"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"replay.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("arb_temperature", "berb_temperature"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"replay.{name} must be > 0, got {getattr(self, name)}")
-        if self.arb_amortized_rows < 0 or not 0.0 <= self.berb_init_online_fraction <= 1.0:
-            raise ValueError("replay.arb_amortized_rows must be >= 0 and berb_init_online_fraction in [0, 1]")
+        cls = replay_entry(self.name).config_cls
+        if self.options is None:
+            object.__setattr__(self, "options", cls())
+        elif type(self.options) is not cls:
+            raise ValueError(f"replay {self.name!r} takes a {cls.__name__}, got {type(self.options).__name__}")
+        if self.capacity < 1:
+            raise ValueError(f"replay.capacity must be >= 1, got {self.capacity}")
+
+    @classmethod
+    def of(cls, name: str, capacity: int = 1_000_000, **options) -> ReplayConfig:
+        """``ReplayConfig.of("symmetric", offline_fraction=0.5)``: the named strategy with some options set."""
+        return cls(name, capacity, replay_entry(name).config_cls(**options))
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "capacity": self.capacity, self.name: asdict(self.options)}
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
-    preset: str = "sac"
-    agent_kind: str = "sac"  # sac | calql | ddqn
-    agent: SACConfig | CalQLConfig | DDQNConfig = field(default_factory=SACConfig)
+    preset: str = "sac"  # the preset this configuration started from (`relive presets`)
+    agent_kind: str = "sac"  # a registered agent (`relive presets --show agents`)
+    agent: Any = field(default_factory=SACConfig)  # the agent's own config dataclass
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -144,52 +137,93 @@ class ExperimentConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
 
     def __post_init__(self):
-        if self.agent_kind not in AGENT_CONFIGS:
-            raise ValueError(f"agent_kind must be one of {list(AGENT_CONFIGS)}, got {self.agent_kind!r}")
-        if type(self.agent) is not AGENT_CONFIGS[self.agent_kind]:
-            raise ValueError(f"agent_kind {self.agent_kind!r} needs a {AGENT_CONFIGS[self.agent_kind].__name__}, "
-                             f"got {type(self.agent).__name__}")
-        if getattr(self.agent, "utd_ratio", self.schedule.utd_ratio) != self.schedule.utd_ratio:
-            raise ValueError(f"agent.utd_ratio ({self.agent.utd_ratio}) and schedule.utd_ratio "
-                             f"({self.schedule.utd_ratio}) differ; the trainer uses schedule.utd_ratio: set both "
-                             f"(relive train --utd N does)")
+        cls = agent_entry(self.agent_kind).config_cls
+        if type(self.agent) is not cls:
+            raise ValueError(f"agent_kind {self.agent_kind!r} needs a {cls.__name__}, got {type(self.agent).__name__}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {k: (v.to_dict() if isinstance(v, ReplayConfig) else asdict(v) if dataclasses.is_dataclass(v) else v)
+                for k, v in d.items()}
 
 
-def _build(cls, data):
-    """Rebuild a dataclass (recursively) from JSON data, turning lists back into tuples where typed so."""
+# -- loading ----------------------------------------------------------------------------------------------
+# replay settings of config.json files written before the per-strategy options (flat ReplayConfig fields):
+# old field -> field of the new options, for the strategies that had it
+_OLD_REPLAY_FIELDS = {"offline_fraction": "offline_fraction", "priority_exponent": "priority_exponent",
+                      "is_exponent": "is_exponent", "is_exponent_final": "is_exponent_final",
+                      "score_mode": "score_mode", "arb_temperature": "temperature", "arb_amortized_rows":
+                      "amortized_rows", "reliability_exponent": "reliability_exponent",
+                      "berb_temperature": "temperature", "berb_init_online_fraction": "init_online_fraction"}
+_OLD_ONLY_FOR = {"arb_temperature": ("arb", "arb_transition"), "arb_amortized_rows": ("arb", "arb_transition"),
+                 "berb_temperature": ("berb",), "berb_init_online_fraction": ("berb",)}
+_MOVED = {"schedule.refresh_every_grad_steps": "replay.arb.refresh_every_grad_steps (an option of the ARB replays)",
+          "agent.utd_ratio": "schedule.utd_ratio (its only place; relive train --utd N)"}
+
+
+def _migrate(d: dict) -> dict:
+    """A config.json of an earlier version -> today's layout (flat replay fields -> replay.<name>.*)."""
+    d = dict(d)
+    replay = dict(d.get("replay", {}))
+    name = replay.get("name", "uniform")
+    schedule = dict(d.get("schedule", {}))
+    refresh = schedule.pop("refresh_every_grad_steps", None)
+    if name not in replay:
+        cls = replay_entry(name).config_cls
+        names = {f.name for f in dataclasses.fields(cls)}
+        opts = {}
+        for old, new in _OLD_REPLAY_FIELDS.items():
+            if old in replay and new in names and name in _OLD_ONLY_FOR.get(old, (name,)):
+                opts[new] = replay[old]
+        if refresh is not None and "refresh_every_grad_steps" in names:
+            opts["refresh_every_grad_steps"] = refresh
+        replay = {"name": name, "capacity": replay.get("capacity", 1_000_000), name: opts}
+    d["replay"], d["schedule"] = replay, schedule
+    if isinstance(d.get("agent"), dict):
+        d["agent"] = {k: v for k, v in d["agent"].items() if k != "utd_ratio"}
+    return d
+
+
+def _build(cls, data: dict, where: str):
+    """Rebuild a dataclass from JSON data, turning lists back into tuples where typed so."""
     hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {unknown}; known: {sorted(names)}")
     kwargs = {}
     for f in dataclasses.fields(cls):
-        if f.name not in data:
-            continue
-        kwargs[f.name] = _convert(hints[f.name], data[f.name])
+        if f.name in data:
+            tp = hints[f.name]
+            kwargs[f.name] = _build(tp, data[f.name], f"{where}.{f.name}") \
+                if dataclasses.is_dataclass(tp) and isinstance(data[f.name], dict) else _from_json(tp, data[f.name])
     return cls(**kwargs)
 
 
-def _convert(tp, value):
-    if dataclasses.is_dataclass(value):
-        return value
-    if dataclasses.is_dataclass(tp) and isinstance(value, dict):
-        return _build(tp, value)
+def _from_json(tp, value):
     origin = typing.get_origin(tp)
     if origin is tuple and isinstance(value, list):
         return tuple(value)
     if origin in (typing.Union, types.UnionType):
-        return next((_convert(a, value) for a in typing.get_args(tp) if typing.get_origin(a) is tuple
+        return next((tuple(value) for a in typing.get_args(tp) if typing.get_origin(a) is tuple
                      and isinstance(value, list)), value)
     return value
 
 
 def config_from_dict(d: dict) -> ExperimentConfig:
-    d = dict(d)
+    d = _migrate(d)
     kind = d.get("agent_kind", "sac")
-    if kind not in AGENT_CONFIGS:
-        raise ValueError(f"agent_kind must be one of {list(AGENT_CONFIGS)}, got {kind!r}")
-    d["agent"] = _build(AGENT_CONFIGS[kind], d.get("agent", {}))
-    return _build(ExperimentConfig, d)
+    agent = _build(agent_entry(kind).config_cls, d.get("agent", {}), "agent")
+    r = d.get("replay", {})
+    name = r.get("name", "uniform")
+    extra = sorted(set(r) - {"name", "capacity", name})
+    if extra:
+        raise ValueError(f"replay: unknown setting(s) {extra}; replay {name!r} takes replay.{name}.* options")
+    replay = ReplayConfig(name, r.get("capacity", 1_000_000),
+                          _build(replay_entry(name).config_cls, r.get(name, {}), f"replay.{name}"))
+    sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
+                                                   ("schedule", ScheduleConfig)) if k in d}
+    return ExperimentConfig(preset=d.get("preset", "sac"), agent_kind=kind, agent=agent, replay=replay, **sections)
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
@@ -200,20 +234,143 @@ def load_config(path: str | Path) -> ExperimentConfig:
     return config_from_dict(json.loads(Path(path).read_text()))
 
 
+# -- --set section.key=value ------------------------------------------------------------------------------
+def parse_value(tp, raw: str, key: str):
+    """Parse a command-line string against a field's declared type (bool: true/false in any case; int: no
+    fraction; X | None: null/none; tuple[int, ...]: a JSON list); a clear error naming key, value and type."""
+    text = raw.strip()
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and text.lower() in ("null", "none"):
+            return None
+        inner = [a for a in args if a is not type(None)]
+        errors = []
+        for a in inner:
+            try:
+                return parse_value(a, raw, key)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(f"--set {key}={raw}: expected {_type_name(tp)}")
+    try:
+        if tp is bool:
+            if text.lower() in ("true", "false"):
+                return text.lower() == "true"
+            raise ValueError
+        if tp is int:
+            value = json.loads(text)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError
+            return value
+        if tp is float:
+            if text.lower() in ("inf", "+inf", "infinity", "-inf", "-infinity", "nan"):
+                return float(text.lower().replace("infinity", "inf"))
+            value = json.loads(text)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError
+            return float(value)
+        if tp is str:
+            if len(text) >= 2 and text[0] == text[-1] == '"':
+                return json.loads(text)
+            return raw
+        if origin is tuple:
+            value = json.loads(text)
+            if not isinstance(value, list):
+                raise ValueError
+            elem = args[0] if args else Any
+            return tuple(parse_value(elem, json.dumps(v), key) if elem in (int, float, bool) else v for v in value)
+        if tp is Any:
+            return json.loads(text)
+    except (ValueError, json.JSONDecodeError):
+        raise ValueError(f"--set {key}={raw}: expected {_type_name(tp)}, got {raw!r}") from None
+    raise ValueError(f"--set {key}: settings of type {tp} cannot be set from the command line")
+
+
+def _type_name(tp) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin is tuple:
+        plural = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
+        return f"a list of {plural.get(args[0], 'values') if args else 'values'} (e.g. [256,256])"
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _field_type(cls, name: str):
+    return typing.get_type_hints(cls)[name]
+
+
 def override(cfg: ExperimentConfig, assignments: list[str]) -> ExperimentConfig:
-    """Apply ``section.key=value`` strings (value parsed as JSON, else a string), e.g. ``agent.num_qs=10``."""
-    d = cfg.to_dict()
+    """Apply ``section.key=value`` strings in order, each parsed against the field's declared type, e.g.
+    ``agent.num_qs=10``, ``replay.name=reaper``, ``replay.reaper.priority_exponent=0.4``. Setting
+    ``replay.name`` (or ``agent_kind``) resets that part's options to the new method's defaults."""
     for item in assignments:
-        if "=" not in item or "." not in item.split("=", 1)[0]:
+        key, sep, raw = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(parts) or (len(parts) < 2 and parts[0] not in ("agent_kind", "preset")):
             raise ValueError(f"--set expects section.key=value (e.g. agent.num_qs=10), got {item!r}")
-        key, raw = item.split("=", 1)
-        section, name = key.split(".", 1)
-        if section not in d or not isinstance(d[section], dict) or name not in d[section]:
-            known = {s: list(v) for s, v in d.items() if isinstance(v, dict)}
-            raise ValueError(f"unknown setting {key!r}; known: {known}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        d[section][name] = value
-    return config_from_dict(d)
+        cfg = _assign(cfg, parts, raw, key.strip())
+    return cfg
+
+
+def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> ExperimentConfig:
+    if key in _MOVED:
+        raise ValueError(f"--set {key}: this setting moved to {_MOVED[key]}")
+    if parts == ["agent_kind"]:
+        kind = parse_value(str, raw, key)
+        return dataclasses.replace(cfg, agent_kind=kind, agent=agent_entry(kind).config_cls())
+    if parts == ["preset"]:
+        return dataclasses.replace(cfg, preset=parse_value(str, raw, key))
+    section = parts[0]
+    if section == "agent" and len(parts) == 2:
+        return dataclasses.replace(cfg, agent=_set_field(cfg.agent, parts[1], raw, key, "agent"))
+    if section == "replay":
+        r = cfg.replay
+        if parts[1:] == ["name"]:
+            name = parse_value(str, raw, key)
+            return dataclasses.replace(cfg, replay=ReplayConfig(name, r.capacity))
+        if parts[1:] == ["capacity"]:
+            return dataclasses.replace(cfg, replay=dataclasses.replace(r, capacity=parse_value(int, raw, key)))
+        if len(parts) == 3:
+            if parts[1] != r.name:
+                raise ValueError(f"--set {key}: the options of replay {parts[1]!r} apply only when replay.name is "
+                                 f"{parts[1]!r}; this run uses {r.name!r} (set --replay {parts[1]} first)")
+            opts = _set_field(r.options, parts[2], raw, key, f"replay.{r.name}")
+            return dataclasses.replace(cfg, replay=dataclasses.replace(r, options=opts))
+        if len(parts) == 2 and parts[1] in _OLD_REPLAY_FIELDS:
+            new = _OLD_REPLAY_FIELDS[parts[1]]
+            from relive.registry import REPLAYS
+
+            having = [n for n, e in sorted(REPLAYS.items())
+                      if new in {f.name for f in dataclasses.fields(e.config_cls)}]
+            raise ValueError(f"--set {key}: replay options are now per strategy: replay.<name>.{new}, for "
+                             f"<name> in {having} (`relive presets --show NAME` lists each one's options)")
+        known = ["replay.name", "replay.capacity"] + [f"replay.{r.name}.{f.name}"
+                                                      for f in dataclasses.fields(r.options)]
+        raise ValueError(f"unknown setting {key!r}; known: {known}")
+    sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule"}
+    if section in sections and len(parts) == 2:
+        obj = getattr(cfg, section)
+        return dataclasses.replace(cfg, **{section: _set_field(obj, parts[1], raw, key, section)})
+    known = {s: [f.name for f in dataclasses.fields(getattr(cfg, s))] for s in ("agent", *sections)}
+    raise ValueError(f"unknown setting {key!r}; known: {known} and replay.name, replay.capacity, "
+                     f"replay.{cfg.replay.name}.*")
+
+
+def _set_field(obj, name: str, raw: str, key: str, where: str):
+    names = [f.name for f in dataclasses.fields(obj)]
+    if name not in names:
+        raise ValueError(f"unknown setting {key!r}; {where} has {names}")
+    value = parse_value(_field_type(type(obj), name), raw, key)
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError(f"--set {key}={raw}: NaN is not a valid setting")
+    try:
+        return dataclasses.replace(obj, **{name: value})
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--set {key}={raw}: {e}") from None
+
+
+def describe(config_obj) -> list[tuple[str, Any, str]]:
+    """(field, value, doc) of a config dataclass, for `relive presets --show`."""
+    docs = field_docs(type(config_obj))
+    return [(f.name, getattr(config_obj, f.name), docs.get(f.name, "")) for f in dataclasses.fields(config_obj)]

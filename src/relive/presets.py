@@ -21,7 +21,7 @@ def rlpd() -> ExperimentConfig:
     sampling, no offline pre-training, 5000 random warm-up steps (Ball et al. 2023)."""
     return ExperimentConfig(preset="rlpd", agent_kind="sac", agent=SACConfig.rlpd(),
                             schedule=ScheduleConfig(utd_ratio=20, num_warmup_env_steps=5000),
-                            replay=ReplayConfig(name="symmetric", offline_fraction=RLPD_OFFLINE_FRACTION))
+                            replay=ReplayConfig.of("symmetric", offline_fraction=RLPD_OFFLINE_FRACTION))
 
 
 def calql() -> ExperimentConfig:
@@ -29,7 +29,7 @@ def calql() -> ExperimentConfig:
     budgets scaled down); calibration stays on online with true online returns-to-go (official Cal-QL)."""
     return ExperimentConfig(preset="calql", agent_kind="calql", agent=CalQLConfig(),
                             schedule=ScheduleConfig(num_offline_grad_steps=20_000, num_warmup_env_steps=0),
-                            replay=ReplayConfig(name="symmetric"))
+                            replay=ReplayConfig.of("symmetric"))
 
 
 def calql_arb() -> ExperimentConfig:
@@ -38,8 +38,8 @@ def calql_arb() -> ExperimentConfig:
     online (the ARB code inherits CORL's Cal-QL)."""
     cfg = calql()
     return replace(cfg, preset="calql_arb", agent=replace(cfg.agent, calibrate_online=False),
-                   schedule=replace(cfg.schedule, env_steps_per_chunk=1000, refresh_every_grad_steps=1000),
-                   replay=ReplayConfig(name="arb", arb_temperature=5.0))
+                   schedule=replace(cfg.schedule, env_steps_per_chunk=1000),
+                   replay=ReplayConfig.of("arb", temperature=5.0, refresh_every_grad_steps=1000))
 
 
 def ddqn() -> ExperimentConfig:
@@ -47,13 +47,13 @@ def ddqn() -> ExperimentConfig:
     return ExperimentConfig(preset="ddqn", agent_kind="ddqn", agent=DDQNConfig(),
                             schedule=ScheduleConfig(num_online_env_steps=50_000, batch_size=64,
                                                     num_warmup_env_steps=1000),
-                            replay=ReplayConfig(name="uniform", capacity=100_000))
+                            replay=ReplayConfig.of("uniform", capacity=100_000))
 
 
 def ddqn_per() -> ExperimentConfig:
     """Double DQN with proportional PER (alpha 0.6, beta 0.4 -> 1)."""
     cfg = ddqn()
-    return replace(cfg, preset="ddqn_per", replay=replace(cfg.replay, name="per"))
+    return replace(cfg, preset="ddqn_per", replay=ReplayConfig.of("per", capacity=cfg.replay.capacity))
 
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {

@@ -91,6 +91,22 @@ def register_agent(name: str, config_cls: type, doc: str | None = None) -> Calla
     return deco
 
 
+def check_number(config, name: str, low: float | None = None, high: float | None = None,
+                 strict: bool = False) -> None:
+    """Refuse a config field that is not a finite number in [low, high] (``strict``: (low, high]), naming it."""
+    value = getattr(config, name)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if strict else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        lo = "" if low is None else f"{'>' if strict else '>='} {low}"
+        hi = "" if high is None else f"<= {high}"
+        bounds = " and ".join(x for x in (lo, hi) if x)
+        raise ValueError(f"{type(config).__name__}.{name} must be a finite number {bounds}, got {value!r}")
+
+
 def load_builtins() -> None:
     """Import the modules that register the built-in methods (idempotent)."""
     for module in _BUILTINS:
@@ -136,13 +152,20 @@ def field_docs(config_cls: type) -> dict[str, str]:
         for node in cls_node.body:
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 i = node.end_lineno - 1
+                indent = len(src[node.lineno - 1]) - len(src[node.lineno - 1].lstrip())
                 parts = []
-                if "#" in src[i]:
+                if "#" in src[i]:  # a trailing comment, maybe continued on deeper-indented comment lines
                     parts.append(src[i].split("#", 1)[1].strip())
                     j = i + 1
-                    while j < len(src) and src[j].strip().startswith("#"):
+                    while j < len(src) and src[j].strip().startswith("#") and \
+                            len(src[j]) - len(src[j].lstrip()) > indent:
                         parts.append(src[j].strip()[1:].strip())
                         j += 1
+                else:  # a comment block right above the field, at its indentation
+                    j = node.lineno - 2
+                    while j >= 0 and src[j].strip().startswith("#") and len(src[j]) - len(src[j].lstrip()) == indent:
+                        parts.insert(0, src[j].strip()[1:].strip())
+                        j -= 1
                 if parts:
                     out[node.target.id] = " ".join(parts)
     return out

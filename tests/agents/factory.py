@@ -23,7 +23,7 @@ def make(kind: str, seed: int = 0, **overrides):
     if kind == "sac":
         return SAC(OBS, ACT, LOW, HIGH, SACConfig(**(SMALL | overrides)), seed=seed)
     if kind == "rlpd":  # actor every step so that one update exercises everything
-        cfg = SACConfig.rlpd(**(dict(SMALL, num_qs=5, actor_every=1, utd_ratio=1) | overrides))
+        cfg = SACConfig.rlpd(**(dict(SMALL, num_qs=5, actor_every=1) | overrides))
         return SAC(OBS, ACT, LOW, HIGH, cfg, seed=seed)
     if kind == "calql":
         return CalQL(OBS, ACT, LOW, HIGH, CalQLConfig(**(dict(SMALL, cql_n_actions=3) | overrides)), seed=seed)

@@ -34,7 +34,7 @@ def test_sac_solves_a_one_dimensional_continuous_bandit(preset):
     rows.pop("mc_return")
     buf.add_offline(rows)
     common = dict(hidden=(32, 32), critic_lr=3e-3, actor_lr=1e-3, init_temperature=0.05, target_entropy=-3.0)
-    cfg = SACConfig(**common) if preset == "sac" else SACConfig.rlpd(**common, num_qs=5, actor_every=1, utd_ratio=1)
+    cfg = SACConfig(**common) if preset == "sac" else SACConfig.rlpd(**common, num_qs=5, actor_every=1)
     agent = SAC(1, 1, [-1.0], [1.0], cfg, seed=0)
     for _ in range(500):
         agent.update(buf.sample(64))

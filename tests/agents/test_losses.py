@@ -158,7 +158,7 @@ def test_layer_norm_follows_every_hidden_critic_layer():
 
 def test_rlpd_preset():
     cfg = SACConfig.rlpd()
-    assert (cfg.num_qs, cfg.num_min_qs, cfg.critic_layer_norm, cfg.utd_ratio, cfg.actor_q_reduce) == \
+    assert (cfg.num_qs, cfg.num_min_qs, cfg.critic_layer_norm, cfg.actor_every, cfg.actor_q_reduce) == \
         (10, 2, True, 20, "mean")
     agent = SAC(OBS, ACT, LOW, HIGH, SACConfig.rlpd(hidden=(8,)), seed=0)
     assert agent.target_entropy == -ACT / 2
@@ -168,7 +168,7 @@ def test_rlpd_preset():
 
 
 def test_rlpd_actor_steps_once_per_utd_critic_steps():
-    agent = make("rlpd", num_qs=3, actor_every=4, utd_ratio=4)
+    agent = make("rlpd", num_qs=3, actor_every=4)
     actor_before = [p.clone() for p in agent.actor.parameters()]
     keys = [set(agent.update(batch("rlpd", seed=s)).metrics) for s in range(4)]
     assert all("train/actor_loss" not in k for k in keys[:3]) and "train/actor_loss" in keys[3]

@@ -13,7 +13,7 @@ from relive.agents.residual_sac import ResidualSAC, ResidualSACConfig, beta_at
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train.envs import EnvSpec
-from relive.train.hooks import OnEpisodeStart, OnPhase
+from relive.train.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.types import Acted, Batch, SampleInfo, unpack_acted
 from tests.agents.factory import ACT, HIGH, LOW, OBS, SMALL, B
 
@@ -111,7 +111,7 @@ def test_records_match_the_declared_columns():
     cols = {c.name: c for c in agent.stored_columns()}
     assert set(cols) == {"base_action", "delta_action", "beta", "mc_return"}
     assert all(cols[k].offline == "fill" and cols[k].fill == 0.0 for k in ("base_action", "delta_action", "beta"))
-    assert cols["mc_return"].offline == "required"
+    assert cols["mc_return"].offline == "fill"  # the loader computes it from the rewards
     assert "mc_return" not in {c.name for c in make(calibrate=False).stored_columns()}
     _, record, _ = unpack_acted(agent.act(obs_rows(3), explore=True))
     for name in ("base_action", "delta_action", "beta"):
@@ -593,7 +593,7 @@ def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_ste
                 rows[k] += episode[k]
     data = {k: np.asarray(v, np.float32 if k not in ("terminated", "truncated") else bool) for k, v in rows.items()}
     for c in agent.stored_columns():  # the trainer's job: offline rows get the "fill" columns' fill values
-        if c.offline == "fill":
+        if c.offline == "fill" and c.name != "mc_return":  # (the loader computes returns-to-go)
             data[c.name] = c.filled(len(data["reward"]))
     fill_offline(buffer, data, cfg.gamma)  # computes mc_return
     assert buffer.storage.columns["mc_return"][: buffer.num_offline].max() == pytest.approx(1.0)
@@ -609,15 +609,16 @@ def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_ste
     for episode in range(6):
         for h in of_type(hooks, OnEpisodeStart):
             h.fn()
-        obs, done = env.reset(rng), False
+        obs, done, slots, rewards = env.reset(rng), False, [], []
         while not done:
             action, record, store = unpack_acted(agent.act(obs[None], explore=True))
             nxt, r, term, trunc = env.step(action[0])
             executed += 1
             if store.all():
-                buffer.extend({"obs": obs[None], "action": action, "reward": np.array([r], np.float32),
+                rewards.append(r)
+                slots += list(buffer.extend({"obs": obs[None], "action": action, "reward": np.array([r], np.float32),
                                "next_obs": nxt[None], "terminated": np.array([term]), "truncated": np.array([trunc]),
-                               "mc_return": np.zeros(1, np.float32)} | dict(record))
+                               "mc_return": np.zeros(1, np.float32)} | dict(record)))
             else:
                 probed += 1
             obs, done = nxt, term or trunc
@@ -625,6 +626,10 @@ def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_ste
                 batch = buffer.sample(16)
                 assert (batch.info.source == 1).sum() == 8
                 assert "train/critic_loss" in agent.update(batch).metrics
+        for h in of_type(hooks, OnEpisodeEnd):  # returns-to-go of the stored (takeover) rows only
+            h.fn(np.asarray(slots))
+        g = sum(cfg.gamma ** t * r for t, r in enumerate(rewards))
+        assert buffer.storage.columns["mc_return"][slots[0]] == pytest.approx(g, rel=1e-5)
     assert probed > 0 and probed == agent.num_probe_steps
     assert buffer.num_online == executed - probed == agent.num_env_steps
     online = slice(buffer.num_offline, buffer.num_offline + buffer.num_online)

@@ -4,8 +4,9 @@ import dataclasses
 import pytest
 
 from relive.cli import build_parser, main
-from relive.config import REPLAY_NAMES, ExperimentConfig, load_config, override, save_config
+from relive.config import ExperimentConfig, config_from_dict, load_config, override, save_config
 from relive.presets import PRESETS, get_preset
+from relive.registry import REPLAYS, load_builtins
 from relive.replay import (
     ARBSampler,
     BERBSampler,
@@ -17,6 +18,10 @@ from relive.replay import (
 )
 from relive.train.cli import config_from_args
 from relive.train.trainer import build_sampler
+
+load_builtins()
+REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper",
+                "reaper_reference", "berb")  # the built-in strategies (a test file may register more)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -32,10 +37,10 @@ def test_presets_carry_the_papers_settings():
     rlpd = get_preset("rlpd")
     assert (rlpd.agent.num_qs, rlpd.agent.num_min_qs, rlpd.agent.critic_layer_norm) == (10, 2, True)
     assert rlpd.schedule.utd_ratio == 20 and rlpd.agent.target_entropy_scale == 0.5
-    assert rlpd.replay.name == "symmetric" and rlpd.replay.offline_fraction == 0.5
+    assert rlpd.replay.name == "symmetric" and rlpd.replay.options.offline_fraction == 0.5
     arb = get_preset("calql_arb")
     assert arb.replay.name == "arb" and arb.schedule.env_steps_per_chunk == 1000
-    assert arb.schedule.refresh_every_grad_steps == 1000 and arb.agent.calibrate_online is False
+    assert arb.replay.options.refresh_every_grad_steps == 1000 and arb.agent.calibrate_online is False
     assert get_preset("calql").agent.calibrate_online is True and get_preset("ddqn_per").replay.name == "per"
     with pytest.raises(ValueError, match="unknown preset"):
         get_preset("nope")
@@ -46,7 +51,9 @@ def test_presets_carry_the_papers_settings():
     ("symmetric_per", MixtureSampler), ("arb", ARBSampler), ("arb_transition", ARBSampler),
     ("reaper", ReaPERSampler), ("reaper_reference", ReaPERReferenceSampler), ("berb", BERBSampler)])
 def test_replay_names_build_their_samplers(name, kind):
-    cfg = override(get_preset("sac"), [f'replay.name="{name}"', "replay.offline_fraction=0.25"])
+    cfg = override(get_preset("sac"), [f'replay.name="{name}"'])
+    if name.startswith("symmetric"):
+        cfg = override(cfg, [f"replay.{name}.offline_fraction=0.25"])
     sampler = build_sampler(cfg)
     assert type(sampler) is kind
     if name == "symmetric_per":
@@ -55,31 +62,100 @@ def test_replay_names_build_their_samplers(name, kind):
         assert sampler.config()["offline_fraction"] == 0.25
     if name.startswith("arb"):
         assert sampler.config()["level"] == ("transition" if name == "arb_transition" else "trajectory")
-    assert set(REPLAY_NAMES) == {"uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition",
-                                 "reaper", "reaper_reference", "berb"}
+    assert {"uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper", "reaper_reference",
+            "berb"} <= set(REPLAYS)
 
 
 @pytest.mark.parametrize("setting,match", [
-    ("replay.name=\"fifo\"", "replay.name"), ("replay.offline_fraction=1.5", "offline_fraction"),
-    ("replay.arb_temperature=0", "arb_temperature"), ("replay.priority_exponent=-1", "priority_exponent"),
-    ("replay.score_mode=\"x\"", "score_mode"), ("schedule.batch_size=0", "batch_size"),
+    ("replay.name=\"fifo\"", "unknown replay"), ("replay.symmetric.offline_fraction=1.5", "offline_fraction"),
+    ("replay.arb.temperature=0", "temperature"), ("replay.per.priority_exponent=-1", "priority_exponent"),
+    ("replay.arb.score_mode=\"x\"", "score_mode"), ("schedule.batch_size=0", "batch_size"),
     ("schedule.num_online_env_steps=-1", "step counts"), ("schedule.warmup_policy=\"expert\"", "warmup_policy"),
     ("run.eval_episodes=0", "eval_episodes"), ("run.device=\"tpu\"", "run.device"),
     ("run.checkpoint_every_offline_grad_steps=0", "checkpoint_every_offline"),
     ("env.id=\"\"", "env.id"), ("env.max_episode_steps=0", "max_episode_steps"),
     ("data.discount=1.5", "data.discount"), ("data.ref_min_return=10", "ref_min_return"),
-    ("agent.num_min_qs=3", "num_min_qs"), ("schedule.utd_ratio=5", "utd_ratio"),
-    ("agent_kind.x=1", "unknown setting")])
+    ("agent.num_min_qs=3", "num_min_qs"), ("schedule.utd_ratio=0", "utd_ratio"),
+    ("agent_kind.x=1", "unknown setting"), ("agent.utd_ratio=5", "schedule.utd_ratio"),
+    ("schedule.refresh_every_grad_steps=5", "replay.arb.refresh_every_grad_steps")])
 def test_bad_settings_raise_a_value_error_naming_them(setting, match):
     base = override(get_preset("sac"), ["data.ref_max_return=1.0"])
+    name = setting.split(".")[1] if setting.startswith("replay.") and setting.count(".") == 2 else None
+    if name:
+        base = override(base, [f"replay.name={name}"])
     with pytest.raises(ValueError, match=match):
         override(base, [setting])
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("agent.learn_temperature=False", "true or false"), ("agent.learn_temperature=maybe", "true or false"),
+    ("agent.actor_lr=fast", "a number"), ("agent.hidden=64", "a list of integers"),
+    ("agent.num_qs=2.5", "an integer"), ("schedule.batch_size=64.7", "an integer"),
+    ("agent.num_qs=true", "an integer"), ("data.ref_min_return=low", "a number or null"),
+    ("agent.actor_lr=nan", "NaN")])
+def test_set_values_are_parsed_against_the_declared_type(setting, expected):
+    cfg = get_preset("sac")
+    if setting == "agent.learn_temperature=False":  # parsed, not stored as the (truthy) string "False"
+        assert override(cfg, [setting]).agent.learn_temperature is False
+        assert override(cfg, ["agent.learn_temperature=TRUE"]).agent.learn_temperature is True
+        return
+    with pytest.raises(ValueError, match=expected) as e:
+        override(cfg, [setting])
+    assert setting.split("=")[0] in str(e.value)  # the message names the key
+    ok = override(cfg, ["agent.hidden=[64,64]", "agent.num_qs=4", "data.ref_min_return=null"])
+    assert ok.agent.hidden == (64, 64)
+
+
+def test_replay_options_are_nested_under_the_strategy_and_old_keys_say_where_they_went():
+    cfg = override(get_preset("ddqn"), ["replay.name=reaper", "replay.reaper.priority_exponent=0.5"])
+    assert cfg.replay.options.priority_exponent == 0.5 and cfg.replay.options.reliability_exponent == 0.2
+    assert cfg.to_dict()["replay"] == {"name": "reaper", "capacity": 100_000,
+                                       "reaper": {"priority_exponent": 0.5, "reliability_exponent": 0.2,
+                                                  "is_exponent": 0.4, "is_exponent_final": 1.0}}
+    with pytest.raises(ValueError, match=r"replay.<name>.priority_exponent.*'per'.*'reaper'"):
+        override(cfg, ["replay.priority_exponent=0.4"])
+    with pytest.raises(ValueError, match="set --replay per first"):
+        override(cfg, ["replay.per.priority_exponent=0.4"])
+    # switching the strategy starts from the new strategy's own defaults (one source of truth)
+    assert override(cfg, ["replay.name=per"]).replay.options.priority_exponent == 0.6
+
+
+def test_config_json_of_the_earlier_flat_layout_still_loads():
+    old = {"preset": "calql_arb", "agent_kind": "calql", "agent": {"utd_ratio": 1, "cql_n_actions": 4},
+           "schedule": {"utd_ratio": 1, "refresh_every_grad_steps": 250, "env_steps_per_chunk": 1000},
+           "replay": {"name": "arb", "capacity": 5000, "offline_fraction": 0.5, "priority_exponent": 0.6,
+                      "is_exponent": 0.4, "is_exponent_final": 1.0, "score_mode": "log_prob", "arb_temperature": 2.0,
+                      "arb_amortized_rows": 0, "reliability_exponent": 0.2, "berb_temperature": 5.0,
+                      "berb_init_online_fraction": 0.5}}
+    cfg = config_from_dict(old)
+    assert cfg.replay.name == "arb" and cfg.replay.capacity == 5000 and cfg.agent.cql_n_actions == 4
+    assert (cfg.replay.options.temperature, cfg.replay.options.score_mode,
+            cfg.replay.options.refresh_every_grad_steps) == (2.0, "log_prob", 250)
+    reaper = config_from_dict({"agent_kind": "ddqn", "replay": {"name": "reaper", "priority_exponent": 0.6,
+                                                                "arb_temperature": 5.0}})
+    assert reaper.replay.options.priority_exponent == 0.6  # the old run's value, not today's default
+    with pytest.raises(ValueError, match="unknown setting"):
+        config_from_dict({"agent": {"no_such": 1}})
+
+
+def test_each_strategy_default_lives_in_its_config_dataclass():
+    """The sampler a name builds carries exactly its options' defaults (no second set of defaults)."""
+    for name in REPLAY_NAMES:
+        entry = REPLAYS[name]
+        opts = dataclasses.asdict(entry.config_cls())
+        sampler = build_sampler(override(get_preset("sac"), [f"replay.name={name}"]))
+        params = sampler.config()
+        if "online" in params:  # a mixture: the options of its online part
+            params = params | params["online"]["params"]
+        renamed = {"temperature": "temperature", "amortized_rows": "amortized_rows_per_refresh"}
+        for key, value in opts.items():
+            assert params[renamed.get(key, key)] == value, (name, key)
 
 
 def test_agent_config_must_match_agent_kind():
     with pytest.raises(ValueError, match="needs a DDQNConfig"):
         dataclasses.replace(get_preset("sac"), agent_kind="ddqn")
-    with pytest.raises(ValueError, match="agent_kind"):
+    with pytest.raises(ValueError, match="unknown agent 'ppo'"):
         ExperimentConfig(agent_kind="ppo")
 
 
@@ -88,10 +164,13 @@ def test_utd_flag_keeps_the_agent_in_step():
         return config_from_args(build_parser().parse_args(["train", *args]))
 
     rlpd = cfg("rlpd", "--utd", "10")  # RLPD updates the actor once per env step: actor_every follows the UTD
-    assert (rlpd.schedule.utd_ratio, rlpd.agent.utd_ratio, rlpd.agent.actor_every) == (10, 10, 10)
+    assert (rlpd.schedule.utd_ratio, rlpd.agent.actor_every) == (10, 10)
     sac = cfg("sac", "--utd", "4")  # plain SAC keeps one actor step per critic step
-    assert (sac.schedule.utd_ratio, sac.agent.utd_ratio, sac.agent.actor_every) == (4, 4, 1)
-    assert cfg("ddqn", "--utd", "2").agent.utd_ratio == 2
+    assert (sac.schedule.utd_ratio, sac.agent.actor_every) == (4, 1)
+    assert not hasattr(cfg("ddqn", "--utd", "2").agent, "utd_ratio")  # one place: the schedule
+    assert cfg("rlpd", "--offline-fraction", "0.25").replay.options.offline_fraction == 0.25
+    with pytest.raises(ValueError, match="--offline-fraction"):
+        cfg("sac", "--offline-fraction", "0.25")
 
 
 def test_every_cli_option_is_documented(capsys):
@@ -114,10 +193,19 @@ def test_presets_command_lists_and_shows(capsys):
     out = capsys.readouterr().out
     for name in PRESETS:
         assert f"\n{name} " in "\n" + out
-    assert main(["presets", "rlpd"]) == 0
+    assert main(["presets", "rlpd", "--json"]) == 0
     import json
 
     assert json.loads(capsys.readouterr().out)["agent"]["num_qs"] == 10
+    assert main(["presets", "--show", "rlpd"]) == 0
+    out = capsys.readouterr().out
+    assert "agent.num_qs = 10" in out and "# critic ensemble size" in out
+    assert "replay.symmetric.offline_fraction = 0.5" in out and "# offline share of every batch" in out
+    assert main(["presets", "--show", "reaper"]) == 0
+    assert "replay.reaper.priority_exponent = 0.4" in capsys.readouterr().out
+    assert main(["presets", "--show", "replays"]) == 0
+    out = capsys.readouterr().out
+    assert all(n in out for n in REPLAY_NAMES)
     with pytest.raises(ValueError, match="unknown preset"):
         main(["train", "nope", "--env", "Pendulum-v1"])
     with pytest.raises(ValueError, match="unknown setting"):

@@ -13,7 +13,8 @@ from relive.replay.checkpoint import load_tree
 from relive.train.cli import config_from_args
 from relive.train.collector import Collector, collect_dataset, returns_to_go, save_dataset
 from relive.train.envs import env_spec, make_env
-from relive.train.trainer import _fill_online_returns, build_agent, train
+from relive.train.hooks import write_returns_to_go
+from relive.train.trainer import build_agent, train
 
 TINY = ["--set", "agent.hidden=[16,16]", "--batch-size", "32", "--eval-episodes", "1", "--no-progress"]
 
@@ -97,12 +98,12 @@ def test_resume_after_a_kill_in_the_online_phase_reproduces_the_uninterrupted_ru
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 400, seed=0))
     args = ["calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "30", "--online-steps", "520",
             "--eval-every", "200", "--log-every", "80", "--checkpoint-every", "150", "--replay", "arb", "--chunk",
-            "40", "--set", "schedule.refresh_every_grad_steps=40", "--set", "agent.cql_n_actions=2", *TINY]
+            "40", "--set", "replay.arb.refresh_every_grad_steps=40", "--set", "agent.cql_n_actions=2", *TINY]
     full = train(cfg_for(args, tmp_path / "full"))
     with pytest.raises(SimulatedKill):
         train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(grad_step=30 + 333))  # past the step-200 checkpoint
     assert not (tmp_path / "cut" / "summary.json").exists()
-    assert load_tree(tmp_path / "cut" / "checkpoint", kind="run")["trainer"]["env_steps"] == 200
+    assert load_tree(tmp_path / "cut" / "checkpoint", kind="run")["loop"]["env_steps"] == 200
     resumed = train(resume_dir=tmp_path / "cut")
     assert_same_agent(tmp_path / "full", tmp_path / "cut")
     assert resumed.final_return == full.final_return and resumed.num_grad_steps == full.num_grad_steps
@@ -117,7 +118,7 @@ def test_resume_after_a_kill_in_the_offline_phase(tmp_path):
     train(cfg_for(args, tmp_path / "full"))
     with pytest.raises(SimulatedKill):
         train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(grad_step=77))
-    assert load_tree(tmp_path / "cut" / "checkpoint", kind="run")["trainer"]["offline_done"] == 50
+    assert load_tree(tmp_path / "cut" / "checkpoint", kind="run")["loop"]["offline_done"] == 50
     train(resume_dir=tmp_path / "cut")
     assert_same_agent(tmp_path / "full", tmp_path / "cut")
     assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
@@ -171,14 +172,14 @@ def test_arb_is_rescored_after_each_collected_chunk_as_in_its_algorithm(tmp_path
     grad_steps = []
     train(cfg_for(["calql_arb", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "20",
                    "--online-steps", "200", "--chunk", "50", "--eval-every", "1000",
-                   "--set", "schedule.refresh_every_grad_steps=50", "--set", "agent.cql_n_actions=2", *TINY],
+                   "--set", "replay.arb.refresh_every_grad_steps=50", "--set", "agent.cql_n_actions=2", *TINY],
                   tmp_path / "arb"), on_step=lambda e, g: grad_steps.append(g))
     assert calls == [50, 100, 150, 200]  # right after each chunk; none in the offline phase (0 online rows)
     assert max(grad_steps) == 20 + 200
     calls.clear()  # amortized mode re-scores a slice before every online gradient step
     train(cfg_for(["calql_arb", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "20",
                    "--online-steps", "100", "--chunk", "50", "--eval-every", "1000",
-                   "--set", "replay.arb_amortized_rows=64", "--set", "agent.cql_n_actions=2", *TINY],
+                   "--set", "replay.arb.amortized_rows=64", "--set", "agent.cql_n_actions=2", *TINY],
                   tmp_path / "arb_amortized"))
     assert calls == [50] * 50 + [100] * 50
 
@@ -191,7 +192,7 @@ def test_warmup_with_the_agents_policy(tmp_path):
         cfg = cfg_for(args, tmp_path / policy)
         train(cfg)
         buf = ReplayBuffer.load(tmp_path / policy / "buffer_final")
-        agent = build_agent(cfg, env_spec(make_env("Pendulum-v1")), cfg.run.seed)  # same seed, same generator
+        agent = build_agent(cfg, env_spec(make_env("Pendulum-v1")))  # same seed stream, same generator
         obs, action = buf.storage.columns["obs"][:30], buf.storage.columns["action"][:30]
         return action, np.concatenate([agent.act(o[None], explore=True) for o in obs])
 
@@ -235,10 +236,11 @@ def test_online_rows_get_their_returns_to_go_when_the_episode_ends():
     first = {k: v[:2] for k, v in rows.items()}
     second = {k: v[2:] for k, v in rows.items()}
     s1 = buf.extend(first)
-    _fill_online_returns(buf, s1, first, 0.9)
     assert (buf.storage.columns["mc_return"][s1] == 0).all()  # episode not over yet
     s2 = buf.extend(second)
-    _fill_online_returns(buf, s2, second, 0.9)
+    episode = buf.episode_slots_of(int(s2[-1]))  # what the trainer hands to OnEpisodeEnd hooks
+    np.testing.assert_array_equal(episode, np.r_[s1, s2])
+    write_returns_to_go(buf, episode, 0.9, "mc_return")  # Cal-QL's hook
     np.testing.assert_allclose(buf.storage.columns["mc_return"][np.r_[s1, s2]],
                                [1 + 0.9 + 0.81 + 0.729, 1 + 0.9 + 0.81, 1.9, 1.0], rtol=1e-6)
 
@@ -261,6 +263,16 @@ def test_agent_and_environment_mismatches_are_named(tmp_path):
         main(["train", "calql", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "d"), *TINY])
     with pytest.raises(ValueError, match="cannot make environment"):
         main(["train", "sac", "--env", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "e"), *TINY])
+    # a run that could not start leaves nothing behind: the same command works once the mistake is fixed
+    assert not any((tmp_path / d).exists() for d in "abcde")
+
+
+def test_a_dataset_smaller_than_a_batch_is_refused_before_training(tmp_path):
+    data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 20, seed=0))
+    with pytest.raises(ValueError, match="20 rows, fewer than one batch"):
+        main(["train", "calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "10",
+              "--run-dir", str(tmp_path / "r"), *TINY])
+    assert not (tmp_path / "r").exists()
 
 
 def test_demo_quick_runs_end_to_end_and_plots(tmp_path, capsys):

@@ -1,6 +1,16 @@
 """The agent contract the trainer relies on. Agents never touch the buffer: they turn a Batch into an
 update and hand per-sample signals back (``UpdateResult.signals``), which the trainer passes to
-``buffer.update(batch.info, **signals)``."""
+``buffer.update(batch.info, **signals)``.
+
+Required: ``from_spec`` (a classmethod, used by the registry: ``@register_agent("name", ConfigDataclass)``),
+``act``, ``update``, ``state_dict``, ``load_state_dict``. Optional, each used only when an agent defines it:
+
+- ``stored_columns() -> tuple[ColumnDecl, ...]``: per-row columns to store beside the core ones (a behaviour
+  record written from ``act``'s :class:`~relive.types.Acted`, or a column a hook fills, like ``mc_return``);
+- ``loop_hooks(ctx) -> list``: what the agent needs from the training loop (``relive.train.hooks``);
+- ``score_fn(mode) -> score(obs, action)``: per-row on-policyness of stored actions, for samplers that re-score
+  rows with the policy (ARB).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +18,18 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from relive.types import Batch, UpdateResult
+from relive.types import Acted, Batch, UpdateResult
 
 
 @runtime_checkable
 class Agent(Protocol):
-    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        """Actions for a batch of observations [N, *obs_shape] -> [N, *action_shape] (NumPy)."""
+    def act(self, obs: np.ndarray, explore: bool) -> np.ndarray | Acted:
+        """Actions for a batch of observations [N, *obs_shape] -> [N, *action_shape] (NumPy), or an ``Acted``
+        with a behaviour record to store and which steps to store."""
 
     def update(self, batch: Batch) -> UpdateResult:
-        """One gradient step; ``metrics`` are scalars under ``train/``, ``signals`` arrays of shape [B]."""
+        """One gradient step; ``metrics`` are scalars under ``train/``, ``signals`` arrays of shape [B]; the
+        sampler's per-batch hints are on ``batch.info.hints``."""
 
     def state_dict(self) -> dict:
         """Everything needed to resume: parameters, optimizer states, counters, RNG (tensors / arrays)."""

@@ -42,7 +42,8 @@ import torch
 
 from relive.agents import networks as nets
 from relive.agents.sac import SAC, SACConfig, _step
-from relive.types import Batch, UpdateResult
+from relive.registry import register_agent
+from relive.types import Batch, ColumnDecl, UpdateResult
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,23 @@ def cql_gap(q_rand: torch.Tensor, q_pi: torch.Tensor, q_next: torch.Tensor, q_da
     return gap, {"train/cql_ood_mean": ood.mean().item(), "train/cql_bound_rate": bound_rate}
 
 
+@register_agent("calql", CalQLConfig)
 class CalQL(SAC):
     """Cal-QL agent (see the module docstring). ``set_online(True)`` marks the offline -> online switch."""
+
+    # -- what it needs from the loop ---------------------------------------------------------------------
+    def stored_columns(self) -> tuple[ColumnDecl, ...]:
+        """``mc_return``: Monte-Carlo returns-to-go, the calibration bound V_mu(s). Dataset loaders compute it
+        for offline rows; online rows hold ``fill`` until their episode ends (``loop_hooks``)."""
+        return (ColumnDecl("mc_return", doc="Monte-Carlo return-to-go (Cal-QL's calibration bound)"),)
+
+    def loop_hooks(self, ctx) -> list:
+        """The offline -> online switch (``set_online``), and true returns-to-go of every finished online
+        episode written into ``mc_return`` (official Cal-QL)."""
+        from relive.train.hooks import OnEpisodeEnd, OnPhase, write_returns_to_go
+
+        return [OnPhase(lambda phase: self.set_online(phase == "online")),
+                OnEpisodeEnd(lambda slots: write_returns_to_go(ctx.buffer, slots, ctx.gamma, "mc_return"))]
 
     def __init__(self, obs_dim, action_dim, action_low, action_high, config: CalQLConfig | None = None,
                  seed: int = 0, device: str = "cpu"):

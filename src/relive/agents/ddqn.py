@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from relive.agents import networks as nets
+from relive.registry import register_agent
 from relive.types import Batch, UpdateResult
 
 
@@ -43,7 +44,6 @@ class DDQNConfig:
     eps_end: float = 0.05  # final exploration rate (Zoo: CartPole 0.04, Acrobot / LunarLander 0.1)
     eps_decay_steps: int = 10_000  # exploring act() calls of the linear epsilon schedule (Zoo: fraction x budget)
     max_grad_norm: float | None = 10.0  # gradient-norm clip (Zoo: 10); None: no clipping
-    utd_ratio: int = 1  # gradient steps per env step; read by the trainer (must equal schedule.utd_ratio)
     init: str = "torch"  # parameter init: "torch" (nn.Linear default, as SB3) or "xavier"
 
     def __post_init__(self):
@@ -51,8 +51,8 @@ class DDQNConfig:
             raise ValueError("need target_update_period >= 1, eps_decay_steps >= 0, 0 <= eps_end <= eps_start <= 1, "
                              f"got {self.target_update_period}, {self.eps_decay_steps}, {self.eps_end}, "
                              f"{self.eps_start}")
-        if self.utd_ratio < 1 or self.huber_delta <= 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
-            raise ValueError("need utd_ratio >= 1, huber_delta > 0 and max_grad_norm > 0 (or None)")
+        if self.huber_delta <= 0 or (self.max_grad_norm is not None and self.max_grad_norm <= 0):
+            raise ValueError("need huber_delta > 0 and max_grad_norm > 0 (or None)")
         if self.init not in nets.INIT_SCHEMES:
             raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
 
@@ -60,8 +60,16 @@ class DDQNConfig:
         return asdict(self)
 
 
+@register_agent("ddqn", DDQNConfig)
 class DDQN:
     """Double DQN agent for discrete actions (see the module docstring)."""
+
+    @classmethod
+    def from_spec(cls, spec, config, seed, device: str = "cpu"):
+        """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
+        if not spec.discrete:
+            raise ValueError(f"ddqn needs a discrete action space; {spec.id} has a continuous one")
+        return cls(int(np.prod(spec.obs_shape)), spec.num_actions, config, seed=nets.seed_int(seed), device=device)
 
     def __init__(self, obs_dim: int, num_actions: int, config: DDQNConfig | None = None, seed: int = 0,
                  device: str = "cpu"):

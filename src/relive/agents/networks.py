@@ -261,3 +261,10 @@ def as_obs_tensor(obs, obs_dim: int, device: torch.device) -> tuple[torch.Tensor
     if o.dim() != 2 or o.shape[1] != obs_dim:
         raise ValueError(f"obs must have shape [N, {obs_dim}] (or [{obs_dim}]), got {tuple(np.shape(obs))}")
     return o, single
+
+
+def seed_int(seed) -> int:
+    """A 31-bit integer seed from an int or a ``numpy.random.SeedSequence`` (a component's own stream)."""
+    if isinstance(seed, np.random.SeedSequence):
+        return int(seed.generate_state(1)[0] % 2**31)
+    return int(seed)

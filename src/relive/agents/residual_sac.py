@@ -54,7 +54,7 @@ from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.sac import _step
 from relive.registry import register_agent
-from relive.train.hooks import OnEpisodeStart, OnPhase
+from relive.train.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase, write_returns_to_go
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
 BETA_SCHEDULES = ("constant", "linear", "stepwise")
@@ -93,7 +93,6 @@ class ResidualSACConfig:
     init_temperature: float = 0.1  # initial alpha (spec Sec. 13; Table 5 as transcribed: 1.0)
     learn_temperature: bool = True  # False: alpha stays at init_temperature
     target_entropy: float | None = None  # None: -|A| (Table 5)
-    utd_ratio: int = 1  # gradient steps per env step; read by the trainer (must equal schedule.utd_ratio)
     warmup: int = 1000  # the first this many stored env steps (or episodes) act with the base only (spec Sec. 13:
     #                     1000 steps; Table 5: 100 episodes)
     warmup_unit: str = "steps"  # "steps" or "episodes" (episodes are counted by the OnEpisodeStart hook)
@@ -122,9 +121,9 @@ class ResidualSACConfig:
                 raise ValueError(f"beta_boundaries must be strictly increasing and >= 1, got {self.beta_boundaries}")
         if self.num_qs < 2:
             raise ValueError(f"num_qs must be >= 2 (clipped double Q), got {self.num_qs}")
-        if self.otf_candidates < 1 or self.actor_every < 1 or self.utd_ratio < 1:
-            raise ValueError(f"otf_candidates, actor_every and utd_ratio must be >= 1, got {self.otf_candidates}, "
-                             f"{self.actor_every}, {self.utd_ratio}")
+        if self.otf_candidates < 1 or self.actor_every < 1:
+            raise ValueError(f"otf_candidates and actor_every must be >= 1, got {self.otf_candidates}, "
+                             f"{self.actor_every}")
         if not 0 < self.tau <= 1 or not 0 <= self.gamma <= 1:
             raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
         if self.warmup_unit not in WARMUP_UNITS:
@@ -210,7 +209,7 @@ class ResidualSAC:
             raise ValueError(f"residual_sac needs flat Box observations and actions, got {spec.id}: obs "
                              f"{spec.obs_shape}, {'discrete' if spec.discrete else spec.action_shape} actions")
         agent = cls(spec.obs_shape[0], spec.action_shape[0], spec.action_low, spec.action_high, config,
-                    seed=int(seed.generate_state(1)[0]), device=device)
+                    seed=nets.seed_int(seed), device=device)
         if base_policy is None and config.base_policy:
             try:
                 loader = importlib.import_module("relive.agents.base_policy").load_base_policy
@@ -327,7 +326,9 @@ class ResidualSAC:
         return Acted(action, record, store=kind != "probe")  # (25): probing steps are never stored
 
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
-        """The behaviour records (spec Sec. 12.1) and, when calibrating, the offline returns-to-go."""
+        """The behaviour records (spec Sec. 12.1) and, when calibrating, ``mc_return`` (the dataset loader
+        computes it for offline rows; online rows get theirs when their episode ends, from the takeover step
+        on, since probing steps are not stored)."""
         a = (self.action_dim,)
         cols = (
             ColumnDecl("base_action", a, doc="pi_theta(x) when the row was collected (offline rows: 0, not recorded)"),
@@ -335,12 +336,16 @@ class ResidualSAC:
             ColumnDecl("beta", (), doc="residual scale beta_t when collected (0: warm-up or offline base rows)"),
         )
         if self.cfg.calibrate:
-            cols += (ColumnDecl("mc_return", (), offline="required", fill=float(np.finfo(np.float32).min),
-                                doc="Monte-Carlo return-to-go for the Cal-QL critic pre-training"),)
+            cols += (ColumnDecl("mc_return", doc="Monte-Carlo return-to-go (the Cal-QL pre-training's bound)"),)
         return cols
 
     def loop_hooks(self, ctx) -> list:
-        return [OnPhase(self.on_phase), OnEpisodeStart(self.on_episode_start)]
+        """The phase switch, the probing draw before every online episode and, when calibrating, the returns-to-go
+        of every finished online episode's stored rows."""
+        hooks = [OnPhase(self.on_phase), OnEpisodeStart(self.on_episode_start)]
+        if self.cfg.calibrate:
+            hooks.append(OnEpisodeEnd(lambda slots: write_returns_to_go(ctx.buffer, slots, ctx.gamma, "mc_return")))
+        return hooks
 
     def on_phase(self, phase: str) -> None:
         """``"offline"``: updates are critic-only Cal-QL (20)-(21); ``"online"``: residual SAC."""

@@ -5,7 +5,7 @@ below refer to it). RLPD: Ball et al., ICML 2023, arXiv 2302.02948: LayerNorm cr
 with targets from a random subset of 2 members (REDQ, Chen et al. 2021, arXiv 2101.05982), the actor on the
 ensemble mean, UTD 20 with one actor step per env step, target entropy -|A|/2, 50/50 symmetric replay.
 ``SACConfig.rlpd()`` sets the agent's part; the replay part (``MixtureSampler``, 50/50) and the UTD loop
-belong to the trainer (it reads ``utd_ratio``).
+belong to the run configuration (``replay.name = "symmetric"``, ``schedule.utd_ratio``).
 
 ``update(batch)``, in the paper's order (SAC Alg. 1; RLPD Alg. 1 / ``sac_learner.update``):
   1. soft Q step: y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - alpha log pi(a'|s')),
@@ -40,6 +40,7 @@ import torch
 
 from relive.agents import networks as nets
 from relive.agents.scoring import log_prob_score, standardized_score
+from relive.registry import register_agent
 from relive.types import Batch, UpdateResult
 
 ACTOR_Q_REDUCTIONS = ("min", "mean")
@@ -69,7 +70,6 @@ class SACConfig:
     target_entropy: float | None = None  # explicit target entropy; None: -target_entropy_scale * |A|
     target_entropy_scale: float = 1.0  # SAC: 1 (-|A|); RLPD: 0.5 (-|A|/2)
     backup_entropy: bool = True  # subtract alpha log pi(a'|s') in the critic target (RLPD: off for antmaze/adroit)
-    utd_ratio: int = 1  # gradient steps per env step; read by the trainer (must equal schedule.utd_ratio)
     actor_every: int = 1  # actor + temperature step every this many critic steps (RLPD: utd_ratio, i.e. once
     #                       per env step, on the last minibatch)
     compute_log_likelihood: bool = True  # return log pi(stored action | s) as a signal (on-policyness samplers)
@@ -82,8 +82,8 @@ class SACConfig:
                              f"num_min_qs={self.num_min_qs}")
         if not 0 < self.tau <= 1 or not 0 <= self.gamma <= 1:
             raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
-        if self.utd_ratio < 1 or self.actor_every < 1:
-            raise ValueError(f"utd_ratio and actor_every must be >= 1, got {self.utd_ratio}, {self.actor_every}")
+        if self.actor_every < 1:
+            raise ValueError(f"actor_every must be >= 1, got {self.actor_every}")
         if self.actor_q_reduce not in ACTOR_Q_REDUCTIONS:
             raise ValueError(f"actor_q_reduce must be one of {ACTOR_Q_REDUCTIONS}, got {self.actor_q_reduce!r}")
         if self.init not in nets.INIT_SCHEMES:
@@ -97,18 +97,28 @@ class SACConfig:
     def rlpd(cls, **overrides) -> SACConfig:
         """RLPD's defaults (``configs/rlpd_config.py`` of the reference code; o2o_methods.md Sec. 4.1):
         E = 10, subset-min of 2, LayerNorm critics, actor on the ensemble mean, Xavier init, target entropy
-        -|A|/2, UTD 20 with one actor/temperature step per 20 critic steps. For antmaze/adroit the reference
+        -|A|/2, one actor/temperature step per 20 critic steps (with ``schedule.utd_ratio = 20``: once per env
+        step). For antmaze/adroit the reference
         commands also set ``backup_entropy=False`` (and antmaze ``num_min_qs=1``, hidden (256, 256, 256))."""
         base = dict(num_qs=10, num_min_qs=2, critic_layer_norm=True, actor_q_reduce="mean", init="xavier",
-                    utd_ratio=20, actor_every=20, target_entropy_scale=0.5)
+                    actor_every=20, target_entropy_scale=0.5)
         return replace(cls(**base), **overrides)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+@register_agent("sac", SACConfig)
 class SAC:
     """SAC / RLPD agent (see the module docstring for the update and its equations)."""
+
+    @classmethod
+    def from_spec(cls, spec, config, seed, device: str = "cpu"):
+        """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
+        if spec.discrete:
+            raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
+        return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
+                   seed=nets.seed_int(seed), device=device)
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: SACConfig | None = None,
                  seed: int = 0, device: str = "cpu"):

@@ -111,7 +111,7 @@ def _load_agent(run_dir: Path, snapshot: str):
     from relive.train.trainer import build_agent
 
     cfg = load_config(run_dir / "config.json")
-    agent = build_agent(cfg, env_spec(make_env(cfg.env.id)), cfg.run.seed)
+    agent = build_agent(cfg, env_spec(make_env(cfg.env.id)))
     agent.load_state_dict(load_tree(run_dir / snapshot, kind="agent"))
     return agent
 

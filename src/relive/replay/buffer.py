@@ -71,6 +71,12 @@ class ReplayBuffer:
             self.sampler.on_insert(live)
         return slots
 
+    def episode_slots_of(self, slot: int) -> np.ndarray:
+        """Slots of the stored rows of the episode that holds ``slot``, in time order."""
+        st = self.storage
+        view = st.episodes.get([int(st.meta["episode_id"][int(st.check_slots([slot])[0])])])
+        return st.episode_slots(view.start, view.length, view.source)
+
     def set_column(self, name: str, indices, values) -> None:
         """Fill an extra column of stored rows (e.g. ``mc_return`` when an episode ends)."""
         self.storage.set_column(name, indices, values)

@@ -280,6 +280,79 @@ class Storage:
         self.episodes.load_state_dict(state["episodes"])
 
 
+class StorageView:
+    """What a sampler may read of a :class:`Storage`: read-only column and bookkeeping arrays, sizes, the episode
+    index's queries, and the slot <-> logical-position arithmetic of the ring in one place.
+
+    Logical positions (``relive.replay.episodes``): an offline row's position is its slot; an online row's is the
+    number of online rows written before it. ``online_slot(t) = num_offline + t % online_capacity``."""
+
+    def __init__(self, storage: Storage):
+        self._st = storage
+        self.columns = {n: _read_only(a) for n, a in storage.columns.items()}
+        self.meta = {n: _read_only(a) for n, a in storage.meta.items()}
+        self.specs = dict(storage.specs)
+        self.extra_names = storage.extra_names
+        self.capacity = storage.capacity
+        self.episodes = _EpisodeQueries(storage.episodes)
+
+    # sizes (live: they change as rows are written)
+    num_offline = property(lambda self: self._st.num_offline)
+    num_online = property(lambda self: self._st.num_online)
+    num_online_written = property(lambda self: self._st.num_online_written)
+    online_capacity = property(lambda self: self._st.online_capacity)
+    size = property(lambda self: self._st.size)
+
+    def slot_range(self, source: int | None = None) -> tuple[int, int]:
+        return self._st.slot_range(source)
+
+    def online_slot(self, positions) -> np.ndarray:
+        """Slots of online rows given their logical positions."""
+        return self._st.online_slot(positions)
+
+    def slot_of(self, positions, online) -> np.ndarray:
+        """Slots of rows given their logical positions and whether each is online."""
+        positions = np.asarray(positions, np.int64)
+        return np.where(online, self._st.online_slot(positions), positions)
+
+    def position_of(self, slots) -> np.ndarray:
+        """Logical positions of stored slots (offline: the slot; online: its row number on the ring's clock)."""
+        slots = np.asarray(slots, np.int64)
+        k, cap = self._st.num_offline, max(self._st.online_capacity, 1)
+        base = self._st.num_online_written - cap
+        return np.where(slots < k, slots, base + ((slots - k) - base) % cap)
+
+    def episode_slots(self, start, length, source) -> np.ndarray:
+        return self._st.episode_slots(start, length, source)
+
+
+class _EpisodeQueries:
+    """The read-only part of an :class:`~relive.replay.episodes.EpisodeIndex`."""
+
+    def __init__(self, index: EpisodeIndex):
+        self._index = index
+
+    def live(self, source: int | None = None):
+        return self._index.live(source)
+
+    def get(self, ids):
+        return self._index.get(ids)
+
+    def is_open(self, source: int) -> int:
+        return self._index.is_open(source)
+
+    num_offline_episodes = property(lambda self: self._index.num_offline_episodes)
+    first_live_online_id = property(lambda self: self._index.first_live_online_id)
+    online_evicted_before = property(lambda self: self._index.online_evicted_before)
+    next_id = property(lambda self: self._index.next_id)
+
+
+def _read_only(arr: np.ndarray) -> np.ndarray:
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
 def _as_numpy(x) -> np.ndarray:
     if type(x) is np.ndarray:
         return x
@@ -308,4 +381,4 @@ def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     raise ValueError(f"column {name!r}: expected dtype {dtype} (or a same-kind dtype), got {arr.dtype}")
 
 
-__all__ = ["Storage", "ColumnSpec", "CORE_COLUMNS", "OFFLINE", "ONLINE", "SOURCE_NAMES"]
+__all__ = ["Storage", "StorageView", "ColumnSpec", "CORE_COLUMNS", "OFFLINE", "ONLINE", "SOURCE_NAMES"]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 
-from relive.config import REPLAY_NAMES, override
+from relive.config import describe, override
 from relive.presets import PRESETS, get_preset
+from relive.registry import AGENTS, REPLAYS, load_builtins
 
 
 def add_parsers(subparsers) -> None:
@@ -20,13 +20,10 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--env", help="Gymnasium environment id, e.g. Pendulum-v1, Hopper-v5, CartPole-v1")
     p.add_argument("--dataset", help="offline dataset: a local Minari dataset id or directory (see `relive data "
                    "list`), a D4RL-format .hdf5 file, or a relive .npz")
-    p.add_argument("--replay", choices=REPLAY_NAMES, metavar="NAME", help="replay strategy: uniform (over offline + "
-                   "online rows), per (proportional PER), symmetric (exact offline/online split per batch, RLPD), "
-                   "symmetric_per (uniform offline, PER online), arb / arb_transition (on-policyness weights, "
-                   "trajectory or transition level, re-scored every refresh_every_grad_steps), reaper "
-                   "(reliability-adjusted PER), reaper_reference (ReaPER with the reference code's choices where "
-                   "the paper is open: fresh rows unweighted, F frozen at insert, IS by the buffer's minimum), berb "
-                   "(learned online/offline density ratio)")
+    load_builtins()
+    replays = "; ".join(f"{n}: {e.doc}" for n, e in sorted(REPLAYS.items()))
+    p.add_argument("--replay", choices=sorted(REPLAYS), metavar="NAME", help=f"replay strategy ({replays}); its "
+                   "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
     p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
     p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")
@@ -60,7 +57,10 @@ def add_parsers(subparsers) -> None:
     p.set_defaults(func=run_train)
 
     ps = subparsers.add_parser("presets", help="list the training presets and their settings")
-    ps.add_argument("name", nargs="?", help="show one preset's full configuration")
+    ps.add_argument("name", nargs="?", help="show one preset's settings (same as --show NAME)")
+    ps.add_argument("--show", metavar="NAME", help="a preset's settings with their docs, or the options of a replay "
+                    "strategy or an agent; `replays` / `agents` list them")
+    ps.add_argument("--json", action="store_true", help="a preset's configuration as config.json holds it")
     ps.set_defaults(func=run_presets)
 
     d = subparsers.add_parser("demo", help="the README's main job: a short offline-to-online experiment with a plot",
@@ -79,7 +79,7 @@ FLAG_TO_SETTING = {
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",
     "stop_at_return": "run.stop_at_return", "init_from": "run.init_from", "warmup": "schedule.num_warmup_env_steps",
     "warmup_policy": "schedule.warmup_policy",
-    "batch_size": "schedule.batch_size", "capacity": "replay.capacity", "offline_fraction": "replay.offline_fraction",
+    "batch_size": "schedule.batch_size", "capacity": "replay.capacity",
     "eval_every": "run.eval_every_env_steps", "eval_episodes": "run.eval_episodes",
     "log_every": "run.log_every_env_steps",
     "checkpoint_every": "run.checkpoint_every_env_steps",
@@ -98,15 +98,19 @@ def config_from_args(args: argparse.Namespace):
         sets += utd_settings(cfg, args.utd)
     if getattr(args, "no_progress", False):
         sets.append("run.progress=false")
-    return override(cfg, sets + list(args.set))
+    cfg = override(cfg, sets)
+    if getattr(args, "offline_fraction", None) is not None:  # an option of the chosen (symmetric) replay
+        if not hasattr(cfg.replay.options, "offline_fraction"):
+            raise ValueError(f"--offline-fraction: replay {cfg.replay.name!r} has no offline/online split (use a "
+                             f"mixing replay such as symmetric or symmetric_per)")
+        cfg = override(cfg, [f"replay.{cfg.replay.name}.offline_fraction={args.offline_fraction}"])
+    return override(cfg, list(args.set))
 
 
 def utd_settings(cfg, utd: int) -> list[str]:
-    """``--utd N``: the schedule's ratio and the agent's copy of it; a preset that updates the actor once per env
-    step (RLPD: ``actor_every == utd_ratio``) keeps doing so."""
+    """``--utd N``: the schedule's ratio; a preset that updates the actor once per env step (RLPD:
+    ``actor_every == utd_ratio``) keeps doing so."""
     sets = [f"schedule.utd_ratio={utd}"]
-    if hasattr(cfg.agent, "utd_ratio"):
-        sets.append(f"agent.utd_ratio={utd}")
     if getattr(cfg.agent, "actor_every", 1) == cfg.schedule.utd_ratio > 1:
         sets.append(f"agent.actor_every={utd}")
     return sets
@@ -135,11 +139,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_presets(args: argparse.Namespace) -> int:
-    if args.name:
-        import json
-
-        print(json.dumps(dataclasses.asdict(get_preset(args.name)), indent=1))
-        return 0
+    name = args.show or args.name
+    if name:
+        return show(name, as_json=args.json)
     import textwrap
 
     for name, fn in PRESETS.items():
@@ -148,7 +150,47 @@ def run_presets(args: argparse.Namespace) -> int:
         settings = (f"[{cfg.agent_kind}, replay {cfg.replay.name}, utd {s.utd_ratio}, chunk {s.env_steps_per_chunk}, "
                     f"offline {s.num_offline_grad_steps:,} grad steps, online {s.num_online_env_steps:,} env steps]")
         print(textwrap.fill(f"{doc} {settings}", 110, initial_indent=f"{name:11s}", subsequent_indent=" " * 11))
-    print("\n`relive presets NAME` prints a preset's full configuration; `relive train NAME --help` the options.")
+    print("\n`relive presets --show NAME` shows a preset's settings (or a replay's / an agent's options, or "
+          "`replays` / `agents`); `relive train --help` the options.")
+    return 0
+
+
+def show(name: str, as_json: bool = False) -> int:
+    """Print a preset's full configuration, or a registered replay's / agent's options, each with its doc."""
+    import json
+
+    load_builtins()
+    if name in ("replays", "agents"):
+        table = REPLAYS if name == "replays" else AGENTS
+        for n, e in sorted(table.items()):
+            print(f"{n:18s} {e.doc}")
+        return 0
+    if name in PRESETS:
+        cfg = get_preset(name)
+        if as_json:
+            print(json.dumps(cfg.to_dict(), indent=1))
+            return 0
+        print(f"{name}: {' '.join((PRESETS[name].__doc__ or '').split())}\n")
+        groups = [("agent", cfg.agent, f"agent_kind = {cfg.agent_kind}"),
+                  (f"replay.{cfg.replay.name}", cfg.replay.options,
+                   f"replay.name = {cfg.replay.name}, replay.capacity = {cfg.replay.capacity}"),
+                  ("schedule", cfg.schedule, ""), ("run", cfg.run, ""), ("env", cfg.env, ""), ("data", cfg.data, "")]
+    elif name in REPLAYS or name in AGENTS:
+        groups = []
+        if name in REPLAYS:
+            groups.append((f"replay.{name}", REPLAYS[name].config_cls(), f"--replay {name}: {REPLAYS[name].doc}"))
+        if name in AGENTS:
+            groups.append(("agent", AGENTS[name].config_cls(), f"agent {name}: {AGENTS[name].doc}"))
+    else:
+        raise ValueError(f"nothing named {name!r}: presets {sorted(PRESETS)}, replays {sorted(REPLAYS)}, agents "
+                         f"{sorted(AGENTS)}")
+    for prefix, obj, title in groups:
+        if title:
+            print(f"# {title}")
+        for field, value, doc in describe(obj):
+            line = f"{prefix}.{field} = {json.dumps(value)}"
+            print(f"{line:52s} # {doc}" if doc else line)
+        print()
     return 0
 
 

@@ -15,40 +15,94 @@ from relive.train.envs import EnvSpec, make_env, random_actions
 
 
 class Collector:
-    def __init__(self, env, spec: EnvSpec, seed: int):
+    """Steps one environment with a policy and returns the rows to store.
+
+    ``policy(obs [1, ...])`` returns actions or a :class:`relive.types.Acted` (actions + a behaviour record to
+    store with the row + whether to store it). Declared ``record_columns`` (``ColumnDecl``) missing from a step's
+    record (e.g. random warm-up actions) get their ``fill`` value. A step with ``store=False`` is executed and
+    advances the episode (its return, its length), but no row is written; such steps must come before any
+    stored step of the same episode (PLD's probing: the stored part of the episode starts at the takeover).
+    ``on_episode_start`` callbacks run before the first step of every episode.
+    """
+
+    def __init__(self, env, spec: EnvSpec, seed: int, record_columns=(), on_episode_start=()):
         self.env, self.spec = env, spec
+        self.record_columns = tuple(record_columns)
+        self.on_episode_start = list(on_episode_start)
         self.obs, _ = env.reset(seed=int(seed))
         self.needs_reset = False  # episodes are reset lazily, so a checkpoint between episodes holds the
         self.episode_return = 0.0  # env RNG state *before* the next reset (exact resume)
         self.episode_length = 0
+        self.stored_in_episode = False  # some step of the current episode was stored
         self.finished_returns: list[float] = []  # returns of episodes finished since last read
+        self.num_unstored_steps = 0  # steps executed with store=False (all time)
 
     @property
     def at_episode_start(self) -> bool:
         return self.episode_length == 0
 
     def step(self, policy, n: int) -> dict:
-        """Run ``n`` env steps with ``policy(obs[1, ...]) -> action[1, ...]``; return the rows."""
-        rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+        """Run ``n`` env steps with ``policy``; return the stored rows (core columns + records), which may be
+        fewer than ``n``."""
+        from relive.types import unpack_acted
+
+        names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+        rows = {k: [] for k in names}
+        records: list[dict] = []
         for _ in range(n):
             if self.needs_reset:
                 self.obs, _ = self.env.reset()
                 self.needs_reset = False
-            action = policy(self.obs[None])[0]
+            if self.episode_length == 0:
+                for fn in self.on_episode_start:
+                    fn()
+            action, record, store = unpack_acted(policy(self.obs[None]))
+            action, store = action[0], bool(store[0])
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
-            for k, v in (("obs", self.obs), ("action", action), ("reward", reward), ("next_obs", next_obs),
-                         ("terminated", terminated), ("truncated", truncated)):
-                rows[k].append(v)
+            if store:
+                for k, v in zip(names, (self.obs, action, reward, next_obs, terminated, truncated), strict=True):
+                    rows[k].append(v)
+                records.append({k: np.asarray(v)[0] for k, v in record.items()})
+                self.stored_in_episode = True
+            elif self.stored_in_episode:
+                raise ValueError("act returned store=False after a stored step of the same episode; unstored steps "
+                                 "(probing) must come first in an episode")
+            else:
+                self.num_unstored_steps += 1
             self.episode_return += float(reward)
             self.episode_length += 1
             if terminated or truncated:
                 self.finished_returns.append(self.episode_return)
                 self.needs_reset = True
-                self.episode_return, self.episode_length = 0.0, 0
+                self.episode_return, self.episode_length, self.stored_in_episode = 0.0, 0, False
             else:
                 self.obs = next_obs
-        out = {k: np.asarray(v) for k, v in rows.items()}
-        out["reward"] = out["reward"].astype(np.float32)  # the storage's reward dtype
+        return self._columns(rows, records)
+
+    def _columns(self, rows: dict, records: list[dict]) -> dict:
+        m = len(records)
+        spec = self.spec
+        obs_shape, act_shape = tuple(spec.obs_shape), tuple(spec.action_shape)
+        out = {
+            "obs": np.asarray(rows["obs"]).reshape(m, *obs_shape),
+            "action": np.asarray(rows["action"]).reshape(m, *act_shape),
+            "reward": np.asarray(rows["reward"], np.float32).reshape(m),  # the storage's reward dtype
+            "next_obs": np.asarray(rows["next_obs"]).reshape(m, *obs_shape),
+            "terminated": np.asarray(rows["terminated"], bool).reshape(m),
+            "truncated": np.asarray(rows["truncated"], bool).reshape(m),
+        }
+        declared = {c.name: c for c in self.record_columns}
+        for rec in records:
+            unknown = set(rec) - set(declared)
+            if unknown:
+                raise ValueError(f"act returned record column(s) {sorted(unknown)} that the agent does not declare in "
+                                 f"stored_columns() (declared: {sorted(declared)})")
+        for name, decl in declared.items():
+            col = decl.filled(m)
+            for i, rec in enumerate(records):
+                if name in rec:
+                    col[i] = rec[name]
+            out[name] = col
         return out
 
     def state_dict(self) -> dict:
@@ -56,13 +110,15 @@ class Collector:
         if not self.at_episode_start:
             raise ValueError("a collector can only be checkpointed between episodes")
         return {"env_rng": self.env.unwrapped.np_random.bit_generator.state, "needs_reset": self.needs_reset,
-                "finished_returns": np.asarray(self.finished_returns, np.float64)}
+                "finished_returns": np.asarray(self.finished_returns, np.float64),
+                "num_unstored_steps": self.num_unstored_steps}
 
     def load_state_dict(self, state: dict) -> None:
         self.env.unwrapped.np_random.bit_generator.state = state["env_rng"]
         self.needs_reset = bool(state["needs_reset"])
-        self.episode_return, self.episode_length = 0.0, 0
+        self.episode_return, self.episode_length, self.stored_in_episode = 0.0, 0, False
         self.finished_returns = [float(r) for r in np.asarray(state.get("finished_returns", []))]
+        self.num_unstored_steps = int(state.get("num_unstored_steps", 0))
 
 
 def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.ndarray, gamma: float) -> np.ndarray:

@@ -51,8 +51,7 @@ def demo(out: str | Path = "runs/demo", seed: int = 0, quick: bool = False) -> P
                 f"schedule.num_offline_grad_steps={steps['offline']}",
                 f"schedule.num_online_env_steps={steps['online']}", "schedule.batch_size=128",
                 f"agent.hidden=[{steps['hidden']},{steps['hidden']}]", "agent.cql_n_actions=4", "agent.cql_alpha=1.0",
-                f"schedule.refresh_every_grad_steps={1000 if not quick else 100}",
-            ])
+            ] + ([f"replay.arb.refresh_every_grad_steps={1000 if not quick else 100}"] if replay == "arb" else []))
             summary = train(cfg)
             print(f"[demo]     return after offline phase {summary.offline_return:.0f}, "
                   f"after fine-tuning {summary.final_return:.0f} ({summary.seconds:.0f} s)", flush=True)

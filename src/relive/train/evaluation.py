@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.data.scores import normalized_score  # noqa: F401  (re-exported for the trainer)
+from relive.types import unpack_acted
 
 
 def evaluate(env, agent, episodes: int, seed: int) -> np.ndarray:
@@ -14,7 +15,7 @@ def evaluate(env, agent, episodes: int, seed: int) -> np.ndarray:
         obs, _ = env.reset(seed=int(seed) + i)
         total, done = 0.0, False
         while not done:
-            action = agent.act(obs[None], explore=False)[0]
+            action = unpack_acted(agent.act(obs[None], explore=False))[0][0]
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated

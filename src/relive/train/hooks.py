@@ -81,3 +81,15 @@ def collect_hooks(ctx: LoopContext, *components) -> list:
 
 def of_type(hooks: list, kind: type) -> list:
     return [h for h in hooks if isinstance(h, kind)]
+
+
+def write_returns_to_go(buffer, slots: np.ndarray, gamma: float, column: str) -> None:
+    """Write the discounted Monte-Carlo returns-to-go of one finished episode (its stored rows ``slots``, in time
+    order) into ``column`` (a truncated episode's sum stops at its last row; see ``collector.returns_to_go``)."""
+    from relive.train.collector import returns_to_go
+
+    reward = buffer.storage.columns["reward"][slots]
+    term = buffer.storage.columns["terminated"][slots]
+    end = np.zeros(slots.size, bool)
+    end[-1] = True
+    buffer.set_column(column, slots, returns_to_go(reward, end, term, gamma))

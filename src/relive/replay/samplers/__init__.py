@@ -7,7 +7,8 @@ from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.berb import BERBSampler
 from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.per import PrioritizedSampler
-from relive.replay.samplers.reaper import ReaPERReferenceSampler, ReaPERSampler
+from relive.replay.samplers.reaper import ReaPERSampler
+from relive.replay.samplers.reaper_reference import ReaPERReferenceSampler
 from relive.replay.samplers.uniform import UniformSampler
 
 SAMPLERS: dict[str, type[Sampler]] = {

@@ -44,8 +44,12 @@ one full sweep with an unchanged policy they equal it (tested).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import NamedTuple
+
 import numpy as np
 
+from relive.registry import ReplayBuild, check_number, register_replay
 from relive.replay import _tree_kernels as kernels
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.per import contiguous_runs, tree_probabilities
@@ -53,14 +57,29 @@ from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import ONLINE
 
 LEVELS = ("trajectory", "transition")
+
+
+class AliasTable(NamedTuple):
+    """The draw table of the last full refresh over slots [lo, hi)."""
+
+    lo: int
+    hi: int
+    table: np.ndarray  # [n, 4]: acceptance probability, alias slot, weight, the alias's weight (Vose)
+    weights: np.ndarray  # refresh-time weight of each slot in [lo, hi)
+    total: float  # their sum
+    num_online_written: int  # the ring's clock at the refresh (rows written later are "fresh")
+    num_offline: int  # offline rows at the refresh
 RESHIFT = 100.0  # amortized mode: move the shift when the best score drifts this many lambdas from it
 
 
 class ARBSampler(Sampler):
     def __init__(self, temperature: float = 5.0, log_p_low: float = -12.0, log_p_high: float = 7.0,
                  level: str = "trajectory", is_correction: bool = False, is_exponent: float = 1.0,
-                 amortized_rows_per_refresh: int = 0):
+                 amortized_rows_per_refresh: int = 0, refresh_every_grad_steps: int = 1000,
+                 score_mode: str = "standardized"):
         super().__init__()
+        if refresh_every_grad_steps < 1:
+            raise ValueError(f"refresh_every_grad_steps must be >= 1, got {refresh_every_grad_steps}")
         if temperature <= 0:
             raise ValueError(f"temperature (lambda) must be > 0, got {temperature}")
         if not log_p_low < log_p_high:
@@ -75,6 +94,8 @@ class ARBSampler(Sampler):
         self.is_correction = bool(is_correction)
         self.is_exponent = float(is_exponent)
         self.amortized_rows_per_refresh = int(amortized_rows_per_refresh)
+        self.refresh_every_grad_steps = int(refresh_every_grad_steps)
+        self.score_mode = str(score_mode)
         self.num_refreshes = 0
         self.cursor = 0  # next row of the amortized sweep
 
@@ -85,7 +106,7 @@ class ARBSampler(Sampler):
         self.score = np.full(n, np.nan)  # clipped per-row score l_i; nan = not scored since written
         self.max_score = MaxTree(n)  # over l_i - log_p_low (>= 0), for the shift
         self.shift = 0.0  # the max subtracted at the last full refresh
-        self._alias = None  # (lo, hi, prob, alias, weights, total, num_online_written, num_offline) at refresh
+        self._alias: AliasTable | None = None  # built at the last full refresh
         self.stale_mass = 0.0  # refresh-time weight of the rows overwritten since the refresh
 
     # -- writing ---------------------------------------------------------------------------------------
@@ -104,6 +125,20 @@ class ARBSampler(Sampler):
         return float(np.exp((self.max_score.max + self.log_p_low - self.shift) / self.temperature))
 
     # -- refresh ---------------------------------------------------------------------------------------
+    def loop_hooks(self, ctx) -> list:
+        """ARB Alg. 1 step b: re-score every row with the current policy every ``refresh_every_grad_steps``
+        online gradient steps, before sampling (the offline phase is the base algorithm's own); the amortized
+        mode re-scores its slice on every gradient step."""
+        from relive.train.hooks import EveryGradSteps
+
+        score = getattr(ctx.agent, "score_fn", None)
+        if score is None:
+            name = getattr(ctx.config, "agent_kind", type(ctx.agent).__name__)
+            raise ValueError(f"replay ARB re-scores rows with the agent's policy likelihood (score_fn); agent "
+                             f"{name} has none")
+        every = 1 if self.amortized_rows_per_refresh else self.refresh_every_grad_steps
+        return [EveryGradSteps(every, lambda: ctx.buffer.refresh(score(self.score_mode)), phase="online")]
+
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
         lo, hi = self.domain()
         if hi <= lo:
@@ -181,24 +216,25 @@ class ARBSampler(Sampler):
         table[:, 1] += lo
         table[:, 2] = weights
         np.take(weights, alias, out=table[:, 3])
-        self._alias = (lo, hi, table, None, weights, float(weights.sum()), int(num_online_written),
-                       int(num_offline))
+        self._alias = AliasTable(lo, hi, table, weights, float(weights.sum()), int(num_online_written),
+                                 int(num_offline))
         self.stale_mass = float(stale_mass)
         self._seen_written = int(seen_written if seen_written is not None else num_online_written)
 
     def _retire(self, slots: np.ndarray) -> None:
         """Rows are about to be overwritten (already written): remove refresh-time mass the first time."""
         st = self.storage
-        lo, hi, _, _, weights, _, ref_written, ref_offline = self._alias
-        if st.num_offline != ref_offline:
+        a = self._alias
+        lo, hi, weights, ref_written = a.lo, a.hi, a.weights, a.num_online_written
+        if st.num_offline != a.num_offline:
             self._alias = None  # offline rows were added after the refresh: use the tree until the next one
             return
         online = slots >= st.num_offline
         was_present = online & (slots < hi) & (slots >= lo)
         # position of the row each slot held before this write (the ring as of the previous write)
-        cap, k = st.online_capacity, st.num_offline
+        cap, k = max(st.online_capacity, 1), st.num_offline
         base = self._seen_written - cap
-        pos = base + ((slots - k) - base) % max(cap, 1)
+        pos = base + ((slots - k) - base) % cap  # (the ring's clock of the previous write, not today's)
         first_overwrite = was_present & (pos < ref_written)
         if first_overwrite.any():
             self.stale_mass += float(weights[slots[first_overwrite] - lo].sum())
@@ -208,7 +244,8 @@ class ARBSampler(Sampler):
         """Rows and their current weights: fresh rows uniformly (binomial share of the mass), the rest from
         the alias table with rejection of rows overwritten since the refresh (one compiled loop)."""
         st = self.storage
-        lo, hi, table, _, weights, total_ref, ref_written, _ = self._alias
+        a = self._alias
+        lo, table, total_ref, ref_written = a.lo, a.table, a.total, a.num_online_written
         now, cap = st.num_online_written, st.online_capacity
         first_fresh = max(ref_written, now - cap)
         n_fresh = now - first_fresh if (self.source in (None, ONLINE) and cap > 0) else 0
@@ -285,7 +322,8 @@ class ARBSampler(Sampler):
     def config(self) -> dict:
         return dict(temperature=self.temperature, log_p_low=self.log_p_low, log_p_high=self.log_p_high,
                     level=self.level, is_correction=self.is_correction, is_exponent=self.is_exponent,
-                    amortized_rows_per_refresh=self.amortized_rows_per_refresh)
+                    amortized_rows_per_refresh=self.amortized_rows_per_refresh,
+                    refresh_every_grad_steps=self.refresh_every_grad_steps, score_mode=self.score_mode)
 
     def state_dict(self) -> dict:
         size = self.storage.size
@@ -293,9 +331,10 @@ class ARBSampler(Sampler):
                                         "shift": self.shift, "num_refreshes": self.num_refreshes,
                                         "cursor": self.cursor}
         if self._alias is not None:  # the alias table is rebuilt (deterministically) from its weights
-            lo, hi, _, _, weights, _, written, offline = self._alias
-            state["alias"] = {"lo": lo, "hi": hi, "weights": weights.copy(), "num_online_written": written,
-                              "num_offline": offline, "stale_mass": self.stale_mass,
+            a = self._alias
+            state["alias"] = {"lo": a.lo, "hi": a.hi, "weights": a.weights.copy(),
+                              "num_online_written": a.num_online_written, "num_offline": a.num_offline,
+                              "stale_mass": self.stale_mass,
                               "seen_written": self._seen_written}
         return state
 
@@ -330,3 +369,37 @@ def _set(tree, slots: np.ndarray, values: np.ndarray) -> None:
     for start, n in runs:
         tree.update_range(start, values[offset : offset + n])
         offset += n
+
+
+@dataclass(frozen=True)
+class ARBConfig:
+    """ARB (Song et al. 2026): rows weighted by the current policy's likelihood of the stored action."""
+
+    temperature: float = 5.0  # lambda (reference defaults: Cal-QL 5, PEX 0.5, FamO2O 2)
+    score_mode: str = "standardized"  # per-row score: "standardized" (reference code) or "log_prob" (the paper)
+    refresh_every_grad_steps: int = 1000  # re-score every row this often (online gradient steps)
+    amortized_rows: int = 0  # > 0: re-score this many rows every gradient step instead of all rows periodically
+
+    def __post_init__(self):
+        if self.score_mode not in ("standardized", "log_prob"):
+            raise ValueError(f"score_mode must be 'standardized' or 'log_prob', got {self.score_mode!r}")
+        check_number(self, "temperature", low=0.0, strict=True)
+        check_number(self, "refresh_every_grad_steps", low=1)
+        check_number(self, "amortized_rows", low=0)
+
+
+def _arb(options: ARBConfig, level: str) -> ARBSampler:
+    return ARBSampler(temperature=options.temperature, level=level, amortized_rows_per_refresh=options.amortized_rows,
+                      refresh_every_grad_steps=options.refresh_every_grad_steps, score_mode=options.score_mode)
+
+
+@register_replay("arb", ARBConfig)
+def build_arb(options: ARBConfig, ctx: ReplayBuild) -> ARBSampler:
+    """on-policyness weights over the union, trajectory level (ARB)"""
+    return _arb(options, "trajectory")
+
+
+@register_replay("arb_transition", ARBConfig)
+def build_arb_transition(options: ARBConfig, ctx: ReplayBuild) -> ARBSampler:
+    """on-policyness weights per transition (ARB's Fig. 3 ablation)"""
+    return _arb(options, "transition")

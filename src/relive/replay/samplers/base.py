@@ -35,8 +35,11 @@ class Sampler:
 
     # -- wiring ----------------------------------------------------------------------------------------
     def bind(self, storage, source: int | None = None) -> None:
-        """Attach to ``storage``; ``source`` restricts the sampler to offline (0) or online (1) rows."""
-        self.storage = storage
+        """Attach to ``storage`` (read through a :class:`~relive.replay.storage.StorageView`: samplers never write
+        rows); ``source`` restricts the sampler to offline (0) or online (1) rows."""
+        from relive.replay.storage import StorageView
+
+        self.storage = storage if isinstance(storage, StorageView) else StorageView(storage)
         self.source = source
 
     def domain(self) -> tuple[int, int]:

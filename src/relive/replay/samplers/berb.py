@@ -30,8 +30,11 @@ is built and trained here in torch, seeded from ``seed`` without touching the gl
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from relive.registry import ReplayBuild, check_number, register_replay
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.per import proportional_draw, tree_probabilities
 from relive.replay.sum_tree import SumTree
@@ -219,3 +222,23 @@ class BERBSampler(Sampler):
         self.num_ratio_steps = int(state["num_ratio_steps"])
         self.last_ratio_loss = float(state.get("last_ratio_loss", float("nan")))
         self.seen_online = bool(state.get("seen_online", self.storage.num_online_written > 0))
+
+
+@dataclass(frozen=True)
+class BERBConfig:
+    """Balanced replay (Lee et al. 2021): rows prioritized by a learned density ratio d_online / d_offline."""
+
+    temperature: float = 5.0  # T in w = ratio^(1/T)
+    init_online_fraction: float = 0.5  # online share of the probability mass before the ratio net is trained
+
+    def __post_init__(self):
+        check_number(self, "temperature", low=0.0, strict=True)
+        check_number(self, "init_online_fraction", low=0.0, high=1.0, strict=True)
+
+
+@register_replay("berb", BERBConfig)
+def build_berb(options: BERBConfig, ctx: ReplayBuild) -> BERBSampler:
+    """learned online/offline density ratio (balanced replay)"""
+    return BERBSampler(temperature=options.temperature, init_online_fraction=options.init_online_fraction,
+                       first_chunk_rows=max(ctx.env_steps_per_chunk, 1000),
+                       seed=int(ctx.seed.generate_state(1)[0] % 2**31))

@@ -9,8 +9,11 @@ empty the whole batch comes from the other. Per-draw probability of a row of sou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from relive.registry import ReplayBuild, check_number, register_replay
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.uniform import UniformSampler
 from relive.types import OFFLINE, ONLINE
@@ -132,3 +135,44 @@ class MixtureSampler(Sampler):
         super().load_state_dict(state)
         self.offline.load_state_dict(state["offline"])
         self.online.load_state_dict(state["online"])
+
+
+@dataclass(frozen=True)
+class SymmetricConfig:
+    """RLPD's symmetric sampling: an exact offline / online split in every batch, uniform within each part."""
+
+    offline_fraction: float = 0.5  # offline share of every batch (RLPD, PLD: 0.5)
+
+    def __post_init__(self):
+        check_number(self, "offline_fraction", low=0.0, high=1.0)
+
+
+@dataclass(frozen=True)
+class SymmetricPERConfig:
+    """Symmetric split with uniform offline rows and prioritized (PER) online rows."""
+
+    offline_fraction: float = 0.5  # offline share of every batch
+    priority_exponent: float = 0.6  # PER alpha of the online part
+    is_exponent: float = 0.4  # PER beta at the start (online part)
+    is_exponent_final: float = 1.0  # PER beta at the end of the run
+
+    def __post_init__(self):
+        check_number(self, "offline_fraction", low=0.0, high=1.0)
+        for name in ("priority_exponent", "is_exponent", "is_exponent_final"):
+            check_number(self, name, low=0.0)
+
+
+@register_replay("symmetric", SymmetricConfig)
+def build_symmetric(options: SymmetricConfig, ctx: ReplayBuild) -> MixtureSampler:
+    """exact offline/online split per batch, uniform within each part (RLPD)"""
+    return MixtureSampler(UniformSampler(), UniformSampler(), offline_fraction=options.offline_fraction)
+
+
+@register_replay("symmetric_per", SymmetricPERConfig)
+def build_symmetric_per(options: SymmetricPERConfig, ctx: ReplayBuild) -> MixtureSampler:
+    """symmetric split, uniform offline, PER online"""
+    from relive.replay.samplers.per import PrioritizedSampler
+
+    per = PrioritizedSampler(options.priority_exponent, options.is_exponent, options.is_exponent_final,
+                             is_anneal_samples=ctx.total_grad_steps)
+    return MixtureSampler(UniformSampler(), per, offline_fraction=options.offline_fraction)

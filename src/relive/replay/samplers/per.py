@@ -12,8 +12,11 @@ The tree stores p_i^alpha (float64). Draws are i.i.d. (not stratified), so ``pro
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import numpy as np
 
+from relive.registry import ReplayBuild, check_number, register_replay
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.sum_tree import MaxTree, SumTree
 
@@ -172,3 +175,22 @@ class PrioritizedSampler(Sampler):
         self.sum_tree.set_all(leaves)
         self.max_tree.set_all(leaves)
         self.num_samples = int(state["num_samples"])
+
+
+@dataclass(frozen=True)
+class PERConfig:
+    """Proportional prioritized replay (Schaul et al. 2016)."""
+
+    priority_exponent: float = 0.6  # alpha: P(i) ~ p_i^alpha
+    is_exponent: float = 0.4  # beta at the start: IS weight (N P(i))^-beta, normalized by the batch max
+    is_exponent_final: float = 1.0  # beta at the end of the run (annealed linearly over its gradient steps)
+
+    def __post_init__(self):
+        for name in ("priority_exponent", "is_exponent", "is_exponent_final"):
+            check_number(self, name, low=0.0)
+
+
+@register_replay("per", PERConfig)
+def build_per(options: PERConfig, ctx: ReplayBuild) -> PrioritizedSampler:
+    """proportional PER over offline + online rows, IS exponent annealed over the run"""
+    return PrioritizedSampler(**asdict(options), is_anneal_samples=ctx.total_grad_steps)

@@ -43,9 +43,13 @@ Adam the two differ by a per-batch constant factor).
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 import numpy as np
 
+from relive.registry import ReplayBuild, check_number, register_replay
 from relive.replay import _tree_kernels
+from relive.replay.samplers._reaper_kernels import _power, _segmented_cumsum
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.per import check_signal, linear_anneal
 from relive.replay.sum_tree import MaxTree, SumTree
@@ -120,10 +124,7 @@ class ReaPERSampler(Sampler):
 
     def _positions(self, slots: np.ndarray) -> np.ndarray:
         """Logical positions (see relive.replay.episodes) of stored slots."""
-        st = self.storage
-        k, cap = st.num_offline, max(st.online_capacity, 1)
-        base = st.num_online_written - cap
-        return np.where(slots < k, slots, base + ((slots - k) - base) % cap)
+        return self.storage.position_of(slots)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
     def _recompute(self, ids: np.ndarray, p_from: np.ndarray) -> None:
@@ -165,8 +166,8 @@ class ReaPERSampler(Sampler):
         seg = np.repeat(np.arange(lengths.size), lengths)
         first = np.cumsum(lengths) - lengths
         pos = np.repeat(p_from, lengths) + np.arange(n_rows) - first[seg]
-        slots = np.where(np.repeat(online, lengths), k + pos % cap, pos)
-        prev = np.where(online, k + (p_from - 1) % cap, p_from - 1)
+        slots = self.storage.slot_of(pos, np.repeat(online, lengths))
+        prev = self.storage.slot_of(p_from - 1, online)
         has_prev = p_from > start
         base_c = np.where(has_prev, self.prefix[np.where(has_prev, prev, 0)], self.evicted_d[leaves])
         base_u = np.where(has_prev, self.cum_u[np.where(has_prev, prev, 0)], self.evicted_u[leaves])
@@ -298,10 +299,10 @@ class ReaPERSampler(Sampler):
         hi = hi - 1  # find the first position p in [lo, hi] with cum_u[p] > target (hi if none)
         while np.any(lo < hi):
             mid = (lo + hi) // 2
-            below = self.cum_u[np.where(online, k + mid % cap, mid)] <= target
+            below = self.cum_u[st.slot_of(mid, online)] <= target
             lo = np.where(below & (lo < hi), mid + 1, lo)
             hi = np.where(~below & (lo < hi), mid, hi)
-        return np.where(online, k + lo % cap, lo)
+        return st.slot_of(lo, online)
 
     def _draw_probability(self, slots: np.ndarray, leaves: np.ndarray | None = None) -> np.ndarray:
         """Per-draw probability of stored rows as the two-level draw realizes it: the episode's share of the
@@ -314,8 +315,7 @@ class ReaPERSampler(Sampler):
         episode_mass = self.finished_tree[leaves] + self.ongoing_tree[leaves] * f_scale
         pos = self._positions(slots)
         has_prev = pos > self.live_start[leaves]
-        k, cap = st.num_offline, max(st.online_capacity, 1)
-        prev = np.where(has_prev, np.where(slots >= k, k + (pos - 1) % cap, pos - 1), 0)
+        prev = np.where(has_prev, st.slot_of(pos - 1, slots >= st.num_offline), 0)
         u = self.cum_u[slots] - np.where(has_prev, self.cum_u[prev], self.evicted_u[leaves])
         return episode_mass / z * (u / (self.u_total[leaves] - self.evicted_u[leaves]))
 
@@ -390,191 +390,29 @@ def _restore(arr: np.ndarray, saved, fill: int = 0) -> None:
     arr[: src.size] = src
 
 
-def _power(x: np.ndarray, exponent: float) -> np.ndarray:
-    """x^exponent for x > 0 as exp(exponent log x) (NumPy's SIMD exp/log: ~5x faster than np.power)."""
-    if exponent == 0.0:
-        return np.ones_like(x)
-    if exponent == 1.0:
-        return x.copy()
-    out = np.log(x)
-    out *= exponent
-    return np.exp(out, out=out)
-
-
-def _segmented_cumsum(values: np.ndarray, seg: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Inclusive running sums restarting at each segment (``first`` = segment offsets, ``seg`` = segment of
-    each value)."""
-    c = np.cumsum(values)
-    nonempty = lengths > 0
-    offset = np.zeros(lengths.size)
-    offset[nonempty] = c[first[nonempty]] - values[first[nonempty]]
-    return c - offset[seg]
-
-
 if _tree_kernels.AVAILABLE:
-    import numba
-
-    @numba.njit(cache=True, nogil=True, inline="always")
-    def _slot(p, online, k, cap):  # pragma: no cover - compiled
-        return k + p % cap if online else p
-
-    @numba.njit(cache=True, nogil=True)
-    def _suffix_prefix(p_from, start, end, online, leaves, k, cap, delta, prefix, evicted_d,
-                       c_out):  # pragma: no cover - compiled
-        # C_j = C_{j-1} + d_j from p_from to the end of each episode (stored per slot and gathered in c_out).
-        # Slots advance by one and wrap at the end of the ring (no division per row).
-        j = 0
-        for e in range(p_from.size):
-            p = p_from[e]
-            if p >= end[e]:
-                continue
-            c = prefix[_slot(p - 1, online[e], k, cap)] if p > start[e] else evicted_d[leaves[e]]
-            s = _slot(p, online[e], k, cap)
-            for _ in range(end[e] - p):
-                c += delta[s]
-                prefix[s] = c
-                c_out[j] = c
-                j += 1
-                s += 1
-                if online[e] and s == k + cap:
-                    s = k
-
-    @numba.njit(cache=True, nogil=True)
-    def _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, delta_pow, cum_u,
-                          evicted_u):  # pragma: no cover - compiled
-        # running sum of u_j = C_j^omega d_j^alpha over the same rows
-        j = 0
-        for e in range(p_from.size):
-            p = p_from[e]
-            if p >= end[e]:
-                continue
-            run = cum_u[_slot(p - 1, online[e], k, cap)] if p > start[e] else evicted_u[leaves[e]]
-            s = _slot(p, online[e], k, cap)
-            for _ in range(end[e] - p):
-                run += c_pow[j] * delta_pow[s]
-                cum_u[s] = run
-                j += 1
-                s += 1
-                if online[e] and s == k + cap:
-                    s = k
-
-    @numba.njit(cache=True, nogil=True)
-    def _search(lo, hi, online, target, k, cap, cum_u, out):  # pragma: no cover - compiled
-        # first logical position p in [lo, hi) with cum_u[slot(p)] > target (the last one if none)
-        for i in range(lo.size):
-            a = lo[i]
-            b = hi[i] - 1
-            t = target[i]
-            while a < b:
-                m = (a + b) >> 1
-                if cum_u[_slot(m, online[i], k, cap)] <= t:
-                    a = m + 1
-                else:
-                    b = m
-            out[i] = _slot(a, online[i], k, cap)
-        return out
+    from relive.replay.samplers._reaper_kernels import _search, _suffix_prefix, _suffix_running_u
 
 
-class ReaPERReferenceSampler(ReaPERSampler):
-    """ReaPER with the reference code's (leonardpleiss/ReaPER) choices where the paper leaves them open, each
-    switchable, for comparing the two readings (docs/results.md). Read from that code, not copied:
+@dataclass(frozen=True)
+class ReaPERConfig:
+    """Reliability-adjusted PER (Pleiss et al. 2025): Psi = R^omega * |delta|^alpha."""
 
-    - ``fresh_unweighted``: a row of an ongoing episode gets Psi = d^alpha with no reliability factor until
-      some row of its episode is updated (or the episode ends); then all of them use C_t / D.
-    - ``frozen_F``: an ongoing episode's row divides by the F of its insert time, not the live F, and R may
-      exceed 1 when C_t outgrows it (the reference code does not clip).
-    - ``is_normalization="buffer"``: IS weights divided by the weight of the buffer's least likely row,
-      (P_min / P(t))^beta, instead of the batch's largest (Eq. 18's normalization).
+    priority_exponent: float = 0.4  # alpha (the reference example.py's 0.4)
+    reliability_exponent: float = 0.2  # omega (the reference example.py's 0.2)
+    is_exponent: float = 0.4  # beta at the start
+    is_exponent_final: float = 1.0  # beta at the end of the run (annealed linearly over its gradient steps)
 
-    All the bookkeeping (d, C_t, S_e, F, episode status) is the parent's; the draw is O(buffer size) per batch
-    (a cumulative sum and a binary search, as in the reference code): fine for classic control, not for 1M rows.
-    With all three switches off it draws with exactly the parent's probabilities (a test checks this).
-    """
+    def __post_init__(self):
+        for name in ("priority_exponent", "is_exponent", "is_exponent_final", "reliability_exponent"):
+            check_number(self, name, low=0.0)
 
-    def __init__(self, *args, fresh_unweighted: bool = True, frozen_F: bool = True,
-                 is_normalization: str = "buffer", **kwargs):
-        super().__init__(*args, **kwargs)
-        if is_normalization not in ("buffer", "batch"):
-            raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {is_normalization!r}")
-        self.fresh_unweighted = bool(fresh_unweighted)
-        self.frozen_F = bool(frozen_F)
-        self.is_normalization = is_normalization
-        self._serial = 0
 
-    def bind(self, storage, source=None) -> None:
-        super().bind(storage, source)
-        n = storage.capacity
-        self.f_insert = np.zeros(n)  # F when the row was stored
-        self.insert_serial = np.zeros(n, np.int64)  # which insert stored the row
-        self.update_serial = np.zeros(n, np.int64)  # per episode leaf: the insert count at its last update
+def _reaper_kwargs(options: ReaPERConfig, ctx: ReplayBuild) -> dict:
+    return asdict(options) | {"is_anneal_samples": ctx.total_grad_steps}
 
-    def on_insert(self, slots: np.ndarray) -> None:
-        super().on_insert(slots)
-        self._serial += 1
-        self.insert_serial[slots] = self._serial
-        self.f_insert[slots] = self.F
 
-    def update(self, slots: np.ndarray, signals: dict) -> None:
-        super().update(slots, signals)
-        self.update_serial[self.slot_leaf[np.asarray(slots, np.int64)]] = self._serial
-
-    def reliability(self, slots: np.ndarray, leaves: np.ndarray | None = None) -> np.ndarray:
-        slots = np.asarray(slots, np.int64)
-        return self._reliability_at(slots, self.slot_leaf[slots] if leaves is None else leaves)
-
-    def _reliability_at(self, rows: np.ndarray | slice, leaves: np.ndarray) -> np.ndarray:
-        """R of stored rows given as slots or as a slice of slots (a slice reads the arrays without a gather)."""
-        fin = self.finished[leaves]
-        ongoing_denom = self.f_insert[rows] if self.frozen_F else self.F
-        r = self.prefix[rows] / np.where(fin, self.total[leaves], ongoing_denom)
-        if self.fresh_unweighted:
-            r[~fin & (self.insert_serial[rows] > self.update_serial[leaves])] = 1.0
-        return r
-
-    def _all_psi(self) -> tuple[int, np.ndarray]:
-        """Psi of every stored row (the domain is one contiguous slot range)."""
-        self._sync()
-        lo, hi = self.domain()
-        rows = slice(lo, hi)
-        r = self._reliability_at(rows, self.slot_leaf[rows])
-        return lo, _power(r, self.reliability_exponent) * self.delta_pow[rows]
-
-    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        lo, psi = self._all_psi()
-        cum = np.cumsum(psi)
-        z = cum[-1]
-        pick = np.minimum(np.searchsorted(cum, rng.random(batch_size) * z, side="right"), psi.size - 1)
-        probability = psi[pick] / z
-        self.num_samples += 1
-        is_weight = (psi.size * probability) ** (-self.beta)
-        if self.is_normalization == "buffer":
-            largest = (psi.size * psi.min() / z) ** (-self.beta)
-        else:
-            largest = is_weight.max()
-        return Draw(lo + pick, probability, (is_weight / largest).astype(np.float32))
-
-    def probabilities(self) -> np.ndarray:
-        lo, psi = self._all_psi()
-        p = np.zeros(self.storage.capacity)
-        p[lo: lo + psi.size] = psi / psi.sum()
-        return p
-
-    def config(self) -> dict:
-        return super().config() | dict(fresh_unweighted=self.fresh_unweighted, frozen_F=self.frozen_F,
-                                       is_normalization=self.is_normalization)
-
-    def state_dict(self) -> dict:
-        state = super().state_dict()
-        size = self.storage.size
-        n_leaves = len(state["leaves"]["leaf_id"])
-        return state | {"reference": {"f_insert": self.f_insert[:size].copy(),
-                                      "insert_serial": self.insert_serial[:size].copy(),
-                                      "update_serial": self.update_serial[:n_leaves].copy(),
-                                      "serial": self._serial}}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        ref = state["reference"]
-        for name in ("f_insert", "insert_serial", "update_serial"):
-            _restore(getattr(self, name), ref[name])
-        self._serial = int(ref["serial"])
+@register_replay("reaper", ReaPERConfig)
+def build_reaper(options: ReaPERConfig, ctx: ReplayBuild) -> ReaPERSampler:
+    """reliability-adjusted PER"""
+    return ReaPERSampler(**_reaper_kwargs(options, ctx))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from relive.registry import ReplayBuild, register_replay
 from relive.replay.samplers.base import Draw, Sampler
 
 
@@ -20,3 +23,14 @@ class UniformSampler(Sampler):
         if hi > lo:
             p[lo:hi] = 1.0 / (hi - lo)
         return p
+
+
+@dataclass(frozen=True)
+class UniformConfig:
+    """Uniform over every stored row, offline and online alike (no settings)."""
+
+
+@register_replay("uniform", UniformConfig)
+def build_uniform(options: UniformConfig, ctx: ReplayBuild) -> UniformSampler:
+    """uniform over offline + online rows"""
+    return UniformSampler()

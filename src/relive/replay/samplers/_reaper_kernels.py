@@ -1,0 +1,96 @@
+"""ReaPER's per-episode running sums, compiled (numba) when available, with the NumPy helpers the sampler's
+vectorized path uses. Positions are logical (``relive.replay.episodes``); an online position p lives in slot
+``k + p % cap`` (``StorageView.online_slot``), written out inline here because these loops are compiled."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relive.replay import _tree_kernels
+
+AVAILABLE = _tree_kernels.AVAILABLE
+
+
+def _power(x: np.ndarray, exponent: float) -> np.ndarray:
+    """x^exponent for x > 0 as exp(exponent log x) (NumPy's SIMD exp/log: ~5x faster than np.power)."""
+    if exponent == 0.0:
+        return np.ones_like(x)
+    if exponent == 1.0:
+        return x.copy()
+    out = np.log(x)
+    out *= exponent
+    return np.exp(out, out=out)
+
+
+def _segmented_cumsum(values: np.ndarray, seg: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Inclusive running sums restarting at each segment (``first`` = segment offsets, ``seg`` = segment of
+    each value)."""
+    c = np.cumsum(values)
+    nonempty = lengths > 0
+    offset = np.zeros(lengths.size)
+    offset[nonempty] = c[first[nonempty]] - values[first[nonempty]]
+    return c - offset[seg]
+
+
+if _tree_kernels.AVAILABLE:
+    import numba
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _slot(p, online, k, cap):  # pragma: no cover - compiled
+        return k + p % cap if online else p
+
+    @numba.njit(cache=True, nogil=True)
+    def _suffix_prefix(p_from, start, end, online, leaves, k, cap, delta, prefix, evicted_d,
+                       c_out):  # pragma: no cover - compiled
+        # C_j = C_{j-1} + d_j from p_from to the end of each episode (stored per slot and gathered in c_out).
+        # Slots advance by one and wrap at the end of the ring (no division per row).
+        j = 0
+        for e in range(p_from.size):
+            p = p_from[e]
+            if p >= end[e]:
+                continue
+            c = prefix[_slot(p - 1, online[e], k, cap)] if p > start[e] else evicted_d[leaves[e]]
+            s = _slot(p, online[e], k, cap)
+            for _ in range(end[e] - p):
+                c += delta[s]
+                prefix[s] = c
+                c_out[j] = c
+                j += 1
+                s += 1
+                if online[e] and s == k + cap:
+                    s = k
+
+    @numba.njit(cache=True, nogil=True)
+    def _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, delta_pow, cum_u,
+                          evicted_u):  # pragma: no cover - compiled
+        # running sum of u_j = C_j^omega d_j^alpha over the same rows
+        j = 0
+        for e in range(p_from.size):
+            p = p_from[e]
+            if p >= end[e]:
+                continue
+            run = cum_u[_slot(p - 1, online[e], k, cap)] if p > start[e] else evicted_u[leaves[e]]
+            s = _slot(p, online[e], k, cap)
+            for _ in range(end[e] - p):
+                run += c_pow[j] * delta_pow[s]
+                cum_u[s] = run
+                j += 1
+                s += 1
+                if online[e] and s == k + cap:
+                    s = k
+
+    @numba.njit(cache=True, nogil=True)
+    def _search(lo, hi, online, target, k, cap, cum_u, out):  # pragma: no cover - compiled
+        # first logical position p in [lo, hi) with cum_u[slot(p)] > target (the last one if none)
+        for i in range(lo.size):
+            a = lo[i]
+            b = hi[i] - 1
+            t = target[i]
+            while a < b:
+                m = (a + b) >> 1
+                if cum_u[_slot(m, online[i], k, cap)] <= t:
+                    a = m + 1
+                else:
+                    b = m
+            out[i] = _slot(a, online[i], k, cap)
+        return out

@@ -1,0 +1,127 @@
+"""ReaPER as the reference code reads the paper's open choices (``--replay reaper_reference``).
+
+The sampler of ``reaper.py`` with three switches, each defaulting to the reference implementation
+(leonardpleiss/ReaPER) and each tested against a hand-worked case; with all three off it equals
+``ReaPERSampler`` (tested). See the class docstring.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relive.registry import ReplayBuild, register_replay
+from relive.replay.samplers._reaper_kernels import _power
+from relive.replay.samplers.base import Draw
+from relive.replay.samplers.reaper import ReaPERConfig, ReaPERSampler, _reaper_kwargs, _restore
+
+
+class ReaPERReferenceSampler(ReaPERSampler):
+    """ReaPER with the reference code's (leonardpleiss/ReaPER) choices where the paper leaves them open, each
+    switchable, for comparing the two readings (docs/results.md). Read from that code, not copied:
+
+    - ``fresh_unweighted``: a row of an ongoing episode gets Psi = d^alpha with no reliability factor until
+      some row of its episode is updated (or the episode ends); then all of them use C_t / D.
+    - ``frozen_F``: an ongoing episode's row divides by the F of its insert time, not the live F, and R may
+      exceed 1 when C_t outgrows it (the reference code does not clip).
+    - ``is_normalization="buffer"``: IS weights divided by the weight of the buffer's least likely row,
+      (P_min / P(t))^beta, instead of the batch's largest (Eq. 18's normalization).
+
+    All the bookkeeping (d, C_t, S_e, F, episode status) is the parent's; the draw is O(buffer size) per batch
+    (a cumulative sum and a binary search, as in the reference code): fine for classic control, not for 1M rows.
+    With all three switches off it draws with exactly the parent's probabilities (a test checks this).
+    """
+
+    def __init__(self, *args, fresh_unweighted: bool = True, frozen_F: bool = True,
+                 is_normalization: str = "buffer", **kwargs):
+        super().__init__(*args, **kwargs)
+        if is_normalization not in ("buffer", "batch"):
+            raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {is_normalization!r}")
+        self.fresh_unweighted = bool(fresh_unweighted)
+        self.frozen_F = bool(frozen_F)
+        self.is_normalization = is_normalization
+        self._serial = 0
+
+    def bind(self, storage, source=None) -> None:
+        super().bind(storage, source)
+        n = storage.capacity
+        self.f_insert = np.zeros(n)  # F when the row was stored
+        self.insert_serial = np.zeros(n, np.int64)  # which insert stored the row
+        self.update_serial = np.zeros(n, np.int64)  # per episode leaf: the insert count at its last update
+
+    def on_insert(self, slots: np.ndarray) -> None:
+        super().on_insert(slots)
+        self._serial += 1
+        self.insert_serial[slots] = self._serial
+        self.f_insert[slots] = self.F
+
+    def update(self, slots: np.ndarray, signals: dict) -> None:
+        super().update(slots, signals)
+        self.update_serial[self.slot_leaf[np.asarray(slots, np.int64)]] = self._serial
+
+    def reliability(self, slots: np.ndarray, leaves: np.ndarray | None = None) -> np.ndarray:
+        slots = np.asarray(slots, np.int64)
+        return self._reliability_at(slots, self.slot_leaf[slots] if leaves is None else leaves)
+
+    def _reliability_at(self, rows: np.ndarray | slice, leaves: np.ndarray) -> np.ndarray:
+        """R of stored rows given as slots or as a slice of slots (a slice reads the arrays without a gather)."""
+        fin = self.finished[leaves]
+        ongoing_denom = self.f_insert[rows] if self.frozen_F else self.F
+        r = self.prefix[rows] / np.where(fin, self.total[leaves], ongoing_denom)
+        if self.fresh_unweighted:
+            r[~fin & (self.insert_serial[rows] > self.update_serial[leaves])] = 1.0
+        return r
+
+    def _all_psi(self) -> tuple[int, np.ndarray]:
+        """Psi of every stored row (the domain is one contiguous slot range)."""
+        self._sync()
+        lo, hi = self.domain()
+        rows = slice(lo, hi)
+        r = self._reliability_at(rows, self.slot_leaf[rows])
+        return lo, _power(r, self.reliability_exponent) * self.delta_pow[rows]
+
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        lo, psi = self._all_psi()
+        cum = np.cumsum(psi)
+        z = cum[-1]
+        pick = np.minimum(np.searchsorted(cum, rng.random(batch_size) * z, side="right"), psi.size - 1)
+        probability = psi[pick] / z
+        self.num_samples += 1
+        is_weight = (psi.size * probability) ** (-self.beta)
+        if self.is_normalization == "buffer":
+            largest = (psi.size * psi.min() / z) ** (-self.beta)
+        else:
+            largest = is_weight.max()
+        return Draw(lo + pick, probability, (is_weight / largest).astype(np.float32))
+
+    def probabilities(self) -> np.ndarray:
+        lo, psi = self._all_psi()
+        p = np.zeros(self.storage.capacity)
+        p[lo: lo + psi.size] = psi / psi.sum()
+        return p
+
+    def config(self) -> dict:
+        return super().config() | dict(fresh_unweighted=self.fresh_unweighted, frozen_F=self.frozen_F,
+                                       is_normalization=self.is_normalization)
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        size = self.storage.size
+        n_leaves = len(state["leaves"]["leaf_id"])
+        return state | {"reference": {"f_insert": self.f_insert[:size].copy(),
+                                      "insert_serial": self.insert_serial[:size].copy(),
+                                      "update_serial": self.update_serial[:n_leaves].copy(),
+                                      "serial": self._serial}}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        ref = state["reference"]
+        for name in ("f_insert", "insert_serial", "update_serial"):
+            _restore(getattr(self, name), ref[name])
+        self._serial = int(ref["serial"])
+
+
+@register_replay("reaper_reference", ReaPERConfig)
+def build_reaper_reference(options: ReaPERConfig, ctx: ReplayBuild) -> ReaPERReferenceSampler:
+    """ReaPER with the reference code's choices where the paper is open (fresh rows unweighted, F frozen at
+    insert, IS by the buffer's minimum)"""
+    return ReaPERReferenceSampler(**_reaper_kwargs(options, ctx))
