@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from relive.agents.cal_ql import CalQLConfig
 from relive.agents.ddqn import DDQNConfig
+from relive.agents.residual_sac import ResidualSACConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
 from relive.config import ExperimentConfig, ReplayConfig, ScheduleConfig
 
@@ -42,6 +43,17 @@ def calql_arb() -> ExperimentConfig:
                    replay=ReplayConfig.of("arb", temperature=5.0, refresh_every_grad_steps=1000))
 
 
+def residual_sac() -> ExperimentConfig:
+    """PLD stage 1: residual SAC on a frozen base policy (--base-policy PATH); Cal-QL critic pre-training on the
+    base's successful episodes (--dataset), then 50/50 symmetric replay; the agent's own base-only warm-up (1000
+    stored steps, with updates; the trainer's random warm-up is off) and probing (H_probe = 50); batch 256 (PLD
+    Table 5)."""
+    return ExperimentConfig(preset="residual_sac", agent_kind="residual_sac", agent=ResidualSACConfig(),
+                            schedule=ScheduleConfig(num_offline_grad_steps=5_000, num_warmup_env_steps=0,
+                                                    batch_size=256),
+                            replay=ReplayConfig.of("symmetric", offline_fraction=0.5))
+
+
 def ddqn() -> ExperimentConfig:
     """Double DQN for discrete actions (the ReaPER paper's setting), uniform replay."""
     return ExperimentConfig(preset="ddqn", agent_kind="ddqn", agent=DDQNConfig(),
@@ -57,7 +69,8 @@ def ddqn_per() -> ExperimentConfig:
 
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
-    "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "ddqn": ddqn, "ddqn_per": ddqn_per,
+    "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "residual_sac": residual_sac, "ddqn": ddqn,
+    "ddqn_per": ddqn_per,
 }
 
 

@@ -2,6 +2,7 @@
 the actor and temperature losses, beta schedules, the frozen base, Cal-QL pre-training, exact state, learning."""
 
 import copy
+import json
 import math
 
 import numpy as np
@@ -634,3 +635,56 @@ def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_ste
     assert buffer.num_online == executed - probed == agent.num_env_steps
     online = slice(buffer.num_offline, buffer.num_offline + buffer.num_online)
     assert (buffer.storage.columns["beta"][online] > 0).any()  # residual rows carry their beta
+
+
+# -- end to end: relive train residual_sac ---------------------------------------------------------------
+def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
+    """`relive train residual_sac --env Pendulum-v1 --base-policy PATH` in-process, with a stand-in loader module
+    (the real one lives in relive.agents.base_policy, another branch) returning a tiny frozen torch policy: the run
+    finishes, probing steps are executed but never stored (stored online rows = env steps - probing steps), the
+    stored records are there, and the final agent state reloads."""
+    import sys
+    import types
+
+    from relive.cli import main
+    from relive.replay.checkpoint import load_tree
+    from relive.train.envs import env_spec, make_env
+
+    base = torch.nn.Linear(3, 1)
+    with torch.no_grad():
+        base.weight.copy_(torch.tensor([[-0.5, 0.3, -0.1]]))
+        base.bias.zero_()
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+
+    def policy(obs):
+        with torch.no_grad():
+            return base(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+
+    fake = types.ModuleType("relive.agents.base_policy")
+    fake.load_base_policy = lambda path, spec: policy
+    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    run = tmp_path / "run"
+    code = main(["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "tiny", "--offline-steps", "0",
+                 "--online-steps", "150", "--eval-every", "150", "--eval-episodes", "1", "--batch-size", "32",
+                 "--set", "env.max_episode_steps=50", "--set", "agent.hidden=[16,16]", "--set", "agent.warmup=30",
+                 "--set", "agent.probe_max_steps=20", "--run-dir", str(run), "--no-progress",
+                 "--set", "run.save_final_buffer=true"])
+    assert code == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["agent_kind"] == "residual_sac" and config["agent"]["base_policy"] == "tiny"
+    state = load_tree(run / "agent_final", kind="agent")
+    counters = state["counters"]
+    assert counters["num_probe_steps"] > 0 and counters["num_env_steps"] + counters["num_probe_steps"] == 150
+    assert counters["num_episodes"] == 3  # the OnEpisodeStart hook reached the agent
+    assert counters["num_critic_steps"] > 0 and counters["num_actor_steps"] > 0
+    buffer = ReplayBuffer.load(run / "buffer_final")
+    assert buffer.num_online == counters["num_env_steps"]
+    beta = buffer.storage.columns["beta"][: buffer.num_online]
+    assert (beta[:30] == 0).all() and (beta[30:] == 0.5).all()  # warm-up rows, then residual rows
+    for k, v in base.state_dict().items():
+        torch.testing.assert_close(v, before[k], rtol=0, atol=0)
+    spec = env_spec(make_env("Pendulum-v1"))
+    agent = ResidualSAC.from_spec(spec, ResidualSACConfig(hidden=(16, 16)), np.random.SeedSequence(9),
+                                  base_policy=policy)
+    agent.load_state_dict(state)
+    assert agent.state_dict()["counters"] == counters

@@ -68,12 +68,10 @@ class ResidualSACConfig:
     """Residual SAC hyperparameters. Defaults: the spec's Sec. 13 template and PLD Table 5 (batch 256 is the
     trainer's ``schedule.batch_size``; symmetric 50/50 replay is the replay config)."""
 
-    base_policy: str = ""  # path of the frozen base policy (relive.agents.base_policy.load_base_policy); "": pass
-    #                        one with ResidualSAC(..., base_policy=fn) or agent.set_base_policy(fn)
+    base_policy: str = ""  # frozen base policy (a path for load_base_policy); "": set_base_policy(fn)
     hidden: tuple[int, ...] = (256, 256)  # hidden widths of the residual actor and of both critics (Table 5: 256)
     condition_on_base: bool = True  # residual actor input (x, a_base) as PLD; False: x only
-    init_log_std: float = -3.0  # initial log-std of the residual's pre-tanh Gaussian (last layer zero-initialized:
-    #                             mean 0, so a ~= a_base at the start)
+    init_log_std: float = -3.0  # initial log-std of the residual (zero last layer: mean 0, so a ~= a_base)
     beta_schedule: str = "constant"  # residual scale beta_t: "constant" | "linear" | "stepwise" (spec Sec. 12.3)
     beta: float = 0.5  # constant: beta_t = beta; linear: the final beta_max (Table 5 xi = 0.5)
     beta_start: float = 0.0  # linear: beta at step 0; beta_t = start + (beta - start) min(1, t / T) (spec: 0)
@@ -93,8 +91,7 @@ class ResidualSACConfig:
     init_temperature: float = 0.1  # initial alpha (spec Sec. 13; Table 5 as transcribed: 1.0)
     learn_temperature: bool = True  # False: alpha stays at init_temperature
     target_entropy: float | None = None  # None: -|A| (Table 5)
-    warmup: int = 1000  # the first this many stored env steps (or episodes) act with the base only (spec Sec. 13:
-    #                     1000 steps; Table 5: 100 episodes)
+    warmup: int = 1000  # base-only, stored steps (or episodes) at the start (spec: 1000 steps; Table 5: 100 ep.)
     warmup_unit: str = "steps"  # "steps" or "episodes" (episodes are counted by the OnEpisodeStart hook)
     probe_max_steps: int = 50  # H_probe: h ~ U{0..H_probe} base-only, unstored steps per episode; 0: no probing
     cql_alpha: float = CalQLConfig.cql_alpha  # offline phase: weight of the calibrated conservative gap
