@@ -358,6 +358,64 @@ def test_actor_steps_every_second_critic_step():
     assert (agent.num_critic_steps, agent.num_actor_steps) == (4, 2)
 
 
+@pytest.mark.parametrize("phase", ["online", "offline"])
+def test_zero_is_weight_rows_do_not_influence_the_update(phase):
+    """is_weight 0 on half the batch: replacing those rows by other data gives bit-identical parameters (critic,
+    actor, temperature; Cal-QL's gap offline); replacing a weighted row does not."""
+    w = np.r_[np.ones(B // 2), np.zeros(B // 2)].astype(np.float32)
+
+    def with_rows(b, other, rows):
+        cols = {}
+        for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated"):
+            x = np.array(getattr(b, k), copy=True)
+            x[rows] = getattr(other, k)[rows]
+            cols[k] = x
+        mc = np.array(b.mc_return, copy=True)
+        mc[rows] = other.mc_return[rows]
+        info = SampleInfo(b.info.indices, b.info.generation, b.info.probability, w, b.info.source)
+        return Batch(**cols, info=info, extras={"mc_return": mc})
+
+    b1, b2 = make_batch(seed=1), make_batch(seed=2)
+    results = []
+    for rows in (np.arange(B // 2, B), np.arange(B // 2), None):
+        agent = make()
+        agent.on_phase(phase)
+        agent.update(with_rows(b1, b1 if rows is None else b2, np.arange(B // 2, B) if rows is None else rows),
+                     **({"update_actor": True} if phase == "online" else {}))
+        results.append(torch.cat([p.flatten() for m in (agent.actor, agent.critic) for p in m.parameters()]
+                                 + [agent.log_alpha.detach().reshape(1)]))
+    torch.testing.assert_close(results[0], results[2], rtol=0, atol=0)  # zero-weight rows swapped: no change
+    assert not torch.allclose(results[1], results[2])  # weighted rows swapped: a different update
+
+
+def test_no_global_rng_is_read_or_advanced():
+    base = LinearBase()  # (building the test's nn.Linear draws from the global RNG; the agent must not)
+    torch.manual_seed(123)
+    np.random.seed(123)
+    torch_state, np_state = torch.random.get_rng_state(), np.random.get_state()[1].copy()
+    agent = make(base=base, probe_max_steps=3, otf_candidates=2)
+    agent.on_episode_start()
+    agent.act(obs_rows(2), explore=True)
+    agent.update(make_batch(), update_actor=True)
+    agent.on_phase("offline")
+    agent.update(make_batch())
+    assert torch.equal(torch.random.get_rng_state(), torch_state)
+    np.testing.assert_array_equal(np.random.get_state()[1], np_state)
+
+
+def test_bad_batches_are_rejected():
+    agent = make()
+    b = make_batch()
+    bad = Batch(b.obs[:, :3], b.action, b.reward, b.next_obs, b.terminated, b.truncated, b.info, b.extras)
+    with pytest.raises(ValueError, match="batch.obs must have shape"):
+        agent.update(bad)
+    bad = Batch(b.obs, b.action[:, :1], b.reward, b.next_obs, b.terminated, b.truncated, b.info, b.extras)
+    with pytest.raises(ValueError, match="batch.action must have shape"):
+        agent.update(bad)
+    with pytest.raises(ValueError, match="obs must have shape"):
+        agent.act(np.zeros((2, OBS + 1), np.float32), explore=True)
+
+
 # -- the frozen base ------------------------------------------------------------------------------------
 def test_base_parameters_are_bit_identical_after_training():
     base = LinearBase()
