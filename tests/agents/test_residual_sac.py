@@ -746,3 +746,49 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
                                   base_policy=policy)
     agent.load_state_dict(state)
     assert agent.state_dict()["counters"] == counters
+
+
+@pytest.mark.slow
+def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
+    """Cal-QL pre-training on a dataset, then online with warm-up and probing (50-step episodes), killed after the
+    env-step-100 checkpoint and resumed: the same final agent (networks, optimizers, generators, probing state,
+    counters) as the uninterrupted run."""
+    import sys
+    import types
+
+    from relive.cli import build_parser
+    from relive.train.cli import config_from_args
+    from relive.train.collector import collect_dataset, save_dataset
+    from relive.train.trainer import train
+
+    fake = types.ModuleType("relive.agents.base_policy")
+    fake.load_base_policy = lambda path, spec: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
+    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
+    args = ["residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--dataset", str(data),
+            "--offline-steps", "20", "--online-steps", "200", "--eval-every", "100", "--eval-episodes", "1",
+            "--checkpoint-every", "60", "--batch-size", "32", "--no-progress", "--set", "env.max_episode_steps=50",
+            "--set", "agent.hidden=[16,16]", "--set", "agent.warmup=30", "--set", "agent.probe_max_steps=20",
+            "--set", "agent.cql_n_actions=2", "--set", "agent.otf_candidates=2"]
+
+    def cfg(run):
+        return config_from_args(build_parser().parse_args(["train", *args, "--run-dir", str(tmp_path / run)]))
+
+    class Kill(Exception):
+        pass
+
+    def kill(env_steps, grad_steps):
+        if env_steps >= 130:
+            raise Kill
+
+    train(cfg("full"))
+    with pytest.raises(Kill):
+        train(cfg("cut"), on_step=kill)
+    train(resume_dir=tmp_path / "cut")
+    a, b = (load_tree(tmp_path / run / "agent_final", kind="agent") for run in ("full", "cut"))
+    assert a["counters"] == b["counters"] and a["counters"]["num_probe_steps"] > 0
+    assert a["counters"]["num_pretrain_steps"] == 20 and a["rng"] == b["rng"]
+    for k in ("actor", "critic", "target_critic"):
+        for name in a[k]:
+            np.testing.assert_array_equal(a[k][name], b[k][name], err_msg=f"{k}.{name}")
+    np.testing.assert_array_equal(a["generator"], b["generator"])
