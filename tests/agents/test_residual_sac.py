@@ -448,7 +448,9 @@ def test_a_base_policy_with_the_wrong_shape_is_refused():
     with pytest.raises(ValueError, match=r"actions \[N, 2\]"):
         ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL), np.random.SeedSequence(0),
                               base_policy=lambda o: np.zeros((len(o),), np.float32))
-    no_base = ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL), np.random.SeedSequence(0))
+    with pytest.raises(ValueError, match="needs a frozen base policy: --base-policy PATH"):
+        ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL), np.random.SeedSequence(0))
+    no_base = ResidualSAC(OBS, ACT, LOW, HIGH, ResidualSACConfig(**SMALL))
     with pytest.raises(ValueError, match="no base policy"):
         no_base.act(obs_rows(1), explore=True)
 
@@ -471,7 +473,7 @@ def test_from_spec_loads_the_base_policy_named_in_the_config(monkeypatch):
         ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL, base_policy="dir/base3"), np.random.SeedSequence(0))
     discrete = EnvSpec("Toy-v1", (OBS,), True, (), 3, None, None, 10)
     with pytest.raises(ValueError, match="flat Box observations and actions"):
-        ResidualSAC.from_spec(discrete, ResidualSACConfig(**SMALL), np.random.SeedSequence(0))
+        ResidualSAC.from_spec(discrete, ResidualSACConfig(**SMALL, base_policy="dir/base2"), np.random.SeedSequence(0))
 
 
 # -- Cal-QL critic initialization -----------------------------------------------------------------------

@@ -201,21 +201,26 @@ class ResidualSAC:
     def from_spec(cls, spec, config: ResidualSACConfig, seed: np.random.SeedSequence, device: str = "cpu",
                   base_policy: BasePolicy | None = None) -> ResidualSAC:
         """The agent for a continuous ``EnvSpec``; the base policy is ``base_policy`` if given, else loaded from
-        ``config.base_policy`` with ``relive.agents.base_policy.load_base_policy(path, spec)``."""
+        ``config.base_policy`` with ``relive.agents.base_policy.load_base_policy(path, spec)``; neither is an
+        error (a run without a base would fail only at its first step)."""
         if spec.discrete or len(spec.action_shape) != 1 or len(spec.obs_shape) != 1:
             raise ValueError(f"residual_sac needs flat Box observations and actions, got {spec.id}: obs "
                              f"{spec.obs_shape}, {'discrete' if spec.discrete else spec.action_shape} actions")
         agent = cls(spec.obs_shape[0], spec.action_shape[0], spec.action_low, spec.action_high, config,
                     seed=nets.seed_int(seed), device=device)
-        if base_policy is None and config.base_policy:
+        if base_policy is None:
+            if not config.base_policy:
+                raise ValueError("residual_sac needs a frozen base policy: --base-policy PATH (agent.base_policy), or "
+                                 "build ResidualSAC(...) and call set_base_policy(fn)")
             try:
                 loader = importlib.import_module("relive.agents.base_policy").load_base_policy
-            except ModuleNotFoundError:
+            except ModuleNotFoundError as e:
+                if e.name != "relive.agents.base_policy":
+                    raise
                 raise ValueError("agent.base_policy is set but relive.agents.base_policy (the loader) is not "
                                  "available in this build; pass the policy with agent.set_base_policy(fn)") from None
             base_policy = loader(config.base_policy, spec)
-        if base_policy is not None:
-            agent.set_base_policy(base_policy)
+        agent.set_base_policy(base_policy)
         return agent
 
     def set_base_policy(self, fn: BasePolicy) -> None:
