@@ -301,7 +301,7 @@ def test_a_dataset_lacking_a_required_column_is_refused_naming_it(tmp_path, monk
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 100, seed=0))
     monkeypatch.setattr(ToyAgent, "stored_columns", lambda self: (ColumnDecl("toy_mean", (1,), offline="required"),))
     with pytest.raises(ValueError, match="lacks column 'toy_mean'"):
-        main([*TOY, "--dataset", str(data), "--run-dir", str(tmp_path / "r")])
+        main(["--debug", *TOY, "--dataset", str(data), "--run-dir", str(tmp_path / "r")])
     assert not (tmp_path / "r").exists()  # a run that could not start leaves nothing behind
 
 

@@ -6,9 +6,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from relive.agents.cal_ql import CalQLConfig
+from relive.agents.ddpg import DDPGConfig
 from relive.agents.ddqn import DDQNConfig
 from relive.agents.residual_sac import ResidualSACConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
+from relive.agents.sac_refer import SACReFERConfig
+from relive.agents.vracer import VRACERConfig
 from relive.config import ExperimentConfig, ReplayConfig, ScheduleConfig
 
 
@@ -68,9 +71,67 @@ def ddqn_per() -> ExperimentConfig:
     return replace(cfg, preset="ddqn_per", replay=ReplayConfig.of("per", capacity=cfg.replay.capacity))
 
 
+REFER_CAPACITY = 2**18  # the ReF-ER paper's buffer (N), for every DDPG variant of its Fig. 1
+
+
+def ddpg() -> ExperimentConfig:
+    """DDPG with uniform replay (ER), Gaussian exploration sigma 0.2, a 2^18-row buffer; warm-up with the initial
+    policy (as smarties fills its buffer), the same schedule for every DDPG variant of ReF-ER's Fig. 1."""
+    return ExperimentConfig(preset="ddpg", agent_kind="ddpg", agent=DDPGConfig(),
+                            schedule=ScheduleConfig(warmup_policy="agent"),
+                            replay=ReplayConfig.of("uniform", capacity=REFER_CAPACITY))
+
+
+def ddpg_per() -> ExperimentConfig:
+    """DDPG with proportional PER (alpha 0.6, beta 0.4 -> 1)."""
+    return replace(ddpg(), preset="ddpg_per", replay=ReplayConfig.of("per", capacity=REFER_CAPACITY))
+
+
+def ddpg_refer() -> ExperimentConfig:
+    """DDPG with ReF-ER (Novati & Koumoutsakos 2019): C 4, D 0.1, A 5e-7, both rules; rows carry their behaviour
+    (the actor's mean and sigma), so warm-up uses the agent's policy, not random actions (which have no record)."""
+    return replace(ddpg(), preset="ddpg_refer", replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
+
+
+def ddpg_refer1() -> ExperimentConfig:
+    """DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1."""
+    cfg = ddpg_refer()
+    return replace(cfg, preset="ddpg_refer1", agent=replace(cfg.agent, refer_rule2=False))
+
+
+def ddpg_refer2() -> ExperimentConfig:
+    """DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2."""
+    cfg = ddpg_refer()
+    return replace(cfg, preset="ddpg_refer2", agent=replace(cfg.agent, refer_rule1=False))
+
+
+def sac_refer() -> ExperimentConfig:
+    """SAC with ReF-ER's rules (our extension: far rows masked, KL to the pre-squash behaviour, beta on the actor
+    loss, temperature untouched); warm-up with the agent's policy (random actions have no behaviour record)."""
+    return ExperimentConfig(preset="sac_refer", agent_kind="sac_refer", agent=SACReFERConfig(),
+                            schedule=ScheduleConfig(warmup_policy="agent"),
+                            replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
+
+
+def vracer() -> ExperimentConfig:
+    """V-RACER (Novati & Koumoutsakos 2019) without ReF-ER: one network for V and a Gaussian policy, Retrace
+    targets, off-policy PG; uniform replay of 2^18 rows, batch 256, one gradient step per env step; warm-up with
+    the agent's own policy (rho needs every row's behaviour record; random actions have none)."""
+    return ExperimentConfig(preset="vracer", agent_kind="vracer", agent=VRACERConfig(),
+                            schedule=ScheduleConfig(batch_size=256, utd_ratio=1, warmup_policy="agent"),
+                            replay=ReplayConfig.of("uniform", capacity=REFER_CAPACITY))
+
+
+def vracer_refer() -> ExperimentConfig:
+    """V-RACER with ReF-ER, the paper's own pairing (its Fig. 4): C 4, D 0.1, A 5e-7, both rules; the learning
+    rate anneals with the sampler's lr_scale."""
+    return replace(vracer(), preset="vracer_refer", replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
+
+
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "residual_sac": residual_sac, "ddqn": ddqn,
-    "ddqn_per": ddqn_per,
+    "ddqn_per": ddqn_per, "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
+    "ddpg_refer2": ddpg_refer2, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
 }
 
 

@@ -207,8 +207,8 @@ def test_presets_command_lists_and_shows(capsys):
     out = capsys.readouterr().out
     assert all(n in out for n in REPLAY_NAMES)
     with pytest.raises(ValueError, match="unknown preset"):
-        main(["train", "nope", "--env", "Pendulum-v1"])
+        main(["--debug", "train", "nope", "--env", "Pendulum-v1"])
     with pytest.raises(ValueError, match="unknown setting"):
-        main(["train", "sac", "--set", "agent.no_such_key=1"])
+        main(["--debug", "train", "sac", "--set", "agent.no_such_key=1"])
     with pytest.raises(SystemExit, match="PRESET"):
-        main(["train"])
+        main(["--debug", "train"])

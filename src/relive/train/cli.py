@@ -76,7 +76,8 @@ def add_parsers(subparsers) -> None:
 
 
 FLAG_TO_SETTING = {
-    "env": "env.id", "dataset": "data.dataset", "base_policy": "agent.base_policy", "replay": "replay.name", "seed": "run.seed", "run_dir": "run.run_dir",
+    "env": "env.id", "dataset": "data.dataset", "base_policy": "agent.base_policy", "replay": "replay.name",
+    "seed": "run.seed", "run_dir": "run.run_dir",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",
     "stop_at_return": "run.stop_at_return", "init_from": "run.init_from", "warmup": "schedule.num_warmup_env_steps",
@@ -146,14 +147,13 @@ def run_presets(args: argparse.Namespace) -> int:
         return show(name, as_json=args.json)
     import textwrap
 
-    width = max(map(len, PRESETS)) + 1
+    width = max(map(len, PRESETS)) + 2
     for name, fn in PRESETS.items():
         cfg, doc = fn(), " ".join((fn.__doc__ or "").split())
         s = cfg.schedule
         settings = (f"[{cfg.agent_kind}, replay {cfg.replay.name}, utd {s.utd_ratio}, chunk {s.env_steps_per_chunk}, "
                     f"offline {s.num_offline_grad_steps:,} grad steps, online {s.num_online_env_steps:,} env steps]")
-        print(textwrap.fill(f"{doc} {settings}", 110, initial_indent=f"{name:{width}s}",
-                            subsequent_indent=" " * width))
+        print(textwrap.fill(f"{doc} {settings}", 110, initial_indent=f"{name:{width}s}", subsequent_indent=" " * width))
     print("\n`relive presets --show NAME` shows a preset's settings (or a replay's / an agent's options, or "
           "`replays` / `agents`); `relive train --help` the options.")
     return 0

@@ -1,0 +1,314 @@
+"""DDPG (Lillicrap et al., ICLR 2016, arXiv 1509.02971), with ReF-ER's two rules (Novati & Koumoutsakos, ICML 2019,
+arXiv 1807.05827) when the sampler publishes them. Equation numbers are the ReF-ER paper's.
+
+Acting: a = m^w(s) + N(0, sigma^2 I) with sigma = 0.2 (in units of the action box's half-width), clipped to the
+box (the ReF-ER paper, Sec. 2: Gaussian noise so that the behaviour has a density). ``act`` returns the behaviour
+record ``mu_mean = m^w(s)`` and ``mu_std = sigma`` per dimension (env units); ``stored_columns()`` declares them.
+Ornstein-Uhlenbeck noise is an option only without ReF-ER (its density is not tractable). rho is evaluated at the
+clipped, stored action: at the box's faces this is the Gaussian density, not the clipped distribution's mass.
+
+``update(batch)``, in the paper's order:
+  0. ReF-ER only: learning rates lr / (1 + A t) (Eq. 13; the sampler's ``lr_scale`` hint), and per row
+     rho = pi^w(a|s) / mu(a|s) with pi^w = N(m^w(s), sigma^2 I), i.e.
+     rho = exp(-(|a - m^w(s)|^2 - |a - m_t|^2) / (2 sigma^2)), log clipped to [-7, 7]; far iff
+     rho not in (1/c_max, c_max)  (Sec. 3);
+  1. critic: L_Q = E[w (Q(s, a) - y)^2], y = r + gamma (1 - terminated) Q'(s', m'(s'))  (Eq. 2),
+     w = ``is_weight`` (PER); Rule 1: far rows contribute zero (their loss is masked);
+  2. actor: L = E[beta * near * (-Q(s, m^w(s)))  +  (1 - beta) * D_KL(mu || pi^w)]  (Eq. 3, 10, 11): the
+     gradient is beta g - (1 - beta) g^D with g the deterministic policy gradient over near rows and g^D the
+     KL gradient over all (covered) rows; pi's std is pinned to sigma (as smarties), so the KL is
+     |m^w(s) - m_t|^2 / (2 sigma^2) in either direction;
+  3. Polyak update of both target networks.
+An optimizer step whose loss has no contributing row (every row far under Rule 1 alone) is not taken, and the
+targets then stay as they are: far rows change nothing, not even through Adam's momentum.
+
+Without ReF-ER hints this is plain DDPG (uniform replay or PER; ``td_error`` signal). ``refer_rule1`` /
+``refer_rule2`` switch each rule off for the paper's ReF-ER-1 / ReF-ER-2 ablations. Rows of a source the ReF-ER
+sampler does not cover (offline rows when ReF-ER is on the online part of a mixture, ``refer_source`` hint) have
+no behaviour record: they are near and carry no KL term. Signals: ``td_error`` [B] and, with ReF-ER, ``rho`` [B].
+Metric ``train/kl_behaviour``: mean D_KL(mu_t || pi^w) of the replayed rows with a record (the paper's Fig. 2),
+logged with or without ReF-ER.
+
+Defaults: CleanRL's DDPG (Adam 3e-4, tau 0.005, 256x256) but the ReF-ER paper's sigma 0.2; the paper ran DDPG
+with lr 1e-4 (critic) / 1e-5 (actor), which ``DDPGConfig.paper()`` gives.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from relive.agents import networks as nets
+from relive.agents import refer
+from relive.registry import register_agent
+from relive.types import Acted, Batch, ColumnDecl, UpdateResult
+
+NOISES = ("gaussian", "ou")
+
+
+@dataclass(frozen=True)
+class DDPGConfig:
+    """DDPG hyperparameters, with the ReF-ER rule switches (the rules apply only under a ReF-ER sampler)."""
+
+    hidden: tuple[int, ...] = (256, 256)  # hidden layer widths of the actor and of the critic
+    gamma: float = 0.99  # discount
+    tau: float = 0.005  # Polyak rate of the target actor and critic
+    actor_lr: float = 3e-4  # Adam learning rate of the actor (ReF-ER paper: 1e-5)
+    critic_lr: float = 3e-4  # Adam learning rate of the critic (ReF-ER paper: 1e-4)
+    exploration_noise: str = "gaussian"  # "gaussian" (needed by ReF-ER) or "ou" (Ornstein-Uhlenbeck, no ReF-ER)
+    sigma: float = 0.2  # exploration std, in units of the action box's half-width (ReF-ER paper: 0.2)
+    ou_theta: float = 0.15  # OU mean reversion per step (Lillicrap et al.)
+    refer_rule1: bool = True  # under ReF-ER: far rows contribute no gradient (off: the paper's ReF-ER-2)
+    refer_rule2: bool = True  # under ReF-ER: beta g - (1 - beta) grad KL for the actor (off: ReF-ER-1)
+    kl_direction: str = "mu_pi"  # "mu_pi" (the paper) or "pi_mu" (smarties); equal here (pinned std)
+    init: str = "torch"  # parameter init: "torch" (nn.Linear default) or "xavier"
+
+    def __post_init__(self):
+        if not 0 < self.tau <= 1 or not 0 <= self.gamma <= 1:
+            raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
+        if self.exploration_noise not in NOISES:
+            raise ValueError(f"exploration_noise must be one of {NOISES}, got {self.exploration_noise!r}")
+        if self.sigma <= 0 or not 0 < self.ou_theta <= 1:
+            raise ValueError(f"sigma must be > 0 and ou_theta in (0, 1], got {self.sigma}, {self.ou_theta}")
+        if self.kl_direction not in refer.KL_DIRECTIONS:
+            raise ValueError(f"kl_direction must be one of {refer.KL_DIRECTIONS}, got {self.kl_direction!r}")
+        if not self.hidden or min(self.hidden) < 1:
+            raise ValueError(f"hidden must be a non-empty tuple of positive widths, got {self.hidden}")
+        if self.init not in nets.INIT_SCHEMES:
+            raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
+
+    @classmethod
+    def paper(cls, **overrides) -> DDPGConfig:
+        """The ReF-ER paper's DDPG learning rates (critic 1e-4, actor 1e-5)."""
+        return replace(cls(actor_lr=1e-5, critic_lr=1e-4), **overrides)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class DeterministicActor(nn.Module):
+    """m^w(s) = center + scale * tanh(f(s)): a deterministic action inside the box."""
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
+        super().__init__()
+        low = np.asarray(action_low, np.float32).reshape(-1)
+        high = np.asarray(action_high, np.float32).reshape(-1)
+        if low.shape != (action_dim,) or high.shape != (action_dim,):
+            raise ValueError(f"action_low / action_high must have shape ({action_dim},), got {low.shape} / "
+                             f"{high.shape}")
+        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+            raise ValueError(f"the action box must be finite with low < high, got low={low}, high={high}")
+        self.net = nets.mlp(obs_dim, hidden, action_dim)
+        self.register_buffer("scale", torch.as_tensor((high - low) / 2))
+        self.register_buffer("center", torch.as_tensor((high + low) / 2))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.center + self.scale * torch.tanh(self.net(obs))
+
+
+@register_agent("ddpg", DDPGConfig)
+class DDPG:
+    """DDPG with optional ReF-ER rules (see the module docstring)."""
+
+    def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: DDPGConfig | None = None,
+                 seed: int = 0, device: str = "cpu"):
+        self.cfg = cfg = config if config is not None else DDPGConfig()
+        self.obs_dim, self.action_dim = int(obs_dim), int(action_dim)
+        self.device = torch.device(device)
+        self.action_low = np.asarray(action_low, np.float32).reshape(-1)
+        self.action_high = np.asarray(action_high, np.float32).reshape(-1)
+        init_gen = torch.Generator().manual_seed(int(seed))
+        self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration noise
+        with nets.private_rng():
+            actor = DeterministicActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
+            critic = nets.EnsembleCritic(1, obs_dim, action_dim, cfg.hidden)
+        self.actor = nets.init_(actor, init_gen, cfg.init).to(self.device)
+        self.critic = nets.init_(critic, init_gen, cfg.init).to(self.device)
+        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
+        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.actor_opt = nets.adam(self.actor.parameters(), cfg.actor_lr)
+        self.critic_opt = nets.adam(self.critic.parameters(), cfg.critic_lr)
+        self.std = cfg.sigma * self.actor.scale  # [A] exploration std in env units: mu's and (pinned) pi's
+        self.ou_state = torch.zeros(0, action_dim, device=self.device)  # [N, A] OU noise, in half-widths
+        self.num_updates = 0
+
+    @classmethod
+    def from_spec(cls, spec, config: DDPGConfig, seed, device: str = "cpu") -> DDPG:
+        """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
+        if spec.discrete:
+            raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
+        return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
+                   seed=nets.seed_int(seed), device=device)
+
+    # -- acting ----------------------------------------------------------------------------------------
+    def stored_columns(self) -> tuple[ColumnDecl, ...]:
+        a = (self.action_dim,)
+        return (ColumnDecl("mu_mean", a, doc="behaviour mean m^w(s) at collection (env units); ReF-ER's mu_t"),
+                ColumnDecl("mu_std", a, doc="behaviour std (sigma x half-width); 0 = no record (offline rows)"))
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, explore: bool):
+        """``Acted(action [N, A], record={"mu_mean": m^w(s), "mu_std": sigma})``: a = m^w(s) + noise if
+        ``explore``, else m^w(s); clipped to the box. A single observation gives a single bare action."""
+        o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        mean = self.actor(o)
+        a = mean
+        if explore:
+            if self.cfg.exploration_noise == "gaussian":
+                a = mean + self.std * torch.randn(mean.shape, generator=self.gen, device=self.device)
+            else:
+                a = mean + self.actor.scale * self._ou_step(mean.shape[0])
+        a = np.clip(a.cpu().numpy(), self.action_low, self.action_high)
+        if single:
+            return a[0]
+        m = mean.cpu().numpy()
+        return Acted(a, record={"mu_mean": m, "mu_std": np.broadcast_to(self.std.cpu().numpy(), m.shape).copy()})
+
+    def _ou_step(self, n: int) -> torch.Tensor:
+        """x <- x - theta x + sigma eps (Lillicrap et al., theta 0.15, dt 1), one state per env."""
+        if self.ou_state.shape[0] != n:
+            self.ou_state = torch.zeros(n, self.action_dim, device=self.device)
+        eps = torch.randn(self.ou_state.shape, generator=self.gen, device=self.device)
+        self.ou_state = self.ou_state - self.cfg.ou_theta * self.ou_state + self.cfg.sigma * eps
+        return self.ou_state
+
+    def reset_noise(self) -> None:
+        self.ou_state = torch.zeros(0, self.action_dim, device=self.device)
+
+    def loop_hooks(self, ctx) -> list:
+        from relive.train.hooks import OnEpisodeStart
+
+        return [OnEpisodeStart(self.reset_noise)] if self.cfg.exploration_noise == "ou" else []
+
+    # -- ReF-ER ----------------------------------------------------------------------------------------
+    def log_rho(self, mean: torch.Tensor, action, mu_mean, mu_std) -> torch.Tensor:
+        """Clipped log pi^w(a|s) / mu(a|s) with pi^w = N(m^w(s), sigma^2) (std pinned): [B]."""
+        return refer.gaussian_log_rho(mean, self.std.expand_as(mean), mu_mean, mu_std, action)
+
+    @torch.no_grad()
+    def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
+        """The sampler's recount: clipped log rho of stored rows under the current actor: [n] NumPy."""
+        t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device) for x in (obs, action, mu_mean, mu_std)]
+        return self.log_rho(self.actor(t[0]), *t[1:]).cpu().numpy()
+
+    def refer_masks(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(covered, near, rho, mu_std) of a torch batch under the current actor (``refer.batch_rows``)."""
+        if "c_max" in b.info.hints and self.cfg.exploration_noise != "gaussian":
+            raise ValueError("ReF-ER needs Gaussian exploration (rho needs the behaviour's density); "
+                             f"exploration_noise is {self.cfg.exploration_noise!r}")
+        return refer.batch_rows(b, lambda mu_std: self.log_rho(self.actor(b.obs), b.action, b.mu_mean, mu_std),
+                                self.cfg.refer_rule1)
+
+    @torch.no_grad()
+    def behaviour_kl(self, b: Batch) -> dict[str, float]:
+        """``{"train/kl_behaviour": mean D_KL(mu_t || pi^w)}`` over the batch's rows that have a behaviour record
+        (std > 0): the paper's Fig. 2 measure of how off-policy the replayed data is ({} without records)."""
+        if "mu_std" not in b.extras:
+            return {}
+        has = (b.mu_std > 0).all(-1)
+        if not has.any():
+            return {}
+        mean = self.actor(b.obs[has])
+        kl = refer.refer_kl(b.mu_mean[has], b.mu_std[has], mean, self.std.expand_as(mean))
+        return {"train/kl_behaviour": kl.mean().item()}
+
+    # -- losses (pure; unit-tested) --------------------------------------------------------------------
+    @torch.no_grad()
+    def critic_target(self, reward, next_obs, terminated) -> torch.Tensor:
+        """y = r + gamma (1 - terminated) Q'(s', m'(s')) (Eq. 2 with the target networks): [B]."""
+        q_next = self.target_critic(next_obs, self.target_actor(next_obs))[0]
+        return reward + self.cfg.gamma * (1.0 - terminated) * q_next
+
+    def critic_loss(self, b: Batch, near: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """E[is_weight * near * (Q(s, a) - y)^2] over the batch (Rule 1 masks far rows): (loss, Q [B], y [B])."""
+        y = self.critic_target(b.reward, b.next_obs, b.terminated)
+        q = self.critic(b.obs, b.action)[0]
+        return nets.weighted_mean((q - y) ** 2, b.info.is_weight * near), q, y
+
+    def actor_loss(self, b: Batch, near, covered, beta: float, mu_std=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """E[beta * near * (-Q(s, m^w(s))) + (1 - beta) * covered * KL(mu || pi^w)] (Eq. 3, 10, 11): its negative
+        gradient is beta g - (1 - beta) g^D. (loss, KL [B]). The critic must be frozen by the caller."""
+        mean = self.actor(b.obs)
+        dpg = -self.critic(b.obs, mean)[0]
+        if beta == 1.0:  # plain DDPG / Rule 1 only: no KL term (and no behaviour columns needed)
+            return (near * dpg).mean(), torch.zeros_like(dpg)
+        mu_std = b.mu_std if mu_std is None else mu_std
+        kl = refer.refer_kl(b.mu_mean, mu_std, mean, self.std.expand_as(mean), self.cfg.kl_direction) * covered
+        return (beta * near * dpg + (1.0 - beta) * kl).mean(), kl.detach()
+
+    # -- the update ------------------------------------------------------------------------------------
+    def update(self, batch: Batch) -> UpdateResult:
+        b = self._to_torch(batch)
+        # 0. ReF-ER: annealed learning rates (Eq. 13) and the near/far split of the batch (Sec. 3)
+        hints = b.info.hints
+        covered, near, rho, mu_std = self.refer_masks(b)
+        refer_on = "c_max" in hints
+        beta = float(hints["beta"]) if refer_on and self.cfg.refer_rule2 else 1.0
+        if "lr_scale" in hints:
+            refer.set_lr(self.critic_opt, self.cfg.critic_lr * float(hints["lr_scale"]))
+            refer.set_lr(self.actor_opt, self.cfg.actor_lr * float(hints["lr_scale"]))
+        # 1. critic (Eq. 2), far rows masked (Rule 1)
+        critic_loss, q, y = self.critic_loss(b, near)
+        critic_steps = bool((b.info.is_weight * near).any())
+        if critic_steps:
+            _step(self.critic_opt, critic_loss)
+        # 2. actor: beta * DPG on near rows - (1 - beta) * grad KL on all rows (Eq. 3, 10, 11)
+        self.critic.requires_grad_(False)
+        actor_loss, kl = self.actor_loss(b, near, covered, beta, mu_std)
+        actor_steps = bool(near.any()) or beta < 1.0
+        if actor_steps:
+            _step(self.actor_opt, actor_loss)
+        self.critic.requires_grad_(True)
+        # 3. target networks (Polyak)
+        if critic_steps or actor_steps:
+            nets.polyak(self.target_critic, self.critic, self.cfg.tau)
+            nets.polyak(self.target_actor, self.actor, self.cfg.tau)
+        self.num_updates += 1
+        metrics = {"train/critic_loss": critic_loss.item(), "train/actor_loss": actor_loss.item(),
+                   "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()} | self.behaviour_kl(b)
+        signals = {"td_error": (q.detach() - y).cpu().numpy()}
+        if refer_on:
+            metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta,
+                        "train/refer_kl": kl.mean().item()}
+            signals["rho"] = rho.cpu().numpy().astype(np.float64)
+        return UpdateResult(metrics, signals)
+
+    def _to_torch(self, batch: Batch) -> Batch:
+        if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
+            raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
+        if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:
+            raise ValueError(f"batch.action must have shape [B, {self.action_dim}], got {tuple(batch.action.shape)}")
+        return batch.to_torch(self.device, dtype=torch.float32)
+
+    # -- state -----------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "actor": nets.module_state(self.actor),
+            "critic": nets.module_state(self.critic),
+            "target_actor": nets.module_state(self.target_actor),
+            "target_critic": nets.module_state(self.target_critic),
+            "actor_opt": nets.optimizer_state(self.actor_opt),
+            "critic_opt": nets.optimizer_state(self.critic_opt),
+            "generator": nets.generator_state(self.gen),
+            "ou_state": self.ou_state.cpu().numpy().copy(),
+            "counters": {"num_updates": self.num_updates},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in ("actor", "critic", "target_actor", "target_critic"):
+            nets.load_module_state(getattr(self, name), state[name])
+        nets.load_optimizer_state(self.actor_opt, state["actor_opt"])
+        nets.load_optimizer_state(self.critic_opt, state["critic_opt"])
+        nets.load_generator_state(self.gen, state["generator"])
+        self.ou_state = torch.as_tensor(np.asarray(state["ou_state"], np.float32), device=self.device)
+        self.num_updates = int(state["counters"]["num_updates"])
+
+
+def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()

@@ -1,0 +1,294 @@
+"""ReF-ER's replay side (Novati & Koumoutsakos, ICML 2019, arXiv 1807.05827, Sec. 3): uniform sampling, plus the
+bookkeeping that decides how the agent may use what it samples.
+
+Per stored row the sampler keeps ``rho``, the most recent importance weight pi^w(a|s) / mu(a|s) ("we store for
+each step its most recent rho_t"), and whether it is far-policy (rho not in (1/c_max, c_max)). From these:
+
+    n_far / N          the far fraction of the rows this sampler covers (its whole domain)
+    beta               <- (1 - eta) beta if n_far / N > D, else (1 - eta) beta + eta        (Eq. 12)
+    c_max(t)           = 1 + C / (1 + A t)                                                  (Eq. 13)
+    lr_scale(t)        = 1 / (1 + A t)    (the agent multiplies its learning rates by it)   (Eq. 13)
+
+with t the number of gradient steps so far. Each ``update`` (one per gradient step: the trainer hands over the
+agent's ``rho`` signal for the sampled rows) refreshes those rows' rho, then takes one beta step and t += 1.
+``hints()`` publishes ``c_max``, ``beta``, ``lr_scale`` and ``refer_source`` (the source this sampler covers,
+-1 for both) on every batch; the agent applies Rules 1 and 2 with them (``relive.agents.ddpg``, ``sac_refer``).
+
+rho goes stale between samplings and c_max anneals, so every ``recount_every_grad_steps`` gradient steps a loop
+hook recounts every covered row against the current policy and c_max (``recount``: the agent's batched
+``refer_log_rho(obs, action, mu_mean, mu_std)`` over all rows in chunks, as ARB's refresh). Right after a recount
+the far fraction is exact. smarties re-flags its stored rho against the current c_max every 1000 steps without
+recomputing rho; we recompute it, every 2000 steps by default, which keeps the amortized pass under 5% of a DDPG
+update at 2^18 rows (``bench/refer_overhead.py``; every 1000 steps it is 6-8%).
+
+Rows need a behaviour record: the columns ``mu_mean`` and ``mu_std`` ([A] each; for a tanh-squashed Gaussian
+the pre-squash parameters) written from ``act``. A row whose ``mu_std`` is not > 0 is refused before anything
+is written (``check_insert``), which is what offline rows without a record (filled with 0) get: ReF-ER over a
+dataset without behaviour records is refused with a message; put ReF-ER on the online part of a mixture
+(``MixtureSampler(offline=UniformSampler(), online=ReFERSampler())``): the agent then exempts rows of the other
+source from both rules (``refer_source`` hint) -- they are replayed as plain DDPG/SAC rows. Random warm-up
+actions have no record either: the ReF-ER presets warm up with the agent's own (Gaussian) policy, as smarties
+fills its buffer with the initial policy.
+
+beta's step size and start (both options, ``beta_schedule``):
+
+- ``"paper"`` (default): eta is the network learning rate ``beta_eta`` (1e-4, the paper's V-RACER / DDPG critic
+  rate), annealed with it (eta / (1 + A t)), starting at ``initial_beta`` (the paper does not give one; 1.0:
+  plain updates until the far fraction exceeds D, which suits the short runs of this library);
+- ``"smarties"``: eta = 0.1 B / max(N_max, N) with each step clamped to keep beta in [0, 1]
+  (``MemoryProcessing.cpp``), starting at beta = 1e-4 (``MemoryBuffer.h``); ``ReFERConfig.smarties()``, or
+  ``--set replay.refer.beta_schedule=smarties --set replay.refer.initial_beta=1e-4``.
+
+Forgetting is FIFO, as the buffer's ring does. smarties' optional ``farpolfrac`` rule (delete the episode with
+the largest far fraction) is left out: the online storage is a ring whose slots are overwritten in order, so
+deleting an episode in the middle would leave a hole that no later write fills and that every sampler would
+have to skip; the paper's default and smarties' default are FIFO.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from relive.agents.refer import (
+    ALL_SOURCES,
+    BEHAVIOUR_COLUMNS,
+    BETA_SCHEDULES,
+    LOG_RHO_CLIP,
+    annealed_lr,
+    beta_step,
+    c_max_at,
+    is_far,
+    smarties_eta,
+)
+from relive.registry import ReplayBuild, register_replay
+from relive.replay.samplers import register_sampler
+from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.uniform import UniformSampler
+
+
+@dataclass(frozen=True)
+class ReFERConfig:
+    """ReF-ER (Remember and Forget ER): uniform replay, far-policy bookkeeping, beta and c_max for the agent."""
+
+    C: float = 4.0  # c_max(0) = 1 + C (paper: 4; smarties' default when unset is sqrt(dim A / 2))
+    D: float = 0.1  # target far-policy fraction of the buffer (paper / smarties penalTol)
+    A: float = 5e-7  # annealing rate of c_max and of the learning rates: 1 / (1 + A t) (paper / smarties)
+    # beta's step size eta: "paper": beta_eta / (1 + A t), unclamped; "smarties": 0.1 B / max(N_max, N), clamped
+    beta_schedule: str = "paper"
+    beta_eta: float = 1e-4  # "paper" schedule: beta's step size (the network learning rate in the paper)
+    initial_beta: float = 1.0  # beta at t = 0 (smarties: 1e-4, almost pure KL penalty at first)
+    # recount every row's rho under the current policy every this many gradient steps (0: never); smarties only
+    # re-flags its stored rho against c_max, every 1000 steps
+    recount_every_grad_steps: int = 2000
+    recount_chunk_size: int = 4096  # rows per call of the agent's log-rho function in a recount (fastest on CPU)
+    online_only: bool = False  # cover only the online rows: offline rows go to a uniform part (a 50/50 mixture)
+    offline_fraction: float = 0.5  # share of offline rows per batch when online_only
+
+    def __post_init__(self):
+        if self.C < 0 or not 0 < self.D < 1 or self.A < 0:
+            raise ValueError(f"ReF-ER needs C >= 0, 0 < D < 1 and A >= 0, got C={self.C}, D={self.D}, A={self.A}")
+        if self.beta_schedule not in BETA_SCHEDULES:
+            raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
+        if not 0 < self.beta_eta <= 1 or not 0 <= self.initial_beta <= 1:
+            raise ValueError(f"need 0 < beta_eta <= 1 and 0 <= initial_beta <= 1, got {self.beta_eta}, "
+                             f"{self.initial_beta}")
+        if self.recount_every_grad_steps < 0 or self.recount_chunk_size < 1:
+            raise ValueError("recount_every_grad_steps must be >= 0 and recount_chunk_size >= 1")
+
+    @classmethod
+    def smarties(cls, **overrides) -> ReFERConfig:
+        """The reference code's beta: eta = 0.1 B / max(N_max, N), clamped, starting at 1e-4."""
+        return replace(cls(beta_schedule="smarties", initial_beta=1e-4), **overrides)
+
+    def sampler_kwargs(self) -> dict:
+        return dict(C=self.C, D=self.D, A=self.A, beta_schedule=self.beta_schedule, beta_eta=self.beta_eta,
+                    initial_beta=self.initial_beta, recount_every_grad_steps=self.recount_every_grad_steps,
+                    recount_chunk_size=self.recount_chunk_size)
+
+
+class ReFERSampler(Sampler):
+    signals = ("rho",)
+
+    def __init__(self, C: float = 4.0, D: float = 0.1, A: float = 5e-7, beta_schedule: str = "paper",
+                 beta_eta: float = 1e-4, initial_beta: float = 1.0, recount_every_grad_steps: int = 2000,
+                 recount_chunk_size: int = 4096):
+        super().__init__()
+        ReFERConfig(C, D, A, beta_schedule, beta_eta, initial_beta, recount_every_grad_steps,
+                    recount_chunk_size)  # validates
+        self.C, self.D, self.A = float(C), float(D), float(A)
+        self.beta_schedule, self.beta_eta = beta_schedule, float(beta_eta)
+        self.initial_beta = float(initial_beta)
+        self.recount_every_grad_steps = int(recount_every_grad_steps)
+        self.recount_chunk_size = int(recount_chunk_size)
+        self.beta = self.initial_beta
+        self.t = 0  # gradient steps (updates) so far
+        self.batch_size = 0  # size of the last batch drawn (smarties' eta uses it)
+        self.num_recounts = 0
+
+    def bind(self, storage, source=None) -> None:
+        missing = [c for c in BEHAVIOUR_COLUMNS if c not in storage.specs]
+        if missing:
+            raise ValueError(f"ReF-ER needs the behaviour columns {list(BEHAVIOUR_COLUMNS)} in the buffer "
+                             f"(declared by the agent's stored_columns()); missing: {missing}")
+        super().bind(storage, source)
+        self.rho = np.ones(storage.capacity)  # most recent pi / mu per slot (1 when stored: pi = mu then)
+        self.far = np.zeros(storage.capacity, bool)
+        self.num_far = 0
+
+    # -- schedules -------------------------------------------------------------------------------------
+    @property
+    def c_max(self) -> float:
+        return c_max_at(self.t, self.C, self.A)
+
+    @property
+    def lr_scale(self) -> float:
+        return annealed_lr(1.0, self.t, self.A)
+
+    def far_fraction(self) -> float:
+        n = self.num_rows()
+        return self.num_far / n if n else 0.0
+
+    def eta(self) -> float:
+        if self.beta_schedule == "smarties":
+            return smarties_eta(max(self.batch_size, 1), self.storage.capacity, self.num_rows())
+        return annealed_lr(self.beta_eta, self.t, self.A)
+
+    # -- rows in, rows out -----------------------------------------------------------------------------
+    def check_insert(self, source: int, rows) -> None:
+        """Refuse rows without a usable behaviour record before anything is written."""
+        if (self.source is not None and source != self.source) or "mu_std" not in rows:
+            return  # not ours; a missing column is refused by the storage, naming it
+        std = np.asarray(rows["mu_std"])
+        bad = ~(std > 0)
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            raise ValueError(f"ReF-ER: column 'mu_std' row {row} is {std[row]!r}; every row ReF-ER covers needs "
+                             "a behaviour record with std > 0 (random warm-up actions have none: use "
+                             "schedule.warmup_policy = 'agent'; offline data without one: put ReF-ER on the online "
+                             "part only, replay.refer.online_only = true)")
+
+    def on_insert(self, slots: np.ndarray) -> None:
+        self.num_far -= int(self.far[slots].sum())
+        self.far[slots] = False
+        self.rho[slots] = 1.0
+
+    def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        lo, hi = self.domain()
+        self.batch_size = batch_size
+        indices = rng.integers(lo, hi, size=batch_size, dtype=np.int64)
+        return Draw(indices, np.full(batch_size, 1.0 / (hi - lo)), np.ones(batch_size, dtype=np.float32))
+
+    def probabilities(self) -> np.ndarray:
+        p = np.zeros(self.storage.capacity)
+        lo, hi = self.domain()
+        if hi > lo:
+            p[lo:hi] = 1.0 / (hi - lo)
+        return p
+
+    def hints(self) -> dict:
+        return {"c_max": self.c_max, "beta": self.beta, "lr_scale": self.lr_scale,
+                "refer_source": ALL_SOURCES if self.source is None else int(self.source)}
+
+    # -- after every gradient step ---------------------------------------------------------------------
+    def update(self, slots: np.ndarray, signals: dict) -> None:
+        """New rho of the sampled rows (the agent's ``rho`` signal), then one beta step (Eq. 12) and t += 1."""
+        if "rho" not in signals:
+            raise ValueError(f"ReFERSampler.update needs a 'rho' signal, got {sorted(signals)}")
+        rho = np.asarray(signals["rho"], np.float64).reshape(-1)
+        if rho.size != slots.size:
+            raise ValueError(f"got {rho.size} rho values for {slots.size} rows")
+        if not (np.isfinite(rho) & (rho > 0)).all():
+            i = int(np.flatnonzero(~(np.isfinite(rho) & (rho > 0)))[0])
+            raise ValueError(f"signal 'rho' row {i}: value {rho[i]!r} must be a finite number > 0")
+        self._set_rho(slots, rho)
+        self.beta = beta_step(self.beta, self.far_fraction(), self.D, self.eta(),
+                              clamp=self.beta_schedule == "smarties")
+        self.t += 1
+
+    def _set_rho(self, slots: np.ndarray, rho: np.ndarray) -> None:
+        self.rho[slots] = rho  # a slot sampled twice keeps its last value
+        uniq = np.unique(slots)
+        new_far = is_far(self.rho[uniq], self.c_max)
+        self.num_far += int(new_far.sum()) - int(self.far[uniq].sum())
+        self.far[uniq] = new_far
+
+    # -- the periodic recount --------------------------------------------------------------------------
+    def recount(self, log_rho_fn, chunk_size: int | None = None) -> None:
+        """Recompute every covered row's rho with ``log_rho_fn(obs, action, mu_mean, mu_std) -> [n]`` (the
+        agent's log pi/mu, NumPy or tensor; clipped to [-7, 7] here too) in chunks, and the far flags against the
+        current c_max. Nothing changes if the function returns a non-finite value."""
+        lo, hi = self.domain()
+        chunk = int(chunk_size or self.recount_chunk_size)
+        cols = self.storage.columns
+        log_rho = np.empty(hi - lo)
+        for a in range(lo, hi, chunk):
+            b = min(a + chunk, hi)
+            res = log_rho_fn(*(cols[name][a:b].copy() for name in ("obs", "action", *BEHAVIOUR_COLUMNS)))
+            res = np.asarray(res.detach().cpu() if hasattr(res, "detach") else res, np.float64).reshape(-1)
+            if res.size != b - a:
+                raise ValueError(f"log_rho_fn returned {res.size} values for {b - a} rows")
+            log_rho[a - lo : b - lo] = res
+        if not np.isfinite(log_rho).all():
+            slot = lo + int(np.argmax(~np.isfinite(log_rho)))
+            raise ValueError(f"log_rho_fn returned a non-finite value for slot {slot}")
+        self.rho[lo:hi] = np.exp(np.clip(log_rho, -LOG_RHO_CLIP, LOG_RHO_CLIP))
+        self.far[lo:hi] = is_far(self.rho[lo:hi], self.c_max)
+        self.num_far = int(self.far[lo:hi].sum())
+        self.num_recounts += 1
+
+    def loop_hooks(self, ctx) -> list:
+        """Recount every ``recount_every_grad_steps`` gradient steps of either phase, with the agent's
+        ``refer_log_rho``."""
+        from relive.train.hooks import EveryGradSteps
+
+        if not self.recount_every_grad_steps:
+            return []
+        fn = getattr(ctx.agent, "refer_log_rho", None)
+        if fn is None:
+            raise ValueError(f"ReF-ER replay needs an agent with refer_log_rho(obs, action, mu_mean, mu_std); "
+                             f"{type(ctx.agent).__name__} has none")
+        k = self.recount_every_grad_steps
+        return [EveryGradSteps(k, lambda: self.recount(fn), phase) for phase in ("offline", "online")]
+
+    # -- diagnostics and checkpoint ----------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        return super().stats() | {"replay/far_policy_fraction": self.far_fraction(),
+                                  "replay/refer_beta": self.beta, "replay/refer_c_max": self.c_max,
+                                  "replay/refer_recounts": float(self.num_recounts)}
+
+    def config(self) -> dict:
+        return dict(C=self.C, D=self.D, A=self.A, beta_schedule=self.beta_schedule, beta_eta=self.beta_eta,
+                    initial_beta=self.initial_beta, recount_every_grad_steps=self.recount_every_grad_steps,
+                    recount_chunk_size=self.recount_chunk_size)
+
+    def state_dict(self) -> dict:
+        size = self.storage.size
+        return super().state_dict() | {"rho": self.rho[:size].copy(), "far": self.far[:size].copy(),
+                                       "num_far": self.num_far, "beta": self.beta, "t": self.t,
+                                       "batch_size": self.batch_size, "num_recounts": self.num_recounts}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        rho, far = np.asarray(state["rho"], np.float64), np.asarray(state["far"], bool)
+        self.rho = np.ones(self.storage.capacity)
+        self.far = np.zeros(self.storage.capacity, bool)
+        self.rho[: rho.size], self.far[: far.size] = rho, far
+        self.num_far = int(state["num_far"])
+        self.beta, self.t = float(state["beta"]), int(state["t"])
+        self.batch_size, self.num_recounts = int(state["batch_size"]), int(state["num_recounts"])
+
+
+register_sampler(ReFERSampler)
+
+
+@register_replay("refer", ReFERConfig)
+def _build(options: ReFERConfig, ctx: ReplayBuild) -> Sampler:
+    """ReF-ER over every row, or (``online_only``) on the online part of a mixture with uniform offline rows."""
+    refer = ReFERSampler(**options.sampler_kwargs())
+    if not options.online_only:
+        return refer
+    from relive.replay.samplers.mixture import MixtureSampler
+
+    return MixtureSampler(UniformSampler(), refer, offline_fraction=options.offline_fraction)
