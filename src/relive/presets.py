@@ -8,6 +8,7 @@ from dataclasses import replace
 from relive.agents.cal_ql import CalQLConfig
 from relive.agents.ddpg import DDPGConfig
 from relive.agents.ddqn import DDQNConfig
+from relive.agents.residual_sac import ResidualSACConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
 from relive.agents.sac_refer import SACReFERConfig
 from relive.agents.vracer import VRACERConfig
@@ -43,6 +44,17 @@ def calql_arb() -> ExperimentConfig:
     return replace(cfg, preset="calql_arb", agent=replace(cfg.agent, calibrate_online=False),
                    schedule=replace(cfg.schedule, env_steps_per_chunk=1000),
                    replay=ReplayConfig.of("arb", temperature=5.0, refresh_every_grad_steps=1000))
+
+
+def residual_sac() -> ExperimentConfig:
+    """PLD stage 1: residual SAC on a frozen base policy (--base-policy PATH); Cal-QL critic pre-training on the
+    base's successful episodes (--dataset), then 50/50 symmetric replay; the agent's own base-only warm-up (1000
+    stored steps, with updates; the trainer's random warm-up is off) and probing (H_probe = 50); batch 256 (PLD
+    Table 5)."""
+    return ExperimentConfig(preset="residual_sac", agent_kind="residual_sac", agent=ResidualSACConfig(),
+                            schedule=ScheduleConfig(num_offline_grad_steps=5_000, num_warmup_env_steps=0,
+                                                    batch_size=256),
+                            replay=ReplayConfig.of("symmetric", offline_fraction=0.5))
 
 
 def ddqn() -> ExperimentConfig:
@@ -117,8 +129,8 @@ def vracer_refer() -> ExperimentConfig:
 
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
-    "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "ddqn": ddqn, "ddqn_per": ddqn_per,
-    "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
+    "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "residual_sac": residual_sac, "ddqn": ddqn,
+    "ddqn_per": ddqn_per, "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
     "ddpg_refer2": ddpg_refer2, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
 }
 

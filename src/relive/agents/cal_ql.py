@@ -78,6 +78,28 @@ class CalQLConfig(SACConfig):
                              f"{self.clip_diff_max}")
 
 
+def cql_gap(q_rand: torch.Tensor, q_pi: torch.Tensor, q_next: torch.Tensor, q_data: torch.Tensor,
+            mc_return: torch.Tensor, *, calibrate: bool, temp: float, clip_min: float, clip_max: float,
+            importance_sample: bool = False, log_uniform=None, pi_logp=None,
+            next_logp=None) -> tuple[torch.Tensor, dict[str, float]]:
+    """clip(CQL_ood - Q(s, a), clip_min, clip_max) per member and sample, from the critic's values of the
+    sampled actions, all evaluated at s: q_rand, q_pi, q_next [E, B, n] (uniform, pi(s), pi(s') actions),
+    q_data [E, B] -> [E, B]. The policy values are calibrated by ``mc_return`` [B] when ``calibrate``. With
+    ``importance_sample`` the log-densities ``log_uniform`` (scalar), ``pi_logp`` and ``next_logp`` [1, B, n]
+    are subtracted (CQL(H) with IS); without, the logsumexp runs over the plain values and Q(s, a).
+    Shared by :class:`CalQL` and the residual agent's critic pre-training (``relive.agents.residual_sac``)."""
+    bound_rate = (q_pi < mc_return.view(1, -1, 1)).float().mean().item()  # NaN compares False
+    if calibrate:  # Cal-QL: lower-bound the policy actions' values by V_mu(s)
+        q_pi, q_next = CalQL.calibrated(q_pi, mc_return), CalQL.calibrated(q_next, mc_return)
+    if importance_sample:
+        cat = torch.cat([q_rand - log_uniform, q_next - next_logp, q_pi - pi_logp], dim=-1)
+    else:
+        cat = torch.cat([q_rand, q_data.unsqueeze(-1), q_next, q_pi], dim=-1)
+    ood = torch.logsumexp(cat / temp, dim=-1) * temp  # [E, B]
+    gap = (ood - q_data).clamp(clip_min, clip_max)
+    return gap, {"train/cql_ood_mean": ood.mean().item(), "train/cql_bound_rate": bound_rate}
+
+
 @register_agent("calql", CalQLConfig)
 class CalQL(SAC):
     """Cal-QL agent (see the module docstring). ``set_online(True)`` marks the offline -> online switch."""
@@ -156,18 +178,11 @@ class CalQL(SAC):
         # one ensemble forward for the 3n actions of every sample, all evaluated at s
         q = self.critic(obs_rep.repeat(3, 1), torch.cat([rand_a, pi_a, next_a]))
         q_rand, q_pi, q_next = q.view(-1, 3, batch_size, n).unbind(1)  # each [E, B, n]
-        bound_rate = (q_pi < b.mc_return.view(1, -1, 1)).float().mean().item()  # NaN compares False
-        if self.calibrating:  # Cal-QL: lower-bound the policy actions' values by V_mu(s)
-            q_pi, q_next = self.calibrated(q_pi, b.mc_return), self.calibrated(q_next, b.mc_return)
-        if cfg.cql_importance_sample:
-            log_uniform = -torch.log(2.0 * self.actor.scale).sum()  # log density of U(box) = log 0.5^|A| on [-1, 1]
-            cat = torch.cat([q_rand - log_uniform, q_next - next_logp.view(1, batch_size, n),
-                             q_pi - pi_logp.view(1, batch_size, n)], dim=-1)
-        else:
-            cat = torch.cat([q_rand, q_data.unsqueeze(-1), q_next, q_pi], dim=-1)
-        ood = torch.logsumexp(cat / cfg.cql_temp, dim=-1) * cfg.cql_temp  # [E, B]
-        gap = (ood - q_data).clamp(cfg.clip_diff_min, cfg.clip_diff_max)
-        return gap, {"train/cql_ood_mean": ood.mean().item(), "train/cql_bound_rate": bound_rate}
+        log_uniform = -torch.log(2.0 * self.actor.scale).sum()  # log density of U(box) = log 0.5^|A| on [-1, 1]
+        return cql_gap(q_rand, q_pi, q_next, q_data, b.mc_return, calibrate=self.calibrating, temp=cfg.cql_temp,
+                       clip_min=cfg.clip_diff_min, clip_max=cfg.clip_diff_max,
+                       importance_sample=cfg.cql_importance_sample, log_uniform=log_uniform,
+                       pi_logp=pi_logp.view(1, batch_size, n), next_logp=next_logp.view(1, batch_size, n))
 
     # -- the update ------------------------------------------------------------------------------------
     def update(self, batch: Batch, update_actor: bool | None = None) -> UpdateResult:

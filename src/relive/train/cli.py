@@ -24,6 +24,8 @@ def add_parsers(subparsers) -> None:
     replays = "; ".join(f"{n}: {e.doc}" for n, e in sorted(REPLAYS.items()))
     p.add_argument("--replay", choices=sorted(REPLAYS), metavar="NAME", help=f"replay strategy ({replays}); its "
                    "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`")
+    p.add_argument("--base-policy", metavar="PATH", help="frozen base policy of a residual agent (residual_sac): "
+                   "same as --set agent.base_policy=PATH")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
     p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
     p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")
@@ -74,7 +76,8 @@ def add_parsers(subparsers) -> None:
 
 
 FLAG_TO_SETTING = {
-    "env": "env.id", "dataset": "data.dataset", "replay": "replay.name", "seed": "run.seed", "run_dir": "run.run_dir",
+    "env": "env.id", "dataset": "data.dataset", "base_policy": "agent.base_policy", "replay": "replay.name",
+    "seed": "run.seed", "run_dir": "run.run_dir",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",
     "stop_at_return": "run.stop_at_return", "init_from": "run.init_from", "warmup": "schedule.num_warmup_env_steps",
