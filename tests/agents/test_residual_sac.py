@@ -748,6 +748,14 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
                                   base_policy=policy)
     agent.load_state_dict(state)
     assert agent.state_dict()["counters"] == counters
+    # the trained residual for distillation: residual(obs, a_base) = the run's evaluation action
+    from relive.agents.residual_sac import load_residual
+
+    residual = load_residual(run)
+    obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    np.testing.assert_allclose(residual(obs, policy(obs)), agent.act(obs, explore=False), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="not a finished relive run"):
+        load_residual(tmp_path)
 
 
 @pytest.mark.slow

@@ -46,6 +46,7 @@ import copy
 import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -516,3 +517,34 @@ class ResidualSAC:
 
 _COUNTERS = ("num_critic_steps", "num_actor_steps", "num_pretrain_steps", "num_env_steps", "num_probe_steps",
              "num_episodes", "episode_step", "probe_steps")
+
+
+def load_residual(run_dir: str | Path) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The trained residual of a finished ``relive train residual_sac`` run as ``residual(obs [N, O], base_action
+    [N, A]) -> executed action [N, A]`` = clip(a_base + beta tanh(mu(x, a_base))), deterministic (the evaluation
+    policy), for PLD's distillation (``relive pld distill``). Reads ``config.json`` and ``agent_final/``
+    (pickle-free); the base policy itself is not needed here (the caller passes its actions)."""
+    from relive.config import load_config
+    from relive.replay.checkpoint import load_tree
+    from relive.train.envs import env_spec, make_env
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.json").is_file() or not (run_dir / "agent_final" / "MANIFEST.json").is_file():
+        raise ValueError(f"{run_dir} is not a finished relive run (config.json and agent_final/ are needed)")
+    cfg = load_config(run_dir / "config.json")
+    if cfg.agent_kind != "residual_sac":
+        raise ValueError(f"{run_dir} is a {cfg.agent_kind!r} run, not a residual_sac run")
+    spec = env_spec(make_env(cfg.env.id, cfg.env.max_episode_steps))
+    agent = ResidualSAC(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high,
+                        cfg.agent, seed=0)
+    agent.load_state_dict(load_tree(run_dir / "agent_final", kind="agent"))
+
+    @torch.no_grad()
+    def residual(obs: np.ndarray, base_action: np.ndarray) -> np.ndarray:
+        o, _ = nets.as_obs_tensor(np.asarray(obs, np.float32).reshape(-1, agent.obs_dim), agent.obs_dim,
+                                  agent.device)
+        base = torch.as_tensor(np.asarray(base_action, np.float32).reshape(o.shape[0], -1), device=agent.device)
+        delta, _ = agent.residual(o, base, deterministic=True)
+        return agent.executed(base, delta, agent.beta()).cpu().numpy()
+
+    return residual
