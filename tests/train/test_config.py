@@ -62,7 +62,7 @@ def test_replay_names_build_their_samplers(name, kind):
     if name.startswith("arb"):
         assert sampler.config()["level"] == ("transition" if name == "arb_transition" else "trajectory")
     assert set(REPLAY_NAMES) == {"uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition",
-                                 "reaper", "reaper_reference", "berb"}
+                                 "reaper", "reaper_reference", "berb", "refer", "refer_online"}
 
 
 @pytest.mark.parametrize("setting,match", [

@@ -144,12 +144,13 @@ def run_presets(args: argparse.Namespace) -> int:
         return show(name, as_json=args.json)
     import textwrap
 
+    width = max(map(len, PRESETS)) + 2
     for name, fn in PRESETS.items():
         cfg, doc = fn(), " ".join((fn.__doc__ or "").split())
         s = cfg.schedule
         settings = (f"[{cfg.agent_kind}, replay {cfg.replay.name}, utd {s.utd_ratio}, chunk {s.env_steps_per_chunk}, "
                     f"offline {s.num_offline_grad_steps:,} grad steps, online {s.num_online_env_steps:,} env steps]")
-        print(textwrap.fill(f"{doc} {settings}", 110, initial_indent=f"{name:11s}", subsequent_indent=" " * 11))
+        print(textwrap.fill(f"{doc} {settings}", 110, initial_indent=f"{name:{width}s}", subsequent_indent=" " * width))
     print("\n`relive presets --show NAME` shows a preset's settings (or a replay's / an agent's options, or "
           "`replays` / `agents`); `relive train --help` the options.")
     return 0
