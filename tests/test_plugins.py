@@ -155,6 +155,19 @@ class ToyAgent:
 
 # -- tests ----------------------------------------------------------------------------------------------------
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _unregister_after_this_module():
+    """The toy methods exist for this file's tests only."""
+    yield
+    from relive.registry import AGENTS, REPLAYS
+    from relive.replay.samplers import SAMPLERS
+
+    REPLAYS.pop("toy_even", None)
+    AGENTS.pop("toy_linear", None)
+    SAMPLERS.pop("EvenSlotsSampler", None)
+
+
 TOY = ["train", "sac", "--env", "Pendulum-v1", "--set", "agent_kind=toy_linear", "--replay", "toy_even",
        "--online-steps", "260", "--warmup", "0", "--batch-size", "16", "--eval-every", "130", "--eval-episodes", "1",
        "--no-progress", "--set", "env.max_episode_steps=50", "--set", "run.save_final_buffer=true"]
@@ -288,7 +301,7 @@ def test_a_dataset_lacking_a_required_column_is_refused_naming_it(tmp_path, monk
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 100, seed=0))
     monkeypatch.setattr(ToyAgent, "stored_columns", lambda self: (ColumnDecl("toy_mean", (1,), offline="required"),))
     with pytest.raises(ValueError, match="lacks column 'toy_mean'"):
-        main([*TOY, "--dataset", str(data), "--run-dir", str(tmp_path / "r")])
+        main(["--debug", *TOY, "--dataset", str(data), "--run-dir", str(tmp_path / "r")])
     assert not (tmp_path / "r").exists()  # a run that could not start leaves nothing behind
 
 

@@ -1,6 +1,11 @@
 """`relive` command line. Each command group lives next to the code it drives and registers itself here:
 a module in ``COMMAND_MODULES`` defines ``add_parsers(subparsers)``, which adds its sub-commands and sets
-``func`` (called with the parsed args, returns an exit code) on each."""
+``func`` (called with the parsed args, returns an exit code) on each.
+
+Errors: a bad argument or a refused input (``ValueError``, which includes ``CheckpointError``, and
+``OSError`` such as a missing file, or a command stopping with a message) prints one line
+``relive: error: ...`` on stderr and exits with code 2, as argparse does for its own errors;
+``relive --debug ...`` raises instead (the full traceback; in-process callers get the exception)."""
 
 from __future__ import annotations
 
@@ -14,10 +19,35 @@ COMMAND_MODULES = (
     "relive.experiments.cli",  # bench run / report
 )
 
+EXIT_USAGE = 2  # argparse's exit code for a bad command line; relive uses it for every refused input
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` for a count that must be >= 1 (``--steps 0`` is an error, not "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse ``type`` for a finite number > 0 (seconds, rates)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relive", description="Experience replay for off-policy and "
                                      "offline-to-online reinforcement learning.")
+    parser.add_argument("--debug", action="store_true", help="on an error, print the full traceback")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -30,9 +60,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if isinstance(err, ValueError) else f"{type(err).__name__}: {text}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except SystemExit as stop:  # a command that stops with a message (``raise SystemExit("...")``)
+        if not isinstance(stop.code, str) or getattr(args, "debug", False):
+            raise
+        print(f"relive: error: {' '.join(stop.code.split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, OSError) as err:
+        if getattr(args, "debug", False):
+            raise
+        print(f"relive: error: {_one_line(err)} (run with --debug for the traceback)", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from relive.agents.ddpg import DDPGConfig
 from relive.agents.ddqn import DDQNConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
 from relive.agents.sac_refer import SACReFERConfig
+from relive.agents.vracer import VRACERConfig
 from relive.config import ExperimentConfig, ReplayConfig, ScheduleConfig
 
 
@@ -100,10 +101,25 @@ def sac_refer() -> ExperimentConfig:
                             replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
 
 
+def vracer() -> ExperimentConfig:
+    """V-RACER (Novati & Koumoutsakos 2019) without ReF-ER: one network for V and a Gaussian policy, Retrace
+    targets, off-policy PG; uniform replay of 2^18 rows, batch 256, one gradient step per env step; warm-up with
+    the agent's own policy (rho needs every row's behaviour record; random actions have none)."""
+    return ExperimentConfig(preset="vracer", agent_kind="vracer", agent=VRACERConfig(),
+                            schedule=ScheduleConfig(batch_size=256, utd_ratio=1, warmup_policy="agent"),
+                            replay=ReplayConfig.of("uniform", capacity=REFER_CAPACITY))
+
+
+def vracer_refer() -> ExperimentConfig:
+    """V-RACER with ReF-ER, the paper's own pairing (its Fig. 4): C 4, D 0.1, A 5e-7, both rules; the learning
+    rate anneals with the sampler's lr_scale."""
+    return replace(vracer(), preset="vracer_refer", replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
+
+
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "ddqn": ddqn, "ddqn_per": ddqn_per,
     "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
-    "ddpg_refer2": ddpg_refer2, "sac_refer": sac_refer,
+    "ddpg_refer2": ddpg_refer2, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
 }
 
 

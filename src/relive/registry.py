@@ -52,10 +52,11 @@ _OPTIONAL_BUILTINS = ("relive.replay.samplers.refer", "relive.agents.ddpg", "rel
 def _check_config_cls(name: str, config_cls: type) -> None:
     if not (dataclasses.is_dataclass(config_cls) and config_cls.__dataclass_params__.frozen):
         raise TypeError(f"{name!r}: the config must be a frozen dataclass, got {config_cls!r}")
-    try:
-        config_cls()
-    except TypeError as e:
-        raise TypeError(f"{name!r}: every field of {config_cls.__name__} needs a default ({e})") from None
+    missing = [f.name for f in dataclasses.fields(config_cls)
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise TypeError(f"{name!r}: every field of {config_cls.__name__} needs a default; {missing} have none")
+    config_cls()  # the defaults themselves must be valid
 
 
 def _register(table: dict, kind: str, name: str, config_cls: type, target, doc: str | None) -> None:
@@ -90,22 +91,6 @@ def register_agent(name: str, config_cls: type, doc: str | None = None) -> Calla
         return cls
 
     return deco
-
-
-def check_number(config, name: str, low: float | None = None, high: float | None = None,
-                 strict: bool = False) -> None:
-    """Refuse a config field that is not a finite number in [low, high] (``strict``: (low, high]), naming it."""
-    value = getattr(config, name)
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
-    if ok and low is not None:
-        ok = value > low if strict else value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        lo = "" if low is None else f"{'>' if strict else '>='} {low}"
-        hi = "" if high is None else f"<= {high}"
-        bounds = " and ".join(x for x in (lo, hi) if x)
-        raise ValueError(f"{type(config).__name__}.{name} must be a finite number {bounds}, got {value!r}")
 
 
 def load_builtins() -> None:

@@ -83,7 +83,8 @@ def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
                                               "--run-dir", str(tmp_path / spec.key), *spec.args])
             cfg = config_from_args(args)
             assert cfg.run.seed == spec.seed
-            assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5", "Pendulum-v1"), cfg.env.id
+            assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5", "Pendulum-v1",
+                                  "HalfCheetah-v5", "PointMaze_UMaze-v3"), cfg.env.id
 
 
 def test_curves_of_runs_stopped_at_their_threshold_hold_their_last_value():
@@ -212,3 +213,28 @@ def test_compare_table_and_online_share_on_hand_made_runs(tmp_path):
     p_auc = mannwhitneyu([5.5, 6.5, 7.5], [3, 4, 3.5]).pvalue
     assert f"| A | uni | +3.00 (p={p_final:.2f}) | +3.00 (p={p_auc:.2f}) |" in text
     assert "| A | 0.040 [0.040, 0.040] | 0.050 [0.040, 0.060] |" in text
+
+
+def test_a_report_figure_can_plot_a_key_logged_in_metrics_jsonl(tmp_path):
+    """ReF-ER's Figure 2 plots the KL of replayed behaviours, a training metric (metrics.jsonl), not eval.csv."""
+    from relive.experiments.report import collect
+
+    grid = parse_grid({"name": "g", "tasks": ["A"], "seeds": 2, "variant": [{"label": "a", "preset": "sac"}],
+                       "report": {"figure": [{"name": "kl", "column": "train/kl_behaviour"}]}})
+    for seed, kl in ((0, [0.5, 0.25]), (1, [1.0, 2.0])):
+        d = tmp_path / "g" / f"a/A/seed_{seed}"
+        d.mkdir(parents=True)
+        d.joinpath("eval.csv").write_text("env_step,eval/return_mean\n0,1\n100,2\n")
+        d.joinpath("summary.json").write_text("{}")
+        lines = [{"env_step": 0, "phase": "offline", "train/kl_behaviour": 9.0},
+                 {"env_step": 50, "phase": "online", "train/kl_behaviour": kl[0]},
+                 {"env_step": 100, "phase": "online", "train/kl_behaviour": kl[1]}]
+        d.joinpath("metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{\"partial")
+    data, crashed, missing = collect(grid, tmp_path)
+    assert not crashed and not missing and len(data) == 2
+    steps, values = data[1].series("train/kl_behaviour")
+    np.testing.assert_array_equal(steps, [50, 100])  # online lines only; the partial last line is skipped
+    np.testing.assert_array_equal(values, [1.0, 2.0])
+    assert data[0].series(None)[1].tolist() == [1.0, 2.0] and data[0].series("nope") is None
+    out = make_report(grid, tmp_path, tmp_path / "out")
+    assert (tmp_path / "out" / "g_kl.png").is_file() and "g_kl.png" in out.read_text()

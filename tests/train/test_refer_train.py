@@ -49,7 +49,7 @@ def test_every_refer_preset_runs(preset, tmp_path):
 
 def test_random_warmup_is_refused_with_a_pointer_to_the_fix(tmp_path):
     with pytest.raises(ValueError, match="warmup_policy"):
-        main(["train", "ddpg_refer", *REFER, "--set", "schedule.warmup_policy=random", "--run-dir",
+        main(["--debug", "train", "ddpg_refer", *REFER, "--set", "schedule.warmup_policy=random", "--run-dir",
               str(tmp_path / "x")])
 
 
@@ -72,7 +72,7 @@ def test_offline_data_without_behaviour_records(tmp_path):
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
     args = ["ddpg_refer", *REFER, "--dataset", str(data), "--offline-steps", "20"]
     with pytest.raises(ValueError, match="refer_online"):
-        main(["train", *args, "--run-dir", str(tmp_path / "whole")])
+        main(["--debug", "train", *args, "--run-dir", str(tmp_path / "whole")])
     run = tmp_path / "online"
     online = [a.replace("replay.refer.", "replay.refer_online.") for a in args]
     assert main(["train", *online, "--replay", "refer_online", "--run-dir", str(run)]) == 0

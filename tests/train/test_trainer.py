@@ -89,7 +89,7 @@ def test_cli_train_writes_a_complete_run_directory(tmp_path):
     assert summary["status"] == "finished" and summary["best_return"] >= summary["final_return"]
     assert summary["torch_version"]
     with pytest.raises(ValueError, match="already holds a run"):
-        main(["train", "sac", "--env", "Pendulum-v1", "--run-dir", str(run), *TINY])
+        main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--run-dir", str(run), *TINY])
 
 
 def test_resume_after_a_kill_in_the_online_phase_reproduces_the_uninterrupted_run(tmp_path):
@@ -154,7 +154,7 @@ def test_resume_without_a_checkpoint_starts_over_and_bad_resume_dirs(tmp_path):
     with pytest.raises(ValueError, match="no config.json"):
         train(resume_dir=tmp_path / "nothing-here")
     with pytest.raises(ValueError, match="already finished"):
-        main(["train", "--resume", str(tmp_path / "full")])
+        main(["--debug", "train", "--resume", str(tmp_path / "full")])
 
 
 def test_arb_is_rescored_after_each_collected_chunk_as_in_its_algorithm(tmp_path, monkeypatch):
@@ -254,15 +254,16 @@ def test_ddqn_runs_on_cartpole_with_per(tmp_path):
 
 def test_agent_and_environment_mismatches_are_named(tmp_path):
     with pytest.raises(ValueError, match="discrete action space"):
-        main(["train", "ddqn", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "a"), *TINY])
+        main(["--debug", "train", "ddqn", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "a"), *TINY])
     with pytest.raises(ValueError, match="continuous action space"):
-        main(["train", "sac", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "b"), *TINY])
+        main(["--debug", "train", "sac", "--env", "CartPole-v1", "--run-dir", str(tmp_path / "b"), *TINY])
     with pytest.raises(ValueError, match="ddqn has none"):
-        main(["train", "ddqn", "--env", "CartPole-v1", "--replay", "arb", "--run-dir", str(tmp_path / "c"), *TINY])
+        main(["--debug", "train", "ddqn", "--env", "CartPole-v1", "--replay", "arb", "--run-dir", str(tmp_path / "c"),
+              *TINY])
     with pytest.raises(ValueError, match="needs a dataset"):
-        main(["train", "calql", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "d"), *TINY])
+        main(["--debug", "train", "calql", "--env", "Pendulum-v1", "--run-dir", str(tmp_path / "d"), *TINY])
     with pytest.raises(ValueError, match="cannot make environment"):
-        main(["train", "sac", "--env", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "e"), *TINY])
+        main(["--debug", "train", "sac", "--env", "NoSuchEnv-v0", "--run-dir", str(tmp_path / "e"), *TINY])
     # a run that could not start leaves nothing behind: the same command works once the mistake is fixed
     assert not any((tmp_path / d).exists() for d in "abcde")
 
@@ -270,7 +271,7 @@ def test_agent_and_environment_mismatches_are_named(tmp_path):
 def test_a_dataset_smaller_than_a_batch_is_refused_before_training(tmp_path):
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 20, seed=0))
     with pytest.raises(ValueError, match="20 rows, fewer than one batch"):
-        main(["train", "calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "10",
+        main(["--debug", "train", "calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "10",
               "--run-dir", str(tmp_path / "r"), *TINY])
     assert not (tmp_path / "r").exists()
 

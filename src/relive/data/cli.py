@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from relive.cli import positive_int
 from relive.data.generate import BUDGETS, LEVELS, TASKS
 
 
@@ -20,9 +21,11 @@ def add_parsers(subparsers) -> None:
                                                 for t, b in BUDGETS.items()))
     mk.add_argument("task", help=f"one of {sorted(TASKS)} (case-insensitive)")
     mk.add_argument("level", choices=LEVELS)
-    mk.add_argument("--steps", type=int, help="rows to collect (default: the task's budget)")
+    mk.add_argument("--steps", type=positive_int, help="rows to collect (default: the task's budget)")
     mk.add_argument("--seed", type=int, default=0)
-    mk.add_argument("--expert-train-steps", type=int, help="online SAC steps of the training run")
+    mk.add_argument("--expert-train-steps", type=positive_int, help="online SAC steps of the training run")
+    mk.add_argument("--overwrite", action="store_true", help="replace an existing dataset of this task and level "
+                    "(the old one is kept until the new one is complete)")
     mk.add_argument("--root", help="Minari datasets root (default: $MINARI_DATASETS_PATH or data/minari)")
     mk.add_argument("--out", default="data", help="where trained policies are kept (default data/)")
     mk.add_argument("--no-progress", action="store_true")
@@ -45,7 +48,7 @@ def _make(args: argparse.Namespace) -> int:
 
     did, summary = make_dataset(args.task, args.level, steps=args.steps, seed=args.seed, root=args.root,
                                 out=args.out, expert_train_steps=args.expert_train_steps,
-                                progress=not args.no_progress)
+                                progress=not args.no_progress, overwrite=args.overwrite)
     print(f"wrote {did}: {summary['rows']:,} rows, {summary['episodes']} episodes, "
           f"return {summary['return_mean']:.1f} ± {summary['return_std']:.1f}")
     return 0

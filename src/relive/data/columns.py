@@ -16,6 +16,10 @@ def check_columns(rows: dict, where: str) -> int:
     for c in COLUMNS:
         if len(rows[c]) != n:
             raise ValueError(f"{where}: column {c!r} has {len(rows[c])} rows but 'obs' has {n}")
+    for c in ("reward", "terminated", "truncated"):  # one number per row: an (N, 1) column would broadcast
+        shape = np.shape(rows[c])
+        if len(shape) != 1:
+            raise ValueError(f"{where}: column {c!r} must have shape ({n},), got {shape}")
     for c in ("obs", "action", "reward", "next_obs"):
         arr = np.asarray(rows[c])
         if arr.dtype.kind == "f" and not np.isfinite(arr).all():

@@ -20,13 +20,32 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"D4RL file {path} does not exist")
-    with h5py.File(path, "r") as f:
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"{path}: not a readable HDF5 file ({e})") from None
+    with f:
         missing = [k for k in REQUIRED if k not in f]
         if missing:
             raise ValueError(f"{path}: missing key(s) {missing} (a D4RL file has {list(REQUIRED)} + timeouts)")
-        data = {k: f[k][()] for k in (*REQUIRED, "timeouts", "next_observations") if k in f}
-    n = len(data["observations"])
+        data = {}
+        for k in (*REQUIRED, "timeouts", "next_observations"):
+            if k not in f:
+                continue
+            if not isinstance(f[k], h5py.Dataset):
+                raise ValueError(f"{path}: {k!r} is an HDF5 {type(f[k]).__name__.lower()}, expected a dataset "
+                                 "(one array with a row per transition)")
+            try:
+                data[k] = f[k][()]
+            except OSError as e:  # a truncated or corrupted file
+                raise ValueError(f"{path}: cannot read {k!r} ({e})") from None
+    for k in ("rewards", "terminals", "timeouts"):  # per-row scalars: (N,) or (N, 1), nothing else
+        if k in data:
+            data[k] = _per_row(data[k], k, path)
+    n = len(data["observations"]) if data["observations"].ndim else 0
     for k, v in data.items():
+        if v.ndim == 0:
+            raise ValueError(f"{path}: {k!r} is a scalar, expected one entry per row")
         if len(v) != n:
             raise ValueError(f"{path}: {k!r} has {len(v)} rows but 'observations' has {n}")
     for k in ("observations", "actions", "rewards", "next_observations"):
@@ -63,11 +82,23 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
     return rows, meta
 
 
+def _per_row(arr: np.ndarray, name: str, path: Path) -> np.ndarray:
+    """A per-row column as shape (N,): (N, 1) is squeezed (some D4RL files store it so), anything else refused
+    (an (N, 1) flag column against an (N,) one would broadcast to (N, N))."""
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        return arr[:, 0]
+    if arr.ndim != 1:
+        raise ValueError(f"{path}: {name!r} must have shape (N,) or (N, 1), got {arr.shape}")
+    return arr
+
+
 def _flags(arr: np.ndarray, name: str, path: Path) -> np.ndarray:
     """Episode-end flags as bool: bool or 0/1 numbers only (a 0.5 is an error, not silently True)."""
+    if arr.ndim != 1:
+        raise ValueError(f"{path}: {name!r} must be a 1-D array of booleans or 0/1, got {arr.dtype} {arr.shape}")
     if arr.dtype == bool:
         return arr
-    if arr.ndim != 1 or arr.dtype.kind not in "iuf":
+    if arr.dtype.kind not in "iuf":
         raise ValueError(f"{path}: {name!r} must be a 1-D array of booleans or 0/1, got {arr.dtype} {arr.shape}")
     bad = (arr != 0) & (arr != 1)
     if bad.any():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -39,12 +41,23 @@ def _root(root: str | Path | None):
 
 def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path | None = None,
                  algorithm_name: str = "relive", description: str = "", ref_min_score: float | None = None,
-                 ref_max_score: float | None = None, extra_metadata: dict | None = None) -> Path:
+                 ref_max_score: float | None = None, extra_metadata: dict | None = None,
+                 overwrite: bool = False) -> Path:
     """Write rows as a Minari dataset. Within an episode next_obs[t] must equal obs[t + 1] (Minari stores one
-    observation sequence per episode); a trailing unfinished episode is stored as is (no flag)."""
+    observation sequence per episode); a trailing unfinished episode is stored as is (no flag).
+
+    Atomic: the dataset is written beside, in a hidden staging directory under ``root`` (never listed), then
+    moved into place in one rename; an existing dataset of the same id is refused unless ``overwrite``, and
+    then swapped out atomically (Linux ``renameat2(RENAME_EXCHANGE)``) only once the new one is complete: a
+    process killed at any moment leaves the old dataset or the new one, never a partial one."""
     import minari
     from minari.data_collector import EpisodeBuffer
 
+    root = Path(root) if root is not None else default_root()
+    target = root / dataset_id
+    if target.exists() and not overwrite:
+        raise ValueError(f"dataset {dataset_id!r} already exists under {root}; pass overwrite=True "
+                         "(`relive data make ... --overwrite`) to replace it")
     check_columns(rows, f"dataset {dataset_id!r}")
     buffers = []
     for i, sl in enumerate(split_episodes(rows)):
@@ -57,20 +70,87 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
             rewards=list(np.asarray(rows["reward"][sl], np.float64)),
             terminations=list(np.asarray(rows["terminated"][sl], bool)),
             truncations=list(np.asarray(rows["truncated"][sl], bool))))
-    with _root(root), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*is set to None.*")  # author / permalink nags
-        from relive.train.envs import make_env
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root))
+    try:
+        with _root(staging), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is set to None.*")  # author / permalink nags
+            from relive.train.envs import make_env
 
-        env = make_env(env_id)  # the spaces as relive sees them (goal-conditioned dicts are flattened)
-        ds = minari.create_dataset_from_buffers(
-            dataset_id=dataset_id, buffer=buffers, env=env_id, algorithm_name=algorithm_name,
-            observation_space=env.observation_space, action_space=env.action_space,
-            description=description or None, ref_min_score=ref_min_score, ref_max_score=ref_max_score,
-            data_format="hdf5")
-        path = Path(ds.spec.data_path).parent
-    if extra_metadata:
-        (path / "relive.json").write_text(json.dumps(extra_metadata, indent=1, allow_nan=True))
-    return path
+            env = make_env(env_id)  # the spaces as relive sees them (goal-conditioned dicts are flattened)
+            minari.create_dataset_from_buffers(
+                dataset_id=dataset_id, buffer=buffers, env=env_id, algorithm_name=algorithm_name,
+                observation_space=env.observation_space, action_space=env.action_space,
+                description=description or None, ref_min_score=ref_min_score, ref_max_score=ref_max_score,
+                data_format="hdf5")
+        staged = staging / dataset_id
+        if extra_metadata:
+            (staged / "relive.json").write_text(json.dumps(extra_metadata, indent=1, allow_nan=True))
+        _fsync_tree(staged)
+        # namespace metadata Minari keeps beside the datasets (relive/namespace_metadata.json, ...)
+        for meta in staging.rglob("namespace_metadata.json"):
+            dst = root / meta.relative_to(staging)
+            if not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(meta, dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists() and not overwrite:  # made meanwhile by another process
+            raise ValueError(f"dataset {dataset_id!r} already exists under {root}; pass overwrite=True to replace it")
+        _swap_into_place(staged, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
+    return target.resolve()
+
+
+STAGING_PREFIX = ".relive-partial-"  # hidden: list_local skips it
+
+
+def _swap_into_place(staged: Path, target: Path) -> None:
+    """Move the complete directory ``staged`` to ``target`` in one step; an existing ``target`` ends up at
+    ``staged`` (deleted by the caller)."""
+    if not target.exists():
+        os.rename(staged, target)
+    elif not _exchange(staged, target):  # no renameat2 (not Linux, old kernel or libc): two renames, the old
+        old = staged.with_name(staged.name + ".old")  # dataset kept (hidden) until the new one is in place
+        os.rename(target, old)
+        os.rename(staged, target)
+        os.rename(old, staged)
+    _fsync_dir(target.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2 with RENAME_EXCHANGE); False where unsupported."""
+    try:
+        import ctypes
+
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    """Flush every file under ``path`` (and the directories) before it is renamed into view."""
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb+") as f:
+                os.fsync(f.fileno())
+    for d in [path, *(p for p in path.rglob("*") if p.is_dir())]:
+        _fsync_dir(d)
 
 
 def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[dict, dict]:
@@ -78,39 +158,52 @@ def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[di
     import minari
 
     dataset_id, root = _locate(dataset, root)
+    data_dir = Path(root) / dataset_id / "data"
+    files = ", ".join(str(p) for p in sorted(data_dir.glob("*")) if p.name != "metadata.json") or str(data_dir)
     with _root(root):
         try:
             ds = minari.load_dataset(dataset_id)
         except Exception as e:  # minari raises several types for a missing or broken dataset
-            raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root}: {e}") from None
-        flat_keys = _flat_keys(ds.spec.observation_space, dataset_id)
-        cols = {c: [] for c in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
-        for ep in ds.iterate_episodes():
-            obs = _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)
-            cols["obs"].append(obs[:-1])
-            cols["next_obs"].append(obs[1:])
-            cols["action"].append(np.asarray(ep.actions))
-            cols["reward"].append(np.asarray(ep.rewards, np.float32))
-            cols["terminated"].append(np.asarray(ep.terminations, bool))
-            trunc = np.asarray(ep.truncations, bool).copy()
-            if not (trunc[-1] or ep.terminations[-1]):
-                trunc[-1] = True  # an episode cut without a flag ends there (bootstrap, no terminal)
-            cols["truncated"].append(trunc)
-        rows = {k: np.concatenate(v) for k, v in cols.items()}
-        spec = ds.spec
-        stored = ds.storage.metadata
-        meta = {"dataset_id": dataset_id, "path": str(Path(spec.data_path).parent),
-                "env_id": spec.env_spec.id if spec.env_spec else None,
-                "ref_min_return": stored.get("ref_min_score"), "ref_max_return": stored.get("ref_max_score"),
-                "total_episodes": spec.total_episodes, "total_steps": spec.total_steps}
-        if flat_keys:
-            meta["flattened_observation_keys"] = flat_keys
-        extra = Path(spec.data_path).parent / "relive.json"
-        if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
-            meta["relive"] = json.loads(extra.read_text())
-            for key in ("ref_min_return", "ref_max_return"):
-                if meta[key] is None:
-                    meta[key] = meta["relive"].get(key)
+            raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root} ({files}): {e}") from None
+        try:
+            return _read_episodes(ds, dataset_id)
+        except ValueError:
+            raise
+        except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
+            raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
+                             f"({type(e).__name__}: {e}); regenerate it (`relive data make ... --overwrite`)") from None
+
+
+def _read_episodes(ds, dataset_id: str) -> tuple[dict, dict]:
+    """Columns and metadata of an opened Minari dataset (read_minari names the file on any error)."""
+    flat_keys = _flat_keys(ds.spec.observation_space, dataset_id)
+    cols = {c: [] for c in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    for ep in ds.iterate_episodes():
+        obs = _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)
+        cols["obs"].append(obs[:-1])
+        cols["next_obs"].append(obs[1:])
+        cols["action"].append(np.asarray(ep.actions))
+        cols["reward"].append(np.asarray(ep.rewards, np.float32))
+        cols["terminated"].append(np.asarray(ep.terminations, bool))
+        trunc = np.asarray(ep.truncations, bool).copy()
+        if not (trunc[-1] or ep.terminations[-1]):
+            trunc[-1] = True  # an episode cut without a flag ends there (bootstrap, no terminal)
+        cols["truncated"].append(trunc)
+    rows = {k: np.concatenate(v) for k, v in cols.items()}
+    spec = ds.spec
+    stored = ds.storage.metadata
+    meta = {"dataset_id": dataset_id, "path": str(Path(spec.data_path).parent),
+            "env_id": spec.env_spec.id if spec.env_spec else None,
+            "ref_min_return": stored.get("ref_min_score"), "ref_max_return": stored.get("ref_max_score"),
+            "total_episodes": spec.total_episodes, "total_steps": spec.total_steps}
+    if flat_keys:
+        meta["flattened_observation_keys"] = flat_keys
+    extra = Path(spec.data_path).parent / "relive.json"
+    if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
+        meta["relive"] = json.loads(extra.read_text())
+        for key in ("ref_min_return", "ref_max_return"):
+            if meta[key] is None:
+                meta[key] = meta["relive"].get(key)
     check_columns(rows, f"Minari dataset {dataset_id!r}")
     return rows, meta
 
@@ -166,5 +259,10 @@ def list_local(root: str | Path | None = None) -> list[str]:
         return []
     out = []
     for meta in sorted(root.glob("**/data/metadata.json")):
-        out.append(json.loads(meta.read_text())["dataset_id"])
+        if any(part.startswith(".") for part in meta.relative_to(root).parts):
+            continue  # a dataset being written (staging) is never listed
+        try:
+            out.append(json.loads(meta.read_text())["dataset_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a complete dataset
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from relive.cli import positive_float, positive_int
 from relive.experiments.grid import GRID_DIR, load_grid
 
 
@@ -16,12 +17,12 @@ def add_parsers(subparsers) -> None:
     run = sub.add_parser("run", help="run every unfinished run of a grid (skips finished ones)")
     run.add_argument("grid", help="a built-in grid name (see `relive bench list`) or a TOML file")
     run.add_argument("--root", default="runs", help="where run directories go (default: runs/)")
-    run.add_argument("--workers", type=int, default=None,
+    run.add_argument("--workers", type=positive_int, default=None,
                      help="concurrent runs (default: CPU cores / --threads-per-run)")
-    run.add_argument("--threads-per-run", type=int, default=1, help="torch threads per run (default 1)")
-    run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and "
+    run.add_argument("--threads-per-run", type=positive_int, default=1, help="torch threads per run (default 1)")
+    run.add_argument("--timeout", type=positive_float, default=None, help="seconds before a run is killed and "
                      "recorded as crashed (default: none)")
-    run.add_argument("--seeds", type=int, default=None, help="only the first N seeds of the grid")
+    run.add_argument("--seeds", type=positive_int, default=None, help="only the first N seeds of the grid")
     run.add_argument("--tasks", nargs="+", default=None, metavar="TASK", help="only these tasks of the grid")
     run.add_argument("--report", action="store_true", help="write the report when the runs are done")
     run.add_argument("--out", default="docs/results", help="report directory (with --report)")
@@ -31,7 +32,7 @@ def add_parsers(subparsers) -> None:
     rep.add_argument("grid", help="a built-in grid name or a TOML file")
     rep.add_argument("--root", default="runs", help="where the run directories are (default: runs/)")
     rep.add_argument("--out", default="docs/results", help="where the Markdown and PNGs go")
-    rep.add_argument("--reps", type=int, default=2000, help="bootstrap resamples for the CIs")
+    rep.add_argument("--reps", type=positive_int, default=2000, help="bootstrap resamples for the CIs")
     rep.set_defaults(func=_report)
 
     ls = sub.add_parser("list", help="list the built-in grids")
@@ -50,7 +51,7 @@ def _grid(args):
         known = set(grid.tasks) | {t for v in grid.variants for t in v.tasks}
         unknown = sorted(set(args.tasks) - known)
         if unknown:
-            raise SystemExit(f"grid {grid.name!r} has no task(s) {unknown}; its tasks: {sorted(known)}")
+            raise ValueError(f"--tasks: grid {grid.name!r} has no task(s) {unknown}; its tasks: {sorted(known)}")
         grid = replace(grid, only_tasks=tuple(args.tasks))
     return grid
 

@@ -102,7 +102,10 @@ def find_grid(name_or_path: str | Path) -> Path:
 def load_grid(name_or_path: str | Path) -> Grid:
     path = find_grid(name_or_path)
     with open(path, "rb") as f:
-        raw = tomllib.load(f)
+        try:
+            raw = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"grid file {path}: not valid TOML ({e})") from None
     return parse_grid(raw, default_name=path.stem)
 
 

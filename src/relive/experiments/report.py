@@ -15,7 +15,7 @@ import csv
 import json
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,15 @@ class RunData:
     score_key: str
     summary: dict
     curves: dict  # other columns of eval.csv by name
+    logged: dict = field(default_factory=dict)  # metrics.jsonl keys a figure asks for: name -> (env steps, values)
+
+    def series(self, column: str | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """(steps, values) of the score (None), an eval.csv column, or a logged metrics.jsonl key."""
+        if column is None:
+            return self.steps, self.scores
+        if column in self.curves:
+            return self.steps, self.curves[column]
+        return self.logged.get(column)
 
 
 def _read_eval(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -50,6 +59,25 @@ def _read_eval(path: Path) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     if step_key is None:
         raise ValueError(f"{path}: no step column (one of {STEP_KEYS}) in {list(cols)}")
     return cols.pop(step_key), cols
+
+
+def _read_logged(path: Path, keys: set[str]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Online-phase lines of ``metrics.jsonl``: for each key, (env steps, values) where the key was logged."""
+    out: dict[str, tuple[list, list]] = {k: ([], []) for k in keys}
+    if not keys or not path.is_file():
+        return {}
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a partial last line of a killed run
+        if row.get("phase") != "online":
+            continue
+        for k in keys:
+            if k in row:
+                out[k][0].append(float(row.get("env_step", math.nan)))
+                out[k][1].append(_num(row[k]))
+    return {k: (np.asarray(a), np.asarray(b)) for k, (a, b) in out.items() if a}
 
 
 def _num(x) -> float:
@@ -75,8 +103,10 @@ def collect(grid: Grid, root: str | Path) -> tuple[list[RunData], list[str], lis
         if key is None:
             missing.append(spec.key)
             continue
+        logged_keys = {f["column"] for f in grid.report.get("figure", []) if f.get("column")} - set(cols)
         data.append(RunData(spec.label, spec.task, spec.seed, steps, cols[key], key,
-                            json.loads((d / FINISHED).read_text()), cols))
+                            json.loads((d / FINISHED).read_text()), cols,
+                            _read_logged(d / "metrics.jsonl", logged_keys)))
     return data, crashed, missing
 
 
@@ -332,8 +362,8 @@ def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | 
             runs = by.get((label, task), [])
             if not runs:
                 continue
-            series = [(r.steps, r.curves.get(column) if column else r.scores) for r in runs]
-            series = [(s, y) for s, y in series if y is not None]
+            series = [r.series(column) for r in runs]
+            series = [(s, y) for s, y in (x for x in series if x is not None) if y is not None and len(s)]
             if not series:
                 continue
             steps, ys = align_curves(series)

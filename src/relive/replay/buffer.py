@@ -84,7 +84,7 @@ class ReplayBuffer:
 
     # -- sampling --------------------------------------------------------------------------------------
     def sample(self, batch_size: int) -> Batch:
-        if not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        if isinstance(batch_size, bool | np.bool_) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         stored = self.storage.size
         if batch_size > stored:
@@ -139,6 +139,7 @@ class ReplayBuffer:
                 i = int(np.flatnonzero(~np.isfinite(arr))[0])
                 raise ValueError(f"signal {name!r} row {i}: value {arr[i]!r} is not finite (NaN/inf)")
             arrays[name] = arr
+        self.sampler.check_signals(idx, arrays)  # every part validates before any state changes
         fresh = self.storage.meta["generation"].take(idx) == gen
         stale = ~fresh
         n_stale = 0 if fresh.all() else int(stale.sum())

@@ -55,8 +55,8 @@ def _spec(value) -> ColumnSpec:
 class Storage:
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None):
-        if int(capacity) < 1:
-            raise ValueError(f"capacity must be a positive number of rows, got {capacity}")
+        if isinstance(capacity, bool | np.bool_) or not isinstance(capacity, int | np.integer) or capacity < 1:
+            raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         self.capacity = int(capacity)
         obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
         action_shape = (action_shape,) if isinstance(action_shape, int) else tuple(action_shape)
@@ -69,6 +69,9 @@ class Storage:
             "truncated": ColumnSpec((), np.dtype(np.bool_)),
         }
         for name, value in (extra_columns or {}).items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
+                                 "'mc_return'): it names a checkpoint file and a Batch field")
             if name in self.specs or name in dict(BOOKKEEPING):
                 raise ValueError(f"extra column {name!r} clashes with a built-in column")
             self.specs[name] = _spec(value)
@@ -363,7 +366,8 @@ def _as_numpy(x) -> np.ndarray:
 
 def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """Convert without silent loss: same-kind casts (float64 -> float32, int -> float) are fine; flags
-    accept bool or 0/1 numbers; anything else (float -> int, strings, objects) is an error."""
+    accept bool or 0/1 numbers; integers must fit the column's integer type and floats its float type (no
+    wrap-around, no overflow to inf); anything else (float -> int, strings, objects) is an error."""
     if arr.dtype == dtype:
         return arr
     if dtype.kind == "b":
@@ -375,10 +379,27 @@ def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
                                  f"got {arr.reshape(arr.shape[0], -1)[row][0]!r}")
             return arr.astype(np.bool_)
     elif dtype.kind == "f" and arr.dtype.kind in "fiub":
+        if arr.dtype.kind == "f" and arr.dtype.itemsize > dtype.itemsize and arr.size:
+            limit = np.finfo(dtype).max
+            bad = np.isfinite(arr) & (np.abs(arr) > limit)
+            if bad.any():
+                _out_of_range(name, arr, bad, f"{dtype} (largest magnitude {limit:.6g})")
         return arr.astype(dtype)
     elif dtype.kind in "iu" and arr.dtype.kind in "iub":
+        if arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
+            info = np.iinfo(dtype)
+            bad = (arr < info.min) | (arr > info.max)
+            if bad.any():
+                _out_of_range(name, arr, bad, f"{dtype} [{info.min}, {info.max}]")
         return arr.astype(dtype)
     raise ValueError(f"column {name!r}: expected dtype {dtype} (or a same-kind dtype), got {arr.dtype}")
+
+
+def _out_of_range(name: str, arr: np.ndarray, bad: np.ndarray, target: str) -> None:
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    elem = f" element {where[1:]}" if len(where) > 1 else ""
+    raise ValueError(f"column {name!r} row {where[0]}{elem}: value {arr[where].item()!r} does not fit the column's "
+                     f"dtype {target}; refusing to wrap or overflow it")
 
 
 __all__ = ["Storage", "StorageView", "ColumnSpec", "CORE_COLUMNS", "OFFLINE", "ONLINE", "SOURCE_NAMES"]

@@ -89,18 +89,48 @@ class RunLogger:
         """On resume, drop log lines written after the checkpoint so files hold each step once."""
         path = self.run_dir / "metrics.jsonl"
         if path.is_file():  # offline lines share env_step 0: order by (env_step, grad_step)
-            lines = [(ln, json.loads(ln)) for ln in path.read_text().splitlines() if ln.strip()]
-            keep = [ln for ln, d in lines if (d["env_step"], d.get("grad_step", 0)) <= (env_step, grad_step)]
+            lines = [(ln, _json_line(path, i, ln, last=i == n - 1))
+                     for i, ln, n in _numbered(path.read_text().splitlines())]
+            keep = [ln for ln, d in lines
+                    if d is not None and (d["env_step"], d.get("grad_step", 0)) <= (env_step, grad_step)]
             path.write_text("".join(ln + "\n" for ln in keep))
         path = self.run_dir / "eval.csv"
         if path.is_file():
             with open(path, newline="") as f:
                 rows = list(csv.DictReader(f))
+            if rows and _eval_step(rows[-1]) is None:
+                rows.pop()  # a partial last row (killed while writing it)
             if rows:
                 fields = list(rows[0])
-                kept = [r for r in rows
-                        if (int(float(r["env_step"])), int(float(r["grad_step"]))) <= (env_step, grad_step)]
+                kept = [r for r in rows if (_eval_step(r) or (math.inf,)) <= (env_step, grad_step)]
                 with open(path, "w", newline="") as f:
                     w = csv.DictWriter(f, fields)
                     w.writeheader()
                     w.writerows(kept)
+
+
+def _numbered(lines: list[str]):
+    """(index, line, count) of the non-blank lines."""
+    kept = [ln for ln in lines if ln.strip()]
+    return [(i, ln, len(kept)) for i, ln in enumerate(kept)]
+
+
+def _json_line(path: Path, i: int, line: str, *, last: bool) -> dict | None:
+    """A metrics.jsonl line; None for a partial last line (a kill during the write: it is dropped)."""
+    try:
+        d = json.loads(line)
+        if isinstance(d, dict) and "env_step" in d:
+            return d
+        problem = "has no env_step"
+    except json.JSONDecodeError as e:
+        problem = f"is not valid JSON ({e})"
+    if last:
+        return None
+    raise ValueError(f"{path}: line {i + 1} {problem}; the log is corrupted (not a partial last line)")
+
+
+def _eval_step(row: dict) -> tuple[int, int] | None:
+    try:
+        return int(float(row["env_step"])), int(float(row["grad_step"]))
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -24,12 +24,13 @@ def _power(x: np.ndarray, exponent: float) -> np.ndarray:
 
 def _segmented_cumsum(values: np.ndarray, seg: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Inclusive running sums restarting at each segment (``first`` = segment offsets, ``seg`` = segment of
-    each value)."""
-    c = np.cumsum(values)
-    nonempty = lengths > 0
-    offset = np.zeros(lengths.size)
-    offset[nonempty] = c[first[nonempty]] - values[first[nonempty]]
-    return c - offset[seg]
+    each value). One cumsum per segment (at most one per touched episode): a single cumsum minus the segment
+    offsets would cancel catastrophically when a segment of small values follows one of large values."""
+    out = np.empty_like(values)
+    for a, n in zip(first.tolist(), lengths.tolist(), strict=True):
+        if n:
+            np.cumsum(values[a : a + n], out=out[a : a + n])
+    return out
 
 
 if _tree_kernels.AVAILABLE:

@@ -49,9 +49,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from relive.registry import ReplayBuild, check_number, register_replay
+from relive.registry import ReplayBuild, register_replay
 from relive.replay import _tree_kernels as kernels
-from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.base import Draw, Sampler, check_number
 from relive.replay.samplers.per import contiguous_runs, tree_probabilities
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import ONLINE
@@ -70,6 +70,9 @@ class AliasTable(NamedTuple):
     num_online_written: int  # the ring's clock at the refresh (rows written later are "fresh")
     num_offline: int  # offline rows at the refresh
 RESHIFT = 100.0  # amortized mode: move the shift when the best score drifts this many lambdas from it
+# smallest weight of a stored row: exp(L / lambda) underflows to 0 for a small temperature, and a buffer whose
+# weights are all 0 has no distribution (every weight below it is raised to it: a probability of ~1e-300)
+MIN_WEIGHT = 1e-300
 
 
 class ARBSampler(Sampler):
@@ -78,23 +81,23 @@ class ARBSampler(Sampler):
                  amortized_rows_per_refresh: int = 0, refresh_every_grad_steps: int = 1000,
                  score_mode: str = "standardized"):
         super().__init__()
-        if refresh_every_grad_steps < 1:
-            raise ValueError(f"refresh_every_grad_steps must be >= 1, got {refresh_every_grad_steps}")
-        if temperature <= 0:
-            raise ValueError(f"temperature (lambda) must be > 0, got {temperature}")
+        name = type(self).__name__
+        self.temperature = check_number(name, "temperature (lambda)", temperature, low=0, low_open=True)
+        self.log_p_low = check_number(name, "log_p_low", log_p_low)
+        self.log_p_high = check_number(name, "log_p_high", log_p_high)
+        self.refresh_every_grad_steps = check_number(name, "refresh_every_grad_steps", refresh_every_grad_steps,
+                                                     low=1, integer=True)
+        if score_mode not in ("standardized", "log_prob"):
+            raise ValueError(f"{name}: score_mode must be 'standardized' or 'log_prob', got {score_mode!r}")
         if not log_p_low < log_p_high:
             raise ValueError(f"need log_p_low < log_p_high, got {log_p_low}, {log_p_high}")
         if level not in LEVELS:
             raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-        if amortized_rows_per_refresh < 0:
-            raise ValueError("amortized_rows_per_refresh must be >= 0")
-        self.temperature = float(temperature)
-        self.log_p_low, self.log_p_high = float(log_p_low), float(log_p_high)
         self.level = level
         self.is_correction = bool(is_correction)
-        self.is_exponent = float(is_exponent)
-        self.amortized_rows_per_refresh = int(amortized_rows_per_refresh)
-        self.refresh_every_grad_steps = int(refresh_every_grad_steps)
+        self.is_exponent = check_number(name, "is_exponent", is_exponent, low=0)
+        self.amortized_rows_per_refresh = check_number(name, "amortized_rows_per_refresh", amortized_rows_per_refresh,
+                                                       low=0, integer=True)
         self.score_mode = str(score_mode)
         self.num_refreshes = 0
         self.cursor = 0  # next row of the amortized sweep
@@ -122,7 +125,7 @@ class ARBSampler(Sampler):
         exp((max_j l_j - shift) / lambda) (= 1 right after a full refresh, as in the reference code)."""
         if not self.num_refreshes:
             return 1.0
-        return float(np.exp((self.max_score.max + self.log_p_low - self.shift) / self.temperature))
+        return max(float(np.exp((self.max_score.max + self.log_p_low - self.shift) / self.temperature)), MIN_WEIGHT)
 
     # -- refresh ---------------------------------------------------------------------------------------
     def loop_hooks(self, ctx) -> list:
@@ -186,12 +189,12 @@ class ARBSampler(Sampler):
         lhat = self.score[slots] - self.shift
         scored = np.isfinite(lhat)
         if self.level == "transition":
-            return slots, np.exp(lhat / self.temperature), scored
+            return slots, np.maximum(np.exp(lhat / self.temperature), MIN_WEIGHT), scored
         starts = np.cumsum(view.length) - view.length  # every stored episode has at least one row
         sums = np.add.reduceat(np.where(scored, lhat, 0.0), starts)
         counts = np.add.reduceat(scored.astype(np.int64), starts)
         mean = sums / np.maximum(counts, 1)
-        return slots, np.repeat(np.exp(mean / self.temperature), view.length), scored
+        return slots, np.repeat(np.maximum(np.exp(mean / self.temperature), MIN_WEIGHT), view.length), scored
 
     def _rebuild_all(self) -> None:
         lo, hi = self.domain()
@@ -279,11 +282,13 @@ class ARBSampler(Sampler):
         if not self.num_refreshes:  # one shift for the whole sweep, so that every row shares it
             self.shift = best
         elif abs(best - self.shift) > RESHIFT * self.temperature:  # keep exp(.) in range: rescale once
-            w = np.array(self.tree.leaves) * np.exp((self.shift - best) / self.temperature)
+            leaves = np.array(self.tree.leaves)
+            w = np.maximum(leaves * np.exp((self.shift - best) / self.temperature), MIN_WEIGHT)
+            w[leaves <= 0] = 0.0  # slots not stored stay empty
             self.tree.set_all(w)
             self.shift = best
         if self.level == "transition":
-            _set(self.tree, rows, np.exp((self.score[rows] - self.shift) / self.temperature))
+            _set(self.tree, rows, np.maximum(np.exp((self.score[rows] - self.shift) / self.temperature), MIN_WEIGHT))
             return
         # every scored row of the touched trajectories gets the new trajectory mean (the rows of a slice are
         # consecutive, so its episodes are runs of equal ids)
@@ -301,8 +306,8 @@ class ARBSampler(Sampler):
             indices, probability = self.tree.find_prefix_with_values(np.sort(rng.random(batch_size)) * total)
         probability /= total
         if self.is_correction:
-            w = (self.num_rows() * probability) ** (-self.is_exponent)
-            is_weight = (w / w.max()).astype(np.float32)
+            # (N P)^-beta / batch max = (min P / P)^beta (no overflow for tiny P)
+            is_weight = ((probability.min() / probability) ** self.is_exponent).astype(np.float32)
         else:
             is_weight = np.ones(batch_size, np.float32)
         return Draw(indices, probability, is_weight)
@@ -383,9 +388,10 @@ class ARBConfig:
     def __post_init__(self):
         if self.score_mode not in ("standardized", "log_prob"):
             raise ValueError(f"score_mode must be 'standardized' or 'log_prob', got {self.score_mode!r}")
-        check_number(self, "temperature", low=0.0, strict=True)
-        check_number(self, "refresh_every_grad_steps", low=1)
-        check_number(self, "amortized_rows", low=0)
+        name = type(self).__name__
+        check_number(name, "temperature", self.temperature, low=0.0, low_open=True)
+        check_number(name, "refresh_every_grad_steps", self.refresh_every_grad_steps, low=1, integer=True)
+        check_number(name, "amortized_rows", self.amortized_rows, low=0, integer=True)
 
 
 def _arb(options: ARBConfig, level: str) -> ARBSampler:

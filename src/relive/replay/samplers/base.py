@@ -11,11 +11,40 @@ exact distribution that ``_draw`` samples from (the tests hold every sampler to 
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from relive.types import SOURCE_NAMES
+
+#: largest priority base a sampler stores: |td_error| + eps and raw ``priority`` signals are clamped to it, so that
+#: sums over any buffer of p^alpha (alpha <= MAX_EXPONENT) stay finite in float64 (documented in docs/guarantees.md)
+MAX_PRIORITY = 1e20
+#: ReaPER floors |td_error| + eps at this (a tiny eps cannot underflow d^alpha to 0): its total mass stays > 0
+MIN_PRIORITY = 1e-20
+#: largest priority / reliability exponent a sampler accepts (MAX_PRIORITY ** MAX_EXPONENT stays far from overflow)
+MAX_EXPONENT = 4.0
+
+
+def check_number(owner: str, name: str, value, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, integer: bool = False) -> float | int:
+    """A hyper-parameter as float (or int with ``integer``): a real number (not a bool, not NaN / inf) within the
+    bounds, else a ValueError naming ``owner``, ``name``, the value and the allowed range."""
+    lo = "(" if low_open else "["
+    hi = ")" if high_open else "]"
+    allowed = f"{lo}{'-inf' if low is None else low}, {'inf' if high is None else high}{hi}"
+    kind = "an integer" if integer else "a finite number"
+    ok = not isinstance(value, bool | np.bool_) and isinstance(value, int | float | np.integer | np.floating)
+    if ok and integer and not isinstance(value, int | np.integer):
+        ok = False
+    if ok:
+        v = float(value)
+        ok = (math.isfinite(v) and (low is None or (v > low if low_open else v >= low))
+              and (high is None or (v < high if high_open else v <= high)))
+    if not ok:
+        raise ValueError(f"{owner}: {name} must be {kind} in {allowed}, got {value!r}")
+    return int(value) if integer else float(value)
 
 
 class Draw(NamedTuple):
@@ -68,6 +97,17 @@ class Sampler:
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def check_signals(self, slots: np.ndarray, signals: dict[str, np.ndarray]) -> None:
+        """Raise ValueError, changing nothing, if ``update(slots, signals)`` could not use these signals (called
+        by the buffer before any update, and by a mixture on both parts before updating either: updates are
+        all-or-nothing). The buffer has checked shapes and finiteness; the base refuses a negative
+        ``priority``; a sampler that needs a signal checks that it is there."""
+        if "priority" in signals:
+            p = np.asarray(signals["priority"])
+            if p.size and (p < 0).any():
+                i = int(np.flatnonzero(p.reshape(-1) < 0)[0])
+                raise ValueError(f"signal 'priority' row {i}: value {p.reshape(-1)[i].item()!r} must be >= 0")
 
     def update(self, slots: np.ndarray, signals: dict[str, np.ndarray]) -> None:
         """Per-sample signals for rows that were sampled and are still stored (stale rows already removed)."""

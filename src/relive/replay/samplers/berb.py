@@ -30,12 +30,13 @@ is built and trained here in torch, seeded from ``seed`` without touching the gl
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from relive.registry import ReplayBuild, check_number, register_replay
-from relive.replay.samplers.base import Draw, Sampler
+from relive.registry import ReplayBuild, register_replay
+from relive.replay.samplers.base import MAX_PRIORITY, Draw, Sampler, check_number
 from relive.replay.samplers.per import proportional_draw, tree_probabilities
 from relive.replay.sum_tree import SumTree
 from relive.types import ONLINE
@@ -46,28 +47,25 @@ class BERBSampler(Sampler):
                  hidden: tuple[int, ...] = (256, 256), lr: float = 3e-4, ratio_batch_size: int = 256,
                  clip_low: float = 1e-3, clip_high: float = 1e3, seed: int = 0, device: str = "cpu"):
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if not 0 < init_online_fraction < 1:
-            raise ValueError(f"init_online_fraction must be in (0, 1), got {init_online_fraction}")
-        if first_chunk_rows < 1 or ratio_batch_size < 1:
-            raise ValueError(f"first_chunk_rows and ratio_batch_size must be >= 1, got {first_chunk_rows}, "
-                             f"{ratio_batch_size}")
-        if not 0 < clip_low < clip_high:
+        name = type(self).__name__
+        self.temperature = check_number(name, "temperature", temperature, low=0, low_open=True)
+        self.init_online_fraction = check_number(name, "init_online_fraction", init_online_fraction, low=0, high=1,
+                                                 low_open=True, high_open=True)
+        self.first_chunk_rows = check_number(name, "first_chunk_rows", first_chunk_rows, low=1, integer=True)
+        self.hidden = tuple(check_number(name, "hidden layer width", h, low=1, integer=True) for h in hidden)
+        self.lr = check_number(name, "lr", lr, low=0, low_open=True)
+        self.ratio_batch_size = check_number(name, "ratio_batch_size", ratio_batch_size, low=1, integer=True)
+        self.clip_low = check_number(name, "clip_low", clip_low, low=0, low_open=True, high=MAX_PRIORITY)
+        self.clip_high = check_number(name, "clip_high", clip_high, low=0, low_open=True, high=MAX_PRIORITY)
+        if not clip_low < clip_high:
             raise ValueError(f"need 0 < clip_low < clip_high, got {clip_low}, {clip_high}")
-        self.temperature = float(temperature)
-        self.init_online_fraction = float(init_online_fraction)
-        self.first_chunk_rows = int(first_chunk_rows)
-        self.hidden = tuple(int(h) for h in hidden)
-        self.lr = float(lr)
-        self.ratio_batch_size = int(ratio_batch_size)
-        self.clip_low, self.clip_high = float(clip_low), float(clip_high)
-        self.seed = int(seed)
+        self.seed = check_number(name, "seed", seed, integer=True)
         self.device = device
         self.rng = np.random.default_rng(seed)
         self.max_priority = 1.0
         self.normalizer = 1.0  # mean over the last offline batch of w^(1/T)
         self.num_ratio_steps = 0
+        self.num_skipped_ratio_steps = 0  # steps skipped for a non-finite loss or gradient
         self.last_ratio_loss = float("nan")
         self.seen_online = False
 
@@ -131,14 +129,20 @@ class BERBSampler(Sampler):
         priority = None
         with torch.no_grad():
             inv_t = 1.0 / self.temperature
-            self.normalizer = float((w_off.detach().double() ** inv_t).mean()) + 1e-10  # MC E_off[w^(1/T)]
+            normalizer = float((w_off.detach().double() ** inv_t).mean())  # MC E_off[w^(1/T)]
+            if math.isfinite(normalizer):  # (extreme observations can overflow w: keep the last good one)
+                self.normalizer = normalizer + 1e-10
             if slots is not None:
                 priority = self.priority(slots)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        self.opt.step()
-        self.num_ratio_steps += 1
         self.last_ratio_loss = float(loss.item())
+        if math.isfinite(self.last_ratio_loss) and all(bool(torch.isfinite(q.grad).all())
+                                                       for q in self.net.parameters() if q.grad is not None):
+            self.opt.step()
+        else:  # a non-finite loss or gradient would turn every weight into NaN: skip the step
+            self.num_skipped_ratio_steps += 1
+        self.num_ratio_steps += 1
         return True, priority
 
     def train_ratio(self) -> float:
@@ -153,7 +157,10 @@ class BERBSampler(Sampler):
 
         with torch.no_grad():
             w = self.ratio(slots).double()
-            return (w ** (1.0 / self.temperature) / self.normalizer).clamp(self.clip_low, self.clip_high).cpu().numpy()
+            p = w ** (1.0 / self.temperature) / self.normalizer
+            # a ratio that overflowed (extreme observations) gets the clip bound it exceeds; NaN the neutral 1
+            p = torch.nan_to_num(p, nan=1.0, posinf=self.clip_high, neginf=self.clip_low)
+            return p.clamp(self.clip_low, self.clip_high).cpu().numpy()
 
     # -- buffer hooks ----------------------------------------------------------------------------------
     def on_insert(self, slots: np.ndarray) -> None:
@@ -182,7 +189,8 @@ class BERBSampler(Sampler):
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/berb_ratio_loss": self.last_ratio_loss,
                                   "replay/berb_max_priority": self.max_priority,
-                                  "replay/berb_normalizer": self.normalizer}
+                                  "replay/berb_normalizer": self.normalizer,
+                                  "replay/berb_skipped_steps": float(self.num_skipped_ratio_steps)}
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def config(self) -> dict:
@@ -201,6 +209,7 @@ class BERBSampler(Sampler):
             "priority": np.array(self.tree.leaves[:size]), "net": net, "opt_state": opt_state,
             "rng": self.rng.bit_generator.state, "max_priority": self.max_priority,
             "normalizer": self.normalizer, "num_ratio_steps": self.num_ratio_steps,
+            "num_skipped_ratio_steps": self.num_skipped_ratio_steps,
             "last_ratio_loss": self.last_ratio_loss, "seen_online": self.seen_online}
 
     def load_state_dict(self, state: dict) -> None:
@@ -220,6 +229,7 @@ class BERBSampler(Sampler):
         self.max_priority = float(state["max_priority"])
         self.normalizer = float(state["normalizer"])
         self.num_ratio_steps = int(state["num_ratio_steps"])
+        self.num_skipped_ratio_steps = int(state.get("num_skipped_ratio_steps", 0))
         self.last_ratio_loss = float(state.get("last_ratio_loss", float("nan")))
         self.seen_online = bool(state.get("seen_online", self.storage.num_online_written > 0))
 
@@ -232,8 +242,9 @@ class BERBConfig:
     init_online_fraction: float = 0.5  # online share of the probability mass before the ratio net is trained
 
     def __post_init__(self):
-        check_number(self, "temperature", low=0.0, strict=True)
-        check_number(self, "init_online_fraction", low=0.0, high=1.0, strict=True)
+        name = type(self).__name__
+        check_number(name, "temperature", self.temperature, low=0.0, low_open=True)
+        check_number(name, "init_online_fraction", self.init_online_fraction, low=0.0, high=1.0, low_open=True)
 
 
 @register_replay("berb", BERBConfig)

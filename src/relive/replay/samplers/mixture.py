@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relive.registry import ReplayBuild, check_number, register_replay
-from relive.replay.samplers.base import Draw, Sampler
+from relive.registry import ReplayBuild, register_replay
+from relive.replay.samplers.base import Draw, Sampler, check_number
 from relive.replay.samplers.uniform import UniformSampler
 from relive.types import OFFLINE, ONLINE
 
@@ -23,8 +23,10 @@ class MixtureSampler(Sampler):
     def __init__(self, offline: Sampler | None = None, online: Sampler | None = None,
                  offline_fraction: float = 0.5):
         super().__init__()
-        if not 0.0 <= offline_fraction <= 1.0:
-            raise ValueError(f"offline_fraction must be in [0, 1], got {offline_fraction}")
+        check_number(type(self).__name__, "offline_fraction", offline_fraction, low=0, high=1)
+        if offline is not None and offline is online:
+            raise ValueError("MixtureSampler got the same sampler instance for both parts; give each part its own "
+                             "(e.g. MixtureSampler(UniformSampler(), UniformSampler()))")
         self.offline = offline if offline is not None else UniformSampler()
         self.online = online if online is not None else UniformSampler()
         self.offline_fraction = float(offline_fraction)
@@ -36,6 +38,8 @@ class MixtureSampler(Sampler):
     def bind(self, storage, source=None) -> None:
         if source is not None:
             raise ValueError("a MixtureSampler spans both sources; it cannot be restricted to one")
+        if self.offline.storage is not None or self.online.storage is not None:
+            raise ValueError("a part of this MixtureSampler is already bound to a buffer; give each buffer its own")
         super().bind(storage, None)
         self.offline.bind(storage, OFFLINE)
         self.online.bind(storage, ONLINE)
@@ -74,7 +78,16 @@ class MixtureSampler(Sampler):
             return parts[0]
         return Draw(*(np.concatenate(x) for x in zip(*parts, strict=True)))
 
+    def check_signals(self, slots: np.ndarray, signals: dict) -> None:
+        """Both parts validate their rows' signals before either changes (an update is all-or-nothing)."""
+        super().check_signals(slots, signals)
+        online = self.storage.meta["source"].take(slots) == ONLINE
+        for child, mask in ((self.offline, ~online), (self.online, online)):
+            if mask.any():
+                child.check_signals(slots[mask], {k: np.asarray(v)[mask] for k, v in signals.items()})
+
     def update(self, slots: np.ndarray, signals: dict) -> None:
+        self.check_signals(slots, signals)
         online = self.storage.meta["source"].take(slots) == ONLINE
         for child, mask in ((self.offline, ~online), (self.online, online)):
             if mask.any():
@@ -147,7 +160,7 @@ class SymmetricConfig:
     offline_fraction: float = 0.5  # offline share of every batch (RLPD, PLD: 0.5)
 
     def __post_init__(self):
-        check_number(self, "offline_fraction", low=0.0, high=1.0)
+        check_number(type(self).__name__, "offline_fraction", self.offline_fraction, low=0.0, high=1.0)
 
 
 @dataclass(frozen=True)
@@ -160,9 +173,9 @@ class SymmetricPERConfig:
     is_exponent_final: float = 1.0  # PER beta at the end of the run
 
     def __post_init__(self):
-        check_number(self, "offline_fraction", low=0.0, high=1.0)
+        check_number(type(self).__name__, "offline_fraction", self.offline_fraction, low=0.0, high=1.0)
         for name in ("priority_exponent", "is_exponent", "is_exponent_final"):
-            check_number(self, name, low=0.0)
+            check_number(type(self).__name__, name, getattr(self, name), low=0.0)
 
 
 @register_replay("symmetric", SymmetricConfig)

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from relive.registry import ReplayBuild, check_number, register_replay
-from relive.replay.samplers.base import Draw, Sampler
+from relive.registry import ReplayBuild, register_replay
+from relive.replay.samplers.base import MAX_EXPONENT, MAX_PRIORITY, Draw, Sampler, check_number
 from relive.replay.sum_tree import MaxTree, SumTree
 
 
@@ -82,15 +82,15 @@ class PrioritizedSampler(Sampler):
                  is_exponent_final: float | None = None, is_anneal_samples: int = 0, eps: float = 1e-6,
                  initial_priority: float = 1.0):
         super().__init__()
-        if priority_exponent < 0 or is_exponent < 0 or eps < 0 or initial_priority <= 0:
-            raise ValueError("priority_exponent, is_exponent, eps must be >= 0 and initial_priority > 0; got "
-                             f"{priority_exponent}, {is_exponent}, {eps}, {initial_priority}")
-        self.priority_exponent = float(priority_exponent)
-        self.is_exponent = float(is_exponent)
-        self.is_exponent_final = float(is_exponent if is_exponent_final is None else is_exponent_final)
-        self.is_anneal_samples = int(is_anneal_samples)
-        self.eps = float(eps)
-        self.initial_priority = float(initial_priority)
+        name = type(self).__name__
+        self.priority_exponent = check_number(name, "priority_exponent", priority_exponent, low=0, high=MAX_EXPONENT)
+        self.is_exponent = check_number(name, "is_exponent", is_exponent, low=0)
+        self.is_exponent_final = check_number(name, "is_exponent_final", is_exponent if is_exponent_final is None
+                                              else is_exponent_final, low=0)
+        self.is_anneal_samples = check_number(name, "is_anneal_samples", is_anneal_samples, low=0, integer=True)
+        self.eps = check_number(name, "eps", eps, low=0, high=MAX_PRIORITY)
+        self.initial_priority = check_number(name, "initial_priority", initial_priority, low=0, low_open=True,
+                                             high=MAX_PRIORITY)
         self.num_samples = 0
         self.sum_tree: SumTree | None = None
         self.max_tree: MaxTree | None = None
@@ -129,20 +129,34 @@ class PrioritizedSampler(Sampler):
                     offset += n
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        draw = proportional_draw(self.sum_tree, batch_size, rng, self.num_rows(), self.beta)
+        if self.sum_tree.total > 0:
+            draw = proportional_draw(self.sum_tree, batch_size, rng, self.num_rows(), self.beta)
+        else:  # every stored priority is 0 (or underflowed): no proportional distribution, draw uniformly
+            lo, hi = self.domain()
+            draw = Draw(rng.integers(lo, hi, size=batch_size, dtype=np.int64), np.full(batch_size, 1.0 / (hi - lo)),
+                        np.ones(batch_size, np.float32))
         self.num_samples += 1
         return draw
 
     def priority_from_signals(self, signals: dict) -> np.ndarray:
-        """p^alpha from ``td_error`` ((|delta| + eps)^alpha) or from a raw ``priority`` (priority^alpha)."""
+        """p^alpha from ``td_error`` ((|delta| + eps)^alpha) or from a raw ``priority`` (priority^alpha); the base
+        is clamped to ``MAX_PRIORITY`` so that every probability and IS weight stays finite."""
         if "td_error" in signals:
             p = np.abs(check_signal("td_error", signals["td_error"]))
             p += self.eps
-            return np.power(p, self.priority_exponent, out=p)
-        if "priority" in signals:
-            return check_signal("priority", signals["priority"], nonnegative=True) ** self.priority_exponent
-        raise ValueError(f"{type(self).__name__}.update needs a 'td_error' or 'priority' signal, "
-                         f"got {sorted(signals)}")
+        elif "priority" in signals:
+            p = check_signal("priority", signals["priority"], nonnegative=True).copy()
+        else:
+            raise ValueError(f"{type(self).__name__}.update needs a 'td_error' or 'priority' signal, "
+                             f"got {sorted(signals)}")
+        np.minimum(p, MAX_PRIORITY, out=p)
+        return np.power(p, self.priority_exponent, out=p)
+
+    def check_signals(self, slots: np.ndarray, signals: dict) -> None:
+        super().check_signals(slots, signals)
+        if "td_error" not in signals and "priority" not in signals:
+            raise ValueError(f"{type(self).__name__}.update needs a 'td_error' or 'priority' signal, "
+                             f"got {sorted(signals)}")
 
     def update(self, slots: np.ndarray, signals: dict) -> None:
         p = self.priority_from_signals(signals)
@@ -152,7 +166,13 @@ class PrioritizedSampler(Sampler):
         self.max_tree.update(slots, p)
 
     def probabilities(self) -> np.ndarray:
-        return tree_probabilities(self.sum_tree)
+        if self.sum_tree.total > 0:
+            return tree_probabilities(self.sum_tree)
+        p = np.zeros(self.storage.capacity)  # every priority 0: uniform over the stored rows, as _draw
+        lo, hi = self.domain()
+        if hi > lo:
+            p[lo:hi] = 1.0 / (hi - lo)
+        return p
 
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/is_exponent": self.beta}
@@ -187,7 +207,7 @@ class PERConfig:
 
     def __post_init__(self):
         for name in ("priority_exponent", "is_exponent", "is_exponent_final"):
-            check_number(self, name, low=0.0)
+            check_number(type(self).__name__, name, getattr(self, name), low=0.0)
 
 
 @register_replay("per", PERConfig)

@@ -47,10 +47,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from relive.registry import ReplayBuild, check_number, register_replay
+from relive.registry import ReplayBuild, register_replay
 from relive.replay import _tree_kernels
 from relive.replay.samplers._reaper_kernels import _power, _segmented_cumsum
-from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.base import MAX_EXPONENT, MAX_PRIORITY, MIN_PRIORITY, Draw, Sampler, check_number
 from relive.replay.samplers.per import check_signal, linear_anneal
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import OFFLINE, ONLINE
@@ -65,17 +65,17 @@ class ReaPERSampler(Sampler):
                  is_exponent_final: float | None = 1.0, is_anneal_samples: int = 0, eps: float = 1e-6,
                  truncation: str = "finished", use_kernels: bool | None = None):
         super().__init__()
-        if priority_exponent < 0 or reliability_exponent < 0 or is_exponent < 0 or eps <= 0:
-            raise ValueError("priority_exponent, reliability_exponent and is_exponent must be >= 0 and eps > 0; "
-                             f"got {priority_exponent}, {reliability_exponent}, {is_exponent}, {eps}")
+        name = type(self).__name__
+        self.priority_exponent = check_number(name, "priority_exponent", priority_exponent, low=0, high=MAX_EXPONENT)
+        self.reliability_exponent = check_number(name, "reliability_exponent", reliability_exponent, low=0,
+                                                 high=MAX_EXPONENT)
+        self.is_exponent = check_number(name, "is_exponent", is_exponent, low=0)
+        self.is_exponent_final = check_number(name, "is_exponent_final", is_exponent if is_exponent_final is None
+                                              else is_exponent_final, low=0)
+        self.is_anneal_samples = check_number(name, "is_anneal_samples", is_anneal_samples, low=0, integer=True)
+        self.eps = check_number(name, "eps", eps, low=0, low_open=True, high=MAX_PRIORITY)
         if truncation not in TRUNCATION:
             raise ValueError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
-        self.priority_exponent = float(priority_exponent)
-        self.reliability_exponent = float(reliability_exponent)
-        self.is_exponent = float(is_exponent)
-        self.is_exponent_final = float(is_exponent if is_exponent_final is None else is_exponent_final)
-        self.is_anneal_samples = int(is_anneal_samples)
-        self.eps = float(eps)
         self.truncation = truncation
         self.use_kernels = use_kernels
         self._compiled = _tree_kernels.AVAILABLE if use_kernels is None else bool(use_kernels
@@ -179,7 +179,10 @@ class ReaPERSampler(Sampler):
     def _leaf_values(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mass = self.u_total[leaves] - self.evicted_u[leaves]  # U_e over the stored rows
         fin = self.finished[leaves]
-        scaled = mass * _power(np.where(fin, self.total[leaves], 1.0), -self.reliability_exponent)
+        # S_e >= MIN_PRIORITY once its rows are in; 0 only transiently (a status change seen before the new rows'
+        # sums are computed, recomputed right after): no log(0)
+        total = np.maximum(self.total[leaves], MIN_PRIORITY)
+        scaled = mass * _power(np.where(fin, total, 1.0), -self.reliability_exponent)
         return np.where(fin, scaled, 0.0), np.where(fin, 0.0, mass)
 
     def _set_leaves(self, leaves: np.ndarray) -> None:
@@ -247,14 +250,19 @@ class ReaPERSampler(Sampler):
         if slots[0] < st.num_offline:
             self._open_offline_id = st.episodes.is_open(OFFLINE)
 
-    def update(self, slots: np.ndarray, signals: dict) -> None:
+    def check_signals(self, slots: np.ndarray, signals: dict) -> None:
+        super().check_signals(slots, signals)
         if "td_error" not in signals:
-            raise ValueError(f"ReaPERSampler.update needs a 'td_error' signal, got {sorted(signals)}")
+            raise ValueError(f"{type(self).__name__}.update needs a 'td_error' signal, got {sorted(signals)}")
+
+    def update(self, slots: np.ndarray, signals: dict) -> None:
+        self.check_signals(slots, signals)
         td = check_signal("td_error", signals["td_error"])
         if td.size != slots.size:
             raise ValueError(f"got {td.size} td_error values for {slots.size} rows")
         self._sync()
         d = np.abs(td) + self.eps
+        np.clip(d, MIN_PRIORITY, MAX_PRIORITY, out=d)  # C, S_e, F and every sum of Psi stay finite
         uniq, first_in_rev = np.unique(slots[::-1], return_index=True)  # duplicates: the last value wins
         d_new = d[::-1][first_in_rev]
         self.delta[uniq] = d_new
@@ -284,8 +292,9 @@ class ReaPERSampler(Sampler):
         indices = self._within(leaves, rng.random(batch_size))
         probability = self._draw_probability(indices, leaves)
         self.num_samples += 1
-        is_weight = (self.num_rows() * probability) ** (-self.beta)
-        return Draw(indices, probability, (is_weight / is_weight.max()).astype(np.float32))
+        # (N P)^-beta / max over the batch = (min P / P)^beta: no overflow for tiny P (N cancels)
+        is_weight = (probability.min() / probability) ** self.beta
+        return Draw(indices, probability, is_weight.astype(np.float32))
 
     def _within(self, leaves: np.ndarray, r: np.ndarray) -> np.ndarray:
         """Row of each drawn episode with probability u_t / U_e: binary search over the running sum of u."""
@@ -405,7 +414,7 @@ class ReaPERConfig:
 
     def __post_init__(self):
         for name in ("priority_exponent", "is_exponent", "is_exponent_final", "reliability_exponent"):
-            check_number(self, name, low=0.0)
+            check_number(type(self).__name__, name, getattr(self, name), low=0.0)
 
 
 def _reaper_kwargs(options: ReaPERConfig, ctx: ReplayBuild) -> dict:

@@ -86,12 +86,10 @@ class ReaPERReferenceSampler(ReaPERSampler):
         pick = np.minimum(np.searchsorted(cum, rng.random(batch_size) * z, side="right"), psi.size - 1)
         probability = psi[pick] / z
         self.num_samples += 1
-        is_weight = (psi.size * probability) ** (-self.beta)
-        if self.is_normalization == "buffer":
-            largest = (psi.size * psi.min() / z) ** (-self.beta)
-        else:
-            largest = is_weight.max()
-        return Draw(lo + pick, probability, (is_weight / largest).astype(np.float32))
+        # (N P)^-beta divided by the largest weight (the buffer's least likely row, or the batch's) = (P_min / P)^beta
+        smallest = psi.min() / z if self.is_normalization == "buffer" else probability.min()
+        is_weight = (smallest / probability) ** self.beta
+        return Draw(lo + pick, probability, is_weight.astype(np.float32))
 
     def probabilities(self) -> np.ndarray:
         lo, psi = self._all_psi()
