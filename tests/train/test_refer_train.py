@@ -71,9 +71,10 @@ def test_offline_data_without_behaviour_records(tmp_path):
 
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
     args = ["ddpg_refer", *REFER, "--dataset", str(data), "--offline-steps", "20"]
-    with pytest.raises(ValueError, match="online_only"):
+    with pytest.raises(ValueError, match="refer_online"):
         main(["--debug", "train", *args, "--run-dir", str(tmp_path / "whole")])
     run = tmp_path / "online"
-    assert main(["train", *args, "--set", "replay.refer.online_only=true", "--run-dir", str(run)]) == 0
+    online = [a.replace("replay.refer.", "replay.refer_online.") for a in args]
+    assert main(["train", *online, "--replay", "refer_online", "--run-dir", str(run)]) == 0
     last = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()][-2]
     assert np.isfinite(last["replay/online/far_policy_fraction"]) and 0.3 < last["replay/online_fraction"] < 0.7

@@ -26,8 +26,8 @@ Without ReF-ER hints this is plain DDPG (uniform replay or PER; ``td_error`` sig
 ``refer_rule2`` switch each rule off for the paper's ReF-ER-1 / ReF-ER-2 ablations. Rows of a source the ReF-ER
 sampler does not cover (offline rows when ReF-ER is on the online part of a mixture, ``refer_source`` hint) have
 no behaviour record: they are near and carry no KL term. Signals: ``td_error`` [B] and, with ReF-ER, ``rho`` [B].
-Metric ``train/kl_behaviour``: mean D_KL(mu_t || pi^w) of the replayed rows with a record (the paper's Fig. 2),
-logged with or without ReF-ER.
+Metric ``train/kl_behaviour``: mean D_KL(mu_t || pi^w) of the replayed rows with a record under the actor before
+the step (the paper's Fig. 2), logged with or without ReF-ER.
 
 Defaults: CleanRL's DDPG (Adam 3e-4, tau 0.005, 256x256) but the ReF-ER paper's sigma 0.2; the paper ran DDPG
 with lr 1e-4 (critic) / 1e-5 (actor), which ``DDPGConfig.paper()`` gives.
@@ -195,16 +195,17 @@ class DDPG:
         t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device) for x in (obs, action, mu_mean, mu_std)]
         return self.log_rho(self.actor(t[0]), *t[1:]).cpu().numpy()
 
-    def refer_masks(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(covered, near, rho, mu_std) of a torch batch under the current actor (``refer.batch_rows``)."""
+    def refer_masks(self, b: Batch, mean: torch.Tensor | None = None):
+        """(covered, near, rho, mu_std) of a torch batch under the current actor (``refer.batch_rows``); ``mean``:
+        m^w(s) of the batch if already computed."""
         if "c_max" in b.info.hints and self.cfg.exploration_noise != "gaussian":
             raise ValueError("ReF-ER needs Gaussian exploration (rho needs the behaviour's density); "
                              f"exploration_noise is {self.cfg.exploration_noise!r}")
-        return refer.batch_rows(b, lambda mu_std: self.log_rho(self.actor(b.obs), b.action, b.mu_mean, mu_std),
-                                self.cfg.refer_rule1)
+        m = (lambda: self.actor(b.obs)) if mean is None else (lambda: mean)
+        return refer.batch_rows(b, lambda mu_std: self.log_rho(m(), b.action, b.mu_mean, mu_std), self.cfg.refer_rule1)
 
     @torch.no_grad()
-    def behaviour_kl(self, b: Batch) -> dict[str, float]:
+    def behaviour_kl(self, b: Batch, mean: torch.Tensor | None = None) -> dict[str, float]:
         """``{"train/kl_behaviour": mean D_KL(mu_t || pi^w)}`` over the batch's rows that have a behaviour record
         (std > 0): the paper's Fig. 2 measure of how off-policy the replayed data is ({} without records)."""
         if "mu_std" not in b.extras:
@@ -212,7 +213,7 @@ class DDPG:
         has = (b.mu_std > 0).all(-1)
         if not has.any():
             return {}
-        mean = self.actor(b.obs[has])
+        mean = self.actor(b.obs[has]) if mean is None else mean[has]
         kl = refer.refer_kl(b.mu_mean[has], b.mu_std[has], mean, self.std.expand_as(mean))
         return {"train/kl_behaviour": kl.mean().item()}
 
@@ -245,7 +246,10 @@ class DDPG:
         b = self._to_torch(batch)
         # 0. ReF-ER: annealed learning rates (Eq. 13) and the near/far split of the batch (Sec. 3)
         hints = b.info.hints
-        covered, near, rho, mu_std = self.refer_masks(b)
+        with torch.no_grad():  # m^w(s) before the step: rho, and the KL metric (Fig. 2), when rows have records
+            mean = self.actor(b.obs) if "mu_std" in b.extras else None
+        covered, near, rho, mu_std = self.refer_masks(b, mean)
+        kl_metric = self.behaviour_kl(b, mean)
         refer_on = "c_max" in hints
         beta = float(hints["beta"]) if refer_on and self.cfg.refer_rule2 else 1.0
         if "lr_scale" in hints:
@@ -269,7 +273,7 @@ class DDPG:
             nets.polyak(self.target_actor, self.actor, self.cfg.tau)
         self.num_updates += 1
         metrics = {"train/critic_loss": critic_loss.item(), "train/actor_loss": actor_loss.item(),
-                   "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()} | self.behaviour_kl(b)
+                   "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()} | kl_metric
         signals = {"td_error": (q.detach() - y).cpu().numpy()}
         if refer_on:
             metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta,

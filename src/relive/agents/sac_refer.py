@@ -90,20 +90,25 @@ class SACReFER(SAC):
         return self.log_rho(*self.actor(o), a, m, s).cpu().numpy()
 
     @torch.no_grad()
-    def behaviour_kl(self, b: Batch) -> dict[str, float]:
-        """``{"train/kl_behaviour": mean D_KL(mu_t || pi)}`` (pre-squash) over rows with a behaviour record."""
+    def behaviour_kl(self, b: Batch, pre: tuple | None = None) -> dict[str, float]:
+        """``{"train/kl_behaviour": mean D_KL(mu_t || pi)}`` (pre-squash) over rows with a behaviour record; ``pre``:
+        the actor's (mean, log_std) of the batch if already computed."""
         if "mu_std" not in b.extras or not (has := (b.mu_std > 0).all(-1)).any():
             return {}
-        mean, log_std = self.actor(b.obs[has])
-        return {"train/kl_behaviour": refer.refer_kl(b.mu_mean[has], b.mu_std[has], mean, log_std.exp()).mean().item()}
+        mean, log_std = self.actor(b.obs) if pre is None else pre
+        kl = refer.refer_kl(b.mu_mean[has], b.mu_std[has], mean[has], log_std[has].exp())
+        return {"train/kl_behaviour": kl.mean().item()}
 
     # -- the update ------------------------------------------------------------------------------------
     def update(self, batch: Batch, update_actor: bool | None = None) -> UpdateResult:
         b = self._to_torch(batch)
         hints, w = b.info.hints, b.info.is_weight
         # 0. ReF-ER: annealed learning rates (Eq. 13) and the near/far split under the current policy (Sec. 3)
+        with torch.no_grad():  # the policy before the step: rho, and the KL metric (Fig. 2), when rows have records
+            pre = self.actor(b.obs) if "mu_std" in b.extras else None
         covered, near, rho, mu_std = refer.batch_rows(
-            b, lambda s: self.log_rho(*self.actor(b.obs), b.action, b.mu_mean, s), self.cfg.refer_rule1)
+            b, lambda s: self.log_rho(*pre, b.action, b.mu_mean, s), self.cfg.refer_rule1)
+        kl_metric = self.behaviour_kl(b, pre)
         refer_on = "c_max" in hints
         beta = float(hints["beta"]) if refer_on and self.cfg.refer_rule2 else 1.0
         if "lr_scale" in hints:
@@ -124,10 +129,10 @@ class SACReFER(SAC):
         log_likelihood = None
         if self.cfg.compute_log_likelihood:  # under the policy before its step, as SAC's signal
             with torch.no_grad():
-                log_likelihood = self.actor.log_prob(b.obs, b.action).mean(-1)
+                log_likelihood = self.actor.log_prob_from(*(pre or self.actor(b.obs)), b.action).mean(-1)
         if update_actor if update_actor is not None else self.num_critic_steps % self.cfg.actor_every == 0:
             metrics |= self._refer_actor_step(b, near, covered, beta, mu_std)
-        metrics |= self.behaviour_kl(b)
+        metrics |= kl_metric
         if refer_on:
             metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta}
         result = self._result(metrics, q, y, log_likelihood)

@@ -25,8 +25,8 @@ Rows need a behaviour record: the columns ``mu_mean`` and ``mu_std`` ([A] each; 
 the pre-squash parameters) written from ``act``. A row whose ``mu_std`` is not > 0 is refused before anything
 is written (``check_insert``), which is what offline rows without a record (filled with 0) get: ReF-ER over a
 dataset without behaviour records is refused with a message; put ReF-ER on the online part of a mixture
-(``MixtureSampler(offline=UniformSampler(), online=ReFERSampler())``): the agent then exempts rows of the other
-source from both rules (``refer_source`` hint) -- they are replayed as plain DDPG/SAC rows. Random warm-up
+(replay ``refer_online``: ``MixtureSampler(UniformSampler(), ReFERSampler())``): the agent then exempts rows of
+the other source from both rules (``refer_source`` hint) -- they are replayed as plain DDPG/SAC rows. Random warm-up
 actions have no record either: the ReF-ER presets warm up with the agent's own (Gaussian) policy, as smarties
 fills its buffer with the initial policy.
 
@@ -47,7 +47,7 @@ have to skip; the paper's default and smarties' default are FIFO.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -83,8 +83,6 @@ class ReFERConfig:
     # re-flags its stored rho against c_max, every 1000 steps
     recount_every_grad_steps: int = 2000
     recount_chunk_size: int = 4096  # rows per call of the agent's log-rho function in a recount (fastest on CPU)
-    online_only: bool = False  # cover only the online rows: offline rows go to a uniform part (a 50/50 mixture)
-    offline_fraction: float = 0.5  # share of offline rows per batch when online_only
 
     def __post_init__(self):
         if self.C < 0 or not 0 < self.D < 1 or self.A < 0:
@@ -103,9 +101,19 @@ class ReFERConfig:
         return replace(cls(beta_schedule="smarties", initial_beta=1e-4), **overrides)
 
     def sampler_kwargs(self) -> dict:
-        return dict(C=self.C, D=self.D, A=self.A, beta_schedule=self.beta_schedule, beta_eta=self.beta_eta,
-                    initial_beta=self.initial_beta, recount_every_grad_steps=self.recount_every_grad_steps,
-                    recount_chunk_size=self.recount_chunk_size)
+        return {f.name: getattr(self, f.name) for f in fields(ReFERConfig)}
+
+
+@dataclass(frozen=True)
+class ReFEROnlineConfig(ReFERConfig):
+    """ReF-ER on the online rows, uniform offline rows (offline data without behaviour records): a mixture."""
+
+    offline_fraction: float = 0.5  # offline share of every batch (exact, as RLPD's symmetric sampling)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 <= self.offline_fraction <= 1:
+            raise ValueError(f"offline_fraction must be in [0, 1], got {self.offline_fraction}")
 
 
 class ReFERSampler(Sampler):
@@ -167,7 +175,7 @@ class ReFERSampler(Sampler):
             raise ValueError(f"ReF-ER: column 'mu_std' row {row} is {std[row]!r}; every row ReF-ER covers needs "
                              "a behaviour record with std > 0 (random warm-up actions have none: use "
                              "schedule.warmup_policy = 'agent'; offline data without one: put ReF-ER on the online "
-                             "part only, replay.refer.online_only = true)")
+                             "part only, --replay refer_online)")
 
     def on_insert(self, slots: np.ndarray) -> None:
         self.num_far -= int(self.far[slots].sum())
@@ -284,11 +292,15 @@ register_sampler(ReFERSampler)
 
 
 @register_replay("refer", ReFERConfig)
-def _build(options: ReFERConfig, ctx: ReplayBuild) -> Sampler:
-    """ReF-ER over every row, or (``online_only``) on the online part of a mixture with uniform offline rows."""
-    refer = ReFERSampler(**options.sampler_kwargs())
-    if not options.online_only:
-        return refer
+def build_refer(options: ReFERConfig, ctx: ReplayBuild) -> Sampler:
+    """ReF-ER over every row (each needs a behaviour record)"""
+    return ReFERSampler(**options.sampler_kwargs())
+
+
+@register_replay("refer_online", ReFEROnlineConfig)
+def build_refer_online(options: ReFEROnlineConfig, ctx: ReplayBuild) -> Sampler:
+    """ReF-ER on the online part of an exact offline/online split, uniform offline rows"""
     from relive.replay.samplers.mixture import MixtureSampler
 
-    return MixtureSampler(UniformSampler(), refer, offline_fraction=options.offline_fraction)
+    return MixtureSampler(UniformSampler(), ReFERSampler(**options.sampler_kwargs()),
+                          offline_fraction=options.offline_fraction)
