@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relive.agents import networks as nets
-from relive.agents.residual_sac import ResidualSAC, ResidualSACConfig, beta_at
+from relive.agents.residual_sac import ResidualSAC, ResidualSACConfig, beta_at, load_residual
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train.envs import EnvSpec
@@ -748,6 +748,11 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
                                   base_policy=policy)
     agent.load_state_dict(state)
     assert agent.state_dict()["counters"] == counters
+    residual = load_residual(run)  # what `relive pld distill --run` rolls out
+    obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
+    np.testing.assert_allclose(residual(obs, policy(obs)), agent.act(obs, explore=False), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="not a finished run directory"):
+        load_residual(tmp_path)
 
 
 @pytest.mark.slow
