@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from relive.agents import networks as nets
-from relive.agents.residual_sac import ResidualSAC, ResidualSACConfig, beta_at
+from relive.agents.residual_sac import ResidualSAC, ResidualSACConfig, beta_at, load_residual
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train.envs import EnvSpec
@@ -286,7 +286,7 @@ def test_critic_step_regresses_every_member_on_y_and_moves_the_targets_by_tau():
     expected = 0.5 * (((1.5 - y) ** 2).mean() + ((-0.5 - y) ** 2).mean())
     assert res.metrics["train/critic_loss"] == pytest.approx(expected.item(), rel=1e-5)
     np.testing.assert_allclose(res.signals["td_error"], (0.5 - y).numpy(), rtol=1e-5, atol=1e-5)
-    for t0, t1, q in zip(target_before, params(agent.target_critic), params(agent.critic)):
+    for t0, t1, q in zip(target_before, params(agent.target_critic), params(agent.critic), strict=True):
         torch.testing.assert_close(t1, 0.9 * t0 + 0.1 * q)
 
 
@@ -331,7 +331,7 @@ def test_actor_entropy_term_is_the_residuals_log_prob():
         torch.testing.assert_close(per_sample, expected)
         g = torch.autograd.grad(per_sample.mean(), list(agent.actor.parameters()))
         g_expected = torch.autograd.grad(expected.mean(), list(agent.actor.parameters()))
-        for x, y in zip(g, g_expected):
+        for x, y in zip(g, g_expected, strict=True):
             torch.testing.assert_close(x, y)
         losses.append(per_sample.detach())
         grads.append(torch.cat([x.flatten() for x in g]))
@@ -435,7 +435,7 @@ def test_base_parameters_are_bit_identical_after_training():
     for k, v in base.state_dict().items():
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)
         assert base.lin.weight.grad is None
-    assert any(not torch.equal(a, b) for a, b in zip(actor_before, params(agent.actor)))
+    assert any(not torch.equal(a, b) for a, b in zip(actor_before, params(agent.actor), strict=True))
 
 
 def test_a_base_policy_with_the_wrong_shape_is_refused():
@@ -487,7 +487,7 @@ def test_offline_phase_trains_the_critic_only_with_the_calibrated_gap():
     m = res.metrics
     assert m["train/critic_loss"] == pytest.approx(m["train/td_loss"] + 2.0 * m["train/cql_gap"], rel=1e-5)
     assert (agent.num_pretrain_steps, agent.num_critic_steps, agent.num_actor_steps) == (1, 0, 0)
-    assert all(torch.equal(a, b) for a, b in zip(actor_before, params(agent.actor)))
+    assert all(torch.equal(a, b) for a, b in zip(actor_before, params(agent.actor), strict=True))
     assert agent.log_alpha.item() == alpha_before
     with pytest.raises(ValueError, match="mc_return"):
         agent.update(make_batch(mc_return=False))
@@ -557,7 +557,7 @@ def test_checkpoint_resume_is_exact(tmp_path):
         return outs, torch.cat([p.flatten() for m in (a.actor, a.critic, a.target_critic) for p in m.parameters()])
 
     (outs_a, params_a), (outs_b, params_b) = future(agent), future(other)
-    for x, y in zip(outs_a, outs_b):
+    for x, y in zip(outs_a, outs_b, strict=True):
         assert isinstance(x, Acted) and bool(x.store) == bool(y.store)
         np.testing.assert_array_equal(x.action, y.action)
         for k in x.record:
@@ -572,7 +572,7 @@ def test_same_seed_same_agent_and_from_spec_seeds():
                                     base_policy=LinearBase()) for _ in range(2)]
     for a in agents:
         a.update(make_batch())
-    for p, q in zip(agents[0].critic.parameters(), agents[1].critic.parameters()):
+    for p, q in zip(agents[0].critic.parameters(), agents[1].critic.parameters(), strict=True):
         assert torch.equal(p, q)
 
 
@@ -646,7 +646,7 @@ def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_ste
         while not done:
             a = base(obs[None])[0]
             nxt, r, term, trunc = env.step(a)
-            for k, v in zip(rows, (obs, a, r, nxt, term, trunc)):
+            for k, v in zip(rows, (obs, a, r, nxt, term, trunc), strict=True):
                 episode[k].append(v)
             obs, done = nxt, term or trunc
         if episode["terminated"][-1]:
@@ -748,13 +748,10 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
                                   base_policy=policy)
     agent.load_state_dict(state)
     assert agent.state_dict()["counters"] == counters
-    # the trained residual for distillation: residual(obs, a_base) = the run's evaluation action
-    from relive.agents.residual_sac import load_residual
-
-    residual = load_residual(run)
+    residual = load_residual(run)  # what `relive pld distill --run` rolls out
     obs = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     np.testing.assert_allclose(residual(obs, policy(obs)), agent.act(obs, explore=False), rtol=0, atol=1e-6)
-    with pytest.raises(ValueError, match="not a finished relive run"):
+    with pytest.raises(ValueError, match="not a finished run directory"):
         load_residual(tmp_path)
 
 

@@ -46,7 +46,6 @@ import copy
 import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -272,6 +271,21 @@ class ResidualSAC:
     def executed(self, base: torch.Tensor, delta: torch.Tensor, beta: float) -> torch.Tensor:
         """a = clip(a_base + beta delta_a, low, high) (3)-(4)."""
         return torch.clamp(base + beta * delta, self.low_t, self.high_t)
+
+    def combined_policy(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        """``residual(obs [N, O], base_action [N, A]) -> clip(a_base + beta tanh(mu)) [N, A]``: the deterministic
+        executed action for a given base action, at the current beta (what ``relive pld distill`` rolls out)."""
+
+        @torch.no_grad()
+        def residual(obs: np.ndarray, base_action: np.ndarray) -> np.ndarray:
+            o, _ = nets.as_obs_tensor(np.asarray(obs, np.float32).reshape(-1, self.obs_dim), self.obs_dim,
+                                      self.device)
+            base = torch.as_tensor(np.asarray(base_action, np.float32).reshape(-1, self.action_dim),
+                                   device=self.device)
+            delta, _ = self.residual(o, base, deterministic=True)
+            return self.executed(base, delta, self.beta()).cpu().numpy()
+
+        return residual
 
     # -- acting -------------------------------------------------------------------------------------
     def in_warmup(self) -> bool:
@@ -519,32 +533,26 @@ _COUNTERS = ("num_critic_steps", "num_actor_steps", "num_pretrain_steps", "num_e
              "num_episodes", "episode_step", "probe_steps")
 
 
-def load_residual(run_dir: str | Path) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """The trained residual of a finished ``relive train residual_sac`` run as ``residual(obs [N, O], base_action
-    [N, A]) -> executed action [N, A]`` = clip(a_base + beta tanh(mu(x, a_base))), deterministic (the evaluation
-    policy), for PLD's distillation (``relive pld distill``). Reads ``config.json`` and ``agent_final/``
-    (pickle-free); the base policy itself is not needed here (the caller passes its actions)."""
+def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The trained residual of a finished ``residual_sac`` run directory (``config.json`` + ``agent_final/``) as
+    ``residual(obs, base_action) -> executed action`` (:meth:`ResidualSAC.combined_policy`; deterministic, the
+    run's final beta). The base policy is not loaded: the caller passes its actions."""
+    from pathlib import Path
+
     from relive.config import load_config
     from relive.replay.checkpoint import load_tree
     from relive.train.envs import env_spec, make_env
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file() or not (run_dir / "agent_final" / "MANIFEST.json").is_file():
-        raise ValueError(f"{run_dir} is not a finished relive run (config.json and agent_final/ are needed)")
+        raise ValueError(f"{run_dir} is not a finished run directory (config.json and agent_final/ expected)")
     cfg = load_config(run_dir / "config.json")
     if cfg.agent_kind != "residual_sac":
-        raise ValueError(f"{run_dir} is a {cfg.agent_kind!r} run, not a residual_sac run")
-    spec = env_spec(make_env(cfg.env.id, cfg.env.max_episode_steps))
+        raise ValueError(f"{run_dir} is a {cfg.agent_kind!r} run, not a residual_sac one")
+    env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+    spec = env_spec(env)
+    env.close()
     agent = ResidualSAC(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high,
-                        cfg.agent, seed=0)
+                        cfg.agent)
     agent.load_state_dict(load_tree(run_dir / "agent_final", kind="agent"))
-
-    @torch.no_grad()
-    def residual(obs: np.ndarray, base_action: np.ndarray) -> np.ndarray:
-        o, _ = nets.as_obs_tensor(np.asarray(obs, np.float32).reshape(-1, agent.obs_dim), agent.obs_dim,
-                                  agent.device)
-        base = torch.as_tensor(np.asarray(base_action, np.float32).reshape(o.shape[0], -1), device=agent.device)
-        delta, _ = agent.residual(o, base, deterministic=True)
-        return agent.executed(base, delta, agent.beta()).cpu().numpy()
-
-    return residual
+    return agent.combined_policy()
