@@ -391,8 +391,8 @@ def test_zero_is_weight_rows_do_not_influence_the_update(phase):
 def test_no_global_rng_is_read_or_advanced():
     base = LinearBase()  # (building the test's nn.Linear draws from the global RNG; the agent must not)
     torch.manual_seed(123)
-    np.random.seed(123)
-    torch_state, np_state = torch.random.get_rng_state(), np.random.get_state()[1].copy()
+    np.random.seed(123)  # noqa: NPY002 (the test checks the agent leaves the global RNG alone)
+    torch_state, np_state = torch.random.get_rng_state(), np.random.get_state()[1].copy()  # noqa: NPY002
     agent = make(base=base, probe_max_steps=3, otf_candidates=2)
     agent.on_episode_start()
     agent.act(obs_rows(2), explore=True)
@@ -400,7 +400,7 @@ def test_no_global_rng_is_read_or_advanced():
     agent.on_phase("offline")
     agent.update(make_batch())
     assert torch.equal(torch.random.get_rng_state(), torch_state)
-    np.testing.assert_array_equal(np.random.get_state()[1], np_state)
+    np.testing.assert_array_equal(np.random.get_state()[1], np_state)  # noqa: NPY002
 
 
 def test_bad_batches_are_rejected():
@@ -667,7 +667,7 @@ def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_ste
     for h in of_type(hooks, OnPhase):
         h.fn("online")
     executed = probed = 0
-    for episode in range(6):
+    for _episode in range(6):
         for h in of_type(hooks, OnEpisodeStart):
             h.fn()
         obs, done, slots, rewards = env.reset(rng), False, [], []
