@@ -220,7 +220,7 @@ def test_a_report_figure_can_plot_a_key_logged_in_metrics_jsonl(tmp_path):
     from relive.experiments.report import collect
 
     grid = parse_grid({"name": "g", "tasks": ["A"], "seeds": 2, "variant": [{"label": "a", "preset": "sac"}],
-                       "report": {"figure": [{"name": "kl", "column": "train/kl_behaviour"}]}})
+                       "report": {"figure": [{"name": "kl", "column": "train/kl_behaviour", "log_y": True}]}})
     for seed, kl in ((0, [0.5, 0.25]), (1, [1.0, 2.0])):
         d = tmp_path / "g" / f"a/A/seed_{seed}"
         d.mkdir(parents=True)

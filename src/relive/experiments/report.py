@@ -317,7 +317,7 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
         if not fig_labels or not fig_tasks or not any(by.get((lab, t)) for lab in fig_labels for t in fig_tasks):
             continue
         png = plot_curves(grid, by, fig_labels, fig_tasks, out_dir / f"{grid.name}_{fig['name']}.png",
-                          column or score_key, column=column, title=fig.get("title"))
+                          column or score_key, column=column, title=fig.get("title"), log_y=fig.get("log_y", False))
         lines += [f"### {fig.get('title', fig['name'])}", "", f"![{fig['name']}]({png.name})", ""]
     if crashed:
         lines += ["## Crashed runs", ""] + [f"- `{k}` (see its crash.json)" for k in crashed] + [""]
@@ -350,7 +350,7 @@ def align_curves(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
 
 
 def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | None = None,
-                title: str | None = None) -> Path:
+                title: str | None = None, log_y: bool = False) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -371,6 +371,8 @@ def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | 
             (line,) = ax.plot(steps, ys.mean(axis=0), label=f"{label} (n={len(series)})")
             ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2)
         ax.set_title(task)
+        if log_y:
+            ax.set_yscale("log")
         ax.set_xlabel("online env steps")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
