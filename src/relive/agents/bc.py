@@ -61,13 +61,7 @@ class SquashedMLP(nn.Module):
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__()
-        low = np.asarray(action_low, np.float32).reshape(-1)
-        high = np.asarray(action_high, np.float32).reshape(-1)
-        if low.shape != (action_dim,) or high.shape != (action_dim,):
-            raise ValueError(f"action_low / action_high must have shape ({action_dim},), got {low.shape} / "
-                             f"{high.shape}")
-        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
-            raise ValueError(f"the action box must be finite with low < high, got low={low}, high={high}")
+        low, high = nets.action_box(action_low, action_high, action_dim)
         self.obs_dim, self.action_dim, self.hidden = int(obs_dim), int(action_dim), tuple(int(h) for h in hidden)
         self.net = nets.mlp(obs_dim, self.hidden, action_dim)
         self.register_buffer("obs_mean", torch.zeros(obs_dim))

@@ -95,13 +95,7 @@ class DeterministicActor(nn.Module):
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__()
-        low = np.asarray(action_low, np.float32).reshape(-1)
-        high = np.asarray(action_high, np.float32).reshape(-1)
-        if low.shape != (action_dim,) or high.shape != (action_dim,):
-            raise ValueError(f"action_low / action_high must have shape ({action_dim},), got {low.shape} / "
-                             f"{high.shape}")
-        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
-            raise ValueError(f"the action box must be finite with low < high, got low={low}, high={high}")
+        low, high = nets.action_box(action_low, action_high, action_dim)
         self.net = nets.mlp(obs_dim, hidden, action_dim)
         self.register_buffer("scale", torch.as_tensor((high - low) / 2))
         self.register_buffer("center", torch.as_tensor((high + low) / 2))

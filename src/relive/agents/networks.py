@@ -88,19 +88,24 @@ class EnsembleCritic(nn.Module):
         return self.net(x).squeeze(-1)
 
 
+def action_box(action_low, action_high, action_dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) as float32 arrays of shape [action_dim], refused unless finite with low < high."""
+    low = np.asarray(action_low, np.float32).reshape(-1)
+    high = np.asarray(action_high, np.float32).reshape(-1)
+    if low.shape != (action_dim,) or high.shape != (action_dim,):
+        raise ValueError(f"action_low / action_high must have shape ({action_dim},), got {low.shape} / {high.shape}")
+    if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
+        raise ValueError(f"the action box must be finite with low < high, got low={low}, high={high}")
+    return low, high
+
+
 class TanhGaussianActor(nn.Module):
     """pi(a|s): a = center + scale * tanh(u), u ~ N(mu(s), sigma(s)^2) with a state-dependent, clipped
     log-std (SAC, Haarnoja et al. 2018, arXiv 1812.05905, App. C)."""
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__()
-        low = np.asarray(action_low, np.float32).reshape(-1)
-        high = np.asarray(action_high, np.float32).reshape(-1)
-        if low.shape != (action_dim,) or high.shape != (action_dim,):
-            raise ValueError(f"action_low / action_high must have shape ({action_dim},), got {low.shape} / "
-                             f"{high.shape}")
-        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
-            raise ValueError(f"the action box must be finite with low < high, got low={low}, high={high}")
+        low, high = action_box(action_low, action_high, action_dim)
         self.trunk = mlp(obs_dim, hidden, 2 * action_dim)
         self.register_buffer("scale", torch.as_tensor((high - low) / 2))
         self.register_buffer("center", torch.as_tensor((high + low) / 2))

@@ -181,13 +181,7 @@ class VRACERNet(nn.Module):
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], activation: str, action_low,
                  action_high, init_std: float, min_std: float):
         super().__init__()
-        low = np.asarray(action_low, np.float32).reshape(-1)
-        high = np.asarray(action_high, np.float32).reshape(-1)
-        if low.shape != (action_dim,) or high.shape != (action_dim,):
-            raise ValueError(f"action_low / action_high must have shape ({action_dim},), got {low.shape} / "
-                             f"{high.shape}")
-        if not (np.isfinite(low).all() and np.isfinite(high).all() and (low < high).all()):
-            raise ValueError(f"the action box must be finite with low < high, got low={low}, high={high}")
+        low, high = nets.action_box(action_low, action_high, action_dim)
         layers: list[nn.Module] = []
         d = obs_dim
         for h in hidden:
