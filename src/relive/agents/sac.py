@@ -265,10 +265,11 @@ class SAC:
         return batch.to_torch(self.device, dtype=torch.float32)
 
     # -- ARB scores ------------------------------------------------------------------------------------
-    def score_fn(self, mode: str = "log_prob"):
+    def score_fn(self, mode: str = "standardized"):
         """``score(obs [N, obs_dim], action [N, action_dim]) -> [N]``: per-row on-policyness of stored
         actions under the current policy, for a sampler's refresh (see ``agents/scoring.py``):
-        ``"log_prob"`` = mean over dims of log pi(a|s), ``"standardized"`` = the ARB reference code's score."""
+        ``"standardized"`` (the default, as in the trainer config) = the ARB reference code's score,
+        ``"log_prob"`` = mean over dims of log pi(a|s)."""
         if mode not in SCORE_MODES:
             raise ValueError(f"score mode must be one of {SCORE_MODES}, got {mode!r}")
 
