@@ -72,7 +72,7 @@ SHELL = _shell_commands()
 
 
 def test_the_docs_have_blocks():
-    assert len([b for b in PY_BLOCKS if b[3] is None]) >= 1
+    assert len([b for b in PY_BLOCKS if b[3] is None]) >= 3
     assert len(SHELL) >= 20
 
 
