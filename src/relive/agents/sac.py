@@ -26,7 +26,8 @@ Example::
     agent = SAC(obs_dim=11, action_dim=3, action_low=-np.ones(3), action_high=np.ones(3),
                 config=SACConfig.rlpd(), seed=0)
     action = agent.act(obs[None], explore=True)            # [1, 3] float32 inside the box
-    result = agent.update(buffer.sample(256))              # UpdateResult(metrics, signals)
+    batch = buffer.sample(256)
+    result = agent.update(batch)                           # UpdateResult(metrics, signals)
     buffer.update(batch.info, **result.signals)
 """
 
