@@ -26,7 +26,8 @@ Example::
     agent = SAC(obs_dim=11, action_dim=3, action_low=-np.ones(3), action_high=np.ones(3),
                 config=SACConfig.rlpd(), seed=0)
     action = agent.act(obs[None], explore=True)            # [1, 3] float32 inside the box
-    result = agent.update(buffer.sample(256))              # UpdateResult(metrics, signals)
+    batch = buffer.sample(256)
+    result = agent.update(batch)                           # UpdateResult(metrics, signals)
     buffer.update(batch.info, **result.signals)
 """
 
@@ -265,10 +266,11 @@ class SAC:
         return batch.to_torch(self.device, dtype=torch.float32)
 
     # -- ARB scores ------------------------------------------------------------------------------------
-    def score_fn(self, mode: str = "log_prob"):
+    def score_fn(self, mode: str = "standardized"):
         """``score(obs [N, obs_dim], action [N, action_dim]) -> [N]``: per-row on-policyness of stored
         actions under the current policy, for a sampler's refresh (see ``agents/scoring.py``):
-        ``"log_prob"`` = mean over dims of log pi(a|s), ``"standardized"`` = the ARB reference code's score."""
+        ``"standardized"`` (the default, as in the trainer config) = the ARB reference code's score,
+        ``"log_prob"`` = mean over dims of log pi(a|s)."""
         if mode not in SCORE_MODES:
             raise ValueError(f"score mode must be one of {SCORE_MODES}, got {mode!r}")
 

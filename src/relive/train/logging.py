@@ -40,9 +40,11 @@ class RunLogger:
             self._bar.update(task, completed=done, info=f"{info} {self.latest_eval}")
 
     def metrics(self, step: int, values: dict) -> None:
-        """One metrics.jsonl line (numbers as floats, strings such as ``phase`` kept) and the finite numbers
-        to TensorBoard, against ``env_step`` (``grad_step`` is a field of the line)."""
+        """One metrics.jsonl line (numbers as floats, ``grad_step`` an integer, strings such as ``phase`` kept) and
+        the finite numbers to TensorBoard, against ``env_step`` (``grad_step`` is a field of the line)."""
         clean = {k: v if isinstance(v, str) else (float(v) if v is not None else math.nan) for k, v in values.items()}
+        if "grad_step" in values:  # a count: an integer in the file
+            clean["grad_step"] = int(values["grad_step"])
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"env_step": step, **clean}, allow_nan=True) + "\n")
         if self._tb is not None:  # offline-phase lines: under offline/ against gradient steps (env_step is 0)
