@@ -19,11 +19,11 @@ $(VENV)/.stamp-test: pyproject.toml constraints.txt | $(PY)
 	touch $@
 
 $(VENV)/.stamp-demo: pyproject.toml constraints.txt | $(PY)
-	$(PIPC) -e ".[train]"
+	$(PIPC) -e ".[train,experiments]"
 	touch $@
 
 $(VENV)/.stamp-bench: pyproject.toml constraints.txt | $(PY)
-	$(PIPC) -e ".[train,bench]"
+	$(PIPC) -e ".[train,bench,experiments]"
 	touch $@
 
 test: $(VENV)/.stamp-test
