@@ -23,15 +23,24 @@ COMMAND_MODULES = (
 EXIT_USAGE = 2  # argparse's exit code for a bad command line; relive uses it for every refused input
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type`` for a count that must be >= 1 (``--steps 0`` is an error, not "the default")."""
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected a {what} integer, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type`` for a count that must be >= 1 (``--steps 0`` is an error, not "the default")."""
+    return _int_at_least(text, 1, "positive")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse ``type`` for a count that may be 0 (``--eval-episodes 0``: no evaluation)."""
+    return _int_at_least(text, 0, "non-negative")
 
 
 def positive_float(text: str) -> float:

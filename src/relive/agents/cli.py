@@ -6,18 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from relive.cli import positive_float, positive_int
-
-
-def non_negative_int(text: str) -> int:
-    """argparse ``type`` for a count that may be 0 (``--eval-episodes 0``: no evaluation)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+from relive.cli import non_negative_int, positive_float, positive_int
 
 
 def add_parsers(subparsers) -> None:

@@ -198,8 +198,9 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
         agent.load_state_dict(load_tree(init, kind="agent"))
     collector = Collector(env, spec, _int(seeds["env"]), record_columns=columns)
-    ctx = H.LoopContext(agent=agent, buffer=buffer, config=cfg, gamma=gamma)
-    hooks = H.collect_hooks(ctx, agent, buffer.sampler)  # (a component that cannot run here refuses now)
+    hooks = []
+    if resume_dir is None:  # (a component that cannot run here refuses now, before the directory is written)
+        hooks = H.collect_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
     if resume_dir is None:  # everything is built: only now does the directory become a run
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -213,7 +214,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
     run = Run(cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
-        _resume(run, resuming)  # (the checkpoint's buffer replaces the new one: its hooks are collected again)
+        _resume(run, resuming)  # (the checkpoint's buffer replaces the new one: hooks are collected from it)
         run.hooks = H.collect_hooks(H.LoopContext(run.agent, run.buffer, cfg, gamma), run.agent, run.buffer.sampler)
     collector.on_episode_start = [h.fn for h in H.of_type(run.hooks, H.OnEpisodeStart)]
     return run

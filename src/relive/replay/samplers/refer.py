@@ -116,7 +116,9 @@ class ReFEROnlineConfig(ReFERConfig):
             raise ValueError(f"offline_fraction must be in [0, 1], got {self.offline_fraction}")
 
 
-class ReFERSampler(Sampler):
+class ReFERSampler(UniformSampler):
+    """Uniform draws (``UniformSampler``) plus ReF-ER's per-row bookkeeping (see the module docstring)."""
+
     signals = ("rho",)
 
     def __init__(self, C: float = 4.0, D: float = 0.1, A: float = 5e-7, beta_schedule: str = "paper",
@@ -183,17 +185,8 @@ class ReFERSampler(Sampler):
         self.rho[slots] = 1.0
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        lo, hi = self.domain()
-        self.batch_size = batch_size
-        indices = rng.integers(lo, hi, size=batch_size, dtype=np.int64)
-        return Draw(indices, np.full(batch_size, 1.0 / (hi - lo)), np.ones(batch_size, dtype=np.float32))
-
-    def probabilities(self) -> np.ndarray:
-        p = np.zeros(self.storage.capacity)
-        lo, hi = self.domain()
-        if hi > lo:
-            p[lo:hi] = 1.0 / (hi - lo)
-        return p
+        self.batch_size = batch_size  # (smarties' eta uses it)
+        return super()._draw(batch_size, rng)
 
     def hints(self) -> dict:
         return {"c_max": self.c_max, "beta": self.beta, "lr_scale": self.lr_scale,
