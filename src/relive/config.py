@@ -55,12 +55,15 @@ class RunConfig:
 class EnvConfig:
     id: str = "Pendulum-v1"  # Gymnasium environment id
     max_episode_steps: int | None = None  # override the registered time limit
+    success_return: float | None = None  # evaluations also log eval/success_rate = share of returns >= this
 
     def __post_init__(self):
         if not self.id:
             raise ValueError("env.id must name a Gymnasium environment, e.g. 'Pendulum-v1'")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             raise ValueError(f"env.max_episode_steps must be >= 1 or null, got {self.max_episode_steps}")
+        if self.success_return is not None and not math.isfinite(self.success_return):
+            raise ValueError(f"env.success_return must be a finite number or null, got {self.success_return}")
 
 
 @dataclass(frozen=True)

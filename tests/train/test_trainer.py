@@ -1,3 +1,4 @@
+import csv
 import json
 import subprocess
 import sys
@@ -318,3 +319,17 @@ def test_init_from_a_pretraining_run_shares_its_agent(tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     with pytest.raises(ValueError, match="holds no agent"):
         train(cfg_for([*pre[1:], "--init-from", str(tmp_path / "nowhere")], tmp_path / "bad"))
+
+
+def test_success_rate_is_the_share_of_evaluation_returns_at_or_above_the_threshold(tmp_path):
+    """env.success_return adds eval/success_rate; Pendulum returns are negative, so -1e9 gives 1 and 0 gives 0."""
+    rates = {}
+    for threshold in (-1e9, 0.0):
+        run = tmp_path / f"r{threshold}"
+        assert main(["train", "sac", "--env", "Pendulum-v1", "--online-steps", "64", "--warmup", "32",
+                     "--eval-every", "64", "--run-dir", str(run), "--set", f"env.success_return={threshold}",
+                     *TINY]) == 0
+        with open(run / "eval.csv", newline="") as f:
+            rates[threshold] = [float(r["eval/success_rate"]) for r in csv.DictReader(f)]
+    assert len(rates[-1e9]) >= 2 and set(rates[-1e9]) == {1.0}
+    assert len(rates[0.0]) >= 2 and set(rates[0.0]) == {0.0}

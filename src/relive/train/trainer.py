@@ -378,6 +378,8 @@ def evaluation(run: Run) -> dict:
            "eval/return_std": float(returns.std()),
            "eval/normalized_score": normalized_score(mean, st.ref_min, st.ref_max),
            "replay/online_fraction": frac, "time/seconds": time.perf_counter() - run.start}
+    if run.cfg.env.success_return is not None:  # goal tasks (return 1 on success) or a return threshold (PLD)
+        row["eval/success_rate"] = float(np.mean(returns >= run.cfg.env.success_return))
     run.logger.evaluation(row)
     if rc.save_agent_snapshots:
         save_tree(run.run_dir / "snapshots" / f"agent_{st.env_steps}", run.agent.state_dict(), kind="agent")
