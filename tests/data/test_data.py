@@ -325,5 +325,33 @@ def test_data_cli_list_info_and_report_keep_hand_written_notes(tmp_path, pendulu
     row = next(line for line in out.read_text().splitlines() if "test/pendulum/tiny-v0" in line)
     assert "| Pendulum-v1 | 450 | 3 |" in row and f"{info['normalized_score']:.1f}" in row
     out.write_text(out.read_text() + "\nNotes: made by hand.\n")
-    assert main(["data", "report", "--root", str(root), "--out", str(out)]) == 0
+    before = out.read_text()
+    assert main(["data", "report", "--root", str(root), "--out", str(out)]) == 2  # refused without --overwrite
+    assert "--overwrite" in capsys.readouterr().err and out.read_text() == before
+    assert main(["data", "report", "--root", str(root), "--out", str(out), "--overwrite"]) == 0
     assert out.read_text().split(NOTES_MARKER)[1].strip() == "Notes: made by hand."
+    assert main(["data", "report", "--root", str(root), "--out", str(out), "--overwrite"]) == 0  # kept again
+    assert out.read_text().split(NOTES_MARKER)[1].strip() == "Notes: made by hand."
+
+
+def test_data_report_defaults_outside_docs_and_the_committed_notes_survive(tmp_path, monkeypatch):
+    """Tools do not rewrite tracked docs unless asked: the default --out is reports/ (gitignored), and a
+    regeneration of docs/datasets.md keeps its notes (the committed file carries the marker)."""
+    from pathlib import Path
+
+    from relive.cli import build_parser, main
+    from relive.data.cli import NOTES_MARKER
+
+    repo = Path(__file__).resolve().parents[2]
+    out = build_parser().parse_args(["data", "report"]).out
+    assert not Path(out).parts[0] == "docs" and Path(out).parts[0] + "/" in (repo / ".gitignore").read_text()
+    doc = (repo / "docs" / "datasets.md").read_text()
+    notes = doc.split(NOTES_MARKER)[1].strip()
+    assert notes.startswith("Notes")
+    copy = tmp_path / "datasets.md"
+    copy.write_text(doc)
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "report", "--root", str(tmp_path / "none"), "--out", str(copy), "--overwrite"]) == 0
+    assert copy.read_text().split(NOTES_MARKER)[1].strip() == notes
+    assert main(["data", "report", "--root", str(tmp_path / "none")]) == 0
+    assert (tmp_path / "reports" / "datasets.md").is_file()
