@@ -108,7 +108,10 @@ def _report(args: argparse.Namespace) -> int:
              "seed 0 unless noted); regenerate this table with `relive data report --out docs/datasets.md "
              "--overwrite`. Normalized score = 100 x "
              "(R - R_random) / (R_expert - R_random) with relive's references (R_random: uniform-random "
-             "episodes; R_expert: the task's expert dataset) and, for the MuJoCo tasks, D4RL's published "
+             "episodes; R_expert: the task's expert dataset, or the maze's scripted one; the levels that know "
+             "R_expert write both to `relive/TASK/references.json` in the Minari root, and a dataset without "
+             "its own R_expert, such as the random level, reads it there, so the references do not depend on "
+             "the order the levels were made in) and, for the MuJoCo tasks, D4RL's published "
              "references (measured on the older -v2 environments, so only roughly comparable).", "",
              "| dataset | env | rows | episodes | MB | return (mean ± std) | score (relive refs) | score (D4RL refs) "
              "| R_random / R_expert | how |", "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -120,6 +123,7 @@ def _report(args: argparse.Namespace) -> int:
     for did in ids:
         d = describe(did, args.root)
         g = d.get("generated", {})
+        # (the expert's return: for datasets made before references.json, which describe reads, existed)
         ref_max = d["ref_max_return"] if d["ref_max_return"] is not None else experts.get(did.rsplit("/", 1)[0])
         from relive.data.scores import normalized_score
 
