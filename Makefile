@@ -39,7 +39,7 @@ bench: $(VENV)/.stamp-bench
 	$(PY) bench/replay_throughput.py --rows 1000000 --seconds 2 --out docs/img
 
 lint: $(VENV)/.stamp-test
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

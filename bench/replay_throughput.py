@@ -328,7 +328,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="rounds; the table shows medians over rounds")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for TorchRL and SB3")
     p.add_argument("--peers", default="numpy,cpprb,torchrl,sb3", help="comma-separated peers to run")
-    p.add_argument("--out", default="docs/img", help="directory for the PNG (and a copy of the JSON)")
+    # outside docs/: the committed plot is replaced only when asked (`--out docs/img`, as `make bench` does)
+    p.add_argument("--out", default="bench/out", help="directory for the PNG and a copy of the JSON (default "
+                   "bench/out; docs/img holds the committed ones)")
     p.add_argument("--json", default="bench/out/replay_throughput.json", help="where to write raw results")
     args = p.parse_args(argv)
 

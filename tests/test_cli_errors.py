@@ -47,6 +47,8 @@ CASES = [
     (["data", "info", "nope/none-v0", "--root", "{tmp}/m"], r"no Minari dataset 'nope/none-v0'", False),
     (["data", "info", "{tmp}/junk.hdf5"], r"no Minari dataset '.*junk.hdf5'", False),
     (["data", "fly"], r"argument ACTION: invalid choice: 'fly'", True),
+    (["data", "report", "--root", "{tmp}/m", "--out", "{tmp}/junk.hdf5"], r"junk.hdf5 exists; pass --overwrite",
+     False),
     # relive bench
     (["bench", "run", "no-such-grid"], r"no grid 'no-such-grid'", False),
     (["bench", "run", "{tmp}/bad.toml"], r"bad.toml: not valid TOML", False),
@@ -59,6 +61,9 @@ CASES = [
      False),
     (["bench", "report", GRID, "--reps", "0"], r"argument --reps", True),
     (["bench", "report", "no-such-grid"], r"no grid 'no-such-grid'", False),
+    (["bench", "report", GRID, "--root", "{tmp}", "--out", "{tmp}"], r"reaper.md exists; pass --overwrite", False),
+    (["bench", "run", GRID, "--root", "{tmp}/r", "--report", "--out", "{tmp}"], r"reaper.md exists; pass --overwrite",
+     False),
     # relive train (argparse-level flags; --set is type-checked by the config)
     (["train"], r"give a PRESET", False),
     (["train", "nope", "--env", "Pendulum-v1"], r"unknown preset 'nope'", False),
@@ -80,6 +85,7 @@ CASES = [
 def scratch(tmp_path):
     (tmp_path / "junk.hdf5").write_text("not a dataset")
     _write_bad_toml(tmp_path)
+    (tmp_path / f"{GRID}.md").write_text("a report\n")
     from relive.data.minari_io import write_minari
 
     n = 4

@@ -78,13 +78,24 @@ def test_the_docs_have_blocks():
 
 @pytest.mark.parametrize("path", sorted({b[0] for b in PY_BLOCKS}), ids=lambda p: p.name)
 def test_python_blocks_run(path, tmp_path, monkeypatch):
-    """Each file's runnable Python blocks run in order, in one namespace, in a scratch directory."""
+    """Each file's runnable Python blocks run in order, in one namespace, in a scratch directory. The namespace
+    is a module's (in sys.modules while the blocks run: dataclasses look their module up); methods the blocks
+    register (docs/extending.md) are unregistered afterwards."""
+    import sys
+    import types
+
     import torch
+
+    from relive.replay.samplers import SAMPLERS
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     threads = torch.get_num_threads()
-    namespace: dict = {"__name__": "__doc_block__"}
+    module = types.ModuleType(f"__doc_block_{path.stem}__")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    namespace: dict = module.__dict__
+    load_builtins()
+    registered = [(table, set(table)) for table in (REPLAYS, AGENTS, SAMPLERS)]
     ran = 0
     try:
         for p, line, code, reason in PY_BLOCKS:
@@ -97,6 +108,9 @@ def test_python_blocks_run(path, tmp_path, monkeypatch):
             ran += 1
     finally:
         torch.set_num_threads(threads)
+        for table, before in registered:
+            for name in set(table) - before:
+                table.pop(name)
     if ran == 0:
         pytest.skip(f"every python block of {path.name} is marked not run")
 

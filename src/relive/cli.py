@@ -70,6 +70,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def refuse_overwrite(path, overwrite: bool) -> None:
+    """Tools do not rewrite existing files (tracked docs above all) unless asked: a ValueError naming
+    ``--overwrite`` when ``path`` exists and ``overwrite`` is false."""
+    from pathlib import Path
+
+    if Path(path).exists() and not overwrite:
+        raise ValueError(f"{path} exists; pass --overwrite to replace it (notes below its marker line are kept)")
+
+
+def write_generated(path, text: str, marker: str, overwrite: bool = False) -> None:
+    """Write a generated Markdown file ending in ``marker``; refused over an existing file unless ``overwrite``
+    (``refuse_overwrite``). Hand-written notes below ``marker`` in the old file are kept below it."""
+    from pathlib import Path
+
+    path = Path(path)
+    refuse_overwrite(path, overwrite)
+    old = path.read_text() if path.is_file() else ""
+    text = text.rstrip("\n") + "\n\n" + marker + "\n"
+    if marker in old:
+        notes = old.split(marker, 1)[1].strip("\n")
+        text += notes + "\n" if notes else ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
 def _one_line(err: BaseException) -> str:
     text = " ".join(str(err).split()) or type(err).__name__
     return text if isinstance(err, ValueError) else f"{type(err).__name__}: {text}"

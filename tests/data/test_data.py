@@ -183,9 +183,22 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
     # one R_expert (the expert level's mean return) for every level made after the training run
     for level in ("medium", "medium-replay", "medium-expert"):
         assert summaries[level]["ref_max_return"] == pytest.approx(summaries["expert"]["return_mean"]), level
-    assert summaries["random"]["ref_max_return"] is None  # made before any expert existed: no training for it
-    again_random = make_dataset("pendulum-v1", "random", **(kw | {"root": tmp_path / "r2"}))[1]
-    assert again_random["ref_max_return"] == pytest.approx(summaries["expert"]["return_mean"])
+    assert summaries["random"]["ref_max_return"] is None  # the random level never records R_expert itself
+    # ... it reads it from the task's references.json, which the other levels wrote: whatever the order in
+    # which the levels were made (here random first; in r2 the expert first), every level reads one pair
+    refs = {}
+    for level in ("expert", "random"):
+        assert make_dataset("pendulum-v1", level, **(kw | {"root": tmp_path / "r2"}))[1]["ref_max_return"] == (
+            None if level == "random" else pytest.approx(summaries["expert"]["return_mean"]))
+    for root in ("minari", "r2"):
+        for level in ("random", "expert"):
+            meta = read_minari(f"relive/pendulum-v1/{level}-v0", root=tmp_path / root)[1]
+            refs[root, level] = (meta["ref_min_return"], meta["ref_max_return"])
+    assert len(set(refs.values())) == 1, refs
+    assert refs["minari", "random"] == pytest.approx((summaries["random"]["return_mean"],
+                                                       summaries["expert"]["return_mean"]))
+    assert (tmp_path / "minari" / "relive" / "pendulum-v1" / "references.json").is_file()
+    assert list_local(tmp_path / "r2") == ["relive/pendulum-v1/expert-v0", "relive/pendulum-v1/random-v0"]
     for level in summaries:
         rows, meta = read_minari(f"relive/pendulum-v1/{level}-v0", root=tmp_path / "minari")
         assert len(rows["obs"]) == summaries[level]["rows"] and meta["env_id"] == "Pendulum-v1"
@@ -205,6 +218,26 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
         make_dataset("pendulum-v1", "scripted", **kw)
     with pytest.raises(ValueError, match="unknown task"):
         make_dataset("pong-v0", "random", **kw)
+
+
+def test_maze_references_do_not_depend_on_the_order_the_levels_were_made(tmp_path):
+    """The scripted level (the maze's R_expert) writes the task's references; the random level reads them,
+    whether it was made before or after (and reports none while no scripted level exists)."""
+    from relive.data.cli import describe
+    from relive.data.generate import make_dataset
+
+    refs = {}
+    for order in (("random", "scripted"), ("scripted", "random")):
+        root = tmp_path / "-".join(order)
+        for level in order:
+            make_dataset("pointmaze-umaze-v3", level, steps=300, root=root, out=root / "out", progress=False)
+            if level == "random" and order[0] == "random":
+                assert describe("relive/pointmaze-umaze-v3/random-v0", root)["ref_max_return"] is None
+        for level in order:
+            d = describe(f"relive/pointmaze-umaze-v3/{level}-v0", root)
+            refs[order, level] = (d["ref_min_return"], d["ref_max_return"], d["normalized_score"])
+    assert len({v[:2] for v in refs.values()}) == 1 and None not in next(iter(refs.values())), refs
+    assert refs[("random", "scripted"), "random"] == refs[("scripted", "random"), "random"]
 
 
 def test_random_dataset_is_uniform_and_deterministic():
@@ -325,5 +358,33 @@ def test_data_cli_list_info_and_report_keep_hand_written_notes(tmp_path, pendulu
     row = next(line for line in out.read_text().splitlines() if "test/pendulum/tiny-v0" in line)
     assert "| Pendulum-v1 | 450 | 3 |" in row and f"{info['normalized_score']:.1f}" in row
     out.write_text(out.read_text() + "\nNotes: made by hand.\n")
-    assert main(["data", "report", "--root", str(root), "--out", str(out)]) == 0
+    before = out.read_text()
+    assert main(["data", "report", "--root", str(root), "--out", str(out)]) == 2  # refused without --overwrite
+    assert "--overwrite" in capsys.readouterr().err and out.read_text() == before
+    assert main(["data", "report", "--root", str(root), "--out", str(out), "--overwrite"]) == 0
     assert out.read_text().split(NOTES_MARKER)[1].strip() == "Notes: made by hand."
+    assert main(["data", "report", "--root", str(root), "--out", str(out), "--overwrite"]) == 0  # kept again
+    assert out.read_text().split(NOTES_MARKER)[1].strip() == "Notes: made by hand."
+
+
+def test_data_report_defaults_outside_docs_and_the_committed_notes_survive(tmp_path, monkeypatch):
+    """Tools do not rewrite tracked docs unless asked: the default --out is reports/ (gitignored), and a
+    regeneration of docs/datasets.md keeps its notes (the committed file carries the marker)."""
+    from pathlib import Path
+
+    from relive.cli import build_parser, main
+    from relive.data.cli import NOTES_MARKER
+
+    repo = Path(__file__).resolve().parents[2]
+    out = build_parser().parse_args(["data", "report"]).out
+    assert not Path(out).parts[0] == "docs" and Path(out).parts[0] + "/" in (repo / ".gitignore").read_text()
+    doc = (repo / "docs" / "datasets.md").read_text()
+    notes = doc.split(NOTES_MARKER)[1].strip()
+    assert notes.startswith("Notes")
+    copy = tmp_path / "datasets.md"
+    copy.write_text(doc)
+    monkeypatch.chdir(tmp_path)
+    assert main(["data", "report", "--root", str(tmp_path / "none"), "--out", str(copy), "--overwrite"]) == 0
+    assert copy.read_text().split(NOTES_MARKER)[1].strip() == notes
+    assert main(["data", "report", "--root", str(tmp_path / "none")]) == 0
+    assert (tmp_path / "reports" / "datasets.md").is_file()

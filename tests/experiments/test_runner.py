@@ -238,3 +238,33 @@ def test_a_report_figure_can_plot_a_key_logged_in_metrics_jsonl(tmp_path):
     assert data[0].series(None)[1].tolist() == [1.0, 2.0] and data[0].series("nope") is None
     out = make_report(grid, tmp_path, tmp_path / "out")
     assert (tmp_path / "out" / "g_kl.png").is_file() and "g_kl.png" in out.read_text()
+
+
+def test_a_report_is_replaced_only_with_overwrite_and_keeps_notes_below_its_marker(tmp_path, capsys):
+    """Tools do not rewrite tracked docs unless asked: `relive bench report` defaults to reports/ (gitignored),
+    refuses an existing GRID.md without --overwrite (`bench run --report` before running anything), and keeps
+    hand-written notes below the marker line."""
+    from pathlib import Path
+
+    from relive.cli import build_parser, main
+    from relive.experiments.report import NOTES_MARKER
+
+    repo = Path(__file__).resolve().parents[2]
+    for argv in (["bench", "report", "reaper"], ["bench", "run", "reaper", "--report"]):
+        out = build_parser().parse_args(argv).out
+        assert Path(out).parts[0] != "docs" and f"/{out}/" in (repo / ".gitignore").read_text()
+    g = parse_grid({"name": "hand", "seeds": 1, "tasks": ["A"], "variant": [{"label": "per", "preset": "ddqn"}]})
+    _fake_run(tmp_path / "hand", "per/A/seed_0", [0, 1000], [0, 50])
+    md = make_report(g, tmp_path, tmp_path / "out", reps=50)
+    assert md.read_text().rstrip().endswith(NOTES_MARKER)
+    md.write_text(md.read_text() + "Notes: by hand.\n")
+    with pytest.raises(ValueError, match="--overwrite"):
+        make_report(g, tmp_path, tmp_path / "out", reps=50)
+    assert make_report(g, tmp_path, tmp_path / "out", reps=50, overwrite=True).read_text().split(
+        NOTES_MARKER)[1].strip() == "Notes: by hand."
+    toml = tmp_path / "hand.toml"
+    toml.write_text('name = "hand"\nseeds = 1\ntasks = ["A"]\n[[variant]]\nlabel = "per"\npreset = "ddqn"\n')
+    # refused before any run starts: the grid's run is not even attempted
+    assert main(["bench", "run", str(toml), "--root", str(tmp_path / "fresh"), "--report",
+                 "--out", str(tmp_path / "out")]) == 2
+    assert "--overwrite" in capsys.readouterr().err and not (tmp_path / "fresh").exists()

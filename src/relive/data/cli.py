@@ -33,9 +33,12 @@ def add_parsers(subparsers) -> None:
     ls = sub.add_parser("list", help="list local datasets")
     ls.add_argument("--root")
     ls.set_defaults(func=_list)
-    rep = sub.add_parser("report", help="a Markdown table of every local dataset (docs/datasets.md)")
+    rep = sub.add_parser("report", help="a Markdown table of every local dataset (default reports/datasets.md)")
     rep.add_argument("--root")
-    rep.add_argument("--out", default="docs/datasets.md")
+    # outside docs/: a tracked doc is rewritten only when asked (--out docs/datasets.md --overwrite)
+    rep.add_argument("--out", default="reports/datasets.md", help="the Markdown file (default reports/datasets.md)")
+    rep.add_argument("--overwrite", action="store_true", help="replace an existing --out file (notes below its "
+                     "marker line are kept)")
     rep.set_defaults(func=_report)
     info = sub.add_parser("info", help="size, returns and reference scores of a dataset")
     info.add_argument("dataset", help="a dataset id (see `relive data list`) or a dataset directory")
@@ -92,18 +95,23 @@ NOTES_MARKER = "<!-- notes below are kept by `relive data report` -->"
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    from relive.cli import refuse_overwrite, write_generated
     from relive.data.minari_io import default_root, list_local
+
+    refuse_overwrite(args.out, args.overwrite)  # before reading every dataset
 
     def fmt(x, d=1):
         return "—" if x is None or x != x else f"{x:.{d}f}"
 
     lines = ["# Generated datasets", "",
              "Made on the project machine (2 CPU cores) with `relive data make TASK LEVEL` (default budgets and "
-             "seed 0 unless noted); regenerate this table with `relive data report`. Normalized score = 100 x "
+             "seed 0 unless noted); regenerate this table with `relive data report --out docs/datasets.md "
+             "--overwrite`. Normalized score = 100 x "
              "(R - R_random) / (R_expert - R_random) with relive's references (R_random: uniform-random "
-             "episodes; R_expert: the task's expert dataset) and, for the MuJoCo tasks, D4RL's published "
+             "episodes; R_expert: the task's expert dataset, or the maze's scripted one; the levels that know "
+             "R_expert write both to `relive/TASK/references.json` in the Minari root, and a dataset without "
+             "its own R_expert, such as the random level, reads it there, so the references do not depend on "
+             "the order the levels were made in) and, for the MuJoCo tasks, D4RL's published "
              "references (measured on the older -v2 environments, so only roughly comparable).", "",
              "| dataset | env | rows | episodes | MB | return (mean ± std) | score (relive refs) | score (D4RL refs) "
              "| R_random / R_expert | how |", "|---|---|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -115,6 +123,7 @@ def _report(args: argparse.Namespace) -> int:
     for did in ids:
         d = describe(did, args.root)
         g = d.get("generated", {})
+        # (the expert's return: for datasets made before references.json, which describe reads, existed)
         ref_max = d["ref_max_return"] if d["ref_max_return"] is not None else experts.get(did.rsplit("/", 1)[0])
         from relive.data.scores import normalized_score
 
@@ -128,12 +137,7 @@ def _report(args: argparse.Namespace) -> int:
                      f"{fmt(d.get('d4rl_normalized_score'))} | {fmt(d['ref_min_return'])} / {fmt(ref_max)} | {how} |")
     if not ids:
         lines.append(f"| (no datasets under {args.root or default_root()}) | | | | | | | | | |")
-    out = Path(args.out)
-    lines += ["", NOTES_MARKER]
-    if out.is_file() and NOTES_MARKER in out.read_text():  # hand-written notes below the table are kept
-        lines.append(out.read_text().split(NOTES_MARKER, 1)[1].strip("\n"))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    write_generated(args.out, "\n".join(lines), NOTES_MARKER, args.overwrite)  # notes below the marker are kept
     print(f"wrote {args.out} ({len(ids)} datasets)")
     return 0
 

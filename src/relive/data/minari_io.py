@@ -166,12 +166,38 @@ def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[di
         except Exception as e:  # minari raises several types for a missing or broken dataset
             raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root} ({files}): {e}") from None
         try:
-            return _read_episodes(ds, dataset_id)
+            rows, meta = _read_episodes(ds, dataset_id)
         except ValueError:
             raise
         except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
             raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
                              f"({type(e).__name__}: {e}); regenerate it (`relive data make ... --overwrite`)") from None
+    refs = task_references(root, dataset_id)
+    for key in ("ref_min_return", "ref_max_return"):  # a random level never records R_expert itself
+        if meta[key] is None:
+            meta[key] = refs.get(key)
+    return rows, meta
+
+
+REFERENCES = "references.json"
+
+
+def task_references(root: str | Path, dataset_id: str) -> dict:
+    """The reference returns that the levels knowing R_expert wrote beside a dataset (``<root>/<namespace>/
+    references.json``, e.g. ``data/minari/relive/hopper-v5/references.json``); {} when there are none."""
+    path = Path(root) / Path(dataset_id).parent / REFERENCES
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_task_references(root: str | Path, dataset_id: str, refs: dict) -> Path:
+    """Record ``refs`` (ref_min_return, ref_max_return, ...) for every dataset of ``dataset_id``'s namespace,
+    so that a level made before them (the random one) reads them whatever the generation order."""
+    path = Path(root) / Path(dataset_id).parent / REFERENCES
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(refs, indent=1, sort_keys=True))
+    tmp.replace(path)
+    return path
 
 
 def _read_episodes(ds, dataset_id: str) -> tuple[dict, dict]:

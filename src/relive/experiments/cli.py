@@ -25,13 +25,18 @@ def add_parsers(subparsers) -> None:
     run.add_argument("--seeds", type=positive_int, default=None, help="only the first N seeds of the grid")
     run.add_argument("--tasks", nargs="+", default=None, metavar="TASK", help="only these tasks of the grid")
     run.add_argument("--report", action="store_true", help="write the report when the runs are done")
-    run.add_argument("--out", default="docs/results", help="report directory (with --report)")
+    run.add_argument("--out", default="reports", help="report directory (with --report; default reports/)")
+    run.add_argument("--overwrite", action="store_true", help="with --report: replace an existing report (notes "
+                     "below its marker line are kept)")
     run.set_defaults(func=_run)
 
     rep = sub.add_parser("report", help="Markdown tables and plots from a grid's run directories")
     rep.add_argument("grid", help="a built-in grid name or a TOML file")
     rep.add_argument("--root", default="runs", help="where the run directories are (default: runs/)")
-    rep.add_argument("--out", default="docs/results", help="where the Markdown and PNGs go")
+    # outside docs/: a tracked report is rewritten only when asked (--out docs/results --overwrite)
+    rep.add_argument("--out", default="reports", help="where the Markdown and PNGs go (default reports/)")
+    rep.add_argument("--overwrite", action="store_true", help="replace an existing GRID.md and its plots (notes "
+                     "below its marker line are kept)")
     rep.add_argument("--reps", type=positive_int, default=2000, help="bootstrap resamples for the CIs")
     rep.set_defaults(func=_report)
 
@@ -60,6 +65,11 @@ def _run(args: argparse.Namespace) -> int:
     from relive.experiments.runner import run_grid
 
     grid = _grid(args)
+    if args.report:  # refused before hours of runs, not after
+        from relive.cli import refuse_overwrite
+        from relive.experiments.report import report_path
+
+        refuse_overwrite(report_path(load_grid(args.grid), args.out), args.overwrite)
     outcomes = run_grid(grid, args.root, workers=args.workers, threads_per_run=args.threads_per_run,
                         timeout=args.timeout)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "busy", "crashed")}
@@ -67,14 +77,15 @@ def _run(args: argparse.Namespace) -> int:
           f"{counts['busy']} left to another runner, {counts['crashed']} crashed "
           f"(run directories under {Path(args.root) / grid.name})")
     if args.report:
-        _report(argparse.Namespace(grid=args.grid, root=args.root, out=args.out, reps=2000))
+        _report(argparse.Namespace(grid=args.grid, root=args.root, out=args.out, reps=2000,
+                                   overwrite=args.overwrite))
     return 1 if counts["crashed"] else 0
 
 
 def _report(args: argparse.Namespace) -> int:
     from relive.experiments.report import make_report
 
-    md = make_report(load_grid(args.grid), args.root, args.out, reps=args.reps)
+    md = make_report(load_grid(args.grid), args.root, args.out, reps=args.reps, overwrite=args.overwrite)
     print(f"report written to {md}")
     return 0
 

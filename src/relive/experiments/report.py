@@ -146,8 +146,19 @@ def _fmt(mean: float, std: float, digits: int = 1) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if np.isfinite(mean) else "—"
 
 
-def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2000) -> Path:
-    """Write ``<out_dir>/<grid>.md`` and PNG plots beside it; returns the Markdown path."""
+NOTES_MARKER = "<!-- notes below are kept by `relive bench report` -->"
+
+
+def report_path(grid: Grid, out_dir: str | Path) -> Path:
+    return Path(out_dir) / f"{grid.name}.md"
+
+
+def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2000, overwrite: bool = False) -> Path:
+    """Write ``<out_dir>/<grid>.md`` and PNG plots beside it; returns the Markdown path. An existing report is
+    replaced only with ``overwrite``; notes below its ``NOTES_MARKER`` line are kept."""
+    from relive.cli import refuse_overwrite, write_generated
+
+    refuse_overwrite(report_path(grid, out_dir), overwrite)  # before any plot is written over
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data, crashed, missing = collect(grid, root)
@@ -324,8 +335,8 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     if missing:
         lines += ["## Missing runs", "", f"{len(missing)} runs have not finished: " +
                   ", ".join(f"`{k}`" for k in missing[:20]) + (" ..." if len(missing) > 20 else ""), ""]
-    md = out_dir / f"{grid.name}.md"
-    md.write_text("\n".join(lines))
+    md = report_path(grid, out_dir)
+    write_generated(md, "\n".join(lines), NOTES_MARKER, overwrite)
     return md
 
 

@@ -15,6 +15,7 @@ from relive.replay.samplers import (
     UniformSampler,
     register_sampler,
 )
+from relive.replay.samplers.base import Draw
 from relive.replay.storage import ColumnSpec, Storage
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
@@ -22,6 +23,6 @@ from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 __all__ = [
     "ReplayBuffer", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree", "MaxTree",
     "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler", "ReaPERSampler",
-    "ReaPERReferenceSampler", "BERBSampler", "SAMPLERS", "register_sampler",
+    "ReaPERReferenceSampler", "BERBSampler", "SAMPLERS", "register_sampler", "Draw",
     "Batch", "SampleInfo", "UpdateReport", "CheckpointError", "OFFLINE", "ONLINE",
 ]
