@@ -32,6 +32,13 @@ class RunConfig:
     log_every_env_steps: int = 1000  # env steps between metrics.jsonl / TensorBoard lines
     eval_every_env_steps: int = 5000  # env steps between evaluations
     eval_episodes: int = 5  # episodes per evaluation
+    # evaluation start states: false = every evaluation resets with the same seeds (seed, seed + 1, ...: the same
+    # start states each time, comparable over a run); true = the eval env is seeded once and every evaluation
+    # continues its random stream (new start states each time), as SB3's EvalCallback (the ReaPER authors' loop)
+    eval_fresh_starts: bool = False
+    # evaluate at online env step 0 (after the offline phase); false: the first evaluation is at
+    # eval_every_env_steps, as SB3's EvalCallback (the ReaPER authors: every 500 steps, the first at step 500)
+    eval_at_start: bool = True
     checkpoint_every_env_steps: int = 10_000  # checkpoints land on the first episode end after this many steps
     checkpoint_every_offline_grad_steps: int = 10_000  # offline phase (and always at its end)
     progress: bool = True  # progress bar on the terminal
@@ -56,6 +63,12 @@ class EnvConfig:
     id: str = "Pendulum-v1"  # Gymnasium environment id
     max_episode_steps: int | None = None  # override the registered time limit
     success_return: float | None = None  # evaluations also log eval/success_rate = share of returns >= this
+    # store time-limit truncations as terminations (terminated = true, truncated = false) for every row entering
+    # the buffer, so every agent's target at such a row is r with no bootstrap. Off by default: a time limit is
+    # not part of the task's state, and bootstrapping from the true next observation is the correct target. The
+    # option exists to reproduce loops that did otherwise, e.g. the ReaPER authors' SB3 buffer
+    # (handle_timeout_termination=False); ReaPER's per-episode bookkeeping then sees a terminal row too.
+    truncation_as_termination: bool = False
 
     def __post_init__(self):
         if not self.id:

@@ -3,13 +3,15 @@
 ``data/grid_runs_v1.json`` was written by the earlier code (flat ``ReplayConfig``, ``agent.utd_ratio``,
 ``schedule.refresh_every_grad_steps``) for all 271 runs: the agent's settings, the schedule, the run, env and data
 sections, and the sampler each run built (its class and constructor arguments). Today's code must give the same
-effective settings for every one of those runs (grids added since may add runs)."""
+effective settings for every one of those runs (grids added since may add runs; run / env settings added since
+must hold their defaults there)."""
 
 import dataclasses
 import json
 from pathlib import Path
 
 from relive.cli import build_parser
+from relive.config import EnvConfig, RunConfig
 from relive.experiments.grid import GRID_DIR, load_grid
 from relive.replay.samplers import sampler_config
 from relive.train.cli import config_from_args
@@ -46,5 +48,9 @@ def test_every_built_in_grid_expands_to_the_same_runs_as_before():
         if want["sampler"]["type"] == "BERBSampler":
             want["sampler"]["params"].pop("seed")
         got = json.loads(json.dumps(seen[key], allow_nan=True))
+        for section, cls in (("run", RunConfig), ("env", EnvConfig)):  # settings added since: at their defaults
+            defaults = dataclasses.asdict(cls())
+            for name in set(got[section]) - set(want[section]):
+                assert got[section].pop(name) == defaults[name], f"{key}: {section}.{name}"
         assert got == want, key
     assert dataclasses.is_dataclass(load_grid("arb").variants[0]) and len(GOLDEN) == 271

@@ -310,20 +310,66 @@ def test_reference_fresh_rows_skip_reliability_until_their_episode_is_updated():
     np.testing.assert_allclose(s.reliability(more), 1.0)
 
 
-def test_reference_ongoing_rows_divide_by_the_F_of_their_insert_time():
+def test_reference_ongoing_rows_divide_by_the_reference_codes_F_of_their_insert_time():
+    """The reference code's F (a hand-worked case; d of a new row = the running max = 1 throughout until noted,
+    eps = 1e-6): it starts at 1, is read when a row is stored, becomes max(F, S_e) when an episode ends, and
+    after an update is the max over the stored rows of their denominators -- never the ongoing episode's running
+    total (Eq. 17's live F, ``s.F``, counts it)."""
     buf = make_reference(fresh_unweighted=False)
-    buf.extend(rows(np.arange(4), ends=(3,)))  # a finished episode of 4 rows
     s = buf.sampler
-    first = buf.extend(rows([10.0, 11.0]))  # an ongoing episode
-    f_then = s.F
-    buf.update(buf.gather([0, 1, 2, 3]).info, td_error=[9.0, 9.0, 9.0, 9.0])  # the finished total (and F) grows
-    assert s.F > f_then
-    later = buf.extend(rows([12.0]))
-    np.testing.assert_allclose(s.reliability(first), s.prefix[first] / f_then, rtol=1e-12)
-    np.testing.assert_allclose(s.reliability(later), s.prefix[later] / s.F, rtol=1e-12)
-    # C_t may outgrow the F of insert time: R > 1 is kept, as in the reference code
-    buf.update(buf.gather(first).info, td_error=[200.0, 200.0])
-    assert s.reliability(first)[1] > 1.0
+    assert s.reference_F == 1.0
+    # one chunk of 5 rows: episode A = slots 0, 1 (truncated at 1), then B = slots 2, 3, 4 (ongoing).
+    # A's rows are stored with F = 1; A ends: S_A = 1 + 1 = 2, F = max(1, 2) = 2; B's rows, stored after A's
+    # end, get F = 2. B's running totals C = 1, 2, 3, so R_B = C / 2 = 0.5, 1.0, 1.5 (R > 1 is kept), while the
+    # live F = max(S_A, C_B) = 3 would give 1/3, 2/3, 1.
+    buf.extend(rows(np.arange(5), ends=(1,)))
+    assert s.reference_F == 2.0 and s.F == 3.0
+    np.testing.assert_allclose(s.f_insert[:5], [1, 1, 2, 2, 2])
+    np.testing.assert_allclose(s.reliability([0, 1, 2, 3, 4]), [0.5, 1.0, 0.5, 1.0, 1.5], rtol=1e-12)
+    # an update lowers A's total: d_0 = 0.5 + 1e-6, S_A = 1.500001. F = max(S_A, B's frozen 2, 2, 2) = 2: the
+    # ratchet (B's stored rows hold the old value)
+    buf.update(buf.gather([0]).info, td_error=[0.5])
+    assert s.reference_F == 2.0
+    np.testing.assert_allclose(s.reliability([0, 1]), [0.500001 / 1.500001, 1.0], rtol=1e-12)
+    # B's next row (slot 5) is stored with F = 2: C = 4, R = 4 / 2 = 2
+    buf.extend(rows([13.0]))
+    np.testing.assert_allclose(s.reliability([5]), [2.0], rtol=1e-12)
+    # B terminates at slot 6: S_B = 5, F = max(2, 5) = 5; every row of B now uses S_B (slot 5: 4 / 5)
+    buf.extend(rows([14.0], terms=(0,)))
+    assert s.reference_F == 5.0
+    np.testing.assert_allclose(s.reliability([2, 5, 6]), [0.2, 0.8, 1.0], rtol=1e-12)
+    # with no ongoing row stored, an update can lower F: d_6 = 0.1 + 1e-6, S_B = 4.100001 = the new F
+    buf.update(buf.gather([6]).info, td_error=[0.1])
+    np.testing.assert_allclose(s.reference_F, 4.100001, rtol=1e-12)
+    # a new episode's first row (slot 7) divides by it: C = 1, R = 1 / 4.100001
+    buf.extend(rows([20.0]))
+    np.testing.assert_allclose(s.reliability([7]), [1 / 4.100001], rtol=1e-12)
+    # probabilities are Psi = R^omega d^alpha normalized, with these R
+    r = s.reliability(np.arange(8))
+    psi = r**OMEGA * s.delta[:8] ** ALPHA
+    np.testing.assert_allclose(s.probabilities()[:8], psi / psi.sum(), rtol=1e-12)
+
+
+def test_reference_keeps_the_first_occurrence_of_a_row_drawn_twice():
+    """A finished episode of 4 rows (d = 1 each, S = 4) updated with slots [1, 1, 2], TD errors [0.5, 3, 2]:
+    the reference code keeps slot 1's first value, d_1 = 0.500001, d_2 = 2.000001, and only kept values enter the
+    running max (2.000001, not 3.000001). C = 1, 1.500001, 3.500002, 4.500002 = S, so R = C / 4.500002.
+    ``ReaPERSampler`` keeps the last occurrence: d_1 = 3.000001, running max 3.000001, S = 7.000002."""
+    idx, td = np.array([1, 1, 2]), np.array([0.5, 3.0, 2.0])
+    ref = make_reference()
+    ref.extend(rows(np.arange(4), ends=(3,)))
+    ref.update(ref.gather(idx).info, td_error=td)
+    s = ref.sampler
+    np.testing.assert_allclose(s.delta[:4], [1.0, 0.500001, 2.000001, 1.0], rtol=1e-12)
+    assert s.max_delta == pytest.approx(2.000001, rel=1e-12)
+    np.testing.assert_allclose(s.reliability(np.arange(4)), np.array([1.0, 1.500001, 3.500002, 4.500002]) / 4.500002,
+                               rtol=1e-12)
+    assert s.reference_F == pytest.approx(4.500002, rel=1e-12)
+    paper, _ = make()
+    paper.extend(rows(np.arange(4), ends=(3,)))
+    paper.update(paper.gather(idx).info, td_error=td)
+    np.testing.assert_allclose(paper.sampler.delta[:4], [1.0, 3.000001, 2.000001, 1.0], rtol=1e-12)
+    assert paper.sampler.max_delta == pytest.approx(3.000001, rel=1e-12)
 
 
 def test_reference_is_weights_divide_by_the_least_likely_row():

@@ -2,7 +2,8 @@
 
 ``Collector`` keeps the current episode between calls so the trainer can collect in chunks. On truncation
 (time limit) the stored ``next_obs`` is the true final observation, so the critic bootstraps from it
-(``terminated`` is False); on termination there is no bootstrap.
+(``terminated`` is False); on termination there is no bootstrap. (The trainer's ``stored_rows`` can store
+truncations as terminations instead: ``env.truncation_as_termination``.)
 """
 
 from __future__ import annotations

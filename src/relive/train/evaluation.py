@@ -8,11 +8,12 @@ from relive.data.scores import normalized_score  # noqa: F401  (re-exported for 
 from relive.types import unpack_acted
 
 
-def evaluate(env, agent, episodes: int, seed: int) -> np.ndarray:
-    """Returns of ``episodes`` deterministic episodes, seeded ``seed, seed + 1, ...`` (repeatable)."""
+def evaluate(env, agent, episodes: int, seed: int | None) -> np.ndarray:
+    """Returns of ``episodes`` deterministic episodes, seeded ``seed, seed + 1, ...`` (repeatable); ``seed=None``:
+    unseeded resets, continuing the env's random stream (fresh start states, as SB3's ``evaluate_policy``)."""
     returns = []
     for i in range(episodes):
-        obs, _ = env.reset(seed=int(seed) + i)
+        obs, _ = env.reset(seed=None if seed is None else int(seed) + i)
         total, done = 0.0, False
         while not done:
             action = unpack_acted(agent.act(obs[None], explore=False))[0][0]

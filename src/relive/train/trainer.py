@@ -3,8 +3,11 @@
 Read top to bottom: ``train`` = build (or resume) -> offline phase -> online phase -> summary. A gradient step is
 [the components' due ``EveryGradSteps`` hooks] -> sample -> ``agent.update`` -> ``buffer.update(signals)`` ->
 ``AfterUpdate`` hooks. An online chunk is collect ``env_steps_per_chunk`` steps (the agent's behaviour records
-stored with each row, unstored probing steps skipped) -> ``OnEpisodeEnd`` hooks -> ``chunk x utd_ratio``
-gradient steps. What a method needs from the loop it declares (``relive.train.hooks``); this file names no method.
+stored with each row, unstored probing steps skipped; ``stored_rows`` turns truncations into terminations when
+``env.truncation_as_termination`` is set) -> ``OnEpisodeEnd`` hooks -> ``chunk x utd_ratio`` gradient steps.
+Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the first interval with
+``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
+What a method needs from the loop it declares (``relive.train.hooks``); this file names no method.
 
 Every component has its own random stream from ``SeedSequence(run.seed).spawn``. Checkpoints are the components'
 ``state_dict``s (agent, buffer with its sampler, collector, loop counters, warm-up RNG; ``train/checkpoint.py``),
@@ -177,6 +180,8 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
     torch.set_num_threads(cfg.run.num_threads)
     env, eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps), make_env(cfg.env.id, cfg.env.max_episode_steps)
+    if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
+        eval_env.reset(seed=_int(seeds["eval"]))
     spec = env_spec(env)
     agent = build_agent(cfg, spec, seeds["agent"])
     columns = tuple(getattr(agent, "stored_columns", tuple)())
@@ -186,6 +191,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
                           extra_columns={c.name: c.spec for c in columns} or None)
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
+                      next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
                       ref_min=cfg.data.ref_min_return, ref_max=cfg.data.ref_max_return)
     resuming = resume_dir is not None and has_checkpoint(run_dir)
     if cfg.data.dataset and not resuming:  # (a checkpoint holds the buffer, offline rows included)
@@ -235,7 +241,7 @@ def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopS
         raise ValueError(f"dataset {cfg.data.dataset} has {n} rows, fewer than one batch "
                          f"(schedule.batch_size = {cfg.schedule.batch_size}): the offline phase could not take a "
                          f"single gradient step; use a smaller --batch-size or a larger dataset")
-    fill_offline(buffer, rows, gamma)
+    fill_offline(buffer, stored_rows(cfg, rows), gamma)
     state.ref_min = state.ref_min if state.ref_min is not None else meta.get("ref_min_return")
     state.ref_max = state.ref_max if state.ref_max is not None else meta.get("ref_max_return")
 
@@ -250,6 +256,8 @@ def _resume(run: Run, resuming: bool) -> None:
     run.buffer = ReplayBuffer.from_state_dict(tree["buffer"])
     run.collector.load_state_dict(tree["collector"])
     run.warmup_rng.bit_generator.state = tree["warmup_rng"]
+    if "eval_rng" in tree:
+        run.eval_env.unwrapped.np_random.bit_generator.state = tree["eval_rng"]
     run.state = LoopState(**tree["loop"])
     st = run.state
     run.logger.truncate_after(st.env_steps, st.grad_steps)
@@ -257,9 +265,24 @@ def _resume(run: Run, resuming: bool) -> None:
 
 
 def checkpoint(run: Run) -> None:
-    save_checkpoint(run.run_dir, {"agent": run.agent.state_dict(), "buffer": run.buffer.state_dict(),
-                                  "collector": run.collector.state_dict(), "loop": asdict(run.state),
-                                  "warmup_rng": run.warmup_rng.bit_generator.state})
+    tree = {"agent": run.agent.state_dict(), "buffer": run.buffer.state_dict(),
+            "collector": run.collector.state_dict(), "loop": asdict(run.state),
+            "warmup_rng": run.warmup_rng.bit_generator.state}
+    if run.cfg.run.eval_fresh_starts:  # the next evaluation's start states
+        tree["eval_rng"] = run.eval_env.unwrapped.np_random.bit_generator.state
+    save_checkpoint(run.run_dir, tree)
+
+
+def stored_rows(cfg: ExperimentConfig, rows: dict) -> dict:
+    """Rows as the buffer stores them: with ``env.truncation_as_termination`` a time-limit truncation becomes a
+    termination (``terminated = True``, ``truncated = False``), so every agent's target there is r with no
+    bootstrap, and episode bookkeeping (ReaPER's S_e) sees a terminal row. The one place the loop applies it,
+    for online and dataset rows alike."""
+    if not cfg.env.truncation_as_termination:
+        return rows
+    truncated = np.asarray(rows["truncated"], bool)
+    return rows | {"terminated": np.asarray(rows["terminated"], bool) | truncated,
+                   "truncated": np.zeros_like(truncated)}
 
 
 # -- one gradient step ---------------------------------------------------------------------------------------
@@ -354,7 +377,7 @@ def collect(run: Run, k: int) -> None:
             return random_actions(run.spec, obs.shape[0], run.warmup_rng)
         return run.agent.act(obs, explore=True)  # (may return a behaviour record, or store=False to probe)
 
-    rows = run.collector.step(policy, k)  # truncation: next_obs is the true final obs (bootstrapped)
+    rows = stored_rows(run.cfg, run.collector.step(policy, k))  # truncation: next_obs is the true final obs
     if len(rows["reward"]):
         slots = run.buffer.extend(rows)
         episode_end = H.of_type(run.hooks, H.OnEpisodeEnd)
@@ -370,7 +393,8 @@ def collect(run: Run, k: int) -> None:
 
 def evaluation(run: Run) -> dict:
     st, rc = run.state, run.cfg.run
-    returns = evaluate(run.eval_env, run.agent, rc.eval_episodes, seed=run.eval_seed)
+    seed = None if rc.eval_fresh_starts else run.eval_seed  # None: new start states (the stream continues)
+    returns = evaluate(run.eval_env, run.agent, rc.eval_episodes, seed=seed)
     mean = float(returns.mean())
     st.best_return = max(st.best_return, mean)
     frac = st.online_share_sum / st.online_share_batches if st.online_share_batches else math.nan

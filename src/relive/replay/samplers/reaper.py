@@ -263,16 +263,21 @@ class ReaPERSampler(Sampler):
         self._sync()
         d = np.abs(td) + self.eps
         np.clip(d, MIN_PRIORITY, MAX_PRIORITY, out=d)  # C, S_e, F and every sum of Psi stay finite
-        uniq, first_in_rev = np.unique(slots[::-1], return_index=True)  # duplicates: the last value wins
-        d_new = d[::-1][first_in_rev]
+        uniq, d_new, d_max = self._distinct(slots, d)
         self.delta[uniq] = d_new
         self.delta_pow[uniq] = d_new**self.priority_exponent
-        self.max_delta = max(self.max_delta, float(d.max()))
+        self.max_delta = max(self.max_delta, d_max)
         ids = self.storage.meta["episode_id"].take(uniq)
         pos = self._positions(uniq)
         order = np.lexsort((pos, ids))
         touched, first = np.unique(ids[order], return_index=True)
         self._recompute(touched, pos[order][first])
+
+    def _distinct(self, slots: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """One d per distinct row of a batch -- a row drawn twice keeps its last occurrence's value -- and the
+        value the running max of d takes in (the whole batch's largest)."""
+        uniq, first_in_rev = np.unique(slots[::-1], return_index=True)
+        return uniq, d[::-1][first_in_rev], float(d.max())
 
     # -- sampling --------------------------------------------------------------------------------------
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:

@@ -1,8 +1,10 @@
 """ReaPER as the reference code reads the paper's open choices (``--replay reaper_reference``).
 
 The sampler of ``reaper.py`` with three switches, each defaulting to the reference implementation
-(leonardpleiss/ReaPER) and each tested against a hand-worked case; with all three off it equals
-``ReaPERSampler`` (tested). See the class docstring.
+(leonardpleiss/ReaPER, commit ecbd0b8, ``custom_buffers/reaper.py``) and each tested against a hand-worked case;
+with all three off it equals ``ReaPERSampler`` (tested). Whatever the switches, a row drawn twice in one batch
+keeps its *first* occurrence's TD error, as the reference code does (``ReaPERSampler`` keeps the last). See the
+class docstring.
 """
 
 from __future__ import annotations
@@ -21,14 +23,27 @@ class ReaPERReferenceSampler(ReaPERSampler):
 
     - ``fresh_unweighted``: a row of an ongoing episode gets Psi = d^alpha with no reliability factor until
       some row of its episode is updated (or the episode ends); then all of them use C_t / D.
-    - ``frozen_F``: an ongoing episode's row divides by the F of its insert time, not the live F, and R may
-      exceed 1 when C_t outgrows it (the reference code does not clip).
+    - ``frozen_F``: an ongoing episode's row divides by the reference code's F at its insert time, not the live
+      F, and R may exceed 1 when C_t outgrows it (the reference code does not clip). The reference code's F is
+      not Eq. 17's max over the stored episodes' totals: it starts at 1; it is read when a row is stored (before
+      that row's episode ends, so rows after an episode end within one chunk see the raised value); when an
+      episode finishes it becomes max(F, S_e); after every update it is recomputed as the max, over the stored
+      rows, of their denominators (S_e of a finished episode's rows, the frozen F of an ongoing episode's rows).
+      So it never counts the ongoing episode's running total, and it falls only when an update lowers the
+      largest finished total below every frozen value still stored (a ratchet: the latest ongoing row holds the
+      last value). ``reference_F`` holds it.
     - ``is_normalization="buffer"``: IS weights divided by the weight of the buffer's least likely row,
       (P_min / P(t))^beta, instead of the batch's largest (Eq. 18's normalization).
 
-    All the bookkeeping (d, C_t, S_e, F, episode status) is the parent's; the draw is O(buffer size) per batch
-    (a cumulative sum and a binary search, as in the reference code): fine for classic control, not for 1M rows.
-    With all three switches off it draws with exactly the parent's probabilities (a test checks this).
+    Duplicate rows in a batch (always, not a switch): the reference code deduplicates a batch's indices keeping
+    each row's *first* occurrence, so that occurrence's TD error is stored and enters the running max of d;
+    ``ReaPERSampler`` keeps the last (in a DDQN batch the copies of a row have the same TD error, so this matters
+    only when an agent's signal differs between copies).
+
+    All the other bookkeeping (d, C_t, S_e, the live F, episode status) is the parent's; the draw and each
+    update are O(buffer size) (a cumulative sum and a binary search, and the max for F, as in the reference
+    code): fine for classic control, not for 1M rows. With all three switches off it draws with exactly the
+    parent's probabilities (a test checks this).
     """
 
     def __init__(self, *args, fresh_unweighted: bool = True, frozen_F: bool = True,
@@ -40,6 +55,7 @@ class ReaPERReferenceSampler(ReaPERSampler):
         self.frozen_F = bool(frozen_F)
         self.is_normalization = is_normalization
         self._serial = 0
+        self.reference_F = 1.0  # the reference code's F (its _max_sum_td): starts at 1
 
     def bind(self, storage, source=None) -> None:
         super().bind(storage, source)
@@ -52,11 +68,38 @@ class ReaPERReferenceSampler(ReaPERSampler):
         super().on_insert(slots)
         self._serial += 1
         self.insert_serial[slots] = self._serial
-        self.f_insert[slots] = self.F
+        # the reference code stores F with each row, then raises F when the row ends its episode: walk the
+        # inserted rows episode by episode (they arrive in time order)
+        leaves = self.slot_leaf[slots]
+        cut = np.flatnonzero(leaves[1:] != leaves[:-1]) + 1
+        for a, b in zip(np.r_[0, cut].tolist(), np.r_[cut, slots.size].tolist(), strict=True):
+            self.f_insert[slots[a:b]] = self.reference_F
+            leaf = leaves[a]
+            if self.finished[leaf]:
+                self.reference_F = max(self.reference_F, float(self.total[leaf]))
+
+    def _sync(self) -> None:
+        pending = self._open_offline_id
+        super()._sync()
+        if pending >= 0 and self._open_offline_id == -1:  # the dataset's last episode just finished
+            leaf = int(self._leaf_of(np.array([pending]))[0])
+            if self.finished[leaf]:
+                self.reference_F = max(self.reference_F, float(self.total[leaf]))
 
     def update(self, slots: np.ndarray, signals: dict) -> None:
         super().update(slots, signals)
         self.update_serial[self.slot_leaf[np.asarray(slots, np.int64)]] = self._serial
+        # F := the max over the stored rows of their denominators (finished: S_e; ongoing: frozen F)
+        lo, hi = self.domain()
+        leaves = self.slot_leaf[lo:hi]
+        self.reference_F = float(np.where(self.finished[leaves], self.total[leaves], self.f_insert[lo:hi]).max())
+
+    def _distinct(self, slots: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        """The reference code's rule: a row drawn twice keeps its first occurrence's d, and only the kept values
+        enter the running max."""
+        uniq, first = np.unique(slots, return_index=True)
+        kept = d[first]
+        return uniq, kept, float(kept.max())
 
     def reliability(self, slots: np.ndarray, leaves: np.ndarray | None = None) -> np.ndarray:
         slots = np.asarray(slots, np.int64)
@@ -97,6 +140,9 @@ class ReaPERReferenceSampler(ReaPERSampler):
         p[lo: lo + psi.size] = psi / psi.sum()
         return p
 
+    def stats(self) -> dict[str, float]:
+        return super().stats() | {"replay/reaper_reference_F": self.reference_F}
+
     def config(self) -> dict:
         return super().config() | dict(fresh_unweighted=self.fresh_unweighted, frozen_F=self.frozen_F,
                                        is_normalization=self.is_normalization)
@@ -108,7 +154,7 @@ class ReaPERReferenceSampler(ReaPERSampler):
         return state | {"reference": {"f_insert": self.f_insert[:size].copy(),
                                       "insert_serial": self.insert_serial[:size].copy(),
                                       "update_serial": self.update_serial[:n_leaves].copy(),
-                                      "serial": self._serial}}
+                                      "serial": self._serial, "F": self.reference_F}}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -116,6 +162,8 @@ class ReaPERReferenceSampler(ReaPERSampler):
         for name in ("f_insert", "insert_serial", "update_serial"):
             _restore(getattr(self, name), ref[name])
         self._serial = int(ref["serial"])
+        # (a checkpoint from before reference_F: the largest stored frozen F is its last value or close to it)
+        self.reference_F = float(ref["F"]) if "F" in ref else max(1.0, float(self.f_insert.max(initial=0.0)))
 
 
 @register_replay("reaper_reference", ReaPERConfig)
