@@ -104,13 +104,15 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
             success_return: float | None = None, horizon: int | None = None, num_steps: int = 2000,
             lr: float = 3e-4, batch_size: int = 256, seed: int = 0, eval_episodes: int = 0,
             eval_seed: int = 10_000, max_episode_steps: int | None = None) -> dict:
-    """One round of distillation: hybrid rollouts of the base at ``base_path`` (a BC policy: a ``relive bc``
-    directory or a safetensors MLP) with ``residual(obs [1, O], base_action [1, A]) -> executed action
-    [1, A]``, successes kept, the base fine-tuned on their executed actions and saved to ``out`` (a ``relive
-    bc``-style directory, itself a base policy). Returns statistics (also written to ``out/distill.json``);
-    with ``eval_episodes``, the old and the new base's success rates on fresh episodes."""
+    """One round of distillation: hybrid rollouts of the base at ``base_path`` with ``residual(obs [1, O],
+    base_action [1, A]) -> executed action [1, A]``, successes kept, and a new base saved to ``out`` (a ``relive
+    bc``-style directory, itself a base policy): a BC MLP base (a ``relive bc`` directory or a safetensors MLP)
+    is fine-tuned on the executed actions; any other base (a SAC / DDPG actor, a TorchScript module) cannot be
+    trained in place, so a new BC MLP student (``BCConfig`` widths) is fitted to them from scratch
+    (``stats["new_base"]`` says which). Returns statistics (also written to ``out/distill.json``); with
+    ``eval_episodes``, the old and the new base's success rates on fresh episodes."""
     from relive.agents.base_policy import load_base_policy
-    from relive.agents.bc import evaluate_policy, fine_tune, save_bc_policy
+    from relive.agents.bc import BCConfig, SquashedMLP, evaluate_policy, fine_tune, save_bc_policy, train_bc
     from relive.train.envs import env_spec, make_env, with_success
 
     env = with_success(make_env(env_id, max_episode_steps), success_return)
@@ -122,8 +124,16 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
     if rows is None:
         raise ValueError(f"distill: none of the {num_episodes} hybrid episodes on {env_id} succeeded; nothing to "
                          "distill (more episodes, or a better residual)")
-    new, losses = fine_tune(base.module, rows, num_steps, batch_size, lr, seed)
+    if isinstance(base.module, SquashedMLP):
+        new, losses = fine_tune(base.module, rows, num_steps, batch_size, lr, seed)
+        how = "the base fine-tuned"
+    else:
+        spec = env_spec(make_env(env_id, max_episode_steps))
+        new, losses = train_bc(rows, spec.action_low, spec.action_high,
+                               BCConfig(lr=lr, batch_size=batch_size, num_steps=num_steps), seed)
+        how = "a new BC MLP fitted from scratch (the base is not a BC MLP)"
     stats = {"base": str(base_path), "env_id": env_id, "episodes": num_episodes, "successful_episodes": int(n_ok),
+             "new_base": how,
              "hybrid_success_rate": n_ok / num_episodes, "rows": int(len(rows["obs"])), "num_steps": num_steps,
              "lr": lr, "seed": seed, "success_return": success_return,
              "loss_first": float(losses[0]) if len(losses) else None,
