@@ -268,3 +268,18 @@ def test_a_report_is_replaced_only_with_overwrite_and_keeps_notes_below_its_mark
     assert main(["bench", "run", str(toml), "--root", str(tmp_path / "fresh"), "--report",
                  "--out", str(tmp_path / "out")]) == 2
     assert "--overwrite" in capsys.readouterr().err and not (tmp_path / "fresh").exists()
+
+
+def test_report_score_option_picks_the_column_the_tables_use(tmp_path):
+    """[report] score = "eval/success_rate": the tables read that column, not the return (PLD's grids)."""
+    g = parse_grid({"name": "succ", "seeds": 2, "tasks": ["A"], "report": {"score": "eval/success_rate"},
+                    "variant": [{"label": "x", "preset": "sac"}]})
+    for seed, (ret, succ) in enumerate((([-500, -200], [0.1, 0.7]), ([-400, -300], [0.3, 0.5]))):
+        d = tmp_path / "succ" / f"x/A/seed_{seed}"
+        d.mkdir(parents=True)
+        d.joinpath("eval.csv").write_text("env_step,eval/return_mean,eval/success_rate\n" + "".join(
+            f"{100 * i},{r},{s}\n" for i, (r, s) in enumerate(zip(ret, succ, strict=True))))
+        d.joinpath("summary.json").write_text("{}")
+    text = make_report(g, tmp_path, tmp_path / "out", reps=100).read_text()
+    assert "Score: `eval/success_rate`" in text
+    assert "| A | 0.2 ± 0.1 → 0.6 ± 0.1 (n=2) |" in text  # first (0.1, 0.3) -> final (0.7, 0.5)

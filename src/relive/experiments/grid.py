@@ -17,6 +17,7 @@
     paper = { "CartPole-v1" = "20,650 -> 15,850" }
     baseline = "per"                       # the thresholds table's reference variant (default: the first)
     auc = true                             # a table of the mean over the online evaluations
+    score = "eval/success_rate"            # the score column (default: normalized score, else return)
     compare = "arb"                        # that variant against each other one, with Mann-Whitney p-values
     [[report.figure]]                      # optional: extra plots of a subset of variants / tasks / a column
     name = "fig1"

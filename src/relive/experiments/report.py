@@ -99,7 +99,8 @@ def collect(grid: Grid, root: str | Path) -> tuple[list[RunData], list[str], lis
             missing.append(spec.key)
             continue
         steps, cols = _read_eval(d / "eval.csv")
-        key = next((k for k in SCORE_KEYS if k in cols and np.isfinite(cols[k]).any()), None)
+        keys = (grid.report["score"],) if "score" in grid.report else SCORE_KEYS  # [report] score = "..." picks one
+        key = next((k for k in keys if k in cols and np.isfinite(cols[k]).any()), None)
         if key is None:
             missing.append(spec.key)
             continue
