@@ -213,5 +213,8 @@ def run_distill(args: argparse.Namespace) -> int:
     stats = distill(base, residual, env_id, args.episodes, args.out, success_return=args.success_return,
                     horizon=args.horizon, num_steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                     seed=args.seed, eval_episodes=args.eval_episodes)
-    print(json.dumps({k: v for k, v in stats.items() if k not in ("episode_successes", "t_base")}, indent=1))
+    def brief(d):  # per-episode lists stay in OUT/distill.json
+        return {k: brief(v) if isinstance(v, dict) else v for k, v in d.items() if not isinstance(v, list)}
+
+    print(json.dumps(brief(stats), indent=1))
     return 0
