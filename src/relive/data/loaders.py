@@ -1,7 +1,8 @@
 """Load an offline dataset from any supported source into a replay buffer's frozen offline prefix.
 
-Sources: a relive ``.npz`` of columns, a D4RL-format ``.hdf5``/``.h5`` file, or a local Minari dataset
-(by id under the Minari root, or by directory). Rows keep their episode structure (episode ids come from the
+Sources: a relive ``.npz`` of columns, a D4RL-format ``.hdf5``/``.h5`` file, a LeRobot dataset directory
+(``meta/info.json`` + parquet, ``relive.data.lerobot_io``), or a local Minari dataset (by id under the Minari
+root, or by directory). Rows keep their episode structure (episode ids come from the
 storage's episode index) and get Monte-Carlo returns-to-go in ``mc_return`` when the buffer has that column.
 """
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, check_env_spaces
+from relive.data.lerobot_io import is_lerobot_dir
 from relive.train.collector import returns_to_go
 
 
@@ -26,6 +28,12 @@ def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | 
         from relive.data.d4rl_io import read_d4rl_hdf5
 
         rows, meta = read_d4rl_hdf5(p)
+    elif is_lerobot_dir(p):
+        from relive.data.lerobot_io import read_lerobot
+
+        rows, meta = read_lerobot(p)
+        if env_id and meta.get("env_id") and meta["env_id"] != env_id:
+            raise ValueError(f"dataset {source} was recorded on {meta['env_id']}, not {env_id}")
     else:
         from relive.data.minari_io import read_minari
 
