@@ -1,4 +1,5 @@
-"""`relive data make TASK LEVEL`, `relive data list`, `relive data info ID`."""
+"""`relive data make TASK LEVEL`, `relive data list`, `relive data info ID`,
+`relive data export-lerobot SOURCE --out DIR`."""
 
 from __future__ import annotations
 
@@ -44,6 +45,21 @@ def add_parsers(subparsers) -> None:
     info.add_argument("dataset", help="a dataset id (see `relive data list`) or a dataset directory")
     info.add_argument("--root")
     info.set_defaults(func=_info)
+    ex = sub.add_parser("export-lerobot", help="write a run's online experience (or any dataset) as a LeRobot dataset",
+                        description="Writes a LeRobot v3.0 dataset directory (meta/info.json, data/ parquet, "
+                                    "episodes, tasks and stats metadata; needs pyarrow) from a run directory "
+                                    "(its buffer_final/, else its last checkpoint's buffer), a saved replay buffer, "
+                                    "or any dataset --dataset reads. Written beside DIR, then renamed into place.")
+    ex.add_argument("source", help="a run directory, a replay buffer directory, or a dataset (.npz, .hdf5, Minari, "
+                    "LeRobot)")
+    ex.add_argument("--out", required=True, help="the LeRobot dataset directory to create")
+    ex.add_argument("--rows", choices=("online", "offline", "all"), default="online",
+                    help="which rows of a buffer (default online; a dataset source is written whole)")
+    ex.add_argument("--fps", type=positive_int, default=30, help="frames per second recorded in info.json "
+                    "(timestamps = frame_index / fps; default 30)")
+    ex.add_argument("--task", default="relive", help="the task string of every episode (default 'relive')")
+    ex.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+    ex.set_defaults(func=_export_lerobot)
 
 
 def _make(args: argparse.Namespace) -> int:
@@ -144,4 +160,18 @@ def _report(args: argparse.Namespace) -> int:
 
 def _info(args: argparse.Namespace) -> int:
     print(json.dumps(describe(args.dataset, args.root), indent=1, allow_nan=True))
+    return 0
+
+
+def _export_lerobot(args: argparse.Namespace) -> int:
+    from relive.data.columns import split_episodes
+    from relive.data.lerobot_io import load_experience, write_lerobot
+
+    rows, meta = load_experience(args.source, args.rows)
+    env_id = meta.get("env_id")
+    out = write_lerobot(args.out, rows, fps=args.fps, task=args.task, robot_type=env_id, env_id=env_id,
+                        extra_metadata={"source": meta["source"], "rows": args.rows,
+                                        **{k: meta[k] for k in ("ref_min_return", "ref_max_return") if k in meta}},
+                        overwrite=args.overwrite)
+    print(f"wrote {out}: {len(rows['reward']):,} frames, {len(split_episodes(rows))} episodes (LeRobot v3.0)")
     return 0

@@ -119,15 +119,13 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
     parts: dict[str, list[np.ndarray]] = {k: [] for k in wanted}
     for f in files:
         try:
-            schema = pq.read_schema(f)
-            missing = [k for k in wanted if k not in schema.names]
-            if missing:
-                raise ValueError(f"{f}: column(s) {missing} declared in meta/info.json are missing")
-            table = pq.read_table(f, columns=wanted)
-        except ValueError:
-            raise
-        except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not always name it
+            names = pq.read_schema(f).names
+            table = pq.read_table(f, columns=[k for k in wanted if k in names])
+        except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
             raise ValueError(f"{f}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        missing = [k for k in wanted if k not in names]
+        if missing:
+            raise ValueError(f"{f}: column(s) {missing} declared in meta/info.json are missing")
         for k in wanted:
             shape = tuple(features[k]["shape"]) if k in features else (1,)
             parts[k].append(_column(table.column(k), shape, k, f))
