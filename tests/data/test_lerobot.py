@@ -53,6 +53,10 @@ def test_round_trip_rows_to_lerobot_v30_and_back(tmp_path, pendulum_rows):
     data = out / "data" / "chunk-000" / "file-000.parquet"
     assert pq.ParquetFile(data).num_row_groups == 4  # one row group per episode, as LeRobot's writer does
     table = pq.read_table(data)
+    # column types as LeRobot's features map to datasets.Features: shape (1,) a scalar (Pendulum's one-dimensional
+    # action too), a vector a fixed-size list (checked once with `datasets` 3.6's Dataset.from_parquet as well)
+    assert table.schema.field("action").type == pa.float32() and table.schema.field("next.done").type == pa.bool_()
+    assert table.schema.field("observation.state").type == pa.list_(pa.float32(), 3)
     np.testing.assert_array_equal(table.column("frame_index").to_numpy()[78:82], [78, 79, 0, 1])
     np.testing.assert_allclose(table.column("timestamp").to_numpy()[81], 1 / 20)
     assert table.column("next.done").to_numpy().sum() == 1

@@ -73,6 +73,16 @@ STAGING_PREFIX = ".relive-partial-"
 EPISODE_ENDS = ("auto", "terminated", "truncated")
 
 
+def _pyarrow():
+    """pyarrow and pyarrow.parquet, or a one-line error naming the extra that installs them."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ModuleNotFoundError:
+        raise ValueError("LeRobot datasets need pyarrow: pip install 'relive[data]' (or pip install pyarrow)") from None
+    return pa, pq
+
+
 def is_lerobot_dir(path: str | Path) -> bool:
     """A directory that looks like a LeRobot dataset (a ``meta/`` folder, or parquet files under ``data/``)."""
     p = Path(path)
@@ -85,7 +95,7 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
     """Columns and metadata of a local LeRobot dataset directory (v2.0, v2.1 or v3.0 layout); see the module
     docstring for the mapping. ``obs_keys``: the observation features to concatenate (default: every non-image
     ``observation.*`` feature in ``info.json`` order). Every problem is one ``ValueError`` line naming the file."""
-    import pyarrow.parquet as pq
+    _, pq = _pyarrow()
 
     if episode_end not in EPISODE_ENDS:
         raise ValueError(f"episode_end must be one of {EPISODE_ENDS}, got {episode_end!r}")
@@ -226,7 +236,7 @@ def _read_info(root: Path) -> dict:
 
 def _column(col, shape: tuple, name: str, file: Path) -> np.ndarray:
     """A parquet column as an array of shape (N, *shape) (scalar columns of a (1,) feature: (N, 1))."""
-    import pyarrow as pa
+    pa, _ = _pyarrow()
 
     if col.null_count:
         raise ValueError(f"{file}: column {name!r} has {col.null_count} null value(s)")
@@ -246,7 +256,7 @@ def _column(col, shape: tuple, name: str, file: Path) -> np.ndarray:
 
 def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> None:
     """Episode lengths of the data files against meta/episodes (v3.0 parquet, v2.x jsonl), where present."""
-    import pyarrow.parquet as pq
+    _, pq = _pyarrow()
 
     declared: dict[int, int] = {}
     legacy = root / "meta" / "episodes.jsonl"
@@ -279,8 +289,7 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
 
     Atomic: written to a hidden staging directory beside ``path``, then renamed into place; an existing ``path`` is
     refused unless ``overwrite`` (then swapped out only once the new dataset is complete)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa, pq = _pyarrow()
 
     from relive.data.minari_io import _fsync_tree, _swap_into_place
 
@@ -385,11 +394,12 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
 
 
 def _arrow(v: np.ndarray):
-    """A column as LeRobot's writer types it: a scalar for one value per frame, a fixed-size list for a vector."""
-    import pyarrow as pa
+    """A column as LeRobot types it (``get_hf_features_from_features``): a feature of shape (1,) is a scalar
+    column (``datasets.Value``; a fixed-size list of one fails its cast), a vector a fixed-size list."""
+    pa, _ = _pyarrow()
 
-    if v.ndim == 1:
-        return pa.array(v)
+    if v.ndim == 1 or v.shape[1:] == (1,):
+        return pa.array(v.reshape(len(v)))
     return pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), v.shape[1])
 
 
@@ -406,8 +416,7 @@ def _stats(v: np.ndarray) -> dict[str, np.ndarray]:
 
 def _write_tasks(path: Path, tasks: list[str]) -> None:
     """meta/tasks.parquet as pandas writes LeRobot's: a task_index column indexed by the task string."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa, pq = _pyarrow()
 
     pandas_meta = {"index_columns": ["task"], "column_indexes": [
         {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object",

@@ -20,7 +20,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("preset", nargs="?", help=f"one of {sorted(PRESETS)}")
     p.add_argument("--env", help="Gymnasium environment id, e.g. Pendulum-v1, Hopper-v5, CartPole-v1")
     p.add_argument("--dataset", help="offline dataset: a local Minari dataset id or directory (see `relive data "
-                   "list`), a D4RL-format .hdf5 file, or a relive .npz")
+                   "list`), a LeRobot dataset directory (meta/info.json + parquet), a D4RL-format .hdf5 file, or a "
+                   "relive .npz")
     load_builtins()
     replays = "; ".join(f"{n}: {e.doc}" for n, e in sorted(REPLAYS.items()))
     p.add_argument("--replay", choices=sorted(REPLAYS), metavar="NAME", help=f"replay strategy ({replays}); its "
