@@ -293,3 +293,10 @@ def test_a_lerobot_dataset_trains_and_the_run_exports_its_online_rows(tmp_path, 
     assert main(["data", "export-lerobot", str(run / "buffer_final"), "--out", str(out), "--rows", "offline",
                  "--overwrite"]) == 0
     _assert_rows_equal(read_lerobot(out)[0], pendulum_rows)
+    import shutil
+
+    shutil.rmtree(run / "buffer_final")  # a run without it: the buffer of its last checkpoint (here: the last one)
+    assert main(["data", "export-lerobot", str(run), "--out", str(tmp_path / "from_ckpt"), "--rows", "all"]) == 0
+    from_ckpt, _ = read_lerobot(tmp_path / "from_ckpt")
+    assert len(from_ckpt["obs"]) >= len(pendulum_rows["obs"])
+    _assert_rows_equal({k: v[:450] for k, v in from_ckpt.items()}, pendulum_rows)

@@ -21,7 +21,10 @@ data): a ``shape == (1,)`` feature is a scalar column, a vector a (fixed-size) l
 features are structs of PNG bytes. Every frame also has ``timestamp``, ``frame_index`` (0.. within the episode),
 ``episode_index``, ``index`` (global) and ``task_index``. The ``lerobot`` package itself is not used: installing it
 here would downgrade gymnasium to 0.29 and pull torchvision, wandb, rerun and more, so files are read and written
-with ``pyarrow`` (the ``data`` extra) following the layout above.
+with ``pyarrow`` (the ``data`` extra) following the layout above. A directory this module writes was loaded once
+(2026-11-23, outside the test suite) with ``datasets`` 3.6's ``Dataset.from_parquet`` and the ``datasets.Features``
+that LeRobot derives from ``info.json`` (its v3.0 ``load_nested_dataset`` path), and its ``meta/tasks.parquet``
+with pandas (index ``task``), as LeRobot's ``load_tasks`` does.
 
 Reading (``read_lerobot``), the mapping to relive's rows:
 
