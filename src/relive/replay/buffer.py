@@ -2,7 +2,8 @@
 
     buf = ReplayBuffer(capacity, obs_shape, action_shape, sampler=MixtureSampler(), seed=0)
     buf.add_offline(dataset_columns)        # frozen prefix, never evicted
-    buf.extend(online_rows)                 # ring after it
+    buf.extend(online_rows)                 # ring after it (one stream, time-ordered)
+    buf.extend(env_1_rows, stream=1)        # several streams (vector envs): each time-ordered, chunks interleaved
     batch = buf.sample(256)                 # Batch with .info (indices, generation, probability, is_weight)
     buf.update(batch.info, td_error=td)     # stale rows (overwritten since sampling) are skipped and counted
     buf.save(path); ReplayBuffer.load(path) # pickle-free; same contents, sampler state and RNG
@@ -56,17 +57,22 @@ class ReplayBuffer:
         """Append dataset rows to the frozen offline prefix (before any online row). Returns their slots."""
         return self._write(OFFLINE, rows)
 
-    def extend(self, rows: Mapping) -> np.ndarray:
-        """Append online rows (time-ordered, one stream) to the ring; the fast path. Returns their slots."""
-        return self._write(ONLINE, rows)
+    def extend(self, rows: Mapping, stream: int = 0) -> np.ndarray:
+        """Append online rows of one ``stream`` to the ring, in that stream's time order. Returns their slots.
 
-    def add(self, **row) -> int:
+        Streams are independent sources of rows: each environment of a vector env, each collector's env. A chunk
+        of one stream may arrive between chunks of another; episodes, steps and per-episode values (returns-to-go,
+        ReaPER's sums, ARB's trajectory means) follow each stream. One stream (the default, 0) is the fast path;
+        the stream of every stored row is ``storage.meta["stream"]``."""
+        return self._write(ONLINE, rows, stream)
+
+    def add(self, stream: int = 0, **row) -> int:
         """Append one online transition given as keyword arguments (convenience; prefer ``extend``)."""
-        return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()})[0])
+        return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()}, stream=stream)[0])
 
-    def _write(self, source: int, rows: Mapping) -> np.ndarray:
+    def _write(self, source: int, rows: Mapping, stream: int = 0) -> np.ndarray:
         self.sampler.check_insert(source, rows)
-        slots = self.storage.write(source, rows)
+        slots = self.storage.write(source, rows, stream)
         live = slots if slots.size == 0 or slots[0] >= 0 else slots[slots >= 0]  # -1s come first, if any
         if live.size:
             self.sampler.on_insert(live)

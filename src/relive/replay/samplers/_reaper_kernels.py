@@ -1,6 +1,7 @@
 """ReaPER's per-episode running sums, compiled (numba) when available, with the NumPy helpers the sampler's
 vectorized path uses. Positions are logical (``relive.replay.episodes``); an online position p lives in slot
-``k + p % cap`` (``StorageView.online_slot``), written out inline here because these loops are compiled."""
+``k + p % cap`` (``StorageView.online_slot``), written out inline here because these loops are compiled. That is
+the one-stream arithmetic: with several streams (per-lane position maps) the sampler takes its NumPy path."""
 
 from __future__ import annotations
 
