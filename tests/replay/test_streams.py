@@ -258,3 +258,33 @@ def test_one_stream_keeps_the_fast_path_and_any_stream_id():
         buf.extend(stream_rows(1, 3, (), (), 0), stream=-1)
     with pytest.raises(ValueError, match="offline rows have no stream"):
         new_buffer(20, UniformSampler()).storage.write(0, stream_rows(0, 2, (), (), 0), stream=1)
+
+
+@pytest.mark.parametrize("reference", [False, True])
+def test_close_stream_equals_writing_the_end(reference):
+    """Ending a stream's open episode where it stands (a resumed run's vector envs reset) is the same as having
+    written its last row as a truncation: index, returns-to-go, ReaPER's values and distribution."""
+    from relive.replay.samplers.reaper_reference import ReaPERReferenceSampler
+
+    def make():
+        cls = ReaPERReferenceSampler if reference else ReaPERSampler
+        return new_buffer(60, cls(use_kernels=False))
+
+    a, b = make(), make()
+    s0 = stream_rows(0, 12, ends=(4,), terms=(), seed=0)  # stream 0: an episode ends at 4, the next is open
+    s1 = stream_rows(1, 9, ends=(), terms=(), seed=1)
+    for buf in (a, b):
+        write(buf, 0, chunks_of(s0, [6])[0])
+        write(buf, 1, s1)
+    write(a, 0, chunks_of(s0, [6])[1])
+    closed = a.close_stream(0)
+    write_returns_to_go(a, closed, GAMMA, "mc_return")
+    ended = dict(chunks_of(s0, [6])[1])
+    ended["truncated"] = ended["truncated"].copy()
+    ended["truncated"][-1] = True
+    write(b, 0, ended)
+    tokens = s0["obs"][:, 0].astype(int).tolist() + s1["obs"][:, 0].astype(int).tolist()
+    assert bookkeeping(a, tokens) == bookkeeping(b, tokens)
+    np.testing.assert_allclose(a.sampler.probabilities(), b.sampler.probabilities(), rtol=1e-12)
+    assert a.storage.episodes.is_open(1, 0) == -1 and a.close_stream(0).size == 0
+    assert a.close_stream(3).size == 0  # a stream that never wrote

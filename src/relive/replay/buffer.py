@@ -78,6 +78,19 @@ class ReplayBuffer:
             self.sampler.on_insert(live)
         return slots
 
+    def close_stream(self, stream: int, terminated: bool = False) -> np.ndarray:
+        """End ``stream``'s open episode where it stands (its env was reset mid-episode, e.g. a resumed run with
+        vector envs): its last stored row becomes a truncation (``terminated=True``: a termination). Returns the
+        slots of the episode's stored rows in time order (for returns-to-go), empty if there was none."""
+        episode_id = self.storage.close_stream(stream, terminated)
+        if episode_id == -1:
+            return np.zeros(0, np.int64)
+        self.sampler.on_episodes_closed(np.array([episode_id]))
+        if not self.storage.episodes.is_live([episode_id])[0]:
+            return np.zeros(0, np.int64)
+        view = self.storage.episodes.get([episode_id])
+        return self.storage.episode_slots(view.start, view.length, view.source)
+
     def episode_slots_of(self, slot: int) -> np.ndarray:
         """Slots of the stored rows of the episode that holds ``slot``, in time order."""
         st = self.storage

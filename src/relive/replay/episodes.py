@@ -186,6 +186,15 @@ class EpisodeIndex:
             self.num_offline_episodes += 1
         return first
 
+    def close_lane(self, lane: int) -> int:
+        """End the open episode of an online lane where it stands (its stream stopped: a resumed run, a lost
+        collector); returns its id, or -1 when the lane had none open."""
+        open_id = self._get_open(ONLINE, lane)
+        if open_id != -1:
+            self._rec["finished"][self._row(open_id)] = True
+            self._set_open(ONLINE, lane, -1)
+        return open_id
+
     def close_offline(self) -> None:
         """The dataset ended: its last episode can never grow, so it counts as finished."""
         open_id = self._open[OFFLINE]

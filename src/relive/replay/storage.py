@@ -312,6 +312,22 @@ class Storage:
             return full
         return slots
 
+    def close_stream(self, stream: int, terminated: bool = False) -> int:
+        """End ``stream``'s open episode at its last written row (the stream stopped mid-episode: a resumed run's
+        vector envs start new episodes). That row, if still stored, becomes the episode's end: ``truncated`` (or
+        ``terminated`` with ``terminated=True``); its next_obs is the true next observation, so bootstrapping
+        from it stays right. Returns the episode id, or -1 when the stream had no open episode."""
+        lane = self._lane_of.get(stream)
+        if lane is None:
+            return -1
+        episode_id = self.episodes.close_lane(lane)
+        if episode_id != -1 and self.episodes.is_live([episode_id])[0]:
+            view = self.episodes.get([episode_id])
+            last = self.online_slot(view.start + view.length - 1)
+            self.columns["terminated"][last] = terminated
+            self.columns["truncated"][last] = not terminated
+        return episode_id
+
     def set_column(self, name: str, slots, values) -> None:
         """Overwrite an extra column for existing rows (e.g. Monte-Carlo returns once an episode ends).
         The rows stay the same transitions, so generations do not change."""

@@ -295,6 +295,19 @@ class ReaPERSampler(Sampler):
         if slots[0] < st.num_offline:
             self._open_offline_id = st.episodes.is_open(OFFLINE)
 
+    def on_episodes_closed(self, ids: np.ndarray) -> None:
+        """An open episode ended where it stood: it now uses S_e (finished) instead of F."""
+        ids = np.asarray(ids, np.int64)
+        live = self.storage.episodes.is_live(ids)
+        if live.any():
+            self._recompute(ids[live], np.full(int(live.sum()), np.iinfo(np.int64).max))
+        if self._leaf_by_id is not None:  # one waiting for rows that will never come: its leaf is free
+            for i in ids[~live].tolist():
+                leaf = self._leaf_by_id.pop(i, None)
+                if leaf is not None:
+                    self.leaf_id[leaf] = -1
+                    self._free_leaves.append(leaf)
+
     def check_signals(self, slots: np.ndarray, signals: dict) -> None:
         super().check_signals(slots, signals)
         if "td_error" not in signals:
