@@ -6,7 +6,7 @@ write pattern), so every call evicts rows of every stream. Samplers: uniform (th
 per-episode sums follow each stream). Reports rows/s for extend and batches/s for sample (batch 256) and for
 ReaPER sample + td update, as the median of ``--repeats`` rounds of ``--seconds`` each.
 
-    python bench/streams.py --streams 1,4                         # this tree
+    python bench/streams.py --streams 1,1/4,4                     # this tree
     PYTHONPATH=/path/to/old/src python bench/streams.py --streams 1   # the same numbers before streams existed
 """
 
@@ -44,20 +44,24 @@ def rate(fn, seconds: float, warmup: int = 5) -> float:
     return n / elapsed
 
 
-def measure(sampler_name: str, k: int, capacity: int, seconds: float) -> dict:
+def measure(sampler_name: str, spec: str, capacity: int, seconds: float) -> dict:
+    """``spec``: "K" = K streams, one chunk of 1000 / K rows each per round; "1/K" = one stream, K such chunks
+    (the same write sizes with no stream switching: what several streams cost beyond smaller writes)."""
+    k, splits = (1, int(spec[2:])) if spec.startswith("1/") else (int(spec), int(spec))
     rng = np.random.default_rng(0)
     sampler = UniformSampler() if sampler_name == "uniform" else ReaPERSampler()
     buf = ReplayBuffer(capacity, (OBS,), (ACT,), sampler=sampler, seed=0)
     has_streams = "stream" in inspect.signature(buf.extend).parameters
     if k > 1 and not has_streams:
         return {}
-    per = CHUNK // k
+    per = CHUNK // splits
     pool = [rows(per, 0, rng) for _ in range(8)]  # pre-made chunks: time the buffer, not the row generator
     clock = [0] * k
     state = {"i": 0}
 
     def extend():
-        for s in range(k):
+        for j in range(splits):
+            s = j % k
             chunk = dict(pool[state["i"] % len(pool)])
             t = clock[s] + np.arange(per)
             chunk["truncated"] = (t % EPISODE) == EPISODE - 1
@@ -80,21 +84,22 @@ def measure(sampler_name: str, k: int, capacity: int, seconds: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--streams", default="1,4")
+    ap.add_argument("--streams", default="1,1/4,4", help="comma-separated: K streams, or 1/K (one stream, "
+                    "K chunks per 1000 rows)")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     results = {}
     for sampler in ("uniform", "reaper"):
-        for k in [int(x) for x in args.streams.split(",")]:
+        for k in args.streams.split(","):
             rounds = [measure(sampler, k, args.rows, args.seconds) for _ in range(args.repeats)]
             if not rounds[0]:
                 print(f"{sampler:8s} streams={k}: this tree has no streams")
                 continue
             med = {m: statistics.median(r[m] for r in rounds) for m in rounds[0]}
             results[f"{sampler}/{k}"] = med
-            print(f"{sampler:8s} streams={k}: " + "  ".join(f"{m} {v:,.0f}" for m, v in med.items()), flush=True)
+            print(f"{sampler:8s} streams={k:4s}: " + "  ".join(f"{m} {v:,.0f}" for m, v in med.items()), flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "python": platform.python_version(), "numpy": np.__version__,

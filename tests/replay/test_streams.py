@@ -38,9 +38,9 @@ def chunks_of(rows: dict, cuts) -> list[dict]:
     return [{k: v[a:b] for k, v in rows.items()} for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-def reaper():
+def reaper(use_kernels=False):
     return ReaPERSampler(priority_exponent=ALPHA, reliability_exponent=OMEGA, is_exponent=BETA,
-                         is_exponent_final=BETA, use_kernels=False)
+                         is_exponent_final=BETA, use_kernels=use_kernels)
 
 
 def new_buffer(capacity, sampler, offline=None):
@@ -113,7 +113,7 @@ def test_interleaving_matches_each_stream_written_alone(streams, order_seed, wit
     order = np.concatenate([np.full(len(c), k) for k, c in enumerate(chunks)])
     rng.shuffle(order)
     big = 1000
-    mixed = new_buffer(big, reaper(), offline)
+    mixed = new_buffer(big, reaper(use_kernels=AVAILABLE), offline)  # (alone: the NumPy path, a cross-check)
     mixed_arb = new_buffer(big, ARBSampler(temperature=2.0), offline)
     taken = [0] * len(chunks)
     for k in order.tolist():
@@ -209,14 +209,14 @@ def test_ring_wraps_with_open_episodes_in_several_streams(use_kernels, seed, cap
 
 
 @pytest.mark.parametrize("make_sampler", [
-    lambda: reaper(),
+    lambda: reaper(use_kernels=AVAILABLE),
     lambda: MixtureSampler(UniformSampler(), ReaPERSampler(use_kernels=False)),
     lambda: ARBSampler(temperature=2.0),
 ], ids=["reaper", "mixture-reaper", "arb"])
 def test_checkpoint_round_trip_mid_episode_in_several_streams(tmp_path, make_sampler):
     """Save with episodes open in three streams (the ring already wrapped), load, go on writing all three: the
     loaded buffer and one that never stopped agree row for row, in their samplers' distributions and draws."""
-    def run(buf, stop_at=None):
+    def run(buf, stop_at=None):  # (ReaPER with its compiled kernels when numba is there: the per-lane map)
         rng = np.random.default_rng(0)
         written = [0, 0, 0]
         for step in range(30):

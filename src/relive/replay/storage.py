@@ -472,6 +472,12 @@ class StorageView:
 
     multi_stream = property(lambda self: self._st.multi_stream)
 
+    @property
+    def lane_map(self) -> np.ndarray | None:
+        """Several streams: the per-lane map [lane, t % online_capacity] -> slot (read-only); None with one."""
+        qmap = self._st._qmap
+        return None if qmap is None else _read_only(qmap)
+
     def episode_slots(self, start, length, source) -> np.ndarray:
         return self._st.episode_slots(start, length, source)
 

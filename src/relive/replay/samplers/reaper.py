@@ -182,12 +182,22 @@ class ReaPERSampler(Sampler):
 
     def _suffix(self, p_from, start, end, online, leaves, k, cap, n_rows) -> None:
         omega = self.reliability_exponent
-        if self._compiled and not self.storage.multi_stream:  # (the kernels know one stream's slot arithmetic)
+        if self._compiled:
             c = np.empty(n_rows)
-            _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d, c)
+            lane_map = self.storage.lane_map
+            if lane_map is None:  # one stream: slots follow from positions
+                _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d,
+                               c)
+            else:
+                _suffix_prefix_mapped(p_from, start, end, online, leaves, cap, lane_map, self.delta, self.prefix,
+                                      self.evicted_d, c)
             c_pow = _power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
-            _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
-                              self.evicted_u)
+            if lane_map is None:
+                _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
+                                  self.evicted_u)
+            else:
+                _suffix_running_u_mapped(p_from, start, end, online, leaves, cap, lane_map, c_pow, self.delta_pow,
+                                         self.cum_u, self.evicted_u)
             return
         lengths = end - p_from
         seg = np.repeat(np.arange(lengths.size), lengths)
@@ -366,7 +376,11 @@ class ReaPERSampler(Sampler):
         lo, hi = self.live_start[leaves], self.live_end[leaves]
         target = self.evicted_u[leaves] + r * (self.u_total[leaves] - self.evicted_u[leaves])
         online = leaves >= st.episodes.num_offline_episodes
-        if self._compiled and not st.multi_stream:
+        if self._compiled:
+            lane_map = st.lane_map
+            if lane_map is not None:
+                return _search_mapped(lo, hi, online, target, cap, lane_map, self.cum_u,
+                                      np.empty(leaves.size, np.int64))
             return _search(lo, hi, online, target, k, cap, self.cum_u, np.empty(leaves.size, np.int64))
         hi = hi - 1  # find the first position p in [lo, hi] with cum_u[p] > target (hi if none)
         while np.any(lo < hi):
@@ -466,7 +480,14 @@ def _restore(arr: np.ndarray, saved, fill: int = 0) -> None:
 
 
 if _tree_kernels.AVAILABLE:
-    from relive.replay.samplers._reaper_kernels import _search, _suffix_prefix, _suffix_running_u
+    from relive.replay.samplers._reaper_kernels import (
+        _search,
+        _search_mapped,
+        _suffix_prefix,
+        _suffix_prefix_mapped,
+        _suffix_running_u,
+        _suffix_running_u_mapped,
+    )
 
 
 @dataclass(frozen=True)
