@@ -288,3 +288,12 @@ def test_close_stream_equals_writing_the_end(reference):
     np.testing.assert_allclose(a.sampler.probabilities(), b.sampler.probabilities(), rtol=1e-12)
     assert a.storage.episodes.is_open(1, 0) == -1 and a.close_stream(0).size == 0
     assert a.close_stream(3).size == 0  # a stream that never wrote
+
+
+def test_an_empty_write_of_a_new_stream_changes_nothing():
+    buf = new_buffer(20, UniformSampler())
+    buf.extend(stream_rows(0, 3, (), (), 0))
+    buf.extend({k: v[:0] for k, v in stream_rows(1, 3, (), (), 0).items()}, stream=4)
+    assert not buf.storage.multi_stream
+    with pytest.raises(ValueError, match="stream must be an integer"):
+        buf.extend({k: v[:0] for k, v in stream_rows(1, 3, (), (), 0).items()}, stream=1.5)

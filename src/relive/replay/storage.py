@@ -153,10 +153,7 @@ class Storage:
         lane = self._lane_of.get(stream)
         if lane is not None:
             return lane
-        if isinstance(stream, bool | np.bool_) or not isinstance(stream, int | np.integer) or not (
-                0 <= stream <= MAX_STREAM):
-            raise ValueError(f"stream must be an integer in [0, {MAX_STREAM}], got {stream!r}")
-        stream = int(stream)
+        stream = _check_stream(stream)
         lane = len(self.lanes)
         self.lanes.append(stream)
         self.lane_written.append(0)
@@ -245,8 +242,8 @@ class Storage:
         if source == OFFLINE and stream != 0:
             raise ValueError(f"offline rows have no stream (got stream={stream!r}); streams are for online rows")
         if n == 0:
-            if source == ONLINE:
-                self._lane(stream)  # validates it
+            if source == ONLINE and stream not in self._lane_of:
+                _check_stream(stream)
             return np.zeros(0, np.int64)
         if source == OFFLINE:
             if self.num_online_written:
@@ -507,6 +504,12 @@ class _EpisodeQueries:
     first_live_online_id = property(lambda self: self._index.first_live_online_id)
     online_evicted_before = property(lambda self: self._index.online_evicted_before)
     next_id = property(lambda self: self._index.next_id)
+
+
+def _check_stream(stream) -> int:
+    if isinstance(stream, bool | np.bool_) or not isinstance(stream, int | np.integer) or not 0 <= stream <= MAX_STREAM:
+        raise ValueError(f"stream must be an integer in [0, {MAX_STREAM}], got {stream!r}")
+    return int(stream)
 
 
 def _read_only(arr: np.ndarray) -> np.ndarray:
