@@ -140,3 +140,29 @@ def test_components_with_per_episode_state_refuse_several_envs(tmp_path):
     with pytest.raises(ValueError, match="num_envs must be an integer >= 1"):
         main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--num-envs", "0", "--run-dir",
               str(tmp_path / "b"), *TINY])
+
+
+@pytest.mark.parametrize("preset", ["rlpd", "calql", "calql_arb", "ddqn_per", "ddpg", "ddpg_per", "ddpg_refer",
+                                    "sac_refer", "vracer", "vracer_refer", "residual_sac"])
+def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_path, monkeypatch, preset):
+    """Each preset for a few steps with 2 envs (sac and ddqn above): behaviour records (ReF-ER's mu/sigma,
+    V-RACER's), ARB's re-scoring and Cal-QL's returns-to-go per stream. residual_sac refuses (probing state)."""
+    from relive.presets import get_preset
+
+    env = "CartPole-v1" if get_preset(preset).agent_kind == "ddqn" else "Pendulum-v1"
+    args = ["--debug", "train", preset, "--env", env, "--online-steps", "80", "--warmup", "40", "--num-envs", "2",
+            "--offline-steps", "0", "--eval-every", "80", "--capacity", "5000", "--run-dir", str(tmp_path / "r"),
+            *TINY]
+    if preset == "residual_sac":  # a stand-in base policy (as tests/agents/test_residual_sac.py does)
+        import sys
+        import types
+
+        fake = types.ModuleType("relive.agents.base_policy")
+        fake.load_base_policy = lambda path, spec: (lambda obs: np.zeros((len(obs), 1), np.float32))
+        monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+        with pytest.raises(ValueError, match="ResidualSAC keeps per-episode state"):
+            main([*args, "--base-policy", "tiny"])
+        assert not (tmp_path / "r").exists()
+        return
+    assert main(args) == 0
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["num_online_env_steps"] == 80
