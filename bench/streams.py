@@ -4,7 +4,8 @@ Hopper-shaped rows (obs 11, action 3), a full ring of ``--rows`` online rows, ep
 One "extend" = 1000 rows: with K streams, K chunks of 1000 / K rows, one per stream (the vector-env collector's
 write pattern), so every call evicts rows of every stream. Samplers: uniform (the plain path) and ReaPER (whose
 per-episode sums follow each stream). Reports rows/s for extend and batches/s for sample (batch 256) and for
-ReaPER sample + td update, as the median of ``--repeats`` rounds of ``--seconds`` each.
+ReaPER sample + td update: the fastest ~20 ms batch of calls within ``--seconds``, median over ``--repeats``
+rounds.
 
     python bench/streams.py --streams 1,1/4,4                     # this tree
     PYTHONPATH=/path/to/old/src python bench/streams.py --streams 1   # the same numbers before streams existed
@@ -35,13 +36,21 @@ def rows(n: int, t0: int, rng) -> dict:
 
 
 def rate(fn, seconds: float, warmup: int = 5) -> float:
+    """Calls per second of the fastest of many short batches (~20 ms each) within ``seconds``: on a machine
+    shared with other work a mean rate moves by +-30% between rounds, the best batch much less (interference
+    only ever slows a batch down)."""
     for _ in range(warmup):
         fn()
-    n, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        fn()
-        n += 1
-    return n / elapsed
+    t0 = time.perf_counter()
+    fn()
+    per_batch = max(1, int(0.02 / max(time.perf_counter() - t0, 1e-6)))
+    best, start = float("inf"), time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        for _ in range(per_batch):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    return per_batch / best
 
 
 def measure(sampler_name: str, spec: str, capacity: int, seconds: float) -> dict:

@@ -183,9 +183,10 @@ class Storage:
         lo, hi = max(0, start - cap), min(start, max(0, start + n - cap))
         if hi <= lo:
             return {}
-        old = self._pos[self.ring_slot(np.arange(lo, hi))]
+        old = self._pos[self.ring_slot(np.arange(lo, hi))]  # in ring order: each lane's positions increase
         lanes = old >> LANE_BITS
-        return {int(lane): int(old[lanes == lane].max()) + 1 for lane in np.unique(lanes)}
+        ends = np.flatnonzero(lanes[1:] != lanes[:-1]).tolist() + [old.size - 1]  # last row of each run of a lane
+        return {int(lanes[i]): int(old[i]) + 1 for i in ends}  # (a lane's later run has the larger positions)
 
     def episode_slots(self, start: np.ndarray, length: np.ndarray, source: np.ndarray) -> np.ndarray:
         """Slots of the rows of several episodes, concatenated in episode then time order."""

@@ -244,12 +244,17 @@ class ReaPERSampler(Sampler):
         slots, old = slots[keep], old[keep]
         if old.size == 0:
             return np.zeros(0, np.int64)
-        # the last evicted row of each episode: the one with the largest C (and running u), which grow along an
-        # episode. (Not the last in write order: a write longer than the ring starts past the oldest row's slot.)
-        order = np.lexsort((self.cum_u[slots], self.prefix[slots], old))
-        old, slots = old[order], slots[order]
-        last = np.r_[old[1:] != old[:-1], True]
-        rev_leaves, last_slot = old[last], slots[last]
+        # the last evicted row of each episode
+        if self._leaf_by_id is None and slots.size < self.storage.online_capacity:
+            # one stream, a write shorter than the ring: slots are overwritten in the old rows' time order
+            rev_leaves, rev_first = np.unique(old[::-1], return_index=True)
+            last_slot = slots[::-1][rev_first]
+        else:  # the row with the largest C (and running u), which grow along an episode: a write longer than
+            # the ring starts past the oldest row's slot, and several streams' rows interleave
+            order = np.lexsort((self.cum_u[slots], self.prefix[slots], old))
+            old, slots = old[order], slots[order]
+            last = np.r_[old[1:] != old[:-1], True]
+            rev_leaves, last_slot = old[last], slots[last]
         ids = self.leaf_id[rev_leaves]
         if self._leaf_by_id is None:
             alive = ids >= self.storage.episodes.first_live_online_id
