@@ -281,8 +281,6 @@ class EpisodeIndex:
 
     def _cut(self, start: np.ndarray, length: np.ndarray, online: np.ndarray) -> None:
         """Move the start of online episodes past their lane's overwritten rows (in place)."""
-        if not online.any():
-            return
         s = start[online]
         bound = self.lane_evicted[s >> LANE_BITS] if self.multi else self.lane_evicted[0]
         cut = np.maximum(s, bound)

@@ -144,9 +144,12 @@ class Storage:
     def position_of(self, slots) -> np.ndarray:
         """Logical positions of stored slots (offline: the slot; online: its lane's position)."""
         slots = np.asarray(slots, np.int64)
+        k = self.num_offline
         if self._pos is not None:
-            return np.where(slots < self.num_offline, slots, self._pos[slots])
-        return np.where(slots < self.num_offline, slots, self.ring_position_of(slots))
+            return np.where(slots < k, slots, self._pos[slots])
+        cap = max(self.online_capacity, 1)
+        base = self.num_online_written - cap
+        return np.where(slots < k, slots, base + ((slots - k) - base) % cap)
 
     # -- streams ---------------------------------------------------------------------------------------
     def _lane(self, stream) -> int:

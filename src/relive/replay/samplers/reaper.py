@@ -258,26 +258,23 @@ class ReaPERSampler(Sampler):
         ids = self.leaf_id[rev_leaves]
         if self._leaf_by_id is None:
             alive = ids >= self.storage.episodes.first_live_online_id
-            waiting = np.zeros(ids.size, bool)
+            kept = alive
         else:
             alive = self.storage.episodes.is_live(ids)
             # several streams: an open episode whose stored rows were all overwritten by other streams keeps its
             # leaf (and its sums, for the rows it gets next) but leaves the trees until then
-            waiting = ~alive & np.isin(ids, self.storage.episodes.open_online_ids())
-        gone = ~alive
-        dead = rev_leaves[gone]
+            kept = alive | np.isin(ids, self.storage.episodes.open_online_ids())
+        dead = rev_leaves[~alive]
         if dead.size:
             zeros = np.zeros(dead.size)
             self.finished_tree.update(dead, zeros)
             self.ongoing_tree.update(dead, zeros)
             self.total_tree.update(dead, zeros)
-            freed = gone & ~waiting
-            self.leaf_id[rev_leaves[freed]] = -1
+            self.leaf_id[rev_leaves[~kept]] = -1
             if self._leaf_by_id is not None:
-                for i in ids[freed].tolist():
+                for i in ids[~kept].tolist():
                     del self._leaf_by_id[i]
-                self._free_leaves.extend(rev_leaves[freed].tolist())
-        kept = alive | waiting
+                self._free_leaves.extend(rev_leaves[~kept].tolist())
         self.evicted_d[rev_leaves[kept]] = self.prefix[last_slot[kept]]
         self.evicted_u[rev_leaves[kept]] = self.cum_u[last_slot[kept]]
         return ids[alive]
