@@ -175,7 +175,7 @@ class Storage:
             self._qmap = np.zeros((max(2, lane + 1), cap), np.int64)
             self._qmap[0] = self.num_offline + np.arange(cap)
         elif self._qmap.shape[0] <= lane:
-            grown = np.zeros((max(lane + 1, 2 * self._qmap.shape[0]), cap), np.int64)
+            grown = np.zeros((lane + 1, cap), np.int64)  # (exactly: 8 bytes per slot per stream, as documented)
             grown[: self._qmap.shape[0]] = self._qmap
             self._qmap = grown
 

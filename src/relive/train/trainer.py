@@ -7,12 +7,15 @@ stored with each row, unstored probing steps skipped; ``stored_rows`` turns trun
 ``env.truncation_as_termination`` is set) -> ``OnEpisodeEnd`` hooks -> ``chunk x utd_ratio`` gradient steps.
 Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the first interval with
 ``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
-What a method needs from the loop it declares (``relive.train.hooks``); this file names no method.
+What a method needs from the loop it declares (``relive.train.hooks``); this file names no method. With
+``env.num_envs = N > 1`` a Gymnasium vector env is stepped instead (one policy call per step for all N; env i's rows
+are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N).
 
 Every component has its own random stream from ``SeedSequence(run.seed).spawn``. Checkpoints are the components'
 ``state_dict``s (agent, buffer with its sampler, collector, loop counters, warm-up RNG; ``train/checkpoint.py``),
 written every ``checkpoint_every_offline_grad_steps`` offline and on the first episode boundary after every
-``checkpoint_every_env_steps`` online, so ``train(resume_dir=...)`` continues exactly where the run stopped.
+``checkpoint_every_env_steps`` online, so ``train(resume_dir=...)`` continues exactly where the run stopped. (With N
+envs a checkpoint falls mid-episode; resuming resets the envs and ends each stream's open episode where it stood.)
 """
 
 from __future__ import annotations
@@ -213,7 +216,11 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
     hooks = []
     if resume_dir is None:  # (a component that cannot run here refuses now, before the directory is written)
         hooks = H.collect_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
-        _check_num_envs(cfg, hooks)
+        try:
+            _check_num_envs(cfg, hooks)
+        except ValueError:
+            env.close()  # (async vector envs: their worker processes)
+            raise
     if resume_dir is None:  # everything is built: only now does the directory become a run
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
