@@ -69,10 +69,19 @@ class EnvConfig:
     # option exists to reproduce loops that did otherwise, e.g. the ReaPER authors' SB3 buffer
     # (handle_timeout_termination=False); ReaPER's per-episode bookkeeping then sees a terminal row too.
     truncation_as_termination: bool = False
+    # environments stepped together in one Gymnasium vector env, one policy call per step for all; env i's rows are
+    # replay stream i. Env steps (schedule.num_online_env_steps, utd_ratio, warm-up, evaluation and checkpoint
+    # cadences) count the steps of every env: a chunk is rounded up to a multiple of num_envs. 1: one env, as before
+    num_envs: int = 1
+    vector_mode: str = "sync"  # num_envs > 1: "sync" (SyncVectorEnv, one process) or "async" (a subprocess per env)
 
     def __post_init__(self):
         if not self.id:
             raise ValueError("env.id must name a Gymnasium environment, e.g. 'Pendulum-v1'")
+        if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, int) or self.num_envs < 1:
+            raise ValueError(f"env.num_envs must be an integer >= 1, got {self.num_envs!r}")
+        if self.vector_mode not in ("sync", "async"):
+            raise ValueError(f"env.vector_mode must be 'sync' or 'async', got {self.vector_mode!r}")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
             raise ValueError(f"env.max_episode_steps must be >= 1 or null, got {self.max_episode_steps}")
         if self.success_return is not None and not math.isfinite(self.success_return):

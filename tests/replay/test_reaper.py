@@ -398,3 +398,15 @@ def test_reference_save_load_round_trip(tmp_path):
     np.testing.assert_array_equal(loaded.sampler.probabilities(), buf.sampler.probabilities())
     with pytest.raises(ValueError, match="is_normalization"):
         make_reference(is_normalization="max")
+
+
+@pytest.mark.parametrize("use_kernels", KERNELS)
+def test_a_write_longer_than_the_ring_keeps_the_evicted_sums_of_the_last_evicted_row(use_kernels):
+    """One episode of 4 rows in a ring of 4, then 5 more rows: the first new row is dropped and the write starts
+    one slot past the oldest row, so the last row evicted in time (step 3) is not the last slot written; the
+    survivors' C must start from C_3 (found by issue 16's stream tests; the sums took step 0's)."""
+    buf, model = make(capacity=4, use_kernels=use_kernels)
+    model.inserted(buf.extend(rows(np.arange(4))))
+    model.inserted(buf.extend(rows(np.arange(4, 9))))
+    np.testing.assert_allclose(buf.sampler.probabilities(), model.probabilities(), rtol=1e-12)
+    np.testing.assert_allclose(np.sort(buf.sampler.prefix[:4]), [5, 6, 7, 8])  # d = 1 each; step 4 never stored

@@ -2,7 +2,8 @@
 
     buf = ReplayBuffer(capacity, obs_shape, action_shape, sampler=MixtureSampler(), seed=0)
     buf.add_offline(dataset_columns)        # frozen prefix, never evicted
-    buf.extend(online_rows)                 # ring after it
+    buf.extend(online_rows)                 # ring after it (one stream, time-ordered)
+    buf.extend(env_1_rows, stream=1)        # several streams (vector envs): each time-ordered, chunks interleaved
     batch = buf.sample(256)                 # Batch with .info (indices, generation, probability, is_weight)
     buf.update(batch.info, td_error=td)     # stale rows (overwritten since sampling) are skipped and counted
     buf.save(path); ReplayBuffer.load(path) # pickle-free; same contents, sampler state and RNG
@@ -56,21 +57,39 @@ class ReplayBuffer:
         """Append dataset rows to the frozen offline prefix (before any online row). Returns their slots."""
         return self._write(OFFLINE, rows)
 
-    def extend(self, rows: Mapping) -> np.ndarray:
-        """Append online rows (time-ordered, one stream) to the ring; the fast path. Returns their slots."""
-        return self._write(ONLINE, rows)
+    def extend(self, rows: Mapping, stream: int = 0) -> np.ndarray:
+        """Append online rows of one ``stream`` to the ring, in that stream's time order. Returns their slots.
 
-    def add(self, **row) -> int:
+        Streams are independent sources of rows: each environment of a vector env, each collector's env. A chunk
+        of one stream may arrive between chunks of another; episodes, steps and per-episode values (returns-to-go,
+        ReaPER's sums, ARB's trajectory means) follow each stream. One stream (the default, 0) is the fast path;
+        the stream of every stored row is ``storage.meta["stream"]``."""
+        return self._write(ONLINE, rows, stream)
+
+    def add(self, stream: int = 0, **row) -> int:
         """Append one online transition given as keyword arguments (convenience; prefer ``extend``)."""
-        return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()})[0])
+        return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()}, stream=stream)[0])
 
-    def _write(self, source: int, rows: Mapping) -> np.ndarray:
+    def _write(self, source: int, rows: Mapping, stream: int = 0) -> np.ndarray:
         self.sampler.check_insert(source, rows)
-        slots = self.storage.write(source, rows)
+        slots = self.storage.write(source, rows, stream)
         live = slots if slots.size == 0 or slots[0] >= 0 else slots[slots >= 0]  # -1s come first, if any
         if live.size:
             self.sampler.on_insert(live)
         return slots
+
+    def close_stream(self, stream: int, terminated: bool = False) -> np.ndarray:
+        """End ``stream``'s open episode where it stands (its env was reset mid-episode, e.g. a resumed run with
+        vector envs): its last stored row becomes a truncation (``terminated=True``: a termination). Returns the
+        slots of the episode's stored rows in time order (for returns-to-go), empty if there was none."""
+        episode_id = self.storage.close_stream(stream, terminated)
+        if episode_id == -1:
+            return np.zeros(0, np.int64)
+        self.sampler.on_episodes_closed(np.array([episode_id]))
+        if not self.storage.episodes.is_live([episode_id])[0]:
+            return np.zeros(0, np.int64)
+        view = self.storage.episodes.get([episode_id])
+        return self.storage.episode_slots(view.start, view.length, view.source)
 
     def episode_slots_of(self, slot: int) -> np.ndarray:
         """Slots of the stored rows of the episode that holds ``slot``, in time order."""

@@ -1,14 +1,20 @@
 """Episode index: which rows form each episode, whether it is finished, and what of it is still stored.
 
-Positions are *logical*: an offline row's position is its slot; an online row's position is the number of
-online rows written before it (a counter that never wraps). The storage maps an online position ``t`` to
-slot ``num_offline + t % online_capacity``. Online episodes are contiguous in ``t`` because rows arrive in
-time order from one stream; when the ring overwrites the oldest rows the index moves the live start of the
-oldest episodes forward (``evict_online_before``) and forgets episodes with no live row.
+Positions are *logical*: an offline row's position is its slot; an online row's position is its *lane*'s
+clock, the number of rows of its stream written before it, with the lane number in the high bits:
+``position = lane << LANE_BITS | t``. A lane is one stream of online rows (one environment, one collector's
+env): lane 0 is the first stream that writes, and while it is the only one, ``t`` is the ring's clock and the
+storage maps position ``t`` to slot ``num_offline + t % online_capacity`` (the single-stream fast path). With
+several streams the storage keeps a per-lane map from ``t`` to slot. Online episodes are contiguous in their
+lane's positions because each stream's rows arrive in time order, whatever the interleaving of streams; when
+the ring overwrites the oldest rows the index moves the live start of each lane's oldest episodes forward
+(``evict_online_before`` with one lane, ``evict_lanes`` with several) and forgets episodes with no live row.
 
 Each episode has a record (start, length, finished, source) addressed by its id. Ids increase in creation
 order: offline episodes first, then online ones. Records of forgotten online episodes are compacted away
-now and then so the table stays proportional to what is stored.
+now and then so the table stays proportional to what is stored. With several lanes an episode can die before
+an older one of another lane (a long episode outlives short ones): ``first_live_online_id`` stays a lower
+bound (every id below it is dead), and ``live`` / ``get`` / ``is_live`` check each episode's stored length.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ class EpisodeView:
         return int(self.ids.size)
 
 
+LANE_BITS = 40  # an online position is lane << LANE_BITS | (rows of that lane written before it)
+LANE_MASK = (1 << LANE_BITS) - 1
+
 _FIELDS = (("start", np.int64), ("length", np.int64), ("finished", np.bool_), ("source", np.int8))
 
 
@@ -45,8 +54,32 @@ class EpisodeIndex:
         self.num_offline_episodes = 0
         self.next_id = 0
         self.first_live_online_id = 0  # online ids below this have no stored row
-        self.online_evicted_before = 0  # online positions below this are overwritten
-        self._open = {OFFLINE: -1, ONLINE: -1}  # id of the episode still receiving rows, per source
+        self.lane_evicted = np.zeros(1, np.int64)  # per lane: its positions below this are overwritten
+        self.multi = False  # rows of several lanes (episodes may die out of id order)
+        self._open = {OFFLINE: -1, ONLINE: -1}  # id of the episode still receiving rows: offline, lane 0
+        self._open_lanes: dict[int, int] = {}  # lanes > 0: id of their open episode (absent: none)
+
+    @property
+    def online_evicted_before(self) -> int:
+        """Lane 0's eviction bound: with one stream, the ring's clock minus its capacity."""
+        return int(self.lane_evicted[0])
+
+    def ensure_lane(self, lane: int) -> None:
+        """Make lanes ``0 .. lane`` known (a new stream started writing)."""
+        while self.lane_evicted.size <= lane:
+            self.lane_evicted = np.append(self.lane_evicted, np.int64(self.lane_evicted.size) << LANE_BITS)
+        self.multi = self.lane_evicted.size > 1
+
+    def _get_open(self, source: int, lane: int) -> int:
+        return self._open[source] if source == OFFLINE or lane == 0 else self._open_lanes.get(lane, -1)
+
+    def _set_open(self, source: int, lane: int, episode_id: int) -> None:
+        if source == OFFLINE or lane == 0:
+            self._open[source] = episode_id
+        elif episode_id == -1:
+            self._open_lanes.pop(lane, None)
+        else:
+            self._open_lanes[lane] = episode_id
 
     # -- id <-> record row -----------------------------------------------------------------------------
     def _rows(self, ids: np.ndarray) -> np.ndarray:
@@ -71,8 +104,9 @@ class EpisodeIndex:
     def append(self, source: int, start: int, episode_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Register ``n`` new rows of ``source`` at logical positions ``start .. start + n - 1``.
 
-        ``episode_end[i]`` is true when row ``i`` ends its episode (terminated or truncated). Returns the
-        episode id and the step within the episode of every row.
+        ``episode_end[i]`` is true when row ``i`` ends its episode (terminated or truncated). Online rows belong
+        to the lane in ``start``'s high bits (one stream: lane 0). Returns the episode id and the step within the
+        episode of every row.
         """
         if source == OFFLINE and self.next_id > self.num_offline_episodes:
             raise ValueError("offline rows must all be added before the first online row")
@@ -82,7 +116,8 @@ class EpisodeIndex:
         n = end.size
         if n == 0:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
-        open_id = self._open[source]
+        lane = int(start) >> LANE_BITS if source == ONLINE else 0
+        open_id = self._get_open(source, lane)
         if not end[:-1].any():  # fast path: all rows belong to one episode (the open one, or a new one)
             if open_id == -1:
                 open_id = self._new_record(source, start, n, bool(end[-1]))
@@ -92,7 +127,7 @@ class EpisodeIndex:
                 base = int(self._rec["length"][r])
                 self._rec["length"][r] += n
                 self._rec["finished"][r] = end[-1]
-            self._open[source] = -1 if end[-1] else open_id
+            self._set_open(source, lane, -1 if end[-1] else open_id)
             return np.full(n, open_id, dtype=np.int64), base + np.arange(n, dtype=np.int64)
         seg_starts = np.concatenate(([0], np.flatnonzero(end[:-1]) + 1))
         seg_lengths = np.diff(seg_starts, append=n)
@@ -107,14 +142,15 @@ class EpisodeIndex:
             steps[seg_of_row == 0] += rec["length"][r]
             rec["length"][r] += seg_lengths[0]
             rec["finished"][r] = end[seg_lengths[0] - 1]
-            first_id = open_id
             new_segments, new_lengths = seg_starts[1:], seg_lengths[1:]
-        else:
-            first_id = self.next_id
+        first_new = self.next_id  # (with several lanes the open episode need not be the newest one)
         if new_segments.size:
             self._new_records(source, start, new_segments, new_lengths, end[new_segments + new_lengths - 1])
-        ids = first_id + seg_of_row
-        self._open[source] = -1 if end[-1] else int(ids[-1])
+        if open_id != -1:
+            ids = np.where(seg_of_row == 0, open_id, first_new + seg_of_row - 1)
+        else:
+            ids = first_new + seg_of_row
+        self._set_open(source, lane, -1 if end[-1] else int(ids[-1]))
         return ids.astype(np.int64), steps
 
     def _new_records(self, source: int, start: int, offsets, lengths, finished) -> int:
@@ -150,6 +186,15 @@ class EpisodeIndex:
             self.num_offline_episodes += 1
         return first
 
+    def close_lane(self, lane: int) -> int:
+        """End the open episode of an online lane where it stands (its stream stopped: a resumed run, a lost
+        collector); returns its id, or -1 when the lane had none open."""
+        open_id = self._get_open(ONLINE, lane)
+        if open_id != -1:
+            self._rec["finished"][self._row(open_id)] = True
+            self._set_open(ONLINE, lane, -1)
+        return open_id
+
     def close_offline(self) -> None:
         """The dataset ended: its last episode can never grow, so it counts as finished."""
         open_id = self._open[OFFLINE]
@@ -161,9 +206,9 @@ class EpisodeIndex:
 
     def evict_online_before(self, position: int) -> None:
         """Online rows at logical positions < ``position`` were overwritten."""
-        if position <= self.online_evicted_before:
+        if position <= self.lane_evicted[0]:
             return
-        self.online_evicted_before = int(position)
+        self.lane_evicted[0] = position
         lo = self._row(self.first_live_online_id)
         rec, hi = self._rec, self._num_records
         start, length = rec["start"], rec["length"]
@@ -178,6 +223,23 @@ class EpisodeIndex:
                 ends = start[lo:hi] + length[lo:hi]
             dead = int(np.searchsorted(ends, position, side="right"))  # online ends are increasing
         self.first_live_online_id += dead
+        self._maybe_compact()
+
+    def evict_lanes(self, bounds: dict[int, int]) -> None:
+        """Several lanes: each lane's rows at positions below ``bounds[lane]`` were overwritten."""
+        for lane, position in bounds.items():
+            if position > self.lane_evicted[lane]:
+                self.lane_evicted[lane] = position
+        rec, hi = self._rec, self._num_records
+        r = self._row(self.first_live_online_id)
+        evicted = self.lane_evicted
+        open_ids = set(self.open_online_ids().tolist())
+        while r < hi:  # every id below first_live_online_id is dead; live ones may follow dead ones
+            start = int(rec["start"][r])
+            if start + int(rec["length"][r]) > evicted[start >> LANE_BITS] or self.first_live_online_id in open_ids:
+                break  # (an open episode whose rows were all overwritten gets rows again: it stays)
+            r += 1
+            self.first_live_online_id += 1
         self._maybe_compact()
 
     def _maybe_compact(self) -> None:
@@ -207,14 +269,35 @@ class EpisodeIndex:
         start = rec["start"][rows].copy()
         length = rec["length"][rows].copy()
         src = rec["source"][rows]
-        online = src == ONLINE
-        if online.any():
-            cut = np.maximum(start[online], self.online_evicted_before)
-            length[online] -= cut - start[online]
-            start[online] = cut
+        self._cut(start, length, src == ONLINE)
         ids = np.where(rows < off, rows, rows + self._shift).astype(np.int64)
-        return EpisodeView(ids=ids, source=src.copy(), start=start, length=length,
-                           finished=rec["finished"][rows].copy())
+        finished = rec["finished"][rows].copy()
+        if self.multi:  # episodes of other lanes may have died after the oldest live one
+            keep = length > 0
+            if not keep.all():
+                return EpisodeView(ids=ids[keep], source=src[keep].copy(), start=start[keep], length=length[keep],
+                                   finished=finished[keep])
+        return EpisodeView(ids=ids, source=src.copy(), start=start, length=length, finished=finished)
+
+    def _cut(self, start: np.ndarray, length: np.ndarray, online: np.ndarray) -> None:
+        """Move the start of online episodes past their lane's overwritten rows (in place)."""
+        s = start[online]
+        bound = self.lane_evicted[s >> LANE_BITS] if self.multi else self.lane_evicted[0]
+        cut = np.maximum(s, bound)
+        length[online] -= cut - s
+        start[online] = cut
+
+    def is_live(self, ids) -> np.ndarray:
+        """Whether each episode id still has a stored row."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        live = (ids >= 0) & (ids < self.next_id) & ((ids < self.num_offline_episodes)
+                                                    | (ids >= self.first_live_online_id))
+        if live.any():
+            rows = self._rows(ids[live])
+            start, length = self._rec["start"][rows].copy(), self._rec["length"][rows].copy()
+            self._cut(start, length, self._rec["source"][rows] == ONLINE)
+            live[live] = length > 0
+        return live
 
     def get(self, ids) -> EpisodeView:
         """Records of specific (live) episode ids, with their live start and length."""
@@ -227,15 +310,20 @@ class EpisodeIndex:
         start = rec["start"][rows].copy()
         length = rec["length"][rows].copy()
         src = rec["source"][rows].copy()
-        online = src == ONLINE
-        cut = np.maximum(start[online], self.online_evicted_before)
-        length[online] -= cut - start[online]
-        start[online] = cut
+        self._cut(start, length, src == ONLINE)
+        if self.multi and ids.size and (length <= 0).any():
+            raise ValueError(f"episode ids {ids[length <= 0].tolist()[:8]} are not live (no stored row)")
         return EpisodeView(ids=ids, source=src, start=start, length=length, finished=rec["finished"][rows].copy())
 
-    def is_open(self, source: int) -> int:
-        """Id of the episode of ``source`` still receiving rows, or -1."""
-        return self._open[source]
+    def open_online_ids(self) -> np.ndarray:
+        """Ids of the online episodes still receiving rows (one per lane at most). With several streams one of
+        them may have no stored row for a while (the other streams' rows overwrote all of it)."""
+        ids = [self._open[ONLINE], *self._open_lanes.values()]
+        return np.array([i for i in ids if i != -1], np.int64)
+
+    def is_open(self, source: int, lane: int = 0) -> int:
+        """Id of the episode of ``source`` (online: of ``lane``) still receiving rows, or -1."""
+        return self._get_open(source, lane)
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -246,6 +334,8 @@ class EpisodeIndex:
             next_id=self.next_id, first_live_online_id=self.first_live_online_id,
             online_evicted_before=self.online_evicted_before,
             open_offline=self._open[OFFLINE], open_online=self._open[ONLINE],
+            lane_evicted=self.lane_evicted.copy(),
+            open_lanes=np.array(sorted(self._open_lanes.items()), np.int64).reshape(-1, 2),
         )
         return state
 
@@ -261,5 +351,8 @@ class EpisodeIndex:
         self.num_offline_episodes = int(state["num_offline_episodes"])
         self.next_id = int(state["next_id"])
         self.first_live_online_id = int(state["first_live_online_id"])
-        self.online_evicted_before = int(state["online_evicted_before"])
+        self.lane_evicted = np.asarray(state.get("lane_evicted", [state["online_evicted_before"]]), np.int64).copy()
+        self.multi = self.lane_evicted.size > 1
         self._open = {OFFLINE: int(state["open_offline"]), ONLINE: int(state["open_online"])}
+        pairs = np.asarray(state.get("open_lanes", np.zeros((0, 2))), np.int64).reshape(-1, 2)
+        self._open_lanes = {int(a): int(b) for a, b in pairs}

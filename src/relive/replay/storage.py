@@ -8,7 +8,15 @@ Layout over ``capacity`` slots::
 Stored slots are always the contiguous range ``[0, size)``. Every slot carries bookkeeping next to the
 data columns: ``episode_id``, ``step_in_episode``, ``source`` (0 offline / 1 online) and ``generation``,
 a stamp incremented each time the slot is written, which lets samplers ignore updates meant for a row that
-has since been overwritten. Writes are all-or-nothing: the whole batch is validated before any byte moves.
+has since been overwritten, and ``stream``, the id of the stream that wrote an online row (0 offline).
+
+Streams: online rows may come from several interleaved streams (vector envs, collectors): ``write(ONLINE,
+rows, stream=k)`` appends rows of stream ``k`` in that stream's time order, and a chunk of one stream may arrive
+between chunks of another. Episodes, steps and everything computed per episode follow each stream on its own
+(see :mod:`relive.replay.episodes`: a stream is a *lane* of logical positions). One stream (the default, 0)
+is the fast path: positions are the ring's clock and nothing per lane is kept. From the second stream on the
+storage keeps each online row's logical position and a per-lane map position -> slot (8 bytes per online slot
+per stream). Writes are all-or-nothing: the whole batch is validated before any byte moves.
 """
 
 from __future__ import annotations
@@ -18,12 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relive.replay.episodes import EpisodeIndex
+from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
 from relive.types import OFFLINE, ONLINE, SOURCE_NAMES
 
 CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 BOOKKEEPING = (("episode_id", np.int64), ("step_in_episode", np.int64), ("source", np.int8),
-               ("generation", np.int64))
+               ("generation", np.int64), ("stream", np.int32))
+MAX_STREAM = 2**31 - 1
 _FINITE_CHECKED = ("obs", "action", "reward", "next_obs")
 
 
@@ -81,6 +90,17 @@ class Storage:
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
         self.episodes = EpisodeIndex()
+        # streams: lane i holds the rows of stream lanes[i]; lane_written[i] = its rows ever written (its clock)
+        self.lanes: list[int] = []
+        self.lane_written: list[int] = []
+        self._lane_of: dict[int, int] = {}
+        self._pos: np.ndarray | None = None  # several streams: logical position of every online slot
+        self._qmap: np.ndarray | None = None  # several streams: [lane, t % online_capacity] -> slot
+
+    @property
+    def multi_stream(self) -> bool:
+        """Online rows of more than one stream have been written (positions are no longer the ring's clock)."""
+        return len(self.lanes) > 1
 
     # -- sizes -----------------------------------------------------------------------------------------
     @property
@@ -105,7 +125,71 @@ class Storage:
 
     def online_slot(self, positions: np.ndarray) -> np.ndarray:
         """Slot of online rows given their logical positions (see :mod:`relive.replay.episodes`)."""
-        return self.num_offline + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
+        if self._qmap is None:
+            return self.num_offline + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
+        positions = np.asarray(positions, dtype=np.int64)
+        return self._qmap[positions >> LANE_BITS, (positions & LANE_MASK) % max(self.online_capacity, 1)]
+
+    def ring_slot(self, clock: np.ndarray) -> np.ndarray:
+        """Slot of online rows given the ring's clock (online rows written before them, all streams)."""
+        return self.num_offline + np.asarray(clock, dtype=np.int64) % max(self.online_capacity, 1)
+
+    def ring_position_of(self, slots: np.ndarray) -> np.ndarray:
+        """The ring's clock of stored online slots."""
+        slots = np.asarray(slots, np.int64)
+        k, cap = self.num_offline, max(self.online_capacity, 1)
+        base = self.num_online_written - cap
+        return base + ((slots - k) - base) % cap
+
+    def position_of(self, slots) -> np.ndarray:
+        """Logical positions of stored slots (offline: the slot; online: its lane's position)."""
+        slots = np.asarray(slots, np.int64)
+        k = self.num_offline
+        if self._pos is not None:
+            return np.where(slots < k, slots, self._pos[slots])
+        cap = max(self.online_capacity, 1)
+        base = self.num_online_written - cap
+        return np.where(slots < k, slots, base + ((slots - k) - base) % cap)
+
+    # -- streams ---------------------------------------------------------------------------------------
+    def _lane(self, stream) -> int:
+        lane = self._lane_of.get(stream)
+        if lane is not None:
+            return lane
+        stream = _check_stream(stream)
+        lane = len(self.lanes)
+        self.lanes.append(stream)
+        self.lane_written.append(0)
+        self._lane_of[stream] = lane
+        self.episodes.ensure_lane(lane)
+        if lane > 0:
+            self._add_lane_map(lane)
+        return lane
+
+    def _add_lane_map(self, lane: int) -> None:
+        cap = self.online_capacity
+        if self._qmap is None:  # the second stream: lane 0's positions were the ring's clock until now
+            self._pos = np.zeros(self.capacity, np.int64)
+            online = np.arange(self.num_offline, self.size, dtype=np.int64)
+            self._pos[online] = self.ring_position_of(online)
+            self._qmap = np.zeros((max(2, lane + 1), cap), np.int64)
+            self._qmap[0] = self.num_offline + np.arange(cap)
+        elif self._qmap.shape[0] <= lane:
+            grown = np.zeros((lane + 1, cap), np.int64)  # (exactly: 8 bytes per slot per stream, as documented)
+            grown[: self._qmap.shape[0]] = self._qmap
+            self._qmap = grown
+
+    def _evicted_by(self, start: int, n: int) -> dict[int, int]:
+        """Several streams: per lane, the position bound of its rows that a write of ``n`` rows at the ring's
+        clock ``start`` overwrites."""
+        cap = self.online_capacity
+        lo, hi = max(0, start - cap), min(start, max(0, start + n - cap))
+        if hi <= lo:
+            return {}
+        old = self._pos[self.ring_slot(np.arange(lo, hi))]  # in ring order: each lane's positions increase
+        lanes = old >> LANE_BITS
+        ends = np.flatnonzero(lanes[1:] != lanes[:-1]).tolist() + [old.size - 1]  # last row of each run of a lane
+        return {int(lanes[i]): int(old[i]) + 1 for i in ends}  # (a lane's later run has the larger positions)
 
     def episode_slots(self, start: np.ndarray, length: np.ndarray, source: np.ndarray) -> np.ndarray:
         """Slots of the rows of several episodes, concatenated in episode then time order."""
@@ -152,13 +236,18 @@ class Storage:
         return out, int(n)
 
     # -- writing ---------------------------------------------------------------------------------------
-    def write(self, source: int, data: Mapping) -> np.ndarray:
-        """Append validated rows of one source; returns their slots (-1 for rows of an online batch longer
-        than the ring, which are overwritten by later rows of the same batch)."""
+    def write(self, source: int, data: Mapping, stream: int = 0) -> np.ndarray:
+        """Append validated rows of one source (online: of one ``stream``, in its time order); returns their slots
+        (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
+        batch)."""
         rows, n = self.validate(data)
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
+        if source == OFFLINE and stream != 0:
+            raise ValueError(f"offline rows have no stream (got stream={stream!r}); streams are for online rows")
         if n == 0:
+            if source == ONLINE and stream not in self._lane_of:
+                _check_stream(stream)
             return np.zeros(0, np.int64)
         if source == OFFLINE:
             if self.num_online_written:
@@ -168,15 +257,21 @@ class Storage:
                 raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
                                  f"({self.num_offline} stored + {n} new rows)")
             start = first = self.num_offline
-            skip = 0
+            skip = lane = 0
         else:
             ring = self.online_capacity
             if ring <= 0:
                 raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
                                  "build the buffer with a larger capacity")
-            start = self.num_online_written
+            lane = self._lane(stream)
+            clock = self.num_online_written
+            start = (lane << LANE_BITS) + self.lane_written[lane]  # the rows' logical positions start here
             skip = max(0, n - ring)  # earlier rows of the batch would be overwritten at once
-            first = self.num_offline + (start + skip) % ring
+            first = self.num_offline + (clock + skip) % ring
+            if self._pos is not None:
+                bounds = self._evicted_by(clock, n)  # read the old rows' positions before they are overwritten
+                if skip:
+                    bounds[lane] = max(bounds.get(lane, 0), start + skip)
         kept = n - skip
         # the kept rows land in at most two runs of consecutive slots (two when the ring wraps): slice writes
         split = min(kept, self.capacity - first)
@@ -195,19 +290,44 @@ class Storage:
             meta["step_in_episode"][dst] = step[src]
             meta["source"][dst] = source
             meta["generation"][dst] += 1
+            if source == ONLINE:
+                meta["stream"][dst] = stream
+        slots = np.arange(first, first + split, dtype=np.int64)
+        if split < kept:
+            slots = np.concatenate((slots, np.arange(self.num_offline, self.num_offline + kept - split)))
         if source == OFFLINE:
             self.num_offline += n
         else:
             self.num_online_written += n
-            self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
-        slots = np.arange(first, first + split, dtype=np.int64)
-        if split < kept:
-            slots = np.concatenate((slots, np.arange(self.num_offline, self.num_offline + kept - split)))
+            self.lane_written[lane] += n
+            if self._pos is None:
+                self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
+            else:
+                positions = start + skip + np.arange(kept, dtype=np.int64)
+                self._pos[slots] = positions
+                self._qmap[lane, (positions & LANE_MASK) % ring] = slots
+                self.episodes.evict_lanes(bounds)
         if skip:
             full = np.full(n, -1, dtype=np.int64)
             full[skip:] = slots
             return full
         return slots
+
+    def close_stream(self, stream: int, terminated: bool = False) -> int:
+        """End ``stream``'s open episode at its last written row (the stream stopped mid-episode: a resumed run's
+        vector envs start new episodes). That row, if still stored, becomes the episode's end: ``truncated`` (or
+        ``terminated`` with ``terminated=True``); its next_obs is the true next observation, so bootstrapping
+        from it stays right. Returns the episode id, or -1 when the stream had no open episode."""
+        lane = self._lane_of.get(stream)
+        if lane is None:
+            return -1
+        episode_id = self.episodes.close_lane(lane)
+        if episode_id != -1 and self.episodes.is_live([episode_id])[0]:
+            view = self.episodes.get([episode_id])
+            last = self.online_slot(view.start + view.length - 1)
+            self.columns["terminated"][last] = terminated
+            self.columns["truncated"][last] = not terminated
+        return episode_id
 
     def set_column(self, name: str, slots, values) -> None:
         """Overwrite an extra column for existing rows (e.g. Monte-Carlo returns once an episode ends).
@@ -266,11 +386,23 @@ class Storage:
             "episodes": self.episodes.state_dict(),
             "num_offline": self.num_offline,
             "num_online_written": self.num_online_written,
+            "streams": {"lanes": np.asarray(self.lanes, np.int64),
+                        "lane_written": np.asarray(self.lane_written, np.int64)}
+            | ({"position": self._pos[:size].copy()} if self._pos is not None else {}),
         }
 
     def load_state_dict(self, state: Mapping) -> None:
         self.num_offline = int(state["num_offline"])
         self.num_online_written = int(state["num_online_written"])
+        streams = state.get("streams")
+        if streams is None:  # a checkpoint from before streams: one stream (0) wrote every online row
+            lanes, written = ([0], [self.num_online_written]) if self.num_online_written else ([], [])
+        else:
+            lanes = np.asarray(streams["lanes"], np.int64).tolist()
+            written = np.asarray(streams["lane_written"], np.int64).tolist()
+        self.lanes, self.lane_written = [int(x) for x in lanes], [int(x) for x in written]
+        self._lane_of = {s: i for i, s in enumerate(self.lanes)}
+        self._pos = self._qmap = None
         size = self.size
         for name, arr in self.columns.items():
             src = np.asarray(state["columns"][name])
@@ -279,8 +411,17 @@ class Storage:
                                  f"expected {(size, *arr.shape[1:])} {arr.dtype}")
             arr[:size] = src
         for name, arr in self.meta.items():
-            arr[:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
+            if name in state["meta"]:
+                arr[:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
+            else:  # "stream" in a checkpoint from before streams
+                arr[:size] = 0
         self.episodes.load_state_dict(state["episodes"])
+        if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
+            self._add_lane_map(len(self.lanes) - 1)
+            online = np.arange(self.num_offline, size, dtype=np.int64)
+            pos = np.asarray(streams["position"], np.int64)[online]
+            self._pos[online] = pos
+            self._qmap[pos >> LANE_BITS, (pos & LANE_MASK) % self.online_capacity] = online
 
 
 class StorageView:
@@ -319,11 +460,24 @@ class StorageView:
         return np.where(online, self._st.online_slot(positions), positions)
 
     def position_of(self, slots) -> np.ndarray:
-        """Logical positions of stored slots (offline: the slot; online: its row number on the ring's clock)."""
-        slots = np.asarray(slots, np.int64)
-        k, cap = self._st.num_offline, max(self._st.online_capacity, 1)
-        base = self._st.num_online_written - cap
-        return np.where(slots < k, slots, base + ((slots - k) - base) % cap)
+        """Logical positions of stored slots (offline: the slot; online: its lane's position, which with one
+        stream is its row number on the ring's clock)."""
+        return self._st.position_of(slots)
+
+    def ring_slot(self, clock) -> np.ndarray:
+        """Slots of online rows given the ring's clock (rows written before them, all streams)."""
+        return self._st.ring_slot(clock)
+
+    def ring_position_of(self, slots) -> np.ndarray:
+        return self._st.ring_position_of(slots)
+
+    multi_stream = property(lambda self: self._st.multi_stream)
+
+    @property
+    def lane_map(self) -> np.ndarray | None:
+        """Several streams: the per-lane map [lane, t % online_capacity] -> slot (read-only); None with one."""
+        qmap = self._st._qmap
+        return None if qmap is None else _read_only(qmap)
 
     def episode_slots(self, start, length, source) -> np.ndarray:
         return self._st.episode_slots(start, length, source)
@@ -341,13 +495,25 @@ class _EpisodeQueries:
     def get(self, ids):
         return self._index.get(ids)
 
-    def is_open(self, source: int) -> int:
-        return self._index.is_open(source)
+    def is_open(self, source: int, lane: int = 0) -> int:
+        return self._index.is_open(source, lane)
+
+    def is_live(self, ids):
+        return self._index.is_live(ids)
+
+    def open_online_ids(self):
+        return self._index.open_online_ids()
 
     num_offline_episodes = property(lambda self: self._index.num_offline_episodes)
     first_live_online_id = property(lambda self: self._index.first_live_online_id)
     online_evicted_before = property(lambda self: self._index.online_evicted_before)
     next_id = property(lambda self: self._index.next_id)
+
+
+def _check_stream(stream) -> int:
+    if isinstance(stream, bool | np.bool_) or not isinstance(stream, int | np.integer) or not 0 <= stream <= MAX_STREAM:
+        raise ValueError(f"stream must be an integer in [0, {MAX_STREAM}], got {stream!r}")
+    return int(stream)
 
 
 def _read_only(arr: np.ndarray) -> np.ndarray:

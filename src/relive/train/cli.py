@@ -28,6 +28,10 @@ def add_parsers(subparsers) -> None:
                    "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`")
     p.add_argument("--base-policy", metavar="PATH", help="frozen base policy of a residual agent (residual_sac): "
                    "same as --set agent.base_policy=PATH")
+    p.add_argument("--num-envs", type=int, help="environments stepped together (a Gymnasium vector env, one policy "
+                   "call per step for all), each its own replay stream; env steps count every env's (default 1)")
+    p.add_argument("--vector-mode", choices=("sync", "async"), help="with --num-envs > 1: sync (one process, "
+                   "default) or async (a subprocess per env)")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
     p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
     p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")
@@ -82,7 +86,7 @@ def add_parsers(subparsers) -> None:
 
 FLAG_TO_SETTING = {
     "env": "env.id", "dataset": "data.dataset", "base_policy": "agent.base_policy", "replay": "replay.name",
-    "seed": "run.seed", "run_dir": "run.run_dir",
+    "seed": "run.seed", "run_dir": "run.run_dir", "num_envs": "env.num_envs", "vector_mode": "env.vector_mode",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",
     "stop_at_return": "run.stop_at_return", "init_from": "run.init_from", "warmup": "schedule.num_warmup_env_steps",

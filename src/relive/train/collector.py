@@ -4,6 +4,10 @@
 (time limit) the stored ``next_obs`` is the true final observation, so the critic bootstraps from it
 (``terminated`` is False); on termination there is no bootstrap. (The trainer's ``stored_rows`` can store
 truncations as terminations instead: ``env.truncation_as_termination``.)
+
+``VectorCollector`` steps a Gymnasium vector env of N copies with one policy call per step for all N; env ``i``
+is replay stream ``i``. Its autoreset is SAME_STEP (``envs.make_vector_env``): the step that ends an episode
+already returns the next episode's first observation, and the stored ``next_obs`` is ``info["final_obs"]``.
 """
 
 from __future__ import annotations
@@ -38,9 +42,20 @@ class Collector:
         self.finished_returns: list[float] = []  # returns of episodes finished since last read
         self.num_unstored_steps = 0  # steps executed with store=False (all time)
 
+    num_envs = 1
+
     @property
     def at_episode_start(self) -> bool:
         return self.episode_length == 0
+
+    @property
+    def can_checkpoint(self) -> bool:
+        """Checkpoints wait for an episode boundary, so that a resume continues exactly (the env's RNG)."""
+        return self.at_episode_start
+
+    def step_streams(self, policy, n: int) -> tuple[list[tuple[int, dict]], int]:
+        """``n`` env steps as ``([(stream, rows)], env steps executed)``: one stream (0)."""
+        return [(0, self.step(policy, n))], n
 
     def step(self, policy, n: int) -> dict:
         """Run ``n`` env steps with ``policy``; return the stored rows (core columns + records), which may be
@@ -120,6 +135,111 @@ class Collector:
         self.episode_return, self.episode_length, self.stored_in_episode = 0.0, 0, False
         self.finished_returns = [float(r) for r in np.asarray(state.get("finished_returns", []))]
         self.num_unstored_steps = int(state.get("num_unstored_steps", 0))
+
+
+class VectorCollector:
+    """Steps a Gymnasium vector env of ``num_envs`` copies (``envs.make_vector_env``, SAME_STEP autoreset): one
+    ``policy(obs [N, ...])`` call per step for all envs; env ``i``'s rows are replay stream ``i``.
+
+    A truncated episode's stored ``next_obs`` is the true final observation (``info["final_obs"]``), never the
+    next episode's first one. ``store=False`` (probing) and behaviour records work per env as in
+    :class:`Collector`; ``on_episode_start`` callbacks take no env index, so they are refused (the trainer says
+    which component needs them). A checkpoint may fall mid-episode: resuming resets every env (seeded from the
+    checkpoint) and the trainer ends each stream's open episode in the buffer where it stood
+    (``ReplayBuffer.close_stream``), so no episode mixes two env trajectories.
+    """
+
+    def __init__(self, envs, spec: EnvSpec, seed: int, record_columns=(), on_episode_start=()):
+        self.envs, self.spec = envs, spec
+        self.num_envs = int(envs.num_envs)
+        self.record_columns = tuple(record_columns)
+        self.on_episode_start = list(on_episode_start)
+        self.seed_rng = np.random.default_rng(int(seed))  # seeds of the resets after a resume
+        self.obs, _ = envs.reset(seed=int(seed))
+        n = self.num_envs
+        self.episode_return = np.zeros(n)
+        self.episode_length = np.zeros(n, np.int64)
+        self.stored_in_episode = np.zeros(n, bool)
+        self.finished_returns: list[float] = []
+        self.num_unstored_steps = 0
+        self.resumed = False  # set by load_state_dict: the trainer closes the streams' open episodes
+
+    @property
+    def on_episode_start(self) -> list:
+        return self._on_episode_start
+
+    @on_episode_start.setter
+    def on_episode_start(self, fns) -> None:
+        fns = list(fns)
+        if fns:
+            raise ValueError("per-episode callbacks (OnEpisodeStart hooks) know one environment; with num_envs > 1 "
+                             "they are not supported")
+        self._on_episode_start = fns
+
+    at_episode_start = property(lambda self: bool((self.episode_length == 0).all()))
+    can_checkpoint = property(lambda self: True)  # any step: a resume ends the open episodes (close_stream)
+
+    def step_streams(self, policy, n: int) -> tuple[list[tuple[int, dict]], int]:
+        """ceil(n / num_envs) vector steps; returns ``([(env index = stream, stored rows)], env steps executed)``."""
+        from relive.types import unpack_acted
+
+        N = self.num_envs
+        steps = -(-int(n) // N)
+        names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+        rows = [{k: [] for k in names} for _ in range(N)]
+        records: list[list[dict]] = [[] for _ in range(N)]
+        for _ in range(steps):
+            action, record, store = unpack_acted(policy(self.obs))
+            store = np.asarray(store, bool).reshape(N)
+            next_obs, reward, terminated, truncated, info = self.envs.step(action)
+            done = np.logical_or(terminated, truncated)
+            true_next = next_obs
+            if done.any():  # SAME_STEP autoreset: next_obs holds the new episodes' first observations
+                true_next = np.array(next_obs, copy=True)
+                for i in np.flatnonzero(done):
+                    true_next[i] = info["final_obs"][i]
+            for i in range(N):
+                if store[i]:
+                    r = rows[i]
+                    r["obs"].append(self.obs[i])
+                    r["action"].append(action[i])
+                    r["reward"].append(reward[i])
+                    r["next_obs"].append(true_next[i])
+                    r["terminated"].append(terminated[i])
+                    r["truncated"].append(truncated[i])
+                    records[i].append({k: np.asarray(v)[i] for k, v in record.items()})
+                    self.stored_in_episode[i] = True
+                elif self.stored_in_episode[i]:
+                    raise ValueError("act returned store=False after a stored step of the same episode; unstored "
+                                     "steps (probing) must come first in an episode")
+                else:
+                    self.num_unstored_steps += 1
+            self.episode_return += np.asarray(reward, np.float64)
+            self.episode_length += 1
+            for i in np.flatnonzero(done):
+                self.finished_returns.append(float(self.episode_return[i]))
+                self.episode_return[i], self.episode_length[i], self.stored_in_episode[i] = 0.0, 0, False
+            self.obs = next_obs
+        return [(i, Collector._columns(self, rows[i], records[i])) for i in range(N)], steps * N
+
+    def state_dict(self) -> dict:
+        return {"resume_seed": int(self.seed_rng.integers(2**31)), "num_envs": self.num_envs,
+                "finished_returns": np.asarray(self.finished_returns, np.float64),
+                "num_unstored_steps": self.num_unstored_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        if int(state["num_envs"]) != self.num_envs:
+            raise ValueError(f"the checkpoint was written with {int(state['num_envs'])} envs, this run has "
+                             f"{self.num_envs}")
+        self.obs, _ = self.envs.reset(seed=int(state["resume_seed"]))
+        self.seed_rng = np.random.default_rng(int(state["resume_seed"]))
+        self.episode_return[:], self.episode_length[:], self.stored_in_episode[:] = 0.0, 0, False
+        self.finished_returns = [float(r) for r in np.asarray(state.get("finished_returns", []))]
+        self.num_unstored_steps = int(state.get("num_unstored_steps", 0))
+        self.resumed = True
+
+    def close(self) -> None:
+        self.envs.close()
 
 
 def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.ndarray, gamma: float) -> np.ndarray:

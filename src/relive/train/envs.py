@@ -43,6 +43,27 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
     return env
 
 
+VECTOR_MODES = ("sync", "async")
+
+
+def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_steps: int | None = None):
+    """``num_envs`` copies of :func:`make_env` in a Gymnasium vector env: ``"sync"`` (SyncVectorEnv, one process)
+    or ``"async"`` (AsyncVectorEnv, one subprocess per env). Autoreset is SAME_STEP: the step that ends an
+    episode returns the next episode's first observation, and the true final observation in
+    ``info["final_obs"]`` -- so every step is a transition and a truncation's bootstrap target is never the reset
+    observation (:class:`relive.train.collector.VectorCollector`)."""
+    from functools import partial
+
+    from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+
+    if mode not in VECTOR_MODES:
+        raise ValueError(f"vector mode must be one of {VECTOR_MODES}, got {mode!r}")
+    make_env(env_id, max_episode_steps).close()  # a bad id fails here, with make_env's message, not in a worker
+    fns = [partial(make_env, env_id, max_episode_steps) for _ in range(num_envs)]
+    cls = SyncVectorEnv if mode == "sync" else AsyncVectorEnv
+    return cls(fns, autoreset_mode=AutoresetMode.SAME_STEP)
+
+
 def env_spec(env: gym.Env) -> EnvSpec:
     obs, act = env.observation_space, env.action_space
     if not isinstance(obs, gym.spaces.Box):

@@ -7,12 +7,15 @@ stored with each row, unstored probing steps skipped; ``stored_rows`` turns trun
 ``env.truncation_as_termination`` is set) -> ``OnEpisodeEnd`` hooks -> ``chunk x utd_ratio`` gradient steps.
 Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the first interval with
 ``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
-What a method needs from the loop it declares (``relive.train.hooks``); this file names no method.
+What a method needs from the loop it declares (``relive.train.hooks``); this file names no method. With
+``env.num_envs = N > 1`` a Gymnasium vector env is stepped instead (one policy call per step for all N; env i's rows
+are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N).
 
 Every component has its own random stream from ``SeedSequence(run.seed).spawn``. Checkpoints are the components'
 ``state_dict``s (agent, buffer with its sampler, collector, loop counters, warm-up RNG; ``train/checkpoint.py``),
 written every ``checkpoint_every_offline_grad_steps`` offline and on the first episode boundary after every
-``checkpoint_every_env_steps`` online, so ``train(resume_dir=...)`` continues exactly where the run stopped.
+``checkpoint_every_env_steps`` online, so ``train(resume_dir=...)`` continues exactly where the run stopped. (With N
+envs a checkpoint falls mid-episode; resuming resets the envs and ends each stream's open episode where it stood.)
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from relive.replay import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train import hooks as H
 from relive.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from relive.train.collector import Collector
-from relive.train.envs import env_spec, make_env, random_actions
+from relive.train.collector import Collector, VectorCollector
+from relive.train.envs import env_spec, make_env, make_vector_env, random_actions
 from relive.train.evaluation import evaluate, normalized_score
 from relive.train.logging import RunLogger
 
@@ -86,7 +89,7 @@ class Run:
     run_dir: Path
     agent: object
     buffer: ReplayBuffer
-    collector: Collector
+    collector: Collector | VectorCollector
     eval_env: object
     spec: object
     warmup_rng: np.random.Generator
@@ -153,6 +156,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             run.buffer.save(run.run_dir / "buffer_final")
     finally:
         run.logger.close()
+        if isinstance(run.collector, VectorCollector):
+            run.collector.close()  # (async: its worker processes)
     st, s = run.state, run.cfg.schedule
     summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
                          final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
@@ -179,10 +184,13 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
             raise ValueError(f"{run_dir} already holds a run; resume it with --resume or pick another --run-dir")
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
     torch.set_num_threads(cfg.run.num_threads)
-    env, eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps), make_env(cfg.env.id, cfg.env.max_episode_steps)
+    eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+    num_envs = cfg.env.num_envs
+    env = make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else make_vector_env(
+        cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps)
     if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
         eval_env.reset(seed=_int(seeds["eval"]))
-    spec = env_spec(env)
+    spec = env_spec(eval_env)
     agent = build_agent(cfg, spec, seeds["agent"])
     columns = tuple(getattr(agent, "stored_columns", tuple)())
     buffer = ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
@@ -203,10 +211,16 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
         if not (init / "MANIFEST.json").is_file():
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
         agent.load_state_dict(load_tree(init, kind="agent"))
-    collector = Collector(env, spec, _int(seeds["env"]), record_columns=columns)
+    collector = (Collector if num_envs == 1 else VectorCollector)(env, spec, _int(seeds["env"]),
+                                                                  record_columns=columns)
     hooks = []
     if resume_dir is None:  # (a component that cannot run here refuses now, before the directory is written)
         hooks = H.collect_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
+        try:
+            _check_num_envs(cfg, hooks)
+        except ValueError:
+            env.close()  # (async vector envs: their worker processes)
+            raise
     if resume_dir is None:  # everything is built: only now does the directory become a run
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -222,8 +236,24 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
     if resume_dir is not None:
         _resume(run, resuming)  # (the checkpoint's buffer replaces the new one: hooks are collected from it)
         run.hooks = H.collect_hooks(H.LoopContext(run.agent, run.buffer, cfg, gamma), run.agent, run.buffer.sampler)
+        if getattr(collector, "resumed", False):  # vector envs were reset mid-episode: end their open episodes
+            for stream in range(collector.num_envs):
+                slots = run.buffer.close_stream(stream, terminated=cfg.env.truncation_as_termination)
+                for h in H.of_type(run.hooks, H.OnEpisodeEnd) if slots.size else ():
+                    h.fn(slots)  # (returns-to-go of the cut episode)
     collector.on_episode_start = [h.fn for h in H.of_type(run.hooks, H.OnEpisodeStart)]
     return run
+
+
+def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
+    """Per-episode state held for one environment (OnEpisodeStart hooks: residual SAC's probing length, DDPG's OU
+    noise) cannot serve several envs stepped together: refuse, naming the component."""
+    if cfg.env.num_envs > 1 and H.of_type(hooks, H.OnEpisodeStart):
+        owners = sorted({type(getattr(h.fn, "__self__", h.fn)).__name__ for h in H.of_type(hooks, H.OnEpisodeStart)})
+        raise ValueError(f"env.num_envs = {cfg.env.num_envs}: {', '.join(owners)} keeps per-episode state for one "
+                         f"environment (an OnEpisodeStart hook, e.g. residual SAC's probing length or DDPG's OU "
+                         f"noise), which several envs stepped together would share; use num_envs = 1 (or, for "
+                         f"DDPG, exploration_noise = 'gaussian')")
 
 
 def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState) -> None:
@@ -351,11 +381,10 @@ def online_phase(run: Run) -> dict:
                 run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: stopping "
                                  f"at env step {st.env_steps} (run.stop_at_return)")
                 return row
-        if st.env_steps >= st.next_ckpt and run.collector.at_episode_start:  # between episodes: exact resume
+        if st.env_steps >= st.next_ckpt and run.collector.can_checkpoint:  # one env: between episodes (exact)
             st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
             checkpoint(run)
-        k = min(s.env_steps_per_chunk, s.num_online_env_steps - st.env_steps)
-        collect(run, k)
+        k = collect(run, min(s.env_steps_per_chunk, s.num_online_env_steps - st.env_steps))  # (a multiple of N)
         if st.env_steps > s.num_warmup_env_steps:
             for _ in range(s.grad_steps_per_chunk or k * s.utd_ratio):
                 gradient_step(run, "online")
@@ -367,9 +396,10 @@ def online_phase(run: Run) -> dict:
     return evaluation(run)
 
 
-def collect(run: Run, k: int) -> None:
+def collect(run: Run, k: int) -> int:
     """``k`` env steps into the buffer (warm-up: uniform random actions unless ``warmup_policy = "agent"``), then
-    the ``OnEpisodeEnd`` hooks of the episodes that ended among the stored rows."""
+    the ``OnEpisodeEnd`` hooks of the episodes that ended among the stored rows. With ``num_envs`` envs, k is
+    rounded up to a multiple of it and env i's rows go to stream i. Returns the env steps taken."""
     st, s = run.state, run.cfg.schedule
 
     def policy(obs):
@@ -377,10 +407,13 @@ def collect(run: Run, k: int) -> None:
             return random_actions(run.spec, obs.shape[0], run.warmup_rng)
         return run.agent.act(obs, explore=True)  # (may return a behaviour record, or store=False to probe)
 
-    rows = stored_rows(run.cfg, run.collector.step(policy, k))  # truncation: next_obs is the true final obs
-    if len(rows["reward"]):
-        slots = run.buffer.extend(rows)
-        episode_end = H.of_type(run.hooks, H.OnEpisodeEnd)
+    chunks, k = run.collector.step_streams(policy, k)  # truncation: next_obs is the true final obs
+    episode_end = H.of_type(run.hooks, H.OnEpisodeEnd)
+    for stream, rows in chunks:
+        rows = stored_rows(run.cfg, rows)
+        if not len(rows["reward"]):
+            continue
+        slots = run.buffer.extend(rows, stream=stream)
         if episode_end:
             for i in np.flatnonzero((rows["terminated"] | rows["truncated"]) & (slots >= 0)):
                 ep = run.buffer.episode_slots_of(int(slots[i]))
@@ -389,6 +422,7 @@ def collect(run: Run, k: int) -> None:
     st.env_steps += k
     if run.on_step is not None:
         run.on_step(st.env_steps, st.grad_steps)
+    return k
 
 
 def evaluation(run: Run) -> dict:

@@ -1,12 +1,15 @@
 """ReaPER's per-episode running sums, compiled (numba) when available, with the NumPy helpers the sampler's
 vectorized path uses. Positions are logical (``relive.replay.episodes``); an online position p lives in slot
-``k + p % cap`` (``StorageView.online_slot``), written out inline here because these loops are compiled."""
+``k + p % cap`` (``StorageView.online_slot``), written out inline here because these loops are compiled. That is
+the one-stream arithmetic; with several streams the ``_mapped`` variants read each online row's slot from the
+storage's per-lane map ``lane_map[p >> LANE_BITS, (p & LANE_MASK) % cap]``."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from relive.replay import _tree_kernels
+from relive.replay.episodes import LANE_BITS, LANE_MASK
 
 AVAILABLE = _tree_kernels.AVAILABLE
 
@@ -94,4 +97,54 @@ if _tree_kernels.AVAILABLE:
                 else:
                     b = m
             out[i] = _slot(a, online[i], k, cap)
+        return out
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _mslot(p, online, cap, lane_map):  # pragma: no cover - compiled
+        return lane_map[p >> LANE_BITS, (p & LANE_MASK) % cap] if online else p
+
+    @numba.njit(cache=True, nogil=True)
+    def _suffix_prefix_mapped(p_from, start, end, online, leaves, cap, lane_map, delta, prefix, evicted_d,
+                              c_out):  # pragma: no cover - compiled
+        j = 0
+        for e in range(p_from.size):
+            p = p_from[e]
+            if p >= end[e]:
+                continue
+            c = prefix[_mslot(p - 1, online[e], cap, lane_map)] if p > start[e] else evicted_d[leaves[e]]
+            for q in range(p, end[e]):
+                s = _mslot(q, online[e], cap, lane_map)
+                c += delta[s]
+                prefix[s] = c
+                c_out[j] = c
+                j += 1
+
+    @numba.njit(cache=True, nogil=True)
+    def _suffix_running_u_mapped(p_from, start, end, online, leaves, cap, lane_map, c_pow, delta_pow, cum_u,
+                                 evicted_u):  # pragma: no cover - compiled
+        j = 0
+        for e in range(p_from.size):
+            p = p_from[e]
+            if p >= end[e]:
+                continue
+            run = cum_u[_mslot(p - 1, online[e], cap, lane_map)] if p > start[e] else evicted_u[leaves[e]]
+            for q in range(p, end[e]):
+                s = _mslot(q, online[e], cap, lane_map)
+                run += c_pow[j] * delta_pow[s]
+                cum_u[s] = run
+                j += 1
+
+    @numba.njit(cache=True, nogil=True)
+    def _search_mapped(lo, hi, online, target, cap, lane_map, cum_u, out):  # pragma: no cover - compiled
+        for i in range(lo.size):
+            a = lo[i]
+            b = hi[i] - 1
+            t = target[i]
+            while a < b:
+                m = (a + b) >> 1
+                if cum_u[_mslot(m, online[i], cap, lane_map)] <= t:
+                    a = m + 1
+                else:
+                    b = m
+            out[i] = _mslot(a, online[i], cap, lane_map)
         return out

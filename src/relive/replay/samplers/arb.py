@@ -261,7 +261,7 @@ class ARBSampler(Sampler):
         out = np.empty(batch_size, np.int64)
         w = np.empty(batch_size)
         if k_fresh:
-            out[:k_fresh] = st.online_slot(rng.integers(first_fresh, now, k_fresh))
+            out[:k_fresh] = st.ring_slot(rng.integers(first_fresh, now, k_fresh))
             w[:k_fresh] = provisional
         filled = k_fresh
         while filled < batch_size:

@@ -82,6 +82,10 @@ class Sampler:
     def on_insert(self, slots: np.ndarray) -> None:
         """Rows were written into ``slots`` (new or overwritten), all within this sampler's domain."""
 
+    def on_episodes_closed(self, ids: np.ndarray) -> None:
+        """Open online episodes ``ids`` were ended where they stood (``ReplayBuffer.close_stream``): their last
+        stored row is now their end. Samplers that keep per-episode state update it here."""
+
     def check_insert(self, source: int, rows) -> None:
         """Raise ValueError if rows about to be written with ``source`` are unusable to this sampler (called
         before anything is written, so a refused batch leaves the buffer unchanged)."""

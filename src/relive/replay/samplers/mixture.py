@@ -54,6 +54,9 @@ class MixtureSampler(Sampler):
             self.offline.on_insert(slots[~online])
             self.online.on_insert(slots[online])
 
+    def on_episodes_closed(self, ids: np.ndarray) -> None:
+        self.online.on_episodes_closed(ids)
+
     def check_insert(self, source: int, rows) -> None:
         (self.offline if source == OFFLINE else self.online).check_insert(source, rows)
 

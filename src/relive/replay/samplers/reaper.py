@@ -107,6 +107,9 @@ class ReaPERSampler(Sampler):
         self.total_tree = MaxTree(n)  # S_e, for F
         self._seen_next_id = 0
         self._open_offline_id = -1
+        # several streams: episodes no longer die in id order, so online leaves are allocated, not id mod capacity
+        self._leaf_by_id: dict[int, int] | None = None
+        self._free_leaves: list[int] = []
 
     @property
     def beta(self) -> float:
@@ -120,7 +123,31 @@ class ReaPERSampler(Sampler):
     def _leaf_of(self, ids: np.ndarray) -> np.ndarray:
         st = self.storage
         k = st.episodes.num_offline_episodes
-        return np.where(ids < k, ids, k + (ids - k) % max(st.online_capacity, 1))
+        if self._leaf_by_id is None:  # one stream: online episodes die in id order, id mod capacity is unique
+            return np.where(ids < k, ids, k + (ids - k) % max(st.online_capacity, 1))
+        ids = np.asarray(ids, np.int64)
+        out = ids.copy()
+        online = ids >= k
+        if online.any():
+            by_id = self._leaf_by_id
+            out[online] = [by_id[i] for i in ids[online].tolist()]
+        return out
+
+    def _multi_stream(self) -> None:
+        """The second stream started writing: from now on online episodes get leaves from a free list."""
+        st = self.storage
+        k = st.episodes.num_offline_episodes
+        leaves = np.arange(k, k + st.online_capacity)
+        ids = self.leaf_id[leaves]
+        used = ids >= 0  # live, or dead in the write being inserted (its _evict frees them)
+        self._leaf_by_id = {int(i): int(leaf) for i, leaf in zip(ids[used], leaves[used], strict=True)}
+        self._free_leaves = leaves[~used][::-1].tolist()
+
+    def _allocate_leaves(self, ids: np.ndarray) -> None:
+        k = self.storage.episodes.num_offline_episodes
+        for i in ids.tolist():
+            if i >= k:
+                self._leaf_by_id[i] = self._free_leaves.pop()
 
     def _positions(self, slots: np.ndarray) -> np.ndarray:
         """Logical positions (see relive.replay.episodes) of stored slots."""
@@ -157,10 +184,20 @@ class ReaPERSampler(Sampler):
         omega = self.reliability_exponent
         if self._compiled:
             c = np.empty(n_rows)
-            _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d, c)
+            lane_map = self.storage.lane_map
+            if lane_map is None:  # one stream: slots follow from positions
+                _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d,
+                               c)
+            else:
+                _suffix_prefix_mapped(p_from, start, end, online, leaves, cap, lane_map, self.delta, self.prefix,
+                                      self.evicted_d, c)
             c_pow = _power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
-            _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
-                              self.evicted_u)
+            if lane_map is None:
+                _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
+                                  self.evicted_u)
+            else:
+                _suffix_running_u_mapped(p_from, start, end, online, leaves, cap, lane_map, c_pow, self.delta_pow,
+                                         self.cum_u, self.evicted_u)
             return
         lengths = end - p_from
         seg = np.repeat(np.arange(lengths.size), lengths)
@@ -207,32 +244,56 @@ class ReaPERSampler(Sampler):
         slots, old = slots[keep], old[keep]
         if old.size == 0:
             return np.zeros(0, np.int64)
-        rev_leaves, rev_first = np.unique(old[::-1], return_index=True)
-        last_slot = slots[::-1][rev_first]  # the last evicted row of each episode
+        # the last evicted row of each episode
+        if self._leaf_by_id is None and slots.size < self.storage.online_capacity:
+            # one stream, a write shorter than the ring: slots are overwritten in the old rows' time order
+            rev_leaves, rev_first = np.unique(old[::-1], return_index=True)
+            last_slot = slots[::-1][rev_first]
+        else:  # the row with the largest C (and running u), which grow along an episode: a write longer than
+            # the ring starts past the oldest row's slot, and several streams' rows interleave
+            order = np.lexsort((self.cum_u[slots], self.prefix[slots], old))
+            old, slots = old[order], slots[order]
+            last = np.r_[old[1:] != old[:-1], True]
+            rev_leaves, last_slot = old[last], slots[last]
         ids = self.leaf_id[rev_leaves]
-        alive = ids >= self.storage.episodes.first_live_online_id
+        if self._leaf_by_id is None:
+            alive = ids >= self.storage.episodes.first_live_online_id
+            kept = alive
+        else:
+            alive = self.storage.episodes.is_live(ids)
+            # several streams: an open episode whose stored rows were all overwritten by other streams keeps its
+            # leaf (and its sums, for the rows it gets next) but leaves the trees until then
+            kept = alive | np.isin(ids, self.storage.episodes.open_online_ids())
         dead = rev_leaves[~alive]
         if dead.size:
             zeros = np.zeros(dead.size)
             self.finished_tree.update(dead, zeros)
             self.ongoing_tree.update(dead, zeros)
             self.total_tree.update(dead, zeros)
-            self.leaf_id[dead] = -1
-        alive_leaves = rev_leaves[alive]
-        self.evicted_d[alive_leaves] = self.prefix[last_slot[alive]]
-        self.evicted_u[alive_leaves] = self.cum_u[last_slot[alive]]
+            self.leaf_id[rev_leaves[~kept]] = -1
+            if self._leaf_by_id is not None:
+                for i in ids[~kept].tolist():
+                    del self._leaf_by_id[i]
+                self._free_leaves.extend(rev_leaves[~kept].tolist())
+        self.evicted_d[rev_leaves[kept]] = self.prefix[last_slot[kept]]
+        self.evicted_u[rev_leaves[kept]] = self.cum_u[last_slot[kept]]
         return ids[alive]
 
     def on_insert(self, slots: np.ndarray) -> None:
         st = self.storage
         self._sync()
+        if st.multi_stream and self._leaf_by_id is None:
+            self._multi_stream()
         pos = self._positions(slots)
         shortened = np.zeros(0, np.int64)
         if slots[0] >= st.num_offline:
-            shortened = self._evict(slots[pos >= st.online_capacity])  # the ring overwrote these slots
+            overwritten = slots if self._leaf_by_id is not None else slots[pos >= st.online_capacity]
+            shortened = self._evict(overwritten)  # the ring overwrote these slots (a stored row has a leaf)
         ids = st.meta["episode_id"].take(slots)
         fresh = ids >= self._seen_next_id
         if fresh.any():
+            if self._leaf_by_id is not None:
+                self._allocate_leaves(np.unique(ids[fresh]))
             new_leaves = self._leaf_of(np.unique(ids[fresh]))
             self.evicted_d[new_leaves] = 0.0
             self.evicted_u[new_leaves] = 0.0
@@ -249,6 +310,19 @@ class ReaPERSampler(Sampler):
         self._recompute(touched, p_from)
         if slots[0] < st.num_offline:
             self._open_offline_id = st.episodes.is_open(OFFLINE)
+
+    def on_episodes_closed(self, ids: np.ndarray) -> None:
+        """An open episode ended where it stood: it now uses S_e (finished) instead of F."""
+        ids = np.asarray(ids, np.int64)
+        live = self.storage.episodes.is_live(ids)
+        if live.any():
+            self._recompute(ids[live], np.full(int(live.sum()), np.iinfo(np.int64).max))
+        if self._leaf_by_id is not None:  # one waiting for rows that will never come: its leaf is free
+            for i in ids[~live].tolist():
+                leaf = self._leaf_by_id.pop(i, None)
+                if leaf is not None:
+                    self.leaf_id[leaf] = -1
+                    self._free_leaves.append(leaf)
 
     def check_signals(self, slots: np.ndarray, signals: dict) -> None:
         super().check_signals(slots, signals)
@@ -309,6 +383,10 @@ class ReaPERSampler(Sampler):
         target = self.evicted_u[leaves] + r * (self.u_total[leaves] - self.evicted_u[leaves])
         online = leaves >= st.episodes.num_offline_episodes
         if self._compiled:
+            lane_map = st.lane_map
+            if lane_map is not None:
+                return _search_mapped(lo, hi, online, target, cap, lane_map, self.cum_u,
+                                      np.empty(leaves.size, np.int64))
             return _search(lo, hi, online, target, k, cap, self.cum_u, np.empty(leaves.size, np.int64))
         hi = hi - 1  # find the first position p in [lo, hi] with cum_u[p] > target (hi if none)
         while np.any(lo < hi):
@@ -387,6 +465,9 @@ class ReaPERSampler(Sampler):
         self.num_samples = int(state["num_samples"])
         self._seen_next_id = int(state["seen_next_id"])
         self._open_offline_id = int(state["open_offline_id"])
+        self._leaf_by_id, self._free_leaves = None, []
+        if self.storage.multi_stream:
+            self._multi_stream()
         n = self.storage.capacity
         fin, ongoing, totals = np.zeros(n), np.zeros(n), np.zeros(n)
         live = np.flatnonzero(self.leaf_id >= 0)
@@ -405,7 +486,14 @@ def _restore(arr: np.ndarray, saved, fill: int = 0) -> None:
 
 
 if _tree_kernels.AVAILABLE:
-    from relive.replay.samplers._reaper_kernels import _search, _suffix_prefix, _suffix_running_u
+    from relive.replay.samplers._reaper_kernels import (
+        _search,
+        _search_mapped,
+        _suffix_prefix,
+        _suffix_prefix_mapped,
+        _suffix_running_u,
+        _suffix_running_u_mapped,
+    )
 
 
 @dataclass(frozen=True)

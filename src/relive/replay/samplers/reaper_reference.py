@@ -86,6 +86,13 @@ class ReaPERReferenceSampler(ReaPERSampler):
             if self.finished[leaf]:
                 self.reference_F = max(self.reference_F, float(self.total[leaf]))
 
+    def on_episodes_closed(self, ids: np.ndarray) -> None:
+        super().on_episodes_closed(ids)
+        ids = np.asarray(ids, np.int64)
+        for leaf in self._leaf_of(ids[self.storage.episodes.is_live(ids)]).tolist():  # it just ended: raise F
+            if self.finished[leaf]:
+                self.reference_F = max(self.reference_F, float(self.total[leaf]))
+
     def update(self, slots: np.ndarray, signals: dict) -> None:
         super().update(slots, signals)
         self.update_serial[self.slot_leaf[np.asarray(slots, np.int64)]] = self._serial

@@ -1,0 +1,168 @@
+"""Vector envs in one process (issue 16, item 2): ``--num-envs N`` steps N envs with one policy call per step;
+env i is replay stream i; a truncation's next_obs is the true final observation; rows of different envs never
+share an episode; training and resume work with N envs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from relive.cli import main
+from relive.replay.checkpoint import load_tree
+from relive.train.collector import VectorCollector
+from relive.train.envs import env_spec, make_env, make_vector_env
+from relive.train.trainer import train
+from tests.train.test_trainer import TINY, SimulatedKill, cfg_for, kill_at
+
+
+def _zeros(n):
+    return lambda obs: np.zeros((obs.shape[0], 1), np.float32)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_truncation_next_obs_is_the_true_final_observation(mode):
+    """Pendulum with time limits 5: both envs truncate at step 5; the stored next_obs there is the env's last
+    observation (replayed on a single env), not the next episode's first, and one policy call serves both."""
+    envs = make_vector_env("Pendulum-v1", 2, mode, max_episode_steps=5)
+    spec = env_spec(make_env("Pendulum-v1"))
+    collector = VectorCollector(envs, spec, seed=0)
+    calls = []
+
+    def policy(obs):
+        calls.append(obs.shape)
+        return np.zeros((obs.shape[0], 1), np.float32)
+
+    chunks, steps = collector.step_streams(policy, 14)  # 7 vector steps = 14 env steps
+    collector.close()
+    assert steps == 14 and calls == [(2, 3)] * 7
+    for stream, rows in chunks:
+        assert rows["truncated"].tolist() == [False] * 4 + [True, False, False]
+        assert not rows["terminated"].any()
+        np.testing.assert_array_equal(rows["next_obs"][:4], rows["obs"][1:5])
+        assert not np.allclose(rows["next_obs"][4], rows["obs"][5])  # the reset obs is the next row's obs
+        ref = make_env("Pendulum-v1", max_episode_steps=5)
+        obs, _ = ref.reset(seed=stream)  # the vector env seeds env i with seed + i
+        np.testing.assert_allclose(rows["obs"][0], obs)
+        for _ in range(5):
+            final_obs, *_ = ref.step(np.zeros(1, np.float32))
+        np.testing.assert_allclose(rows["next_obs"][4], final_obs, rtol=1e-6)
+        first, _ = ref.reset()  # the next episode starts from the env's own RNG, as the vector env's reset does
+        np.testing.assert_allclose(rows["obs"][5], first, rtol=1e-6)
+
+
+def test_rows_of_different_envs_never_share_an_episode(tmp_path):
+    """CartPole, 3 envs whose episodes end at different steps: every stored episode holds rows of one stream,
+    consecutive steps, and its transitions chain (next_obs[t] == obs[t + 1]) -- the rows of one env trajectory."""
+    run = tmp_path / "r"
+    main(["--debug", "train", "ddqn", "--env", "CartPole-v1", "--online-steps", "600", "--warmup", "600", "--num-envs", "3",
+          "--chunk", "30", "--eval-every", "600", "--run-dir", str(run), "--set", "run.save_final_buffer=true",
+          *TINY])
+    from relive.replay import ReplayBuffer
+
+    buf = ReplayBuffer.load(run / "buffer_final")
+    st = buf.storage
+    assert len(buf) == 600 and sorted(set(st.meta["stream"][:600].tolist())) == [0, 1, 2]
+    view = st.episodes.live()
+    assert view.finished.sum() >= 10
+    for start, length, src in zip(view.start, view.length, view.source, strict=True):
+        slots = st.episode_slots([start], [length], [src])
+        assert np.unique(st.meta["stream"][slots]).size == 1
+        np.testing.assert_array_equal(st.meta["step_in_episode"][slots], np.arange(length))
+        np.testing.assert_array_equal(st.columns["next_obs"][slots[:-1]], st.columns["obs"][slots[1:]])
+        ends = st.columns["terminated"][slots] | st.columns["truncated"][slots]
+        assert not ends[:-1].any()
+
+
+@pytest.mark.parametrize("preset,env", [("sac", "Pendulum-v1"), ("ddqn", "CartPole-v1")])
+def test_short_training_run_with_two_envs(tmp_path, preset, env):
+    """env steps count both envs: 300 online steps = 150 vector steps; utd 1 -> one gradient step per env step
+    after the warm-up (chunk 1 rounds up to 2 env steps, 2 gradient steps)."""
+    run = tmp_path / preset
+    code = main(["--debug", "train", preset, "--env", env, "--online-steps", "300", "--warmup", "100", "--num-envs", "2",
+                 "--eval-every", "300", "--run-dir", str(run), *TINY])
+    assert code == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["num_online_env_steps"] == 300
+    assert summary["num_grad_steps"] == 200  # (300 - 100) env steps x utd 1
+    assert json.loads((run / "config.json").read_text())["env"]["num_envs"] == 2
+
+
+def test_calql_with_async_envs_gets_returns_to_go_per_env(tmp_path):
+    """Cal-QL's returns-to-go (OnEpisodeEnd) are written per stream, with subprocess envs."""
+    run = tmp_path / "c"
+    main(["--debug", "train", "calql", "--env", "Pendulum-v1", "--offline-steps", "0", "--online-steps", "440", "--warmup", "400", "--num-envs", "2",
+          "--vector-mode", "async", "--set", "env.max_episode_steps=50", "--set", "agent.cql_n_actions=2",
+          "--eval-every", "440", "--run-dir", str(run), "--set", "run.save_final_buffer=true", *TINY])
+    from relive.replay import ReplayBuffer
+    from relive.train.collector import returns_to_go
+
+    st = ReplayBuffer.load(run / "buffer_final").storage
+    view = st.episodes.live()
+    assert view.finished.sum() == 8  # 2 envs x 4 episodes of 50 steps
+    for start, length, src, fin in zip(view.start, view.length, view.source, view.finished, strict=True):
+        slots = st.episode_slots([start], [length], [src])
+        if fin:
+            end = np.zeros(length, bool)
+            end[-1] = True
+            want = returns_to_go(st.columns["reward"][slots], end, st.columns["terminated"][slots], 0.99)
+            np.testing.assert_allclose(st.columns["mc_return"][slots], want, rtol=1e-5)
+
+
+def test_resume_with_two_envs_ends_the_cut_episodes_and_finishes(tmp_path):
+    """Killed after a mid-episode checkpoint, resumed: the streams' open episodes are ended at their last stored
+    row (a truncation), the envs start new episodes, and the run finishes with every env step counted once."""
+    args = ["sac", "--env", "Pendulum-v1", "--online-steps", "600", "--warmup", "100", "--num-envs", "2",
+            "--eval-every", "300", "--checkpoint-every", "150", "--set", "run.save_final_buffer=true", *TINY]
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(env_step=450))
+    ckpt = load_tree(tmp_path / "cut" / "checkpoint", kind="run")
+    saved = int(ckpt["loop"]["env_steps"])
+    assert saved == 300 and saved % 200 != 0  # mid-episode for both envs (Pendulum episodes: 200 steps)
+    summary = train(resume_dir=tmp_path / "cut")
+    assert summary.num_online_env_steps == 600 and summary.num_grad_steps == 500
+    from relive.replay import ReplayBuffer
+
+    st = ReplayBuffer.load(tmp_path / "cut" / "buffer_final").storage
+    for stream in (0, 1):
+        slots = np.flatnonzero(st.meta["stream"][:600] == stream)
+        assert slots.size == 300
+        cut = slots[149]  # the stream's 150th row: the last one before the checkpoint
+        assert st.columns["truncated"][cut] and st.meta["step_in_episode"][cut] == 149
+        assert st.meta["step_in_episode"][slots[150]] == 0  # a new episode after the resume
+        assert st.meta["episode_id"][cut] != st.meta["episode_id"][slots[150]]
+
+
+def test_components_with_per_episode_state_refuse_several_envs(tmp_path):
+    with pytest.raises(ValueError, match="OnEpisodeStart"):
+        main(["--debug", "train", "ddpg", "--env", "Pendulum-v1", "--num-envs", "2", "--set",
+              "agent.exploration_noise=\"ou\"", "--run-dir", str(tmp_path / "a"), *TINY])
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ValueError, match="num_envs must be an integer >= 1"):
+        main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--num-envs", "0", "--run-dir",
+              str(tmp_path / "b"), *TINY])
+
+
+@pytest.mark.parametrize("preset", ["rlpd", "calql", "calql_arb", "ddqn_per", "ddpg", "ddpg_per", "ddpg_refer",
+                                    "sac_refer", "vracer", "vracer_refer", "residual_sac"])
+def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_path, monkeypatch, preset):
+    """Each preset for a few steps with 2 envs (sac and ddqn above): behaviour records (ReF-ER's mu/sigma,
+    V-RACER's), ARB's re-scoring and Cal-QL's returns-to-go per stream. residual_sac refuses (probing state)."""
+    from relive.presets import get_preset
+
+    env = "CartPole-v1" if get_preset(preset).agent_kind == "ddqn" else "Pendulum-v1"
+    args = ["--debug", "train", preset, "--env", env, "--online-steps", "80", "--warmup", "40", "--num-envs", "2",
+            "--offline-steps", "0", "--eval-every", "80", "--capacity", "5000", "--run-dir", str(tmp_path / "r"),
+            *TINY]
+    if preset == "residual_sac":  # a stand-in base policy (as tests/agents/test_residual_sac.py does)
+        import sys
+        import types
+
+        fake = types.ModuleType("relive.agents.base_policy")
+        fake.load_base_policy = lambda path, spec: (lambda obs: np.zeros((len(obs), 1), np.float32))
+        monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+        with pytest.raises(ValueError, match="ResidualSAC keeps per-episode state"):
+            main([*args, "--base-policy", "tiny"])
+        assert not (tmp_path / "r").exists()
+        return
+    assert main(args) == 0
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["num_online_env_steps"] == 80
