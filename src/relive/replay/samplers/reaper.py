@@ -110,6 +110,10 @@ class ReaPERSampler(Sampler):
         # several streams: episodes no longer die in id order, so online leaves are allocated, not id mod capacity
         self._leaf_by_id: dict[int, int] | None = None
         self._free_leaves: list[int] = []
+        # several streams: an open episode whose stored rows were all overwritten by other streams gives its leaf
+        # back (stored episodes never outnumber the ring's slots, open empty ones could) and parks its evicted
+        # sums (C and running u at its last evicted row) here until its stream writes to it again
+        self._parked: dict[int, tuple[float, float]] = {}
 
     @property
     def beta(self) -> float:
@@ -148,6 +152,14 @@ class ReaPERSampler(Sampler):
         for i in ids.tolist():
             if i >= k:
                 self._leaf_by_id[i] = self._free_leaves.pop()
+
+    def _unpark(self, ids: np.ndarray) -> None:
+        """Parked open episodes among ``ids`` (episode ids of a write) get a leaf and their evicted sums back."""
+        for i in np.unique(ids).tolist():
+            if i in self._parked:
+                leaf = self._free_leaves.pop()
+                self._leaf_by_id[i] = leaf
+                self.evicted_d[leaf], self.evicted_u[leaf] = self._parked.pop(i)
 
     def _positions(self, slots: np.ndarray) -> np.ndarray:
         """Logical positions (see relive.replay.episodes) of stored slots."""
@@ -261,9 +273,13 @@ class ReaPERSampler(Sampler):
             kept = alive
         else:
             alive = self.storage.episodes.is_live(ids)
-            # several streams: an open episode whose stored rows were all overwritten by other streams keeps its
-            # leaf (and its sums, for the rows it gets next) but leaves the trees until then
-            kept = alive | np.isin(ids, self.storage.episodes.open_online_ids())
+            kept = alive
+            # several streams: an open episode whose stored rows were all overwritten by other streams frees its
+            # leaf and parks its sums for the rows it gets next (see _parked)
+            parked = ~alive & np.isin(ids, self.storage.episodes.open_online_ids())
+            for i, d, u in zip(ids[parked].tolist(), self.prefix[last_slot[parked]].tolist(),
+                               self.cum_u[last_slot[parked]].tolist(), strict=True):
+                self._parked[i] = (d, u)
         dead = rev_leaves[~alive]
         if dead.size:
             zeros = np.zeros(dead.size)
@@ -290,6 +306,8 @@ class ReaPERSampler(Sampler):
             overwritten = slots if self._leaf_by_id is not None else slots[pos >= st.online_capacity]
             shortened = self._evict(overwritten)  # the ring overwrote these slots (a stored row has a leaf)
         ids = st.meta["episode_id"].take(slots)
+        if self._parked:
+            self._unpark(ids)
         fresh = ids >= self._seen_next_id
         if fresh.any():
             if self._leaf_by_id is not None:
@@ -319,6 +337,7 @@ class ReaPERSampler(Sampler):
             self._recompute(ids[live], np.full(int(live.sum()), np.iinfo(np.int64).max))
         if self._leaf_by_id is not None:  # one waiting for rows that will never come: its leaf is free
             for i in ids[~live].tolist():
+                self._parked.pop(i, None)
                 leaf = self._leaf_by_id.pop(i, None)
                 if leaf is not None:
                     self.leaf_id[leaf] = -1
@@ -454,7 +473,9 @@ class ReaPERSampler(Sampler):
             "slots": {name: getattr(self, name)[:size].copy() for name in self._SLOT_ARRAYS},
             "leaves": {name: getattr(self, name)[:n_leaves].copy() for name in self._LEAF_ARRAYS},
             "max_delta": self.max_delta, "num_samples": self.num_samples, "seen_next_id": self._seen_next_id,
-            "open_offline_id": self._open_offline_id}
+            "open_offline_id": self._open_offline_id,
+            "parked": {"ids": np.array(list(self._parked), np.int64),
+                       "sums": np.array(list(self._parked.values()), np.float64).reshape(-1, 2)}}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -466,6 +487,11 @@ class ReaPERSampler(Sampler):
         self._seen_next_id = int(state["seen_next_id"])
         self._open_offline_id = int(state["open_offline_id"])
         self._leaf_by_id, self._free_leaves = None, []
+        parked = state.get("parked")  # (absent in checkpoints written before parking existed)
+        self._parked = {} if parked is None else {
+            int(i): (float(d), float(u)) for i, (d, u) in zip(np.asarray(parked["ids"]).tolist(),
+                                                              np.asarray(parked["sums"]).reshape(-1, 2).tolist(),
+                                                              strict=True)}
         if self.storage.multi_stream:
             self._multi_stream()
         n = self.storage.capacity
