@@ -163,3 +163,44 @@ def test_tensor_metrics_read_as_floats_once():
     assert m == {"train/a": 1.5, "train/b": 2.0, "train/c": 3.0} and len(m) == 3
     with pytest.raises(KeyError):
         m["missing"]
+
+
+def test_lean_adam_steps_are_bit_identical_to_torch_fused_adam():
+    torch.manual_seed(0)  # test data only
+    params = [torch.randn(4, 3), torch.randn(3), torch.randn(())]
+    lean_p = [p.clone().requires_grad_() for p in params]
+    ref_p = [p.clone().requires_grad_() for p in params]
+    lean = nets.adam(lean_p, 1e-2)
+    ref = torch.optim.Adam(ref_p, lr=1e-2, fused=True)
+    assert isinstance(lean, nets.LeanAdam)
+    for step in range(5):
+        grads = [torch.randn_like(p) for p in params]
+        for ps in (lean_p, ref_p):
+            for p, g in zip(ps, grads, strict=True):
+                p.grad = g.clone()
+        if step == 3:  # a learning-rate change (ReF-ER anneals them) is read at every step
+            for opt in (lean, ref):
+                opt.param_groups[0]["lr"] = 3e-3
+        lean.step()
+        ref.step()
+        for a, b in zip(lean_p, ref_p, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for k, st in ref.state_dict()["state"].items():
+        for name, v in st.items():
+            torch.testing.assert_close(lean.state_dict()["state"][k][name], v, rtol=0, atol=0)
+
+
+def test_sampled_log_prob_equals_the_density_of_the_sampled_action():
+    """sample_from's log pi(a|s) (written with eps) equals the tanh-Gaussian density at the sampled u."""
+    actor = nets.init_(nets.TanhGaussianActor(5, 2, (16,), np.array([-2.0, -1.0]), np.array([2.0, 1.0])),
+                       torch.Generator().manual_seed(0))
+    mean, log_std = actor(torch.randn(64, 5))
+    for deterministic in (False, True):
+        gen = torch.Generator().manual_seed(1)
+        a, logp = actor.sample_from(mean, log_std, gen, deterministic)
+        gen = torch.Generator().manual_seed(1)
+        eps = torch.zeros_like(mean) if deterministic else torch.randn(mean.shape, generator=gen)
+        u = mean + log_std.exp() * eps
+        expected = nets.tanh_gaussian_log_prob(mean, log_std, u).sum(-1) - actor.log_scale_sum()
+        torch.testing.assert_close(logp, expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, actor.squash(u))

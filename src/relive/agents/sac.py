@@ -282,9 +282,17 @@ class SAC:
         logp = logp.detach()
         metrics = {"train/actor_loss": actor_loss.detach(), "train/entropy": -logp.mean()}
         if self.cfg.learn_temperature:
-            _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))
+            self._temperature_step(logp, w)
         metrics["train/alpha"] = self.alpha
         return metrics, log_likelihood
+
+    def _temperature_step(self, logp: torch.Tensor, is_weight: torch.Tensor) -> None:
+        """One Adam step on J(alpha) = mean_i w_i temperature_loss_i (Eq. 18), with its gradient in log alpha
+        written out: d/d log alpha [-alpha (log pi_i + H)] = -alpha (log pi_i + H), so the gradient is
+        -alpha mean_i w_i (log pi_i + H) (one scalar: an autograd pass would cost more than the arithmetic)."""
+        with torch.no_grad():
+            self.log_alpha.grad = -self.log_alpha.exp() * (is_weight * (logp + self.target_entropy)).mean()
+        self.alpha_opt.step()
 
     @staticmethod
     def _result(metrics: dict, q: torch.Tensor, y: torch.Tensor, log_likelihood: torch.Tensor | None) -> UpdateResult:
