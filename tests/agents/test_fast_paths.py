@@ -204,3 +204,18 @@ def test_sampled_log_prob_equals_the_density_of_the_sampled_action():
         expected = nets.tanh_gaussian_log_prob(mean, log_std, u).sum(-1) - actor.log_scale_sum()
         torch.testing.assert_close(logp, expected, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a, actor.squash(u))
+
+
+def test_lean_adam_minimize_equals_zero_grad_backward_step():
+    torch.manual_seed(0)  # test data only
+    x, target = torch.randn(16, 4), torch.randn(16)
+    nets_ = [torch.nn.Linear(4, 1) for _ in range(2)]
+    nets_[1].load_state_dict(nets_[0].state_dict())
+    lean, ref = nets.adam(nets_[0].parameters(), 1e-2), torch.optim.Adam(nets_[1].parameters(), lr=1e-2, fused=True)
+    for _ in range(4):
+        lean.minimize(((nets_[0](x).squeeze(-1) - target) ** 2).mean())
+        ref.zero_grad(set_to_none=True)
+        ((nets_[1](x).squeeze(-1) - target) ** 2).mean().backward()
+        ref.step()
+        for a, b in zip(nets_[0].parameters(), nets_[1].parameters(), strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -292,6 +292,8 @@ class SAC:
         -alpha mean_i w_i (log pi_i + H) (one scalar: an autograd pass would cost more than the arithmetic)."""
         with torch.no_grad():
             self.log_alpha.grad = -self.log_alpha.exp() * (is_weight * (logp + self.target_entropy)).mean()
+        if isinstance(self.alpha_opt, nets.LeanAdam) and self.alpha_opt._fused_step():
+            return
         self.alpha_opt.step()
 
     @staticmethod
@@ -364,6 +366,4 @@ class SAC:
 
 
 def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
+    nets.optimize(opt, loss)
