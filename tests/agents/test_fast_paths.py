@@ -74,7 +74,8 @@ def reference_sac_update(agent, b):
     _step(agent.critic_opt, critic_loss)
     agent.num_critic_steps += 1
     nets.polyak(agent.target_critic, agent.critic, cfg.tau)
-    metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()}
+    metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(),
+               "train/target_mean": y.mean().item()}
     metrics |= reference_actor_steps(agent, b)
     return metrics, (q.detach().mean(0) - y).numpy()
 

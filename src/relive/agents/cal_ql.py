@@ -87,7 +87,8 @@ def cql_gap(q_rand: torch.Tensor, q_pi: torch.Tensor, q_next: torch.Tensor, q_da
     q_data [E, B] -> [E, B]. The policy values are calibrated by ``mc_return`` [B] when ``calibrate``. With
     ``importance_sample`` the log-densities ``log_uniform`` (scalar), ``pi_logp`` and ``next_logp`` [1, B, n]
     are subtracted (CQL(H) with IS); without, the logsumexp runs over the plain values and Q(s, a). The metrics
-    are 0-d tensors (``relive.types.TensorMetrics`` converts them when read). Shared by :class:`CalQL` and the residual agent's critic pre-training (``relive.agents.residual_sac``)."""
+    are 0-d tensors (``relive.types.TensorMetrics`` converts them when read). Shared by :class:`CalQL` and the
+    residual agent's critic pre-training (``relive.agents.residual_sac``)."""
     bound_rate = (q_pi < mc_return.view(1, -1, 1)).float().mean()  # NaN compares False
     if calibrate:  # Cal-QL: lower-bound the policy actions' values by V_mu(s)
         q_pi, q_next = CalQL.calibrated(q_pi, mc_return), CalQL.calibrated(q_next, mc_return)

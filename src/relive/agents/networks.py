@@ -168,7 +168,8 @@ class TanhGaussianActor(nn.Module):
             eps = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             u = mean + log_std.exp() * eps
             gauss = -0.5 * eps.square() - log_std  # (u - mean) / std is eps: no need to recompute it
-        log_prob = (gauss - _tanh_log_det(u)).sum(-1) - (0.5 * math.log(2 * math.pi) * u.shape[-1] + self.log_scale_sum())
+        const = 0.5 * math.log(2 * math.pi) * u.shape[-1]
+        log_prob = (gauss - _tanh_log_det(u)).sum(-1) - (const + self.log_scale_sum())
         return self.squash(u), log_prob
 
     def log_prob(self, obs: torch.Tensor, action: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -282,7 +283,8 @@ class LeanAdam(torch.optim.Adam):
             params = group["params"]
             if (not params or group["amsgrad"] or not group["fused"] or group["maximize"]
                     or group["differentiable"] or group.get("decoupled_weight_decay", False)
-                    or isinstance(group["lr"], torch.Tensor) or any(p.grad is None or p not in self.state for p in params)
+                    or isinstance(group["lr"], torch.Tensor)
+                    or any(p.grad is None or p not in self.state for p in params)
                     or len({(p.device, p.dtype) for p in params}) != 1):
                 return False
             states = [self.state[p] for p in params]
