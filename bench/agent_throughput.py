@@ -170,6 +170,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=7, help="alternating rounds of the update measurements")
     p.add_argument("--sections", default="update,loop", help="comma-separated: update (sections 1-2), loop (3)")
     p.add_argument("--no-compile", action="store_true", help="leave out the compile=True contender")
+    p.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc thresholds as they are "
+                   "(by default the process keeps freed memory, as relive's trainer does: retain_freed_memory)")
     p.add_argument("--loop-steps", type=int, default=500, help="timed env steps per training loop and round")
     p.add_argument("--loop-rounds", type=int, default=4, help="alternating rounds of the loop measurements "
                    "(both loops keep going: round r times env steps r x loop-steps .. (r + 1) x loop-steps)")
@@ -182,13 +184,18 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    if not args.default_malloc:  # as relive's trainer does for its process; every contender runs with it
+        from relive.agents.networks import retain_freed_memory
+
+        retain_freed_memory()
     warnings.filterwarnings("ignore")
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else []
     print(f"torch {torch.__version__}, threads {args.threads}, CPU {cpu!r}, load average {' '.join(load)}",
           flush=True)
-    res: dict = {"threads": args.threads, "torch": torch.__version__, "cpu": cpu, "load average before": load}
+    res: dict = {"threads": args.threads, "torch": torch.__version__, "cpu": cpu, "load average before": load,
+                 "retain_freed_memory": not args.default_malloc}
     if "update" in sections:
         res |= measure_updates(args)
     if "loop" in sections:

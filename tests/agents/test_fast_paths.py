@@ -220,3 +220,22 @@ def test_lean_adam_minimize_equals_zero_grad_backward_step():
         ref.step()
         for a, b in zip(nets_[0].parameters(), nets_[1].parameters(), strict=True):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_ensemble_layer_norm_kernel_gradcheck_and_frozen_affine():
+    x = torch.randn(3, 5, 6, dtype=torch.float64, requires_grad=True)
+    w = (1 + 0.1 * torch.randn(3, 1, 6, dtype=torch.float64)).requires_grad_()
+    b = (0.1 * torch.randn(3, 1, 6, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradcheck(nets._EnsembleLayerNorm.apply, (x, w, b))
+    torch.testing.assert_close(nets._EnsembleLayerNorm.apply(x, w, b), F.layer_norm(x, (6,)) * w + b)
+    # the actor's pass through a frozen critic: only the input gradient
+    g = torch.randn(3, 5, 6, dtype=torch.float64)
+    (gx,) = torch.autograd.grad(nets._EnsembleLayerNorm.apply(x, w.detach(), b.detach()), x, g)
+    (ref,) = torch.autograd.grad(F.layer_norm(x, (6,)) * w.detach() + b.detach(), x, g)
+    torch.testing.assert_close(gx, ref)
+
+
+def test_retain_freed_memory_is_a_safe_process_setting():
+    assert nets.retain_freed_memory() in (True, False)
+    x = torch.randn(10, 256, 256)  # allocations work as before
+    assert torch.equal(x.clone(), x)

@@ -84,7 +84,56 @@ class EnsembleLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
         weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
-        return torch.addcmul(bias, F.layer_norm(x, (self.dim,)), weight)
+        if torch.compiler.is_compiling() or x.dim() != 3:  # the compiler fuses the plain formulation itself
+            return torch.addcmul(bias, F.layer_norm(x, (self.dim,)), weight)
+        return _EnsembleLayerNorm.apply(x, weight, bias)
+
+
+class _EnsembleLayerNorm(torch.autograd.Function):
+    """LayerNorm over the last dim with member e's affine weight[e], bias[e]: x [E, B, D] -> [E, B, D].
+
+    The same values as ``torch.addcmul(bias, F.layer_norm(x, (D,)), weight)``, computed member by member with
+    the native LayerNorm kernel and its affine transform fused (forward and backward: one kernel each gives
+    the input, weight and bias gradients), writing into the output in place. Each member's [B, D] slice stays
+    in cache, where the plain formulation makes five passes over the whole [E, B, D] tensor (normalize,
+    scale-and-shift, and in backward the products with weight and with the normalized input plus the
+    LayerNorm backward): on a 2-core EPYC the LayerNorm part of ten 256-wide critics took ~2.3x less time."""
+
+    EPS = 1e-5  # F.layer_norm's default
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        e, b, d = x.shape
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        mean, rstd = x.new_empty(e, b, 1), x.new_empty(e, b, 1)
+        for i in range(e):
+            torch.ops.aten.native_layer_norm.out(x[i], [d], weight[i, 0], bias[i, 0], _EnsembleLayerNorm.EPS,
+                                                 out0=out[i], out1=mean[i], out2=rstd[i])
+        ctx.save_for_backward(x, weight, bias, mean, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, bias, mean, rstd = ctx.saved_tensors
+        mask = list(ctx.needs_input_grad)
+        grad = grad.contiguous()
+        d = x.shape[-1]
+        grad_x = torch.empty_like(x) if mask[0] else None
+        grad_w = torch.empty_like(weight) if mask[1] else None
+        grad_b = torch.empty_like(bias) if mask[2] else None
+        for i in range(x.shape[0]):
+            if all(mask):  # written in place
+                torch.ops.aten.native_layer_norm_backward.out(grad[i], x[i], [d], mean[i], rstd[i], weight[i, 0],
+                                                              bias[i, 0], mask, out0=grad_x[i], out1=grad_w[i, 0],
+                                                              out2=grad_b[i, 0])
+                continue
+            gx, gw, gb = torch.ops.aten.native_layer_norm_backward(grad[i], x[i], [d], mean[i], rstd[i],
+                                                                   weight[i, 0], bias[i, 0], mask)
+            for full, part in ((grad_x, gx), (grad_w, gw), (grad_b, gb)):
+                if full is not None:
+                    full[i].view(-1).copy_(part.view(-1))
+        return grad_x, grad_w, grad_b
 
 
 class EnsembleCritic(nn.Module):
@@ -314,6 +363,32 @@ def weighted_mean(per_sample: torch.Tensor, is_weight: torch.Tensor) -> torch.Te
     """mean_i w_i l_i: every per-sample loss is multiplied by its importance-sampling weight (PER Alg. 1
     l.12); rows with weight 0 contribute nothing, not even through the normalization."""
     return (is_weight * per_sample).mean()
+
+
+# -- process settings -------------------------------------------------------------------------------
+MMAP_THRESHOLD_BYTES = 64 << 20  # allocations below this come from the heap, not from fresh mmap'ed pages
+TRIM_THRESHOLD_BYTES = 256 << 20  # freed heap memory kept for reuse up to this much
+
+
+def retain_freed_memory() -> bool:
+    """Let glibc's malloc keep freed memory for reuse (``mallopt`` M_MMAP_THRESHOLD = 64 MiB, M_TRIM_THRESHOLD =
+    256 MiB) instead of returning it to the kernel. PyTorch's CPU allocator is plain malloc: every update
+    allocates and frees activations of a few MB ([10, 256, 256] floats for a ten-member critic layer), and by
+    default each of them comes back as fresh pages whose first touch faults and zero-fills them -- ~2,500 page
+    faults and ~8 ms of kernel time per ten-critic update on a 2-core EPYC (a third of what the non-matmul
+    work costs). A process setting: the trainer applies it to its own process, like its torch thread count.
+    No-op (False) where glibc is not the C library."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc malloc.h
+    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES)) and bool(mallopt(m_trim_threshold,
+                                                                                  TRIM_THRESHOLD_BYTES))
 
 
 # -- pickle-free state ------------------------------------------------------------------------------
