@@ -1,20 +1,24 @@
 """Agent throughput: relive SAC vs Stable-Baselines3 SAC, in one process, with the same torch thread count.
 
-    python bench/agent_throughput.py --threads 2 --profile
+    python bench/agent_throughput.py --threads 1 --rounds 9 --seconds 2 --sections update --profile
 
 1. One SAC gradient step (batch 256, Hopper shapes obs 11 / action 3, 256x256 networks, twin critics):
    relive ``SAC.update`` (which also returns per-sample ``td_error`` and ``log_likelihood``) vs SB3
    ``SAC.train(gradient_steps=1)``; each samples from its own full 100k-row buffer. The contenders alternate
    in ``--rounds`` short rounds (the machine is shared: contention changes slowly compared with a round) and
-   the median of the per-round ratios is reported.
-2. A full SAC training loop on Hopper-v5 at one update per env step, after ``--learning-starts`` random steps
-   (untimed): a minimal loop written here (gymnasium env, relive ``ReplayBuffer`` + ``SAC``, act -> env.step
-   -> add -> sample -> update -> buffer.update(signals)) vs SB3 ``SAC.learn``, in alternating chunks of
-   ``--loop-steps`` env steps (both loops continue where they stopped).
-3. The price of an ensemble: relive SAC update with 10 critics (plain, and with LayerNorm as in RLPD, eager
-   and with ``compile=True``) vs the twin-critic update, same rounds.
+   the median of the per-round ratios is reported, for wall-clock rates and for process-CPU-time rates (the
+   latter does not count time the process spent descheduled by other jobs; with 2 threads it counts both).
+2. The price of an ensemble: relive SAC update with 10 critics (plain, and with LayerNorm as in RLPD, eager
+   and with ``compile=True``; actor and temperature step in every update, as in the twin-critic update) vs
+   the twin-critic update, same rounds; and RLPD as configured (``SACConfig.rlpd()``: subset-min of 2, actor
+   once per 20 critic steps, so most updates are critic-only) and Cal-QL (``CalQLConfig()``: n = 10 sampled
+   actions per kind) for the record.
+3. (``--sections loop``) A full SAC training loop on Hopper-v5 at one update per env step, after
+   ``--learning-starts`` random steps (untimed): a minimal loop written here (gymnasium env, relive
+   ``ReplayBuffer`` + ``SAC``, act -> env.step -> add -> sample -> update -> buffer.update(signals)) vs SB3
+   ``SAC.learn``, in alternating chunks of ``--loop-steps`` env steps (both loops continue where they stopped).
 ``--profile`` adds where the time of one step goes (torch profiler: matmul kernels vs the rest, operator
-count, matmul FLOPs) for relive and SB3: the floor that bounds the update ratio.
+count, matmul FLOPs) for relive SAC, SB3 and the 10 LayerNorm critics: the floor that bounds the ratios.
 """
 
 from __future__ import annotations
@@ -34,24 +38,40 @@ MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 
 
 def rate(fn, seconds: float, warmup: int = 10) -> float:
+    return rates(fn, seconds, warmup)[0]
+
+
+def rates(fn, seconds: float, warmup: int = 10) -> tuple[float, float]:
+    """(calls per wall-clock second, calls per second of this process's CPU time)."""
     for _ in range(warmup):
         fn()
-    n, start = 0, time.perf_counter()
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < seconds:
         fn()
         n += 1
-    return n / (time.perf_counter() - start)
+    return n / (time.perf_counter() - start), n / max(time.process_time() - cpu, 1e-9)
 
 
 # -- contenders: one gradient step ------------------------------------------------------------------
-def relive_step(**cfg):
+def relive_step(preset: str = "sac", **cfg):
+    """One relive update per call: ``preset`` "sac" (``SACConfig(**cfg)``), "rlpd" (``SACConfig.rlpd(**cfg)``) or
+    "calql" (``CalQLConfig(**cfg)``, with returns-to-go in the buffer)."""
+    from relive.agents.cal_ql import CalQL, CalQLConfig
     from relive.agents.sac import SAC, SACConfig
     from relive.replay import ReplayBuffer
     from relive.testing import random_transitions
 
-    buf = ReplayBuffer(ROWS, (OBS,), (ACT,), seed=0)
-    buf.extend(random_transitions(ROWS, OBS, ACT, rng=0, episode_length=1000))
-    agent = SAC(OBS, ACT, -np.ones(ACT), np.ones(ACT), SACConfig(**cfg), seed=0)
+    extra = {"mc_return": ()} if preset == "calql" else {}
+    buf = ReplayBuffer(ROWS, (OBS,), (ACT,), seed=0, extra_columns=extra)
+    rows = random_transitions(ROWS, OBS, ACT, rng=0, episode_length=1000)
+    if extra:
+        rows = rows | {"mc_return": np.random.default_rng(0).normal(size=ROWS).astype(np.float32)}
+    buf.extend(rows)
+    low, high = -np.ones(ACT), np.ones(ACT)
+    if preset == "calql":
+        agent = CalQL(OBS, ACT, low, high, CalQLConfig(**cfg), seed=0)
+    else:
+        agent = SAC(OBS, ACT, low, high, SACConfig.rlpd(**cfg) if preset == "rlpd" else SACConfig(**cfg), seed=0)
     return lambda: agent.update(buf.sample(BATCH))
 
 
@@ -148,6 +168,10 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads for every contender")
     p.add_argument("--seconds", type=float, default=2.0, help="timing window per contender and round")
     p.add_argument("--rounds", type=int, default=7, help="alternating rounds of the update measurements")
+    p.add_argument("--sections", default="update,loop", help="comma-separated: update (sections 1-2), loop (3)")
+    p.add_argument("--no-compile", action="store_true", help="leave out the compile=True contender")
+    p.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc thresholds as they are "
+                   "(by default the process keeps freed memory, as relive's trainer does: retain_freed_memory)")
     p.add_argument("--loop-steps", type=int, default=500, help="timed env steps per training loop and round")
     p.add_argument("--loop-rounds", type=int, default=4, help="alternating rounds of the loop measurements "
                    "(both loops keep going: round r times env steps r x loop-steps .. (r + 1) x loop-steps)")
@@ -155,37 +179,96 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="also profile one step of each (matmul share)")
     p.add_argument("--json", default="bench/out/agent_throughput.json")
     args = p.parse_args(argv)
+    sections = set(args.sections.split(","))
 
     import torch
 
     torch.set_num_threads(args.threads)
+    if not args.default_malloc:  # as relive's trainer does for its process; every contender runs with it
+        from relive.agents.networks import retain_freed_memory
+
+        retain_freed_memory()
     warnings.filterwarnings("ignore")
-    print(f"torch {torch.__version__}, threads {args.threads}", flush=True)
-    steps = {"relive SAC": relive_step(), "SB3 SAC": sb3_step(),
-             "relive 10 critics": relive_step(num_qs=10),
-             "relive 10 LayerNorm critics (RLPD)": relive_step(num_qs=10, critic_layer_norm=True),
-             "relive 10 LayerNorm critics, compiled": relive_step(num_qs=10, critic_layer_norm=True, compile=True)}
-    rates: dict[str, list[float]] = {k: [] for k in steps}
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown") if Path("/proc/cpuinfo").is_file() else "unknown"
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").is_file() else []
+    print(f"torch {torch.__version__}, threads {args.threads}, CPU {cpu!r}, load average {' '.join(load)}",
+          flush=True)
+    res: dict = {"threads": args.threads, "torch": torch.__version__, "cpu": cpu, "load average before": load,
+                 "retain_freed_memory": not args.default_malloc}
+    if "update" in sections:
+        res |= measure_updates(args)
+    if "loop" in sections:
+        res |= measure_loops(args)
+    if Path("/proc/loadavg").is_file():
+        res["load average after"] = Path("/proc/loadavg").read_text().split()[:3]
+    res["command"] = "python bench/agent_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+TWIN, SB3, TEN, TEN_LN, TEN_LN_COMPILED = ("relive SAC", "SB3 SAC", "relive 10 critics", "relive 10 LayerNorm critics",
+                                          "relive 10 LayerNorm critics, compile=True")
+RLPD, CALQL = "relive RLPD preset (actor every 20)", "relive Cal-QL"
+
+
+def measure_updates(args) -> dict:
+    steps = {TWIN: relive_step(), SB3: sb3_step(), TEN: relive_step(num_qs=10),
+             TEN_LN: relive_step(num_qs=10, critic_layer_norm=True)}
+    if not args.no_compile:
+        steps[TEN_LN_COMPILED] = relive_step(num_qs=10, critic_layer_norm=True, compile=True)
+        start = time.perf_counter()
+        steps[TEN_LN_COMPILED]()
+        print(f"compile=True: first update (compilation) {time.perf_counter() - start:.1f} s", flush=True)
+    steps |= {RLPD: relive_step("rlpd"), CALQL: relive_step("calql")}
+    wall: dict[str, list[float]] = {k: [] for k in steps}
+    cpu: dict[str, list[float]] = {k: [] for k in steps}
     for r in range(args.rounds):
         for name, step in steps.items():
-            rates[name].append(rate(step, args.seconds))
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in rates.items()), flush=True)
+            w, c = rates(step, args.seconds, warmup=3)
+            wall[name].append(w)
+            cpu[name].append(c)
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}/s" for k, v in wall.items()), flush=True)
 
-    def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(rates[a], rates[b], strict=True))
+    def ratio(a: str, b: str, table=wall) -> float:
+        return statistics.median(x / y for x, y in zip(table[a], table[b], strict=True))
 
-    res: dict = {"threads": args.threads, "torch": torch.__version__,
-                 "updates per second (median)": {k: statistics.median(v) for k, v in rates.items()},
-                 "update ratio relive / SB3": ratio("relive SAC", "SB3 SAC"),
-                 "10-critic update cost vs twin": ratio("relive SAC", "relive 10 critics"),
-                 "RLPD critic update cost vs twin": ratio("relive SAC", "relive 10 LayerNorm critics (RLPD)"),
-                 "RLPD critic update cost vs twin, compiled": ratio("relive SAC",
-                                                                    "relive 10 LayerNorm critics, compiled")}
-    print(f"SAC update: relive / SB3 = {res['update ratio relive / SB3']:.2f}x (target >= 2x)", flush=True)
-    print(f"10 critics cost {res['10-critic update cost vs twin']:.2f}x, 10 LayerNorm critics "
-          f"{res['RLPD critic update cost vs twin']:.2f}x ({res['RLPD critic update cost vs twin, compiled']:.2f}x "
-          "compiled) a twin-critic update (target <= 4x)", flush=True)
+    def spread(a: str, b: str, table=wall) -> list[float]:
+        r = [x / y for x, y in zip(table[a], table[b], strict=True)]
+        return [min(r), max(r)]
 
+    res: dict = {"updates per second (median, wall)": {k: statistics.median(v) for k, v in wall.items()},
+                 "updates per CPU second (median)": {k: statistics.median(v) for k, v in cpu.items()},
+                 "rates per round (wall)": wall, "rates per round (cpu)": cpu}
+    res["update ratio relive / SB3"] = ratio(TWIN, SB3)
+    res["update ratio relive / SB3, range over rounds"] = spread(TWIN, SB3)
+    res["update ratio relive / SB3 (CPU time)"] = ratio(TWIN, SB3, cpu)
+    for name, key in ((TEN, "10-critic update cost vs twin"), (TEN_LN, "RLPD critic update cost vs twin"),
+                      (TEN_LN_COMPILED, "RLPD critic update cost vs twin, compiled"),
+                      (RLPD, "RLPD preset update cost vs twin"), (CALQL, "Cal-QL update cost vs twin")):
+        if name in steps:
+            res[key] = ratio(TWIN, name)
+            res[key + " (CPU time)"] = ratio(TWIN, name, cpu)
+            res[key + ", range over rounds"] = spread(TWIN, name)
+    print(f"SAC update: relive / SB3 = {res['update ratio relive / SB3']:.2f}x wall "
+          f"(rounds {res['update ratio relive / SB3, range over rounds'][0]:.2f}-"
+          f"{res['update ratio relive / SB3, range over rounds'][1]:.2f}), "
+          f"{res['update ratio relive / SB3 (CPU time)']:.2f}x CPU time (target >= 1.5x)", flush=True)
+    for key in ("10-critic update cost vs twin", "RLPD critic update cost vs twin",
+                "RLPD critic update cost vs twin, compiled", "RLPD preset update cost vs twin",
+                "Cal-QL update cost vs twin"):
+        if key in res:
+            print(f"{key}: {res[key]:.2f}x wall, {res[key + ' (CPU time)']:.2f}x CPU time"
+                  + (" (target <= 3x)" if key.startswith("RLPD critic") else ""), flush=True)
+    if args.profile:
+        res["profile"] = {name: profile_step(steps[name]) for name in (TWIN, SB3, TEN_LN)}
+        for name, prof in res["profile"].items():
+            print(f"profile {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in prof.items()), flush=True)
+    return res
+
+
+def measure_loops(args) -> dict:
     capacity = args.learning_starts + args.loop_steps * args.loop_rounds + 10
     loop_runs = {"relive": relive_loop(args.learning_starts, capacity), "SB3": sb3_loop(args.learning_starts, capacity)}
     loops: dict[str, list[float]] = {k: [] for k in loop_runs}
@@ -194,19 +277,11 @@ def main(argv=None) -> int:
             loops[name].append(args.loop_steps / run(args.loop_steps))
         print(f"loop round {r + 1}: relive {loops['relive'][-1]:.1f}, SB3 {loops['SB3'][-1]:.1f} env steps/s",
               flush=True)
-    res["loop env steps per second (median)"] = {k: statistics.median(v) for k, v in loops.items()}
-    res["loop ratio relive / SB3"] = statistics.median(
-        x / y for x, y in zip(loops["relive"], loops["SB3"], strict=True))
-    print(f"Hopper-v5 loop: relive / SB3 = {res['loop ratio relive / SB3']:.2f}x (target >= 1.5x)", flush=True)
-
-    if args.profile:
-        res["profile"] = {name: profile_step(steps[name]) for name in ("relive SAC", "SB3 SAC")}
-        for name, prof in res["profile"].items():
-            print(f"profile {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in prof.items()), flush=True)
-    res["command"] = "python bench/agent_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(res, indent=1))
-    return 0
+    res = {"loop env steps per second (median)": {k: statistics.median(v) for k, v in loops.items()},
+           "loop ratio relive / SB3": statistics.median(
+               x / y for x, y in zip(loops["relive"], loops["SB3"], strict=True))}
+    print(f"Hopper-v5 loop: relive / SB3 = {res['loop ratio relive / SB3']:.2f}x", flush=True)
+    return res
 
 
 if __name__ == "__main__":

@@ -111,6 +111,53 @@ class UpdateReport:
     stale: np.ndarray
 
 
+class TensorMetrics(Mapping):
+    """Scalar metrics that may be held as 0-d tensors until someone reads them: the first read converts all
+    of them at once (one ``torch.stack(...).tolist()``, instead of an ``.item()`` -- a device sync on a GPU --
+    per metric and update). Reads as a plain ``Mapping[str, float]``; ``metrics | other`` gives a dict. The
+    trainer keeps the latest update's metrics and reads them only when it logs, so a run converts on its
+    logging cadence. Values must not be modified in place after they are handed over (agents pass fresh
+    tensors: ``loss.detach()``, ``q.mean()``)."""
+
+    __slots__ = ("_values", "_floats")
+
+    def __init__(self, values: Mapping[str, Any] = ()):
+        self._values = dict(values)
+        self._floats: dict[str, float] | None = None
+
+    def _read(self) -> dict[str, float]:
+        if self._floats is None:
+            import torch
+
+            keys = [k for k, v in self._values.items() if torch.is_tensor(v)]
+            floats = {k: float(v) for k, v in self._values.items() if not torch.is_tensor(v)}
+            if keys:
+                stacked = torch.stack([self._values[k].detach().reshape(()).float() for k in keys])
+                floats |= dict(zip(keys, stacked.cpu().tolist(), strict=True))
+            self._floats = {k: floats[k] for k in self._values}  # the insertion order of the metrics
+        return self._floats
+
+    def __getitem__(self, key: str) -> float:
+        if key not in self._values:
+            raise KeyError(key)
+        return self._read()[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __or__(self, other: Mapping) -> dict:
+        return dict(self._read()) | dict(other)
+
+    def __ror__(self, other: Mapping) -> dict:
+        return dict(other) | dict(self._read())
+
+    def __repr__(self) -> str:
+        return f"TensorMetrics({self._read()!r})"
+
+
 @dataclass(frozen=True)
 class UpdateResult:
     """What an agent's ``update(batch)`` returns: scalar ``metrics`` for logging and per-sample ``signals``

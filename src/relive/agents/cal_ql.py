@@ -81,14 +81,15 @@ class CalQLConfig(SACConfig):
 def cql_gap(q_rand: torch.Tensor, q_pi: torch.Tensor, q_next: torch.Tensor, q_data: torch.Tensor,
             mc_return: torch.Tensor, *, calibrate: bool, temp: float, clip_min: float, clip_max: float,
             importance_sample: bool = False, log_uniform=None, pi_logp=None,
-            next_logp=None) -> tuple[torch.Tensor, dict[str, float]]:
+            next_logp=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """clip(CQL_ood - Q(s, a), clip_min, clip_max) per member and sample, from the critic's values of the
     sampled actions, all evaluated at s: q_rand, q_pi, q_next [E, B, n] (uniform, pi(s), pi(s') actions),
     q_data [E, B] -> [E, B]. The policy values are calibrated by ``mc_return`` [B] when ``calibrate``. With
     ``importance_sample`` the log-densities ``log_uniform`` (scalar), ``pi_logp`` and ``next_logp`` [1, B, n]
-    are subtracted (CQL(H) with IS); without, the logsumexp runs over the plain values and Q(s, a).
-    Shared by :class:`CalQL` and the residual agent's critic pre-training (``relive.agents.residual_sac``)."""
-    bound_rate = (q_pi < mc_return.view(1, -1, 1)).float().mean().item()  # NaN compares False
+    are subtracted (CQL(H) with IS); without, the logsumexp runs over the plain values and Q(s, a). The metrics
+    are 0-d tensors (``relive.types.TensorMetrics`` converts them when read). Shared by :class:`CalQL` and the
+    residual agent's critic pre-training (``relive.agents.residual_sac``)."""
+    bound_rate = (q_pi < mc_return.view(1, -1, 1)).float().mean()  # NaN compares False
     if calibrate:  # Cal-QL: lower-bound the policy actions' values by V_mu(s)
         q_pi, q_next = CalQL.calibrated(q_pi, mc_return), CalQL.calibrated(q_next, mc_return)
     if importance_sample:
@@ -97,7 +98,7 @@ def cql_gap(q_rand: torch.Tensor, q_pi: torch.Tensor, q_next: torch.Tensor, q_da
         cat = torch.cat([q_rand, q_data.unsqueeze(-1), q_next, q_pi], dim=-1)
     ood = torch.logsumexp(cat / temp, dim=-1) * temp  # [E, B]
     gap = (ood - q_data).clamp(clip_min, clip_max)
-    return gap, {"train/cql_ood_mean": ood.mean().item(), "train/cql_bound_rate": bound_rate}
+    return gap, {"train/cql_ood_mean": ood.detach().mean(), "train/cql_bound_rate": bound_rate}
 
 
 @register_agent("calql", CalQLConfig)
@@ -143,15 +144,19 @@ class CalQL(SAC):
 
     # -- losses ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def critic_target(self, reward, next_obs, terminated) -> torch.Tensor:
+    def critic_target(self, reward, next_obs, terminated, next_policy=None) -> torch.Tensor:
         """SAC's target, or with ``max_target_backup`` the max over n next actions a'_k ~ pi(s') of the
-        subset-min target value (CQL reference code's max backup)."""
+        subset-min target value (CQL reference code's max backup). ``next_policy``: the actor's (mean, log_std)
+        at s' ([B, A] each) when the caller already computed them."""
         if not self.cfg.max_target_backup:
-            return super().critic_target(reward, next_obs, terminated)
+            return super().critic_target(reward, next_obs, terminated, next_policy)
         n, batch_size = self.cfg.cql_n_actions, next_obs.shape[0]
         next_rep = next_obs.repeat_interleave(n, dim=0)  # [B n, O]
-        next_a, next_logp = self.actor.sample(next_rep, self.gen)
-        v_next = self.subset_min(self.target_critic(next_rep, next_a)).view(batch_size, n)
+        # pi(.|s') once per state, then repeated: the n rows of a state share it (n x fewer actor rows)
+        mean, log_std = next_policy if next_policy is not None else self.actor(next_obs)
+        next_a, next_logp = self.actor.sample_from(mean.repeat_interleave(n, dim=0),
+                                                   log_std.repeat_interleave(n, dim=0), self.gen)
+        v_next = self.target_value(next_rep, next_a).view(batch_size, n)
         best = v_next.argmax(dim=1, keepdim=True)
         v_next = v_next.gather(1, best).squeeze(1)
         if self.cfg.backup_entropy:
@@ -165,19 +170,33 @@ class CalQL(SAC):
         bound = torch.nan_to_num(mc_return, nan=-torch.inf).view(1, -1, 1)
         return torch.maximum(q_pi, bound)
 
-    def conservative_gap(self, b: Batch, q_data: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        """clip(CQL_ood - Q(s, a)) per member and sample, with the calibrated policy values: [E, B]."""
+    @torch.no_grad()
+    def ood_actions(self, b: Batch, policy=None, next_policy=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The penalty's 3n actions per sample, all to be evaluated at s, in the rows of ``obs_rep.repeat(3, 1)``
+        (row i*n + k of each block belongs to sample i): n uniform actions in the box, n from pi(.|s), n from
+        pi(.|s'); with the log-densities of the policy actions [B, n] each. No gradient (CQL reference code).
+        ``policy`` / ``next_policy``: the actor's (mean, log_std) at s / s' ([B, A]) when already computed;
+        every state's n actions share its forward pass. ([3 B n, A], pi_logp [B, n], next_logp [B, n])."""
+        n, batch_size = self.cfg.cql_n_actions, b.obs.shape[0]
+        u = torch.rand((batch_size * n, self.action_dim), generator=self.gen, device=self.device)
+        rand_a = (2.0 * u - 1.0) * self.actor.scale + self.actor.center
+        pi_a, pi_logp = self.actor.sample_from(*_repeat_rows(policy or self.actor(b.obs), n), self.gen)
+        next_a, next_logp = self.actor.sample_from(*_repeat_rows(next_policy or self.actor(b.next_obs), n), self.gen)
+        return torch.cat([rand_a, pi_a, next_a]), pi_logp.view(batch_size, n), next_logp.view(batch_size, n)
+
+    def conservative_gap(self, b: Batch, q_data: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """clip(CQL_ood - Q(s, a)) per member and sample, with the calibrated policy values: [E, B]. (The update
+        evaluates Q(s, a) and the sampled actions' values in one critic pass and calls :meth:`gap_from_values`.)"""
+        ood_a, pi_logp, next_logp = self.ood_actions(b)
+        obs_rep = b.obs.repeat_interleave(self.cfg.cql_n_actions, dim=0)  # [B n, O]
+        q_ood = self.critic(obs_rep.repeat(3, 1), ood_a)  # one ensemble forward for the 3n actions of every sample
+        return self.gap_from_values(b, q_data, q_ood, pi_logp, next_logp)
+
+    def gap_from_values(self, b: Batch, q_data, q_ood, pi_logp, next_logp) -> tuple[torch.Tensor, dict]:
+        """:func:`cql_gap` from Q(s, a) [E, B] and the values of :meth:`ood_actions` [E, 3 B n]."""
         cfg = self.cfg
-        n, batch_size, num_actions = cfg.cql_n_actions, b.obs.shape[0], self.action_dim
-        obs_rep = b.obs.repeat_interleave(n, dim=0)  # [B n, O], row i*n + k belongs to sample i
-        with torch.no_grad():  # sampled actions and their log-densities carry no gradient (CQL reference)
-            u = torch.rand((batch_size * n, num_actions), generator=self.gen, device=self.device)
-            rand_a = (2.0 * u - 1.0) * self.actor.scale + self.actor.center
-            pi_a, pi_logp = self.actor.sample(obs_rep, self.gen)
-            next_a, next_logp = self.actor.sample(b.next_obs.repeat_interleave(n, dim=0), self.gen)
-        # one ensemble forward for the 3n actions of every sample, all evaluated at s
-        q = self.critic(obs_rep.repeat(3, 1), torch.cat([rand_a, pi_a, next_a]))
-        q_rand, q_pi, q_next = q.view(-1, 3, batch_size, n).unbind(1)  # each [E, B, n]
+        n, batch_size = cfg.cql_n_actions, b.obs.shape[0]
+        q_rand, q_pi, q_next = q_ood.view(-1, 3, batch_size, n).unbind(1)  # each [E, B, n]
         log_uniform = -torch.log(2.0 * self.actor.scale).sum()  # log density of U(box) = log 0.5^|A| on [-1, 1]
         return cql_gap(q_rand, q_pi, q_next, q_data, b.mc_return, calibrate=self.calibrating, temp=cfg.cql_temp,
                        clip_min=cfg.clip_diff_min, clip_max=cfg.clip_diff_max,
@@ -192,11 +211,20 @@ class CalQL(SAC):
         b = self._to_torch(batch)
         w = b.info.is_weight
         cfg = self.cfg
+        n, batch_size = cfg.cql_n_actions, b.obs.shape[0]
+        update_actor = self._actor_due(update_actor)
+        with torch.no_grad():  # the policy before any step at s' and s, one forward pass (the actor does not
+            mean, log_std = self.actor(torch.cat([b.next_obs, b.obs]))  # change before its own step)
+        next_policy, policy = (mean[:batch_size], log_std[:batch_size]), (mean[batch_size:], log_std[batch_size:])
 
         # 1. critic step: TD loss + calibrated conservative penalty (Cal-QL Alg. 1 l.3)
-        y = self.critic_target(b.reward, b.next_obs, b.terminated)
-        q = self.critic(b.obs, b.action)  # [E, B]
-        gap, metrics = self.conservative_gap(b, q)
+        y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy)
+        ood_a, pi_logp, next_logp = self.ood_actions(b, policy, next_policy)
+        obs_rep = b.obs.repeat_interleave(n, dim=0)  # [B n, O]
+        # Q(s, a) and the 3n sampled actions' values at s: one pass of the same critic ([E, B + 3 B n])
+        q_all = self.critic(torch.cat([b.obs, obs_rep.repeat(3, 1)]), torch.cat([b.action, ood_a]))
+        q, q_ood = q_all[:, :batch_size], q_all[:, batch_size:]  # [E, B], [E, 3 B n]
+        gap, metrics = self.gap_from_values(b, q, q_ood, pi_logp, next_logp)
         if cfg.lagrange:  # alpha' alpha_cql (gap - target gap) (CQL Eq. 5)
             penalty = self.alpha_prime * cfg.cql_alpha * (gap - cfg.target_action_gap)
         else:
@@ -210,14 +238,14 @@ class CalQL(SAC):
         if cfg.lagrange:
             prime = self.log_alpha_prime.exp().clamp(0.0, 1e6)
             _step(self.alpha_prime_opt, -prime * cfg.cql_alpha * (weighted_gap - cfg.target_action_gap))
-            metrics["train/alpha_prime"] = self.alpha_prime.item()
+            metrics["train/alpha_prime"] = self.alpha_prime
         # 3. target critics (Polyak)
         nets.polyak(self.target_critic, self.critic, cfg.tau)
-        metrics |= {"train/critic_loss": critic_loss.item(), "train/td_loss": nets.weighted_mean(td, w).item(),
-                    "train/cql_gap": weighted_gap.item(), "train/q_mean": q.mean().item(),
-                    "train/target_mean": y.mean().item(), "train/calibrating": float(self.calibrating)}
+        metrics |= {"train/critic_loss": critic_loss.detach(), "train/td_loss": nets.weighted_mean(td.detach(), w),
+                    "train/cql_gap": weighted_gap, "train/q_mean": q.detach().mean(),
+                    "train/target_mean": y.mean(), "train/calibrating": float(self.calibrating)}
         # 4-5. policy and temperature: SAC's (Cal-QL Alg. 1 l.4)
-        actor_metrics, log_likelihood = self._actor_steps(b, update_actor)
+        actor_metrics, log_likelihood = self._actor_steps(b, update_actor, None if update_actor else policy)
         return self._result(metrics | actor_metrics, q, y, log_likelihood)
 
     # -- state -----------------------------------------------------------------------------------------
@@ -235,3 +263,8 @@ class CalQL(SAC):
         nets.load_optimizer_state(self.alpha_prime_opt, state["alpha_prime_opt"])
         self.online = bool(state["online"])
 
+
+
+def _repeat_rows(policy: tuple[torch.Tensor, torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, log_std) [B, A] -> [B n, A]: row i*n + k is state i's (``repeat_interleave``)."""
+    return tuple(t.repeat_interleave(n, dim=0) for t in policy)

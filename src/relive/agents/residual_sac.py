@@ -55,7 +55,7 @@ from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.sac import _step
 from relive.registry import register_agent
 from relive.train.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase, write_returns_to_go
-from relive.types import Acted, Batch, ColumnDecl, UpdateResult
+from relive.types import Acted, Batch, ColumnDecl, TensorMetrics, UpdateResult
 
 BETA_SCHEDULES = ("constant", "linear", "stepwise")
 WARMUP_UNITS = ("steps", "episodes")
@@ -478,7 +478,7 @@ class ResidualSAC:
         metrics |= {"train/critic_loss": loss.item(), "train/td_loss": nets.weighted_mean(td, w).item(),
                     "train/cql_gap": nets.weighted_mean(gap.detach().mean(dim=0), w).item(),
                     "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()}
-        return UpdateResult(metrics, {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()})
+        return UpdateResult(TensorMetrics(metrics), {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()})
 
     def _clipped_step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, loss: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)

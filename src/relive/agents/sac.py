@@ -42,7 +42,7 @@ import torch
 from relive.agents import networks as nets
 from relive.agents.scoring import log_prob_score, standardized_score
 from relive.registry import register_agent
-from relive.types import Batch, UpdateResult
+from relive.types import Batch, TensorMetrics, UpdateResult
 
 ACTOR_Q_REDUCTIONS = ("min", "mean")
 RLPD_OFFLINE_FRACTION = 0.5  # RLPD's symmetric sampling: half of every minibatch offline (a replay setting:
@@ -165,18 +165,31 @@ class SAC:
     # -- losses (pure given the generator state; unit-tested) ------------------------------------------
     def subset_min(self, target_q: torch.Tensor) -> torch.Tensor:
         """min over a random subset of ``num_min_qs`` members, drawn once per update (REDQ Eq. 1 / RLPD):
-        [E, ...] -> [...]."""
+        [E, ...] -> [...]. (The reference formulation; the update uses :meth:`target_value`, which draws the
+        same subset and evaluates only its members.)"""
         m, e = self.cfg.num_min_qs, self.cfg.num_qs
         if m < e:
             target_q = target_q[torch.randperm(e, generator=self.gen, device=self.device)[:m]]
         return target_q.min(dim=0).values
 
+    def target_value(self, next_obs: torch.Tensor, next_a: torch.Tensor) -> torch.Tensor:
+        """min_{j in Z} Q'_j(s', a') over a random subset Z of ``num_min_qs`` target members (REDQ Eq. 1 / RLPD):
+        ``subset_min(target_critic(s', a'))`` with the same draw, but only the members of Z are evaluated
+        (RLPD: 2 of 10): [B]."""
+        m, e = self.cfg.num_min_qs, self.cfg.num_qs
+        if m < e:
+            members = torch.randperm(e, generator=self.gen, device=self.device)[:m]
+            return self.target_critic(next_obs, next_a, members=members).min(dim=0).values
+        return self.target_critic(next_obs, next_a).min(dim=0).values
+
     @torch.no_grad()
-    def critic_target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
+    def critic_target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
+                      next_policy: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - [backup_entropy] alpha log pi(a'|s')),
-        a' ~ pi(s') (SAC Eq. 3 and 5; RLPD Alg. 1). Only ``terminated`` stops the bootstrap: [B]."""
-        next_a, next_logp = self.actor.sample(next_obs, self.gen)
-        v_next = self.subset_min(self.target_critic(next_obs, next_a))
+        a' ~ pi(s') (SAC Eq. 3 and 5; RLPD Alg. 1). Only ``terminated`` stops the bootstrap: [B].
+        ``next_policy``: the actor's (mean, log_std) at s' when the caller already computed them."""
+        next_a, next_logp = self.actor.sample_from(*(next_policy or self.actor(next_obs)), self.gen)
+        v_next = self.target_value(next_obs, next_a)
         if self.cfg.backup_entropy:
             v_next = v_next - self.alpha * next_logp
         return reward + self.cfg.gamma * (1.0 - terminated) * v_next
@@ -206,31 +219,54 @@ class SAC:
         actor and temperature step."""
         b = self._to_torch(batch)
         w = b.info.is_weight
+        update_actor = self._actor_due(update_actor)
+        next_policy, policy = self._policy_before_step(b, update_actor)
 
         # 1. soft Q step (Eq. 3, 5): all members regress on the same subset-min target
-        y = self.critic_target(b.reward, b.next_obs, b.terminated)
+        y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy)
         q = self.critic(b.obs, b.action)  # [E, B]
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w)
         _step(self.critic_opt, critic_loss)
         self.num_critic_steps += 1
         # 2. target critics (Polyak averaging, SAC Alg. 1)
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)
-        metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(),
-                   "train/target_mean": y.mean().item()}
+        metrics = {"train/critic_loss": critic_loss.detach(), "train/q_mean": q.detach().mean(),
+                   "train/target_mean": y.mean()}
         # 3-4. policy (Eq. 9) and temperature (Eq. 18)
-        actor_metrics, log_likelihood = self._actor_steps(b, update_actor)
+        actor_metrics, log_likelihood = self._actor_steps(b, update_actor, policy)
         return self._result(metrics | actor_metrics, q, y, log_likelihood)
 
-    def _actor_steps(self, b: Batch, update_actor: bool | None) -> tuple[dict[str, float], torch.Tensor | None]:
-        """Policy and temperature steps when due. Also returns the ``log_likelihood`` signal, computed from the
-        same forward pass when the actor steps (so always under the policy before its step)."""
+    def _actor_due(self, update_actor: bool | None) -> bool:
+        """Whether this update (the ``num_critic_steps + 1``-th critic step) also steps the actor."""
         if update_actor is None:
+            return (self.num_critic_steps + 1) % self.cfg.actor_every == 0
+        return bool(update_actor)
+
+    @torch.no_grad()
+    def _policy_before_step(self, b: Batch, update_actor: bool):
+        """The actor's (mean, log_std) at s' for the target and, when the actor does not step in this update but
+        the ``log_likelihood`` signal is wanted, at s too: one forward pass over [s'; s] (the actor does not
+        change during the critic step, so both are the policy before any step). ((mean, log_std) at s', at s
+        or None.)"""
+        if update_actor or not self.cfg.compute_log_likelihood:
+            return self.actor(b.next_obs), None
+        n = b.next_obs.shape[0]
+        mean, log_std = self.actor(torch.cat([b.next_obs, b.obs]))
+        return (mean[:n], log_std[:n]), (mean[n:], log_std[n:])
+
+    def _actor_steps(self, b: Batch, update_actor: bool | None, policy=None) -> tuple[dict, torch.Tensor | None]:
+        """Policy and temperature steps when due. Also returns the ``log_likelihood`` signal, computed from the
+        same forward pass when the actor steps (so always under the policy before its step); ``policy``: the
+        actor's (mean, log_std) at s when already computed (without gradient; only when the actor does not
+        step)."""
+        if update_actor is None:  # called after the critic step's count
             update_actor = self.num_critic_steps % self.cfg.actor_every == 0
         log_likelihood = None
         if not update_actor:
             if self.cfg.compute_log_likelihood:
                 with torch.no_grad():
-                    log_likelihood = self.actor.log_prob(b.obs, b.action).mean(-1)
+                    mean, log_std = policy if policy is not None else self.actor(b.obs)
+                    log_likelihood = self.actor.log_prob_from(mean, log_std, b.action).mean(-1)
             return {}, log_likelihood
         w = b.info.is_weight
         mean, log_std = self.actor(b.obs)
@@ -243,19 +279,31 @@ class SAC:
         _step(self.actor_opt, actor_loss)
         self.critic.requires_grad_(True)
         self.num_actor_steps += 1
-        metrics = {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
+        logp = logp.detach()
+        metrics = {"train/actor_loss": actor_loss.detach(), "train/entropy": -logp.mean()}
         if self.cfg.learn_temperature:
-            _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))
-        metrics["train/alpha"] = self.alpha.item()
+            self._temperature_step(logp, w)
+        metrics["train/alpha"] = self.alpha
         return metrics, log_likelihood
 
+    def _temperature_step(self, logp: torch.Tensor, is_weight: torch.Tensor) -> None:
+        """One Adam step on J(alpha) = mean_i w_i temperature_loss_i (Eq. 18), with its gradient in log alpha
+        written out: d/d log alpha [-alpha (log pi_i + H)] = -alpha (log pi_i + H), so the gradient is
+        -alpha mean_i w_i (log pi_i + H) (one scalar: an autograd pass would cost more than the arithmetic)."""
+        with torch.no_grad():
+            self.log_alpha.grad = -self.log_alpha.exp() * (is_weight * (logp + self.target_entropy)).mean()
+        if isinstance(self.alpha_opt, nets.LeanAdam) and self.alpha_opt._fused_step():
+            return
+        self.alpha_opt.step()
+
     @staticmethod
-    def _result(metrics: dict[str, float], q: torch.Tensor, y: torch.Tensor,
-                log_likelihood: torch.Tensor | None) -> UpdateResult:
+    def _result(metrics: dict, q: torch.Tensor, y: torch.Tensor, log_likelihood: torch.Tensor | None) -> UpdateResult:
+        """Metrics stay tensors until read (:class:`~relive.types.TensorMetrics`: one conversion for all of them
+        when the trainer logs, no ``.item()`` per step); signals are NumPy arrays."""
         signals = {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()}
         if log_likelihood is not None:
             signals["log_likelihood"] = log_likelihood.cpu().numpy()
-        return UpdateResult(metrics, signals)
+        return UpdateResult(TensorMetrics(metrics), signals)
 
     def _to_torch(self, batch: Batch) -> Batch:
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
@@ -318,6 +366,4 @@ class SAC:
 
 
 def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
+    nets.optimize(opt, loss)

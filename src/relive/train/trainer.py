@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relive.agents import networks as nets
 from relive.config import ExperimentConfig, ScheduleConfig, load_config, save_config
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
@@ -184,6 +185,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
             raise ValueError(f"{run_dir} already holds a run; resume it with --resume or pick another --run-dir")
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
     torch.set_num_threads(cfg.run.num_threads)
+    nets.retain_freed_memory()  # no page faults on every update's activations (see the function)
     eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
     num_envs = cfg.env.num_envs
     env = make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else make_vector_env(
