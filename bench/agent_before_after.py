@@ -17,11 +17,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import numpy as np
+
+from agent_throughput import rates  # bench/ is on sys.path when run as a script
 
 OBS, ACT, BATCH, ROWS = 11, 3, 256, 20_000
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,16 +65,6 @@ def make(pkg: str, kind: str):
     return lambda: agent.update(buf.sample(BATCH))
 
 
-def rates(fn, seconds: float) -> tuple[float, float]:
-    for _ in range(3):
-        fn()
-    n, start, cpu = 0, time.perf_counter(), time.process_time()
-    while time.perf_counter() - start < seconds:
-        fn()
-        n += 1
-    return n / (time.perf_counter() - start), n / max(time.process_time() - cpu, 1e-9)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ref", required=True, help="git commit of the 'before' version")
@@ -101,7 +92,7 @@ def main(argv=None) -> int:
     cpu: dict = {k: [] for k in steps}
     for r in range(args.rounds):
         for key, step in steps.items():
-            w, c = rates(step, args.seconds)
+            w, c = rates(step, args.seconds, warmup=3)
             wall[key].append(w)
             cpu[key].append(c)
         print(f"round {r + 1}: " + ", ".join(f"{k} {v} {wall[(k, v)][-1]:.1f}/s" for k, v in steps), flush=True)

@@ -116,7 +116,8 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
     from relive.train.envs import env_spec, make_env, with_success
 
     env = with_success(make_env(env_id, max_episode_steps), success_return)
-    base = load_base_policy(base_path, env_spec(env))
+    spec = env_spec(env)
+    base = load_base_policy(base_path, spec)
     episodes = hybrid_rollouts(env, base, residual, num_episodes, seed, horizon)
     env.close()
     rows = successful_rows(episodes)
@@ -128,7 +129,6 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
         new, losses = fine_tune(base.module, rows, num_steps, batch_size, lr, seed)
         how = "the base fine-tuned"
     else:
-        spec = env_spec(make_env(env_id, max_episode_steps))
         new, losses = train_bc(rows, spec.action_low, spec.action_high,
                                BCConfig(lr=lr, batch_size=batch_size, num_steps=num_steps), seed)
         how = "a new BC MLP fitted from scratch (the base is not a BC MLP)"
