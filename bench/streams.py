@@ -30,7 +30,8 @@ OBS, ACT, BATCH, CHUNK, EPISODE = 11, 3, 256, 1000, 1000
 def rows(n: int, t0: int, rng) -> dict:
     t = t0 + np.arange(n)
     end = (t % EPISODE) == EPISODE - 1
-    return dict(obs=rng.normal(size=(n, OBS)).astype(np.float32), action=rng.uniform(-1, 1, (n, ACT)).astype(np.float32),
+    return dict(obs=rng.normal(size=(n, OBS)).astype(np.float32),
+                action=rng.uniform(-1, 1, (n, ACT)).astype(np.float32),
                 reward=rng.normal(size=n).astype(np.float32), next_obs=rng.normal(size=(n, OBS)).astype(np.float32),
                 terminated=np.zeros(n, bool), truncated=end)
 

@@ -54,7 +54,8 @@ def test_rows_of_different_envs_never_share_an_episode(tmp_path):
     """CartPole, 3 envs whose episodes end at different steps: every stored episode holds rows of one stream,
     consecutive steps, and its transitions chain (next_obs[t] == obs[t + 1]) -- the rows of one env trajectory."""
     run = tmp_path / "r"
-    main(["--debug", "train", "ddqn", "--env", "CartPole-v1", "--online-steps", "600", "--warmup", "600", "--num-envs", "3",
+    main(["--debug", "train", "ddqn", "--env", "CartPole-v1", "--online-steps", "600", "--warmup", "600",
+          "--num-envs", "3",
           "--chunk", "30", "--eval-every", "600", "--run-dir", str(run), "--set", "run.save_final_buffer=true",
           *TINY])
     from relive.replay import ReplayBuffer
@@ -78,7 +79,8 @@ def test_short_training_run_with_two_envs(tmp_path, preset, env):
     """env steps count both envs: 300 online steps = 150 vector steps; utd 1 -> one gradient step per env step
     after the warm-up (chunk 1 rounds up to 2 env steps, 2 gradient steps)."""
     run = tmp_path / preset
-    code = main(["--debug", "train", preset, "--env", env, "--online-steps", "300", "--warmup", "100", "--num-envs", "2",
+    code = main(["--debug", "train", preset, "--env", env, "--online-steps", "300", "--warmup", "100",
+                 "--num-envs", "2",
                  "--eval-every", "300", "--run-dir", str(run), *TINY])
     assert code == 0
     summary = json.loads((run / "summary.json").read_text())
@@ -90,7 +92,8 @@ def test_short_training_run_with_two_envs(tmp_path, preset, env):
 def test_calql_with_async_envs_gets_returns_to_go_per_env(tmp_path):
     """Cal-QL's returns-to-go (OnEpisodeEnd) are written per stream, with subprocess envs."""
     run = tmp_path / "c"
-    main(["--debug", "train", "calql", "--env", "Pendulum-v1", "--offline-steps", "0", "--online-steps", "440", "--warmup", "400", "--num-envs", "2",
+    main(["--debug", "train", "calql", "--env", "Pendulum-v1", "--offline-steps", "0", "--online-steps", "440",
+          "--warmup", "400", "--num-envs", "2",
           "--vector-mode", "async", "--set", "env.max_episode_steps=50", "--set", "agent.cql_n_actions=2",
           "--eval-every", "440", "--run-dir", str(run), "--set", "run.save_final_buffer=true", *TINY])
     from relive.replay import ReplayBuffer
@@ -111,7 +114,8 @@ def test_calql_with_async_envs_gets_returns_to_go_per_env(tmp_path):
 def test_resume_with_two_envs_ends_the_cut_episodes_and_finishes(tmp_path):
     """Killed after a mid-episode checkpoint, resumed: the streams' open episodes are ended at their last stored
     row (a truncation), the envs start new episodes, and the run finishes with every env step counted once."""
-    args = ["sac", "--env", "Pendulum-v1", "--online-steps", "600", "--warmup", "100", "--num-envs", "2",
+    args = ["sac", "--env", "Pendulum-v1", "--online-steps", "600", "--warmup", "100",
+                 "--num-envs", "2",
             "--eval-every", "300", "--checkpoint-every", "150", "--set", "run.save_final_buffer=true", *TINY]
     with pytest.raises(SimulatedKill):
         train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(env_step=450))
