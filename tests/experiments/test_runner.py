@@ -161,13 +161,18 @@ def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_ove
     d = run_dir_of(tmp_path, spec)
     d.mkdir(parents=True)
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
     try:
         (d / LOCK).write_text(str(live.pid))
+        assert execute(spec, tmp_path).status == "busy" and not (d / "crash.json").exists()
+        # a runner killed alone: its PID is gone but the training it started (second PID) still runs
+        (d / LOCK).write_text(f"{dead.pid} {live.pid}")
         assert execute(spec, tmp_path).status == "busy" and not (d / "crash.json").exists()
     finally:
         live.kill()
         live.wait()
-    (d / LOCK).write_text(str(live.pid))  # its process is gone: the lock is stale
+    (d / LOCK).write_text(f"{dead.pid} {live.pid}")  # both processes are gone: the lock is stale
     out = execute(spec, tmp_path)
     assert out.status == "crashed" and (d / "crash.json").is_file()
     assert not (d / LOCK).exists()

@@ -22,7 +22,8 @@ from relive.experiments.grid import Grid, RunSpec
 FINISHED = "summary.json"
 CRASHED = "crash.json"
 LOG = "stdout.log"
-LOCK = "running.lock"  # holds the PID of the runner executing the run: a second runner on the same root skips it
+LOCK = "running.lock"  # PIDs of the runner executing the run and of its training: a second runner skips the run
+# while either lives (a runner killed alone leaves its training running; the training's PID keeps the run held)
 
 
 @dataclass(frozen=True)
@@ -50,22 +51,37 @@ def default_workers(threads_per_run: int = 1) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, threads_per_run))
 
 
+def _lock_pids(lock: Path) -> list[int]:
+    return [int(x) for x in lock.read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # raises when no such process
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # a live process of another user
+    return True
+
+
 def _take_lock(run_dir: Path) -> bool:
-    """Claim a run for this process; False when a live process holds it (a stale lock is taken over)."""
+    """Claim a run for this process; False when a live process holds it (the runner that wrote the lock or the
+    training it started). A stale lock -- every PID in it gone -- is taken over."""
     lock = run_dir / LOCK
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             try:
-                pid = int(lock.read_text().strip() or 0)
-                os.kill(pid, 0)  # raises when no such process
-                return pid == os.getpid()
-            except (ValueError, ProcessLookupError, FileNotFoundError):
-                lock.unlink(missing_ok=True)  # its runner died: take the run over
-                continue
-            except PermissionError:
-                return False  # a live process of another user
+                pids = _lock_pids(lock)
+            except (ValueError, FileNotFoundError):
+                pids = []
+            live = [pid for pid in pids if pid > 0 and _alive(pid)]
+            if live:
+                return pids[0] == os.getpid()
+            lock.unlink(missing_ok=True)  # its runner and its training died: take the run over
+            continue
         with os.fdopen(fd, "w") as f:
             f.write(str(os.getpid()))
         return True
@@ -94,12 +110,18 @@ def _execute_locked(spec: RunSpec, run_dir: Path, threads_per_run: int, timeout:
     with open(run_dir / LOG, "a") as log:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        (run_dir / LOCK).write_text(f"{os.getpid()} {proc.pid}")  # the training holds the run even if we die
         try:
-            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout,
-                                  check=False)
-            code = proc.returncode
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
             code = -9
+        except BaseException:  # interrupted (Ctrl-C): do not leave the training running on its own
+            proc.terminate()
+            proc.wait()
+            raise
     seconds = time.perf_counter() - start
     if code == 0 and (run_dir / FINISHED).is_file():
         return RunOutcome(spec, "finished", seconds, run_dir)
