@@ -288,3 +288,23 @@ def test_report_score_option_picks_the_column_the_tables_use(tmp_path):
     text = make_report(g, tmp_path, tmp_path / "out", reps=100).read_text()
     assert "Score: `eval/success_rate`" in text
     assert "| A | 0.2 ± 0.1 → 0.6 ± 0.1 (n=2) |" in text  # first (0.1, 0.3) -> final (0.7, 0.5)
+
+
+def test_a_run_interrupted_before_its_first_checkpoint_is_restarted_not_refused(tmp_path):
+    import shutil
+
+    from relive.experiments.runner import execute, run_dir_of, train_command
+
+    g = parse_grid({"name": "restart", "tasks": ["Pendulum-v1"],
+                    "variant": [{"label": "sac", "preset": "sac", "args": list(TINY)}]})
+    spec = g.runs()[0]
+    d = run_dir_of(tmp_path, spec)
+    assert "--resume" not in train_command(spec, d)  # a new run
+    assert execute(spec, tmp_path).status == "finished"
+    # as if killed before its first checkpoint: config.json and logs written, no checkpoint, no summary
+    (d / "summary.json").unlink()
+    shutil.rmtree(d / "checkpoint", ignore_errors=True)
+    assert train_command(spec, d)[-2:] == ["--resume", str(d)]
+    out = execute(spec, tmp_path)
+    assert out.status == "finished", (d / "crash.json").read_text() if (d / "crash.json").exists() else ""
+    assert "has no checkpoint yet: starting it from the beginning" in (d / "stdout.log").read_text()
