@@ -56,13 +56,11 @@ def rows_left(storage, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
 
 
 def slot_at(storage, pos: np.ndarray, online: np.ndarray) -> np.ndarray:
-    """Slots of logical positions (``online`` broadcast against ``pos``): offline positions are slots."""
+    """Slots of logical positions (``online`` broadcast against ``pos``): offline positions are slots. (An offline
+    position looked up as an online one gives some valid slot, which ``where`` then discards.)"""
     if not online.any():
         return pos
-    out = pos.copy()
-    sel = np.broadcast_to(online, pos.shape)
-    out[sel] = storage.online_slot(pos[sel])
-    return out
+    return np.where(online, storage.online_slot(pos), pos)
 
 
 def n_step_returns(storage, slots, n_step: int, gamma: float) -> NStep:
@@ -73,14 +71,15 @@ def n_step_returns(storage, slots, n_step: int, gamma: float) -> NStep:
     n = np.minimum(left, n_step)
     k = np.arange(n_step, dtype=np.int64)
     # [B, n_step] positions t + k, held at the last row used (its reward gets weight 0 past n')
-    grid = pos[:, None] + np.minimum(k[None, :], n[:, None] - 1)
-    grid = slot_at(storage, grid, online[:, None])
-    powers = gamma ** k.astype(np.float64)
-    weights = np.where(k[None, :] < n[:, None], powers[None, :], 0.0)
-    reward = np.einsum("ij,ij->i", storage.columns["reward"].take(grid).astype(np.float64), weights)
+    grid = slot_at(storage, pos[:, None] + np.minimum(k, n[:, None] - 1), online[:, None])
+    powers = gamma ** np.arange(n_step + 1, dtype=np.float64)  # gamma^0 .. gamma^n
+    rewards = storage.columns["reward"].take(grid).astype(np.float64)
+    rewards *= powers[:-1]
+    rewards[k >= n[:, None]] = 0.0
+    reward = rewards.sum(axis=1)
     last = grid[np.arange(slots.size), n - 1]
-    terminated = storage.columns["terminated"].take(last)
-    discount = np.where(terminated, 0.0, gamma ** n.astype(np.float64))
+    discount = powers[n]
+    discount[storage.columns["terminated"].take(last)] = 0.0
     return NStep(reward.astype(np.float32), discount.astype(np.float32), last, n)
 
 
