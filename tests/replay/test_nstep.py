@@ -176,6 +176,7 @@ def test_n_step_survives_a_checkpoint(tmp_path):
 # -- random streams: offline prefix, ring wrap, one or two interleaved streams ---------------------------------
 chunk = hst.tuples(hst.integers(0, 1), hst.lists(hst.sampled_from([NONE, NONE, NONE, TERM, TRUNC]), min_size=1,
                                                   max_size=7))
+close = hst.tuples(hst.integers(0, 1), hst.none())  # close_stream: the stream's open episode ends where it stands
 
 
 def build(capacity, offline_flags, chunks, n_step=1, gamma=0.9, sampler=None, seed=0):
@@ -186,13 +187,21 @@ def build(capacity, offline_flags, chunks, n_step=1, gamma=0.9, sampler=None, se
     if offline_flags:
         buf.add_offline(model.write(OFFLINE_KEY, rng.integers(-9, 9, len(offline_flags)).tolist(), offline_flags))
     for stream, flags in chunks:
+        if flags is None:
+            buf.close_stream(stream)
+            rows = model.streams.get(stream)
+            if rows and rows[-1][2] == NONE:  # its last row becomes a truncation
+                rows[-1] = (*rows[-1][:2], TRUNC)
+            continue
         buf.extend(model.write(stream, rng.integers(-9, 9, len(flags)).tolist(), flags), stream=stream)
     return buf, model
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(offline=hst.lists(hst.sampled_from([NONE, NONE, TERM, TRUNC]), max_size=6),
-       chunks=hst.lists(chunk, min_size=1, max_size=12), n=hst.integers(1, 5), gamma=hst.sampled_from([0.5, 0.9]))
+       chunks=hst.lists(hst.one_of(chunk, chunk, close), min_size=1, max_size=12).filter(
+           lambda c: any(f is not None for _, f in c)),
+       n=hst.integers(1, 5), gamma=hst.sampled_from([0.5, 0.9]))
 def test_n_step_matches_the_definition_on_random_streams(offline, chunks, n, gamma):
     buf, model = build(7 + len(offline), offline, chunks, n_step=max(n, 2), gamma=gamma)
     slots = np.arange(buf.storage.size)
@@ -206,7 +215,9 @@ def test_n_step_matches_the_definition_on_random_streams(offline, chunks, n, gam
 # -- sequences ----------------------------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(offline=hst.lists(hst.sampled_from([NONE, NONE, TERM, TRUNC]), max_size=6),
-       chunks=hst.lists(chunk, min_size=1, max_size=12), length=hst.integers(1, 6), seed=hst.integers(0, 3))
+       chunks=hst.lists(hst.one_of(chunk, chunk, close), min_size=1, max_size=12).filter(
+           lambda c: any(f is not None for _, f in c)),
+       length=hst.integers(1, 6), seed=hst.integers(0, 3))
 def test_slices_stay_within_episodes_and_mask_the_padding(offline, chunks, length, seed):
     buf, model = build(7 + len(offline), offline, chunks, seed=seed)
     size = min(5, buf.storage.size)
