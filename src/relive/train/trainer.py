@@ -328,7 +328,9 @@ def gradient_step(run: Run, phase: str) -> None:
     for h in H.of_type(run.hooks, H.EveryGradSteps):  # e.g. ARB Alg. 1 step b: re-score before sampling
         if h.phase == phase and in_phase % h.every == 0:
             h.fn()
-    batch = run.buffer.sample(s.batch_size)
+    sequences = getattr(run.agent, "sequence_spec", None)  # an agent that trains on slices (recurrent, chunked)
+    seq = sequences() if sequences is not None else None
+    batch = run.buffer.sample(s.batch_size) if seq is None else run.buffer.sample_sequences(s.batch_size, **seq)
     result = run.agent.update(batch)
     if result.signals:
         run.buffer.update(batch.info, **result.signals)  # per-sample signals back to the sampler (td_error, ...)
