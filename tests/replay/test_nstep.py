@@ -309,3 +309,11 @@ def test_torch_batches_keep_discount_and_mask():
     buf, _ = build(12, [], [(0, [NONE, NONE, TERM, NONE])], n_step=2)
     t = buf.sample_sequences(3, 3).to_torch()
     assert t.mask.dtype == torch.bool and t.discount.dtype == torch.float32 and t.discount.shape == (3, 3)
+
+
+def test_a_checkpoint_from_before_n_step_loads_as_one_step():
+    buf, _ = build(8, [], [(0, [NONE, NONE, TERM])], n_step=3)
+    state = buf.state_dict()
+    state["config"] = {k: v for k, v in state["config"].items() if k not in ("n_step", "gamma")}
+    back = ReplayBuffer.from_state_dict(state)
+    assert back.n_step == 1 and back.gather(np.arange(3)).discount is None
