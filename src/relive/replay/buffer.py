@@ -179,9 +179,6 @@ class ReplayBuffer:
         if batch_size > self.storage.size:
             raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.size} rows are stored")
         st = self.storage
-        if at_episode_end == "reject" and returns.max_rows_left(st) < length:
-            raise ValueError(f"no stored episode has {length} rows: no slice of that length fits "
-                             f"(use at_episode_end='pad')")
         draw = self.sampler.sample(int(batch_size), self.rng)
         if at_episode_end == "reject":
             draw = self._redraw_until_fit(draw, length, max_redraws)
@@ -217,6 +214,9 @@ class ReplayBuffer:
             bad &= ~take
         if not bad.any():
             return type(draw)(indices, probability, is_weight)
+        if returns.max_rows_left(self.storage) < length:  # (checked only here: it reads every live episode)
+            raise ValueError(f"no stored episode has {length} rows: no slice of that length fits "
+                             f"(use at_episode_end='pad')")
         raise ValueError(f"{int(bad.sum())} of {indices.size} start rows still had fewer than {length} rows left in "
                          f"their episode after {max_redraws} redraws; use a shorter length or at_episode_end='pad'")
 
