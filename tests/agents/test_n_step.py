@@ -172,3 +172,32 @@ def test_the_trainer_builds_the_buffer_with_the_agents_n_step(tmp_path):
     buf = ReplayBuffer.from_state_dict(load_tree(run / "buffer_final", kind="replay_buffer"))
     assert (buf.n_step, buf.gamma) == (3, 0.9)
     assert buf.sample(8).discount is not None
+
+
+def test_one_step_targets_are_todays_formula_bit_for_bit():
+    """n_step = 1: the targets are bit for bit today's y = r + gamma (1 - terminated) V(s') (same generator draws,
+    gamma 0.99: not a power of two, so a discount rounded another way, e.g. through float64, would show)."""
+    g = 0.99
+    buf = filled_buffer(False, 1, EPISODES)
+    b = buf.gather(np.arange(len(EPISODES))).to_torch()
+    ddpg = make("ddpg", 1)
+    ddpg.cfg = dataclasses.replace(ddpg.cfg, gamma=g)
+    q_next = ddpg.target_critic(b.next_obs, ddpg.target_actor(b.next_obs))[0]
+    assert torch.equal(ddpg.critic_target(b.reward, b.next_obs, b.terminated),
+                       b.reward + g * (1.0 - b.terminated) * q_next)
+    sac = make("rlpd", 1)
+    sac.cfg = dataclasses.replace(sac.cfg, gamma=g)
+    state = sac.gen.get_state()
+    y = sac.critic_target(b.reward, b.next_obs, b.terminated)
+    sac.gen.set_state(state)
+    with torch.no_grad():
+        next_a, next_logp = sac.actor.sample_from(*sac.actor(b.next_obs), sac.gen)
+        v_next = sac.target_value(b.next_obs, next_a) - sac.alpha * next_logp
+    assert torch.equal(y, b.reward + g * (1.0 - b.terminated) * v_next)
+    dbuf = filled_buffer(True, 1, EPISODES)
+    d = dbuf.gather(np.arange(len(EPISODES))).to_torch()
+    ddqn = make("ddqn", 1)
+    ddqn.cfg = dataclasses.replace(ddqn.cfg, gamma=g)
+    with torch.no_grad():
+        next_q = ddqn.target_q(d.next_obs).gather(1, ddqn.q(d.next_obs).argmax(dim=-1, keepdim=True)).squeeze(1)
+    assert torch.equal(ddqn.target(d.reward, d.next_obs, d.terminated), d.reward + g * (1.0 - d.terminated) * next_q)
