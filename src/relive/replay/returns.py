@@ -50,9 +50,8 @@ def rows_left(storage, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     """(rows of each slot's episode stored from it on, itself included (>= 1), its logical position, whether it is
     online) for stored ``slots``."""
     slots = np.asarray(slots, np.int64)
-    episodes = storage.episodes.get(storage.meta["episode_id"].take(slots))
     pos = storage.position_of(slots)
-    return episodes.start + episodes.length - pos, pos, slots >= storage.num_offline
+    return storage.episodes.end_of(storage.meta["episode_id"].take(slots)) - pos, pos, slots >= storage.num_offline
 
 
 def slot_at(storage, pos: np.ndarray, online: np.ndarray) -> np.ndarray:
@@ -69,15 +68,14 @@ def n_step_returns(storage, slots, n_step: int, gamma: float) -> NStep:
     slots = np.asarray(slots, np.int64).reshape(-1)
     left, pos, online = rows_left(storage, slots)
     n = np.minimum(left, n_step)
-    k = np.arange(n_step, dtype=np.int64)
-    # [B, n_step] positions t + k, held at the last row used (its reward gets weight 0 past n')
-    grid = slot_at(storage, pos[:, None] + np.minimum(k, n[:, None] - 1), online[:, None])
-    powers = gamma ** np.arange(n_step + 1, dtype=np.float64)  # gamma^0 .. gamma^n
-    rewards = storage.columns["reward"].take(grid).astype(np.float64)
-    rewards *= powers[:-1]
-    rewards[k >= n[:, None]] = 0.0
-    reward = rewards.sum(axis=1)
-    last = grid[np.arange(slots.size), n - 1]
+    last_pos = pos + (n - 1)
+    powers = np.array([gamma**k for k in range(n_step + 1)])  # gamma^0 .. gamma^n (Python's pow, as a hand sum)
+    rewards = storage.columns["reward"]
+    reward = rewards.take(slots).astype(np.float64)
+    for k in range(1, n_step):  # one pass per step ahead (n is small), each over the whole batch
+        row = slot_at(storage, np.minimum(pos + k, last_pos), online)  # held at the last row: weight 0 there
+        reward += np.where(k < n, powers[k], 0.0) * rewards.take(row)
+    last = slot_at(storage, last_pos, online)
     discount = powers[n]
     discount[storage.columns["terminated"].take(last)] = 0.0
     return NStep(reward.astype(np.float32), discount.astype(np.float32), last, n)
