@@ -147,6 +147,8 @@ def test_a_batch_that_does_not_match_the_agents_n_step_is_refused(kind):
 def test_every_agent_has_n_step_and_bad_values_are_refused():
     load_builtins()
     for name, entry in AGENTS.items():
+        if not entry.target.__module__.startswith("relive."):
+            continue  # (toy agents that test files register)
         assert "n_step" in {f.name for f in dataclasses.fields(entry.config_cls)}, name
         assert entry.config_cls().n_step == 1
         for bad in (0, -1, 2.5, True):
