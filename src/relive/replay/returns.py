@@ -1,7 +1,8 @@
 """Sample-time views over episodes: n-step returns and contiguous slices (sequences), from the episode index.
 
-Both work on the storage's public surface (``meta["episode_id"]``, ``episodes.get``, ``position_of``,
-``online_slot``) and are vectorized over the batch: no Python loop per row. Nothing is precomputed at write time,
+Both work on the storage's public surface (``meta["episode_id"]``, ``episodes.end_of``, ``position_of``,
+``online_slot``) and are vectorized over the batch: no Python loop per row (n-step returns take one pass over the
+batch per step ahead, fine for the usual n of 3 to 10). Nothing is precomputed at write time,
 so they stay right as episodes grow (an open episode's newest row), are cut by the ring (evicted rows) and are
 interleaved with other streams (each stream is a lane of logical positions; ``online_slot`` maps them).
 
@@ -9,7 +10,7 @@ interleaved with other streams (each stream is a lane of logical positions; ``on
 its last row, or, for an open episode, its newest stored row)::
 
     n'       = min(n, e - t + 1)                                  rows used (>= 1)
-    R_t      = sum_{k < n'} gamma^k r_{t+k}                       (float64 sum, stored as float32)
+    R_t      = sum_{k < n'} gamma^k r_{t+k}                       (summed in float64 in k order, stored as float32)
     last     = t + n' - 1                                         bootstrap row: its next_obs is s_{t+n'}
     discount = gamma^{n'} (1 - terminated[last])                  0 after a termination: no bootstrap
 
