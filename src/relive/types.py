@@ -42,7 +42,14 @@ _CORE = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 @dataclass(frozen=True)
 class Batch:
     """A sampled minibatch. Core columns are fields; extra columns are in ``extras`` and also readable as
-    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` is called."""
+    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` is called.
+
+    ``discount``: None for one-step batches (targets use gamma (1 - terminated)). From a buffer with
+    ``n_step > 1`` (:mod:`relive.replay.returns`): ``reward`` is the n-step return sum_{k<n'} gamma^k r_{t+k},
+    ``next_obs`` / ``terminated`` / ``truncated`` are those of the bootstrap row t + n' - 1, and ``discount``
+    [B] float32 = gamma^{n'} (1 - terminated), so the target is ``reward + discount * V(next_obs)``.
+    ``mask``: None for row batches; for sequence batches (``ReplayBuffer.sample_sequences``) every column is
+    [B, L, ...] and ``mask`` [B, L] bool marks the steps inside the start row's episode (padding is zeros)."""
 
     obs: Any
     action: Any
@@ -52,6 +59,8 @@ class Batch:
     truncated: Any
     info: SampleInfo
     extras: Mapping[str, Any] = field(default_factory=dict)
+    discount: Any = None
+    mask: Any = None
 
     def __getattr__(self, name: str):
         extras = self.__dict__.get("extras", {})
@@ -98,6 +107,8 @@ class Batch:
             truncated=conv(self.truncated, True),
             info=torch_info,
             extras={k: conv(v) for k, v in self.extras.items()},
+            discount=None if self.discount is None else conv(self.discount),
+            mask=None if self.mask is None else torch.as_tensor(self.mask, device=device),
         )
 
 

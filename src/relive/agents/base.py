@@ -9,7 +9,14 @@ Required: ``from_spec`` (a classmethod, used by the registry: ``@register_agent(
   record written from ``act``'s :class:`~relive.types.Acted`, or a column a hook fills, like ``mc_return``);
 - ``loop_hooks(ctx) -> list``: what the agent needs from the training loop (``relive.train.hooks``);
 - ``score_fn(mode) -> score(obs, action)``: per-row on-policyness of stored actions, for samplers that re-score
-  rows with the policy (ARB).
+  rows with the policy (ARB);
+- ``sequence_spec() -> dict | None``: train on contiguous slices instead of rows (a recurrent or chunked-action
+  policy): the trainer calls ``buffer.sample_sequences(batch_size, **spec)``, e.g. ``{"length": 8,
+  "at_episode_end": "pad"}``; the batch's columns are then [B, L, ...] with ``batch.mask`` [B, L], and signals
+  stay [B] (one per slice: the sampler drew its start row).
+
+A TD agent's config may carry ``n_step`` (and ``gamma``): the trainer builds the buffer with both, and batches then
+hold n-step returns and ``batch.discount`` (``relive.agents.networks.td_discount``).
 """
 
 from __future__ import annotations

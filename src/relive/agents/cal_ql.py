@@ -144,12 +144,12 @@ class CalQL(SAC):
 
     # -- losses ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def critic_target(self, reward, next_obs, terminated, next_policy=None) -> torch.Tensor:
+    def critic_target(self, reward, next_obs, terminated, next_policy=None, discount=None) -> torch.Tensor:
         """SAC's target, or with ``max_target_backup`` the max over n next actions a'_k ~ pi(s') of the
         subset-min target value (CQL reference code's max backup). ``next_policy``: the actor's (mean, log_std)
         at s' ([B, A] each) when the caller already computed them."""
         if not self.cfg.max_target_backup:
-            return super().critic_target(reward, next_obs, terminated, next_policy)
+            return super().critic_target(reward, next_obs, terminated, next_policy, discount)
         n, batch_size = self.cfg.cql_n_actions, next_obs.shape[0]
         next_rep = next_obs.repeat_interleave(n, dim=0)  # [B n, O]
         # pi(.|s') once per state, then repeated: the n rows of a state share it (n x fewer actor rows)
@@ -161,7 +161,9 @@ class CalQL(SAC):
         v_next = v_next.gather(1, best).squeeze(1)
         if self.cfg.backup_entropy:
             v_next = v_next - self.alpha * next_logp.view(batch_size, n).gather(1, best).squeeze(1)
-        return reward + self.cfg.gamma * (1.0 - terminated) * v_next
+        if discount is None:
+            discount = self.cfg.gamma * (1.0 - terminated)
+        return reward + discount * v_next
 
     @staticmethod
     def calibrated(q_pi: torch.Tensor, mc_return: torch.Tensor) -> torch.Tensor:
@@ -218,7 +220,7 @@ class CalQL(SAC):
         next_policy, policy = (mean[:batch_size], log_std[:batch_size]), (mean[batch_size:], log_std[batch_size:])
 
         # 1. critic step: TD loss + calibrated conservative penalty (Cal-QL Alg. 1 l.3)
-        y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy)
+        y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy, self._discount(b))
         ood_a, pi_logp, next_logp = self.ood_actions(b, policy, next_policy)
         obs_rep = b.obs.repeat_interleave(n, dim=0)  # [B n, O]
         # Q(s, a) and the 3n sampled actions' values at s: one pass of the same critic ([E, B + 3 B n])

@@ -56,6 +56,7 @@ class DDPGConfig:
 
     hidden: tuple[int, ...] = (256, 256)  # hidden layer widths of the actor and of the critic
     gamma: float = 0.99  # discount
+    n_step: int = 1  # TD targets on n-step returns, which the buffer sums at sample time; 1: one-step
     tau: float = 0.005  # Polyak rate of the target actor and critic
     actor_lr: float = 3e-4  # Adam learning rate of the actor (ReF-ER paper: 1e-5)
     critic_lr: float = 3e-4  # Adam learning rate of the critic (ReF-ER paper: 1e-4)
@@ -80,6 +81,7 @@ class DDPGConfig:
             raise ValueError(f"hidden must be a non-empty tuple of positive widths, got {self.hidden}")
         if self.init not in nets.INIT_SCHEMES:
             raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
+        nets.check_n_step(self.n_step)
 
     @classmethod
     def paper(cls, **overrides) -> DDPGConfig:
@@ -213,14 +215,18 @@ class DDPG:
 
     # -- losses (pure; unit-tested) --------------------------------------------------------------------
     @torch.no_grad()
-    def critic_target(self, reward, next_obs, terminated) -> torch.Tensor:
-        """y = r + gamma (1 - terminated) Q'(s', m'(s')) (Eq. 2 with the target networks): [B]."""
+    def critic_target(self, reward, next_obs, terminated, discount=None) -> torch.Tensor:
+        """y = r + gamma (1 - terminated) Q'(s', m'(s')) (Eq. 2 with the target networks): [B]. ``discount``: an
+        n-step batch's gamma^{n'} (1 - terminated) (``reward`` its n-step return, ``next_obs`` s_{t+n'})."""
         q_next = self.target_critic(next_obs, self.target_actor(next_obs))[0]
-        return reward + self.cfg.gamma * (1.0 - terminated) * q_next
+        if discount is None:
+            discount = self.cfg.gamma * (1.0 - terminated)
+        return reward + discount * q_next
 
     def critic_loss(self, b: Batch, near: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """E[is_weight * near * (Q(s, a) - y)^2] over the batch (Rule 1 masks far rows): (loss, Q [B], y [B])."""
-        y = self.critic_target(b.reward, b.next_obs, b.terminated)
+        y = self.critic_target(b.reward, b.next_obs, b.terminated,
+                               nets.td_discount(b, self.cfg.n_step, type(self).__name__))
         q = self.critic(b.obs, b.action)[0]
         return nets.weighted_mean((q - y) ** 2, b.info.is_weight * near), q, y
 

@@ -38,6 +38,7 @@ class DDQNConfig:
     hidden: tuple[int, ...] = (256, 256)  # hidden layer widths of the Q-network
     lr: float = 1e-3  # Adam learning rate (RL Zoo: CartPole 2.3e-3, Acrobot / LunarLander 6.3e-4)
     gamma: float = 0.99  # discount
+    n_step: int = 1  # TD targets on n-step returns, which the buffer sums at sample time; 1: one-step
     target_update_period: int = 500  # gradient steps between hard target copies (Zoo: CartPole 10, others 250)
     huber_delta: float = 1.0  # Huber loss threshold (SB3 DQN: smooth L1 with delta 1)
     eps_start: float = 1.0  # initial exploration rate
@@ -55,6 +56,7 @@ class DDQNConfig:
             raise ValueError("need huber_delta > 0 and max_grad_norm > 0 (or None)")
         if self.init not in nets.INIT_SCHEMES:
             raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
+        nets.check_n_step(self.n_step)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -108,11 +110,15 @@ class DDQN:
         return action[0] if single else action
 
     @torch.no_grad()
-    def target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor) -> torch.Tensor:
-        """y = r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a)) (Double DQN Eq. 4): [B]."""
+    def target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
+               discount=None) -> torch.Tensor:
+        """y = r + gamma (1 - terminated) Q_target(s', argmax_a Q_online(s', a)) (Double DQN Eq. 4): [B].
+        ``discount``: an n-step batch's gamma^{n'} (1 - terminated) (``reward`` its n-step return)."""
         next_a = self.q(next_obs).argmax(dim=-1, keepdim=True)  # the online net selects ...
         next_q = self.target_q(next_obs).gather(1, next_a).squeeze(1)  # ... the target net evaluates
-        return reward + self.cfg.gamma * (1.0 - terminated) * next_q
+        if discount is None:
+            discount = self.cfg.gamma * (1.0 - terminated)
+        return reward + discount * next_q
 
     def loss(self, b: Batch, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-sample Huber loss of Q(s, a) - y: ([B], Q(s, a) [B])."""
@@ -126,7 +132,7 @@ class DDQN:
             raise ValueError(f"batch.action must hold integer actions of shape [B], got {tuple(batch.action.shape)}")
         b = batch.to_torch(self.device, dtype=torch.float32)
         # 1. Double DQN target (Eq. 4)
-        y = self.target(b.reward, b.next_obs, b.terminated)
+        y = self.target(b.reward, b.next_obs, b.terminated, nets.td_discount(b, self.cfg.n_step, "DDQN"))
         # 2. importance-weighted Huber loss, one Adam step
         per_sample, q = self.loss(b, y)
         loss = nets.weighted_mean(per_sample, b.info.is_weight)

@@ -359,6 +359,29 @@ def optimize(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
     opt.step()
 
 
+def check_n_step(n_step) -> int:
+    """An agent's ``n_step`` setting: an integer >= 1, else a ValueError."""
+    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
+        raise ValueError(f"n_step must be an integer >= 1, got {n_step!r}")
+    return n_step
+
+
+def td_discount(batch, n_step: int, owner: str):
+    """The bootstrap discount of a TD target for ``batch``: None for a one-step batch (the target uses
+    gamma (1 - terminated), as always), the batch's per-row gamma^{n'} (1 - terminated) for an n-step one
+    (``ReplayBuffer(n_step=...)``: ``reward`` is then the n-step return, ``next_obs`` the bootstrap state).
+    Refuses a batch that does not match the agent's ``n_step`` (a buffer built without the agent's setting)."""
+    if batch.discount is None:
+        if n_step > 1:
+            raise ValueError(f"{owner}: n_step = {n_step} but the batch holds one-step rows (no discount); build the "
+                             f"buffer with ReplayBuffer(..., n_step={n_step}, gamma=<the agent's gamma>)")
+        return None
+    if n_step == 1:
+        raise ValueError(f"{owner}: the batch holds n-step returns (a per-row discount) but the agent's n_step is 1; "
+                         f"set the agent's n_step to the buffer's")
+    return batch.discount
+
+
 def weighted_mean(per_sample: torch.Tensor, is_weight: torch.Tensor) -> torch.Tensor:
     """mean_i w_i l_i: every per-sample loss is multiplied by its importance-sampling weight (PER Alg. 1
     l.12); rows with weight 0 contribute nothing, not even through the normalization."""

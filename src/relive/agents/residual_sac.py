@@ -43,6 +43,7 @@ Example::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -83,6 +84,7 @@ class ResidualSACConfig:
     otf_candidates: int = 1  # K residual candidates at x' in the TD target, max over their soft values; 1 = SAC
     actor_every: int = 2  # one actor + temperature step every this many critic steps (Table 5: ratio 2)
     gamma: float = 0.99  # discount
+    n_step: int = 1  # TD targets on n-step returns, which the buffer sums at sample time; 1: one-step
     tau: float = 0.005  # Polyak rate of the target critics (per critic step)
     actor_lr: float = 3e-4  # Adam learning rate of the residual actor (Table 5: 3e-4)
     critic_lr: float = 3e-4  # Adam learning rate of the critics
@@ -125,6 +127,7 @@ class ResidualSACConfig:
             raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
         if self.warmup_unit not in WARMUP_UNITS:
             raise ValueError(f"warmup_unit must be one of {WARMUP_UNITS}, got {self.warmup_unit!r}")
+        nets.check_n_step(self.n_step)
         if self.warmup < 0 or self.probe_max_steps < 0:
             raise ValueError(f"warmup and probe_max_steps must be >= 0, got {self.warmup}, {self.probe_max_steps}")
         if not self.hidden or min(self.hidden) < 1:
@@ -373,7 +376,7 @@ class ResidualSAC:
     # -- losses (pure given the generator state; unit-tested) -----------------------------------------
     @torch.no_grad()
     def critic_target(self, reward: torch.Tensor, next_obs: torch.Tensor, next_base: torch.Tensor,
-                      terminated: torch.Tensor, beta: float) -> torch.Tensor:
+                      terminated: torch.Tensor, beta: float, discount=None) -> torch.Tensor:
         """OTF TD target (8)-(12): y = r + gamma (1 - terminated) max_k [min_i Qbar_i(x', a'_k) - alpha log
         dpi(delta_a'_k | x', .)], a'_k = clip(pi_theta(x') + beta delta_a'_k), K = ``otf_candidates``: [B]."""
         k, batch_size = self.cfg.otf_candidates, next_obs.shape[0]
@@ -383,7 +386,9 @@ class ResidualSAC:
         q_min = self.target_critic(next_rep, next_a).min(dim=0).values  # (7)
         soft = (q_min - self.alpha * logp).view(batch_size, k)  # (10)
         v_otf = soft.max(dim=1).values  # (11)
-        return reward + self.cfg.gamma * (1.0 - terminated) * v_otf  # (12)
+        if discount is None:  # (an n-step batch: gamma^{n'} (1 - terminated), reward its n-step return)
+            discount = self.cfg.gamma * (1.0 - terminated)
+        return reward + discount * v_otf  # (12)
 
     @staticmethod
     def td_loss(q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -431,7 +436,7 @@ class ResidualSAC:
         w, beta = b.info.is_weight, self.beta()
         base, next_base = self._base_t(b.obs), self._base_t(b.next_obs)  # (1); (6.1) theta never changes
 
-        y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta)  # (8)-(12)
+        y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta, self._discount(b))  # (8)-(12)
         q = self.critic(b.obs, b.action)  # Q_i(x, a) on the executed, stored action
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w)  # (13)
         self._clipped_step(self.critic_opt, self.critic, critic_loss)  # (14)
@@ -463,11 +468,11 @@ class ResidualSAC:
                              "base policy's successful episodes); or set agent.calibrate=False")
         b = self._to_torch(batch)
         if "mc_return" not in b.extras:  # plain CQL: no bound
-            b = Batch(b.obs, b.action, b.reward, b.next_obs, b.terminated, b.truncated, b.info,
-                      dict(b.extras) | {"mc_return": torch.full_like(b.reward, float("nan"))})
+            b = dataclasses.replace(b, extras=dict(b.extras) | {"mc_return": torch.full_like(b.reward,
+                                                                                           float("nan"))})
         w, beta = b.info.is_weight, self.beta()
         base, next_base = self._base_t(b.obs), self._base_t(b.next_obs)
-        y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta)  # TD term of (20)
+        y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta, self._discount(b))  # TD of (20)
         q = self.critic(b.obs, b.action)
         gap, metrics = self.conservative_gap(b, base, next_base, q, beta)  # R_CalQL of (20)
         td = self.td_loss(q, y)
@@ -486,6 +491,10 @@ class ResidualSAC:
         if self.cfg.grad_clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(module.parameters(), self.cfg.grad_clip_norm)
         opt.step()
+
+    def _discount(self, b: Batch):
+        """The batch's n-step discount (None: one-step, gamma (1 - terminated)); see ``nets.td_discount``."""
+        return nets.td_discount(b, self.cfg.n_step, "ResidualSAC")
 
     def _to_torch(self, batch: Batch) -> Batch:
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:

@@ -9,6 +9,7 @@ belong to the run configuration (``replay.name = "symmetric"``, ``schedule.utd_r
 
 ``update(batch)``, in the paper's order (SAC Alg. 1; RLPD Alg. 1 / ``sac_learner.update``):
   1. soft Q step: y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - alpha log pi(a'|s')),
+     or with ``n_step`` > 1 y = R^(n') + gamma^{n'} (1 - terminated) V(s_{t+n'}) (``batch.discount``),
      a' ~ pi(s'), Z a random subset of ``num_min_qs`` target members (Eq. 3, 5; REDQ Eq. 1), every member
      regressed on the same y, per-sample loss times ``batch.info.is_weight``;
   2. Polyak update of the target critics;
@@ -62,6 +63,7 @@ class SACConfig:
     actor_q_reduce: str = "min"  # how the actor reduces the members' Q(s, pi(s)): "min" (SAC) or "mean" (RLPD)
     init: str = "torch"  # parameter init: "torch" (nn.Linear default, as CleanRL/SB3) or "xavier" (RLPD)
     gamma: float = 0.99  # discount
+    n_step: int = 1  # TD targets on n-step returns, which the buffer sums at sample time; 1: one-step
     tau: float = 0.005  # Polyak rate of the target critics (per critic step)
     actor_lr: float = 3e-4  # Adam learning rate of the actor
     critic_lr: float = 3e-4  # Adam learning rate of the critic ensemble
@@ -93,6 +95,7 @@ class SACConfig:
             raise ValueError(f"hidden must be a non-empty tuple of positive widths, got {self.hidden}")
         if self.init_temperature <= 0:
             raise ValueError(f"init_temperature must be > 0, got {self.init_temperature}")
+        nets.check_n_step(self.n_step)
 
     @classmethod
     def rlpd(cls, **overrides) -> SACConfig:
@@ -184,15 +187,18 @@ class SAC:
 
     @torch.no_grad()
     def critic_target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
-                      next_policy: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                      next_policy: tuple[torch.Tensor, torch.Tensor] | None = None, discount=None) -> torch.Tensor:
         """y = r + gamma (1 - terminated) (min_{j in Z} Q'_j(s', a') - [backup_entropy] alpha log pi(a'|s')),
         a' ~ pi(s') (SAC Eq. 3 and 5; RLPD Alg. 1). Only ``terminated`` stops the bootstrap: [B].
-        ``next_policy``: the actor's (mean, log_std) at s' when the caller already computed them."""
+        ``next_policy``: the actor's (mean, log_std) at s' when the caller already computed them. ``discount``:
+        an n-step batch's gamma^{n'} (1 - terminated) in place of gamma (1 - terminated)."""
         next_a, next_logp = self.actor.sample_from(*(next_policy or self.actor(next_obs)), self.gen)
         v_next = self.target_value(next_obs, next_a)
         if self.cfg.backup_entropy:
             v_next = v_next - self.alpha * next_logp
-        return reward + self.cfg.gamma * (1.0 - terminated) * v_next
+        if discount is None:
+            discount = self.cfg.gamma * (1.0 - terminated)
+        return reward + discount * v_next
 
     @staticmethod
     def td_loss(q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -223,7 +229,7 @@ class SAC:
         next_policy, policy = self._policy_before_step(b, update_actor)
 
         # 1. soft Q step (Eq. 3, 5): all members regress on the same subset-min target
-        y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy)
+        y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy, self._discount(b))
         q = self.critic(b.obs, b.action)  # [E, B]
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w)
         _step(self.critic_opt, critic_loss)
@@ -235,6 +241,10 @@ class SAC:
         # 3-4. policy (Eq. 9) and temperature (Eq. 18)
         actor_metrics, log_likelihood = self._actor_steps(b, update_actor, policy)
         return self._result(metrics | actor_metrics, q, y, log_likelihood)
+
+    def _discount(self, b: Batch):
+        """The batch's n-step discount (None: one-step, gamma (1 - terminated)); see ``nets.td_discount``."""
+        return nets.td_discount(b, self.cfg.n_step, type(self).__name__)
 
     def _actor_due(self, update_actor: bool | None) -> bool:
         """Whether this update (the ``num_critic_steps + 1``-th critic step) also steps the actor."""

@@ -115,7 +115,7 @@ class SACReFER(SAC):
             refer.set_lr(self.critic_opt, self.cfg.critic_lr * float(hints["lr_scale"]))
             refer.set_lr(self.actor_opt, self.cfg.actor_lr * float(hints["lr_scale"]))
         # 1. soft Q step (SAC Eq. 3, 5), far rows masked (Rule 1)
-        y = self.critic_target(b.reward, b.next_obs, b.terminated)
+        y = self.critic_target(b.reward, b.next_obs, b.terminated, discount=self._discount(b))
         q = self.critic(b.obs, b.action)
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w * near)
         if (w * near).any():

@@ -108,8 +108,16 @@ class VRACERConfig:
     kl_direction: str = "mu_pi"  # Rule 2 penalty: "mu_pi" = D_KL(mu || pi) (paper), "pi_mu" (smarties as built)
     refer_rule1: bool = True  # under ReF-ER hints: far rows get no gradient (off: the paper's ReF-ER-2)
     refer_rule2: bool = True  # under ReF-ER hints: beta * task - (1 - beta) grad KL (off: ReF-ER-1, beta = 1)
+    # must stay 1: the targets are Retrace estimates over whole stored episodes (Eq. 6), multi-step already and
+    # off-policy corrected by the trace factors; an uncorrected n-step sum would replace them (retrace_lambda sets
+    # how far they look)
+    n_step: int = 1
 
     def __post_init__(self):
+        if nets.check_n_step(self.n_step) != 1:
+            raise ValueError(f"V-RACER takes n_step = 1 only, got {self.n_step}: its value targets are Retrace "
+                             "estimates over whole stored episodes (Eq. 6), already multi-step and corrected by the "
+                             "trace factors min(1, rho); tune retrace_lambda for how far they look instead")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
         if self.kl_direction not in refer.KL_DIRECTIONS:
@@ -398,6 +406,7 @@ class VRACER:
                           "value_loss": value_loss.detach(), "pg_loss": pg_loss.detach()}
 
     def update(self, batch: Batch) -> UpdateResult:
+        nets.td_discount(batch, 1, "V-RACER")  # (refuses an n-step batch: rewards must be one-step)
         b = batch.to_torch(self.device, torch.float32)
         if not bool((b.mu_std > 0).all()):
             row = int(torch.nonzero(~(b.mu_std > 0))[0, 0])

@@ -7,6 +7,9 @@
     batch = buf.sample(256)                 # Batch with .info (indices, generation, probability, is_weight)
     buf.update(batch.info, td_error=td)     # stale rows (overwritten since sampling) are skipped and counted
     buf.save(path); ReplayBuffer.load(path) # pickle-free; same contents, sampler state and RNG
+
+    ReplayBuffer(..., n_step=3, gamma=0.99)  # batches carry 3-step returns and a per-row discount (returns.py)
+    seq = buf.sample_sequences(32, 16)      # [32, 16, ...] slices within episodes, seq.mask [32, 16]
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from relive.replay import checkpoint
+from relive.replay import checkpoint, returns
 from relive.replay.samplers import Sampler, UniformSampler, sampler_config, sampler_from_config
 from relive.replay.storage import Storage, _as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
@@ -24,7 +27,11 @@ from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
 class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
-                 *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None):
+                 *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None,
+                 n_step: int = 1, gamma: float = 0.99):
+        """``n_step`` > 1: every batch carries n-step returns with discount ``gamma`` (see :meth:`gather`);
+        1 (the default): one-step rows, ``gamma`` unused."""
+        self.n_step, self.gamma = returns.check_n_step(n_step), returns.check_gamma(gamma)
         self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
                                action_dtype=action_dtype, extra_columns=extra_columns)
         self.sampler = sampler if sampler is not None else UniformSampler()
@@ -114,7 +121,11 @@ class ReplayBuffer:
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
         """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1,
-        ``hints`` (the sampler's per-batch values for the agent) to none."""
+        ``hints`` (the sampler's per-batch values for the agent) to none.
+
+        With ``n_step > 1``, ``reward`` is each row's n-step return, ``next_obs`` / ``terminated`` /
+        ``truncated`` come from its bootstrap row and ``discount`` = gamma^{n'} (1 - terminated) (the formulas:
+        :mod:`relive.replay.returns`); obs, action and extra columns stay the row's own."""
         st = self.storage
         idx = np.asarray(indices, dtype=np.int64)
         cols, meta = st.columns, st.meta
@@ -129,9 +140,85 @@ class ReplayBuffer:
             hints=hints if hints is not None else {},
         )
         extras = {name: cols[name].take(idx, axis=0) for name in st.extra_names} if st.extra_names else {}
-        return Batch(cols["obs"].take(idx, axis=0), cols["action"].take(idx, axis=0), cols["reward"].take(idx),
-                     cols["next_obs"].take(idx, axis=0), cols["terminated"].take(idx), cols["truncated"].take(idx),
-                     info=info, extras=extras)
+        last, discount = idx, None  # the row whose next_obs and flags the batch holds: the row itself (one step)
+        if self.n_step > 1:
+            ret = returns.n_step_returns(st, st.check_slots(idx), self.n_step, self.gamma)
+            last, discount = ret.last.reshape(idx.shape), ret.discount.reshape(idx.shape)
+            reward = ret.reward.reshape(idx.shape)
+        else:
+            reward = cols["reward"].take(idx)
+        return Batch(cols["obs"].take(idx, axis=0), cols["action"].take(idx, axis=0), reward,
+                     cols["next_obs"].take(last, axis=0), cols["terminated"].take(last), cols["truncated"].take(last),
+                     info=info, extras=extras, discount=discount)
+
+    def sample_sequences(self, batch_size: int, length: int, at_episode_end: str = "pad",
+                         max_redraws: int = 64) -> Batch:
+        """``batch_size`` contiguous slices of ``length`` rows, each within one episode: every column is
+        [B, L, ...] (with ``n_step > 1`` each step carries its own n-step return and discount, as :meth:`gather`),
+        ``mask`` [B, L] is True on the steps that belong to the slice.
+
+        The sampler draws each slice's *start row*, so a slice's probability, ``is_weight`` and priority are its
+        first row's, and ``update(batch.info, td_error=...)`` (shape [B]) goes to the start rows (reduce per-step
+        errors over the mask first). ``at_episode_end``: ``"pad"`` -- a slice that reaches the last stored row
+        of its episode (a termination, a truncation, the newest row of an open episode) stops there, its
+        remaining steps are zeros with ``mask`` False; ``"reject"`` -- start rows with fewer than ``length``
+        stored rows left in their episode are redrawn (every ``mask`` is True): each redraw samples a whole new
+        batch and takes its row at the rejected positions, so a mixture's per-source counts stay exact; the
+        start rows then follow the sampler's distribution restricted to valid starts, and ``probability`` /
+        ``is_weight`` are those of the draw each row came from (not renormalized). A redraw is a sample call
+        for the sampler (PER's IS-exponent schedule advances per call). After ``max_redraws`` rounds with rows
+        still rejected, a ValueError."""
+        if isinstance(length, bool | np.bool_) or not isinstance(length, int | np.integer) or length < 1:
+            raise ValueError(f"sequence length must be a positive integer, got {length!r}")
+        if length > self.capacity:
+            raise ValueError(f"sequence length {length} is larger than the buffer's capacity ({self.capacity} rows)")
+        if at_episode_end not in ("pad", "reject"):
+            raise ValueError(f"at_episode_end must be 'pad' or 'reject', got {at_episode_end!r}")
+        if isinstance(batch_size, bool | np.bool_) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if batch_size > self.storage.size:
+            raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.size} rows are stored")
+        st = self.storage
+        draw = self.sampler.sample(int(batch_size), self.rng)
+        if at_episode_end == "reject":
+            draw = self._redraw_until_fit(draw, length, max_redraws)
+        hints = self.sampler.hints()
+        slots, mask = returns.slices(st, draw.indices, length)
+        rows = self.gather(slots.reshape(-1))
+        shape = slots.shape
+        pad = ~mask.reshape(-1)
+
+        def fold(x):
+            if pad.any():
+                x[pad] = 0  # (a fresh array: gather copies)
+            return x.reshape(*shape, *x.shape[1:])
+
+        info = SampleInfo(indices=draw.indices, generation=st.meta["generation"].take(draw.indices),
+                          probability=draw.probability, is_weight=draw.is_weight,
+                          source=(draw.indices >= st.num_offline).view(np.int8), hints=hints)
+        return Batch(fold(rows.obs), fold(rows.action), fold(rows.reward), fold(rows.next_obs), fold(rows.terminated),
+                     fold(rows.truncated), info=info, extras={k: fold(v) for k, v in rows.extras.items()},
+                     discount=None if rows.discount is None else fold(rows.discount), mask=mask)
+
+    def _redraw_until_fit(self, draw, length: int, max_redraws: int):
+        """Replace start rows whose episode has fewer than ``length`` rows left, position by position, with the
+        same positions of fresh draws of the whole batch."""
+        indices, probability, is_weight = (np.array(x) for x in draw)
+        bad = ~returns.slice_fits(self.storage, indices, length)
+        for _ in range(max_redraws):
+            if not bad.any():
+                return type(draw)(indices, probability, is_weight)
+            fresh = self.sampler.sample(indices.size, self.rng)
+            take = bad & returns.slice_fits(self.storage, fresh.indices, length)
+            indices[take], probability[take], is_weight[take] = (x[take] for x in fresh)
+            bad &= ~take
+        if not bad.any():
+            return type(draw)(indices, probability, is_weight)
+        if returns.max_rows_left(self.storage) < length:  # (checked only here: it reads every live episode)
+            raise ValueError(f"no stored episode has {length} rows: no slice of that length fits "
+                             f"(use at_episode_end='pad')")
+        raise ValueError(f"{int(bad.sum())} of {indices.size} start rows still had fewer than {length} rows left in "
+                         f"their episode after {max_redraws} redraws; use a shorter length or at_episode_end='pad'")
 
     # -- feedback --------------------------------------------------------------------------------------
     def update(self, info: SampleInfo, **signals) -> UpdateReport:
@@ -187,7 +274,7 @@ class ReplayBuffer:
     def state_dict(self) -> dict:
         return {
             "config": {"storage": self.storage.config(), "sampler": sampler_config(self.sampler),
-                       "seed": self.seed},
+                       "seed": self.seed, "n_step": self.n_step, "gamma": self.gamma},
             "storage": self.storage.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": self.rng.bit_generator.state,
@@ -215,6 +302,7 @@ class ReplayBuffer:
         buf.sampler.bind(buf.storage)
         buf.sampler.load_state_dict(state["sampler"])
         buf.seed = int(cfg["seed"])
+        buf.n_step, buf.gamma = int(cfg.get("n_step", 1)), float(cfg.get("gamma", 0.99))  # (older checkpoints: 1)
         buf.rng = np.random.default_rng()
         buf.rng.bit_generator.state = state["rng"]
         buf.num_stale = int(state["counters"]["num_stale"])

@@ -356,3 +356,11 @@ class EpisodeIndex:
         self._open = {OFFLINE: int(state["open_offline"]), ONLINE: int(state["open_online"])}
         pairs = np.asarray(state.get("open_lanes", np.zeros((0, 2))), np.int64).reshape(-1, 2)
         self._open_lanes = {int(a): int(b) for a, b in pairs}
+
+    def end_of(self, ids) -> np.ndarray:
+        """One past the logical position of each episode's last row (its termination or truncation, the dataset's
+        end, or the newest row of an open episode) for ids of episodes with a stored row, e.g. the
+        ``episode_id`` of stored slots (unchecked: the sampling path; ``get`` checks). Eviction of an episode's
+        first rows does not move it."""
+        rows = self._rows(ids)
+        return self._rec["start"].take(rows) + self._rec["length"].take(rows)

@@ -509,6 +509,9 @@ class _EpisodeQueries:
     online_evicted_before = property(lambda self: self._index.online_evicted_before)
     next_id = property(lambda self: self._index.next_id)
 
+    def end_of(self, ids):
+        return self._index.end_of(ids)
+
 
 def _check_stream(stream) -> int:
     if isinstance(stream, bool | np.bool_) or not isinstance(stream, int | np.integer) or not 0 <= stream <= MAX_STREAM:

@@ -198,7 +198,9 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
     buffer = ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
                           sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
                           action_dtype=np.int64 if spec.discrete else np.float32,
-                          extra_columns={c.name: c.spec for c in columns} or None)
+                          extra_columns={c.name: c.spec for c in columns} or None,
+                          # the agent's n-step TD targets: the buffer sums the returns at sample time
+                          n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99))
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
                       next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
@@ -326,7 +328,9 @@ def gradient_step(run: Run, phase: str) -> None:
     for h in H.of_type(run.hooks, H.EveryGradSteps):  # e.g. ARB Alg. 1 step b: re-score before sampling
         if h.phase == phase and in_phase % h.every == 0:
             h.fn()
-    batch = run.buffer.sample(s.batch_size)
+    sequences = getattr(run.agent, "sequence_spec", None)  # an agent that trains on slices (recurrent, chunked)
+    seq = sequences() if sequences is not None else None
+    batch = run.buffer.sample(s.batch_size) if seq is None else run.buffer.sample_sequences(s.batch_size, **seq)
     result = run.agent.update(batch)
     if result.signals:
         run.buffer.update(batch.info, **result.signals)  # per-sample signals back to the sampler (td_error, ...)
