@@ -321,7 +321,7 @@ class VRACER:
         slots = np.asarray(slots, np.int64)
         if slots.size == 0:
             return
-        cols = {k: buffer.storage.columns[k][slots] for k in
+        cols = {k: buffer.storage.read(k, slots) for k in
                 ("obs", "action", "reward", "next_obs", "terminated", "mu_mean", "mu_std")}
         buffer.set_column("q_ret", slots, self.targets_of(cols, np.array([slots.size])))
 
@@ -342,7 +342,7 @@ class VRACER:
         for g in np.unique(group):
             sel = group == g
             slots = st.episode_slots(start[sel], length[sel], source[sel])
-            cols = {k: st.columns[k][slots] for k in
+            cols = {k: st.read(k, slots) for k in
                     ("obs", "action", "reward", "next_obs", "terminated", "mu_mean", "mu_std")}
             buffer.set_column("q_ret", slots, self.targets_of(cols, length[sel]))
         self.num_refreshes += 1

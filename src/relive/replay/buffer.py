@@ -24,9 +24,17 @@ from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
 class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
-                 *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None):
+                 *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None,
+                 dedup_next_obs: bool | None = None, backend: str = "ram", directory: str | os.PathLike | None = None):
+        """``obs_shape``: a shape (flat observations of ``obs_dtype``), or a dict key -> shape / (shape, dtype)
+        for dict observations (``{"image": ((3, 64, 64), np.uint8), "state": (7,)}``: each key its own column;
+        batches hold ``batch.obs["image"]``). ``dedup_next_obs`` (default: on for dict observations, off for flat
+        ones): next_obs is read from the next row of the episode and stored only where it is not (episode ends,
+        the last row of a write), which halves an image buffer. ``backend="memmap"`` keeps the data columns in
+        ``.npy`` files under ``directory`` (``np.memmap``) instead of RAM."""
         self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
-                               action_dtype=action_dtype, extra_columns=extra_columns)
+                               action_dtype=action_dtype, extra_columns=extra_columns,
+                               dedup_next_obs=dedup_next_obs, backend=backend, directory=directory)
         self.sampler = sampler if sampler is not None else UniformSampler()
         if self.sampler.storage is not None:
             raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
@@ -129,6 +137,10 @@ class ReplayBuffer:
             hints=hints if hints is not None else {},
         )
         extras = {name: cols[name].take(idx, axis=0) for name in st.extra_names} if st.extra_names else {}
+        if st.obs_keys is not None or st.dedup_next_obs:
+            return Batch(st.read("obs", idx), cols["action"].take(idx, axis=0), cols["reward"].take(idx),
+                         st.read("next_obs", idx), cols["terminated"].take(idx), cols["truncated"].take(idx),
+                         info=info, extras=extras)
         return Batch(cols["obs"].take(idx, axis=0), cols["action"].take(idx, axis=0), cols["reward"].take(idx),
                      cols["next_obs"].take(idx, axis=0), cols["terminated"].take(idx), cols["truncated"].take(idx),
                      info=info, extras=extras)
