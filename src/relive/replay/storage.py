@@ -110,6 +110,10 @@ class Storage:
         if backend == "memmap" and directory is None:
             raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
                              "create its column files in")
+        self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
+        obs_spec = self.obs_spec if self.obs_keys is None else None
+        self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
+                            name in _FINITE_CHECKED or name in self.extra_names) for name in self._names)
         self.backend = backend
         self.directory = None if directory is None else Path(directory)
         self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
@@ -250,23 +254,24 @@ class Storage:
         them, to decide which rows must keep an explicit copy)."""
         if not isinstance(data, Mapping):
             raise ValueError(f"rows must be a mapping of column name -> array, got {type(data).__name__}")
-        names = list(CORE_COLUMNS) + list(self.extra_names)
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise ValueError(f"missing column(s) {missing}; every write needs {names}")
-        unknown = [n for n in data if n not in names]
-        if unknown:
+        names = self._names
+        if len(data) != len(names) or any(n not in data for n in names):
+            missing = [n for n in names if n not in data]
+            if missing:
+                raise ValueError(f"missing column(s) {missing}; every write needs {list(names)}")
+            unknown = [n for n in data if n not in names]
             raise ValueError(f"unknown column(s) {unknown}; declare extra columns with extra_columns=... "
-                             f"(known: {names})")
+                             f"(known: {list(names)})")
         n = None
         out = {}
-        obs_specs = dict(zip(self._obs_names, (self.specs_of_obs()), strict=True))
-        for name in names:
-            if name in ("obs", "next_obs"):
-                parts = self._obs_parts(name, data[name])
-                items = [(label, name + col[3:], arr, obs_specs[col]) for label, col, arr in parts]
+        for name, label, spec, finite in self._plan:  # flat columns (and flat obs) in a precomputed order
+            value = data[name]
+            if spec is None:  # dict observations: one array per key
+                items = [(lbl, name + col[3:], arr, self.specs[col]) for lbl, col, arr in self._obs_parts(name, value)]
             else:
-                items = [(f"column {name!r}", name, _as_numpy(data[name]), self.specs[name])]
+                if name in ("obs", "next_obs") and isinstance(value, Mapping):
+                    self._obs_parts(name, value)  # raises: a dict for flat observations
+                items = ((label, name, _as_numpy(value), spec),)
             for label, col, arr, spec in items:
                 if arr.ndim == 0 or arr.shape[1:] != spec.shape:
                     raise ValueError(f"{label}: expected shape (n, {', '.join(map(str, spec.shape))})"
@@ -276,8 +281,7 @@ class Storage:
                 elif arr.shape[0] != n:
                     raise ValueError(f"{label} has {arr.shape[0]} rows but 'obs' has {n}")
                 conv = _convert(col, arr, spec.dtype, label)
-                if conv.dtype.kind == "f" and (name in _FINITE_CHECKED or name in self.extra_names) \
-                        and not np.isfinite(conv).all():
+                if finite and conv.dtype.kind == "f" and not np.isfinite(conv).all():
                     where = tuple(int(i) for i in np.argwhere(~np.isfinite(conv))[0])
                     elem = f" element {where[1:]}" if len(where) > 1 else ""
                     raise ValueError(f"{label} row {where[0]}{elem}: value {conv[where]} is not finite; "
