@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from relive.replay import ARBSampler, MixtureSampler, ReaPERSampler, ReplayBuffer, UniformSampler
-from relive.replay.buffer import ReplayBuffer as _RB  # noqa: F401  (the public name is the one above)
 
 OBS = {"image": ((2, 3), np.uint8), "state": (2,)}
 
