@@ -44,6 +44,7 @@ from torch import nn
 
 from relive.agents import networks as nets
 from relive.agents import refer
+from relive.agents.encoders import flat_obs_batch
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
@@ -276,6 +277,7 @@ class DDPG:
         return UpdateResult(metrics, signals)
 
     def _to_torch(self, batch: Batch) -> Batch:
+        batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:

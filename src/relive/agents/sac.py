@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from relive.agents import networks as nets
+from relive.agents.encoders import flat_obs_batch
 from relive.agents.scoring import log_prob_score, standardized_score
 from relive.registry import register_agent
 from relive.types import Batch, TensorMetrics, UpdateResult
@@ -306,6 +307,7 @@ class SAC:
         return UpdateResult(TensorMetrics(metrics), signals)
 
     def _to_torch(self, batch: Batch) -> Batch:
+        batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:
