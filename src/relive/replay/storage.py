@@ -21,7 +21,10 @@ per stream). Writes are all-or-nothing: the whole batch is validated before any 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +69,7 @@ def _spec(value, default_dtype=np.float32) -> ColumnSpec:
 class Storage:
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
-                 backend: str = "ram", directory: str | os.PathLike | None = None):
+                 backend: str = "ram", directory: str | os.PathLike | None = None, _open_existing: bool = False):
         if isinstance(capacity, bool | np.bool_) or not isinstance(capacity, int | np.integer) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         self.capacity = int(capacity)
@@ -116,6 +119,10 @@ class Storage:
                             name in _FINITE_CHECKED or name in self.extra_names) for name in self._names)
         self.backend = backend
         self.directory = None if directory is None else Path(directory)
+        self._open_existing = bool(_open_existing)
+        self._memmap_clean = _open_existing  # memmap: files unchanged since the save that wrote MEMMAP_STATE
+        self.offline_dataset_ids: list[str | None] = []  # per add_offline call: the dataset id it named
+        self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
         self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
         self.num_offline = 0
@@ -133,8 +140,18 @@ class Storage:
     def _allocate(self, name: str, spec: ColumnSpec) -> np.ndarray:
         if self.backend == "ram":
             return np.zeros((self.capacity, *spec.shape), dtype=spec.dtype)
-        self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / f"{name}.npy"
+        if self._open_existing:  # a checkpoint that refers to its memmap files
+            try:
+                arr = np.load(path, mmap_mode="r+", allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"memmap column file {path} cannot be opened ({e}); the checkpoint refers to it "
+                                 "instead of holding its rows") from None
+            if arr.shape != (self.capacity, *spec.shape) or arr.dtype != spec.dtype:
+                raise ValueError(f"memmap column file {path} has shape {arr.shape} dtype {arr.dtype}, expected "
+                                 f"{(self.capacity, *spec.shape)} {spec.dtype}")
+            return arr
+        self.directory.mkdir(parents=True, exist_ok=True)
         if path.exists():
             raise ValueError(f"{path} exists: a memmap buffer creates its column files in a fresh directory "
                              "(use Storage.open_memmap / ReplayBuffer.load to reopen one)")
@@ -318,6 +335,7 @@ class Storage:
         (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
         batch)."""
         rows, n = self.validate(data)
+        self._touch()
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
         if source == OFFLINE and stream != 0:
@@ -443,6 +461,7 @@ class Storage:
         lane = self._lane_of.get(stream)
         if lane is None:
             return -1
+        self._touch()
         episode_id = self.episodes.close_lane(lane)
         if episode_id != -1 and self.episodes.is_live([episode_id])[0]:
             view = self.episodes.get([episode_id])
@@ -457,6 +476,7 @@ class Storage:
         if name not in self.extra_names:
             raise ValueError(f"{name!r} is not an extra column (extra columns: {list(self.extra_names)})")
         slots = self.check_slots(slots)
+        self._touch()
         values = _convert(name, _as_numpy(values), self.specs[name].dtype)
         if values.shape != (slots.size, *self.specs[name].shape):
             raise ValueError(f"column {name!r}: expected shape {(slots.size, *self.specs[name].shape)}, "
@@ -534,7 +554,7 @@ class Storage:
             "action_dtype": self.specs["action"].dtype.str,
             "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
             "dedup_next_obs": self.dedup_next_obs,
-        }
+        } | ({"backend": "memmap", "directory": str(self.directory)} if self.backend == "memmap" else {})
         if self.obs_keys is None:
             cfg |= {"obs_shape": list(obs.shape), "obs_dtype": obs.dtype.str}
         else:
@@ -551,12 +571,63 @@ class Storage:
         return cls(cfg["capacity"], obs, tuple(cfg["action_shape"]), obs_dtype=obs_dtype,
                    action_dtype=np.dtype(cfg["action_dtype"]),
                    extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()},
-                   dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), **kwargs)
+                   dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), backend=cfg.get("backend", "ram"),
+                   directory=cfg.get("directory"), _open_existing=cfg.get("backend") == "memmap", **kwargs)
 
-    def state_dict(self) -> dict:
-        size = self.size
-        return {
-            "columns": {n: a[:size] for n, a in self.columns.items()},
+    def _touch(self) -> None:
+        """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
+        is refused from now on (a small file, written once per checkpoint interval)."""
+        if self.backend == "memmap" and self._memmap_clean:
+            _write_json(self.directory / MEMMAP_STATE, {"token": None, "changed_after_save": True})
+            self._memmap_clean = False
+
+    def offline_sha256(self) -> str:
+        """SHA-256 of the offline segment: every data column's offline rows (and their explicit next_obs copies),
+        the column names and shapes. Cached: the offline rows are frozen once written."""
+        k = self.num_offline
+        if self._offline_hash is not None and self._offline_hash[0] == k:
+            return self._offline_hash[1]
+        h = hashlib.sha256()
+        for name in sorted(self.columns):
+            arr = self.columns[name]
+            h.update(json.dumps([name, list(arr.shape[1:]), arr.dtype.str, k]).encode())
+            for lo in range(0, k, 65536):
+                h.update(memoryview(np.ascontiguousarray(arr[lo : min(k, lo + 65536)])).cast("B"))
+        if self.dedup_next_obs:
+            slots = np.flatnonzero(self._nx.entry[:k] >= 0)
+            h.update(slots.astype(np.int64).tobytes())
+            for name in sorted(self._nx.values):
+                h.update(np.ascontiguousarray(self._nx.values[name][self._nx.entry[slots]]).tobytes())
+        digest = h.hexdigest()
+        self._offline_hash = (k, digest)
+        return digest
+
+    def state_dict(self, offline: str = "copy") -> dict:
+        """``offline="reference"``: the offline rows are not copied; the state names their dataset id and SHA-256
+        (loading needs the same rows again: ``load_state_dict(state)`` after writing them). A memmap storage
+        copies no rows at all: it refers to its column files, which must be unchanged when it is loaded."""
+        size, k = self.size, self.num_offline
+        if offline not in ("copy", "reference"):
+            raise ValueError(f"offline must be 'copy' or 'reference', got {offline!r}")
+        state = {}
+        if self.backend == "memmap":
+            for arr in self.columns.values():
+                arr.flush()
+            token = uuid.uuid4().hex
+            _write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
+                                                        "num_online_written": self.num_online_written})
+            self._memmap_clean = True
+            state["memmap"] = {"directory": str(self.directory), "token": token}
+        elif offline == "reference":
+            ids = set(self.offline_dataset_ids)
+            if len(ids) != 1 or None in ids:
+                raise ValueError("offline='reference' needs offline rows that came from one dataset named by "
+                                 f"add_offline(rows, dataset_id=...); got dataset ids {self.offline_dataset_ids}")
+            state["columns"] = {n: a[k:size] for n, a in self.columns.items()}
+            state["offline_ref"] = {"dataset_id": next(iter(ids)), "sha256": self.offline_sha256(), "num_offline": k}
+        else:
+            state["columns"] = {n: a[:size] for n, a in self.columns.items()}
+        return state | {
             "meta": {n: a[:size] for n, a in self.meta.items()},
             "episodes": self.episodes.state_dict(),
             "num_offline": self.num_offline,
@@ -566,7 +637,22 @@ class Storage:
             | ({"position": self._pos[:size].copy()} if self._pos is not None else {}),
         } | ({"next_obs_store": self._nx.state_dict(size)} if self.dedup_next_obs else {})
 
+    def check_offline_reference(self, ref: Mapping) -> None:
+        """The offline rows written into this storage are the ones a checkpoint refers to (same count, same hash)."""
+        dataset = ref["dataset_id"]
+        if self.num_offline != int(ref["num_offline"]):
+            raise ValueError(f"offline dataset {dataset!r} changed since the checkpoint was saved: it has "
+                             f"{self.num_offline} rows, the checkpoint's had {int(ref['num_offline'])}")
+        digest = self.offline_sha256()
+        if digest != ref["sha256"]:
+            raise ValueError(f"offline dataset {dataset!r} changed since the checkpoint was saved: its rows hash to "
+                             f"sha256 {digest[:16]}..., the checkpoint's to {str(ref['sha256'])[:16]}...; load the "
+                             "same rows (same dataset version, same gamma for mc_return) or a checkpoint that "
+                             "copies them")
+
     def load_state_dict(self, state: Mapping) -> None:
+        if "offline_ref" in state:  # the offline rows were written again by the caller (checked against the hash)
+            self.check_offline_reference(state["offline_ref"])
         self.num_offline = int(state["num_offline"])
         self.num_online_written = int(state["num_online_written"])
         streams = state.get("streams")
@@ -579,12 +665,21 @@ class Storage:
         self._lane_of = {s: i for i, s in enumerate(self.lanes)}
         self._pos = self._qmap = None
         size = self.size
+        if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
+            marker = _read_json(self.directory / MEMMAP_STATE)
+            if marker.get("token") != state["memmap"]["token"]:
+                raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
+                                 "(rows written since, or by another run): the rows it refers to are gone. Resume "
+                                 "from the checkpoint saved last, or save with a RAM buffer to copy rows")
+        lo = int(state["offline_ref"]["num_offline"]) if "offline_ref" in state else 0
         for name, arr in self.columns.items():
+            if "memmap" in state:
+                break
             src = np.asarray(state["columns"][name])
-            if src.shape != (size, *arr.shape[1:]) or src.dtype != arr.dtype:
+            if src.shape != (size - lo, *arr.shape[1:]) or src.dtype != arr.dtype:
                 raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
-                                 f"expected {(size, *arr.shape[1:])} {arr.dtype}")
-            arr[:size] = src
+                                 f"expected {(size - lo, *arr.shape[1:])} {arr.dtype}")
+            arr[lo:size] = src
         for name, arr in self.meta.items():
             if name in state["meta"]:
                 arr[:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
@@ -777,6 +872,22 @@ def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool((_as_bytes(a[None]) == _as_bytes(b[None])).all())
+
+
+MEMMAP_STATE = "relive_memmap.json"  # in a memmap directory: the token of the checkpoint its files match
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _check_stream(stream) -> int:
