@@ -13,6 +13,7 @@ row and sampling throughput, with the flat-Box fast path compared against an ear
    copied), relive dict columns with next_obs copied, relive with dedup_next_obs (measured on a written
    buffer), and rlpd's MemoryEfficientReplayBuffer (computed from its design, see ``rlpd_bytes_per_row``).
 3. Sampling an image buffer (20k rows, batch 256): dedup on / off, RAM / memmap backend.
+4. ReaPER's per-episode arrays and trees (1M flat rows, 1000-step episodes): bytes, earlier vs now.
 """
 
 from __future__ import annotations
@@ -70,10 +71,26 @@ def chunk(data: dict, lo: int, hi: int) -> dict:
     return {k: ({kk: vv[lo:hi] for kk, vv in v.items()} if isinstance(v, dict) else v[lo:hi]) for k, v in data.items()}
 
 
+def reaper_leaf_bytes(replay, data, rows) -> int:
+    """Bytes of ReaPER's per-episode (leaf) arrays and its three trees after ``rows`` rows are written."""
+    buf = replay.ReplayBuffer(rows, (11,), (3,), sampler=replay.ReaPERSampler(), seed=0)
+    buf.extend(data)
+    s = buf.sampler
+    leaf = sum(getattr(s, n).nbytes for n in s._LEAF_ARRAYS)
+    trees = sum(getattr(s, n).nodes.nbytes for n in ("finished_tree", "ongoing_tree", "total_tree"))
+    return int(leaf + trees)
+
+
 def flat_ops(replay, data, rows, **kw) -> dict:
-    uni = replay.ReplayBuffer(rows, (11,), (3,), sampler=replay.UniformSampler(), seed=0, **kw)
+    root = kw.pop("directory", None)  # memmap: one directory per buffer
+
+    def sub(name):
+        return {} if root is None else {"directory": root / name}
+
+    uni = replay.ReplayBuffer(rows, (11,), (3,), sampler=replay.UniformSampler(), seed=0, **kw, **sub("uni"))
     uni.extend(data)
-    mix = replay.ReplayBuffer(rows, (11,), (3,), sampler=replay.MixtureSampler(offline_fraction=0.5), seed=0, **kw)
+    mix = replay.ReplayBuffer(rows, (11,), (3,), sampler=replay.MixtureSampler(offline_fraction=0.5), seed=0, **kw,
+                              **sub("mix"))
     mix.add_offline(chunk(data, 0, rows // 2))
     mix.extend(chunk(data, rows // 2, rows))
     ext = chunk(data, 0, 1000)
@@ -100,7 +117,7 @@ def rlpd_bytes_per_row(episode: int, num_stack: int) -> float:
     and each episode start writes ``num_stack`` extra rows holding the first stack's frames (marked unsampleable);
     every other column is stored per row as in its ReplayBuffer: the non-pixel obs keys twice (observations and
     next_observations), actions, rewards float32, masks float32, dones bool, plus a bool ``_is_correct_index``.
-    A stack of ``num_stack`` frames of 3x64x64 stores one 64x64x3 frame per row."""
+    With ``num_stack`` = k the observation is k stacked 64x64x3 frames, of which each row stores one."""
     frame = int(np.prod(IMAGE))
     row = frame + 2 * 4 * STATE + 4 * ACT + 4 + 4 + 1 + 1
     return row * (1 + num_stack / episode)
@@ -124,8 +141,11 @@ def memory_table(rows: int, replay) -> list[dict]:
             "relive flattened float32 (before)": 2 * (4 * img + state) + tail,
             "relive dict, next_obs copied": measured[False],
             "relive dict, dedup_next_obs": measured[True],
-            "rlpd memory-efficient, 1 frame": rlpd_bytes_per_row(episode, 1),
-            "rlpd memory-efficient, stack of 3 (per 3x64x64 frame)": rlpd_bytes_per_row(episode, 3),
+            "rlpd memory-efficient, num_stack=1": rlpd_bytes_per_row(episode, 1),
+            # observations that stack 3 frames (image 9x64x64): relive stores the stack per row, rlpd one frame
+            "relive dict, dedup_next_obs, 3 stacked frames (computed)": 3 * img + state + tail + 8
+            + (3 * img + state) / episode,
+            "rlpd memory-efficient, num_stack=3": rlpd_bytes_per_row(episode, 3),
         })
     return out
 
@@ -154,15 +174,23 @@ def main(argv=None) -> int:
 
     report: dict = {"machine": {"cpu": _cpu(), "python": platform.python_version(), "numpy": np.__version__},
                     "load_average_before": load_average()}
-    versions = {"relive now": flat_ops(now, flat_data(args.rows), args.rows),
-                "relive now, dedup_next_obs": flat_ops(now, flat_data(args.rows), args.rows, dedup_next_obs=True)}
+    data = flat_data(args.rows)
+    flat_tmp = tempfile.TemporaryDirectory()
+    versions = {"relive now": flat_ops(now, data, args.rows),
+                "relive now, dedup_next_obs": flat_ops(now, data, args.rows, dedup_next_obs=True),
+                "relive now, memmap": flat_ops(now, data, args.rows, backend="memmap", directory=Path(flat_tmp.name))}
+    reaper_bytes = {"now": reaper_leaf_bytes(now, data, args.rows)}
     if args.baseline_src:
         with isolated(args.baseline_src) as earlier:
-            versions = {"relive earlier": flat_ops(earlier, flat_data(args.rows), args.rows)} | versions
+            versions = {"relive earlier": flat_ops(earlier, data, args.rows)} | versions
+            reaper_bytes["earlier"] = reaper_leaf_bytes(earlier, data, args.rows)
     flat = timed(versions, args.seconds, args.repeats)
     print(f"\n1. flat rows ({args.rows} rows, batch {BATCH}): calls/s, median of {args.repeats} interleaved rounds")
     for op, by in flat.items():
         line = "  ".join(f"{v}: {statistics.median(r):,.0f}" for v, r in by.items())
+        if "relive now, dedup_next_obs" in by:
+            ratios = [a / b for a, b in zip(by["relive now, dedup_next_obs"], by["relive now"], strict=True)]
+            line += f"  | dedup / now: {statistics.median(ratios):.3f}"
         if "relive earlier" in by:
             ratios = [a / b for a, b in zip(by["relive now"], by["relive earlier"], strict=True)]
             line += f"  | now / earlier: {statistics.median(ratios):.3f}"
@@ -194,6 +222,10 @@ def main(argv=None) -> int:
     for op, by in image.items():
         print(f"  {op:22s} " + "  ".join(f"{v}: {statistics.median(r):,.0f}" for v, r in by.items()))
     report["image"] = {op: {v: statistics.median(r) for v, r in by.items()} for op, by in image.items()}
+    print(f"\n4. ReaPER per-episode arrays + trees, {args.rows} rows of 1000-step episodes: "
+          + ", ".join(f"{k}: {v / 2**20:,.2f} MiB" for k, v in reaper_bytes.items()))
+    report["reaper_leaf_bytes"] = reaper_bytes
+    flat_tmp.cleanup()
     report["load_average_after"] = load_average()
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))

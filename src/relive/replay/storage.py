@@ -154,7 +154,7 @@ class Storage:
         self.directory.mkdir(parents=True, exist_ok=True)
         if path.exists():
             raise ValueError(f"{path} exists: a memmap buffer creates its column files in a fresh directory "
-                             "(use Storage.open_memmap / ReplayBuffer.load to reopen one)")
+                             "(ReplayBuffer.load reopens one from its checkpoint)")
         return np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=(self.capacity, *spec.shape))
 
     @property
