@@ -10,7 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
-from relive.replay import ARBSampler, MixtureSampler, ReaPERSampler, ReplayBuffer, UniformSampler
+from relive.replay import (
+    ARBSampler,
+    BERBSampler,
+    MixtureSampler,
+    ReaPERSampler,
+    ReplayBuffer,
+    UniformSampler,
+)
+from relive.replay.samplers.refer import ReFERSampler
 
 OBS = {"image": ((2, 3), np.uint8), "state": (2,)}
 
@@ -183,7 +191,8 @@ def test_dict_obs_errors_name_the_key():
 
 
 @pytest.mark.parametrize("make", [UniformSampler, lambda: MixtureSampler(offline_fraction=0.5),
-                                  lambda: ReaPERSampler(), lambda: ARBSampler()])
+                                  lambda: ReaPERSampler(), lambda: ARBSampler(),
+                                  lambda: BERBSampler(hidden=(8,), ratio_batch_size=8, first_chunk_rows=5)])
 def test_samplers_sample_dict_buffers(make):
     buf = ReplayBuffer(40, OBS, (1,), sampler=make(), seed=1)
     buf.add_offline(dict_rows(10))
@@ -225,3 +234,19 @@ def test_a_tail_overwritten_by_another_stream_keeps_the_new_rows_copy():
     buf.extend(flat_rows([9], [10]), stream=0)  # slot 3
     assert buf.storage._nx.entry[2] >= 0  # stream 1's row 8 still has no stored successor
     np.testing.assert_array_equal(buf.storage.read("next_obs", [0, 1, 2, 3])[:, 0], [7, 8, 9, 10])
+
+
+def test_refer_recount_gets_dict_obs():
+    seen = []
+
+    def log_rho_fn(obs, action, mu_mean, mu_std):
+        seen.append(obs)
+        return np.zeros(len(action))
+
+    cols = {"mu_mean": (1,), "mu_std": (1,)}
+    buf = ReplayBuffer(40, OBS, (1,), sampler=ReFERSampler(), seed=1, extra_columns=cols)
+    rows = dict_rows(15, 50, seed=2)
+    buf.extend(rows | {"mu_mean": np.zeros((15, 1)), "mu_std": np.ones((15, 1))})
+    buf.sampler.recount(log_rho_fn)
+    assert seen and set(seen[0]) == {"image", "state"}
+    np.testing.assert_array_equal(seen[0]["state"], rows["obs"]["state"])

@@ -44,7 +44,7 @@ from torch import nn
 
 from relive.agents import networks as nets
 from relive.agents import refer
-from relive.agents.encoders import flat_obs_batch
+from relive.agents.encoders import flat_obs, flat_obs_batch
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
@@ -187,7 +187,8 @@ class DDPG:
     @torch.no_grad()
     def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
         """The sampler's recount: clipped log rho of stored rows under the current actor: [n] NumPy."""
-        t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device) for x in (obs, action, mu_mean, mu_std)]
+        t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device)
+             for x in (flat_obs(obs), action, mu_mean, mu_std)]
         return self.log_rho(self.actor(t[0]), *t[1:]).cpu().numpy()
 
     def refer_masks(self, b: Batch, mean: torch.Tensor | None = None):

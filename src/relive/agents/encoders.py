@@ -32,6 +32,11 @@ def concat_keys(obs: Mapping) -> np.ndarray:
     return np.concatenate([p.reshape(n, -1).astype(np.float32, copy=False) for p in parts], axis=1)
 
 
+def flat_obs(obs):
+    """:func:`concat_keys` of a dict observation; anything else unchanged."""
+    return concat_keys(obs) if isinstance(obs, Mapping) else obs
+
+
 def flat_obs_dim(obs_spec) -> int:
     """Size of the concatenated observation of a storage's ``obs_spec`` (a ColumnSpec or a dict of them), or of
     a shape / a dict key -> shape."""

@@ -77,6 +77,7 @@ from torch import nn
 
 from relive.agents import networks as nets
 from relive.agents import refer
+from relive.agents.encoders import flat_obs, flat_obs_batch
 from relive.registry import register_agent
 from relive.train.hooks import EveryGradSteps, OnEpisodeEnd
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
@@ -294,7 +295,8 @@ class VRACER:
     def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
         """The ReF-ER sampler's recount: clipped log rho of stored rows under the current policy (the censored
         density, as in ``update``), in chunks: [n] NumPy."""
-        return self._value_and_log_rho(*(np.asarray(x, np.float32) for x in (obs, action, mu_mean, mu_std)))[1]
+        return self._value_and_log_rho(*(np.asarray(x, np.float32) for x in (flat_obs(obs), action, mu_mean,
+                                                                             mu_std)))[1]
 
     @torch.no_grad()
     def targets_of(self, cols: dict, lengths: np.ndarray) -> np.ndarray:
@@ -303,6 +305,7 @@ class VRACER:
         be row t's successor (obs[t+1] == next_obs[t], as the collector writes them): V(s_{t+1}) and rho_{t+1}
         come from row t + 1's forward pass, so one pass over the rows (plus one per episode end) suffices."""
         lengths = np.asarray(lengths, np.int64)
+        cols = dict(cols) | {"obs": flat_obs(cols["obs"]), "next_obs": flat_obs(cols["next_obs"])}
         v, log_rho = self._value_and_log_rho(cols["obs"], cols["action"], cols["mu_mean"], cols["mu_std"])
         last = np.cumsum(lengths) - 1
         v_next = np.empty_like(v)
@@ -398,7 +401,7 @@ class VRACER:
                           "value_loss": value_loss.detach(), "pg_loss": pg_loss.detach()}
 
     def update(self, batch: Batch) -> UpdateResult:
-        b = batch.to_torch(self.device, torch.float32)
+        b = flat_obs_batch(batch).to_torch(self.device, torch.float32)  # dict obs: keys concatenated
         if not bool((b.mu_std > 0).all()):
             row = int(torch.nonzero(~(b.mu_std > 0))[0, 0])
             raise ValueError(f"batch row {row} (slot {int(batch.info.indices[row])}): the behaviour std mu_std must "
