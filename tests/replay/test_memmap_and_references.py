@@ -92,3 +92,17 @@ def test_checkpoint_refers_to_the_offline_dataset_by_id_and_hash(tmp_path):
         ReplayBuffer.load(tmp_path / "ref", offline_rows=rows_of(1, n_eps=5))
     with pytest.raises(ValueError, match="offline='reference' needs offline rows that came from one dataset"):
         full.save(tmp_path / "copy", offline="reference")
+
+
+def test_extra_columns_are_copied_even_when_the_offline_rows_are_referenced(tmp_path):
+    """set_column may change an extra column of offline rows after add_offline (returns-to-go, V-RACER's q_ret):
+    a checkpoint that references the offline rows still copies the extra columns whole."""
+    rows = rows_of(1)
+    n = len(rows["reward"])
+    buf = ReplayBuffer(60, OBS, (1,), seed=3, extra_columns={"q_ret": ()})
+    buf.add_offline(rows | {"q_ret": np.zeros(n, np.float32)}, dataset_id="test/pixels-v0")
+    buf.extend(rows_of(2) | {"q_ret": np.zeros(n, np.float32)})
+    buf.set_column("q_ret", np.arange(5), np.arange(1.0, 6.0))
+    buf.save(tmp_path / "ref")
+    back = ReplayBuffer.load(tmp_path / "ref", offline_rows=rows | {"q_ret": np.zeros(n, np.float32)})
+    np.testing.assert_array_equal(back.storage.columns["q_ret"][:6], [1, 2, 3, 4, 5, 0])

@@ -582,13 +582,14 @@ class Storage:
             self._memmap_clean = False
 
     def offline_sha256(self) -> str:
-        """SHA-256 of the offline segment: every data column's offline rows (and their explicit next_obs copies),
-        the column names and shapes. Cached: the offline rows are frozen once written."""
+        """SHA-256 of the offline segment: the offline rows of every column but the extra ones (which
+        ``set_column`` may change later, so checkpoints always copy them), their explicit next_obs copies, the
+        column names and shapes. Cached: these offline rows are frozen once written."""
         k = self.num_offline
         if self._offline_hash is not None and self._offline_hash[0] == k:
             return self._offline_hash[1]
         h = hashlib.sha256()
-        for name in sorted(self.columns):
+        for name in sorted(n for n in self.columns if n not in self.extra_names):
             arr = self.columns[name]
             h.update(json.dumps([name, list(arr.shape[1:]), arr.dtype.str, k]).encode())
             for lo in range(0, k, 65536):
@@ -623,7 +624,7 @@ class Storage:
             if len(ids) != 1 or None in ids:
                 raise ValueError("offline='reference' needs offline rows that came from one dataset named by "
                                  f"add_offline(rows, dataset_id=...); got dataset ids {self.offline_dataset_ids}")
-            state["columns"] = {n: a[k:size] for n, a in self.columns.items()}
+            state["columns"] = {n: a[0 if n in self.extra_names else k : size] for n, a in self.columns.items()}
             state["offline_ref"] = {"dataset_id": next(iter(ids)), "sha256": self.offline_sha256(), "num_offline": k}
         else:
             state["columns"] = {n: a[:size] for n, a in self.columns.items()}
@@ -675,11 +676,12 @@ class Storage:
         for name, arr in self.columns.items():
             if "memmap" in state:
                 break
+            first = 0 if name in self.extra_names else lo  # extra columns are always copied whole
             src = np.asarray(state["columns"][name])
-            if src.shape != (size - lo, *arr.shape[1:]) or src.dtype != arr.dtype:
+            if src.shape != (size - first, *arr.shape[1:]) or src.dtype != arr.dtype:
                 raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
-                                 f"expected {(size - lo, *arr.shape[1:])} {arr.dtype}")
-            arr[lo:size] = src
+                                 f"expected {(size - first, *arr.shape[1:])} {arr.dtype}")
+            arr[first:size] = src
         for name, arr in self.meta.items():
             if name in state["meta"]:
                 arr[:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
