@@ -151,10 +151,11 @@ def memory_table(rows: int, replay) -> list[dict]:
 
 
 def timed(ops: dict[str, dict], seconds: float, repeats: int) -> dict:
-    """ops: version -> {operation: fn}; interleaved rounds; returns {operation: {version: [rates]}}."""
+    """ops: version -> {operation: fn}; interleaved rounds; returns {operation: {version: [rates]}} (each list in
+    round order, so per-round ratios pair up)."""
     res: dict = {}
-    for _ in range(repeats):
-        for version, fns in ops.items():
+    for r in range(repeats):  # the versions' order alternates between rounds (no one always goes first)
+        for version, fns in (list(ops.items()) if r % 2 == 0 else list(ops.items())[::-1]):
             for op, fn in fns.items():
                 res.setdefault(op, {}).setdefault(version, []).append(rate(fn, seconds))
     return res
