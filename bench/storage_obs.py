@@ -6,8 +6,9 @@ row and sampling throughput, with the flat-Box fast path compared against an ear
 
 1. Flat Box rows (Hopper-shaped: obs 11, action 3, 1M rows, batch 256): uniform sample, 50/50 mixture sample and
    a 1000-row extend into a full ring, for the earlier relive (``--baseline-src``), relive now (flat default:
-   next_obs stored) and relive with ``dedup_next_obs=True``. Interleaved rounds; medians over rounds and the
-   median per-round ratio now / earlier.
+   next_obs stored), relive with ``dedup_next_obs=True`` and the memmap backend. Each figure is the fastest ~20 ms
+   batch of calls within ``--seconds`` (on a shared machine interference only slows a batch down); interleaved
+   rounds, the versions' order alternating; medians over rounds and the median per-round ratio.
 2. Memory per row of an image + state buffer (obs {"image": 3x64x64 uint8, "state": 7 float32}, action 4) with
    1000-step and 100-step episodes: relive before dict columns (the dict flattened into one float32 Box, next_obs
    copied), relive dict columns with next_obs copied, relive with dedup_next_obs (measured on a written
@@ -30,7 +31,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_throughput import load_average, rate  # noqa: E402
+from replay_throughput import load_average  # noqa: E402
+from streams import rate  # noqa: E402  the fastest ~20 ms batch: interference from other processes only slows
 
 BATCH = 256
 IMAGE, STATE, ACT = (3, 64, 64), 7, 4

@@ -283,7 +283,9 @@ class Storage:
         out = {}
         for name, label, spec, finite in self._plan:  # flat columns (and flat obs) in a precomputed order
             value = data[name]
-            if spec is None:  # dict observations: one array per key
+            if type(value) is np.ndarray and spec is not None:  # the common case first (an ABC isinstance costs more)
+                items = ((label, name, value, spec),)
+            elif spec is None:  # dict observations: one array per key
                 items = [(lbl, name + col[3:], arr, self.specs[col]) for lbl, col, arr in self._obs_parts(name, value)]
             else:
                 if name in ("obs", "next_obs") and isinstance(value, Mapping):
@@ -335,7 +337,8 @@ class Storage:
         (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
         batch)."""
         rows, n = self.validate(data)
-        self._touch()
+        if self._memmap_clean:
+            self._touch()
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
         if source == OFFLINE and stream != 0:
