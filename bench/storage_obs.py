@@ -15,6 +15,10 @@ row and sampling throughput, with the flat-Box fast path compared against an ear
    buffer), and rlpd's MemoryEfficientReplayBuffer (computed from its design, see ``rlpd_bytes_per_row``).
 3. Sampling an image buffer (20k rows, batch 256): dedup on / off, RAM / memmap backend.
 4. ReaPER's per-episode arrays and trees (1M flat rows, 1000-step episodes): bytes, earlier vs now.
+
+``--paired`` runs only a steadier check of the flat path (needs ``--baseline-src``): 200k rows, extend 1000 rows /
+validate 1000 rows / uniform sample 256, the fastest of 60 batches of 20 calls, 8 rounds alternating which
+version goes first; the minimum over rounds (microseconds per call).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -152,6 +157,34 @@ def memory_table(rows: int, replay) -> list[dict]:
     return out
 
 
+def paired_buffer(replay, rows: int = 200_000):
+    buf = replay.ReplayBuffer(rows, (11,), (3,), seed=0)
+    buf.extend(flat_data(rows))
+    return buf
+
+
+def paired(bufs: dict, rounds: int = 8) -> dict:
+    ext = chunk(flat_data(1000, seed=1), 0, 1000)
+
+    def best(fn, calls=20, batches=60):
+        b = float("inf")
+        for _ in range(batches):
+            t = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            b = min(b, (time.perf_counter() - t) / calls)
+        return b * 1e6
+
+    out = {name: {"extend 1000 rows": [], "validate 1000 rows": [], "uniform sample": []} for name in bufs}
+    for r in range(rounds):
+        for name in (("earlier", "now") if r % 2 == 0 else ("now", "earlier")):
+            buf = bufs[name]
+            out[name]["extend 1000 rows"].append(best(lambda b=buf: b.extend(ext)))
+            out[name]["validate 1000 rows"].append(best(lambda b=buf: b.storage.validate(ext)))
+            out[name]["uniform sample"].append(best(lambda b=buf: b.sample(BATCH)))
+    return {name: {op: min(v) for op, v in ops.items()} for name, ops in out.items()}
+
+
 def timed(ops: dict[str, dict], seconds: float, repeats: int) -> dict:
     """ops: version -> {operation: fn}; interleaved rounds; returns {operation: {version: [rates]}} (each list in
     round order, so per-round ratios pair up)."""
@@ -171,9 +204,23 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", default="bench/out/storage_obs.json")
+    p.add_argument("--paired", action="store_true", help="only the paired fastest-batch check of the flat path")
     args = p.parse_args(argv)
 
     import relive.replay as now
+
+    if args.paired:
+        if not args.baseline_src:
+            p.error("--paired needs --baseline-src")
+        bufs = {"now": paired_buffer(now)}  # each version's objects built while its modules are imported
+        with isolated(args.baseline_src) as earlier:
+            bufs["earlier"] = paired_buffer(earlier)
+        res = paired(bufs)
+        print(f"paired, microseconds per call (min over rounds), cpu {_cpu()}, load {load_average()}")
+        for op in res["now"]:
+            print(f"  {op:20s} earlier {res['earlier'][op]:8.1f}  now {res['now'][op]:8.1f}  "
+                  f"now / earlier {res['now'][op] / res['earlier'][op]:.3f}")
+        return 0
 
     report: dict = {"machine": {"cpu": _cpu(), "python": platform.python_version(), "numpy": np.__version__},
                     "load_average_before": load_average()}
