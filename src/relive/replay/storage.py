@@ -17,6 +17,16 @@ between chunks of another. Episodes, steps and everything computed per episode f
 is the fast path: positions are the ring's clock and nothing per lane is kept. From the second stream on the
 storage keeps each online row's logical position and a per-lane map position -> slot (8 bytes per online slot
 per stream). Writes are all-or-nothing: the whole batch is validated before any byte moves.
+
+Observations: flat (one ``obs`` column, and ``next_obs``) or a dict of keys, each its own column ``obs.<key>``
+with its own shape and dtype; ``read("obs", slots)`` returns an array or a dict key -> array. With
+``dedup_next_obs`` (the default for dict observations) there is no ``next_obs`` column: a row's next_obs is the
+obs of the next row of its lane, and only rows without a stored successor keep an explicit copy (see
+``_dedup_before_write`` for the rule and why it is exact); read it with ``read("next_obs", slots)``. Samplers and
+agents read observations through ``read``, never ``columns["obs"]`` (the physical columns).
+
+Backends: ``"ram"`` (NumPy arrays) or ``"memmap"`` (``.npy`` files in a directory, opened with ``np.memmap``): the
+same API and the same rows; checkpoints of a memmap storage refer to its files instead of copying them.
 """
 
 from __future__ import annotations
