@@ -106,3 +106,21 @@ def test_extra_columns_are_copied_even_when_the_offline_rows_are_referenced(tmp_
     buf.save(tmp_path / "ref")
     back = ReplayBuffer.load(tmp_path / "ref", offline_rows=rows | {"q_ret": np.zeros(n, np.float32)})
     np.testing.assert_array_equal(back.storage.columns["q_ret"][:6], [1, 2, 3, 4, 5, 0])
+
+
+def test_saving_a_clean_memmap_buffer_twice_keeps_the_first_checkpoint_loadable(tmp_path):
+    buf = ReplayBuffer(60, OBS, (1,), seed=3, backend="memmap", directory=tmp_path / "mm")
+    fill(buf)
+    buf.save(tmp_path / "a")
+    buf.save(tmp_path / "b")  # nothing written in between: same files, same token
+    ReplayBuffer.load(tmp_path / "a")
+    buf.extend(rows_of(7))
+    buf.save(tmp_path / "c")
+    ReplayBuffer.load(tmp_path / "c")
+    with pytest.raises(ValueError, match="was changed after this checkpoint was saved"):
+        ReplayBuffer.load(tmp_path / "a")
+
+
+def test_an_extra_column_named_like_an_obs_column_is_an_extra_column():
+    buf = ReplayBuffer(10, (2,), (1,), extra_columns={"next_obs_goal": (2,), "abcdeobs": ()})
+    assert buf.storage.extra_names == ("next_obs_goal", "abcdeobs")

@@ -109,6 +109,7 @@ class Storage:
             self.specs |= {"next_" + n: spec for n, spec in obs_cols.items()}
         self.specs |= {"terminated": ColumnSpec((), np.dtype(np.bool_)),
                        "truncated": ColumnSpec((), np.dtype(np.bool_))}
+        extra = []
         for name, value in (extra_columns or {}).items():
             if not isinstance(name, str) or not name.isidentifier():
                 raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
@@ -116,8 +117,8 @@ class Storage:
             if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
                 raise ValueError(f"extra column {name!r} clashes with a built-in column")
             self.specs[name] = _spec(value)
-        self.extra_names = tuple(n for n in self.specs if n not in CORE_COLUMNS and n not in obs_cols
-                                 and n[len("next_"):] not in obs_cols)
+            extra.append(name)
+        self.extra_names = tuple(extra)
         if backend not in ("ram", "memmap"):
             raise ValueError(f"backend must be 'ram' or 'memmap', got {backend!r}")
         if backend == "memmap" and directory is None:
@@ -131,6 +132,7 @@ class Storage:
         self.directory = None if directory is None else Path(directory)
         self._open_existing = bool(_open_existing)
         self._memmap_clean = _open_existing  # memmap: files unchanged since the save that wrote MEMMAP_STATE
+        self._memmap_token: str | None = None  # the token of that save
         self.offline_dataset_ids: list[str | None] = []  # per add_offline call: the dataset id it named
         self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
         self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
@@ -627,10 +629,12 @@ class Storage:
         if self.backend == "memmap":
             for arr in self.columns.values():
                 arr.flush()
-            token = uuid.uuid4().hex
-            _write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
-                                                        "num_online_written": self.num_online_written})
-            self._memmap_clean = True
+            token = self._memmap_token
+            if not (self._memmap_clean and token):  # unchanged since the last save: the same token, so a checkpoint
+                token = uuid.uuid4().hex  # kept from that save (a trainer's `.previous`) stays loadable
+                _write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
+                                                            "num_online_written": self.num_online_written})
+            self._memmap_clean, self._memmap_token = True, token
             state["memmap"] = {"directory": str(self.directory), "token": token}
         elif offline == "reference":
             ids = set(self.offline_dataset_ids)
@@ -681,6 +685,7 @@ class Storage:
         size = self.size
         if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
             marker = _read_json(self.directory / MEMMAP_STATE)
+            self._memmap_token = state["memmap"]["token"]
             if marker.get("token") != state["memmap"]["token"]:
                 raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
                                  "(rows written since, or by another run): the rows it refers to are gone. Resume "
