@@ -349,8 +349,6 @@ class Storage:
         (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
         batch)."""
         rows, n = self.validate(data)
-        if self._memmap_clean:
-            self._touch()
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
         if source == OFFLINE and stream != 0:
@@ -390,6 +388,8 @@ class Storage:
         slots = np.arange(first, first + split, dtype=np.int64)
         if split < kept:
             slots = np.concatenate((slots, np.arange(self.num_offline, self.num_offline + kept - split)))
+        if self._memmap_clean:  # (after every check: a refused write changes nothing)
+            self._touch()
         if self.dedup_next_obs:
             explicit = self._dedup_before_write(-1 if source == OFFLINE else lane, rows, end, slots, skip)
         episode_id, step = self.episodes.append(source, start, end)
