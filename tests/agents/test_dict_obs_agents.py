@@ -125,7 +125,7 @@ def test_cnn_agents_update_on_image_and_state(kind, tmp_path):
     assert enc_before and a1.obs_dim == 8 + 2  # 8 image features + the 2 state numbers
     for step in range(2):
         b = pixel_batch(np.random.default_rng(step))
-        r1, r2 = a1.update(b, update_actor=True), a2.update(b, update_actor=True)
+        r1, r2 = a1.update(b, update_actor=step == 1), a2.update(b, update_actor=step == 1)  # (step 0: [s'; s])
         assert np.isfinite(r1.signals["td_error"]).all() and all(np.isfinite(v) for v in r1.metrics.values())
         np.testing.assert_array_equal(r1.signals["td_error"], r2.signals["td_error"])  # same seed, same updates
     after = a1.state_dict()
