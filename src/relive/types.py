@@ -42,7 +42,8 @@ _CORE = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 @dataclass(frozen=True)
 class Batch:
     """A sampled minibatch. Core columns are fields; extra columns are in ``extras`` and also readable as
-    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` is called.
+    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` is called. With dict observations
+    ``obs`` and ``next_obs`` are dicts key -> array (``batch.obs["image"]``).
 
     ``discount``: None for one-step batches (targets use gamma (1 - terminated)). From a buffer with
     ``n_step > 1`` (:mod:`relive.replay.returns`): ``reward`` is the n-step return sum_{k<n'} gamma^k r_{t+k},
@@ -98,11 +99,14 @@ class Batch:
             hints={k: (torch.as_tensor(v, device=device) if isinstance(v, np.ndarray) else v)
                    for k, v in info.hints.items()},
         )
+        def conv_obs(x):  # dict observations: one tensor per key (uint8 images stay uint8)
+            return {k: conv(v) for k, v in x.items()} if isinstance(x, Mapping) else conv(x)
+
         return Batch(
-            obs=conv(self.obs),
+            obs=conv_obs(self.obs),
             action=conv(self.action),
             reward=conv(self.reward),
-            next_obs=conv(self.next_obs),
+            next_obs=conv_obs(self.next_obs),
             terminated=conv(self.terminated, True),
             truncated=conv(self.truncated, True),
             info=torch_info,

@@ -388,3 +388,37 @@ def test_data_report_defaults_outside_docs_and_the_committed_notes_survive(tmp_p
     assert copy.read_text().split(NOTES_MARKER)[1].strip() == notes
     assert main(["data", "report", "--root", str(tmp_path / "none")]) == 0
     assert (tmp_path / "reports" / "datasets.md").is_file()
+
+
+def test_minari_dict_observations_round_trip_as_columns(tmp_path, pendulum_rows):
+    """Dict observations (a uint8 image + a float32 state) written to Minari as a Dict space and read back with
+    ``flatten=False`` keep each key's shape, dtype and values exactly, and fill a dict-observation buffer whose
+    next_obs (rebuilt from the next row) equals the dataset's."""
+    n = len(pendulum_rows["reward"])
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, size=(n + 3, 2, 4, 4), dtype=np.uint8)  # rows + one final frame per episode
+    image, next_image, f = np.empty((n, 2, 4, 4), np.uint8), np.empty((n, 2, 4, 4), np.uint8), 0
+    for sl in split_episodes(pendulum_rows):
+        m = sl.stop - sl.start
+        image[sl], next_image[sl] = frames[f : f + m], frames[f + 1 : f + m + 1]
+        f += m + 1
+    rows = dict(pendulum_rows)
+    rows["obs"] = {"image": image, "state": pendulum_rows["obs"].astype(np.float32)}
+    rows["next_obs"] = {"image": next_image, "state": pendulum_rows["next_obs"].astype(np.float32)}
+    write_minari("test/pendulum/pixels-v0", rows, "Pendulum-v1", root=tmp_path)
+    back, meta = read_minari("test/pendulum/pixels-v0", root=tmp_path, flatten=False)
+    assert meta["observation_keys"] == ["image", "state"]
+    for col in ("obs", "next_obs"):
+        assert back[col]["image"].dtype == np.uint8 and back[col]["state"].dtype == np.float32
+        for k in ("image", "state"):
+            np.testing.assert_array_equal(back[col][k], rows[col][k])
+    flat, meta = read_minari("test/pendulum/pixels-v0", root=tmp_path)  # the default still flattens
+    assert flat["obs"].shape == (n, 2 * 4 * 4 + 3) and meta["flattened_observation_keys"] == ["image", "state"]
+    buf = ReplayBuffer(n + 10, {"image": ((2, 4, 4), np.uint8), "state": (3,)}, (1,))
+    assert buf.storage.dedup_next_obs
+    fill_offline(buf, back)
+    b = buf.gather(np.arange(n))
+    for col in ("obs", "next_obs"):
+        for k in ("image", "state"):
+            np.testing.assert_array_equal(getattr(b, col)[k], rows[col][k])
+    assert buf.storage._nx.num_used == len(split_episodes(pendulum_rows))  # one explicit copy per episode end

@@ -120,11 +120,11 @@ class CalQL(SAC):
                 OnEpisodeEnd(lambda slots: write_returns_to_go(ctx.buffer, slots, ctx.gamma, "mc_return"))]
 
     def __init__(self, obs_dim, action_dim, action_low, action_high, config: CalQLConfig | None = None,
-                 seed: int = 0, device: str = "cpu"):
+                 seed: int = 0, device: str = "cpu", obs_spec=None):
         config = config if config is not None else CalQLConfig()
         if not isinstance(config, CalQLConfig):
             raise ValueError(f"CalQL needs a CalQLConfig, got {type(config).__name__}")
-        super().__init__(obs_dim, action_dim, action_low, action_high, config, seed, device)
+        super().__init__(obs_dim, action_dim, action_low, action_high, config, seed, device, obs_spec)
         self.log_alpha_prime = torch.tensor(float(config.init_log_alpha_prime), device=self.device,
                                             requires_grad=True)
         self.alpha_prime_opt = nets.adam([self.log_alpha_prime], config.critic_lr)  # official: qf_lr

@@ -44,6 +44,7 @@ from torch import nn
 
 from relive.agents import networks as nets
 from relive.agents import refer
+from relive.agents.encoders import flat_obs, flat_obs_batch
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
@@ -188,7 +189,8 @@ class DDPG:
     @torch.no_grad()
     def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
         """The sampler's recount: clipped log rho of stored rows under the current actor: [n] NumPy."""
-        t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device) for x in (obs, action, mu_mean, mu_std)]
+        t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device)
+             for x in (flat_obs(obs), action, mu_mean, mu_std)]
         return self.log_rho(self.actor(t[0]), *t[1:]).cpu().numpy()
 
     def refer_masks(self, b: Batch, mean: torch.Tensor | None = None):
@@ -282,6 +284,7 @@ class DDPG:
         return UpdateResult(metrics, signals)
 
     def _to_torch(self, batch: Batch) -> Batch:
+        batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:

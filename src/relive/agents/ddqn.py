@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from relive.agents import networks as nets
+from relive.agents.encoders import flat_obs_batch
 from relive.registry import register_agent
 from relive.types import Batch, UpdateResult
 
@@ -126,6 +127,7 @@ class DDQN:
         return F.huber_loss(q, y, reduction="none", delta=self.cfg.huber_delta), q
 
     def update(self, batch: Batch) -> UpdateResult:
+        batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 1:

@@ -8,7 +8,7 @@ reads or advances the global torch RNG.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import numpy as np
@@ -458,7 +458,12 @@ def load_generator_state(gen: torch.Generator, state) -> None:
 
 def as_obs_tensor(obs, obs_dim: int, device: torch.device) -> tuple[torch.Tensor, bool]:
     """[N, obs_dim] float32 tensor from array-like observations; a single [obs_dim] observation is accepted
-    and flagged so that ``act`` can return a single action."""
+    and flagged so that ``act`` can return a single action. Dict observations are concatenated
+    (``relive.agents.encoders.concat_keys``: the default encoder seam); they need the batch axis ([N, ...] per key)."""
+    if isinstance(obs, Mapping):
+        from relive.agents.encoders import concat_keys
+
+        obs = concat_keys(obs)
     o = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=device)
     single = o.dim() == 1
     if single:

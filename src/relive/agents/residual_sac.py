@@ -53,6 +53,7 @@ import torch
 
 from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQLConfig, cql_gap
+from relive.agents.encoders import flat_obs_batch
 from relive.agents.sac import _step
 from relive.registry import register_agent
 from relive.train.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase, write_returns_to_go
@@ -497,6 +498,7 @@ class ResidualSAC:
         return nets.td_discount(b, self.cfg.n_step, "ResidualSAC")
 
     def _to_torch(self, batch: Batch) -> Batch:
+        batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:

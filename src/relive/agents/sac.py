@@ -35,17 +35,21 @@ Example::
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 
+from relive.agents import encoders as enc
 from relive.agents import networks as nets
+from relive.agents.encoders import flat_obs_batch
 from relive.agents.scoring import log_prob_score, standardized_score
 from relive.registry import register_agent
 from relive.types import Batch, TensorMetrics, UpdateResult
 
 ACTOR_Q_REDUCTIONS = ("min", "mean")
+ENCODERS = ("flat", "cnn")
 RLPD_OFFLINE_FRACTION = 0.5  # RLPD's symmetric sampling: half of every minibatch offline (a replay setting:
 #                              MixtureSampler(offline_fraction=...); presets read it from here)
 SCORE_MODES = ("log_prob", "standardized")
@@ -78,6 +82,10 @@ class SACConfig:
     compute_log_likelihood: bool = True  # return log pi(stored action | s) as a signal (on-policyness samplers)
     compile: bool = False  # torch.compile the critic ensembles: fuses LayerNorm / ReLU passes (10 LayerNorm
     #                        critics ~1.4x faster on CPU); slower for plain twin critics; first steps compile
+    encoder: str = "flat"  # dict observations: "flat" (keys concatenated, relive.agents.encoders) or "cnn" (a CNN
+    #                        per image key, in the actor and in the critic; needs obs_spec at construction)
+    encoder_feature_dim: int = 50  # "cnn": features per image key (DrQ / SAC-AE: 50)
+    augment_pad: int = 0  # "cnn": DrQ random shift of the images by up to this many pixels (DrQ: 4); 0 = off
 
     def __post_init__(self):
         if self.num_qs < 1 or not 1 <= self.num_min_qs <= self.num_qs:
@@ -96,6 +104,11 @@ class SACConfig:
         if self.init_temperature <= 0:
             raise ValueError(f"init_temperature must be > 0, got {self.init_temperature}")
         nets.check_n_step(self.n_step)
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.encoder_feature_dim < 1 or self.augment_pad < 0:
+            raise ValueError(f"need encoder_feature_dim >= 1 and augment_pad >= 0, got {self.encoder_feature_dim}, "
+                             f"{self.augment_pad}")
 
     @classmethod
     def rlpd(cls, **overrides) -> SACConfig:
@@ -125,19 +138,39 @@ class SAC:
                    seed=nets.seed_int(seed), device=device)
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: SACConfig | None = None,
-                 seed: int = 0, device: str = "cpu"):
+                 seed: int = 0, device: str = "cpu", obs_spec=None):
+        """``obs_spec``: with ``encoder="cnn"``, the dict observation's keys -> (shape, dtype) (or a storage's
+        ``obs_spec``); ``obs_dim`` is then the encoder's output size (pass anything, e.g. 0)."""
         self.cfg = cfg = config if config is not None else SACConfig()
+        self.obs_spec = None
+        if cfg.encoder == "cnn":
+            if not isinstance(obs_spec, Mapping):
+                raise ValueError("encoder='cnn' needs obs_spec: the dict observation's keys -> (shape, dtype), e.g. "
+                                 "buffer.storage.obs_spec")
+            self.obs_spec = dict(obs_spec)
         self.obs_dim, self.action_dim = int(obs_dim), int(action_dim)
         self.device = torch.device(device)
         self.action_low = np.asarray(action_low, np.float32).reshape(-1)
         self.action_high = np.asarray(action_high, np.float32).reshape(-1)
         init_gen = torch.Generator().manual_seed(int(seed))  # parameters (CPU: identical on every device)
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration, targets, ...
-        with nets.private_rng():
-            actor = nets.TanhGaussianActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
-            critic = nets.EnsembleCritic(cfg.num_qs, obs_dim, action_dim, cfg.hidden, cfg.critic_layer_norm)
-        self.actor = nets.init_(actor, init_gen, cfg.init).to(self.device)
-        self.critic = nets.init_(critic, init_gen, cfg.init).to(self.device)
+        if self.obs_spec is not None:  # a CNN per image key, one encoder in the actor and one in the critic
+            encoders = [enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim) for _ in range(2)]
+            self.obs_dim = encoders[0].out_dim
+            with nets.private_rng():
+                actor = enc.EncodedActor(encoders[0], action_dim, cfg.hidden, action_low, action_high)
+                critic = enc.EncodedCritic(encoders[1], cfg.num_qs, action_dim, cfg.hidden, cfg.critic_layer_norm)
+            for part in (actor, critic):  # the heads (the encoders were initialized above, from the same stream)
+                for name, module in part.named_children():
+                    if name != "encoder":
+                        nets.init_(module, init_gen, cfg.init)
+            self.actor, self.critic = actor.to(self.device), critic.to(self.device)
+        else:
+            with nets.private_rng():
+                actor = nets.TanhGaussianActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
+                critic = nets.EnsembleCritic(cfg.num_qs, obs_dim, action_dim, cfg.hidden, cfg.critic_layer_norm)
+            self.actor = nets.init_(actor, init_gen, cfg.init).to(self.device)
+            self.critic = nets.init_(critic, init_gen, cfg.init).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         if cfg.compile:  # in place: parameter names (and checkpoints) stay the same
             self.critic.compile()
@@ -160,7 +193,7 @@ class SAC:
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """Actions [N, action_dim] float32 inside the box: a ~ pi(.|s) if ``explore``, else tanh(mu(s))."""
-        o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        o, single = self._obs_in(obs)
         a, _ = self.actor.sample(o, self.gen, deterministic=not explore)
         a = np.clip(a.cpu().numpy(), self.action_low, self.action_high)
         return a[0] if single else a
@@ -315,7 +348,23 @@ class SAC:
             signals["log_likelihood"] = log_likelihood.cpu().numpy()
         return UpdateResult(TensorMetrics(metrics), signals)
 
+    def _obs_in(self, obs):
+        """Observations for the networks: a [N, obs_dim] tensor (flat, or dict keys concatenated), or with
+        ``encoder="cnn"`` a DictObs of tensors (a batch: [N, ...] per key)."""
+        if self.obs_spec is None:
+            return nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        return enc.obs_to_torch(obs, self.device, list(self.obs_spec)), False
+
     def _to_torch(self, batch: Batch) -> Batch:
+        if self.obs_spec is not None:  # encoder="cnn": dict observations as tensors, images shifted (DrQ)
+            b = batch.to_torch(self.device, dtype=torch.float32)
+            obs, next_obs = (enc.obs_to_torch(o, self.device, list(self.obs_spec)) for o in (b.obs, b.next_obs))
+            if self.cfg.augment_pad:
+                for o in (obs, next_obs):
+                    for k in self.actor.encoder.image_keys:
+                        o[k] = enc.random_shift(o[k], self.cfg.augment_pad, self.gen)
+            return replace(b, obs=obs, next_obs=next_obs)
+        batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:
@@ -334,7 +383,7 @@ class SAC:
 
         @torch.no_grad()
         def score(obs: np.ndarray, action: np.ndarray) -> np.ndarray:
-            o, _ = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+            o, _ = self._obs_in(obs)
             a = torch.as_tensor(np.asarray(action, np.float32), device=self.device).reshape(-1, self.action_dim)
             a = (a - self.actor.center) / self.actor.scale  # the scores take actions in [-1, 1]
             mean, log_std = self.actor(o)

@@ -31,6 +31,7 @@ import torch
 
 from relive.agents import networks as nets
 from relive.agents import refer
+from relive.agents.encoders import flat_obs
 from relive.agents.sac import SAC, SACConfig, _step
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
@@ -86,7 +87,7 @@ class SACReFER(SAC):
     def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
         """The sampler's recount: clipped log rho of stored rows under the current actor: [n] NumPy."""
         o, a, m, s = (torch.as_tensor(np.asarray(x, np.float32), device=self.device)
-                      for x in (obs, action, mu_mean, mu_std))
+                      for x in (flat_obs(obs), action, mu_mean, mu_std))
         return self.log_rho(*self.actor(o), a, m, s).cpu().numpy()
 
     @torch.no_grad()

@@ -77,6 +77,7 @@ from torch import nn
 
 from relive.agents import networks as nets
 from relive.agents import refer
+from relive.agents.encoders import flat_obs, flat_obs_batch
 from relive.registry import register_agent
 from relive.train.hooks import EveryGradSteps, OnEpisodeEnd
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
@@ -302,7 +303,8 @@ class VRACER:
     def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
         """The ReF-ER sampler's recount: clipped log rho of stored rows under the current policy (the censored
         density, as in ``update``), in chunks: [n] NumPy."""
-        return self._value_and_log_rho(*(np.asarray(x, np.float32) for x in (obs, action, mu_mean, mu_std)))[1]
+        return self._value_and_log_rho(*(np.asarray(x, np.float32) for x in (flat_obs(obs), action, mu_mean,
+                                                                             mu_std)))[1]
 
     @torch.no_grad()
     def targets_of(self, cols: dict, lengths: np.ndarray) -> np.ndarray:
@@ -311,6 +313,7 @@ class VRACER:
         be row t's successor (obs[t+1] == next_obs[t], as the collector writes them): V(s_{t+1}) and rho_{t+1}
         come from row t + 1's forward pass, so one pass over the rows (plus one per episode end) suffices."""
         lengths = np.asarray(lengths, np.int64)
+        cols = dict(cols) | {"obs": flat_obs(cols["obs"]), "next_obs": flat_obs(cols["next_obs"])}
         v, log_rho = self._value_and_log_rho(cols["obs"], cols["action"], cols["mu_mean"], cols["mu_std"])
         last = np.cumsum(lengths) - 1
         v_next = np.empty_like(v)
@@ -329,7 +332,7 @@ class VRACER:
         slots = np.asarray(slots, np.int64)
         if slots.size == 0:
             return
-        cols = {k: buffer.storage.columns[k][slots] for k in
+        cols = {k: buffer.storage.read(k, slots) for k in
                 ("obs", "action", "reward", "next_obs", "terminated", "mu_mean", "mu_std")}
         buffer.set_column("q_ret", slots, self.targets_of(cols, np.array([slots.size])))
 
@@ -350,7 +353,7 @@ class VRACER:
         for g in np.unique(group):
             sel = group == g
             slots = st.episode_slots(start[sel], length[sel], source[sel])
-            cols = {k: st.columns[k][slots] for k in
+            cols = {k: st.read(k, slots) for k in
                     ("obs", "action", "reward", "next_obs", "terminated", "mu_mean", "mu_std")}
             buffer.set_column("q_ret", slots, self.targets_of(cols, length[sel]))
         self.num_refreshes += 1
@@ -407,7 +410,7 @@ class VRACER:
 
     def update(self, batch: Batch) -> UpdateResult:
         nets.td_discount(batch, 1, "V-RACER")  # (refuses an n-step batch: rewards must be one-step)
-        b = batch.to_torch(self.device, torch.float32)
+        b = flat_obs_batch(batch).to_torch(self.device, torch.float32)  # dict obs: keys concatenated
         if not bool((b.mu_std > 0).all()):
             row = int(torch.nonzero(~(b.mu_std > 0))[0, 0])
             raise ValueError(f"batch row {row} (slot {int(batch.info.indices[row])}): the behaviour std mu_std must "

@@ -7,24 +7,48 @@ import numpy as np
 COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
 
+def num_rows(column) -> int:
+    """Rows of a column: an array, or a dict key -> array (dict observations)."""
+    if isinstance(column, dict):
+        return len(next(iter(column.values()))) if column else 0
+    return len(column)
+
+
+def obs_parts(rows: dict, column: str = "obs") -> dict[str, np.ndarray]:
+    """An observation column as key -> array (a flat column: the single key '')."""
+    col = rows[column]
+    return {k: np.asarray(v) for k, v in col.items()} if isinstance(col, dict) else {"": np.asarray(col)}
+
+
 def check_columns(rows: dict, where: str) -> int:
-    """Every column present, equal lengths, finite numbers; returns the row count. Nothing is cast or cut."""
+    """Every column present, equal lengths, finite numbers; returns the row count. Nothing is cast or cut.
+    ``obs`` / ``next_obs`` may be dicts key -> array (dict observations) with the same keys."""
     missing = [c for c in COLUMNS if c not in rows]
     if missing:
         raise ValueError(f"{where}: missing column(s) {missing}")
-    n = len(rows["obs"])
+    if isinstance(rows["obs"], dict) or isinstance(rows["next_obs"], dict):
+        keys = [sorted(rows[c]) if isinstance(rows[c], dict) else None for c in ("obs", "next_obs")]
+        if keys[0] != keys[1]:
+            raise ValueError(f"{where}: 'obs' and 'next_obs' must have the same keys, got {keys[0]} and {keys[1]}")
+        n = num_rows(rows["obs"])
+        for c in ("obs", "next_obs"):
+            for k, v in rows[c].items():
+                if len(v) != n:
+                    raise ValueError(f"{where}: column {c!r} key {k!r} has {len(v)} rows but 'obs' has {n}")
+    n = num_rows(rows["obs"])
     for c in COLUMNS:
-        if len(rows[c]) != n:
-            raise ValueError(f"{where}: column {c!r} has {len(rows[c])} rows but 'obs' has {n}")
+        if num_rows(rows[c]) != n:
+            raise ValueError(f"{where}: column {c!r} has {num_rows(rows[c])} rows but 'obs' has {n}")
     for c in ("reward", "terminated", "truncated"):  # one number per row: an (N, 1) column would broadcast
         shape = np.shape(rows[c])
         if len(shape) != 1:
             raise ValueError(f"{where}: column {c!r} must have shape ({n},), got {shape}")
     for c in ("obs", "action", "reward", "next_obs"):
-        arr = np.asarray(rows[c])
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            row = int(np.argwhere(~np.isfinite(arr))[0][0])
-            raise ValueError(f"{where}: column {c!r} row {row} is not finite (NaN/inf)")
+        for k, arr in (obs_parts(rows, c) if c in ("obs", "next_obs") else {"": np.asarray(rows[c])}).items():
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                row = int(np.argwhere(~np.isfinite(arr))[0][0])
+                name = f"{c!r} key {k!r}" if k else repr(c)
+                raise ValueError(f"{where}: column {name} row {row} is not finite (NaN/inf)")
     return n
 
 

@@ -447,7 +447,11 @@ def buffer_rows(buffer, source: str = "online") -> dict:
     slots = st.episode_slots(eps.start, eps.length, eps.source)
     if not slots.size:
         raise ValueError(f"the buffer holds no {source} rows")
-    return {k: st.columns[k][slots] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    if st.obs_keys is not None:
+        raise ValueError(f"the buffer stores dict observations (keys {list(st.obs_keys)}); exporting them as LeRobot "
+                         "features is not supported yet: concatenate them first (relive.agents.encoders.concat_keys)")
+    # (read, not columns: with dedup_next_obs there is no next_obs column)
+    return {k: st.read(k, slots) for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
 
 
 def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dict]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relive.data.columns import check_columns, split_episodes
+from relive.data.columns import check_columns, obs_parts, split_episodes
 
 DEFAULT_ROOT = Path("data") / "minari"
 
@@ -59,14 +59,21 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
         raise ValueError(f"dataset {dataset_id!r} already exists under {root}; pass overwrite=True "
                          "(`relive data make ... --overwrite`) to replace it")
     check_columns(rows, f"dataset {dataset_id!r}")
+    obs_all, nxt_all = obs_parts(rows, "obs"), obs_parts(rows, "next_obs")
     buffers = []
     for i, sl in enumerate(split_episodes(rows)):
-        obs, nxt = np.asarray(rows["obs"][sl]), np.asarray(rows["next_obs"][sl])
-        if len(obs) > 1 and not np.allclose(obs[1:], nxt[:-1]):
-            t = int(np.flatnonzero(~np.isclose(obs[1:], nxt[:-1]).all(axis=tuple(range(1, obs.ndim))))[0])
-            raise ValueError(f"dataset {dataset_id!r}: episode {i} breaks at step {t}: next_obs[{t}] != obs[{t + 1}]")
+        episode_obs = {}
+        for key in obs_all:  # dict observations: every key
+            obs, nxt = obs_all[key][sl], nxt_all[key][sl]
+            if len(obs) > 1 and not np.allclose(obs[1:], nxt[:-1]):
+                t = int(np.flatnonzero(~np.isclose(obs[1:], nxt[:-1]).all(axis=tuple(range(1, obs.ndim))))[0])
+                what = f" key {key!r}" if key else ""
+                raise ValueError(f"dataset {dataset_id!r}: episode {i} breaks at step {t}{what}: next_obs[{t}] != "
+                                 f"obs[{t + 1}]")
+            episode_obs[key] = np.concatenate([obs, nxt[-1:]])
         buffers.append(EpisodeBuffer(
-            id=i, observations=np.concatenate([obs, nxt[-1:]]), actions=np.asarray(rows["action"][sl]),
+            id=i, observations=episode_obs if isinstance(rows["obs"], dict) else episode_obs[""],
+            actions=np.asarray(rows["action"][sl]),
             rewards=list(np.asarray(rows["reward"][sl], np.float64)),
             terminations=list(np.asarray(rows["terminated"][sl], bool)),
             truncations=list(np.asarray(rows["truncated"][sl], bool))))
@@ -78,9 +85,10 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
             from relive.train.envs import make_env
 
             env = make_env(env_id)  # the spaces as relive sees them (goal-conditioned dicts are flattened)
+            obs_space = env.observation_space if not isinstance(rows["obs"], dict) else _dict_space(obs_all)
             minari.create_dataset_from_buffers(
                 dataset_id=dataset_id, buffer=buffers, env=env_id, algorithm_name=algorithm_name,
-                observation_space=env.observation_space, action_space=env.action_space,
+                observation_space=obs_space, action_space=env.action_space,
                 description=description or None, ref_min_score=ref_min_score, ref_max_score=ref_max_score,
                 data_format="hdf5")
         staged = staging / dataset_id
@@ -100,6 +108,19 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
     return target.resolve()
+
+
+def _dict_space(parts: dict[str, np.ndarray]):
+    """A Dict of Boxes for dict observation columns: uint8 keys in [0, 255], others unbounded."""
+    import gymnasium as gym
+
+    def box(a):
+        if a.dtype.kind in "iu":
+            info = np.iinfo(a.dtype)
+            return gym.spaces.Box(int(info.min), int(info.max), a.shape[1:], a.dtype)
+        return gym.spaces.Box(-np.inf, np.inf, a.shape[1:], a.dtype)
+
+    return gym.spaces.Dict({k: box(v) for k, v in parts.items()})
 
 
 STAGING_PREFIX = ".relive-partial-"  # hidden: list_local skips it
@@ -153,8 +174,12 @@ def _fsync_tree(path: Path) -> None:
         _fsync_dir(d)
 
 
-def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[dict, dict]:
-    """Columns and metadata of a local Minari dataset, given its id (under ``root``) or its directory."""
+def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten: bool = True) -> tuple[dict, dict]:
+    """Columns and metadata of a local Minari dataset, given its id (under ``root``) or its directory.
+
+    A Dict observation space is flattened into one array per row by default (keys in the space's order, as relive's
+    envs flatten it); ``flatten=False`` keeps ``obs`` / ``next_obs`` as dicts key -> array, each key with its own
+    shape and dtype (for ``ReplayBuffer(obs_shape={key: (shape, dtype), ...})``)."""
     import minari
 
     dataset_id, root = _locate(dataset, root)
@@ -166,7 +191,7 @@ def read_minari(dataset: str | Path, root: str | Path | None = None) -> tuple[di
         except Exception as e:  # minari raises several types for a missing or broken dataset
             raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root} ({files}): {e}") from None
         try:
-            rows, meta = _read_episodes(ds, dataset_id)
+            rows, meta = _read_episodes(ds, dataset_id, flatten)
         except ValueError:
             raise
         except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
@@ -200,14 +225,21 @@ def write_task_references(root: str | Path, dataset_id: str, refs: dict) -> Path
     return path
 
 
-def _read_episodes(ds, dataset_id: str) -> tuple[dict, dict]:
+def _read_episodes(ds, dataset_id: str, flatten: bool = True) -> tuple[dict, dict]:
     """Columns and metadata of an opened Minari dataset (read_minari names the file on any error)."""
     flat_keys = _flat_keys(ds.spec.observation_space, dataset_id)
+    keep_dict = flat_keys is not None and not flatten
     cols = {c: [] for c in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
     for ep in ds.iterate_episodes():
-        obs = _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)
-        cols["obs"].append(obs[:-1])
-        cols["next_obs"].append(obs[1:])
+        if keep_dict:
+            _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)  # the same checks of keys and lengths
+            obs = {k: np.asarray(ep.observations[k]) for k in flat_keys}
+            cols["obs"].append({k: v[:-1] for k, v in obs.items()})
+            cols["next_obs"].append({k: v[1:] for k, v in obs.items()})
+        else:
+            obs = _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)
+            cols["obs"].append(obs[:-1])
+            cols["next_obs"].append(obs[1:])
         cols["action"].append(np.asarray(ep.actions))
         cols["reward"].append(np.asarray(ep.rewards, np.float32))
         cols["terminated"].append(np.asarray(ep.terminations, bool))
@@ -215,15 +247,18 @@ def _read_episodes(ds, dataset_id: str) -> tuple[dict, dict]:
         if not (trunc[-1] or ep.terminations[-1]):
             trunc[-1] = True  # an episode cut without a flag ends there (bootstrap, no terminal)
         cols["truncated"].append(trunc)
-    rows = {k: np.concatenate(v) for k, v in cols.items()}
+    rows = {k: ({key: np.concatenate([d[key] for d in v]) for key in flat_keys} if keep_dict and k in
+                ("obs", "next_obs") else np.concatenate(v)) for k, v in cols.items()}
     spec = ds.spec
     stored = ds.storage.metadata
     meta = {"dataset_id": dataset_id, "path": str(Path(spec.data_path).parent),
             "env_id": spec.env_spec.id if spec.env_spec else None,
             "ref_min_return": stored.get("ref_min_score"), "ref_max_return": stored.get("ref_max_score"),
             "total_episodes": spec.total_episodes, "total_steps": spec.total_steps}
-    if flat_keys:
+    if flat_keys and not keep_dict:
         meta["flattened_observation_keys"] = flat_keys
+    elif keep_dict:
+        meta["observation_keys"] = flat_keys
     extra = Path(spec.data_path).parent / "relive.json"
     if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
         meta["relive"] = json.loads(extra.read_text())

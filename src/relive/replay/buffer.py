@@ -28,12 +28,20 @@ from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
                  *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None,
-                 n_step: int = 1, gamma: float = 0.99):
-        """``n_step`` > 1: every batch carries n-step returns with discount ``gamma`` (see :meth:`gather`);
-        1 (the default): one-step rows, ``gamma`` unused."""
+                 n_step: int = 1, gamma: float = 0.99, dedup_next_obs: bool | None = None, backend: str = "ram",
+                 directory: str | os.PathLike | None = None):
+        """``obs_shape``: a shape (flat observations of ``obs_dtype``), or a dict key -> shape / (shape, dtype)
+        for dict observations (``{"image": ((3, 64, 64), np.uint8), "state": (7,)}``: each key its own column;
+        batches hold ``batch.obs["image"]``). ``dedup_next_obs`` (default: on for dict observations, off for flat
+        ones): next_obs is read from the next row of the episode and stored only where it is not (episode ends,
+        the last row of a write), which halves an image buffer. ``backend="memmap"`` keeps the data columns in
+        ``.npy`` files under ``directory`` (``np.memmap``) instead of RAM. ``n_step`` > 1: every batch carries
+        n-step returns with discount ``gamma`` (see :meth:`gather`); 1 (the default): one-step rows, ``gamma``
+        unused."""
         self.n_step, self.gamma = returns.check_n_step(n_step), returns.check_gamma(gamma)
         self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
-                               action_dtype=action_dtype, extra_columns=extra_columns)
+                               action_dtype=action_dtype, extra_columns=extra_columns,
+                               dedup_next_obs=dedup_next_obs, backend=backend, directory=directory)
         self.sampler = sampler if sampler is not None else UniformSampler()
         if self.sampler.storage is not None:
             raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
@@ -60,9 +68,17 @@ class ReplayBuffer:
         return self.storage.num_online
 
     # -- writing ---------------------------------------------------------------------------------------
-    def add_offline(self, rows: Mapping) -> np.ndarray:
-        """Append dataset rows to the frozen offline prefix (before any online row). Returns their slots."""
-        return self._write(OFFLINE, rows)
+    def add_offline(self, rows: Mapping, dataset_id: str | None = None) -> np.ndarray:
+        """Append dataset rows to the frozen offline prefix (before any online row). Returns their slots.
+
+        ``dataset_id`` names where the rows come from (a Minari id, a file): checkpoints then refer to the offline
+        rows by that id and their SHA-256 instead of copying them (``save(path, offline="reference")``, the default
+        when every offline row came with the same id)."""
+        if dataset_id is not None and not isinstance(dataset_id, str):
+            raise ValueError(f"dataset_id must be a string, got {dataset_id!r}")
+        slots = self._write(OFFLINE, rows)
+        self.storage.offline_dataset_ids.append(dataset_id)
+        return slots
 
     def extend(self, rows: Mapping, stream: int = 0) -> np.ndarray:
         """Append online rows of one ``stream`` to the ring, in that stream's time order. Returns their slots.
@@ -147,9 +163,12 @@ class ReplayBuffer:
             reward = ret.reward.reshape(idx.shape)
         else:
             reward = cols["reward"].take(idx)
-        return Batch(cols["obs"].take(idx, axis=0), cols["action"].take(idx, axis=0), reward,
-                     cols["next_obs"].take(last, axis=0), cols["terminated"].take(last), cols["truncated"].take(last),
-                     info=info, extras=extras, discount=discount)
+        if st.obs_keys is not None or st.dedup_next_obs:  # dict columns, or next_obs read from the next row
+            obs, next_obs = st.read("obs", idx), st.read("next_obs", last)
+        else:
+            obs, next_obs = cols["obs"].take(idx, axis=0), cols["next_obs"].take(last, axis=0)
+        return Batch(obs, cols["action"].take(idx, axis=0), reward, next_obs, cols["terminated"].take(last),
+                     cols["truncated"].take(last), info=info, extras=extras, discount=discount)
 
     def sample_sequences(self, batch_size: int, length: int, at_episode_end: str = "pad",
                          max_redraws: int = 64) -> Batch:
@@ -189,6 +208,8 @@ class ReplayBuffer:
         pad = ~mask.reshape(-1)
 
         def fold(x):
+            if isinstance(x, Mapping):  # dict observations: each key
+                return {k: fold(v) for k, v in x.items()}
             if pad.any():
                 x[pad] = 0  # (a fresh array: gather copies)
             return x.reshape(*shape, *x.shape[1:])
@@ -271,32 +292,53 @@ class ReplayBuffer:
         }
 
     # -- checkpoint ------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def state_dict(self, offline: str = "auto") -> dict:
+        """``offline``: ``"copy"`` the offline rows into the state, or ``"reference"`` them by dataset id + SHA-256
+        (see ``add_offline``); ``"auto"``: reference when every offline row came with one dataset id. A memmap
+        buffer copies no rows at all (its column files are referred to)."""
+        if offline not in ("auto", "copy", "reference"):
+            raise ValueError(f"offline must be 'auto', 'copy' or 'reference', got {offline!r}")
+        if offline == "auto":
+            ids = set(self.storage.offline_dataset_ids)
+            offline = "reference" if len(ids) == 1 and None not in ids else "copy"
         return {
             "config": {"storage": self.storage.config(), "sampler": sampler_config(self.sampler),
                        "seed": self.seed, "n_step": self.n_step, "gamma": self.gamma},
-            "storage": self.storage.state_dict(),
+            "storage": self.storage.state_dict(offline),
             "sampler": self.sampler.state_dict(),
             "rng": self.rng.bit_generator.state,
             "counters": {"num_stale": self.num_stale, "num_updated": self.num_updated},
         }
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write a pickle-free checkpoint directory (see :mod:`relive.replay.checkpoint`)."""
-        checkpoint.save_tree(path, self.state_dict(), kind="replay_buffer")
+    def save(self, path: str | os.PathLike, offline: str = "auto") -> None:
+        """Write a pickle-free checkpoint directory (see :mod:`relive.replay.checkpoint`); ``offline`` as in
+        :meth:`state_dict`."""
+        checkpoint.save_tree(path, self.state_dict(offline), kind="replay_buffer")
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, check_hashes: bool = True) -> ReplayBuffer:
-        """Rebuild a buffer from ``save``: same rows, sampler state and RNG, so the same next samples."""
+    def load(cls, path: str | os.PathLike, *, check_hashes: bool = True, offline_rows=None) -> ReplayBuffer:
+        """Rebuild a buffer from ``save``: same rows, sampler state and RNG, so the same next samples.
+        ``offline_rows``: the offline rows of a checkpoint that refers to them (the rows given to ``add_offline``,
+        or a function dataset id -> rows); checked against the SHA-256 the checkpoint recorded."""
         state = checkpoint.load_tree(path, kind="replay_buffer", check_hashes=check_hashes)
-        return cls.from_state_dict(state)
+        return cls.from_state_dict(state, offline_rows=offline_rows)
 
     @classmethod
-    def from_state_dict(cls, state: dict) -> ReplayBuffer:
+    def from_state_dict(cls, state: dict, offline_rows=None) -> ReplayBuffer:
         cfg = state["config"]
         scfg = cfg["storage"]
         buf = cls.__new__(cls)
         buf.storage = Storage.from_config(scfg)
+        ref = state["storage"].get("offline_ref")
+        if ref is not None:
+            dataset = ref["dataset_id"]
+            rows = offline_rows(dataset) if callable(offline_rows) else offline_rows
+            if rows is None:
+                raise ValueError(f"this checkpoint refers to offline dataset {dataset!r} (sha256 "
+                                 f"{str(ref['sha256'])[:16]}...) instead of holding its rows: pass offline_rows=... "
+                                 "(the rows given to add_offline, or a function dataset id -> rows)")
+            buf.storage.write(OFFLINE, rows)
+            buf.storage.offline_dataset_ids.append(dataset)
         buf.storage.load_state_dict(state["storage"])
         buf.sampler = sampler_from_config(cfg["sampler"])
         buf.sampler.bind(buf.storage)

@@ -17,12 +17,27 @@ between chunks of another. Episodes, steps and everything computed per episode f
 is the fast path: positions are the ring's clock and nothing per lane is kept. From the second stream on the
 storage keeps each online row's logical position and a per-lane map position -> slot (8 bytes per online slot
 per stream). Writes are all-or-nothing: the whole batch is validated before any byte moves.
+
+Observations: flat (one ``obs`` column, and ``next_obs``) or a dict of keys, each its own column ``obs.<key>``
+with its own shape and dtype; ``read("obs", slots)`` returns an array or a dict key -> array. With
+``dedup_next_obs`` (the default for dict observations) there is no ``next_obs`` column: a row's next_obs is the
+obs of the next row of its lane, and only rows without a stored successor keep an explicit copy (see
+``_dedup_before_write`` for the rule and why it is exact); read it with ``read("next_obs", slots)``. Samplers and
+agents read observations through ``read``, never ``columns["obs"]`` (the physical columns).
+
+Backends: ``"ram"`` (NumPy arrays) or ``"memmap"`` (``.npy`` files in a directory, opened with ``np.memmap``): the
+same API and the same rows; checkpoints of a memmap storage refer to its files instead of copying them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -49,43 +64,78 @@ class ColumnSpec:
         return ColumnSpec(tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]))
 
 
-def _spec(value) -> ColumnSpec:
-    """Accept ``shape`` (float32) or ``(shape, dtype)`` or a ColumnSpec for an extra column."""
+def _spec(value, default_dtype=np.float32) -> ColumnSpec:
+    """Accept ``shape`` (``default_dtype``) or ``(shape, dtype)`` or a ColumnSpec for a column."""
     if isinstance(value, ColumnSpec):
         return value
     if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[1], int):
         shape, dtype = value
     else:
-        shape, dtype = value, np.float32
+        shape, dtype = value, default_dtype
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     return ColumnSpec(shape, np.dtype(dtype))
 
 
 class Storage:
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
-                 action_dtype=np.float32, extra_columns: Mapping | None = None):
+                 action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
+                 backend: str = "ram", directory: str | os.PathLike | None = None, _open_existing: bool = False):
         if isinstance(capacity, bool | np.bool_) or not isinstance(capacity, int | np.integer) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         self.capacity = int(capacity)
-        obs_shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
         action_shape = (action_shape,) if isinstance(action_shape, int) else tuple(action_shape)
-        self.specs: dict[str, ColumnSpec] = {
-            "obs": ColumnSpec(obs_shape, np.dtype(obs_dtype)),
-            "action": ColumnSpec(action_shape, np.dtype(action_dtype)),
-            "reward": ColumnSpec((), np.dtype(np.float32)),
-            "next_obs": ColumnSpec(obs_shape, np.dtype(obs_dtype)),
-            "terminated": ColumnSpec((), np.dtype(np.bool_)),
-            "truncated": ColumnSpec((), np.dtype(np.bool_)),
-        }
+        # observations: one column per key ("obs" for a flat Box; "obs.<key>" for each key of a dict space)
+        if isinstance(obs_shape, Mapping):
+            if not obs_shape:
+                raise ValueError("dict observations need at least one key")
+            for key in obs_shape:
+                if not isinstance(key, str) or not key.isidentifier():
+                    raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
+                                     "a column, a checkpoint file and a Batch entry")
+            self.obs_keys: tuple[str, ...] | None = tuple(obs_shape)
+            self.obs_spec: ColumnSpec | dict[str, ColumnSpec] = {k: _spec(v, obs_dtype) for k, v in obs_shape.items()}
+            obs_cols = {f"obs.{k}": spec for k, spec in self.obs_spec.items()}
+        else:
+            self.obs_keys = None
+            self.obs_spec = _spec(obs_shape, obs_dtype)
+            obs_cols = {"obs": self.obs_spec}
+        # next_obs read from the next row of the episode (stored only where it is not): default for dict obs
+        self.dedup_next_obs = bool(self.obs_keys is not None if dedup_next_obs is None else dedup_next_obs)
+        self._obs_names = tuple(obs_cols)  # physical obs columns, in key order
+        self._next_names = tuple("next_" + n for n in obs_cols)
+        self.specs: dict[str, ColumnSpec] = {**obs_cols, "action": ColumnSpec(action_shape, np.dtype(action_dtype)),
+                                             "reward": ColumnSpec((), np.dtype(np.float32))}
+        if not self.dedup_next_obs:
+            self.specs |= {"next_" + n: spec for n, spec in obs_cols.items()}
+        self.specs |= {"terminated": ColumnSpec((), np.dtype(np.bool_)),
+                       "truncated": ColumnSpec((), np.dtype(np.bool_))}
+        extra = []
         for name, value in (extra_columns or {}).items():
             if not isinstance(name, str) or not name.isidentifier():
                 raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
                                  "'mc_return'): it names a checkpoint file and a Batch field")
-            if name in self.specs or name in dict(BOOKKEEPING):
+            if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
                 raise ValueError(f"extra column {name!r} clashes with a built-in column")
             self.specs[name] = _spec(value)
-        self.extra_names = tuple(n for n in self.specs if n not in CORE_COLUMNS)
-        self.columns = {n: np.zeros((self.capacity, *s.shape), dtype=s.dtype) for n, s in self.specs.items()}
+            extra.append(name)
+        self.extra_names = tuple(extra)
+        if backend not in ("ram", "memmap"):
+            raise ValueError(f"backend must be 'ram' or 'memmap', got {backend!r}")
+        if backend == "memmap" and directory is None:
+            raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
+                             "create its column files in")
+        self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
+        obs_spec = self.obs_spec if self.obs_keys is None else None
+        self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
+                            name in _FINITE_CHECKED or name in self.extra_names) for name in self._names)
+        self.backend = backend
+        self.directory = None if directory is None else Path(directory)
+        self._open_existing = bool(_open_existing)
+        self._memmap_clean = _open_existing  # memmap: files unchanged since the save that wrote MEMMAP_STATE
+        self._memmap_token: str | None = None  # the token of that save
+        self.offline_dataset_ids: list[str | None] = []  # per add_offline call: the dataset id it named
+        self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
+        self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
@@ -96,6 +146,28 @@ class Storage:
         self._lane_of: dict[int, int] = {}
         self._pos: np.ndarray | None = None  # several streams: logical position of every online slot
         self._qmap: np.ndarray | None = None  # several streams: [lane, t % online_capacity] -> slot
+        if self.dedup_next_obs:
+            self._nx = _NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
+
+    def _allocate(self, name: str, spec: ColumnSpec) -> np.ndarray:
+        if self.backend == "ram":
+            return np.zeros((self.capacity, *spec.shape), dtype=spec.dtype)
+        path = self.directory / f"{name}.npy"
+        if self._open_existing:  # a checkpoint that refers to its memmap files
+            try:
+                arr = np.load(path, mmap_mode="r+", allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"memmap column file {path} cannot be opened ({e}); the checkpoint refers to it "
+                                 "instead of holding its rows") from None
+            if arr.shape != (self.capacity, *spec.shape) or arr.dtype != spec.dtype:
+                raise ValueError(f"memmap column file {path} has shape {arr.shape} dtype {arr.dtype}, expected "
+                                 f"{(self.capacity, *spec.shape)} {spec.dtype}")
+            return arr
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            raise ValueError(f"{path} exists: a memmap buffer creates its column files in a fresh directory "
+                             "(ReplayBuffer.load reopens one from its checkpoint)")
+        return np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=(self.capacity, *spec.shape))
 
     @property
     def multi_stream(self) -> bool:
@@ -204,36 +276,72 @@ class Storage:
 
     # -- validation ------------------------------------------------------------------------------------
     def validate(self, data: Mapping) -> tuple[dict[str, np.ndarray], int]:
-        """Check a batch of rows against the column specs; return it converted, without writing anything."""
+        """Check a batch of rows against the column specs; return it converted, without writing anything.
+
+        The result is keyed by physical column: ``obs`` / ``next_obs`` for flat observations, ``obs.<key>`` /
+        ``next_obs.<key>`` for dict ones (``next_obs`` columns are returned even when the storage does not keep
+        them, to decide which rows must keep an explicit copy)."""
         if not isinstance(data, Mapping):
             raise ValueError(f"rows must be a mapping of column name -> array, got {type(data).__name__}")
-        missing = [n for n in self.specs if n not in data]
-        if missing:
-            raise ValueError(f"missing column(s) {missing}; every write needs {list(self.specs)}")
-        unknown = [n for n in data if n not in self.specs]
-        if unknown:
+        names = self._names
+        if len(data) != len(names) or any(n not in data for n in names):
+            missing = [n for n in names if n not in data]
+            if missing:
+                raise ValueError(f"missing column(s) {missing}; every write needs {list(names)}")
+            unknown = [n for n in data if n not in names]
             raise ValueError(f"unknown column(s) {unknown}; declare extra columns with extra_columns=... "
-                             f"(known: {list(self.specs)})")
+                             f"(known: {list(names)})")
         n = None
         out = {}
-        for name, spec in self.specs.items():
-            arr = _as_numpy(data[name])
-            if arr.ndim == 0 or arr.shape[1:] != spec.shape:
-                raise ValueError(f"column {name!r}: expected shape (n, {', '.join(map(str, spec.shape))})"
-                                 .replace(", )", ")") + f", got {arr.shape}")
-            if n is None:
-                n = arr.shape[0]
-            elif arr.shape[0] != n:
-                raise ValueError(f"column {name!r} has {arr.shape[0]} rows but 'obs' has {n}")
-            out[name] = _convert(name, arr, spec.dtype)
-        for name in _FINITE_CHECKED + tuple(e for e in self.extra_names if self.specs[e].dtype.kind == "f"):
-            arr = out[name]
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-                where = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
-                elem = f" element {where[1:]}" if len(where) > 1 else ""
-                raise ValueError(f"column {name!r} row {where[0]}{elem}: value {arr[where]} is not finite; "
-                                 "obs, action, reward and next_obs must hold finite numbers")
+        for name, label, spec, finite in self._plan:  # flat columns (and flat obs) in a precomputed order
+            value = data[name]
+            if type(value) is np.ndarray and spec is not None:  # the common case first (an ABC isinstance costs more)
+                items = ((label, name, value, spec),)
+            elif spec is None:  # dict observations: one array per key
+                items = [(lbl, name + col[3:], arr, self.specs[col]) for lbl, col, arr in self._obs_parts(name, value)]
+            else:
+                if name in ("obs", "next_obs") and isinstance(value, Mapping):
+                    self._obs_parts(name, value)  # raises: a dict for flat observations
+                items = ((label, name, _as_numpy(value), spec),)
+            for label, col, arr, spec in items:
+                if arr.ndim == 0 or arr.shape[1:] != spec.shape:
+                    raise ValueError(f"{label}: expected shape (n, {', '.join(map(str, spec.shape))})"
+                                     .replace(", )", ")") + f", got {arr.shape}")
+                if n is None:
+                    n = arr.shape[0]
+                elif arr.shape[0] != n:
+                    raise ValueError(f"{label} has {arr.shape[0]} rows but 'obs' has {n}")
+                conv = _convert(col, arr, spec.dtype, label)
+                if finite and conv.dtype.kind == "f" and not np.isfinite(conv).all():
+                    where = tuple(int(i) for i in np.argwhere(~np.isfinite(conv))[0])
+                    elem = f" element {where[1:]}" if len(where) > 1 else ""
+                    raise ValueError(f"{label} row {where[0]}{elem}: value {conv[where]} is not finite; "
+                                     "obs, action, reward and next_obs must hold finite numbers")
+                out[col] = conv
         return out, int(n)
+
+    def specs_of_obs(self) -> list[ColumnSpec]:
+        """Specs of the physical obs columns, in key order."""
+        return list(self.obs_spec.values()) if self.obs_keys is not None else [self.obs_spec]
+
+    def _obs_parts(self, name: str, value) -> list[tuple[str, str, np.ndarray]]:
+        """(label for errors, physical obs column, array) of one observation column of a write."""
+        if self.obs_keys is None:
+            if isinstance(value, Mapping):
+                raise ValueError(f"column {name!r}: got a dict (keys {list(value)}) but this buffer stores flat "
+                                 f"observations of shape {self.obs_spec.shape}; build it with obs_shape={{key: "
+                                 "shape, ...}} for dict observations")
+            return [(f"column {name!r}", "obs", _as_numpy(value))]
+        if not isinstance(value, Mapping):
+            raise ValueError(f"column {name!r}: this buffer stores dict observations with keys "
+                             f"{list(self.obs_keys)}; got {type(value).__name__}, not a mapping of key -> array")
+        missing = [k for k in self.obs_keys if k not in value]
+        if missing:
+            raise ValueError(f"column {name!r} is missing key(s) {missing} (keys: {list(self.obs_keys)})")
+        unknown = [k for k in value if k not in self.obs_keys]
+        if unknown:
+            raise ValueError(f"column {name!r} has unknown key(s) {unknown} (keys: {list(self.obs_keys)})")
+        return [(f"column {name!r} key {k!r}", f"obs.{k}", _as_numpy(value[k])) for k in self.obs_keys]
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(self, source: int, data: Mapping, stream: int = 0) -> np.ndarray:
@@ -277,6 +385,13 @@ class Storage:
         split = min(kept, self.capacity - first)
 
         end = rows["terminated"] | rows["truncated"]
+        slots = np.arange(first, first + split, dtype=np.int64)
+        if split < kept:
+            slots = np.concatenate((slots, np.arange(self.num_offline, self.num_offline + kept - split)))
+        if self._memmap_clean:  # (after every check: a refused write changes nothing)
+            self._touch()
+        if self.dedup_next_obs:
+            explicit = self._dedup_before_write(-1 if source == OFFLINE else lane, rows, end, slots, skip)
         episode_id, step = self.episodes.append(source, start, end)
         columns, meta = self.columns, self.meta
         for dst_lo, lo, hi in ((first, 0, split), (self.num_offline, split, kept)):
@@ -284,17 +399,17 @@ class Storage:
                 continue
             dst = slice(dst_lo, dst_lo + hi - lo)
             src = slice(skip + lo, skip + hi)
-            for name, arr in rows.items():
-                columns[name][dst] = arr[src]
+            for name, col in columns.items():
+                col[dst] = rows[name][src]
             meta["episode_id"][dst] = episode_id[src]
             meta["step_in_episode"][dst] = step[src]
             meta["source"][dst] = source
             meta["generation"][dst] += 1
             if source == ONLINE:
                 meta["stream"][dst] = stream
-        slots = np.arange(first, first + split, dtype=np.int64)
-        if split < kept:
-            slots = np.concatenate((slots, np.arange(self.num_offline, self.num_offline + kept - split)))
+        if self.dedup_next_obs:
+            self._nx.put(slots[explicit], {nn: rows[nn][skip:][explicit] for nn in self._next_names})
+            self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]), int(meta["generation"][slots[-1]]))
         if source == OFFLINE:
             self.num_offline += n
         else:
@@ -313,6 +428,46 @@ class Storage:
             return full
         return slots
 
+    def _dedup_before_write(self, tail_key: int, rows: dict, end: np.ndarray, slots: np.ndarray,
+                            skip: int) -> np.ndarray:
+        """``next_obs`` without duplicated frames: which of the rows about to be written keep an explicit copy.
+
+        Rule: row i keeps one when it ends its episode (terminated / truncated), is the last row of the write (its
+        successor is not stored yet), or its next_obs differs (bitwise) from row i + 1's obs. Every other row's
+        next_obs *is* the obs of the next row of its lane, which is written after it and so is overwritten after
+        it: while the row is stored, so is its successor. Before the write, the entries of the slots it overwrites
+        are released, and the lane's previous last row (the *tail*, still in an open episode) drops its copy if
+        this write's first obs equals it: that row now has a stored successor."""
+        nx = self._nx
+        nx.release(slots)
+        tail = nx.tails.get(tail_key)
+        if tail is not None and skip == 0:
+            t_slot, t_gen = tail
+            e = int(nx.entry[t_slot])
+            if (e >= 0 and int(self.meta["generation"][t_slot]) == t_gen and not self.columns["terminated"][t_slot]
+                    and not self.columns["truncated"][t_slot]
+                    and all(_same_bits(nx.values[nn][e], rows[on][0]) for on, nn in zip(
+                        self._obs_names, self._next_names, strict=True))):
+                nx.release(np.array([t_slot]))
+        n = end.size
+        explicit = end.copy()
+        explicit[-1] = True
+        if n > 1:
+            for on, nn in zip(self._obs_names, self._next_names, strict=True):
+                explicit[:-1] |= _differs(rows[nn][:-1], rows[on][1:])
+        return explicit[skip:]
+
+    def next_slot(self, slots: np.ndarray) -> np.ndarray:
+        """Slot of the next row of the same lane (offline: the next slot; online: the lane's next position). Only
+        meaningful for rows that have a stored successor (without an explicit next_obs)."""
+        slots = np.asarray(slots, np.int64)
+        if self._pos is None:
+            nxt = slots + 1
+            nxt[nxt >= self.capacity] = self.num_offline  # the ring wraps to its first slot
+            return nxt
+        k = self.num_offline
+        return np.where(slots < k, slots + 1, self.online_slot(self._pos[slots] + 1))
+
     def close_stream(self, stream: int, terminated: bool = False) -> int:
         """End ``stream``'s open episode at its last written row (the stream stopped mid-episode: a resumed run's
         vector envs start new episodes). That row, if still stored, becomes the episode's end: ``truncated`` (or
@@ -321,6 +476,7 @@ class Storage:
         lane = self._lane_of.get(stream)
         if lane is None:
             return -1
+        self._touch()
         episode_id = self.episodes.close_lane(lane)
         if episode_id != -1 and self.episodes.is_live([episode_id])[0]:
             view = self.episodes.get([episode_id])
@@ -335,6 +491,7 @@ class Storage:
         if name not in self.extra_names:
             raise ValueError(f"{name!r} is not an extra column (extra columns: {list(self.extra_names)})")
         slots = self.check_slots(slots)
+        self._touch()
         values = _convert(name, _as_numpy(values), self.specs[name].dtype)
         if values.shape != (slots.size, *self.specs[name].shape):
             raise ValueError(f"column {name!r}: expected shape {(slots.size, *self.specs[name].shape)}, "
@@ -358,30 +515,137 @@ class Storage:
         return slots
 
     # -- reading ---------------------------------------------------------------------------------------
+    def read(self, name: str, slots: np.ndarray):
+        """One logical column of stored rows: ``obs`` / ``next_obs`` are an array (flat observations) or a dict
+        key -> array (dict observations); ``next_obs`` is rebuilt from the next row where it is not stored."""
+        slots = np.asarray(slots, np.int64)
+        if name == "obs":
+            parts = {on: self.columns[on].take(slots, axis=0) for on in self._obs_names}
+        elif name == "next_obs":
+            parts = self._read_next(slots)
+        else:
+            return self.columns[name].take(slots, axis=0)
+        if self.obs_keys is None:
+            return next(iter(parts.values()))
+        return {k: parts[f"{name}.{k}"] for k in self.obs_keys}
+
+    def _read_next(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        if not self.dedup_next_obs:
+            return {nn: self.columns[nn].take(slots, axis=0) for nn in self._next_names}
+        nx = self._nx
+        entry = nx.entry.take(slots)
+        explicit = entry >= 0
+        src = np.where(explicit, slots, self.next_slot(slots))
+        out = {}
+        any_explicit = bool(explicit.any())
+        if any_explicit:
+            where, from_entry = np.flatnonzero(explicit), entry[explicit]
+        for on, nn in zip(self._obs_names, self._next_names, strict=True):
+            arr = self.columns[on].take(src, axis=0)
+            if any_explicit:
+                arr[where] = nx.values[nn][from_entry]
+            out[nn] = arr
+        return out
+
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: arr.take(slots, axis=0) for name, arr in self.columns.items()}
+        """Every logical column (``obs``, ``action``, ..., ``next_obs``, extras) of stored rows."""
+        return {name: self.read(name, slots) for name in (*CORE_COLUMNS, *self.extra_names)}
+
+    def bytes_per_row(self) -> float:
+        """Bytes the data columns take per stored row (bookkeeping and the episode index excluded); with
+        ``dedup_next_obs``, the explicit next_obs copies are counted over the rows stored now."""
+        fixed = sum(int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize for s in self.specs.values())
+        if not self.dedup_next_obs:
+            return float(fixed)
+        per_copy = sum(int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize for s in self._nx.specs.values())
+        return fixed + self._nx.entry.itemsize + per_copy * self._nx.num_used / max(self.size, 1)
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def config(self) -> dict:
-        return {
+        obs = self.obs_spec
+        cfg = {
             "capacity": self.capacity,
-            "obs_shape": list(self.specs["obs"].shape),
             "action_shape": list(self.specs["action"].shape),
-            "obs_dtype": self.specs["obs"].dtype.str,
             "action_dtype": self.specs["action"].dtype.str,
             "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
-        }
+            "dedup_next_obs": self.dedup_next_obs,
+        } | ({"backend": "memmap", "directory": str(self.directory)} if self.backend == "memmap" else {})
+        if self.obs_keys is None:
+            cfg |= {"obs_shape": list(obs.shape), "obs_dtype": obs.dtype.str}
+        else:
+            cfg |= {"obs_keys": list(self.obs_keys), "obs_spaces": {k: obs[k].to_json() for k in self.obs_keys}}
+        return cfg
 
     @classmethod
-    def from_config(cls, cfg: Mapping) -> Storage:
-        return cls(cfg["capacity"], tuple(cfg["obs_shape"]), tuple(cfg["action_shape"]),
-                   obs_dtype=np.dtype(cfg["obs_dtype"]), action_dtype=np.dtype(cfg["action_dtype"]),
-                   extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()})
+    def from_config(cls, cfg: Mapping, **kwargs) -> Storage:
+        if "obs_keys" in cfg:
+            obs = {k: ColumnSpec.from_json(cfg["obs_spaces"][k]) for k in cfg["obs_keys"]}
+            obs_dtype = np.float32
+        else:
+            obs, obs_dtype = tuple(cfg["obs_shape"]), np.dtype(cfg["obs_dtype"])
+        return cls(cfg["capacity"], obs, tuple(cfg["action_shape"]), obs_dtype=obs_dtype,
+                   action_dtype=np.dtype(cfg["action_dtype"]),
+                   extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()},
+                   dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), backend=cfg.get("backend", "ram"),
+                   directory=cfg.get("directory"), _open_existing=cfg.get("backend") == "memmap", **kwargs)
 
-    def state_dict(self) -> dict:
-        size = self.size
-        return {
-            "columns": {n: a[:size] for n, a in self.columns.items()},
+    def _touch(self) -> None:
+        """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
+        is refused from now on (a small file, written once per checkpoint interval)."""
+        if self.backend == "memmap" and self._memmap_clean:
+            _write_json(self.directory / MEMMAP_STATE, {"token": None, "changed_after_save": True})
+            self._memmap_clean = False
+
+    def offline_sha256(self) -> str:
+        """SHA-256 of the offline segment: the offline rows of every column but the extra ones (which
+        ``set_column`` may change later, so checkpoints always copy them), their explicit next_obs copies, the
+        column names and shapes. Cached: these offline rows are frozen once written."""
+        k = self.num_offline
+        if self._offline_hash is not None and self._offline_hash[0] == k:
+            return self._offline_hash[1]
+        h = hashlib.sha256()
+        for name in sorted(n for n in self.columns if n not in self.extra_names):
+            arr = self.columns[name]
+            h.update(json.dumps([name, list(arr.shape[1:]), arr.dtype.str, k]).encode())
+            for lo in range(0, k, 65536):
+                h.update(memoryview(np.ascontiguousarray(arr[lo : min(k, lo + 65536)])).cast("B"))
+        if self.dedup_next_obs:
+            slots = np.flatnonzero(self._nx.entry[:k] >= 0)
+            h.update(slots.astype(np.int64).tobytes())
+            for name in sorted(self._nx.values):
+                h.update(np.ascontiguousarray(self._nx.values[name][self._nx.entry[slots]]).tobytes())
+        digest = h.hexdigest()
+        self._offline_hash = (k, digest)
+        return digest
+
+    def state_dict(self, offline: str = "copy") -> dict:
+        """``offline="reference"``: the offline rows are not copied; the state names their dataset id and SHA-256
+        (loading needs the same rows again: ``load_state_dict(state)`` after writing them). A memmap storage
+        copies no rows at all: it refers to its column files, which must be unchanged when it is loaded."""
+        size, k = self.size, self.num_offline
+        if offline not in ("copy", "reference"):
+            raise ValueError(f"offline must be 'copy' or 'reference', got {offline!r}")
+        state = {}
+        if self.backend == "memmap":
+            for arr in self.columns.values():
+                arr.flush()
+            token = self._memmap_token
+            if not (self._memmap_clean and token):  # unchanged since the last save: the same token, so a checkpoint
+                token = uuid.uuid4().hex  # kept from that save (a trainer's `.previous`) stays loadable
+                _write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
+                                                            "num_online_written": self.num_online_written})
+            self._memmap_clean, self._memmap_token = True, token
+            state["memmap"] = {"directory": str(self.directory), "token": token}
+        elif offline == "reference":
+            ids = set(self.offline_dataset_ids)
+            if len(ids) != 1 or None in ids:
+                raise ValueError("offline='reference' needs offline rows that came from one dataset named by "
+                                 f"add_offline(rows, dataset_id=...); got dataset ids {self.offline_dataset_ids}")
+            state["columns"] = {n: a[0 if n in self.extra_names else k : size] for n, a in self.columns.items()}
+            state["offline_ref"] = {"dataset_id": next(iter(ids)), "sha256": self.offline_sha256(), "num_offline": k}
+        else:
+            state["columns"] = {n: a[:size] for n, a in self.columns.items()}
+        return state | {
             "meta": {n: a[:size] for n, a in self.meta.items()},
             "episodes": self.episodes.state_dict(),
             "num_offline": self.num_offline,
@@ -389,9 +653,24 @@ class Storage:
             "streams": {"lanes": np.asarray(self.lanes, np.int64),
                         "lane_written": np.asarray(self.lane_written, np.int64)}
             | ({"position": self._pos[:size].copy()} if self._pos is not None else {}),
-        }
+        } | ({"next_obs_store": self._nx.state_dict(size)} if self.dedup_next_obs else {})
+
+    def check_offline_reference(self, ref: Mapping) -> None:
+        """The offline rows written into this storage are the ones a checkpoint refers to (same count, same hash)."""
+        dataset = ref["dataset_id"]
+        if self.num_offline != int(ref["num_offline"]):
+            raise ValueError(f"offline dataset {dataset!r} changed since the checkpoint was saved: it has "
+                             f"{self.num_offline} rows, the checkpoint's had {int(ref['num_offline'])}")
+        digest = self.offline_sha256()
+        if digest != ref["sha256"]:
+            raise ValueError(f"offline dataset {dataset!r} changed since the checkpoint was saved: its rows hash to "
+                             f"sha256 {digest[:16]}..., the checkpoint's to {str(ref['sha256'])[:16]}...; load the "
+                             "same rows (same dataset version, same gamma for mc_return) or a checkpoint that "
+                             "copies them")
 
     def load_state_dict(self, state: Mapping) -> None:
+        if "offline_ref" in state:  # the offline rows were written again by the caller (checked against the hash)
+            self.check_offline_reference(state["offline_ref"])
         self.num_offline = int(state["num_offline"])
         self.num_online_written = int(state["num_online_written"])
         streams = state.get("streams")
@@ -404,17 +683,30 @@ class Storage:
         self._lane_of = {s: i for i, s in enumerate(self.lanes)}
         self._pos = self._qmap = None
         size = self.size
+        if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
+            marker = _read_json(self.directory / MEMMAP_STATE)
+            self._memmap_token = state["memmap"]["token"]
+            if marker.get("token") != state["memmap"]["token"]:
+                raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
+                                 "(rows written since, or by another run): the rows it refers to are gone. Resume "
+                                 "from the checkpoint saved last, or save with a RAM buffer to copy rows")
+        lo = int(state["offline_ref"]["num_offline"]) if "offline_ref" in state else 0
         for name, arr in self.columns.items():
+            if "memmap" in state:
+                break
+            first = 0 if name in self.extra_names else lo  # extra columns are always copied whole
             src = np.asarray(state["columns"][name])
-            if src.shape != (size, *arr.shape[1:]) or src.dtype != arr.dtype:
+            if src.shape != (size - first, *arr.shape[1:]) or src.dtype != arr.dtype:
                 raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
-                                 f"expected {(size, *arr.shape[1:])} {arr.dtype}")
-            arr[:size] = src
+                                 f"expected {(size - first, *arr.shape[1:])} {arr.dtype}")
+            arr[first:size] = src
         for name, arr in self.meta.items():
             if name in state["meta"]:
                 arr[:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
             else:  # "stream" in a checkpoint from before streams
                 arr[:size] = 0
+        if self.dedup_next_obs:
+            self._nx.load_state_dict(state["next_obs_store"])
         self.episodes.load_state_dict(state["episodes"])
         if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
             self._add_lane_map(len(self.lanes) - 1)
@@ -437,6 +729,8 @@ class StorageView:
         self.meta = {n: _read_only(a) for n, a in storage.meta.items()}
         self.specs = dict(storage.specs)
         self.extra_names = storage.extra_names
+        self.obs_keys = storage.obs_keys  # None: flat observations; else the keys of dict observations
+        self.obs_spec = storage.obs_spec
         self.capacity = storage.capacity
         self.episodes = _EpisodeQueries(storage.episodes)
 
@@ -449,6 +743,11 @@ class StorageView:
 
     def slot_range(self, source: int | None = None) -> tuple[int, int]:
         return self._st.slot_range(source)
+
+    def read(self, name: str, slots):
+        """One logical column of stored rows (``obs`` / ``next_obs``: an array, or a dict for dict observations);
+        read observations through this, not ``columns``, which holds the physical columns."""
+        return self._st.read(name, slots)
 
     def online_slot(self, positions) -> np.ndarray:
         """Slots of online rows given their logical positions."""
@@ -513,6 +812,107 @@ class _EpisodeQueries:
         return self._index.end_of(ids)
 
 
+class _NextObsStore:
+    """The explicit next_obs copies of a storage with ``dedup_next_obs``: slot -> entry (-1: none; the next row
+    supplies it), the copies in arrays that grow on demand, a free list of released entries, and per lane the
+    last row written (its *tail*: slot and generation; key -1 = offline)."""
+
+    def __init__(self, specs: Mapping[str, ColumnSpec], capacity: int):
+        self.specs = dict(specs)
+        self.entry = np.full(capacity, -1, np.int64)
+        self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
+        self._free = np.zeros(0, np.int64)
+        self._num_free = 0
+        self.tails: dict[int, tuple[int, int]] = {}
+
+    @property
+    def num_used(self) -> int:
+        return self._free.size - self._num_free
+
+    def release(self, slots: np.ndarray) -> None:
+        old = self.entry[slots]
+        old = old[old >= 0]
+        if old.size:
+            self._free[self._num_free : self._num_free + old.size] = old
+            self._num_free += old.size
+            self.entry[slots] = -1
+
+    def put(self, slots: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        k = slots.size
+        if k == 0:
+            return
+        if self._num_free < k:  # grow: double, at least k more entries
+            old = self._free.size
+            new = max(2 * old, old + k - self._num_free, 16)
+            for n, arr in self.values.items():
+                grown = np.zeros((new, *arr.shape[1:]), arr.dtype)
+                grown[:old] = arr
+                self.values[n] = grown
+            free = np.zeros(new, np.int64)
+            free[: self._num_free] = self._free[: self._num_free]
+            free[self._num_free : self._num_free + new - old] = np.arange(new - 1, old - 1, -1)
+            self._free, self._num_free = free, self._num_free + new - old
+        idx = self._free[self._num_free - k : self._num_free].copy()
+        self._num_free -= k
+        self.entry[slots] = idx
+        for n, v in values.items():
+            self.values[n][idx] = v
+
+    def state_dict(self, size: int) -> dict:
+        slots = np.flatnonzero(self.entry[:size] >= 0)
+        e = self.entry[slots]
+        tails = np.array([[key, slot, gen] for key, (slot, gen) in sorted(self.tails.items())], np.int64)
+        return {"slots": slots.astype(np.int64), "tails": tails.reshape(-1, 3),
+                "values": {n: arr[e] for n, arr in self.values.items()}}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.entry[:] = -1
+        self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
+        self._free, self._num_free = np.zeros(0, np.int64), 0
+        slots = np.asarray(state["slots"], np.int64)
+        values = {}
+        for n, spec in self.specs.items():
+            v = np.asarray(state["values"][n])
+            if v.shape != (slots.size, *spec.shape) or v.dtype != spec.dtype:
+                raise ValueError(f"checkpoint next_obs copies {n!r} have shape {v.shape} dtype {v.dtype}, expected "
+                                 f"{(slots.size, *spec.shape)} {spec.dtype}")
+            values[n] = v
+        self.put(slots, values)
+        self.tails = {int(k): (int(s), int(g)) for k, s, g in np.asarray(state["tails"], np.int64).reshape(-1, 3)}
+
+
+def _as_bytes(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.reshape(a.shape[0] if a.ndim else 1, -1).view(np.uint8)
+
+
+def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row: whether ``a[i]`` and ``b[i]`` differ in any bit (so -0.0 vs 0.0 differ: reconstruction is exact)."""
+    if a.shape[0] == 0:
+        return np.zeros(0, bool)
+    return (_as_bytes(a) != _as_bytes(b)).any(axis=1)
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((_as_bytes(a[None]) == _as_bytes(b[None])).all())
+
+
+MEMMAP_STATE = "relive_memmap.json"  # in a memmap directory: the token of the checkpoint its files match
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _check_stream(stream) -> int:
     if isinstance(stream, bool | np.bool_) or not isinstance(stream, int | np.integer) or not 0 <= stream <= MAX_STREAM:
         raise ValueError(f"stream must be an integer in [0, {MAX_STREAM}], got {stream!r}")
@@ -533,18 +933,19 @@ def _as_numpy(x) -> np.ndarray:
     return np.asarray(x)
 
 
-def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _convert(name: str, arr: np.ndarray, dtype: np.dtype, label: str | None = None) -> np.ndarray:
     """Convert without silent loss: same-kind casts (float64 -> float32, int -> float) are fine; flags
     accept bool or 0/1 numbers; integers must fit the column's integer type and floats its float type (no
     wrap-around, no overflow to inf); anything else (float -> int, strings, objects) is an error."""
     if arr.dtype == dtype:
         return arr
+    label = label or f"column {name!r}"
     if dtype.kind == "b":
         if arr.dtype.kind in "iuf":
             bad = (arr != 0) & (arr != 1)
             if bad.any():
                 row = int(np.argwhere(bad)[0][0])
-                raise ValueError(f"column {name!r} row {row}: expected a boolean flag (True/False or 0/1), "
+                raise ValueError(f"{label} row {row}: expected a boolean flag (True/False or 0/1), "
                                  f"got {arr.reshape(arr.shape[0], -1)[row][0]!r}")
             return arr.astype(np.bool_)
     elif dtype.kind == "f" and arr.dtype.kind in "fiub":
@@ -552,22 +953,22 @@ def _convert(name: str, arr: np.ndarray, dtype: np.dtype) -> np.ndarray:
             limit = np.finfo(dtype).max
             bad = np.isfinite(arr) & (np.abs(arr) > limit)
             if bad.any():
-                _out_of_range(name, arr, bad, f"{dtype} (largest magnitude {limit:.6g})")
+                _out_of_range(label, arr, bad, f"{dtype} (largest magnitude {limit:.6g})")
         return arr.astype(dtype)
     elif dtype.kind in "iu" and arr.dtype.kind in "iub":
         if arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
             info = np.iinfo(dtype)
             bad = (arr < info.min) | (arr > info.max)
             if bad.any():
-                _out_of_range(name, arr, bad, f"{dtype} [{info.min}, {info.max}]")
+                _out_of_range(label, arr, bad, f"{dtype} [{info.min}, {info.max}]")
         return arr.astype(dtype)
-    raise ValueError(f"column {name!r}: expected dtype {dtype} (or a same-kind dtype), got {arr.dtype}")
+    raise ValueError(f"{label}: expected dtype {dtype} (or a same-kind dtype), got {arr.dtype}")
 
 
-def _out_of_range(name: str, arr: np.ndarray, bad: np.ndarray, target: str) -> None:
+def _out_of_range(label: str, arr: np.ndarray, bad: np.ndarray, target: str) -> None:
     where = tuple(int(i) for i in np.argwhere(bad)[0])
     elem = f" element {where[1:]}" if len(where) > 1 else ""
-    raise ValueError(f"column {name!r} row {where[0]}{elem}: value {arr[where].item()!r} does not fit the column's "
+    raise ValueError(f"{label} row {where[0]}{elem}: value {arr[where].item()!r} does not fit the column's "
                      f"dtype {target}; refusing to wrap or overflow it")
 
 

@@ -165,7 +165,7 @@ class ARBSampler(Sampler):
             grad = None
         for a in range(0, slots.size, chunk_size):
             s = slots[a : a + chunk_size]
-            obs, act = cols["obs"].take(s, axis=0), cols["action"].take(s, axis=0)
+            obs, act = self.storage.read("obs", s), cols["action"].take(s, axis=0)  # dict obs: a dict
             if grad is not None:
                 with grad:
                     res = score_fn(obs, act)

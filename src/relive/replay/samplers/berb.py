@@ -77,7 +77,7 @@ class BERBSampler(Sampler):
         from torch import nn
 
         self.tree = SumTree(storage.capacity)
-        obs_dim = int(np.prod(storage.specs["obs"].shape))
+        obs_dim = sum(int(np.prod(spec.shape)) for spec in _obs_specs(storage))  # dict obs: keys concatenated
         act_spec = storage.specs["action"]
         act_dim = int(np.prod(act_spec.shape)) if act_spec.shape else 1
         with torch.random.fork_rng(devices=[]):  # seeded init that leaves the global RNG alone
@@ -100,7 +100,10 @@ class BERBSampler(Sampler):
 
         cols = self.storage.columns
         n = len(slots)
-        obs = torch.as_tensor(cols["obs"].take(slots, axis=0).reshape(n, -1), dtype=torch.float32, device=self.device)
+        obs = self.storage.read("obs", slots)
+        if isinstance(obs, dict):
+            obs = np.concatenate([v.reshape(n, -1).astype(np.float32, copy=False) for v in obs.values()], axis=1)
+        obs = torch.as_tensor(obs.reshape(n, -1), dtype=torch.float32, device=self.device)
         act = torch.as_tensor(cols["action"].take(slots, axis=0).reshape(n, -1), dtype=torch.float32,
                               device=self.device)
         return torch.relu(self.net(torch.cat([obs, act], dim=1))).squeeze(-1)
@@ -253,3 +256,8 @@ def build_berb(options: BERBConfig, ctx: ReplayBuild) -> BERBSampler:
     return BERBSampler(temperature=options.temperature, init_online_fraction=options.init_online_fraction,
                        first_chunk_rows=max(ctx.env_steps_per_chunk, 1000),
                        seed=int(ctx.seed.generate_state(1)[0] % 2**31))
+
+
+def _obs_specs(storage) -> list:
+    spec = storage.obs_spec
+    return list(spec.values()) if isinstance(spec, dict) else [spec]

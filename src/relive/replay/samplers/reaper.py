@@ -83,6 +83,8 @@ class ReaPERSampler(Sampler):
         self.num_samples = 0
         self.max_delta = 1.0
 
+    INITIAL_LEAVES = 64  # per-leaf arrays start this large and double on demand
+
     def bind(self, storage, source=None) -> None:
         super().bind(storage, source)
         n = storage.capacity
@@ -93,18 +95,20 @@ class ReaPERSampler(Sampler):
         self.cum_u = np.zeros(n)
         self.slot_leaf = np.full(n, -1, np.int64)
         # per episode leaf (offline id, or num_offline_episodes + online id mod online capacity: unique among
-        # the stored episodes, which are at most as many as the stored rows)
-        self.leaf_id = np.full(n, -1, np.int64)
-        self.live_start = np.zeros(n, np.int64)  # logical positions of the stored rows: [live_start, live_end)
-        self.live_end = np.zeros(n, np.int64)
-        self.finished = np.zeros(n, bool)  # uses S_e (True) or F (False)
-        self.total = np.zeros(n)  # S_e, including evicted rows
-        self.u_total = np.zeros(n)  # running sum of u at the last stored row (including evicted rows)
-        self.evicted_d = np.zeros(n)  # C and running-u just before the first stored row
-        self.evicted_u = np.zeros(n)
-        self.finished_tree = SumTree(n)  # S_e^-omega (U_e - evicted_u)
-        self.ongoing_tree = SumTree(n)  # U_e - evicted_u, times F^-omega when drawing
-        self.total_tree = MaxTree(n)  # S_e, for F
+        # the stored episodes, which are at most as many as the stored rows). The per-leaf arrays and trees grow on
+        # demand (doubling, at most to the capacity): a buffer of long episodes needs few leaves
+        m = min(n, self.INITIAL_LEAVES)
+        self.leaf_id = np.full(m, -1, np.int64)
+        self.live_start = np.zeros(m, np.int64)  # logical positions of the stored rows: [live_start, live_end)
+        self.live_end = np.zeros(m, np.int64)
+        self.finished = np.zeros(m, bool)  # uses S_e (True) or F (False)
+        self.total = np.zeros(m)  # S_e, including evicted rows
+        self.u_total = np.zeros(m)  # running sum of u at the last stored row (including evicted rows)
+        self.evicted_d = np.zeros(m)  # C and running-u just before the first stored row
+        self.evicted_u = np.zeros(m)
+        self.finished_tree = SumTree(m)  # S_e^-omega (U_e - evicted_u)
+        self.ongoing_tree = SumTree(m)  # U_e - evicted_u, times F^-omega when drawing
+        self.total_tree = MaxTree(m)  # S_e, for F
         self._seen_next_id = 0
         self._open_offline_id = -1
         # several streams: episodes no longer die in id order, so online leaves are allocated, not id mod capacity
@@ -124,6 +128,26 @@ class ReaPERSampler(Sampler):
         return self.total_tree.max
 
     # -- positions and leaves --------------------------------------------------------------------------
+    def _ensure_leaves(self, need: int) -> None:
+        """Room for leaves ``0 .. need - 1``: the per-leaf arrays and the three trees grow (doubling, at most to the
+        capacity); the trees are rebuilt from their leaf values."""
+        have = self.leaf_id.size
+        if need <= have:
+            return
+        new = min(max(need, 2 * have), self.storage.capacity)
+        for name in self._LEAF_ARRAYS:
+            old = getattr(self, name)
+            grown = np.full(new, -1 if name == "leaf_id" else 0, old.dtype)
+            grown[:have] = old
+            setattr(self, name, grown)
+        for name in ("finished_tree", "ongoing_tree", "total_tree"):
+            old = getattr(self, name)
+            values = np.zeros(new)
+            values[:have] = old.leaves
+            tree = type(old)(new)
+            tree.set_all(values)
+            setattr(self, name, tree)
+
     def _leaf_of(self, ids: np.ndarray) -> np.ndarray:
         st = self.storage
         k = st.episodes.num_offline_episodes
@@ -142,7 +166,9 @@ class ReaPERSampler(Sampler):
         st = self.storage
         k = st.episodes.num_offline_episodes
         leaves = np.arange(k, k + st.online_capacity)
-        ids = self.leaf_id[leaves]
+        ids = np.full(leaves.size, -1, np.int64)
+        allocated = leaves < self.leaf_id.size  # (leaves past the arrays' size are unused)
+        ids[allocated] = self.leaf_id[leaves[allocated]]
         used = ids >= 0  # live, or dead in the write being inserted (its _evict frees them)
         self._leaf_by_id = {int(i): int(leaf) for i, leaf in zip(ids[used], leaves[used], strict=True)}
         self._free_leaves = leaves[~used][::-1].tolist()
@@ -151,13 +177,15 @@ class ReaPERSampler(Sampler):
         k = self.storage.episodes.num_offline_episodes
         for i in ids.tolist():
             if i >= k:
-                self._leaf_by_id[i] = self._free_leaves.pop()
+                self._leaf_by_id[i] = leaf = self._free_leaves.pop()
+                self._ensure_leaves(leaf + 1)
 
     def _unpark(self, ids: np.ndarray) -> None:
         """Parked open episodes among ``ids`` (episode ids of a write) get a leaf and their evicted sums back."""
         for i in np.unique(ids).tolist():
             if i in self._parked:
                 leaf = self._free_leaves.pop()
+                self._ensure_leaves(leaf + 1)
                 self._leaf_by_id[i] = leaf
                 self.evicted_d[leaf], self.evicted_u[leaf] = self._parked.pop(i)
 
@@ -174,6 +202,7 @@ class ReaPERSampler(Sampler):
         st = self.storage
         view = st.episodes.get(ids)
         leaves = self._leaf_of(ids)
+        self._ensure_leaves(int(leaves.max()) + 1)
         start, end = view.start, view.start + view.length
         p_from = np.clip(p_from, start, end)
         online = view.source == ONLINE
@@ -313,6 +342,7 @@ class ReaPERSampler(Sampler):
             if self._leaf_by_id is not None:
                 self._allocate_leaves(np.unique(ids[fresh]))
             new_leaves = self._leaf_of(np.unique(ids[fresh]))
+            self._ensure_leaves(int(new_leaves.max()) + 1)
             self.evicted_d[new_leaves] = 0.0
             self.evicted_u[new_leaves] = 0.0
             self._seen_next_id = int(ids.max()) + 1
@@ -479,6 +509,7 @@ class ReaPERSampler(Sampler):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        self._ensure_leaves(int(np.asarray(state["leaves"]["leaf_id"]).size))
         for group, names in (("slots", self._SLOT_ARRAYS), ("leaves", self._LEAF_ARRAYS)):
             for name in names:
                 _restore(getattr(self, name), state[group][name], fill=-1 if name in ("slot_leaf", "leaf_id") else 0)
@@ -494,7 +525,7 @@ class ReaPERSampler(Sampler):
                                                               strict=True)}
         if self.storage.multi_stream:
             self._multi_stream()
-        n = self.storage.capacity
+        n = self.leaf_id.size
         fin, ongoing, totals = np.zeros(n), np.zeros(n), np.zeros(n)
         live = np.flatnonzero(self.leaf_id >= 0)
         fin[live], ongoing[live] = self._leaf_values(live)

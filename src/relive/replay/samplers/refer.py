@@ -226,7 +226,8 @@ class ReFERSampler(UniformSampler):
         log_rho = np.empty(hi - lo)
         for a in range(lo, hi, chunk):
             b = min(a + chunk, hi)
-            res = log_rho_fn(*(cols[name][a:b].copy() for name in ("obs", "action", *BEHAVIOUR_COLUMNS)))
+            res = log_rho_fn(self.storage.read("obs", np.arange(a, b)),
+                             *(cols[name][a:b].copy() for name in ("action", *BEHAVIOUR_COLUMNS)))
             res = np.asarray(res.detach().cpu() if hasattr(res, "detach") else res, np.float64).reshape(-1)
             if res.size != b - a:
                 raise ValueError(f"log_rho_fn returned {res.size} values for {b - a} rows")

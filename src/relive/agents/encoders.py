@@ -1,0 +1,219 @@
+"""The observation encoder seam: how an agent turns a stored observation into the vector its networks read.
+
+Flat observations pass through unchanged. Dict observations (``ReplayBuffer(obs_shape={key: ...})``, batches
+with ``batch.obs["image"]``) are, by default, concatenated: every key flattened to [N, -1], cast to float32,
+keys in sorted order -- the order gymnasium's ``FlattenObservation`` (and so relive's envs) and Minari's
+flattening use, so an agent trained on flattened observations reads a dict buffer the same way. The agent's
+MLPs then run over the concatenation (``obs_dim`` = the sum of the keys' sizes). Every agent applies
+``flat_obs_batch`` in its update and ``as_obs_tensor`` (``networks.py``) in ``act`` and its scores, so this is the
+one place a learned encoder (a CNN over image keys) plugs in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+import torch
+from torch import nn
+
+from relive.agents import networks as nets
+from relive.types import Batch
+
+
+def concat_keys(obs: Mapping) -> np.ndarray:
+    """[N, D] float32: the keys of a dict observation ([N, ...] each), each flattened, concatenated in sorted key
+    order."""
+    if not obs:
+        raise ValueError("a dict observation needs at least one key")
+    parts = [np.asarray(obs[k]) for k in sorted(obs)]
+    n = parts[0].shape[0] if parts[0].ndim else 1
+    for k, p in zip(sorted(obs), parts, strict=True):
+        if (p.shape[0] if p.ndim else 1) != n:
+            raise ValueError(f"observation key {k!r} has {p.shape[0] if p.ndim else 1} rows, the first key has {n}")
+    return np.concatenate([p.reshape(n, -1).astype(np.float32, copy=False) for p in parts], axis=1)
+
+
+def flat_obs(obs):
+    """:func:`concat_keys` of a dict observation; anything else unchanged."""
+    return concat_keys(obs) if isinstance(obs, Mapping) else obs
+
+
+def flat_obs_dim(obs_spec) -> int:
+    """Size of the concatenated observation of a storage's ``obs_spec`` (a ColumnSpec or a dict of them), or of
+    a shape / a dict key -> shape."""
+    if isinstance(obs_spec, Mapping):
+        return sum(flat_obs_dim(v) for v in obs_spec.values())
+    shape = getattr(obs_spec, "shape", obs_spec)
+    if isinstance(shape, tuple) and len(shape) == 2 and not isinstance(shape[1], int):  # (shape, dtype)
+        shape = shape[0]
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return int(np.prod(shape, dtype=np.int64))
+
+
+def flat_obs_batch(batch: Batch) -> Batch:
+    """The batch with dict ``obs`` / ``next_obs`` concatenated (:func:`concat_keys`); a flat batch as it is."""
+    if not isinstance(batch.obs, Mapping):
+        return batch
+    return replace(batch, obs=concat_keys(batch.obs), next_obs=concat_keys(batch.next_obs))
+
+
+# -- a learned encoder for image keys (SAC / RLPD / Cal-QL with ``encoder="cnn"``) -------------------------------
+class DictObs(dict):
+    """A batch of dict observations as torch tensors (key -> [B, ...]) with the few batch operations the agents
+    apply to observation tensors: ``shape[0]``, ``repeat_interleave(n, dim=0)``, ``repeat(k, 1)`` and
+    ``torch.cat([a, b])`` (rows), so that SAC and Cal-QL run unchanged on them; the networks' encoders read it."""
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (next(iter(self.values())).shape[0],)
+
+    def repeat_interleave(self, n: int, dim: int = 0) -> DictObs:
+        if dim != 0:
+            raise ValueError("dict observations repeat along the batch axis (dim=0) only")
+        return DictObs({k: v.repeat_interleave(n, dim=0) for k, v in self.items()})
+
+    def repeat(self, *sizes) -> DictObs:
+        if len(sizes) != 2 or sizes[1] != 1:
+            raise ValueError(f"dict observations repeat as repeat(k, 1) (rows) only, got repeat{sizes}")
+        return DictObs({k: v.repeat(sizes[0], *([1] * (v.dim() - 1))) for k, v in self.items()})
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.cat and kwargs.get("dim", args[1] if len(args) > 1 else 0) == 0:
+            parts = args[0]
+            return DictObs({k: torch.cat([p[k] for p in parts]) for k in parts[0]})
+        return NotImplemented
+
+
+def image_keys(obs_spec: Mapping) -> list[str]:
+    """Keys of a dict observation spec (key -> ColumnSpec, or (shape, dtype)) that are images: uint8, [C, H, W]."""
+    out = []
+    for k in sorted(obs_spec):
+        shape, dtype = _shape_dtype(obs_spec[k])
+        if len(shape) == 3 and np.dtype(dtype) == np.uint8:
+            out.append(k)
+    return out
+
+
+def _shape_dtype(spec) -> tuple[tuple[int, ...], np.dtype]:
+    if hasattr(spec, "shape") and hasattr(spec, "dtype"):
+        return tuple(spec.shape), np.dtype(spec.dtype)
+    if isinstance(spec, tuple) and len(spec) == 2 and not isinstance(spec[1], int):
+        shape = (spec[0],) if isinstance(spec[0], int) else tuple(spec[0])
+        return shape, np.dtype(spec[1])
+    return ((spec,) if isinstance(spec, int) else tuple(spec)), np.dtype(np.float32)
+
+
+def random_shift(images, pad: int, generator):
+    """DrQ's augmentation (Kostrikov et al. 2020): pad each image by ``pad`` pixels (replicating the border) and
+    crop it back at a random offset in [0, 2 pad] per image: [B, C, H, W] -> same shape and dtype. ``pad=0``: the
+    images unchanged."""
+    if pad == 0:
+        return images
+    b, _, h, w = images.shape
+    padded = torch.nn.functional.pad(images.float(), (pad, pad, pad, pad), mode="replicate")
+    dx = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=images.device)
+    dy = torch.randint(0, 2 * pad + 1, (b,), generator=generator, device=images.device)
+    rows = (dy[:, None] + torch.arange(h, device=images.device)[None])[:, :, None]  # [B, H, 1]
+    cols = (dx[:, None] + torch.arange(w, device=images.device)[None])[:, None, :]  # [B, 1, W]
+    out = padded[torch.arange(b, device=images.device)[:, None, None], :, rows, cols]  # [B, H, W, C]
+    return out.permute(0, 3, 1, 2).to(images.dtype)
+
+
+def pixel_encoder(obs_spec: Mapping, generator, feature_dim: int = 50, channels: int = 32, conv_layers: int = 4):
+    """A :class:`PixelEncoder` with its parameters drawn from ``generator`` (PyTorch's default rule for every
+    conv and linear layer: U(-1/sqrt(fan_in), 1/sqrt(fan_in)))."""
+    with nets.private_rng():
+        enc = PixelEncoder(obs_spec, feature_dim, channels, conv_layers)
+    with torch.no_grad():
+        for m in enc.modules():
+            if isinstance(m, torch.nn.Conv2d):
+                bound = 1.0 / float(np.sqrt(m.in_channels * m.kernel_size[0] * m.kernel_size[1]))
+                m.weight.uniform_(-bound, bound, generator=generator)
+                m.bias.uniform_(-bound, bound, generator=generator)
+    return nets.init_(enc, generator, "torch")
+
+
+class PixelEncoder(nn.Module):
+    """Image keys (uint8 [C, H, W]) through a small CNN each (DrQ / SAC-AE: a 3x3 conv of stride 2, then
+    ``conv_layers - 1`` of stride 1, ``channels`` wide, ReLU; a linear layer to ``feature_dim``, LayerNorm,
+    tanh), pixels scaled to [0, 1]; the other keys flattened; everything concatenated in sorted key order:
+    [B, out_dim]."""
+
+    def __init__(self, obs_spec: Mapping, feature_dim: int = 50, channels: int = 32, conv_layers: int = 4):
+        super().__init__()
+        self.keys = sorted(obs_spec)
+        self.image_keys = image_keys(obs_spec)
+        if not self.image_keys:
+            raise ValueError(f"encoder='cnn' needs an image key (uint8, shape [C, H, W]); the observation keys "
+                             f"are {({k: _shape_dtype(v)[0] for k, v in obs_spec.items()})}")
+        self.convs = nn.ModuleDict()
+        self.heads = nn.ModuleDict()
+        out = 0
+        for k in self.keys:
+            shape, _ = _shape_dtype(obs_spec[k])
+            if k not in self.image_keys:
+                out += int(np.prod(shape, dtype=np.int64))
+                continue
+            layers: list[nn.Module] = [nn.Conv2d(shape[0], channels, 3, stride=2), nn.ReLU()]
+            for _ in range(conv_layers - 1):
+                layers += [nn.Conv2d(channels, channels, 3, stride=1), nn.ReLU()]
+            conv = nn.Sequential(*layers, nn.Flatten())
+            try:
+                with torch.no_grad():
+                    flat = conv(torch.zeros(1, *shape)).shape[1]
+            except RuntimeError:
+                raise ValueError(f"image key {k!r} of shape {shape} is too small for {conv_layers} 3x3 conv "
+                                 f"layers (at least {4 * conv_layers - 1} pixels per side)") from None
+            self.convs[k] = conv
+            self.heads[k] = nn.Sequential(nn.Linear(flat, feature_dim), nn.LayerNorm(feature_dim), nn.Tanh())
+            out += feature_dim
+        self.out_dim = out
+
+    def forward(self, obs) -> torch.Tensor:
+        parts = []
+        for k in self.keys:
+            x = obs[k]
+            if k in self.convs:
+                parts.append(self.heads[k](self.convs[k](x.float() / 255.0)))
+            else:
+                parts.append(x.reshape(x.shape[0], -1).float())
+        return torch.cat(parts, dim=-1)
+
+
+def obs_to_torch(obs, device, expected_keys=None) -> DictObs:
+    """Dict observations (key -> array [N, ...]) as a :class:`DictObs` of tensors on ``device`` (dtypes kept)."""
+    if not isinstance(obs, Mapping):
+        raise ValueError(f"this agent encodes dict observations (keys {expected_keys}); got {type(obs).__name__}")
+    if expected_keys is not None and sorted(obs) != sorted(expected_keys):
+        raise ValueError(f"observation keys {sorted(obs)} differ from the agent's {sorted(expected_keys)}")
+    return DictObs({k: torch.as_tensor(np.asarray(v) if not hasattr(v, "device") else v, device=device)
+                    for k, v in obs.items()})
+
+
+class EncodedActor(nets.TanhGaussianActor):
+    """The SAC actor over an encoder's features: pi(a | encoder(s)). The actor owns its encoder (trained by the
+    actor loss; DrQ instead shares the critic's encoder and detaches it for the actor)."""
+
+    def __init__(self, encoder: nn.Module, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
+        super().__init__(encoder.out_dim, action_dim, hidden, action_low, action_high)
+        self.encoder = encoder
+
+    def forward(self, obs):
+        return super().forward(self.encoder(obs))
+
+
+class EncodedCritic(nets.EnsembleCritic):
+    """The critic ensemble over an encoder's features (one encoder shared by the members; the target critic, a
+    copy, has its own, Polyak-averaged with the rest)."""
+
+    def __init__(self, encoder: nn.Module, num_members: int, action_dim: int, hidden: tuple[int, ...],
+                 layer_norm: bool = False):
+        super().__init__(num_members, encoder.out_dim, action_dim, hidden, layer_norm)
+        self.encoder = encoder
+
+    def forward(self, obs, action, members=None):
+        return super().forward(self.encoder(obs), action, members)

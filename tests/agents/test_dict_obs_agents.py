@@ -1,0 +1,150 @@
+"""The encoder seam (issue 17, item 1): agents read dict observations (a uint8 image + a float state) as the
+concatenation of their keys in sorted order, so an update on a dict batch is exactly the update on the flat
+batch of the concatenated keys, and ``act`` / ARB scores accept dict observations."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from relive.agents.encoders import concat_keys, flat_obs_batch, flat_obs_dim
+from relive.replay import ReplayBuffer
+from tests.agents.factory import KINDS, batch, make
+
+# OBS = 5 numbers: a 2x2 uint8 "image" (4) + a 1-d "state" (1); sorted keys: image, state
+SPEC = {"state": (1,), "image": ((2, 2), np.uint8)}
+
+
+def as_dict(flat: np.ndarray) -> dict:
+    n = flat.shape[0]
+    image = np.clip(np.round(np.abs(flat[:, :4]) * 50), 0, 255).astype(np.uint8).reshape(n, 2, 2)
+    return {"state": flat[:, 4:5].astype(np.float32), "image": image}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_update_on_a_dict_batch_equals_the_update_on_its_concatenation(kind):
+    b = batch(kind, seed=1)
+    d = dataclasses.replace(b, obs=as_dict(b.obs), next_obs=as_dict(b.next_obs))
+    flat = dataclasses.replace(b, obs=concat_keys(d.obs), next_obs=concat_keys(d.next_obs))
+    assert flat.obs.shape == (b.obs.shape[0], 5) and flat_obs_dim(SPEC) == 5
+    np.testing.assert_array_equal(flat_obs_batch(d).obs[:, :4], d.obs["image"].reshape(-1, 4).astype(np.float32))
+    a1, a2 = make(kind, seed=3), make(kind, seed=3)
+    r1, r2 = a1.update(d), a2.update(flat)
+    np.testing.assert_array_equal(r1.signals["td_error"], r2.signals["td_error"])
+    for p, q in zip(a1.state_dict()["actor" if kind != "ddqn" else "q"].values(),
+                    a2.state_dict()["actor" if kind != "ddqn" else "q"].values(), strict=True):
+        np.testing.assert_array_equal(p, q)
+    act1 = a1.act(as_dict(b.obs[:3]), explore=False)
+    act2 = a2.act(concat_keys(as_dict(b.obs[:3])), explore=False)
+    np.testing.assert_array_equal(act1, act2)
+
+
+def test_sac_trains_from_a_dict_buffer_and_scores_its_rows():
+    rng = np.random.default_rng(0)
+    buf = ReplayBuffer(200, SPEC, (2,), seed=0)
+    n = 100
+    frames = {"state": rng.normal(size=(n + 1, 1)).astype(np.float32),
+              "image": rng.integers(0, 256, size=(n + 1, 2, 2), dtype=np.uint8)}
+    buf.extend({"obs": {k: v[:-1] for k, v in frames.items()}, "next_obs": {k: v[1:] for k, v in frames.items()},
+                "action": rng.uniform(-1, 1, (n, 2)).astype(np.float32), "reward": rng.normal(size=n),
+                "terminated": np.zeros(n, bool), "truncated": np.arange(n) % 25 == 24})
+    agent = make("rlpd")
+    for _ in range(3):
+        b = buf.sample(16)
+        res = agent.update(b)
+        buf.update(b.info, td_error=res.signals["td_error"])
+    scores = agent.score_fn()(buf.storage.read("obs", np.arange(10)), buf.storage.read("action", np.arange(10)))
+    assert scores.shape == (10,) and np.isfinite(scores).all()
+    assert all(torch.isfinite(torch.as_tensor(v)).all() for v in agent.state_dict()["actor"].values())
+
+
+# -- the CNN encoder (encoder="cnn") and DrQ's random shift ------------------------------------------------------
+from relive.agents.cal_ql import CalQL, CalQLConfig  # noqa: E402
+from relive.agents.encoders import DictObs, random_shift  # noqa: E402
+from relive.agents.sac import SAC, SACConfig  # noqa: E402
+
+PIX = {"image": ((3, 16, 16), np.uint8), "state": (2,)}
+
+
+def test_random_shift_crops_the_replicate_padded_image():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (6, 3, 12, 12), dtype=torch.uint8, generator=g)
+    assert random_shift(x, 0, g) is x
+    y = random_shift(x, 2, g)
+    assert y.dtype == torch.uint8 and y.shape == x.shape
+    padded = torch.nn.functional.pad(x.float(), (2, 2, 2, 2), mode="replicate").to(torch.uint8)
+    offsets = []
+    for i in range(6):
+        found = [(dy, dx) for dy in range(5) for dx in range(5)
+                 if torch.equal(padded[i, :, dy : dy + 12, dx : dx + 12], y[i])]
+        assert found, f"image {i} is not a crop of its padded image"
+        offsets.append(found[0])
+    assert len(set(offsets)) > 1  # a random offset per image
+
+
+def test_dict_obs_batch_operations():
+    o = DictObs(image=torch.zeros(2, 3, 4, 4, dtype=torch.uint8), state=torch.arange(4.0).reshape(2, 2))
+    assert o.shape[0] == 2
+    assert o.repeat_interleave(3, dim=0)["state"][:, 0].tolist() == [0, 0, 0, 2, 2, 2]
+    assert o.repeat(2, 1)["state"][:, 0].tolist() == [0, 2, 0, 2]
+    assert o.repeat(2, 1)["image"].shape == (4, 3, 4, 4)
+    both = torch.cat([o, o.repeat_interleave(2, dim=0)])
+    assert isinstance(both, DictObs) and both["image"].shape == (6, 3, 4, 4)
+
+
+def pixel_batch(rng, n=16):
+    from relive.types import Batch, SampleInfo
+
+    def obs():
+        return {"image": rng.integers(0, 256, (n, 3, 16, 16), dtype=np.uint8),
+                "state": rng.normal(size=(n, 2)).astype(np.float32)}
+
+    info = SampleInfo(np.arange(n), np.ones(n, np.int64), np.full(n, 1 / n), np.ones(n, np.float32),
+                      np.zeros(n, np.int8))
+    return Batch(obs(), rng.uniform(-1, 1, (n, 2)).astype(np.float32), rng.normal(size=n).astype(np.float32), obs(),
+                 rng.random(n) < 0.2, np.zeros(n, bool), info,
+                 extras={"mc_return": rng.normal(size=n).astype(np.float32)})
+
+
+def cnn_agent(kind, seed=0):
+    small = dict(hidden=(16, 16), encoder="cnn", encoder_feature_dim=8, augment_pad=2)
+    low, high = -np.ones(2, np.float32), np.ones(2, np.float32)
+    if kind == "sac":
+        return SAC(0, 2, low, high, SACConfig(**small), seed=seed, obs_spec=PIX)
+    if kind == "rlpd":
+        return SAC(0, 2, low, high, SACConfig.rlpd(**small, num_qs=4, actor_every=1), seed=seed, obs_spec=PIX)
+    return CalQL(0, 2, low, high, CalQLConfig(**small, cql_n_actions=3), seed=seed, obs_spec=PIX)
+
+
+@pytest.mark.parametrize("kind", ["sac", "rlpd", "calql"])
+def test_cnn_agents_update_on_image_and_state(kind, tmp_path):
+    rng = np.random.default_rng(0)
+    a1, a2 = cnn_agent(kind), cnn_agent(kind)
+    enc_before = {k: v.copy() for k, v in a1.state_dict()["critic"].items() if k.startswith("encoder__convs")}
+    assert enc_before and a1.obs_dim == 8 + 2  # 8 image features + the 2 state numbers
+    for step in range(2):
+        b = pixel_batch(np.random.default_rng(step))
+        r1, r2 = a1.update(b, update_actor=step == 1), a2.update(b, update_actor=step == 1)  # (step 0: [s'; s])
+        assert np.isfinite(r1.signals["td_error"]).all() and all(np.isfinite(v) for v in r1.metrics.values())
+        np.testing.assert_array_equal(r1.signals["td_error"], r2.signals["td_error"])  # same seed, same updates
+    after = a1.state_dict()
+    assert any(not np.array_equal(after["critic"][k], v) for k, v in enc_before.items())  # the critic trains its CNN
+    assert any(k.startswith("encoder__convs") for k in after["actor"])
+    obs = pixel_batch(rng, 5).obs
+    act = a1.act(obs, explore=False)
+    assert act.shape == (5, 2) and (np.abs(act) <= 1).all()
+    fresh = cnn_agent(kind, seed=9)
+    fresh.load_state_dict(a1.state_dict())
+    np.testing.assert_array_equal(fresh.act(obs, explore=False), act)
+    scores = a1.score_fn()(obs, np.zeros((5, 2), np.float32))
+    assert scores.shape == (5,) and np.isfinite(scores).all()
+
+
+def test_cnn_needs_an_obs_spec_with_an_image():
+    with pytest.raises(ValueError, match="encoder='cnn' needs obs_spec"):
+        SAC(4, 2, -np.ones(2), np.ones(2), SACConfig(encoder="cnn"))
+    with pytest.raises(ValueError, match="needs an image key"):
+        SAC(4, 2, -np.ones(2), np.ones(2), SACConfig(encoder="cnn"), obs_spec={"state": (4,)})
+    with pytest.raises(ValueError, match="encoder must be one of"):
+        SACConfig(encoder="resnet")
