@@ -243,19 +243,20 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
                 slots = run.buffer.close_stream(stream, terminated=cfg.env.truncation_as_termination)
                 for h in H.of_type(run.hooks, H.OnEpisodeEnd) if slots.size else ():
                     h.fn(slots)  # (returns-to-go of the cut episode)
-    collector.on_episode_start = [h.fn for h in H.of_type(run.hooks, H.OnEpisodeStart)]
+    collector.on_episode_start = H.episode_start_fns(run.hooks)
     return run
 
 
 def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
-    """Per-episode state held for one environment (OnEpisodeStart hooks: residual SAC's probing length, DDPG's OU
-    noise) cannot serve several envs stepped together: refuse, naming the component."""
-    if cfg.env.num_envs > 1 and H.of_type(hooks, H.OnEpisodeStart):
-        owners = sorted({type(getattr(h.fn, "__self__", h.fn)).__name__ for h in H.of_type(hooks, H.OnEpisodeStart)})
+    """Per-episode state held for one environment (an OnEpisodeStart hook without ``per_env``) cannot serve several
+    envs stepped together: refuse, naming the component. (The built-in agents keep theirs per env.)"""
+    single = [h for h in H.of_type(hooks, H.OnEpisodeStart) if not h.per_env]
+    if cfg.env.num_envs > 1 and single:
+        owners = sorted({type(getattr(h.fn, "__self__", h.fn)).__name__ for h in single})
         raise ValueError(f"env.num_envs = {cfg.env.num_envs}: {', '.join(owners)} keeps per-episode state for one "
-                         f"environment (an OnEpisodeStart hook, e.g. residual SAC's probing length or DDPG's OU "
-                         f"noise), which several envs stepped together would share; use num_envs = 1 (or, for "
-                         f"DDPG, exploration_noise = 'gaussian')")
+                         f"environment (an OnEpisodeStart hook without per_env=True), which several envs stepped "
+                         f"together would share; use num_envs = 1, or declare the hook per_env and key the state "
+                         f"by the env index it receives")
 
 
 def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState) -> None:
