@@ -108,6 +108,8 @@ class DeterministicActor(nn.Module):
 class DDPG:
     """DDPG with optional ReF-ER rules (see the module docstring)."""
 
+    acting_modules = ("actor",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: DDPGConfig | None = None,
                  seed: int = 0, device: str = "cpu"):
         self.cfg = cfg = config if config is not None else DDPGConfig()

@@ -64,6 +64,9 @@ class DDQNConfig:
 class DDQN:
     """Double DQN agent for discrete actions (see the module docstring)."""
 
+    acting_modules = ("q",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors); its
+    # epsilon schedule counts that copy's own act calls
+
     @classmethod
     def from_spec(cls, spec, config, seed, device: str = "cpu"):
         """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""

@@ -154,6 +154,12 @@ def beta_at(cfg: ResidualSACConfig, t: int) -> float:
 class ResidualSAC:
     """Residual SAC on a frozen base policy (see the module docstring for acting, the update and its formulas)."""
 
+    # Ray collectors act on copies: the clock of beta_t and of the warm-up (stored env steps, advanced by act) would
+    # run in each copy while the learner's update reads beta_t from its own clock, which never moves
+    remote_acting_problem = ("its beta schedule and base-only warm-up count the env steps act() takes, and the "
+                             "update reads beta from that clock, which would run in each collector's copy, not in "
+                             "the learner")
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
                  base_policy: BasePolicy | None = None):
