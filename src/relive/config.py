@@ -109,7 +109,8 @@ class CollectorsConfig:
             raise ValueError(f"collectors.chunk_env_steps and collectors.sync_weights_every_grad_steps must be >= 1, "
                              f"got {self.chunk_env_steps}, {self.sync_weights_every_grad_steps}")
         if self.ray_address and not self.num:
-            raise ValueError(f"collectors.ray_address = {self.ray_address!r} needs collectors.num >= 1 (--collectors N)")
+            raise ValueError(f"collectors.ray_address = {self.ray_address!r} needs collectors.num >= 1 "
+                             f"(--collectors N)")
         if self.max_lag_env_steps is not None and self.max_lag_env_steps < self.chunk_env_steps:
             raise ValueError(f"collectors.max_lag_env_steps must be >= collectors.chunk_env_steps (else no chunk could "
                              f"ever be requested), got {self.max_lag_env_steps} < {self.chunk_env_steps}")

@@ -147,9 +147,6 @@ class CollectorWorker:
         self.index, self.incarnation, self.next_chunk_id = int(index), int(incarnation), int(next_chunk_id)
         self.version = -1
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def collect(self, n: int, weights: list, version: int, random_actions: bool) -> dict:
         """``n`` env steps (a multiple of the env count); ``weights``: ``[ObjectRef]`` of the published acting
         state (in a list, so Ray hands over the reference and the copy pulls it only when ``version`` changed)."""
@@ -171,7 +168,8 @@ class CollectorWorker:
         streams, steps = c.step_streams(policy, int(n))
         chunk = {"collector": self.index, "incarnation": self.incarnation, "chunk_id": self.next_chunk_id,
                  "policy_version": self.version, "env_steps": int(steps), "streams": streams,
-                 "finished_returns": list(c.finished_returns), "num_unstored_steps": c.num_unstored_steps - unstored}
+                 "finished_returns": list(c.finished_returns), "num_unstored_steps": c.num_unstored_steps - unstored,
+                 "pid": os.getpid(), "node": _node()}
         c.finished_returns = []
         self.next_chunk_id += 1
         return chunk
@@ -196,6 +194,7 @@ class RayCollectors:
         self.incarnation = np.zeros(c.num, np.int64)  # actors started per collector, minus one
         self.failures = np.zeros(c.num, np.int64)  # deaths since the collector's last chunk
         self.actors: list = [None] * c.num
+        self.pids: list[int | None] = [None] * c.num  # each collector's process (host) as of its last chunk
         self.in_flight: dict = {}  # ObjectRef -> (collector, env steps requested)
         self.weights, self.version = None, -1
         self.finished_returns: list[float] = []
@@ -235,10 +234,6 @@ class RayCollectors:
             self.ray.shutdown()
         self.ray = None
 
-    def pids(self) -> list[int | None]:
-        """Process ids of the running collectors (tests kill one)."""
-        return [None if a is None else self.ray.get(a.pid.remote()) for a in self.actors]
-
     def streams_of(self, collector: int) -> range:
         e = self.envs_per_collector
         return range(collector * e, (collector + 1) * e)
@@ -272,30 +267,30 @@ class RayCollectors:
             ref = self.actors[c].collect.remote(n, [self.weights], self.version, random)
             self.in_flight[ref] = (c, n)
 
-    def poll(self, block: bool) -> list[tuple[str, object]]:
-        """Finished requests: ``("chunk", chunk)`` in order of arrival, ``("lost", collector)`` for a collector
-        that died (restarted at its next request). ``block``: wait for at least one."""
+    def poll(self, block: bool):
+        """Yields the finished requests, one at a time (the caller stores each before taking the next, so a
+        checkpoint between two sees consistent chunk ids): ``("chunk", chunk)``, or ``("lost", collector)`` for a
+        collector that died (restarted at its next request). ``block``: wait for at least one."""
         if not self.in_flight:
-            return []
+            return
         refs = list(self.in_flight)
         ready, _ = self.ray.wait(refs, num_returns=1, timeout=None if block else 0)
         if ready:
             ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
-        events = []
         for ref in ready:
             c, _ = self.in_flight.pop(ref)
             try:
                 chunk = self.ray.get(ref)
             except self.ray.exceptions.RayActorError as e:
                 self._restart(c, e)
-                events.append(("lost", c))
+                yield "lost", c
                 continue
             if chunk["chunk_id"] != self.next_chunk[c] or chunk["incarnation"] != self.incarnation[c]:
                 continue  # not the chunk expected from this collector: never stored twice
             self.next_chunk[c] += 1
             self.failures[c] = 0
-            events.append(("chunk", chunk))
-        return events
+            self.pids[c] = chunk["pid"]
+            yield "chunk", chunk
 
     def _restart(self, c: int, error: Exception) -> None:
         self.failures[c] += 1
@@ -350,22 +345,30 @@ def online_phase(run) -> dict:
     pool.publish(run.agent, st.grad_steps)
     lags: list[int] = []
     phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
+
+    def cadences() -> dict | None:
+        """Evaluation and checkpoint when due (after every stored chunk, as after every chunk without Ray); the
+        evaluation row when ``run.stop_at_return`` ends the run."""
+        if st.env_steps >= s.num_online_env_steps:
+            return None
+        if st.env_steps >= st.next_eval:
+            row = T.evaluation(run)
+            if st.env_steps == 0:
+                st.offline_return = row["eval/return_mean"]
+            st.next_eval += rc.eval_every_env_steps
+            if rc.stop_at_return is not None and row["eval/return_mean"] >= rc.stop_at_return:
+                run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: "
+                                 f"stopping at env step {st.env_steps} (run.stop_at_return)")
+                return row
+        if st.env_steps >= st.next_ckpt:
+            st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
+            log.flush()
+            T.checkpoint(run)
+        return None
+
     try:
-        while True:
-            if st.env_steps < s.num_online_env_steps:
-                if st.env_steps >= st.next_eval:
-                    row = T.evaluation(run)
-                    if st.env_steps == 0:
-                        st.offline_return = row["eval/return_mean"]
-                    st.next_eval += rc.eval_every_env_steps
-                    if rc.stop_at_return is not None and row["eval/return_mean"] >= rc.stop_at_return:
-                        run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: "
-                                         f"stopping at env step {st.env_steps} (run.stop_at_return)")
-                        return row
-                if st.env_steps >= st.next_ckpt:
-                    st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
-                    log.flush()
-                    T.checkpoint(run)
+        stop = cadences()
+        while stop is None:
             pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)
             budget = limiter.sample_budget()
             if not budget and not pool.in_flight:
@@ -383,13 +386,16 @@ def online_phase(run) -> dict:
                 _ingest(run, pool, payload)
                 limiter.inserts = st.env_steps
                 lags.append(st.grad_steps - payload["policy_version"])
-                pool.log_lines += _write(log, {k: payload[k] for k in ("collector", "incarnation", "chunk_id",
+                pool.log_lines += _write(log, {k: payload[k] for k in ("collector", "incarnation", "chunk_id", "pid",
                                                                          "policy_version", "env_steps")}
                                          | {"rows": [len(r["reward"]) for _, r in payload["streams"]],
                                             "env_steps_total": st.env_steps})
                 if run.on_step is not None:
                     run.on_step(st.env_steps, st.grad_steps)
-            if budget:
+                stop = cadences()
+                if stop is not None:
+                    break
+            if budget and stop is None:
                 T.gradient_step(run, "online")
                 limiter.samples += 1
                 if limiter.samples % cc.sync_weights_every_grad_steps == 0:
@@ -404,7 +410,13 @@ def online_phase(run) -> dict:
             run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
     finally:
         log.close()
-    return T.evaluation(run)
+    return stop if stop is not None else T.evaluation(run)
+
+
+def _node() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
