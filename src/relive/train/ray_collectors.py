@@ -194,12 +194,14 @@ class RayCollectors:
         self.incarnation = np.zeros(c.num, np.int64)  # actors started per collector, minus one
         self.failures = np.zeros(c.num, np.int64)  # deaths since the collector's last chunk
         self.actors: list = [None] * c.num
-        self.pids: list[int | None] = [None] * c.num  # each collector's process (host) as of its last chunk
+        self.pids: list[int | None] = [None] * c.num  # each collector's process as of its last chunk
+        self.last_request = np.full(c.num, -1, np.int64)  # request number of each collector's last request
         self.in_flight: dict = {}  # ObjectRef -> (collector, env steps requested)
         self.weights, self.version = None, -1
         self.finished_returns: list[float] = []
         self.num_unstored_steps = 0
         self.num_restarts = 0
+        self.num_requests = 0
         self.limiter: RateLimiter | None = None
         self.log_lines = 0  # lines of chunks.jsonl (a checkpoint records how many belong to it)
         self.resumed = False
@@ -250,13 +252,14 @@ class RayCollectors:
     def request(self, limiter: RateLimiter, remaining: int, random_below: int) -> None:
         """Ask every idle collector for a chunk while env steps remain to be requested (``remaining``: the run's
         total minus those received) and the limiter allows; a chunk is random warm-up while fewer than
-        ``random_below`` env steps were requested before it."""
+        ``random_below`` env steps were requested before it. The idle collector asked least recently goes first (no
+        collector starves when the limiter lets one through at a time; a dead idle one is noticed at its turn)."""
         busy = {c for c, _ in self.in_flight.values()}
-        for c in range(self.num_collectors):
+        for c in sorted(set(range(self.num_collectors)) - busy, key=lambda c: self.last_request[c]):
             flying = self.in_flight_env_steps
             left = remaining - flying
-            if c in busy or left <= 0:
-                continue
+            if left <= 0:
+                return
             n = min(self.chunk, -(-left // self.envs_per_collector) * self.envs_per_collector)
             if not limiter.can_insert(n, flying):
                 return
@@ -266,6 +269,8 @@ class RayCollectors:
             random = limiter.inserts + flying < random_below
             ref = self.actors[c].collect.remote(n, [self.weights], self.version, random)
             self.in_flight[ref] = (c, n)
+            self.last_request[c] = self.num_requests
+            self.num_requests += 1
 
     def poll(self, block: bool):
         """Yields the finished requests, one at a time (the caller stores each before taking the next, so a
@@ -432,7 +437,7 @@ def _chunk_log(path: Path, keep_lines: int):
     """``chunks.jsonl`` cut back to the first ``keep_lines`` lines (those before the checkpoint resumed from)."""
     lines = path.read_text().splitlines(keepends=True)[:keep_lines] if path.exists() else []
     path.write_text("".join(lines))
-    return path.open("a")
+    return path.open("a", buffering=1)  # (line-buffered: the file shows what the learner has received)
 
 
 def _write(log, record: dict) -> int:
