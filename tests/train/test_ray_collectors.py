@@ -117,17 +117,18 @@ def read_run(run_dir):
     return [x for x in lines if "chunk_id" in x], [x for x in lines if "lost" in x], storage, summary
 
 
-def check_integrity(chunks, storage, num_rows):
-    """Every received row stored once: the chunk log's rows = the buffer's online rows; chunk ids 0, 1, 2, ... per
-    collector (no duplicates, no gaps); in each stream, steps count up from 0 inside an episode and a new episode
-    starts only after a terminated or truncated row."""
+def check_integrity(chunks, storage, num_rows, envs=1):
+    """Every received row stored once: the chunk log's rows = the buffer's online rows, per stream (collector c's env
+    j is stream c x envs + j); chunk ids 0, 1, 2, ... per collector (no duplicates, no gaps); in each stream, steps
+    count up from 0 inside an episode and a new episode starts only after a terminated or truncated row."""
     assert sum(sum(c["rows"]) for c in chunks) == num_rows == int((storage.meta["source"][:num_rows] == 1).sum())
     for collector in (0, 1):
         ids = [c["chunk_id"] for c in chunks if c["collector"] == collector]
         assert ids == list(range(len(ids)))
-        assert sum(sum(c["rows"]) for c in chunks if c["collector"] == collector) == \
-            int((storage.meta["stream"][:num_rows] == collector).sum())
-    for stream in (0, 1):
+        for j in range(envs):
+            assert sum(c["rows"][j] for c in chunks if c["collector"] == collector) == \
+                int((storage.meta["stream"][:num_rows] == collector * envs + j).sum())
+    for stream in range(2 * envs):
         slots = np.flatnonzero(storage.meta["stream"][:num_rows] == stream)  # (no ring wrap: capacity 5000)
         step, ep = storage.meta["step_in_episode"][slots], storage.meta["episode_id"][slots]
         end = storage.columns["terminated"][slots] | storage.columns["truncated"][slots]
@@ -139,14 +140,16 @@ def check_integrity(chunks, storage, num_rows):
                 assert step[i] == step[i - 1] + 1 and ep[i] == ep[i - 1]
 
 
-def test_two_collectors_fill_one_buffer_with_exact_counts(local_ray, tmp_path):
+def test_two_collectors_of_two_envs_fill_one_buffer_with_exact_counts(local_ray, tmp_path):
+    """2 collectors x 2 envs (a vector env in each actor) = 4 streams; exactly 600 env steps and 500 updates."""
     from relive.train.trainer import train
 
-    summary = train(cfg_for(ARGS, tmp_path / "r"))
+    summary = train(cfg_for([*ARGS, "--num-envs", "2"], tmp_path / "r"))
     chunks, lost, storage, _ = read_run(tmp_path / "r")
     assert summary.num_online_env_steps == 600 and summary.num_grad_steps == 500  # utd 1 x (600 - 100 warm-up)
     assert not lost and {c["collector"] for c in chunks} == {0, 1}
-    check_integrity(chunks, storage, 600)
+    assert all(c["env_steps"] == 50 and c["rows"] == [25, 25] for c in chunks)
+    check_integrity(chunks, storage, 600, envs=2)
     for collector in (0, 1):
         versions = [c["policy_version"] for c in chunks if c["collector"] == collector]
         assert versions == sorted(versions) and versions[0] == 0  # weights published at gradient step 0, 100, ...

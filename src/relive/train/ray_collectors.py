@@ -372,6 +372,7 @@ def online_phase(run) -> dict:
         return None
 
     try:
+        pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)  # (actors start during evaluation)
         stop = cadences()
         while stop is None:
             pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)
