@@ -136,29 +136,33 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=2000, help="online env steps of each learner run (0: skip)")
     p.add_argument("--out", default="docs/img/scaling.png")
     p.add_argument("--json", default=None, help="results file (default: --out with .json)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds of the collection points (median reported; the "
+                   "rounds alternate over all points, so a burst of load hits one round, not one mode)")
+    p.add_argument("--plot-only", metavar="JSON", help="redraw the plot from a results file")
     a = p.parse_args()
+    if a.plot_only:
+        plot(json.loads(Path(a.plot_only).read_text()), Path(a.out))
+        return
     counts = [int(x) for x in a.counts.split(",")]
     import ray
 
     ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False)  # (started once, for all points)
     res = {"env": a.env, "cpu": cpu_model(), "cores": os.cpu_count(), "steps": a.steps, "chunk": a.chunk,
-           "load_before": load_average(), "collect": {}, "learner": {}}
-    res["collect"]["loop"] = {"1": local_rate(a.env, "loop", 1, a.steps)}
-    print("loop", res["collect"]["loop"], flush=True)
-    for mode in ("sync", "async", "ray"):
-        res["collect"][mode] = {}
-        for n in counts:
-            if mode == "async" and n == 1:
-                continue
-            r = ray_rate(a.env, n, a.steps, a.chunk) if mode == "ray" else local_rate(a.env, mode, n, a.steps)
-            res["collect"][mode][str(n)] = r
-            print(mode, n, f"{r:.0f} env steps/s", f"(load {load_average():.1f})", flush=True)
+           "repeats": a.repeats, "loads": [load_average()], "collect": {}, "rounds": {}, "learner": {}}
+    points = [("loop", 1)] + [(m, n) for m in ("sync", "async", "ray") for n in counts if not (m == "async" and n == 1)]
+    for r in range(a.repeats):
+        for mode, n in points:
+            rate = ray_rate(a.env, n, a.steps, a.chunk) if mode == "ray" else local_rate(a.env, mode, n, a.steps)
+            res["rounds"].setdefault(mode, {}).setdefault(str(n), []).append(rate)
+            res["loads"].append(load_average())
+            print(f"round {r}: {mode} {n}: {rate:.0f} env steps/s (load {load_average():.1f})", flush=True)
+    res["collect"] = {m: {n: float(np.median(v)) for n, v in d.items()} for m, d in res["rounds"].items()}
     if a.train_steps:
         for k in (0, 2):
             res["learner"][str(k)] = learner_rate(a.env, a.train_steps, k)
             print("learner, collectors", k, res["learner"][str(k)], flush=True)
     ray.shutdown()
-    res["load_after"] = load_average()
+    res["loads"].append(load_average())
     out = Path(a.out)
     Path(a.json or out.with_suffix(".json")).write_text(json.dumps(res, indent=1))
     plot(res, out)
@@ -179,8 +183,10 @@ def plot(res: dict, out: Path) -> None:
     ax.set_xlabel("envs (vector) or collectors (Ray)")
     ax.set_ylabel("env steps/s relative to the single-env loop")
     ax.set_xticks(sorted({int(n) for m in res["collect"].values() for n in m}))
-    ax.set_title(f"{res['env']}, SAC actor acting; {res['cores']}-core {res['cpu'].split()[0]} "
-                 f"{' '.join(res['cpu'].split()[1:3])}", fontsize=9)
+    loads = res.get("loads", [])
+    shared = f", shared: load {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+    ax.set_title(f"{res['env']}, SAC actor acting; {res['cores']}-core {res['cpu']}{shared}\n"
+                 f"median of {res.get('repeats', 1)} round(s); single-env loop = {base:.0f} env steps/s", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,9 @@ Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the fir
 ``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
 What a method needs from the loop it declares (``relive.train.hooks``); this file names no method. With
 ``env.num_envs = N > 1`` a Gymnasium vector env is stepped instead (one policy call per step for all N; env i's rows
-are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N).
+are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N). With ``collectors.num = N > 0``
+the online phase is ``ray_collectors.online_phase``: N Ray actors step the envs and ship chunks of rows, and a rate
+limiter keeps the update-to-data ratio (same hooks, evaluations and checkpoints; see that module).
 
 Every component has its own random stream from ``SeedSequence(run.seed).spawn``. Checkpoints are the components'
 ``state_dict``s (agent, buffer with its sampler, collector, loop counters, warm-up RNG; ``train/checkpoint.py``),
