@@ -210,8 +210,12 @@ def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_pat
         fake = types.ModuleType("relive.agents.base_policy")
         fake.load_base_policy = lambda path, spec: (lambda obs: np.zeros((len(obs), 1), np.float32))
         monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
-        args += ["--base-policy", "tiny", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5"]
+        args += ["--base-policy", "tiny", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5", "--set",
+                 "env.max_episode_steps=10"]  # (episodes that start after the warm-up probe)
     if preset == "ddpg":
         args += ["--set", 'agent.exploration_noise="ou"']
     assert main(args) == 0
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["num_online_env_steps"] == 80
+    if preset == "residual_sac":  # each env probes at the start of its episodes after the 20 warm-up steps: unstored
+        final = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
+        assert final["replay/num_online"] < 80
