@@ -298,6 +298,9 @@ class RayCollectors:
             yield "chunk", chunk
 
     def _restart(self, c: int, error: Exception) -> None:
+        if "creation task" in str(error):  # it never started (relive or the env missing on a node): not a crash
+            raise RuntimeError(f"collector {c} could not start: {error}\n-> on a Ray cluster, relive (this version) "
+                               f"and the environment's packages must be installed on every node") from None
         self.failures[c] += 1
         if self.failures[c] > 3:
             raise RuntimeError(f"collector {c} died {int(self.failures[c])} times without delivering a chunk: "
