@@ -146,7 +146,7 @@ def main() -> None:
     counts = [int(x) for x in a.counts.split(",")]
     import ray
 
-    ray.init(num_cpus=max(counts), include_dashboard=False, log_to_driver=False)  # (started once, for all points)
+    ray.init(address="local", num_cpus=max(counts), include_dashboard=False, log_to_driver=False)  # once, for all
     res = {"env": a.env, "cpu": cpu_model(), "cores": os.cpu_count(), "steps": a.steps, "chunk": a.chunk,
            "repeats": a.repeats, "loads": [load_average()], "collect": {}, "rounds": {}, "learner": {}}
     points = [("loop", 1)] + [(m, n) for m in ("sync", "async", "ray") for n in counts if not (m == "async" and n == 1)]

@@ -87,7 +87,7 @@ ARGS = ["sac", "--env", "Pendulum-v1", "--collectors", "2", "--online-steps", "6
 def local_ray():
     """One local Ray for the module (the trainer joins a running Ray and leaves it running)."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
     ray.shutdown()
 
@@ -215,3 +215,36 @@ def test_a_learner_crash_resumes_from_its_checkpoint_with_new_collectors(local_r
             assert storage.columns["truncated"][slots[rows - 1]]
         if 0 < rows < slots.size:
             assert storage.meta["step_in_episode"][slots[rows]] == 0
+
+
+def test_ddqn_epsilon_follows_the_runs_env_steps_on_collectors(local_ray, tmp_path):
+    """DDQN's epsilon counts act calls; with collectors the learner keeps that clock at its env steps received and
+    the copies get it with the weights: epsilon at the end is the schedule's value at 300 env steps."""
+    from relive.train.trainer import train
+
+    args = ["ddqn", "--env", "CartPole-v1", "--collectors", "2", "--online-steps", "300", "--warmup", "100",
+            "--eval-every", "300", "--log-every", "300", "--capacity", "2000", "--set", "agent.eps_decay_steps=600",
+            "--set", "collectors.chunk_env_steps=50", "--chunk", "1", "--grad-steps-per-chunk", "0", *TINY]
+    cfg = cfg_for(args, tmp_path / "r")
+    train(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    c = cfg.agent
+    assert c.eps_decay_steps == 600
+    expected = c.eps_start + (c.eps_end - c.eps_start) * 300 / 600  # half-way through the linear schedule
+    assert rows[-1]["train/epsilon"] == pytest.approx(expected)
+
+
+def test_the_acting_state_carries_the_weights_and_the_acting_clock():
+    import torch
+
+    from relive.agents.ddqn import DDQN, DDQNConfig
+    from relive.train.ray_collectors import acting_state, load_acting_state
+
+    learner, copy = DDQN(4, 2, DDQNConfig(hidden=(8,)), seed=0), DDQN(4, 2, DDQNConfig(hidden=(8,)), seed=1)
+    learner.num_act_steps = 123
+    state = acting_state(learner)
+    assert set(state) == {"modules", "clock"} and set(state["modules"]) == {"q"}  # no target net, no optimizer
+    load_acting_state(copy, state)
+    assert copy.num_act_steps == 123
+    obs = torch.randn(5, 4).numpy()
+    assert (copy.act(obs, explore=False) == learner.act(obs, explore=False)).all()

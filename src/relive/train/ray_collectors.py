@@ -20,6 +20,9 @@ actors step environments and ship rows. Sampling never crosses a process boundar
   received + in flight stay within ``collectors.max_lag_env_steps`` of what the gradient steps consumed. A
   collector without a request is idle: that is how collectors block. The totals are exact: a run of T env steps
   takes ``utd_ratio x (T - warm-up)`` online gradient steps whatever the timing.
+- **Acting clock**: an agent whose exploration schedule counts its act calls names that counter
+  (``acting_clock``: DDQN's epsilon); the learner sets it to env steps received / envs per collector and publishes
+  it with the weights, so epsilon follows the run's env steps, not each copy's own (to within one publication).
 - **Policy version**: the learner's gradient step when the weights were published (``ray.put`` once, every
   ``collectors.sync_weights_every_grad_steps``); each chunk carries the version that acted
   (``collect/policy_lag_grad_steps`` in metrics.jsonl).
@@ -67,22 +70,29 @@ def check_agent(agent) -> None:
 
 
 def acting_state(agent) -> dict:
-    """The weights a collector's copy needs to act: the modules the agent names in ``acting_modules`` (default:
-    every ``torch.nn.Module`` attribute), as NumPy arrays."""
+    """What a collector's copy needs to act: the modules the agent names in ``acting_modules`` (default: every
+    ``torch.nn.Module`` attribute), as NumPy arrays, and the value of its ``acting_clock`` counter if it names one
+    (an exploration schedule that counts act calls, e.g. DDQN's epsilon)."""
     import torch
 
     from relive.agents import networks as nets
 
     names = getattr(agent, "acting_modules", None) or [k for k, v in vars(agent).items()
                                                        if isinstance(v, torch.nn.Module)]
-    return {name: nets.module_state(getattr(agent, name)) for name in names}
+    state = {"modules": {name: nets.module_state(getattr(agent, name)) for name in names}}
+    clock = getattr(agent, "acting_clock", None)
+    if clock:
+        state["clock"] = int(getattr(agent, clock))
+    return state
 
 
 def load_acting_state(agent, state: dict) -> None:
     from relive.agents import networks as nets
 
-    for name, module_state in state.items():
+    for name, module_state in state["modules"].items():
         nets.load_module_state(getattr(agent, name), module_state)
+    if "clock" in state:
+        setattr(agent, agent.acting_clock, state["clock"])
 
 
 class RateLimiter:
@@ -215,8 +225,8 @@ class RayCollectors:
         already connected (then it is left running at the end)."""
         ray = self.ray = import_ray()
         if not ray.is_initialized():
-            kwargs = {"address": self.address} if self.address else {
-                "num_cpus": max(os.cpu_count() or 1, self.num_collectors)}
+            kwargs = {"address": self.address} if self.address else {  # "local": a new Ray, never one found running
+                "address": "local", "num_cpus": max(os.cpu_count() or 1, self.num_collectors)}
             try:
                 ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
             except (ConnectionError, RuntimeError, ValueError) as e:
@@ -433,6 +443,9 @@ def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
 
     T.store_chunks(run, chunk["streams"], stream_offset=chunk["collector"] * pool.envs_per_collector)
     run.state.env_steps += chunk["env_steps"]
+    clock = getattr(run.agent, "acting_clock", None)
+    if clock:  # the learner never acts: its clock is the act calls all collectors made (one per env step per env)
+        setattr(run.agent, clock, run.state.env_steps // pool.envs_per_collector)
     pool.finished_returns += chunk["finished_returns"]
     pool.num_unstored_steps += chunk["num_unstored_steps"]
 
