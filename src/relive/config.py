@@ -89,6 +89,38 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
+class CollectorsConfig:
+    """Parallel collectors on Ray (``relive.train.ray_collectors``; docs/scaling.md)."""
+
+    num: int = 0  # collector processes (Ray actors) feeding the learner's buffer; 0: the trainer steps its own env(s)
+    ray_address: str | None = None  # join this Ray cluster ("auto", "host:6379", "ray://host:10001"); null: local Ray
+    # env steps a collector takes per request: one chunk of rows per stream, shipped through the object store
+    chunk_env_steps: int = 64
+    sync_weights_every_grad_steps: int = 100  # the learner publishes the acting weights this often (ray.put once)
+    # rate limiter: env steps the collectors may run ahead of the update-to-data ratio (received + in flight,
+    # beyond what the learner's gradient steps have consumed); null: 2 x num x chunk_env_steps. The learner never
+    # runs ahead: it waits for data once its gradient steps reach utd_ratio x env steps received
+    max_lag_env_steps: int | None = None
+
+    def __post_init__(self):
+        if isinstance(self.num, bool) or not isinstance(self.num, int) or self.num < 0:
+            raise ValueError(f"collectors.num must be an integer >= 0 (0: no Ray collectors), got {self.num!r}")
+        if self.chunk_env_steps < 1 or self.sync_weights_every_grad_steps < 1:
+            raise ValueError(f"collectors.chunk_env_steps and collectors.sync_weights_every_grad_steps must be >= 1, "
+                             f"got {self.chunk_env_steps}, {self.sync_weights_every_grad_steps}")
+        if self.ray_address and not self.num:
+            raise ValueError(f"collectors.ray_address = {self.ray_address!r} needs collectors.num >= 1 "
+                             f"(--collectors N)")
+        if self.max_lag_env_steps is not None and self.max_lag_env_steps < self.chunk_env_steps:
+            raise ValueError(f"collectors.max_lag_env_steps must be >= collectors.chunk_env_steps (else no chunk could "
+                             f"ever be requested), got {self.max_lag_env_steps} < {self.chunk_env_steps}")
+
+    @property
+    def max_lag(self) -> int:
+        return self.max_lag_env_steps if self.max_lag_env_steps is not None else 2 * self.num * self.chunk_env_steps
+
+
+@dataclass(frozen=True)
 class DataConfig:
     dataset: str | None = None  # a relive .npz, a D4RL .hdf5 file, or a local Minari dataset (id or directory)
     discount: float | None = None  # for Monte-Carlo returns-to-go; default: the agent's gamma
@@ -160,6 +192,7 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    collectors: CollectorsConfig = field(default_factory=CollectorsConfig)
 
     def __post_init__(self):
         cls = agent_entry(self.agent_kind).config_cls
@@ -247,7 +280,8 @@ def config_from_dict(d: dict) -> ExperimentConfig:
     replay = ReplayConfig(name, r.get("capacity", 1_000_000),
                           _build(replay_entry(name).config_cls, r.get(name, {}), f"replay.{name}"))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
-                                                   ("schedule", ScheduleConfig)) if k in d}
+                                                   ("schedule", ScheduleConfig),
+                                                   ("collectors", CollectorsConfig)) if k in d}
     return ExperimentConfig(preset=d.get("preset", "sac"), agent_kind=kind, agent=agent, replay=replay, **sections)
 
 
@@ -373,7 +407,7 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
         known = ["replay.name", "replay.capacity"] + [f"replay.{r.name}.{f.name}"
                                                       for f in dataclasses.fields(r.options)]
         raise ValueError(f"unknown setting {key!r}; known: {known}")
-    sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule"}
+    sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule", "collectors": "collectors"}
     if section in sections and len(parts) == 2:
         obj = getattr(cfg, section)
         return dataclasses.replace(cfg, **{section: _set_field(obj, parts[1], raw, key, section)})

@@ -170,11 +170,12 @@ def test_evaluation_never_probes_and_never_advances_the_episode():
     agent.set_base_policy(base)
     with torch.no_grad():
         agent.actor.trunk[-1].bias[:ACT] = 1.0  # a residual that is visibly non-zero: tanh(1)
-    agent.on_episode_start()
-    agent.probe_steps = 10
+    for env in range(4):  # row i of an act call is env i
+        agent.on_episode_start(env)
+    agent.probe_steps[:] = 10
     obs = obs_rows(4)
     a = agent.act(obs, explore=False)
-    assert isinstance(a, np.ndarray) and (agent.episode_step, agent.num_env_steps) == (0, 0)
+    assert isinstance(a, np.ndarray) and (agent.episode_step.tolist(), agent.num_env_steps) == ([0] * 4, 0)
     np.testing.assert_allclose(a, np.clip(base(obs) + 0.5 * HALF * np.tanh(1.0), LOW, HIGH), atol=1e-6)
     assert not unpack_acted(agent.act(obs, explore=True))[2].any()  # while exploring, step 0 < h probes
 
@@ -186,8 +187,9 @@ def test_loop_hooks_reach_the_agent():
     on_start = next(h for h in hooks if isinstance(h, OnEpisodeStart))
     on_phase.fn("offline")
     assert agent.phase == "offline"
-    on_start.fn()
-    assert agent.num_episodes == 1 and agent.episode_step == 0
+    assert on_start.per_env
+    on_start.fn(1)
+    assert agent.num_episodes == 1 and agent.episode_step.tolist() == [0, 0] and agent.episode_index.tolist() == [0, 1]
     with pytest.raises(ValueError, match="phase must be one of"):
         on_phase.fn("test")
 
@@ -799,3 +801,41 @@ def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
         for name in a[k]:
             np.testing.assert_array_equal(a[k][name], b[k][name], err_msg=f"{k}.{name}")
     np.testing.assert_array_equal(a["generator"], b["generator"])
+
+
+def test_probing_is_per_env_when_several_envs_act_together():
+    """Row i of an act call is env i (``--num-envs``): each env draws its own probing length h_i at its own episode
+    starts and its first h_i steps are executed unstored; an episode start of env 1 restarts env 1's probing only."""
+    agent = make(seed=3, probe_max_steps=6, warmup=0)
+    agent.set_base_policy(LinearBase())
+    agent.on_episode_start(0)
+    agent.on_episode_start(1)
+    h = agent.probe_steps.tolist()
+    stores = [unpack_acted(agent.act(obs_rows(2), explore=True))[2] for _ in range(8)]
+    for env in (0, 1):
+        assert [bool(s[env]) for s in stores] == [t >= h[env] for t in range(8)]
+    agent.on_episode_start(1)
+    h1 = int(agent.probe_steps[1])
+    stores = [unpack_acted(agent.act(obs_rows(2), explore=True))[2] for _ in range(4)]
+    assert [bool(s[0]) for s in stores] == [True] * 4  # env 0's episode goes on: past its probing
+    assert [bool(s[1]) for s in stores] == [t >= h1 for t in range(4)]
+    assert agent.num_probe_steps == sum(h) + min(h1, 4) and agent.num_episodes == 3
+    assert h[0] != h[1] and min(h) > 0  # (this seed draws two different, non-zero lengths)
+
+
+def test_a_mixed_call_takes_the_residual_only_where_it_took_over():
+    """Env 0 probing, env 1 past its probing: row 0 is the base action (beta record 0), row 1 base + beta delta."""
+    agent = make(probe_max_steps=5, warmup=0)
+    base = LinearBase()
+    agent.set_base_policy(base)
+    with torch.no_grad():
+        agent.actor.trunk[-1].bias[:ACT] = 1.0  # a visibly non-zero residual
+    agent.on_episode_start(0)
+    agent.on_episode_start(1)
+    agent.probe_steps[:] = [3, 0]
+    obs = obs_rows(2)
+    action, record, store = unpack_acted(agent.act(obs, explore=True))
+    assert store.tolist() == [False, True] and record["beta"].tolist() == [0.0, 0.5]
+    np.testing.assert_allclose(action[0], np.clip(base(obs)[0], LOW, HIGH), atol=1e-6)
+    assert not np.allclose(action[1], np.clip(base(obs)[1], LOW, HIGH))
+    assert (record["delta_action"][0] == 0).all() and (record["delta_action"][1] != 0).all()

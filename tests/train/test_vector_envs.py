@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from relive.cli import main
 from relive.replay.checkpoint import load_tree
@@ -136,21 +137,66 @@ def test_resume_with_two_envs_ends_the_cut_episodes_and_finishes(tmp_path):
         assert st.meta["episode_id"][cut] != st.meta["episode_id"][slots[150]]
 
 
-def test_components_with_per_episode_state_refuse_several_envs(tmp_path):
-    with pytest.raises(ValueError, match="OnEpisodeStart"):
-        main(["--debug", "train", "ddpg", "--env", "Pendulum-v1", "--num-envs", "2", "--set",
-              "agent.exploration_noise=\"ou\"", "--run-dir", str(tmp_path / "a"), *TINY])
-    assert not (tmp_path / "a").exists()
+def test_an_episode_hook_for_one_env_refuses_several_envs(tmp_path):
+    """A component whose OnEpisodeStart hook is not per env (its state is one env's) refuses num_envs > 1; the
+    built-in agents' hooks are per env."""
+    from relive.config import EnvConfig, ExperimentConfig
+    from relive.train.hooks import OnEpisodeStart
+    from relive.train.trainer import _check_num_envs
+
+    class OneEnvNoise:
+        def reset(self):
+            pass
+
+    hooks = [OnEpisodeStart(OneEnvNoise().reset)]
+    with pytest.raises(ValueError, match="OneEnvNoise keeps per-episode state for one environment"):
+        _check_num_envs(ExperimentConfig(env=EnvConfig(num_envs=2)), hooks)
+    _check_num_envs(ExperimentConfig(env=EnvConfig(num_envs=2)), [OnEpisodeStart(lambda env: None, per_env=True)])
+    _check_num_envs(ExperimentConfig(), hooks)  # one env: fine
     with pytest.raises(ValueError, match="num_envs must be an integer >= 1"):
         main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--num-envs", "0", "--run-dir",
               str(tmp_path / "b"), *TINY])
+
+
+def test_vector_collector_starts_each_envs_episodes_with_its_index():
+    """Episode-start callbacks get the env index, before the env's first step and after each of its episode ends
+    (Pendulum with time limits 3 and 3: both envs at steps 0, 3, 6)."""
+    envs = make_vector_env("Pendulum-v1", 2, "sync", max_episode_steps=3)
+    started = []
+    collector = VectorCollector(envs, env_spec(make_env("Pendulum-v1")), seed=0)
+    collector.on_episode_start = [lambda env: started.append((len(calls), env))]
+    calls = []
+
+    def policy(obs):
+        calls.append(1)
+        return np.zeros((obs.shape[0], 1), np.float32)
+
+    collector.step_streams(policy, 14)
+    collector.close()
+    assert started == [(0, 0), (0, 1), (3, 0), (3, 1), (6, 0), (6, 1)]
+
+
+def test_ddpg_ou_noise_is_kept_and_reset_per_env():
+    """OU noise is one state per env: an episode start of env 1 zeroes env 1's noise only."""
+    from relive.agents.ddpg import DDPG, DDPGConfig
+
+    agent = DDPG(3, 1, [-2.0], [2.0], DDPGConfig(exploration_noise="ou", hidden=(8,)), seed=0)
+    obs = np.zeros((2, 3), np.float32)
+    for _ in range(3):
+        agent.act(obs, explore=True)
+    before = agent.ou_state.clone()
+    assert (before != 0).all()
+    agent.reset_noise(1)
+    assert torch.equal(agent.ou_state[0], before[0]) and (agent.ou_state[1] == 0).all()
+    agent.reset_noise()
+    assert agent.ou_state.shape[0] == 0
 
 
 @pytest.mark.parametrize("preset", ["rlpd", "calql", "calql_arb", "ddqn_per", "ddpg", "ddpg_per", "ddpg_refer",
                                     "sac_refer", "vracer", "vracer_refer", "residual_sac"])
 def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_path, monkeypatch, preset):
     """Each preset for a few steps with 2 envs (sac and ddqn above): behaviour records (ReF-ER's mu/sigma,
-    V-RACER's), ARB's re-scoring and Cal-QL's returns-to-go per stream. residual_sac refuses (probing state)."""
+    V-RACER's), ARB's re-scoring, Cal-QL's returns-to-go, DDPG's OU noise and residual SAC's probing per stream."""
     from relive.presets import get_preset
 
     env = "CartPole-v1" if get_preset(preset).agent_kind == "ddqn" else "Pendulum-v1"
@@ -164,9 +210,12 @@ def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_pat
         fake = types.ModuleType("relive.agents.base_policy")
         fake.load_base_policy = lambda path, spec: (lambda obs: np.zeros((len(obs), 1), np.float32))
         monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
-        with pytest.raises(ValueError, match="ResidualSAC keeps per-episode state"):
-            main([*args, "--base-policy", "tiny"])
-        assert not (tmp_path / "r").exists()
-        return
+        args += ["--base-policy", "tiny", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5", "--set",
+                 "env.max_episode_steps=10"]  # (episodes that start after the warm-up probe)
+    if preset == "ddpg":
+        args += ["--set", 'agent.exploration_noise="ou"']
     assert main(args) == 0
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["num_online_env_steps"] == 80
+    if preset == "residual_sac":  # each env probes at the start of its episodes after the 20 warm-up steps: unstored
+        final = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
+        assert final["replay/num_online"] < 80

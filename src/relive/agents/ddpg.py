@@ -111,6 +111,8 @@ class DeterministicActor(nn.Module):
 class DDPG:
     """DDPG with optional ReF-ER rules (see the module docstring)."""
 
+    acting_modules = ("actor",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: DDPGConfig | None = None,
                  seed: int = 0, device: str = "cpu"):
         self.cfg = cfg = config if config is not None else DDPGConfig()
@@ -173,13 +175,18 @@ class DDPG:
         self.ou_state = self.ou_state - self.cfg.ou_theta * self.ou_state + self.cfg.sigma * eps
         return self.ou_state
 
-    def reset_noise(self) -> None:
-        self.ou_state = torch.zeros(0, self.action_dim, device=self.device)
+    def reset_noise(self, env: int | None = None) -> None:
+        """OU noise back to 0: every env's (``env=None``) or env ``env``'s alone (its episode starts; the others'
+        noise goes on). A state not yet sized for ``env`` is zero when ``_ou_step`` sizes it."""
+        if env is None:
+            self.ou_state = torch.zeros(0, self.action_dim, device=self.device)
+        elif env < self.ou_state.shape[0]:
+            self.ou_state[env] = 0.0
 
     def loop_hooks(self, ctx) -> list:
         from relive.train.hooks import OnEpisodeStart
 
-        return [OnEpisodeStart(self.reset_noise)] if self.cfg.exploration_noise == "ou" else []
+        return [OnEpisodeStart(self.reset_noise, per_env=True)] if self.cfg.exploration_noise == "ou" else []
 
     # -- ReF-ER ----------------------------------------------------------------------------------------
     def log_rho(self, mean: torch.Tensor, action, mu_mean, mu_std) -> torch.Tensor:

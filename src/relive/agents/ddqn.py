@@ -67,6 +67,10 @@ class DDQNConfig:
 class DDQN:
     """Double DQN agent for discrete actions (see the module docstring)."""
 
+    acting_modules = ("q",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
+    acting_clock = "num_act_steps"  # the exploring-act counter epsilon follows; with Ray collectors the learner
+    # keeps it at its env steps received (per env of a collector) and the copies get it with the weights
+
     @classmethod
     def from_spec(cls, spec, config, seed, device: str = "cpu"):
         """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""

@@ -158,6 +158,12 @@ def beta_at(cfg: ResidualSACConfig, t: int) -> float:
 class ResidualSAC:
     """Residual SAC on a frozen base policy (see the module docstring for acting, the update and its formulas)."""
 
+    # Ray collectors act on copies: the clock of beta_t and of the warm-up (stored env steps, advanced by act) would
+    # run in each copy while the learner's update reads beta_t from its own clock, which never moves
+    remote_acting_problem = ("its beta schedule and base-only warm-up count the env steps act() takes, and the "
+                             "update reads beta from that clock, which would run in each collector's copy, not in "
+                             "the learner")
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
                  base_policy: BasePolicy | None = None):
@@ -196,9 +202,11 @@ class ResidualSAC:
         self.num_critic_steps = self.num_actor_steps = self.num_pretrain_steps = 0
         self.num_env_steps = 0  # stored online env steps (warm-up + takeover): the clock of beta_t and warm-up
         self.num_probe_steps = 0  # executed, unstored probing steps
-        self.num_episodes = 0  # online episodes started
-        self.episode_step = 0  # exploring act calls in the current episode
-        self.probe_steps = 0  # h of the current episode (0 in warm-up episodes)
+        self.num_episodes = 0  # online episodes started (over all envs)
+        # per env (row i of an act call is env i; one env: length 1), reset by the OnEpisodeStart hook fn(env):
+        self.episode_step = np.zeros(1, np.int64)  # exploring act calls in the env's current episode
+        self.probe_steps = np.zeros(1, np.int64)  # h of the env's current episode (0 in warm-up episodes)
+        self.episode_index = np.zeros(1, np.int64)  # num_episodes when the env's current episode started
 
     # -- construction from the registry -------------------------------------------------------------
     @classmethod
@@ -292,28 +300,39 @@ class ResidualSAC:
         return residual
 
     # -- acting -------------------------------------------------------------------------------------
-    def in_warmup(self) -> bool:
-        """Spec Sec. 2 / (5): base-only, stored steps while fewer than ``warmup`` steps were stored (or while the
-        current episode is one of the first ``warmup``)."""
+    def in_warmup(self, env: int = 0) -> bool:
+        """Spec Sec. 2 / (5): base-only, stored steps while fewer than ``warmup`` steps were stored (or while env
+        ``env``'s current episode is one of the first ``warmup`` episodes started)."""
         if self.cfg.warmup_unit == "steps":
             return self.num_env_steps < self.cfg.warmup
-        return max(self.num_episodes, 1) <= self.cfg.warmup
+        return max(int(self.episode_index[env]) if env < self.episode_index.size else 0, 1) <= self.cfg.warmup
 
-    def on_episode_start(self) -> None:
-        """Before the first step of every online episode (the ``OnEpisodeStart`` hook): resets the episode's
-        step counter and draws the probing length h ~ U{0..H_probe} (22) from the agent's generator (0 for an
-        episode that starts in warm-up: warm-up episodes are stored whole)."""
+    def _num_envs_at_least(self, n: int) -> None:
+        if self.episode_step.size < n:  # (a new env's state starts at zero; its OnEpisodeStart sets it)
+            pad = n - self.episode_step.size
+            self.episode_step, self.probe_steps, self.episode_index = (
+                np.concatenate([a, np.zeros(pad, np.int64)])
+                for a in (self.episode_step, self.probe_steps, self.episode_index))
+
+    def on_episode_start(self, env: int = 0) -> None:
+        """Before the first step of every online episode of env ``env`` (the ``OnEpisodeStart`` hook, per env):
+        resets that env's episode step counter and draws its probing length h ~ U{0..H_probe} (22) from the
+        agent's generator (0 for an episode that starts in warm-up: warm-up episodes are stored whole). Envs
+        stepped together draw in env order, each its own h."""
+        self._num_envs_at_least(env + 1)
         self.num_episodes += 1
-        self.episode_step = 0
+        self.episode_step[env] = 0
+        self.episode_index[env] = self.num_episodes
         h = int(self.rng.integers(0, self.cfg.probe_max_steps + 1)) if self.cfg.probe_max_steps else 0
-        self.probe_steps = 0 if self.in_warmup() else h
+        self.probe_steps[env] = 0 if self.in_warmup(env) else h
 
-    def step_kind(self) -> str:
-        """What the next exploring step does: "warmup" (base, stored), "probe" (base, not stored) or
+    def step_kind(self, env: int = 0) -> str:
+        """What env ``env``'s next exploring step does: "warmup" (base, stored), "probe" (base, not stored) or
         "residual" (base + beta residual, stored)."""
-        if self.in_warmup():
+        if self.in_warmup(env):
             return "warmup"
-        return "probe" if self.episode_step < self.probe_steps else "residual"
+        self._num_envs_at_least(env + 1)
+        return "probe" if self.episode_step[env] < self.probe_steps[env] else "residual"
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool):
@@ -321,30 +340,39 @@ class ResidualSAC:
         never probing. ``explore=True``: an :class:`Acted` with the records ``base_action``, ``delta_action``,
         ``beta`` and ``store=False`` on probing steps; it advances the episode step and the clocks. The rows of
         one call share the episode's state (the online collector runs one environment); an ``Acted`` always
-        holds [N, ...] arrays, also for a single observation, so that its store flag is per row."""
+        holds [N, ...] arrays, also for a single observation, so that its store flag is per row. Row i is env i
+        (``--num-envs``): each env has its own episode step and probing length, so in one call some rows may
+        probe (unstored) while others are residual steps."""
         o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
         base = torch.as_tensor(self.base_action(o.cpu().numpy()), device=self.device)
         if not explore:
             delta, _ = self.residual(o, base, deterministic=True)
             a = self.executed(base, delta, self.beta()).cpu().numpy()
             return a[0] if single else a
-        if self.num_episodes == 0:  # no OnEpisodeStart before the first step: the first episode starts here
-            self.on_episode_start()
-        kind, n = self.step_kind(), o.shape[0]
-        if kind == "residual":
-            beta = self.beta()
+        n = o.shape[0]
+        self._num_envs_at_least(n)
+        for env in np.flatnonzero(self.episode_index[:n] == 0):  # no OnEpisodeStart before an env's first step:
+            self.on_episode_start(int(env))  # its first episode starts here
+        kinds = np.array([self.step_kind(env) for env in range(n)])
+        residual, probe = kinds == "residual", kinds == "probe"
+        beta = self.beta()
+        if residual.all():
             delta, _ = self.residual(o, base)  # (2), (24)
-        else:  # (5) warm-up, (23) probing: the base alone
-            beta, delta = 0.0, torch.zeros_like(base)
-        action = self.executed(base, delta, beta).cpu().numpy()
-        self.episode_step += 1
-        if kind == "probe":
-            self.num_probe_steps += n
-        else:
-            self.num_env_steps += n
+            scale = beta
+        elif not residual.any():  # (5) warm-up, (23) probing: the base alone
+            delta, scale = torch.zeros_like(base), 0.0
+        else:  # envs in different parts of their episodes: the residual only where it took over
+            delta, _ = self.residual(o, base)
+            mask = torch.as_tensor(residual, device=self.device)[:, None]
+            delta = torch.where(mask, delta, torch.zeros_like(delta))
+            scale = torch.as_tensor(np.where(residual, beta, 0.0), dtype=base.dtype, device=self.device)[:, None]
+        action = self.executed(base, delta, scale).cpu().numpy()
+        self.episode_step[:n] += 1
+        self.num_probe_steps += int(probe.sum())
+        self.num_env_steps += int(n - probe.sum())
         record = {"base_action": base.cpu().numpy(), "delta_action": delta.cpu().numpy(),
-                  "beta": np.full(n, beta, np.float32)}
-        return Acted(action, record, store=kind != "probe")  # (25): probing steps are never stored
+                  "beta": np.where(residual, beta, 0.0).astype(np.float32)}
+        return Acted(action, record, store=~probe)  # (25): probing steps are never stored
 
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
         """The behaviour records (spec Sec. 12.1) and, when calibrating, ``mc_return`` (the dataset loader
@@ -363,7 +391,7 @@ class ResidualSAC:
     def loop_hooks(self, ctx) -> list:
         """The phase switch, the probing draw before every online episode and, when calibrating, the returns-to-go
         of every finished online episode's stored rows."""
-        hooks = [OnPhase(self.on_phase), OnEpisodeStart(self.on_episode_start)]
+        hooks = [OnPhase(self.on_phase), OnEpisodeStart(self.on_episode_start, per_env=True)]
         if self.cfg.calibrate:
             hooks.append(OnEpisodeEnd(lambda slots: write_returns_to_go(ctx.buffer, slots, ctx.gamma, "mc_return")))
         return hooks
@@ -522,6 +550,7 @@ class ResidualSAC:
             "rng": self.rng.bit_generator.state,
             "phase": self.phase,
             "counters": {name: getattr(self, name) for name in _COUNTERS},
+            "per_env": {name: getattr(self, name).copy() for name in _PER_ENV},
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -538,10 +567,18 @@ class ResidualSAC:
         self.phase = str(state["phase"])
         for name in _COUNTERS:
             setattr(self, name, int(state["counters"][name]))
+        per_env = state.get("per_env")
+        if per_env is None:  # a checkpoint from before per-env state: one env, its episode scalars in counters
+            c = state["counters"]
+            per_env = {"episode_step": [c["episode_step"]], "probe_steps": [c["probe_steps"]],
+                       "episode_index": [self.num_episodes]}
+        for name in _PER_ENV:
+            setattr(self, name, np.atleast_1d(np.asarray(per_env[name], np.int64)).copy())
 
 
 _COUNTERS = ("num_critic_steps", "num_actor_steps", "num_pretrain_steps", "num_env_steps", "num_probe_steps",
-             "num_episodes", "episode_step", "probe_steps")
+             "num_episodes")
+_PER_ENV = ("episode_step", "probe_steps", "episode_index")
 
 
 def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:

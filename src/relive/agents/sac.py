@@ -129,6 +129,8 @@ class SACConfig:
 class SAC:
     """SAC / RLPD agent (see the module docstring for the update and its equations)."""
 
+    acting_modules = ("actor",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
+
     @classmethod
     def from_spec(cls, spec, config, seed, device: str = "cpu"):
         """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""

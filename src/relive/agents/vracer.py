@@ -221,6 +221,8 @@ class VRACERNet(nn.Module):
 class VRACER:
     """V-RACER agent (see the module docstring for the update, the targets and their refresh)."""
 
+    acting_modules = ("net",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: VRACERConfig | None = None,
                  seed: int = 0, device: str = "cpu"):
         self.cfg = cfg = config if config is not None else VRACERConfig()

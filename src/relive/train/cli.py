@@ -32,6 +32,11 @@ def add_parsers(subparsers) -> None:
                    "call per step for all), each its own replay stream; env steps count every env's (default 1)")
     p.add_argument("--vector-mode", choices=("sync", "async"), help="with --num-envs > 1: sync (one process, "
                    "default) or async (a subprocess per env)")
+    p.add_argument("--collectors", type=positive_int, help="parallel collector processes on Ray feeding this "
+                   "learner's buffer (each steps --num-envs envs with a CPU copy of the policy); starts a local Ray "
+                   "unless --ray-address is given (needs pip install 'relive[ray]'; docs/scaling.md)")
+    p.add_argument("--ray-address", help="with --collectors: join this Ray cluster (e.g. auto, HOST:6379, "
+                   "ray://HOST:10001) instead of starting a local Ray")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
     p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
     p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")
@@ -87,6 +92,7 @@ def add_parsers(subparsers) -> None:
 FLAG_TO_SETTING = {
     "env": "env.id", "dataset": "data.dataset", "base_policy": "agent.base_policy", "replay": "replay.name",
     "seed": "run.seed", "run_dir": "run.run_dir", "num_envs": "env.num_envs", "vector_mode": "env.vector_mode",
+    "collectors": "collectors.num", "ray_address": "collectors.ray_address",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",
     "stop_at_return": "run.stop_at_return", "init_from": "run.init_from", "warmup": "schedule.num_warmup_env_steps",
@@ -187,7 +193,8 @@ def show(name: str, as_json: bool = False) -> int:
         groups = [("agent", cfg.agent, f"agent_kind = {cfg.agent_kind}"),
                   (f"replay.{cfg.replay.name}", cfg.replay.options,
                    f"replay.name = {cfg.replay.name}, replay.capacity = {cfg.replay.capacity}"),
-                  ("schedule", cfg.schedule, ""), ("run", cfg.run, ""), ("env", cfg.env, ""), ("data", cfg.data, "")]
+                  ("schedule", cfg.schedule, ""), ("run", cfg.run, ""), ("env", cfg.env, ""), ("data", cfg.data, ""),
+                  ("collectors", cfg.collectors, "")]
     elif name in REPLAYS or name in AGENTS:
         groups = []
         if name in REPLAYS:

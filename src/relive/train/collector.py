@@ -27,7 +27,7 @@ class Collector:
     record (e.g. random warm-up actions) get their ``fill`` value. A step with ``store=False`` is executed and
     advances the episode (its return, its length), but no row is written; such steps must come before any
     stored step of the same episode (PLD's probing: the stored part of the episode starts at the takeover).
-    ``on_episode_start`` callbacks run before the first step of every episode.
+    ``on_episode_start`` callbacks ``fn(env index)`` run before the first step of every episode (index 0).
     """
 
     def __init__(self, env, spec: EnvSpec, seed: int, record_columns=(), on_episode_start=()):
@@ -71,7 +71,7 @@ class Collector:
                 self.needs_reset = False
             if self.episode_length == 0:
                 for fn in self.on_episode_start:
-                    fn()
+                    fn(0)
             action, record, store = unpack_acted(policy(self.obs[None]))
             action, store = action[0], bool(store[0])
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
@@ -143,17 +143,18 @@ class VectorCollector:
 
     A truncated episode's stored ``next_obs`` is the true final observation (``info["final_obs"]``), never the
     next episode's first one. ``store=False`` (probing) and behaviour records work per env as in
-    :class:`Collector`; ``on_episode_start`` callbacks take no env index, so they are refused (the trainer says
-    which component needs them). A checkpoint may fall mid-episode: resuming resets every env (seeded from the
-    checkpoint) and the trainer ends each stream's open episode in the buffer where it stood
-    (``ReplayBuffer.close_stream``), so no episode mixes two env trajectories.
+    :class:`Collector`; ``on_episode_start`` callbacks ``fn(i)`` run for env ``i`` before the first step of each of
+    its episodes, in env order (per-episode state kept per env: residual SAC's probing, DDPG's OU noise). A
+    checkpoint may fall mid-episode: resuming resets every env (seeded from the checkpoint) and the trainer ends
+    each stream's open episode in the buffer where it stood (``ReplayBuffer.close_stream``), so no episode mixes
+    two env trajectories.
     """
 
     def __init__(self, envs, spec: EnvSpec, seed: int, record_columns=(), on_episode_start=()):
         self.envs, self.spec = envs, spec
         self.num_envs = int(envs.num_envs)
         self.record_columns = tuple(record_columns)
-        self.on_episode_start = list(on_episode_start)
+        self.on_episode_start = list(on_episode_start)  # fn(env index)
         self.seed_rng = np.random.default_rng(int(seed))  # seeds of the resets after a resume
         self.obs, _ = envs.reset(seed=int(seed))
         n = self.num_envs
@@ -163,18 +164,6 @@ class VectorCollector:
         self.finished_returns: list[float] = []
         self.num_unstored_steps = 0
         self.resumed = False  # set by load_state_dict: the trainer closes the streams' open episodes
-
-    @property
-    def on_episode_start(self) -> list:
-        return self._on_episode_start
-
-    @on_episode_start.setter
-    def on_episode_start(self, fns) -> None:
-        fns = list(fns)
-        if fns:
-            raise ValueError("per-episode callbacks (OnEpisodeStart hooks) know one environment; with num_envs > 1 "
-                             "they are not supported")
-        self._on_episode_start = fns
 
     at_episode_start = property(lambda self: bool((self.episode_length == 0).all()))
     can_checkpoint = property(lambda self: True)  # any step: a resume ends the open episodes (close_stream)
@@ -189,6 +178,10 @@ class VectorCollector:
         rows = [{k: [] for k in names} for _ in range(N)]
         records: list[list[dict]] = [[] for _ in range(N)]
         for _ in range(steps):
+            if self.on_episode_start:
+                for i in np.flatnonzero(self.episode_length == 0):
+                    for fn in self.on_episode_start:
+                        fn(int(i))
             action, record, store = unpack_acted(policy(self.obs))
             store = np.asarray(store, bool).reshape(N)
             next_obs, reward, terminated, truncated, info = self.envs.step(action)

@@ -11,7 +11,9 @@ A component (the agent, the buffer's sampler and, inside a mixture, each part) m
 - :class:`AfterUpdate` -- ``fn(batch, result)`` after every gradient step, once signals reached the buffer;
 - :class:`OnEpisodeEnd` -- ``fn(slots)`` with the slots of the stored rows of an online episode that just ended,
   in time order (returns-to-go for Cal-QL);
-- :class:`OnEpisodeStart` -- ``fn()`` before the first step of every online episode (PLD: draw the probing length).
+- :class:`OnEpisodeStart` -- ``fn()`` before the first step of every online episode (PLD: draw the probing length);
+  with ``per_env=True`` it is ``fn(env)``, the index of the env (among the ones stepped together) whose episode
+  starts, so that per-episode state can be kept per env (``--num-envs N``, Ray collectors).
 """
 
 from __future__ import annotations
@@ -63,7 +65,8 @@ class OnEpisodeEnd:
 
 @dataclass(frozen=True)
 class OnEpisodeStart:
-    fn: Callable[[], Any]
+    fn: Callable[..., Any]  # fn() or, with per_env, fn(env index)
+    per_env: bool = False  # False: the state is kept for one env (the loop refuses num_envs > 1)
 
 
 Hook = EveryGradSteps | OnPhase | AfterUpdate | OnEpisodeEnd | OnEpisodeStart
@@ -81,6 +84,12 @@ def collect_hooks(ctx: LoopContext, *components) -> list:
 
 def of_type(hooks: list, kind: type) -> list:
     return [h for h in hooks if isinstance(h, kind)]
+
+
+def episode_start_fns(hooks: list) -> list[Callable[[int], Any]]:
+    """The ``OnEpisodeStart`` hooks as ``fn(env index)`` callables (a hook without ``per_env`` ignores the index:
+    the loop allows it only with one env)."""
+    return [h.fn if h.per_env else (lambda env, f=h.fn: f()) for h in of_type(hooks, OnEpisodeStart)]
 
 
 def write_returns_to_go(buffer, slots: np.ndarray, gamma: float, column: str) -> None:

@@ -9,7 +9,9 @@ Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the fir
 ``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
 What a method needs from the loop it declares (``relive.train.hooks``); this file names no method. With
 ``env.num_envs = N > 1`` a Gymnasium vector env is stepped instead (one policy call per step for all N; env i's rows
-are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N).
+are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N). With ``collectors.num = N > 0``
+the online phase is ``ray_collectors.online_phase``: N Ray actors step the envs and ship chunks of rows, and a rate
+limiter keeps the update-to-data ratio (same hooks, evaluations and checkpoints; see that module).
 
 Every component has its own random stream from ``SeedSequence(run.seed).spawn``. Checkpoints are the components'
 ``state_dict``s (agent, buffer with its sampler, collector, loop counters, warm-up RNG; ``train/checkpoint.py``),
@@ -90,7 +92,7 @@ class Run:
     run_dir: Path
     agent: object
     buffer: ReplayBuffer
-    collector: Collector | VectorCollector
+    collector: Collector | VectorCollector  # or ray_collectors.RayCollectors (collectors.num > 0)
     eval_env: object
     spec: object
     warmup_rng: np.random.Generator
@@ -157,8 +159,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             run.buffer.save(run.run_dir / "buffer_final")
     finally:
         run.logger.close()
-        if isinstance(run.collector, VectorCollector):
-            run.collector.close()  # (async: its worker processes)
+        if hasattr(run.collector, "close"):
+            run.collector.close()  # (async vector envs: their worker processes; Ray collectors: the actors)
     st, s = run.state, run.cfg.schedule
     summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
                          final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
@@ -187,8 +189,8 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
     torch.set_num_threads(cfg.run.num_threads)
     nets.retain_freed_memory()  # no page faults on every update's activations (see the function)
     eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
-    num_envs = cfg.env.num_envs
-    env = make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else make_vector_env(
+    num_envs, remote = cfg.env.num_envs, cfg.collectors.num > 0
+    env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else make_vector_env(
         cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps)
     if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
         eval_env.reset(seed=_int(seeds["eval"]))
@@ -215,16 +217,25 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
         if not (init / "MANIFEST.json").is_file():
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
         agent.load_state_dict(load_tree(init, kind="agent"))
-    collector = (Collector if num_envs == 1 else VectorCollector)(env, spec, _int(seeds["env"]),
-                                                                  record_columns=columns)
+    if remote:  # Ray collectors step the envs (relive.train.ray_collectors); Ray itself is imported only here
+        from relive.train.ray_collectors import RayCollectors, check_agent
+
+        check_agent(agent)
+        collector = RayCollectors(cfg, _int(seeds["env"]))
+    else:
+        collector = (Collector if num_envs == 1 else VectorCollector)(env, spec, _int(seeds["env"]),
+                                                                      record_columns=columns)
     hooks = []
     if resume_dir is None:  # (a component that cannot run here refuses now, before the directory is written)
         hooks = H.collect_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
         try:
             _check_num_envs(cfg, hooks)
         except ValueError:
-            env.close()  # (async vector envs: their worker processes)
+            if env is not None:
+                env.close()  # (async vector envs: their worker processes)
             raise
+    if remote:
+        collector.connect()  # start or join Ray (a bad address fails here, before the directory is written)
     if resume_dir is None:  # everything is built: only now does the directory become a run
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -240,24 +251,31 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
     if resume_dir is not None:
         _resume(run, resuming)  # (the checkpoint's buffer replaces the new one: hooks are collected from it)
         run.hooks = H.collect_hooks(H.LoopContext(run.agent, run.buffer, cfg, gamma), run.agent, run.buffer.sampler)
-        if getattr(collector, "resumed", False):  # vector envs were reset mid-episode: end their open episodes
-            for stream in range(collector.num_envs):
-                slots = run.buffer.close_stream(stream, terminated=cfg.env.truncation_as_termination)
-                for h in H.of_type(run.hooks, H.OnEpisodeEnd) if slots.size else ():
-                    h.fn(slots)  # (returns-to-go of the cut episode)
-    collector.on_episode_start = [h.fn for h in H.of_type(run.hooks, H.OnEpisodeStart)]
+        if getattr(collector, "resumed", False):  # envs were reset mid-episode: end their open episodes
+            close_streams(run, range(collector.num_envs))
+    collector.on_episode_start = H.episode_start_fns(run.hooks)
     return run
 
 
+def close_streams(run: Run, streams) -> None:
+    """End each stream's open episode where it stands (its env was reset or its collector lost), with the
+    ``OnEpisodeEnd`` hooks of the cut episodes (returns-to-go)."""
+    for stream in streams:
+        slots = run.buffer.close_stream(stream, terminated=run.cfg.env.truncation_as_termination)
+        for h in H.of_type(run.hooks, H.OnEpisodeEnd) if slots.size else ():
+            h.fn(slots)
+
+
 def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
-    """Per-episode state held for one environment (OnEpisodeStart hooks: residual SAC's probing length, DDPG's OU
-    noise) cannot serve several envs stepped together: refuse, naming the component."""
-    if cfg.env.num_envs > 1 and H.of_type(hooks, H.OnEpisodeStart):
-        owners = sorted({type(getattr(h.fn, "__self__", h.fn)).__name__ for h in H.of_type(hooks, H.OnEpisodeStart)})
+    """Per-episode state held for one environment (an OnEpisodeStart hook without ``per_env``) cannot serve several
+    envs stepped together: refuse, naming the component. (The built-in agents keep theirs per env.)"""
+    single = [h for h in H.of_type(hooks, H.OnEpisodeStart) if not h.per_env]
+    if cfg.env.num_envs > 1 and single:
+        owners = sorted({type(getattr(h.fn, "__self__", h.fn)).__name__ for h in single})
         raise ValueError(f"env.num_envs = {cfg.env.num_envs}: {', '.join(owners)} keeps per-episode state for one "
-                         f"environment (an OnEpisodeStart hook, e.g. residual SAC's probing length or DDPG's OU "
-                         f"noise), which several envs stepped together would share; use num_envs = 1 (or, for "
-                         f"DDPG, exploration_noise = 'gaussian')")
+                         f"environment (an OnEpisodeStart hook without per_env=True), which several envs stepped "
+                         f"together would share; use num_envs = 1, or declare the hook per_env and key the state "
+                         f"by the env index it receives")
 
 
 def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState) -> None:
@@ -371,7 +389,11 @@ def offline_phase(run: Run) -> None:
 # -- online phase --------------------------------------------------------------------------------------------
 def online_phase(run: Run) -> dict:
     """Collect in chunks, update after each; evaluate, log and checkpoint on their cadences. Returns the last
-    evaluation row."""
+    evaluation row. With Ray collectors (``collectors.num > 0``): ``ray_collectors.online_phase``."""
+    if run.cfg.collectors.num:
+        from relive.train import ray_collectors
+
+        return ray_collectors.online_phase(run)
     st, s, rc = run.state, run.cfg.schedule, run.cfg.run
     if st.online_start_grad_step < 0:
         st.online_start_grad_step = st.grad_steps
@@ -414,21 +436,27 @@ def collect(run: Run, k: int) -> int:
         return run.agent.act(obs, explore=True)  # (may return a behaviour record, or store=False to probe)
 
     chunks, k = run.collector.step_streams(policy, k)  # truncation: next_obs is the true final obs
+    store_chunks(run, chunks)
+    st.env_steps += k
+    if run.on_step is not None:
+        run.on_step(st.env_steps, st.grad_steps)
+    return k
+
+
+def store_chunks(run: Run, chunks, stream_offset: int = 0) -> None:
+    """``[(stream, rows)]`` into the buffer (stream ``stream_offset + stream``), then the ``OnEpisodeEnd`` hooks of
+    the episodes that ended among the stored rows."""
     episode_end = H.of_type(run.hooks, H.OnEpisodeEnd)
     for stream, rows in chunks:
         rows = stored_rows(run.cfg, rows)
         if not len(rows["reward"]):
             continue
-        slots = run.buffer.extend(rows, stream=stream)
+        slots = run.buffer.extend(rows, stream=stream_offset + stream)
         if episode_end:
             for i in np.flatnonzero((rows["terminated"] | rows["truncated"]) & (slots >= 0)):
                 ep = run.buffer.episode_slots_of(int(slots[i]))
                 for h in episode_end:
                     h.fn(ep)
-    st.env_steps += k
-    if run.on_step is not None:
-        run.on_step(st.env_steps, st.grad_steps)
-    return k
 
 
 def evaluation(run: Run) -> dict:
@@ -451,13 +479,13 @@ def evaluation(run: Run) -> dict:
     return row
 
 
-def _log_online(run: Run, env_rate: float, grad_rate: float) -> None:
+def _log_online(run: Run, env_rate: float, grad_rate: float, extra: dict | None = None) -> None:
     st, c = run.state, run.collector
     returns = c.finished_returns
     run.logger.metrics(st.env_steps, run.train_metrics | run.buffer.stats() | {
         "grad_step": st.grad_steps, "phase": "online", "time/env_steps_per_s": env_rate,
         "time/grad_steps_per_s": grad_rate, "collect/num_unstored_steps": float(c.num_unstored_steps),
-        "train/episode_return": float(np.mean(returns)) if returns else math.nan})
+        "train/episode_return": float(np.mean(returns)) if returns else math.nan} | (extra or {}))
     c.finished_returns = []
     st.next_log += run.cfg.run.log_every_env_steps
 
