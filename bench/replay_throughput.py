@@ -11,6 +11,7 @@ faster). Threads: ``torch.set_num_threads(--threads)`` (default 1) for TorchRL a
 libraries (relive, cpprb, raw NumPy) use one thread for these operations anyway.
 
     python bench/replay_throughput.py --rows 1000000 --out docs/img      # make bench
+    python bench/replay_throughput.py --peers binary,numpy,cpprb          # the 8-ary tree against the binary one
 
 What one sample returns (checked at start-up, printed under the table):
 - relive: Batch of 6 columns (obs, action, reward, next_obs, terminated, truncated) + SampleInfo (indices,
@@ -38,10 +39,11 @@ from pathlib import Path
 import numpy as np
 
 OBS, ACT, BATCH = 11, 3, 256
-LABELS = {"relive": "relive", "numpy": "raw NumPy", "cpprb": "cpprb", "torchrl": "TorchRL", "sb3": "SB3"}
-TARGETS = {  # (operation, peer): minimum ratio relive / peer, from issue 2
+LABELS = {"relive": "relive", "numpy": "raw NumPy", "cpprb": "cpprb", "torchrl": "TorchRL", "sb3": "SB3",
+          "binary": "relive, binary tree"}
+TARGETS = {  # (operation, peer): minimum ratio relive / peer, from issue 2 (uniform: raised to 1x by issue 15)
     ("PER sample + update", "cpprb"): 2.0,
-    ("uniform sample", "numpy"): 0.8,
+    ("uniform sample", "numpy"): 1.0,
     ("extend {n} rows", "cpprb"): 1.0,
 }
 NOTES = {
@@ -49,6 +51,8 @@ NOTES = {
     ("mixture sample 50/50", "torchrl"): "OfflineToOnlineReplayBuffer (offline ReplayBuffer + online "
                                          "LazyTensorStorage, exact split)",
     ("extend {n} rows", "sb3"): "SB3 adds one transition per call (ReplayBuffer.add, one env): 1000 calls",
+    ("PER sample + update", "binary"): "the same relive buffer with the binary sum / max trees used before the "
+                                       "8-ary tree (bench/_binary_tree.py): ratio = 8-ary speed / binary speed",
 }
 
 
@@ -280,8 +284,80 @@ def setup_sb3(data, rows, ext_rows):
             f"extend {ext_rows} rows": (ext, None)}
 
 
-SETUPS = {"relive": setup_relive, "numpy": setup_numpy, "cpprb": setup_cpprb, "torchrl": setup_torchrl,
-          "sb3": setup_sb3}
+def setup_binary(data, rows, ext_rows):
+    """relive's PER buffer with the binary trees it used before the 8-ary tree (the before of a before/after)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _binary_tree
+    from relive.replay import PrioritizedSampler, ReplayBuffer
+
+    per = ReplayBuffer(rows, (OBS,), (ACT,), sampler=PrioritizedSampler(0.6, 0.4), seed=0)
+    per.extend(data)
+    s = per.sampler
+    leaves = np.array(s.sum_tree.leaves)
+    s.sum_tree, s.max_tree = _binary_tree.SumTree(rows), _binary_tree.MaxTree(rows)
+    s.sum_tree.set_all(leaves)
+    s.max_tree.set_all(leaves)
+    td = np.random.default_rng(1).random(BATCH)
+
+    def per_step():
+        b = per.sample(BATCH)
+        per.update(b.info, td_error=td)
+
+    ext = chunk(data, 0, ext_rows)
+    return {"PER sample + update": (per_step, lambda: per.sample(BATCH)),
+            f"extend {ext_rows} rows (PER)": (lambda: per.extend(ext), None)}
+
+
+SETUPS = {"relive": setup_relive, "binary": setup_binary, "numpy": setup_numpy, "cpprb": setup_cpprb,
+          "torchrl": setup_torchrl, "sb3": setup_sb3}
+
+
+# -- the trees alone: 8-ary vs the binary tree it replaced -------------------------------------------------
+def tree_ops(leaves: int, seed: int = 0) -> dict[str, Callable]:
+    """What PER does to its trees per step at ``leaves`` leaves: a prefix search for 256 fresh random masses,
+    then a sum-tree and a max-tree update of the leaves found. Fresh masses every call (a fixed batch would walk
+    the same, cached paths). One callable per tree: '8-ary' (relive.replay.sum_tree) and 'binary'."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _binary_tree
+    from relive.replay.sum_tree import MaxTree, SumTree
+
+    rng = np.random.default_rng(seed)
+    values = rng.random(leaves)
+    masses = rng.random((512, BATCH))
+    new_priorities = rng.random((512, BATCH))
+    ops = {}
+    for name, sum_cls, max_cls in (("8-ary", SumTree, MaxTree), ("binary", _binary_tree.SumTree,
+                                                                   _binary_tree.MaxTree)):
+        st, mt = sum_cls(leaves), max_cls(leaves)
+        st.set_all(values)
+        mt.set_all(values)
+        step = iter(range(1 << 62))
+
+        def op(st=st, mt=mt, step=step):
+            i = next(step) & 511
+            leaf, _ = st.find_prefix_with_values(masses[i] * st.total)
+            st.update(leaf, new_priorities[i])
+            mt.update(leaf, new_priorities[i])
+
+        ops[name] = op
+    return ops
+
+
+def tree_table(sizes: list[int], seconds: float, repeats: int) -> dict:
+    """Calls per second of ``tree_ops`` per size and tree, interleaved rounds; median and per-round ratios."""
+    ops = {n: tree_ops(n) for n in sizes}
+    rates = {(n, name): [] for n in sizes for name in ops[n]}
+    for _ in range(repeats):
+        for (n, name) in rates:
+            rates[(n, name)].append(rate(ops[n][name], seconds))
+    out = {}
+    for n in sizes:
+        per_round = [a / b for a, b in zip(rates[(n, "8-ary")], rates[(n, "binary")], strict=True)]
+        out[str(n)] = {"8-ary": statistics.median(rates[(n, "8-ary")]),
+                       "binary": statistics.median(rates[(n, "binary")]),
+                       "ratio": {"median": statistics.median(per_round), "min": min(per_round),
+                                 "max": max(per_round)}}
+    return out
 
 
 # -- environment record -----------------------------------------------------------------------------------
@@ -327,7 +403,10 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=1.0, help="timing window per operation and round")
     p.add_argument("--repeats", type=int, default=3, help="rounds; the table shows medians over rounds")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads for TorchRL and SB3")
-    p.add_argument("--peers", default="numpy,cpprb,torchrl,sb3", help="comma-separated peers to run")
+    p.add_argument("--peers", default="numpy,cpprb,torchrl,sb3", help="comma-separated peers to run (also: "
+                   "binary = relive's PER with the binary tree it used before the 8-ary one)")
+    p.add_argument("--tree-sizes", default="", help="also time the trees alone (search + sum and max update of "
+                   "256 leaves) at these comma-separated leaf counts, 8-ary vs binary, e.g. 1000,100000,1000000")
     # outside docs/: the committed plot is replaced only when asked (`--out docs/img`, as `make bench` does)
     p.add_argument("--out", default="bench/out", help="directory for the PNG and a copy of the JSON (default "
                    "bench/out; docs/img holds the committed ones)")
@@ -438,7 +517,22 @@ def main(argv=None) -> int:
     for v in verdicts:
         console.print(("[green]" if v.endswith("MET") else "[red]") + v)
 
-    record = {"rows": args.rows, "batch": BATCH, "extend_rows": n_ext, "seconds": args.seconds,
+    trees = {}
+    if args.tree_sizes:
+        sizes = [int(x) for x in args.tree_sizes.split(",") if x]
+        with console.status("timing the trees alone ..."):
+            trees = tree_table(sizes, args.seconds, args.repeats)
+        tt = Table(title="the trees alone: prefix search of 256 random masses + sum and max update of the leaves "
+                         "found, calls per second (median of rounds)")
+        for col in ("leaves", "8-ary", "binary", "8-ary / binary (rounds)"):
+            tt.add_column(col, justify="right")
+        for n, res in trees.items():
+            r = res["ratio"]
+            tt.add_row(f"{int(n):,}", f"{res['8-ary']:,.0f}", f"{res['binary']:,.0f}",
+                       f"{r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
+        console.print(tt)
+
+    record = {"rows": args.rows, "trees": trees, "batch": BATCH, "extend_rows": n_ext, "seconds": args.seconds,
               "repeats": args.repeats, "torch_threads": args.threads, "machine": machine(),
               "load_average": {"before": load_before, "after": load_average()}, "versions": versions(),
               "results": results, "ratios": ratios, "returns": returns, "targets": verdicts,

@@ -56,11 +56,13 @@ def test_duplicate_indices_last_write_wins(use_kernels):
     assert m.max == 1.0
 
 
-def test_non_power_of_two_capacity_pads_with_zeros():
-    t = SumTree(5)
-    assert t.size == 8
+@KERNELS
+def test_capacity_not_a_multiple_of_the_fanout_pads_with_zeros(use_kernels):
+    t = SumTree(5, use_kernels)
+    assert t.depth == 1 and t.nodes.size == 16  # the root's line and one line of 8 leaves (3 of them padding)
     t.set_all(np.arange(1, 6, dtype=float))
     assert t.total == 15.0
+    assert not t.nodes[t.leaf_offset + 5 :].any()
     assert set(t.find_prefix(np.linspace(0, 14.999, 50)).tolist()) <= set(range(5))
 
 

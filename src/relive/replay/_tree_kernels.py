@@ -1,8 +1,10 @@
-"""Compiled kernels for the segment trees (numba), used when numba is importable.
+"""Compiled kernels for the 8-ary segment trees (numba), used when numba is importable.
 
-Each kernel is the sequential loop the NumPy path in :mod:`relive.replay.sum_tree` vectorizes level by
-level; both give identical trees (the tests run the same checks on both). Set ``RELIVE_NO_NUMBA=1`` to use
-the NumPy path. Sequential processing makes duplicate indices last-write-wins for free.
+Each kernel is the loop the NumPy path in :mod:`relive.replay.sum_tree` vectorizes level by level; both give
+identical trees and draws (the tests run the same checks on both). The layout -- ``nodes`` with the levels
+root first, ``offsets[l]`` where level ``l`` starts, children ``8i .. 8i + 7`` of node ``i`` -- is described in
+:mod:`relive.replay.sum_tree`. Set ``RELIVE_NO_NUMBA=1`` to use the NumPy path. Sequential processing makes
+duplicate indices last-write-wins for free.
 """
 
 from __future__ import annotations
@@ -19,94 +21,131 @@ if os.environ.get("RELIVE_NO_NUMBA", "") in ("", "0"):
     except ImportError:  # pragma: no cover - numba is a dependency, but the NumPy path stands alone
         AVAILABLE = False
 
+FANOUT = 8  # children per node of the segment trees: 8 float64 fill one 64-byte cache line
+SHIFT = 3  # log2(FANOUT): node i's children start at i << SHIFT, its parent is i >> SHIFT
+
 if AVAILABLE:
 
-    @numba.njit(cache=True, nogil=True)
-    def update_sum(nodes, size, indices, values):  # pragma: no cover - compiled
-        for k in range(indices.size):
-            i = indices[k] + size
-            nodes[i] = values[k]
-            i >>= 1
-            while i >= 1:
-                nodes[i] = nodes[2 * i] + nodes[2 * i + 1]
-                i >>= 1
+    # Indices are unsigned (np.uint64) in the hot loops: numba then skips its negative-index wraparound test,
+    # a compare and a conditional move per load.
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def group_sum(nodes, b):  # pragma: no cover - compiled
+        # the 8 children at nodes[b : b + 8] in a fixed pairwise order (the NumPy path adds in the same order)
+        u = np.uint64
+        return (((nodes[b] + nodes[b + u(1)]) + (nodes[b + u(2)] + nodes[b + u(3)]))
+                + ((nodes[b + u(4)] + nodes[b + u(5)]) + (nodes[b + u(6)] + nodes[b + u(7)])))
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def group_max(nodes, b):  # pragma: no cover - compiled
+        m = nodes[b]
+        for t in range(1, FANOUT):
+            v = nodes[b + np.uint64(t)]
+            m = v if v > m else m
+        return m
 
     @numba.njit(cache=True, nogil=True)
-    def update_max(nodes, size, indices, values):  # pragma: no cover - compiled
-        # stops as soon as a parent keeps its value: its ancestors are then already right (the tree is
-        # consistent before each write), so the result is the full recompute's, bit for bit. Lowering a leaf
-        # that is not the maximum of its subtree -- most PER updates -- touches two levels instead of 20.
-        for k in range(indices.size):
-            i = indices[k] + size
-            nodes[i] = values[k]
-            i >>= 1
-            while i >= 1:
-                a = nodes[2 * i]
-                b = nodes[2 * i + 1]
-                m = a if a >= b else b
-                if nodes[i] == m:
-                    break
-                nodes[i] = m
-                i >>= 1
+    def update(nodes, offsets, indices, values, is_max):  # pragma: no cover - compiled
+        # Write every leaf in order (a later duplicate overwrites an earlier one: last write wins), then go up
+        # one level at a time over the whole batch, recomputing each touched parent from its 8 children (one
+        # cache line): the batch's independent parents overlap their latencies, as in find_prefix. A query
+        # stops as soon as its parent keeps its value: the ancestors then need nothing from it (the tree was
+        # consistent before the batch; a query that did change a shared node goes on), so the result is the
+        # full recompute's, bit for bit. Lowering a leaf that is not its group's maximum -- most PER updates of
+        # the max tree -- touches one level instead of 7. Duplicate parents are recomputed to the same value.
+        depth = offsets.size - 1
+        shift = np.uint64(SHIFT)
+        n = indices.size
+        node = np.empty(n, np.uint64)  # each query's node on the current level; live[k]: still going up
+        live = np.ones(n, np.bool_)
+        leaf_first = np.uint64(offsets[depth])
+        for k in range(n):
+            node[k] = np.uint64(indices[k])
+            nodes[leaf_first + node[k]] = values[k]
+        for level in range(depth - 1, -1, -1):
+            child_level = np.uint64(offsets[level + 1])
+            parent_level = np.uint64(offsets[level])
+            for k in range(n):
+                if live[k]:
+                    i = node[k]
+                    value = group_max(nodes, child_level + ((i >> shift) << shift)) if is_max else \
+                        group_sum(nodes, child_level + ((i >> shift) << shift))
+                    i >>= shift
+                    node[k] = i
+                    live[k] = nodes[parent_level + i] != value
+                    nodes[parent_level + i] = value
 
     @numba.njit(cache=True, nogil=True)
-    def update_range(nodes, size, start, values, is_max):  # pragma: no cover - compiled
-        lo = start + size
-        hi = lo + values.size - 1
+    def update_range(nodes, offsets, start, values, is_max):  # pragma: no cover - compiled
+        # leaves start .. start + len - 1, then each level's touched parents (a contiguous run) from their children
+        depth = offsets.size - 1
+        lo = start
+        hi = start + values.size - 1  # inclusive
         for k in range(values.size):
-            nodes[lo + k] = values[k]
-        while lo > 1:
-            lo >>= 1
-            hi >>= 1
+            nodes[offsets[depth] + lo + k] = values[k]
+        for level in range(depth - 1, -1, -1):
+            lo >>= SHIFT
+            hi >>= SHIFT
             for i in range(lo, hi + 1):
-                a = nodes[2 * i]
-                b = nodes[2 * i + 1]
-                if is_max:
-                    nodes[i] = a if a >= b else b
-                else:
-                    nodes[i] = a + b
+                b = offsets[level + 1] + (i << SHIFT)
+                nodes[offsets[level] + i] = group_max(nodes, b) if is_max else group_sum(nodes, b)
 
     @numba.njit(cache=True, nogil=True)
-    def range_max(nodes, size, lo, hi):  # pragma: no cover - compiled
-        # max of leaves lo .. hi - 1 (0.0 for an empty range), O(log N): the usual bottom-up query
+    def range_max(nodes, offsets, lo, hi):  # pragma: no cover - compiled
+        # max of leaves lo .. hi - 1 (0.0 for an empty range): on each level the partial groups at both ends
+        # one by one, then move up to the parents of the whole groups in between
         res = 0.0
-        lo += size
-        hi += size
+        level = offsets.size - 1
         while lo < hi:
-            if lo & 1:
-                res = nodes[lo] if nodes[lo] > res else res
+            first = offsets[level]
+            while lo < hi and lo % FANOUT != 0:
+                v = nodes[first + lo]
+                res = v if v > res else res
                 lo += 1
-            if hi & 1:
+            while lo < hi and hi % FANOUT != 0:
                 hi -= 1
-                res = nodes[hi] if nodes[hi] > res else res
-            lo >>= 1
-            hi >>= 1
+                v = nodes[first + hi]
+                res = v if v > res else res
+            lo //= FANOUT
+            hi //= FANOUT
+            level -= 1
         return res
 
     @numba.njit(cache=True, nogil=True)
-    def find_prefix(nodes, size, mass, out, leaf_value):  # pragma: no cover - compiled
-        # level by level over the whole batch (independent loads overlap the cache misses of a large tree)
-        # and branch-free (the left/right choice is a coin flip a branch predictor cannot learn: a branch
-        # costs a misprediction per draw and level, more than the memory walk itself). Never steps into a
-        # subtree whose sum is zero, so a zero leaf is never returned while total > 0. Writes the leaves to
-        # ``out`` and their values to ``leaf_value``; ``mass`` is used as scratch (overwritten). Allocates and
-        # returns nothing: boxing a returned array costs more than a small batch's search.
+    def find_prefix(nodes, offsets, mass, out, leaf_value):  # pragma: no cover - compiled
+        # Level by level over the whole batch, so that the loads of different queries are independent and
+        # overlap their cache misses. At a node, with c_t the running sums of its 8 children (one cache line):
+        # j = how many c_t are <= m (the first child whose running sum exceeds m), then m -= c_(j-1). A zero
+        # child is never taken (its running sum equals its left neighbour's), so no zero leaf is returned while
+        # total > 0 -- except when rounding carries m past the whole group (j == 8): then the last positive
+        # child is taken (rare, the only branch). The rest is branch-free (the choice is a coin flip a branch
+        # predictor cannot learn) and indexes with unsigned integers (no negative-index wraparound test per
+        # load). Writes the leaves to ``out`` and their values to ``leaf_value``; ``mass`` is scratch.
+        # Allocates and returns nothing: boxing a returned array costs more than a small batch's search.
         n = mass.size
+        depth = offsets.size - 1
+        run = np.zeros(FANOUT + 1)  # run[t]: running sum of the first t children of the current node
         for k in range(n):
-            out[k] = 1
-        width = size
-        while width > 1:
+            out[k] = 0
+        for level in range(1, depth + 1):
+            first = np.uint64(offsets[level])
             for k in range(n):
-                i = out[k]
-                left = nodes[2 * i]
-                right = nodes[2 * i + 1]
-                go_right = ((mass[k] >= left) & (right > 0.0)) | (left <= 0.0)
-                mass[k] -= left * go_right
-                out[k] = 2 * i + go_right
-            width >>= 1
+                b = first + (np.uint64(out[k]) << np.uint64(SHIFT))
+                m = mass[k]
+                c = 0.0
+                j = 0
+                for t in range(FANOUT):  # unrolled by the compiler
+                    c += nodes[b + np.uint64(t)]
+                    run[t + 1] = c
+                    j += c <= m
+                if j == FANOUT:
+                    j = 0
+                    for t in range(1, FANOUT):
+                        j = t if nodes[b + np.uint64(t)] > 0.0 else j
+                mass[k] = m - run[np.uint64(j)]
+                out[k] = (out[k] << SHIFT) + j
+        leaf_first = offsets[depth]
         for k in range(n):
-            leaf_value[k] = nodes[out[k]]
-            out[k] -= size
+            leaf_value[k] = nodes[leaf_first + out[k]]
 
     @numba.njit(cache=True, nogil=True)
     def build_alias(weights, prob, alias):  # pragma: no cover - compiled

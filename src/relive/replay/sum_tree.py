@@ -1,11 +1,26 @@
-"""Vectorized float64 segment trees (sum and max) over a fixed number of leaves.
+"""Vectorized float64 segment trees (sum and max) over a fixed number of leaves: 8-ary, one cache line per node.
 
-Every operation takes a whole batch of indices or queries and walks the tree one *level* at a time with
-NumPy array operations, so the cost is O(batch * log N) with log N Python-level steps, never a Python loop
-per row. When numba is importable the same walks run as compiled loops (:mod:`relive.replay._tree_kernels`:
-updates about 2x faster at 1M leaves, the prefix search about 4x as it is also branch-free); both paths build
-identical trees. Parents are always recomputed from their two children (never updated by adding a delta), so
-the float64 totals do not drift however many updates are applied.
+Layout. Every node has ``FANOUT = 8`` children, and the 8 children of a node lie side by side in one 64-byte
+cache line (8 float64). The levels are stored one after the other in one array, root first (level-major), each
+level padded to a multiple of 8 and starting on a cache-line boundary::
+
+    level 0: [root, pad x 7] | level 1: [8 nodes] | ... | leaf level: [leaf 0 .. leaf capacity-1, pad]
+
+Node ``i`` of level ``l`` (its index inside the level) has children ``8i .. 8i + 7`` of level ``l + 1``. At 1M
+leaves the tree has 7 levels below the root (a binary tree: 20), so a prefix search or an update touches 7
+cache lines instead of ~20; the upper levels stay in cache, and a draw costs about one or two misses to memory.
+
+Every operation takes a whole batch of indices or queries and walks the tree one *level* at a time, so the
+independent loads of a batch overlap their cache misses. When numba is importable the walks run as compiled
+loops (:mod:`relive.replay._tree_kernels`); otherwise as NumPy array operations per level. Both paths build
+bit-identical trees and return identical draws (the tests run the same checks on both).
+
+Numerics. A parent is always recomputed from its 8 children, never updated by adding a delta, so the float64
+totals do not drift however many updates are applied. The sum of a group is taken in one fixed pairwise order,
+``((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7))``, in both paths.
+
+Checkpoints hold leaf values only (samplers save ``leaves`` and rebuild with ``set_all``), so they do not
+depend on this layout: buffers saved with the binary tree that preceded it load unchanged.
 """
 
 from __future__ import annotations
@@ -13,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 from relive.replay import _tree_kernels as kernels
+
+FANOUT = kernels.FANOUT  # children per node: 8 float64 = one 64-byte cache line
 
 
 def _dedupe_last(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -27,15 +44,25 @@ def _dedupe_last(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, n
     return indices[keep], values[keep]
 
 
-class SegmentTree:
-    """A complete binary tree over ``capacity`` leaves, padded to a power of two, stored in one array.
+def _aligned_zeros(n: int) -> np.ndarray:
+    """``n`` float64 zeros whose first element starts a 64-byte cache line (so each group of 8 children is one)."""
+    buf = np.zeros(n + FANOUT, dtype=np.float64)
+    skip = (-buf.ctypes.data % 64) // 8
+    return buf[skip : skip + n]
 
-    Node 1 is the root, node ``i`` has children ``2i`` and ``2i + 1``, leaf ``j`` is node ``size + j``.
-    """
+
+def _group_sums(children: np.ndarray) -> np.ndarray:
+    """Sums of the rows of a ``(k, FANOUT)`` array in the kernels' pairwise order (adjacent pairs, halving)."""
+    while children.shape[1] > 1:
+        children = children[:, 0::2] + children[:, 1::2]
+    return children[:, 0]
+
+
+class SegmentTree:
+    """An 8-ary tree over ``capacity`` leaves in one level-major array (see the module docstring)."""
 
     _identity = 0.0
     _is_max = False
-    _compiled_update = None  # compiled sequential update (numba), when available
 
     def __init__(self, capacity: int, use_kernels: bool | None = None):
         """``use_kernels``: run the compiled numba loops (default: when numba is importable) or the
@@ -43,28 +70,31 @@ class SegmentTree:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
-        self.size = 1 << max(0, (self.capacity - 1).bit_length())
-        self.depth = self.size.bit_length() - 1
-        self.nodes = np.full(2 * self.size, self._identity, dtype=np.float64)
-        use = kernels.AVAILABLE if use_kernels is None else bool(use_kernels and kernels.AVAILABLE)
-        self._kernel_update = self._compiled_update if use else None
-        self._kernel_find = kernels.find_prefix if use else None
-
-    # -- reduction used by the subclass --------------------------------------------------------------
-    @staticmethod
-    def _combine(left: np.ndarray, right: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+        counts = [self.capacity]  # nodes per level, leaves first
+        while counts[-1] > 1:
+            counts.append(-(-counts[-1] // FANOUT))
+        counts.reverse()
+        padded = [-(-c // FANOUT) * FANOUT for c in counts]
+        #: where each level starts in ``nodes`` (root level first); the last entry is the leaf level
+        self.offsets = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+        self.depth = len(counts) - 1  # levels below the root
+        self.leaf_offset = int(self.offsets[-1])
+        self.nodes = _aligned_zeros(int(sum(padded)))
+        self._kernels = kernels.AVAILABLE if use_kernels is None else bool(use_kernels and kernels.AVAILABLE)
 
     # -- batched operations ---------------------------------------------------------------------------
     def __getitem__(self, indices) -> np.ndarray:
-        return self.nodes[self.size + np.asarray(indices, dtype=np.int64)]
+        return self.nodes[self.leaf_offset + np.asarray(indices, dtype=np.int64)]
 
     @property
     def leaves(self) -> np.ndarray:
         """A read-only view of the ``capacity`` leaf values."""
-        view = self.nodes[self.size : self.size + self.capacity]
+        view = self.nodes[self.leaf_offset : self.leaf_offset + self.capacity]
         view.flags.writeable = False
         return view
+
+    def root(self) -> float:
+        return float(self.nodes[0])
 
     def update(self, indices, values) -> None:
         """Set ``leaf[indices] = values``; duplicate indices: the last one wins."""
@@ -74,142 +104,111 @@ class SegmentTree:
             raise ValueError(f"{indices.size} indices but {values.size} values")
         if indices.size == 0:
             return
-        if self._kernel_update is not None:
-            self._kernel_update(self.nodes, self.size, np.ascontiguousarray(indices), np.ascontiguousarray(values))
+        if self._kernels:  # leaves written in order: a later duplicate simply overwrites an earlier one
+            kernels.update(self.nodes, self.offsets, np.ascontiguousarray(indices), np.ascontiguousarray(values),
+                           self._is_max)
             return
         indices, values = _dedupe_last(indices, values)
-        nodes = self.nodes
-        pos = indices + self.size
-        nodes[pos] = values
-        for _ in range(self.depth):
-            pos >>= 1
-            child = pos << 1
-            nodes[pos] = self._combine(nodes[child], nodes[child + 1])
+        nodes, offsets = self.nodes, self.offsets
+        nodes[self.leaf_offset + indices] = values
+        group = np.arange(FANOUT)
+        for level in range(self.depth - 1, -1, -1):  # recompute each touched parent from its 8 children
+            indices = np.unique(indices // FANOUT)
+            children = nodes[offsets[level + 1] + FANOUT * indices[:, None] + group]
+            nodes[offsets[level] + indices] = children.max(axis=1) if self._is_max else _group_sums(children)
 
     def update_range(self, start: int, values) -> None:
-        """Set the contiguous leaves ``start .. start + len(values) - 1`` (slices only: the fast path for
-        rows appended to the storage)."""
+        """Set the contiguous leaves ``start .. start + len(values) - 1`` (the fast path for rows appended to the
+        storage): each level's touched parents are one slice, recomputed in one pass."""
         values = np.asarray(values, dtype=np.float64).reshape(-1)
         lo, hi = int(start), int(start) + values.size
         if values.size == 0:
             return
         if lo < 0 or hi > self.capacity:
             raise ValueError(f"leaf range [{lo}, {hi}) outside [0, {self.capacity})")
-        if self._kernel_update is not None:
-            kernels.update_range(self.nodes, self.size, lo, values, self._is_max)
+        if self._kernels:
+            kernels.update_range(self.nodes, self.offsets, lo, values, self._is_max)
             return
-        nodes = self.nodes
-        nodes[self.size + lo : self.size + hi] = values
-        lo, hi = (self.size + lo) >> 1, (self.size + hi - 1) >> 1  # inclusive parent range
-        while lo >= 1:
-            nodes[lo : hi + 1] = self._combine(nodes[2 * lo : 2 * hi + 1 : 2], nodes[2 * lo + 1 : 2 * hi + 2 : 2])
-            if lo == 1:
-                break
-            lo, hi = lo >> 1, hi >> 1
+        nodes, offsets = self.nodes, self.offsets
+        nodes[self.leaf_offset + lo : self.leaf_offset + hi] = values
+        hi -= 1  # inclusive from here on
+        for level in range(self.depth - 1, -1, -1):
+            lo, hi = lo // FANOUT, hi // FANOUT
+            first = offsets[level + 1]
+            children = nodes[first + FANOUT * lo : first + FANOUT * (hi + 1)].reshape(-1, FANOUT)
+            nodes[offsets[level] + lo : offsets[level] + hi + 1] = (children.max(axis=1) if self._is_max
+                                                                    else _group_sums(children))
 
     def set_all(self, values) -> None:
-        """Replace every leaf at once (O(N), one vectorized pass per level)."""
+        """Replace every leaf at once (O(N), one pass per level)."""
         values = np.asarray(values, dtype=np.float64).reshape(-1)
         if values.size != self.capacity:
             raise ValueError(f"expected {self.capacity} values, got {values.size}")
-        nodes = self.nodes
-        nodes[self.size : self.size + self.capacity] = values
-        nodes[self.size + self.capacity :] = self._identity
-        level = self.size
-        while level > 1:
-            nodes[level // 2 : level] = self._combine(nodes[level : 2 * level : 2], nodes[level + 1 : 2 * level : 2])
-            level //= 2
-
-    def root(self) -> float:
-        return float(self.nodes[1])
+        self.update_range(0, values)
 
 
 class SumTree(SegmentTree):
     """Sum tree with a batched prefix-sum search (proportional sampling)."""
 
-    _identity = 0.0
-    _compiled_update = staticmethod(kernels.update_sum) if kernels.AVAILABLE else None
-
-    @staticmethod
-    def _combine(left, right):
-        return left + right
-
     @property
     def total(self) -> float:
-        return float(self.nodes[1])
+        return float(self.nodes[0])
 
     def find_prefix(self, mass: np.ndarray) -> np.ndarray:
         """For each ``m`` in ``mass`` (0 <= m < total) the leaf ``j`` with prefix(j) <= m < prefix(j + 1).
 
-        Never returns a leaf of zero value while the total is positive: float rounding at a boundary is
-        pushed back into the nearest positive leaf.
+        Never returns a leaf of zero value while the total is positive: a query that float rounding carries
+        past the last positive child of a node (m ~ total) takes that last positive child.
         """
         return self.find_prefix_with_values(mass)[0]
 
     def find_prefix_with_values(self, mass: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`find_prefix` and the value of each leaf found (one pass; what proportional sampling needs)."""
-        if not self.nodes[1] > 0.0:
+        if not self.nodes[0] > 0.0:
             raise ValueError("cannot sample from a sum tree whose total is zero")
         q = np.array(mass, dtype=np.float64, copy=True).reshape(-1)
-        if self._kernel_find is not None:
-            leaf, values = np.empty(q.size, np.int64), np.empty(q.size, np.float64)
-            self._kernel_find(self.nodes, self.size, q, leaf, values)
+        leaf, values = np.empty(q.size, np.int64), np.empty(q.size, np.float64)
+        if self._kernels:
+            kernels.find_prefix(self.nodes, self.offsets, q, leaf, values)
             return leaf, values
-        nodes = self.nodes
-        idx = np.ones(q.size, dtype=np.int64)
-        for _ in range(self.depth):
-            idx <<= 1
-            left = nodes[idx]
-            go_right = q >= left
-            q -= left * go_right
-            idx += go_right
-        leaf = idx - self.size
-        values = nodes[idx]
-        bad = values <= 0.0
-        if bad.any():
-            leaf[bad] = self._repair(leaf[bad])
-            values = nodes[self.size + leaf]
+        # the same walk with NumPy, a level at a time: at each node, among its 8 children, take the first
+        # child whose running sum exceeds m -- but never one past the last positive child -- and subtract the
+        # children before it. A zero child is never taken: its running sum equals its left neighbour's.
+        rows = np.arange(q.size)
+        idx = np.zeros(q.size, dtype=np.int64)  # node index inside the current level
+        for level in range(1, self.depth + 1):
+            children = self.nodes[self.offsets[level] + FANOUT * idx[:, None] + np.arange(FANOUT)]
+            running = np.cumsum(children, axis=1)
+            last_positive = FANOUT - 1 - np.argmax(children[:, ::-1] > 0.0, axis=1)
+            j = np.minimum((running <= q[:, None]).sum(axis=1), last_positive)
+            q -= np.where(j > 0, running[rows, j - 1], 0.0)
+            idx = FANOUT * idx + j
+        leaf[:] = idx
+        values[:] = self.nodes[self.leaf_offset + idx]
         return leaf, values
-
-    def _repair(self, leaf: np.ndarray) -> np.ndarray:
-        # Rounding can walk past the last positive leaf (m ~ total); take the nearest positive one to the left,
-        # or to the right when there is none. Happens with probability ~1e-16 per draw.
-        positive = np.flatnonzero(self.nodes[self.size : self.size + self.capacity] > 0.0)
-        if positive.size == 0:
-            raise ValueError("cannot sample from a sum tree whose total is zero")
-        k = np.searchsorted(positive, leaf, side="right") - 1
-        return positive[np.clip(k, 0, positive.size - 1)]
 
 
 class MaxTree(SegmentTree):
     """Max tree: the largest leaf value in O(1), kept exact under batched updates and overwrites."""
 
-    _identity = 0.0
     _is_max = True
-    _compiled_update = staticmethod(kernels.update_max) if kernels.AVAILABLE else None
-
-    @staticmethod
-    def _combine(left, right):
-        return np.maximum(left, right)
 
     @property
     def max(self) -> float:
-        return float(self.nodes[1])
+        return float(self.nodes[0])
 
     def range_max(self, lo: int, hi: int) -> float:
-        """Largest of the leaves ``lo .. hi - 1`` in O(log N); 0.0 (the padding value) for an empty range."""
+        """Largest of the leaves ``lo .. hi - 1`` in O(8 log_8 N); 0.0 (the padding value) for an empty range."""
         lo, hi = max(0, int(lo)), min(self.capacity, int(hi))
-        if self._kernel_update is not None:
-            return float(kernels.range_max(self.nodes, self.size, lo, hi))
-        nodes, res = self.nodes, 0.0
-        lo, hi = lo + self.size, hi + self.size
-        while lo < hi:
-            if lo & 1:
-                res = max(res, float(nodes[lo]))
-                lo += 1
-            if hi & 1:
-                hi -= 1
-                res = max(res, float(nodes[hi]))
-            lo >>= 1
-            hi >>= 1
+        if self._kernels:
+            return float(kernels.range_max(self.nodes, self.offsets, lo, hi))
+        nodes, res, level = self.nodes, 0.0, self.depth
+        while lo < hi:  # the partial groups at both ends on this level, then the whole groups' parents
+            first = self.offsets[level]
+            head = min(hi, -(-lo // FANOUT) * FANOUT)
+            tail = max(head, hi // FANOUT * FANOUT)
+            for a, b in ((lo, head), (tail, hi)):
+                if b > a:
+                    res = max(res, float(nodes[first + a : first + b].max()))
+            lo, hi, level = head // FANOUT, tail // FANOUT, level - 1
         return res
