@@ -369,15 +369,9 @@ def online_phase(run) -> dict:
         evaluation row when ``run.stop_at_return`` ends the run."""
         if st.env_steps >= s.num_online_env_steps:
             return None
-        if st.env_steps >= st.next_eval:
-            row = T.evaluation(run)
-            if st.env_steps == 0:
-                st.offline_return = row["eval/return_mean"]
-            st.next_eval += rc.eval_every_env_steps
-            if rc.stop_at_return is not None and row["eval/return_mean"] >= rc.stop_at_return:
-                run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: "
-                                 f"stopping at env step {st.env_steps} (run.stop_at_return)")
-                return row
+        stop = T.due_evaluation(run)
+        if stop is not None:
+            return stop
         if st.env_steps >= st.next_ckpt:
             st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
             log.flush()

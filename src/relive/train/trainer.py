@@ -400,15 +400,9 @@ def online_phase(run: Run) -> dict:
     _enter_phase(run, "online")
     phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
     while st.env_steps < s.num_online_env_steps:
-        if st.env_steps >= st.next_eval:
-            row = evaluation(run)
-            if st.env_steps == 0:
-                st.offline_return = row["eval/return_mean"]
-            st.next_eval += rc.eval_every_env_steps
-            if rc.stop_at_return is not None and row["eval/return_mean"] >= rc.stop_at_return:
-                run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: stopping "
-                                 f"at env step {st.env_steps} (run.stop_at_return)")
-                return row
+        stop = due_evaluation(run)
+        if stop is not None:
+            return stop
         if st.env_steps >= st.next_ckpt and run.collector.can_checkpoint:  # one env: between episodes (exact)
             st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
             checkpoint(run)
@@ -457,6 +451,23 @@ def store_chunks(run: Run, chunks, stream_offset: int = 0) -> None:
                 ep = run.buffer.episode_slots_of(int(slots[i]))
                 for h in episode_end:
                     h.fn(ep)
+
+
+def due_evaluation(run: Run) -> dict | None:
+    """Evaluate when due (``state.next_eval``); the evaluation row when it reaches ``run.stop_at_return`` (the run
+    stops there), else None."""
+    st, rc = run.state, run.cfg.run
+    if st.env_steps < st.next_eval:
+        return None
+    row = evaluation(run)
+    if st.env_steps == 0:
+        st.offline_return = row["eval/return_mean"]
+    st.next_eval += rc.eval_every_env_steps
+    if rc.stop_at_return is not None and row["eval/return_mean"] >= rc.stop_at_return:
+        run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: stopping "
+                         f"at env step {st.env_steps} (run.stop_at_return)")
+        return row
+    return None
 
 
 def evaluation(run: Run) -> dict:
