@@ -49,6 +49,7 @@ from relive.types import Batch, TensorMetrics, UpdateResult
 
 ACTOR_Q_REDUCTIONS = ("min", "mean")
 ENCODERS = ("flat", "cnn")
+ACTOR_ENCODERS = ("shared", "own")
 RLPD_OFFLINE_FRACTION = 0.5  # RLPD's symmetric sampling: half of every minibatch offline (a replay setting:
 #                              MixtureSampler(offline_fraction=...); presets read it from here)
 SCORE_MODES = ("log_prob", "standardized")
@@ -84,6 +85,8 @@ class SACConfig:
     #                        per image key, in the actor and in the critic; needs obs_spec at construction)
     encoder_feature_dim: int = 50  # "cnn": features per image key (DrQ / SAC-AE: 50)
     augment_pad: int = 0  # "cnn": DrQ random shift of the images by up to this many pixels (DrQ: 4); 0 = off
+    actor_encoder: str = "shared"  # "cnn": "shared" = the actor reads the critic's conv layers with a stop-gradient
+    #                                and has its own projection (DrQ); "own" = a separate CNN trained by the actor loss
 
     def __post_init__(self):
         if self.num_qs < 1 or not 1 <= self.num_min_qs <= self.num_qs:
@@ -103,6 +106,8 @@ class SACConfig:
             raise ValueError(f"init_temperature must be > 0, got {self.init_temperature}")
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.actor_encoder not in ACTOR_ENCODERS:
+            raise ValueError(f"actor_encoder must be one of {ACTOR_ENCODERS}, got {self.actor_encoder!r}")
         if self.encoder_feature_dim < 1 or self.augment_pad < 0:
             raise ValueError(f"need encoder_feature_dim >= 1 and augment_pad >= 0, got {self.encoder_feature_dim}, "
                              f"{self.augment_pad}")
@@ -131,6 +136,14 @@ class SAC:
         """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
+        if isinstance(spec.obs_shape, Mapping):  # dict observations (an image task): concatenated, or a CNN
+            from relive.agents.encoders import flat_obs_dim
+
+            if config.encoder != "cnn" and enc.image_keys(spec.obs_shape):
+                raise ValueError(f"{spec.id} has image observations ({enc.image_keys(spec.obs_shape)}); train with "
+                                 f"agent.encoder = 'cnn' (the concatenated pixels are not a useful MLP input)")
+            return cls(flat_obs_dim(spec.obs_shape), spec.action_shape[0], spec.action_low, spec.action_high, config,
+                       seed=nets.seed_int(seed), device=device, obs_spec=spec.obs_shape)
         return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
                    seed=nets.seed_int(seed), device=device)
 
@@ -152,7 +165,11 @@ class SAC:
         init_gen = torch.Generator().manual_seed(int(seed))  # parameters (CPU: identical on every device)
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration, targets, ...
         if self.obs_spec is not None:  # a CNN per image key, one encoder in the actor and one in the critic
-            encoders = [enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim) for _ in range(2)]
+            if cfg.actor_encoder == "shared":  # DrQ: one CNN, trained by the critic; the actor reads it detached
+                critic_encoder = enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim)
+                encoders = [enc.detached_encoder(critic_encoder, init_gen), critic_encoder]
+            else:
+                encoders = [enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim) for _ in range(2)]
             self.obs_dim = encoders[0].out_dim
             with nets.private_rng():
                 actor = enc.EncodedActor(encoders[0], action_dim, cfg.hidden, action_low, action_high)
