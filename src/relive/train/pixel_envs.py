@@ -4,10 +4,11 @@
 observed as ``{"image": uint8 [3, S, S], "state": float32 [1]}``:
 
 - ``image``: the pendulum drawn with NumPy from the true angle (a white background, the rod in Gymnasium's
-  colour, the pivot black), S = 24 by default (``gym.make("PixelPendulum-v0", size=48)`` for more; 24 keeps the conv work of an update affordable on 2 CPU cores). Drawn, not
-  rendered: Gymnasium's ``render_mode="rgb_array"`` goes through pygame at 500 x 500 and then needs a resize;
-  drawing the rod is a distance-to-segment test on an S x S grid: 0.13 ms per 32 x 32 frame (0.23 ms at 64 x 64)
-  against 6.2 ms per ``render()`` on a 2-core EPYC, headless, and identical on every machine.
+  colour, the pivot black), S = 24 by default (``gym.make("PixelPendulum-v0", size=48)`` for more; 24 keeps the
+  conv work of an update affordable on 2 CPU cores). Drawn, not rendered: Gymnasium's ``render_mode="rgb_array"``
+  goes through pygame at 500 x 500 and then needs a resize; drawing the rod is a distance-to-segment test on an
+  S x S grid: 0.13 ms per 32 x 32 frame (0.23 ms at 64 x 64) against 6.2 ms per ``render()`` on a loaded
+  2-core EPYC, headless, and identical on every machine.
 - ``state``: the angular velocity only (rad/s). The angle is only in the image, so the task cannot be solved
   without reading it; the velocity is given because one frame cannot show it (the alternative, stacking
   frames, would triple the image and the conv work for what one number says).
