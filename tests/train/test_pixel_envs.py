@@ -136,3 +136,22 @@ def test_residual_sac_refuses_image_observations():
 
     with pytest.raises(ValueError, match="flat Box observations"):
         ResidualSAC.from_spec(env_spec(make_env("PixelPendulum-v0")), ResidualSACConfig(), np.random.SeedSequence(0))
+
+
+def test_vector_collector_stores_dict_rows_with_the_true_final_observation():
+    from relive.train.collector import VectorCollector
+    from relive.train.envs import make_vector_env, random_actions
+
+    envs = make_vector_env("PixelPendulum-v0", 2, max_episode_steps=5)
+    spec = env_spec(make_env("PixelPendulum-v0", 5))
+    col = VectorCollector(envs, spec, seed=0)
+    rng = np.random.default_rng(0)
+    chunks, steps = col.step_streams(lambda obs: random_actions(spec, len(obs["state"]), rng), 12)
+    assert steps == 12
+    for _, rows in chunks:
+        assert rows["obs"]["image"].shape == (6, 3, 24, 24) and rows["obs"]["image"].dtype == np.uint8
+        assert rows["truncated"].tolist() == [False] * 4 + [True, False]
+        # within the episode next_obs is the following obs; at the truncation it is the final frame, not the reset
+        np.testing.assert_array_equal(rows["next_obs"]["image"][:4], rows["obs"]["image"][1:5])
+        assert not np.array_equal(rows["next_obs"]["image"][4], rows["obs"]["image"][5])
+    col.close()
