@@ -155,3 +155,59 @@ def test_vector_collector_stores_dict_rows_with_the_true_final_observation():
         np.testing.assert_array_equal(rows["next_obs"]["image"][:4], rows["obs"]["image"][1:5])
         assert not np.array_equal(rows["next_obs"]["image"][4], rows["obs"]["image"][5])
     col.close()
+
+
+TINY_CNN = ["--utd", "1", "--batch-size", "16", "--eval-episodes", "1", "--set", "agent.num_qs=2",
+            "--set", "agent.hidden=[16,16]", "--set", "agent.encoder_channels=4", "--set", "agent.encoder_layers=1",
+            "--set", "agent.encoder_feature_dim=8", "--no-progress"]
+
+
+@pytest.mark.slow
+def test_calql_offline_then_online_on_the_pixel_task(tiny_dataset, tmp_path):
+    from relive.cli import main
+
+    did, root, _ = tiny_dataset
+    run = tmp_path / "calql"
+    assert main(["train", "calql", "--env", "PixelPendulum-v0", "--dataset", str(root / did), "--offline-steps", "20",
+                 "--online-steps", "30", "--warmup", "0", "--eval-every", "30", "--set", "agent.cql_n_actions=2",
+                 *TINY_CNN, "--run-dir", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["num_offline_grad_steps"] == 20 and summary["num_grad_steps"] == 50
+
+
+@pytest.mark.slow
+def test_a_stopped_pixel_run_resumes_to_the_same_result(tiny_dataset, tmp_path):
+    """Checkpoints of a dict-observation run (image buffer, CNN agent) resume exactly: a run stopped after its
+    checkpoint at env step 40 and resumed ends with the same parameters as one never stopped."""
+    from relive.cli import main
+    from relive.config import override
+    from relive.presets import get_preset
+    from relive.replay.checkpoint import load_tree
+    from relive.train.trainer import train
+
+    did, root, _ = tiny_dataset
+    sets = ['env.id="PixelPendulum-v0"', f'data.dataset="{root / did}"', "schedule.num_online_env_steps=80",
+            "schedule.num_warmup_env_steps=20", "schedule.utd_ratio=1", "schedule.batch_size=16",
+            "run.eval_every_env_steps=80", "run.eval_episodes=1", "run.checkpoint_every_env_steps=20",
+            "agent.num_qs=2", "agent.hidden=[16,16]", "agent.encoder_channels=4", "agent.encoder_layers=1",
+            "agent.encoder_feature_dim=8", "agent.augment_pad=2", "run.progress=false"]
+
+    def cfg(name):
+        return override(get_preset("rlpd"), [*sets, f'run.run_dir="{tmp_path / name}"'])
+
+    train(cfg("whole"))
+
+    class Stop(Exception):
+        pass
+
+    def stop(env_steps, grad_steps):
+        if env_steps > 45:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(cfg("stopped"), on_step=stop)
+    assert main(["train", "--resume", str(tmp_path / "stopped")]) == 0
+    a, b = (load_tree(tmp_path / n / "agent_final", kind="agent") for n in ("whole", "stopped"))
+    for part in ("actor", "critic"):
+        for k in a[part]:
+            np.testing.assert_array_equal(a[part][k], b[part][k])
