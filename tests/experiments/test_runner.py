@@ -84,7 +84,21 @@ def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
             cfg = config_from_args(args)
             assert cfg.run.seed == spec.seed
             assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5", "Pendulum-v1",
-                                  "HalfCheetah-v5", "PointMaze_UMaze-v3"), cfg.env.id
+                                  "HalfCheetah-v5", "PointMaze_UMaze-v3", "PixelPendulum-v0"), cfg.env.id
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_resumed_not_restarted(tmp_path):
+    """A run directory with config.json but no checkpoint yet (the runner was stopped early in the run): a fresh
+    `relive train PRESET --run-dir` would refuse it ("already holds a run"); `--resume` starts it over cleanly."""
+    from relive.experiments.grid import load_grid
+    from relive.experiments.runner import train_command
+
+    spec = next(iter(load_grid("pixel-pendulum").runs()))
+    run = tmp_path / "run"
+    assert "--resume" not in train_command(spec, run)
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    assert train_command(spec, run)[-2:] == ["--resume", str(run)]
 
 
 def test_curves_of_runs_stopped_at_their_threshold_hold_their_last_value():

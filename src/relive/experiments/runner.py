@@ -38,9 +38,11 @@ def run_dir_of(root: Path, spec: RunSpec) -> Path:
 
 
 def train_command(spec: RunSpec, run_dir: Path) -> list[str]:
-    """The `relive train` invocation of one run; resumes when the directory holds a checkpoint."""
+    """The `relive train` invocation of one run; resumes when the directory already holds a run (config.json: from
+    its last checkpoint, or from the start when it was stopped before its first one -- a fresh `relive train`
+    would refuse the directory)."""
     base = [sys.executable, "-m", "relive.cli", "--debug", "train"]  # --debug: the crash log keeps the traceback
-    if (run_dir / "checkpoint").exists() and (run_dir / "config.json").exists():
+    if (run_dir / "config.json").exists():
         return [*base, "--resume", str(run_dir)]
     return [*base, spec.preset, "--env", spec.task, "--seed", str(spec.seed), "--run-dir", str(run_dir),
             "--no-progress", *spec.args]
