@@ -14,7 +14,8 @@ observed as ``{"image": uint8 [3, S, S], "state": float32 [1]}``:
   frames, would triple the image and the conv work for what one number says).
 
 Seeding, ``np_random`` and the time limit are Pendulum-v1's (the wrapper adds no randomness): the same seed
-gives the same images.
+gives the same images. ``relive.train.envs.make_env`` registers the pixel tasks on demand; for a plain
+``gym.make("PixelPendulum-v0")`` call :func:`register_pixel_envs` first.
 """
 
 from __future__ import annotations
