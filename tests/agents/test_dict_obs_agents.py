@@ -130,7 +130,8 @@ def test_cnn_agents_update_on_image_and_state(kind, tmp_path):
         np.testing.assert_array_equal(r1.signals["td_error"], r2.signals["td_error"])  # same seed, same updates
     after = a1.state_dict()
     assert any(not np.array_equal(after["critic"][k], v) for k, v in enc_before.items())  # the critic trains its CNN
-    assert any(k.startswith("encoder__convs") for k in after["actor"])
+    assert not any("convs" in k for k in after["actor"])  # DrQ: the actor holds only its projection heads
+    assert any(k.startswith("encoder__heads") for k in after["actor"])
     obs = pixel_batch(rng, 5).obs
     act = a1.act(obs, explore=False)
     assert act.shape == (5, 2) and (np.abs(act) <= 1).all()
@@ -148,3 +149,100 @@ def test_cnn_needs_an_obs_spec_with_an_image():
         SAC(4, 2, -np.ones(2), np.ones(2), SACConfig(encoder="cnn"), obs_spec={"state": (4,)})
     with pytest.raises(ValueError, match="encoder must be one of"):
         SACConfig(encoder="resnet")
+
+
+def _conv_params(agent):
+    return [p.detach().clone() for p in agent.critic.encoder.convs.parameters()]
+
+
+def test_critic_loss_trains_the_shared_convs_and_the_actor_loss_does_not():
+    """DrQ's convention (encoder_actor="shared"): the critic step moves the conv layers; an actor step alone
+    (critic frozen, the actor reads the convs with a stop-gradient) leaves them as they were, but moves the
+    actor's own projection."""
+    agent = cnn_agent("sac")
+    b = agent._to_torch(pixel_batch(np.random.default_rng(0)))
+    before = _conv_params(agent)
+    heads_before = [p.detach().clone() for p in agent.actor.encoder.heads.parameters()]
+    agent._actor_steps(b, update_actor=True)  # the actor and temperature steps only
+    assert all(torch.equal(p, q) for p, q in zip(before, _conv_params(agent), strict=True))
+    assert any(not torch.equal(p, q) for p, q in zip(heads_before, agent.actor.encoder.heads.parameters(),
+                                                     strict=True))
+    # the actor's loss has no gradient path into the convs at all
+    mean, log_std = agent.actor(b.obs)
+    agent.critic.requires_grad_(False)
+    loss, _ = agent.actor_loss(b.obs, mean, log_std)
+    agent.critic.requires_grad_(True)
+    loss.mean().backward()
+    assert all(p.grad is None for p in agent.critic.encoder.convs.parameters())
+    agent.update(pixel_batch(np.random.default_rng(1)), update_actor=False)  # a critic step
+    assert any(not torch.equal(p, q) for p, q in zip(before, _conv_params(agent), strict=True))
+    # the target critic has its own (Polyak-averaged) copy of the convs
+    online, target = agent.critic.encoder.convs["image"][0], agent.target_critic.encoder.convs["image"][0]
+    assert target.weight.data_ptr() != online.weight.data_ptr()
+
+
+def test_own_actor_encoder_is_trained_by_the_actor_loss():
+    small = dict(hidden=(16, 16), encoder="cnn", encoder_feature_dim=8, actor_encoder="own")
+    agent = SAC(0, 2, -np.ones(2), np.ones(2), SACConfig(**small), seed=0, obs_spec=PIX)
+    b = agent._to_torch(pixel_batch(np.random.default_rng(0)))
+    before = [p.detach().clone() for p in agent.actor.encoder.convs.parameters()]
+    agent._actor_steps(b, update_actor=True)
+    assert any(not torch.equal(p, q) for p, q in zip(before, agent.actor.encoder.convs.parameters(), strict=True))
+    with pytest.raises(ValueError, match="actor_encoder must be one of"):
+        SACConfig(actor_encoder="tied")
+
+
+def test_encoder_shapes():
+    agent = cnn_agent("rlpd")
+    obs = agent._obs_in(pixel_batch(np.random.default_rng(0), n=7).obs)[0]
+    assert agent.critic.encoder(obs).shape == (7, 8 + 2) and agent.actor.encoder(obs).shape == (7, 8 + 2)
+    assert agent.critic(obs, torch.zeros(7, 2)).shape == (4, 7)
+    mean, log_std = agent.actor(obs)
+    assert mean.shape == log_std.shape == (7, 2)
+
+
+def test_random_shift_on_a_hand_made_image():
+    """A 1x3x3 image with distinct pixels, pad 1: every output is exactly one of the 9 windows of the
+    replicate-padded 5x5 image, e.g. offset (0, 0) = [[1 1 2] [1 1 2] [4 4 5]]."""
+    img = torch.arange(1, 10, dtype=torch.uint8).view(1, 1, 3, 3)
+    padded = torch.tensor([[1, 1, 2, 3, 3], [1, 1, 2, 3, 3], [4, 4, 5, 6, 6], [7, 7, 8, 9, 9], [7, 7, 8, 9, 9]],
+                          dtype=torch.uint8)
+    windows = {(dy, dx): padded[dy:dy + 3, dx:dx + 3] for dy in range(3) for dx in range(3)}
+    assert torch.equal(windows[(0, 0)], torch.tensor([[1, 1, 2], [1, 1, 2], [4, 4, 5]], dtype=torch.uint8))
+    g = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(60):
+        out = random_shift(img, 1, g)[0, 0]
+        match = [o for o, w in windows.items() if torch.equal(w, out)]
+        assert len(match) == 1
+        seen.add(match[0])
+    assert len(seen) == 9  # every offset in {0, 1, 2}^2 occurs
+
+
+# sha256 (first 16 hex digits) of the actor / critic / target parameters after 3 seeded updates with one torch
+# thread, computed on storage-obs at c4fc4ac, before the CNN encoder existed: the default (flat) path is unchanged.
+# (The thread count is pinned: CPU reductions, e.g. RLPD's 10-member ensemble, round differently with 2 threads.)
+FLAT_HASHES = {"sac": "64b01674a9e3d2a3", "rlpd": "624d173aa95233cd", "calql": "cc4b28141574bf4a"}
+
+
+@pytest.mark.parametrize("kind", sorted(FLAT_HASHES))
+def test_flat_agents_are_byte_identical_to_before_the_encoder(kind):
+    import hashlib
+
+    from tests.agents.factory import batch as flat_batch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        agent = make(kind, seed=3)
+        for i in range(3):
+            agent.update(flat_batch(kind, seed=i))
+    finally:
+        torch.set_num_threads(threads)
+    sd = agent.state_dict()
+    h = hashlib.sha256()
+    for name in ("actor", "critic", "target_critic"):
+        for k in sorted(sd[name]):
+            h.update(k.encode())
+            h.update(np.ascontiguousarray(sd[name][k]).tobytes())
+    assert h.hexdigest()[:16] == FLAT_HASHES[kind]

@@ -11,6 +11,7 @@ one place a learned encoder (a CNN over image keys) plugs in.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -184,6 +185,42 @@ class PixelEncoder(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
+class DetachedEncoder(nn.Module):
+    """The actor's encoder in DrQ's convention (Kostrikov et al. 2020, arXiv 2004.13649, Sec. 3 / reference code
+    ``drq.py``: ``actor.encoder.copy_conv_weights_from(critic.encoder)`` and ``encoder(obs, detach=True)``; the
+    same choice as SAC-AE, Yarats et al. 2019, Sec. 6): the conv layers are the critic's, read with a
+    stop-gradient (only the critic loss trains them), and the projection (linear, LayerNorm, tanh) per image key
+    is the actor's own. The critic's encoder is held outside this module's parameters and state (a plain list),
+    so the actor's optimizer and ``state_dict`` hold only the projection."""
+
+    def __init__(self, source: PixelEncoder):
+        super().__init__()
+        self._source = [source]
+        self.keys, self.image_keys, self.out_dim = source.keys, source.image_keys, source.out_dim
+        self.heads = copy.deepcopy(source.heads)
+
+    @property
+    def source(self) -> PixelEncoder:
+        return self._source[0]
+
+    def forward(self, obs) -> torch.Tensor:
+        parts = []
+        for k in self.keys:
+            x = obs[k]
+            if k in self.heads:
+                with torch.no_grad():
+                    h = self.source.convs[k](x.float() / 255.0)
+                parts.append(self.heads[k](h))
+            else:
+                parts.append(x.reshape(x.shape[0], -1).float())
+        return torch.cat(parts, dim=-1)
+
+
+def detached_encoder(source: PixelEncoder, generator) -> DetachedEncoder:
+    """A :class:`DetachedEncoder` over ``source``'s conv layers, its projection drawn from ``generator``."""
+    return nets.init_(DetachedEncoder(source), generator, "torch")
+
+
 def obs_to_torch(obs, device, expected_keys=None) -> DictObs:
     """Dict observations (key -> array [N, ...]) as a :class:`DictObs` of tensors on ``device`` (dtypes kept)."""
     if not isinstance(obs, Mapping):
@@ -195,8 +232,9 @@ def obs_to_torch(obs, device, expected_keys=None) -> DictObs:
 
 
 class EncodedActor(nets.TanhGaussianActor):
-    """The SAC actor over an encoder's features: pi(a | encoder(s)). The actor owns its encoder (trained by the
-    actor loss; DrQ instead shares the critic's encoder and detaches it for the actor)."""
+    """The SAC actor over an encoder's features: pi(a | encoder(s)): a :class:`DetachedEncoder` (DrQ: the
+    critic's conv layers without their gradient, the actor's own projection; ``actor_encoder="shared"``) or a
+    whole CNN of its own, trained by the actor loss (``actor_encoder="own"``)."""
 
     def __init__(self, encoder: nn.Module, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__(encoder.out_dim, action_dim, hidden, action_low, action_high)

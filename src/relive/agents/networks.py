@@ -260,7 +260,8 @@ def init_(module: nn.Module, generator: torch.Generator, scheme: str = "torch") 
 
     ``"torch"``: PyTorch's ``nn.Linear`` default, weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (what
     CleanRL and Stable-Baselines3 use). ``"xavier"``: Xavier-uniform weights, zero biases (RLPD's reference
-    code). Ensemble layers are initialized member by member with the same rule.
+    code). Ensemble layers are initialized member by member with the same rule; convolutions (image encoders)
+    with the same rule over their fan-in (in_channels x kernel area).
     """
     if scheme not in INIT_SCHEMES:
         raise ValueError(f"init scheme must be one of {INIT_SCHEMES}, got {scheme!r}")
@@ -270,6 +271,9 @@ def init_(module: nn.Module, generator: torch.Generator, scheme: str = "torch") 
                 fan_in, fan_out, weight, bias = m.in_features, m.out_features, m.weight, m.bias
             elif isinstance(m, EnsembleLinear):
                 fan_in, fan_out, weight, bias = m.in_dim, m.out_dim, m.weight, m.bias
+            elif isinstance(m, nn.Conv2d):  # (image encoders) fans per output pixel: channels x kernel area
+                k = m.kernel_size[0] * m.kernel_size[1]
+                fan_in, fan_out, weight, bias = m.in_channels * k, m.out_channels * k, m.weight, m.bias
             else:
                 continue
             if scheme == "torch":

@@ -215,7 +215,7 @@ class ResidualSAC:
         """The agent for a continuous ``EnvSpec``; the base policy is ``base_policy`` if given, else loaded from
         ``config.base_policy`` with ``relive.agents.base_policy.load_base_policy(path, spec)``; neither is an
         error (a run without a base would fail only at its first step)."""
-        if spec.discrete or len(spec.action_shape) != 1 or len(spec.obs_shape) != 1:
+        if spec.discrete or len(spec.action_shape) != 1 or isinstance(spec.obs_shape, dict) or len(spec.obs_shape) != 1:
             raise ValueError(f"residual_sac needs flat Box observations and actions, got {spec.id}: obs "
                              f"{spec.obs_shape}, {'discrete' if spec.discrete else spec.action_shape} actions")
         agent = cls(spec.obs_shape[0], spec.action_shape[0], spec.action_low, spec.action_high, config,

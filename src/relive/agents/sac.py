@@ -49,7 +49,8 @@ from relive.registry import register_agent
 from relive.types import Batch, TensorMetrics, UpdateResult
 
 ACTOR_Q_REDUCTIONS = ("min", "mean")
-ENCODERS = ("flat", "cnn")
+ENCODERS = ("auto", "flat", "cnn")
+ACTOR_ENCODERS = ("shared", "own")
 RLPD_OFFLINE_FRACTION = 0.5  # RLPD's symmetric sampling: half of every minibatch offline (a replay setting:
 #                              MixtureSampler(offline_fraction=...); presets read it from here)
 SCORE_MODES = ("log_prob", "standardized")
@@ -82,10 +83,15 @@ class SACConfig:
     compute_log_likelihood: bool = True  # return log pi(stored action | s) as a signal (on-policyness samplers)
     compile: bool = False  # torch.compile the critic ensembles: fuses LayerNorm / ReLU passes (10 LayerNorm
     #                        critics ~1.4x faster on CPU); slower for plain twin critics; first steps compile
-    encoder: str = "flat"  # dict observations: "flat" (keys concatenated, relive.agents.encoders) or "cnn" (a CNN
-    #                        per image key, in the actor and in the critic; needs obs_spec at construction)
+    encoder: str = "auto"  # dict observations: "flat" (keys concatenated, relive.agents.encoders), "cnn" (a CNN
+    #                        per image key, in the actor and in the critic; needs obs_spec at construction) or
+    #                        "auto" (cnn when obs_spec has a uint8 [C, H, W] image key, else flat)
     encoder_feature_dim: int = 50  # "cnn": features per image key (DrQ / SAC-AE: 50)
+    encoder_channels: int = 32  # "cnn": channels of every conv layer (DrQ: 32)
+    encoder_layers: int = 4  # "cnn": 3x3 conv layers, the first of stride 2 (DrQ: 4)
     augment_pad: int = 0  # "cnn": DrQ random shift of the images by up to this many pixels (DrQ: 4); 0 = off
+    actor_encoder: str = "shared"  # "cnn": "shared" = the actor reads the critic's conv layers with a stop-gradient
+    #                                and has its own projection (DrQ); "own" = a separate CNN trained by the actor loss
 
     def __post_init__(self):
         if self.num_qs < 1 or not 1 <= self.num_min_qs <= self.num_qs:
@@ -106,6 +112,11 @@ class SACConfig:
         nets.check_n_step(self.n_step)
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.actor_encoder not in ACTOR_ENCODERS:
+            raise ValueError(f"actor_encoder must be one of {ACTOR_ENCODERS}, got {self.actor_encoder!r}")
+        if self.encoder_channels < 1 or self.encoder_layers < 1:
+            raise ValueError(f"need encoder_channels >= 1 and encoder_layers >= 1, got {self.encoder_channels}, "
+                             f"{self.encoder_layers}")
         if self.encoder_feature_dim < 1 or self.augment_pad < 0:
             raise ValueError(f"need encoder_feature_dim >= 1 and augment_pad >= 0, got {self.encoder_feature_dim}, "
                              f"{self.augment_pad}")
@@ -136,6 +147,14 @@ class SAC:
         """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
+        if isinstance(spec.obs_shape, Mapping):  # dict observations (an image task): concatenated, or a CNN
+            from relive.agents.encoders import flat_obs_dim
+
+            if config.encoder == "flat" and enc.image_keys(spec.obs_shape):
+                raise ValueError(f"{spec.id} has image observations ({enc.image_keys(spec.obs_shape)}); train with "
+                                 f"agent.encoder = 'cnn' or 'auto' (concatenated pixels are not a useful MLP input)")
+            return cls(flat_obs_dim(spec.obs_shape), spec.action_shape[0], spec.action_low, spec.action_high, config,
+                       seed=nets.seed_int(seed), device=device, obs_spec=spec.obs_shape)
         return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
                    seed=nets.seed_int(seed), device=device)
 
@@ -145,7 +164,7 @@ class SAC:
         ``obs_spec``); ``obs_dim`` is then the encoder's output size (pass anything, e.g. 0)."""
         self.cfg = cfg = config if config is not None else SACConfig()
         self.obs_spec = None
-        if cfg.encoder == "cnn":
+        if cfg.encoder == "cnn" or cfg.encoder == "auto" and isinstance(obs_spec, Mapping) and enc.image_keys(obs_spec):
             if not isinstance(obs_spec, Mapping):
                 raise ValueError("encoder='cnn' needs obs_spec: the dict observation's keys -> (shape, dtype), e.g. "
                                  "buffer.storage.obs_spec")
@@ -157,7 +176,13 @@ class SAC:
         init_gen = torch.Generator().manual_seed(int(seed))  # parameters (CPU: identical on every device)
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration, targets, ...
         if self.obs_spec is not None:  # a CNN per image key, one encoder in the actor and one in the critic
-            encoders = [enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim) for _ in range(2)]
+            if cfg.actor_encoder == "shared":  # DrQ: one CNN, trained by the critic; the actor reads it detached
+                critic_encoder = enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim,
+                                                   cfg.encoder_channels, cfg.encoder_layers)
+                encoders = [enc.detached_encoder(critic_encoder, init_gen), critic_encoder]
+            else:
+                encoders = [enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim,
+                                                   cfg.encoder_channels, cfg.encoder_layers) for _ in range(2)]
             self.obs_dim = encoders[0].out_dim
             with nets.private_rng():
                 actor = enc.EncodedActor(encoders[0], action_dim, cfg.hidden, action_low, action_high)

@@ -69,9 +69,16 @@ def check_env_spaces(rows: dict, env_id: str, where: str) -> None:
     env = make_env(env_id)
     spec = env_spec(env)
     env.close()
-    obs_shape = tuple(np.asarray(rows["obs"]).shape[1:])
-    if obs_shape != tuple(spec.obs_shape):
-        raise ValueError(f"{where}: observations have shape {obs_shape}, {env_id} expects {spec.obs_shape}")
+    if isinstance(spec.obs_shape, dict) or isinstance(rows["obs"], dict):  # dict observations (image tasks)
+        want = {k: tuple(v[0]) for k, v in spec.obs_shape.items()} if isinstance(spec.obs_shape, dict) else None
+        got = ({k: tuple(np.asarray(v).shape[1:]) for k, v in rows["obs"].items()}
+               if isinstance(rows["obs"], dict) else tuple(np.asarray(rows["obs"]).shape[1:]))
+        if got != want:
+            raise ValueError(f"{where}: observations have shapes {got}, {env_id} expects {want or spec.obs_shape}")
+    else:
+        obs_shape = tuple(np.asarray(rows["obs"]).shape[1:])
+        if obs_shape != tuple(spec.obs_shape):
+            raise ValueError(f"{where}: observations have shape {obs_shape}, {env_id} expects {spec.obs_shape}")
     act = np.asarray(rows["action"])
     if spec.discrete:
         if act.ndim != 1 or act.dtype.kind not in "iu" or act.min() < 0 or act.max() >= spec.num_actions:

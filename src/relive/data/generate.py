@@ -35,6 +35,11 @@ TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d
          "pointmaze-medium-v3": "PointMaze_Medium-v3"}
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert", "scripted")
 MAZE_TASKS = ("pointmaze-umaze-v3", "pointmaze-medium-v3")  # levels: random, scripted (waypoint controller)
+# pixel tasks (image + state observations, ``relive.train.pixel_envs``): the policies of their levels are the
+# state-based task's (the same dynamics), rolled out in the pixel env from its true state; no medium-replay
+# (that run's replay holds state observations, not images)
+TASKS["pixel-pendulum-v0"] = "PixelPendulum-v0"
+PIXEL_SOURCES = {"pixel-pendulum-v0": "pendulum-v1"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +52,8 @@ class Budget:
 # SAC at these budgets; pass --expert-train-steps for more
 BUDGETS = {"pendulum-v1": Budget(20_000, 15_000), "hopper-v5": Budget(100_000, 100_000),
            "halfcheetah-v5": Budget(100_000, 100_000), "walker2d-v5": Budget(100_000, 100_000),
-           "pointmaze-umaze-v3": Budget(50_000, 0), "pointmaze-medium-v3": Budget(100_000, 0)}
+           "pointmaze-umaze-v3": Budget(50_000, 0), "pointmaze-medium-v3": Budget(100_000, 0),
+           "pixel-pendulum-v0": Budget(20_000, 15_000)}  # (the training run is pendulum-v1's)
 
 
 def task_env(task: str) -> str:
@@ -158,7 +164,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     """Generate one level and write it as a Minari dataset; returns (dataset id, summary). An existing dataset
     of that id is kept unless ``overwrite`` (checked before any work); the new one is written beside it and
     swapped in atomically once complete (see ``write_minari``)."""
-    from relive.train.collector import collect_dataset
+    from relive.train.collector import _concat, collect_dataset
 
     if level not in LEVELS:
         raise ValueError(f"unknown level {level!r}; known: {LEVELS}")
@@ -170,6 +176,10 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     if maze and level not in ("random", "scripted") or not maze and level == "scripted":
         raise ValueError(f"level {level!r} is not made for {task}: mazes have random and scripted, "
                          "locomotion and pendulum tasks have random, medium, medium-replay, expert, medium-expert")
+    source = PIXEL_SOURCES.get(task.lower())  # a pixel task: policies from the state task's run
+    if source and level == "medium-replay":
+        raise ValueError(f"{task} has no medium-replay level: its training run ({source}) stored state observations, "
+                         "not images; levels: random, medium, expert, medium-expert")
     budget = BUDGETS[task.lower()]
     steps = budget.steps if steps is None else steps
     out = Path(out)
@@ -183,6 +193,9 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     label = "collecting" if progress else None
 
     def rollout(agent, n, s):
+        if source:  # the state policy, fed the pixel env's true state
+            return collect_dataset(env_id, n, seed=s, progress=label, policy_from_env=lambda env: (
+                lambda o: agent.act(env.get_wrapper_attr("true_state_obs")()[None], explore=True)))
         return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True), progress=label)
 
     def policy_rows(agent_name: str, n: int, s: int) -> dict:
@@ -191,6 +204,8 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         from relive.train.collector import load_dataset, save_dataset
 
         path = run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{s}-steps{n}.npz"
+        if source:  # image rows: not cached (.npz columns are flat arrays; regenerating takes seconds)
+            return rollout(_load_agent(run_dir, agent_name), n, s)
         if path.is_file():
             return load_dataset(path)[0]
         rows = rollout(_load_agent(run_dir, agent_name), n, s)
@@ -200,7 +215,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     # every level records the same (R_random, R_expert): R_random is cached per task, R_expert in the training
     # run's directory (or per task for the mazes' scripted level), keyed by seed and size
     task_refs = out / "policies" / task.lower() / "references.json"
-    run_dir = out / "policies" / task.lower() / f"seed{seed}-steps{train_steps}"
+    run_dir = out / "policies" / (source or task.lower()) / f"seed{seed}-steps{train_steps}"
     random_rows = random_dataset(env_id, steps, seed, progress=label) if level == "random" else None
     ref_min = _cached_reference(task_refs, f"random/seed{seed}-steps{steps}", lambda: _episode_returns(
         random_rows if random_rows is not None else random_dataset(env_id, steps, seed, progress=label)).mean())
@@ -221,7 +236,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         rows = collect_dataset(env_id, steps, seed=seed, policy=policy, progress=label)
         ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(rows).mean())
     else:
-        _training_run(task, train_steps, seed, run_dir, progress)
+        _training_run(source or task, train_steps, seed, run_dir, progress)
         expert_agent, expert_step, expert_eval = _expert_snapshot(run_dir)
         expert_key = f"expert/{expert_agent}/seed{seed}-steps{steps}"
         expert_rows = policy_rows(expert_agent, steps, seed + 2) if level in ("expert", "medium-expert") else None
@@ -246,10 +261,10 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
                                                                "truncated")}
             rows["truncated"][-1] |= not rows["terminated"][-1]
         else:
-            rows = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            rows = parts[0] if len(parts) == 1 else {k: _concat([p[k] for p in parts]) for k in parts[0]}
     returns = _episode_returns(rows)
     d4rl = d4rl_reference(env_id)
-    summary = {"task": task.lower(), "env_id": env_id, "level": level, "seed": seed, "rows": int(len(rows["obs"])),
+    summary = {"task": task.lower(), "env_id": env_id, "level": level, "seed": seed, "rows": int(len(rows["reward"])),
                "episodes": int(returns.size), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
                "ref_min_return": ref_min, "ref_max_return": ref_max, "d4rl_ref": list(d4rl) if d4rl else None} | extra
     write_minari(did, rows, env_id, root=root, algorithm_name=f"relive {level}",

@@ -37,13 +37,27 @@ def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | 
     else:
         from relive.data.minari_io import read_minari
 
-        rows, meta = read_minari(source, root)
+        rows, meta = read_minari(source, root, flatten=not _keeps_dict_obs(env_id))
         if env_id and meta.get("env_id") and meta["env_id"] != env_id:
             raise ValueError(f"dataset {source} was recorded on {meta['env_id']}, not {env_id}")
     check_columns(rows, str(source))
     if env_id:
         check_env_spaces(rows, env_id, str(source))
     return rows, meta
+
+
+def _keeps_dict_obs(env_id: str | None) -> bool:
+    """Whether ``env_id``'s observations stay dicts (image tasks: ``relive.train.envs.has_image_keys``), so a
+    Minari dataset of it is read key by key instead of flattened."""
+    if not env_id:
+        return False
+    from relive.train.envs import has_image_keys, make_env
+
+    env = make_env(env_id)
+    try:
+        return has_image_keys(env.observation_space)
+    finally:
+        env.close()
 
 
 def fill_offline(buffer, rows: dict, gamma: float = 0.99) -> np.ndarray:

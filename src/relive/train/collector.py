@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relive.train.envs import EnvSpec, make_env, random_actions
+from relive.train.envs import EnvSpec, make_env, num_obs, one_row, random_actions, stack_obs
 
 
 class Collector:
@@ -72,7 +72,7 @@ class Collector:
             if self.episode_length == 0:
                 for fn in self.on_episode_start:
                     fn(0)
-            action, record, store = unpack_acted(policy(self.obs[None]))
+            action, record, store = unpack_acted(policy(one_row(self.obs)))
             action, store = action[0], bool(store[0])
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
             if store:
@@ -98,12 +98,12 @@ class Collector:
     def _columns(self, rows: dict, records: list[dict]) -> dict:
         m = len(records)
         spec = self.spec
-        obs_shape, act_shape = tuple(spec.obs_shape), tuple(spec.action_shape)
+        act_shape = tuple(spec.action_shape)
         out = {
-            "obs": np.asarray(rows["obs"]).reshape(m, *obs_shape),
+            "obs": stack_obs(rows["obs"], m, spec.obs_shape),
             "action": np.asarray(rows["action"]).reshape(m, *act_shape),
             "reward": np.asarray(rows["reward"], np.float32).reshape(m),  # the storage's reward dtype
-            "next_obs": np.asarray(rows["next_obs"]).reshape(m, *obs_shape),
+            "next_obs": stack_obs(rows["next_obs"], m, spec.obs_shape),
             "terminated": np.asarray(rows["terminated"], bool).reshape(m),
             "truncated": np.asarray(rows["truncated"], bool).reshape(m),
         }
@@ -188,16 +188,16 @@ class VectorCollector:
             done = np.logical_or(terminated, truncated)
             true_next = next_obs
             if done.any():  # SAME_STEP autoreset: next_obs holds the new episodes' first observations
-                true_next = np.array(next_obs, copy=True)
+                true_next = _copy_obs(next_obs)
                 for i in np.flatnonzero(done):
-                    true_next[i] = info["final_obs"][i]
+                    _set_row(true_next, i, info["final_obs"][i])
             for i in range(N):
                 if store[i]:
                     r = rows[i]
-                    r["obs"].append(self.obs[i])
+                    r["obs"].append(_row(self.obs, i))
                     r["action"].append(action[i])
                     r["reward"].append(reward[i])
-                    r["next_obs"].append(true_next[i])
+                    r["next_obs"].append(_row(true_next, i))
                     r["terminated"].append(terminated[i])
                     r["truncated"].append(truncated[i])
                     records[i].append({k: np.asarray(v)[i] for k, v in record.items()})
@@ -250,26 +250,53 @@ def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.nd
 
 
 def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_episode_steps: int | None = None,
-                    progress: str | None = None) -> dict:
+                    progress: str | None = None, policy_from_env=None) -> dict:
     """Rows of ``num_steps`` env steps with ``policy`` (uniform random actions when None); the last
-    episode is cut as truncated so the dataset holds whole episodes. ``progress``: a label for a progress bar."""
+    episode is cut as truncated so the dataset holds whole episodes. ``progress``: a label for a progress bar.
+    ``policy_from_env(env) -> policy``: a policy that reads the env itself (a state policy driving a pixel task)."""
     from relive.train.envs import env_spec
 
     env = make_env(env_id, max_episode_steps)
+    if policy_from_env is not None:
+        policy = policy_from_env(env)
     spec = env_spec(env)
     rng = np.random.default_rng(seed)
     collector = Collector(env, spec, seed)
-    act = policy if policy is not None else (lambda obs: random_actions(spec, obs.shape[0], rng))
+    act = policy if policy is not None else (lambda obs: random_actions(spec, num_obs(obs), rng))
     chunks = [min(10_000, num_steps - i) for i in range(0, num_steps, 10_000)]
     if progress:
         from rich.progress import track
 
         chunks = track(chunks, description=f"{progress} ({num_steps:,} steps)")
     parts = [collector.step(act, k) for k in chunks]
-    rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    rows = {k: _concat([p[k] for p in parts]) for k in parts[0]}
     rows["truncated"][-1] = rows["truncated"][-1] or not rows["terminated"][-1]
     env.close()
     return rows
+
+
+def _row(obs, i: int):
+    """Env ``i``'s observation of a vector env's batch (dict observations: key -> [N, ...])."""
+    return {k: v[i] for k, v in obs.items()} if isinstance(obs, dict) else obs[i]
+
+
+def _copy_obs(obs):
+    return {k: np.array(v, copy=True) for k, v in obs.items()} if isinstance(obs, dict) else np.array(obs, copy=True)
+
+
+def _set_row(obs, i: int, value) -> None:
+    if isinstance(obs, dict):
+        for k in obs:
+            obs[k][i] = value[k]
+    else:
+        obs[i] = value
+
+
+def _concat(parts: list):
+    """Concatenate row chunks: arrays, or dicts key -> array (dict observations)."""
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)
 
 
 def save_dataset(path: str | Path, rows: dict, **meta) -> Path:

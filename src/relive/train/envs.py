@@ -11,7 +11,7 @@ import numpy as np
 @dataclass(frozen=True)
 class EnvSpec:
     id: str
-    obs_shape: tuple[int, ...]
+    obs_shape: tuple[int, ...] | dict  # a dict key -> (shape, dtype) for dict observations (image tasks)
     discrete: bool
     action_shape: tuple[int, ...]
     num_actions: int  # discrete only
@@ -24,8 +24,9 @@ ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")
 
 
 def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
-    """``gym.make``; Gymnasium-Robotics mazes are registered on demand, and goal-conditioned (Dict)
-    observations are flattened into one Box (achieved_goal, desired_goal, observation)."""
+    """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.train.pixel_envs``) are
+    registered on demand. Dict observations are flattened into one Box (goal-conditioned tasks: achieved_goal,
+    desired_goal, observation) unless they hold an image key (:func:`has_image_keys`), which keeps them dicts."""
     kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     if env_id.startswith(ROBOTICS_PREFIXES):
         try:
@@ -34,13 +35,25 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
             raise ValueError(f"{env_id} needs gymnasium-robotics: pip install 'relive[maze]'") from None
         gym.register_envs(gymnasium_robotics)
         kwargs["continuing_task"] = False  # an episode ends when the goal is reached
+    if env_id.startswith("Pixel"):
+        from relive.train.pixel_envs import register_pixel_envs
+
+        register_pixel_envs()
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as e:
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from None
-    if isinstance(env.observation_space, gym.spaces.Dict):
+    if isinstance(env.observation_space, gym.spaces.Dict) and not has_image_keys(env.observation_space):
         env = gym.wrappers.FlattenObservation(env)
     return env
+
+
+def has_image_keys(space) -> bool:
+    """A Dict space with an image key (a uint8 Box of shape [C, H, W]): such observations stay dicts (stored key
+    by key, the images as uint8, read by ``agent.encoder = "cnn"``); other Dict spaces (goal-conditioned
+    mazes) are flattened into one Box."""
+    return isinstance(space, gym.spaces.Dict) and any(
+        isinstance(s, gym.spaces.Box) and s.dtype == np.uint8 and len(s.shape) == 3 for s in space.spaces.values())
 
 
 VECTOR_MODES = ("sync", "async")
@@ -65,16 +78,44 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_
 
 
 def env_spec(env: gym.Env) -> EnvSpec:
+    """Shapes of an env made by :func:`make_env`. ``obs_shape``: a tuple for a Box, or for a Dict kept by
+    ``make_env`` (image tasks) a dict key -> (shape, dtype), as ``ReplayBuffer(obs_shape=...)`` takes it."""
     obs, act = env.observation_space, env.action_space
-    if not isinstance(obs, gym.spaces.Box):
-        raise ValueError(f"{env.spec.id}: only Box observation spaces are supported, got {obs}")
+    if has_image_keys(obs) and all(isinstance(s, gym.spaces.Box) for s in obs.spaces.values()):
+        obs_shape = {k: (tuple(s.shape), np.dtype(s.dtype)) for k, s in obs.spaces.items()}
+    elif isinstance(obs, gym.spaces.Box):
+        obs_shape = obs.shape
+    else:
+        raise ValueError(f"{env.spec.id}: only Box observation spaces (or Dicts of Boxes with an image key) are "
+                         f"supported, got {obs}")
     steps = env.spec.max_episode_steps if env.spec else None
     if isinstance(act, gym.spaces.Discrete):
-        return EnvSpec(env.spec.id, obs.shape, True, (), int(act.n), None, None, steps)
+        return EnvSpec(env.spec.id, obs_shape, True, (), int(act.n), None, None, steps)
     if isinstance(act, gym.spaces.Box):
-        return EnvSpec(env.spec.id, obs.shape, False, act.shape, 0, act.low.astype(np.float32),
+        return EnvSpec(env.spec.id, obs_shape, False, act.shape, 0, act.low.astype(np.float32),
                        act.high.astype(np.float32), steps)
     raise ValueError(f"{env.spec.id}: unsupported action space {act}")
+
+
+def one_row(obs):
+    """A single observation as a batch of one: [1, ...], or key -> [1, ...] for a dict observation."""
+    if isinstance(obs, dict):
+        return {k: np.asarray(v)[None] for k, v in obs.items()}
+    return obs[None]
+
+
+def stack_obs(obs_list: list, m: int, obs_shape):
+    """Observations of ``m`` steps as one column: [m, *shape], or key -> [m, *shape] (dict observations, their
+    dtypes kept: uint8 images stay uint8)."""
+    if isinstance(obs_shape, dict):
+        return {k: np.asarray([o[k] for o in obs_list], dtype=dt).reshape(m, *shape)
+                for k, (shape, dt) in obs_shape.items()}
+    return np.asarray(obs_list).reshape(m, *tuple(obs_shape))
+
+
+def num_obs(obs) -> int:
+    """Rows of a batch of observations (an array, or a dict key -> array)."""
+    return len(next(iter(obs.values()))) if isinstance(obs, dict) else obs.shape[0]
 
 
 def random_actions(spec: EnvSpec, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.data.scores import normalized_score  # noqa: F401  (re-exported for the trainer)
+from relive.train.envs import one_row
 from relive.types import unpack_acted
 
 
@@ -16,7 +17,7 @@ def evaluate(env, agent, episodes: int, seed: int | None) -> np.ndarray:
         obs, _ = env.reset(seed=None if seed is None else int(seed) + i)
         total, done = 0.0, False
         while not done:
-            action = unpack_acted(agent.act(obs[None], explore=False))[0][0]
+            action = unpack_acted(agent.act(one_row(obs), explore=False))[0][0]
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated

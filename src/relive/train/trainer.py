@@ -42,7 +42,7 @@ from relive.replay.checkpoint import load_tree, save_tree
 from relive.train import hooks as H
 from relive.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from relive.train.collector import Collector, VectorCollector
-from relive.train.envs import env_spec, make_env, make_vector_env, random_actions
+from relive.train.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
 from relive.train.evaluation import evaluate, normalized_score
 from relive.train.logging import RunLogger
 
@@ -426,7 +426,7 @@ def collect(run: Run, k: int) -> int:
 
     def policy(obs):
         if st.env_steps < s.num_warmup_env_steps and s.warmup_policy == "random":
-            return random_actions(run.spec, obs.shape[0], run.warmup_rng)
+            return random_actions(run.spec, num_obs(obs), run.warmup_rng)
         return run.agent.act(obs, explore=True)  # (may return a behaviour record, or store=False to probe)
 
     chunks, k = run.collector.step_streams(policy, k)  # truncation: next_obs is the true final obs
