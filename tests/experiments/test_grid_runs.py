@@ -4,7 +4,7 @@
 ``schedule.refresh_every_grad_steps``) for all 271 runs: the agent's settings, the schedule, the run, env and data
 sections, and the sampler each run built (its class and constructor arguments). Today's code must give the same
 effective settings for every one of those runs (grids added since may add runs; run / env settings added since
-must hold their defaults there)."""
+must hold their defaults there, and so must agent settings added since)."""
 
 import dataclasses
 import json
@@ -33,7 +33,8 @@ def _settings(grid, run) -> dict:
     d = cfg.to_dict()
     return {"agent_kind": cfg.agent_kind, "agent": d["agent"], "schedule": d["schedule"], "run": d["run"],
             "env": d["env"], "data": d["data"], "replay_capacity": cfg.replay.capacity, "sampler": sampler,
-            "refresh_every_grad_steps": refresh if is_arb else None, "score_mode": score_mode if is_arb else None}
+            "refresh_every_grad_steps": refresh if is_arb else None, "score_mode": score_mode if is_arb else None,
+            "agent_defaults": json.loads(json.dumps(dataclasses.asdict(type(cfg.agent)()), allow_nan=True))}
 
 
 def test_every_built_in_grid_expands_to_the_same_runs_as_before():
@@ -48,6 +49,9 @@ def test_every_built_in_grid_expands_to_the_same_runs_as_before():
         if want["sampler"]["type"] == "BERBSampler":
             want["sampler"]["params"].pop("seed")
         got = json.loads(json.dumps(seen[key], allow_nan=True))
+        agent_defaults = got.pop("agent_defaults")
+        for name in set(got["agent"]) - set(want["agent"]):  # agent settings added since (n_step, encoder, ...)
+            assert got["agent"].pop(name) == agent_defaults[name], f"{key}: agent.{name}"
         for section, cls in (("run", RunConfig), ("env", EnvConfig)):  # settings added since: at their defaults
             defaults = dataclasses.asdict(cls())
             for name in set(got[section]) - set(want[section]):
