@@ -1,5 +1,6 @@
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -123,6 +124,35 @@ def test_resume_after_a_kill_in_the_offline_phase(tmp_path):
     train(resume_dir=tmp_path / "cut")
     assert_same_agent(tmp_path / "full", tmp_path / "cut")
     assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
+
+
+def test_run_checkpoints_refer_to_the_dataset_and_a_changed_dataset_is_refused_on_resume(tmp_path):
+    """The offline rows are not copied into run checkpoints (dataset path + SHA-256 instead); resuming loads the
+    dataset again (mc_return recomputed: Cal-QL) and gets the uninterrupted result; a dataset file changed in
+    between is refused, naming it; buffer_final stays self-contained."""
+    data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 400, seed=2))
+    args = ["calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "20", "--online-steps", "300",
+            "--eval-every", "150", "--log-every", "100", "--checkpoint-every", "100", "--set",
+            "agent.cql_n_actions=2", "--set", "run.save_final_buffer=true", *TINY]
+    train(cfg_for(args, tmp_path / "full"))
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, tmp_path / "cut"), on_step=kill_at(env_step=250))
+    buf = load_tree(tmp_path / "cut" / "checkpoint", kind="run")["buffer"]["storage"]
+    assert buf["offline_ref"]["dataset_id"] == str(data) and buf["offline_ref"]["num_offline"] == 400
+    assert len(buf["columns"]["reward"]) == 200  # the online rows only (env step 200's checkpoint)
+    copy = tmp_path / "copy"
+
+    shutil.copytree(tmp_path / "cut", copy)
+    train(resume_dir=tmp_path / "cut")
+    assert_same_agent(tmp_path / "full", tmp_path / "cut")
+    assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
+    final = ReplayBuffer.load(tmp_path / "cut" / "buffer_final")  # no offline_rows needed
+    assert final.storage.num_offline == 400
+    d = dict(np.load(data))
+    d["reward"] = d["reward"] + 1.0
+    np.savez(data, **d)
+    with pytest.raises(ValueError, match="changed since the checkpoint was saved"):
+        train(resume_dir=copy)
 
 
 def test_resume_after_the_process_is_killed(tmp_path):

@@ -156,7 +156,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
                            | {"grad_step": st.grad_steps, "phase": "final"})
         save_tree(run.run_dir / "agent_final", run.agent.state_dict(), kind="agent")  # the trained policy
         if run.cfg.run.save_final_buffer:
-            run.buffer.save(run.run_dir / "buffer_final")
+            run.buffer.save(run.run_dir / "buffer_final", offline="copy")  # self-contained, unlike checkpoints
     finally:
         run.logger.close()
         if hasattr(run.collector, "close"):
@@ -279,7 +279,24 @@ def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
 
 
 def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState) -> None:
-    from relive.data.loaders import fill_offline, load_rows
+    from relive.data.loaders import fill_offline
+
+    rows, meta = _dataset_rows(cfg, columns)
+    if cfg.schedule.num_offline_grad_steps and len(rows["reward"]) < cfg.schedule.batch_size:
+        raise ValueError(f"dataset {cfg.data.dataset} has {len(rows['reward'])} rows, fewer than one batch "
+                         f"(schedule.batch_size = {cfg.schedule.batch_size}): the offline phase could not take a "
+                         f"single gradient step; use a smaller --batch-size or a larger dataset")
+    # named by its path / id: run checkpoints then refer to the offline rows by id + SHA-256 instead of copying
+    # them (a 1M-row dataset would add ~120 MB to every checkpoint); a resume loads the dataset again (_resume)
+    fill_offline(buffer, rows, gamma, dataset_id=str(cfg.data.dataset))
+    state.ref_min = state.ref_min if state.ref_min is not None else meta.get("ref_min_return")
+    state.ref_max = state.ref_max if state.ref_max is not None else meta.get("ref_max_return")
+
+
+def _dataset_rows(cfg, columns) -> tuple[dict, dict]:
+    """The dataset's rows as the buffer stores them (the agent's extra columns filled, truncations converted
+    under ``env.truncation_as_termination``) and the dataset's metadata."""
+    from relive.data.loaders import load_rows
 
     rows, meta = load_rows(cfg.data.dataset, env_id=cfg.env.id)
     n = len(rows["reward"])
@@ -289,13 +306,23 @@ def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopS
                              f"needs for offline rows ({c.doc or 'a behaviour record'})")
         if c.name not in rows and c.name != "mc_return":  # (loaders compute returns-to-go themselves)
             rows[c.name] = c.filled(n)
-    if cfg.schedule.num_offline_grad_steps and n < cfg.schedule.batch_size:
-        raise ValueError(f"dataset {cfg.data.dataset} has {n} rows, fewer than one batch "
-                         f"(schedule.batch_size = {cfg.schedule.batch_size}): the offline phase could not take a "
-                         f"single gradient step; use a smaller --batch-size or a larger dataset")
-    fill_offline(buffer, stored_rows(cfg, rows), gamma)
-    state.ref_min = state.ref_min if state.ref_min is not None else meta.get("ref_min_return")
-    state.ref_max = state.ref_max if state.ref_max is not None else meta.get("ref_max_return")
+    return stored_rows(cfg, rows), meta
+
+
+def _offline_rows_again(run: Run):
+    """For a checkpoint that refers to its offline rows: the dataset loaded again, as ``_load_dataset`` stored it
+    (``mc_return`` included), for ``ReplayBuffer.from_state_dict`` to write and check against the recorded hash."""
+    from relive.data.loaders import with_returns_to_go
+
+    def rows(dataset_id: str) -> dict:
+        cfg = run.cfg
+        if str(cfg.data.dataset) != dataset_id:
+            raise ValueError(f"cannot resume {run.run_dir}: its checkpoint refers to offline dataset {dataset_id!r}, "
+                             f"its config names {cfg.data.dataset!r}")
+        columns = tuple(getattr(run.agent, "stored_columns", tuple)())
+        gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
+        return with_returns_to_go(_dataset_rows(cfg, columns)[0], run.buffer.storage.extra_names, gamma)
+    return rows
 
 
 def _resume(run: Run, resuming: bool) -> None:
@@ -305,7 +332,7 @@ def _resume(run: Run, resuming: bool) -> None:
         return
     tree = load_checkpoint(run.run_dir)
     run.agent.load_state_dict(tree["agent"])
-    run.buffer = ReplayBuffer.from_state_dict(tree["buffer"])
+    run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=_offline_rows_again(run))
     run.collector.load_state_dict(tree["collector"])
     run.warmup_rng.bit_generator.state = tree["warmup_rng"]
     if "eval_rng" in tree:
