@@ -246,3 +246,21 @@ def test_flat_agents_are_byte_identical_to_before_the_encoder(kind):
             h.update(k.encode())
             h.update(np.ascontiguousarray(sd[name][k]).tobytes())
     assert h.hexdigest()[:16] == FLAT_HASHES[kind]
+
+
+def test_flat_only_agents_refuse_dict_observations_naming_the_alternative(tmp_path):
+    """DDPG, V-RACER and base policies take vectors: a dict observation space is refused with a message that names
+    the env's keys and the agents that take dicts (not numpy's error from the product of a dict)."""
+    from relive.agents.base_policy import load_base_policy
+    from relive.agents.ddpg import DDPG, DDPGConfig
+    from relive.agents.vracer import VRACER, VRACERConfig
+    from relive.train.envs import EnvSpec
+
+    spec = EnvSpec("PixelPendulum-v0", {"image": ((3, 24, 24), np.uint8), "state": ((1,), np.float32)}, False, (1,),
+                   0, np.array([-2.0], np.float32), np.array([2.0], np.float32), 200)
+    for build, name in ((lambda: DDPG.from_spec(spec, DDPGConfig(), 0), "DDPG"),
+                        (lambda: VRACER.from_spec(spec, VRACERConfig(), np.random.SeedSequence(0)), "V-RACER"),
+                        (lambda: load_base_policy(tmp_path / "missing.pt", spec), "a base policy")):
+        with pytest.raises(ValueError, match=rf"{name} takes flat vector observations; PixelPendulum-v0 has dict "
+                                             r"observations \(keys image, state\)"):
+            build()

@@ -100,7 +100,7 @@ def load_base_policy(path: str | Path, spec, device: str = "cpu") -> BasePolicy:
     ``spec`` (a ``relive.train.envs.EnvSpec``): observation size, and the action shape of one call."""
     if getattr(spec, "discrete", False):
         raise ValueError(f"a base policy needs a continuous action space; {spec.id} is discrete")
-    obs_dim = int(np.prod(spec.obs_shape))
+    obs_dim = nets.vector_obs_dim(spec, "a base policy")
     p = Path(path)
     if not p.exists():
         raise ValueError(f"base policy {p} does not exist")

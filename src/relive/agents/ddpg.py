@@ -140,7 +140,7 @@ class DDPG:
         """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
-        return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
+        return cls(nets.vector_obs_dim(spec, "DDPG"), spec.action_shape[0], spec.action_low, spec.action_high, config,
                    seed=nets.seed_int(seed), device=device)
 
     # -- acting ----------------------------------------------------------------------------------------

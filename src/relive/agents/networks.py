@@ -482,3 +482,13 @@ def seed_int(seed) -> int:
     if isinstance(seed, np.random.SeedSequence):
         return int(seed.generate_state(1)[0] % 2**31)
     return int(seed)
+
+
+def vector_obs_dim(spec, owner: str) -> int:
+    """The observation size of an agent that takes flat vectors; dict observations (``spec.obs_shape`` a mapping
+    key -> shape) are refused naming the agents that take them through an encoder."""
+    if isinstance(spec.obs_shape, Mapping):
+        raise ValueError(f"{owner} takes flat vector observations; {getattr(spec, 'id', 'this env')} has dict "
+                         f"observations (keys {', '.join(spec.obs_shape)}). SAC, RLPD, Cal-QL and residual SAC take "
+                         "dict observations (agent.encoder); or flatten them with gymnasium's FlattenObservation")
+    return int(np.prod(spec.obs_shape))

@@ -250,7 +250,7 @@ class VRACER:
     def from_spec(cls, spec, config: VRACERConfig, seed: np.random.SeedSequence, device: str = "cpu") -> VRACER:
         if spec.discrete:
             raise ValueError(f"V-RACER needs a continuous action space; {spec.id} is discrete")
-        return cls(int(np.prod(spec.obs_shape)), int(np.prod(spec.action_shape)), spec.action_low,
+        return cls(nets.vector_obs_dim(spec, "V-RACER"), int(np.prod(spec.action_shape)), spec.action_low,
                    spec.action_high, config, seed=nets.seed_int(seed), device=device)
 
     # -- what the loop stores and serves ---------------------------------------------------------------
