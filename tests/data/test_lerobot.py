@@ -87,11 +87,12 @@ def test_discrete_actions_round_trip(tmp_path):
     _assert_rows_equal(read_lerobot(write_lerobot(tmp_path / "d", rows))[0], rows)
 
 
-def _write_v21(root, *, reward=True, shape_in_info=3, done_at=(4,), frame_gap=False, lengths=(5, 4)):
+def _write_v21(root, *, reward=True, shape_in_info=3, done_at=(4,), frame_gap=False, lengths=(5, 4), cameras=False):
     """A LeRobot v2.1 directory as LeRobot 2.1 wrote it: one parquet file per episode under
     data/chunk-000/episode_XXXXXX.parquet, meta/info.json with the episode_chunk path template, meta/episodes.jsonl,
     tasks.jsonl and episodes_stats.jsonl; an image feature stored in the parquet (PNG bytes struct) and a video
-    feature (mp4 files, not in the parquet), both skipped by relive."""
+    feature (mp4 files, not in the parquet), with ``cameras`` (placeholder bytes and no mp4 files: read with
+    ``cameras="skip"``; the decoding of both is tested in test_lerobot_images.py)."""
     root.mkdir()
     (root / "meta").mkdir()
     feats = {
@@ -109,6 +110,8 @@ def _write_v21(root, *, reward=True, shape_in_info=3, done_at=(4,), frame_gap=Fa
         "task_index": {"dtype": "int64", "shape": [1], "names": None}}
     if not reward:
         del feats["next.reward"]
+    if not cameras:
+        del feats["observation.image"], feats["observation.images.top"]
     info = {"codebase_version": "v2.1", "robot_type": "koch", "total_episodes": len(lengths),
             "total_frames": sum(lengths), "total_tasks": 1, "total_videos": len(lengths), "total_chunks": 1,
             "chunks_size": 1000, "fps": 10, "splits": {"train": f"0:{len(lengths)}"},
@@ -140,6 +143,8 @@ def _write_v21(root, *, reward=True, shape_in_info=3, done_at=(4,), frame_gap=Fa
             "task_index": pa.array(np.zeros(n, int))}
         if not reward:
             del cols["next.reward"]
+        if not cameras:
+            del cols["observation.image"]
         table = pa.table(cols)
         if e == 1:  # rows out of time order in the file: the reader sorts by frame_index
             table = table.take(pa.array(np.r_[n - 1, np.arange(n - 1)]))
@@ -152,9 +157,9 @@ def _write_v21(root, *, reward=True, shape_in_info=3, done_at=(4,), frame_gap=Fa
 
 
 def test_hand_made_v21_directory_reads_with_episode_ends_and_next_obs(tmp_path):
-    (s0, e0), (s1, e1) = _write_v21(tmp_path / "v21")
+    (s0, e0), (s1, e1) = _write_v21(tmp_path / "v21", cameras=True)
     with pytest.warns(UserWarning, match="image/video features .* are skipped"):
-        rows, meta = read_lerobot(tmp_path / "v21")
+        rows, meta = read_lerobot(tmp_path / "v21", cameras="skip")
     obs0, obs1 = np.c_[s0, e0], np.c_[s1, e1]  # observation.* vectors concatenated in info.json order
     np.testing.assert_array_equal(rows["obs"], np.r_[obs0, obs1])
     # next_obs: the next frame of the same episode; an episode's last frame: its own observation

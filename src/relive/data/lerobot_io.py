@@ -28,10 +28,17 @@ with pandas (index ``task``), as LeRobot's ``load_tasks`` does.
 
 Reading (``read_lerobot``), the mapping to relive's rows:
 
-- ``obs``: every non-image ``observation.*`` feature, in ``info.json`` order, each flattened per frame and
-  concatenated (relive's observations are flat vectors); the keys and shapes are recorded in
-  ``meta["observation_keys"]``. Image and video features are not decoded: they are skipped and listed in
-  ``meta["skipped_features"]`` (a dataset with only camera observations is refused).
+- ``obs``: without camera features, every ``observation.*`` feature, in ``info.json`` order, each flattened per
+  frame and concatenated into one flat vector; the keys and shapes are recorded in ``meta["observation_keys"]``.
+  With "image" / "video" features (``cameras="decode"``, the default): dict observations, one key per
+  ``observation.*`` feature (``observation.images.top`` -> ``images_top``; ``meta["obs_key_of_feature"]``), cameras
+  as uint8 [C, H, W]. "image": parquet structs ``{bytes, path}`` of PNG / JPEG bytes (``datasets.Image``), decoded
+  with Pillow. "video": mp4 files at ``info["video_path"]`` (v2.x: ``videos/chunk-{episode_chunk}/{video_key}/
+  episode_{episode_index}.mp4``; v3.0: ``videos/{video_key}/chunk-{chunk_index}/file-{file_index}.mp4`` with the
+  episode's file and start in ``meta/episodes`` columns ``videos/{key}/chunk_index``, ``file_index``,
+  ``from_timestamp``), decoded with PyAV; a row's frame is the one nearest to ``timestamp + from_timestamp``, within
+  half a frame period (LeRobot's ``video_utils.decode_video_frames`` / ``dataset_metadata`` at the commit above).
+  ``cameras="skip"``: cameras are left out and listed in ``meta["skipped_features"]``.
 - ``action``: ``action`` (float32; an integer ``action`` of shape (1,) is a discrete action, shape (N,)).
 - ``reward``: ``next.reward``; without it zeros, with a warning and ``meta["reward"] = "absent: zeros"``.
 - Episode ends. LeRobot has only ``next.done``; relive needs gymnasium's terminated / truncated. The last frame of
@@ -44,7 +51,8 @@ Reading (``read_lerobot``), the mapping to relive's rows:
   are used for every frame, else the last frame's ``next_obs`` is its own observation (exact at a terminal,
   where it is never used; an approximation at a truncation, recorded in ``meta["next_obs"]``).
 
-Writing (``write_lerobot``) produces the v3.0 layout with ``observation.state``, ``action``, ``next.reward``,
+Writing (``write_lerobot``; dict observations: see its docstring) produces the v3.0 layout with
+``observation.state``, ``action``, ``next.reward``,
 ``next.done`` (= terminated), ``next.observation.state`` (relive's ``next_obs``, so a truncated episode's final
 observation survives) and the default features, per-episode and global stats (min, max, mean, std, count,
 q01..q99), ``meta/tasks.parquet`` with one task, and ``meta/relive.json`` (env id, reference returns; LeRobot
@@ -94,37 +102,49 @@ def is_lerobot_dir(path: str | Path) -> bool:
 
 # -- reading -------------------------------------------------------------------------------------------------
 def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
-                 episode_end: str = "auto") -> tuple[dict, dict]:
+                 episode_end: str = "auto", cameras: str = "decode") -> tuple[dict, dict]:
     """Columns and metadata of a local LeRobot dataset directory (v2.0, v2.1 or v3.0 layout); see the module
-    docstring for the mapping. ``obs_keys``: the observation features to concatenate (default: every non-image
-    ``observation.*`` feature in ``info.json`` order). Every problem is one ``ValueError`` line naming the file."""
+    docstring for the mapping. ``obs_keys``: the observation features to read (default: every ``observation.*``
+    feature in ``info.json`` order). ``cameras``: ``"decode"`` reads image and video features as uint8 [C, H, W]
+    keys of dict observations (video needs PyAV: ``pip install av``); ``"skip"`` leaves them out and reads the
+    vector features as one flat observation. Every problem is one ``ValueError`` line naming the file."""
     _, pq = _pyarrow()
 
     if episode_end not in EPISODE_ENDS:
         raise ValueError(f"episode_end must be one of {EPISODE_ENDS}, got {episode_end!r}")
+    if cameras not in ("decode", "skip"):
+        raise ValueError(f"cameras must be 'decode' or 'skip', got {cameras!r}")
     root = Path(path)
     if not root.is_dir():
         raise ValueError(f"LeRobot dataset directory {root} does not exist")
     info = _read_info(root)
     version, features = info["codebase_version"], info["features"]
-    skipped = {k: f"dtype {ft['dtype']!r}: not decoded (relive reads vector features only)"
-               for k, ft in features.items() if ft["dtype"] in ("image", "video")}
-    vector = [k for k, ft in features.items() if k not in skipped and ft["dtype"] not in ("string", "str")]
+    camera = {k for k, ft in features.items() if ft["dtype"] in ("image", "video")}
+    observed = [k for k in features if k.startswith("observation.") or k == "observation"]
+    decode = cameras == "decode" and any(k in camera for k in (obs_keys if obs_keys is not None else observed))
+    skipped = {} if decode else {k: f"dtype {features[k]['dtype']!r}: not decoded (cameras='skip')"
+                                 for k in sorted(camera)}
+    vector = [k for k, ft in features.items() if k not in camera and ft["dtype"] not in ("string", "str")]
+    readable = vector + sorted(camera) if decode else vector
     if obs_keys is None:
-        obs_keys = [k for k in vector if k.startswith("observation.") or k == "observation"]
-    bad = [k for k in obs_keys if k not in vector]
+        obs_keys = [k for k in observed if k in readable]
+    bad = [k for k in obs_keys if k not in readable]
     if bad:
-        raise ValueError(f"{root}: observation feature(s) {bad} are not vector features of meta/info.json "
-                         f"(vector features: {vector}; image/video: {sorted(skipped)})")
+        raise ValueError(f"{root}: observation feature(s) {bad} are not readable features of meta/info.json "
+                         f"(vector features: {vector}; image/video: {sorted(camera)}"
+                         f"{', not decoded with cameras=skip' if camera and not decode else ''})")
     if not obs_keys:
         raise ValueError(f"{root}: no vector observation feature (observation.*) in meta/info.json; "
-                         f"image/video observations {sorted(skipped)} are not decoded by relive")
+                         f"image/video observations {sorted(camera)} are read only with cameras='decode'")
     if "action" not in vector:
         raise ValueError(f"{root}: meta/info.json has no vector 'action' feature (features: {list(features)})")
     next_keys = [f"next.{k}" for k in obs_keys]
-    has_next = all(k in vector for k in next_keys)
-    wanted = [*obs_keys, "action", *(next_keys if has_next else []),
-              *(k for k in ("next.reward", "next.done") if k in vector), "episode_index", "frame_index"]
+    has_next = [k for k in next_keys if k in vector]
+    images = [k for k in obs_keys if k in camera and features[k]["dtype"] == "image"]
+    videos = [k for k in obs_keys if k in camera and features[k]["dtype"] == "video"]
+    wanted = [*(k for k in obs_keys if k not in videos), "action", *has_next,
+              *(k for k in ("next.reward", "next.done") if k in vector), "episode_index", "frame_index",
+              *(["timestamp"] if videos else [])]
 
     files = sorted((root / "data").glob("*/*.parquet"))
     if not files:
@@ -140,6 +160,9 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
         if missing:
             raise ValueError(f"{f}: column(s) {missing} declared in meta/info.json are missing")
         for k in wanted:
+            if k in images:
+                parts[k].append(_image_column(table.column(k), features[k], k, f))
+                continue
             shape = tuple(features[k]["shape"]) if k in features else (1,)
             parts[k].append(_column(table.column(k), shape, k, f))
     cols = {k: np.concatenate(v) for k, v in parts.items()}
@@ -163,15 +186,32 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
 
     last = np.zeros(n, bool)
     last[starts + lengths - 1] = True
-    obs = np.concatenate([cols[k].reshape(n, -1) for k in obs_keys], axis=1).astype(np.float32)
-    if has_next:
-        next_obs = np.concatenate([cols[k].reshape(n, -1) for k in next_keys], axis=1).astype(np.float32)
-        next_note = f"features {next_keys}"
+    for k in videos:
+        cols[k] = _read_video(root, info, k, ep[starts], starts, lengths, cols["timestamp"].reshape(n))
+
+    def following(x: np.ndarray) -> np.ndarray:  # the next frame of the episode; at its last frame, itself
+        out = np.empty_like(x)
+        out[:-1] = x[1:]
+        out[last] = x[last]
+        return out
+
+    if decode:  # dict observations: one key per feature, images [C, H, W] uint8, vectors float32 as shaped
+        keys = _obs_key_names(root, obs_keys)
+        obs, next_obs = {}, {}
+        for k, key in zip(obs_keys, keys, strict=True):
+            obs[key] = cols[k] if k in camera else cols[k].astype(np.float32)
+            nk = f"next.{k}"
+            next_obs[key] = cols[nk].astype(np.float32) if nk in has_next else following(obs[key])
+        next_note = (f"features {has_next} where present; other keys: the next frame of the episode, an "
+                     "episode's last frame its own observation")
     else:
-        next_obs = np.empty_like(obs)
-        next_obs[:-1] = obs[1:]
-        next_obs[last] = obs[last]
-        next_note = "the next frame of the episode; an episode's last frame: its own observation"
+        obs = np.concatenate([cols[k].reshape(n, -1) for k in obs_keys], axis=1).astype(np.float32)
+        if len(has_next) == len(next_keys):
+            next_obs = np.concatenate([cols[k].reshape(n, -1) for k in next_keys], axis=1).astype(np.float32)
+            next_note = f"features {next_keys}"
+        else:
+            next_obs = following(obs)
+            next_note = "the next frame of the episode; an episode's last frame: its own observation"
     act_ft = features["action"]
     action = cols["action"]
     if np.dtype(act_ft["dtype"]).kind in "iu" and tuple(act_ft["shape"]) == (1,):
@@ -181,6 +221,7 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
     meta = {"format": "lerobot", "path": str(root.resolve()), "codebase_version": version, "fps": info.get("fps"),
             "robot_type": info.get("robot_type"), "total_episodes": int(starts.size), "total_steps": int(n),
             "observation_keys": [[k, list(features[k]["shape"])] for k in obs_keys],
+            "obs_key_of_feature": dict(zip(obs_keys, _obs_key_names(root, obs_keys), strict=True)) if decode else None,
             "skipped_features": skipped, "next_obs": next_note, "env_id": None,
             "ref_min_return": None, "ref_max_return": None}
     if "next.reward" in cols:
@@ -257,6 +298,148 @@ def _column(col, shape: tuple, name: str, file: Path) -> np.ndarray:
     return values.reshape(n, *shape)
 
 
+def _obs_key_names(root: Path, obs_keys: list[str]) -> list[str]:
+    """relive's dict-observation key of each feature: the name without ``observation.``, other dots as ``_``
+    (``observation.images.top`` -> ``images_top``, ``observation.state`` -> ``state``)."""
+    keys = []
+    for k in obs_keys:
+        key = k.removeprefix("observation.").replace(".", "_").replace("-", "_") if k != "observation" else "obs"
+        if not key.isidentifier():
+            raise ValueError(f"{root}: feature {k!r} gives observation key {key!r}, not an identifier")
+        keys.append(key)
+    dup = sorted({k for k in keys if keys.count(k) > 1})
+    if dup:
+        raise ValueError(f"{root}: features {obs_keys} give the same observation key(s) {dup}")
+    return keys
+
+
+def _image_layout(ft: dict, name: str, where) -> tuple[int, int, int, bool]:
+    """(C, H, W, channels_first) of an image/video feature; LeRobot's shape is [H, W, C] with names
+    ``["height", "width", "channels"]`` (``names`` starting with a channel name means [C, H, W])."""
+    shape = [int(x) for x in ft["shape"]]
+    if len(shape) != 3:
+        raise ValueError(f"{where}: image feature {name!r} has shape {shape}; expected [height, width, channels]")
+    names = ft.get("names") or []
+    first = bool(names) and str(names[0]).lower().startswith("channel")
+    c, h, w = (shape[0], shape[1], shape[2]) if first else (shape[2], shape[0], shape[1])
+    return c, h, w, first
+
+
+def _image_column(col, ft: dict, name: str, file: Path) -> np.ndarray:
+    """An "image" feature's parquet column (structs of encoded PNG / JPEG bytes, the ``datasets.Image`` storage)
+    decoded to uint8 [N, C, H, W]."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    c, h, w, _ = _image_layout(ft, name, file)
+    out = np.empty((len(col), c, h, w), np.uint8)
+    for i, cell in enumerate(col.to_pylist()):
+        data = cell.get("bytes") if isinstance(cell, dict) else cell
+        if not data:
+            raise ValueError(f"{file}: image feature {name!r} row {i} holds no bytes (images stored as separate "
+                             "files by path are not read)")
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                arr = np.asarray(im)
+        except (UnidentifiedImageError, OSError) as e:
+            raise ValueError(f"{file}: image feature {name!r} row {i} is not a decodable image ({e})") from None
+        out[i] = _hwc_to_chw(arr, (c, h, w), f"{file}: image feature {name!r} row {i}")
+    return out
+
+
+def _hwc_to_chw(arr: np.ndarray, chw: tuple[int, int, int], where: str) -> np.ndarray:
+    if arr.dtype != np.uint8:
+        raise ValueError(f"{where}: {arr.dtype} pixels; relive reads 8-bit images")
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if arr.shape != (chw[1], chw[2], chw[0]):
+        raise ValueError(f"{where}: decoded to {list(arr.shape)} (height, width, channels) but meta/info.json says "
+                         f"{[chw[1], chw[2], chw[0]]}")
+    return arr.transpose(2, 0, 1)
+
+
+def _read_video(root: Path, info: dict, key: str, episodes: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                timestamp: np.ndarray) -> np.ndarray:
+    """A "video" feature's frames for every row, uint8 [N, C, H, W]: each episode's mp4 (v2.x: one file per
+    episode; v3.0: the file and ``from_timestamp`` in meta/episodes) decoded with PyAV, and each row given the
+    frame nearest to its ``timestamp`` (+ the episode's ``from_timestamp``), which must lie within half a frame
+    period."""
+    try:
+        import av
+    except ModuleNotFoundError:
+        raise ValueError(f"{root}: video feature {key!r} needs PyAV to decode: pip install av (or read with "
+                         "cameras='skip')") from None
+    c, h, w, _ = _image_layout(info["features"][key], key, root)
+    fps = float(info.get("fps") or 0)
+    if fps <= 0:
+        raise ValueError(f"{root}: meta/info.json has no fps; video frames cannot be matched to rows")
+    template = info.get("video_path")
+    if not template:
+        raise ValueError(f"{root}: feature {key!r} is a video but meta/info.json has no video_path")
+    where = _video_locations(root, info, key, episodes)
+    out = np.empty((int(lengths.sum()), c, h, w), np.uint8)
+    cache: dict[Path, tuple[np.ndarray, list[np.ndarray]]] = {}
+    for e, start, length in zip(episodes.tolist(), starts.tolist(), lengths.tolist(), strict=True):
+        file, offset = where[e]
+        path = root / template.format(**file)
+        if path not in cache:
+            if not path.is_file():
+                raise ValueError(f"{root}: video file {path.relative_to(root)} for feature {key!r} (episode {e}) "
+                                 "is missing")
+            times, frames = [], []
+            try:
+                with av.open(str(path)) as container:
+                    stream = container.streams.video[0]
+                    for frame in container.decode(stream):
+                        times.append(float(frame.pts * stream.time_base))
+                        rgb = frame.to_ndarray(format="rgb24")  # (a gray camera: its first channel)
+                        frames.append(rgb[:, :, :1] if c == 1 else rgb)
+            except av.error.FFmpegError as err:
+                raise ValueError(f"{path}: not a decodable video ({err})") from None
+            cache = {path: (np.asarray(times), frames)}  # one file at a time: episodes are in file order
+        times, frames = cache[path]
+        want = timestamp[start:start + length].astype(np.float64) + offset
+        if not times.size:
+            raise ValueError(f"{path}: no video frames")
+        idx = np.clip(np.searchsorted(times, want), 1, times.size - 1) if times.size > 1 else np.zeros(length, int)
+        idx = np.where(np.abs(times[idx - 1] - want) <= np.abs(times[idx] - want), idx - 1, idx) \
+            if times.size > 1 else idx
+        gap = np.abs(times[idx] - want)
+        if (gap > 0.5 / fps + 1e-6).any():
+            i = int(np.flatnonzero(gap > 0.5 / fps + 1e-6)[0])
+            raise ValueError(f"{path}: no frame within half a frame period of timestamp {want[i]:.4f} s (row {i} of "
+                             f"episode {e}; nearest frame at {times[idx[i]]:.4f} s; the video has {times.size} "
+                             f"frames from {times[0]:.4f} to {times[-1]:.4f} s)")
+        for j, fi in enumerate(idx.tolist()):
+            out[start + j] = _hwc_to_chw(frames[fi], (c, h, w), f"{path}: frame {fi}")
+    return out
+
+
+def _video_locations(root: Path, info: dict, key: str, episodes: np.ndarray) -> dict[int, tuple[dict, float]]:
+    """Episode -> (the ``video_path`` template's fields, the episode's first timestamp in the file)."""
+    _, pq = _pyarrow()
+
+    out: dict[int, tuple[dict, float]] = {}
+    chunks_size = int(info.get("chunks_size") or CHUNKS_SIZE)
+    if info["codebase_version"].startswith("v2."):  # one file per episode
+        for e in episodes.tolist():
+            out[e] = ({"episode_chunk": e // chunks_size, "video_key": key, "episode_index": e}, 0.0)
+        return out
+    cols = [f"videos/{key}/chunk_index", f"videos/{key}/file_index", f"videos/{key}/from_timestamp"]
+    for f in sorted((root / "meta" / "episodes").glob("*/*.parquet")):
+        names = pq.read_schema(f).names
+        if any(c not in names for c in cols):
+            raise ValueError(f"{f}: columns {cols} (where feature {key!r}'s frames are) are missing")
+        t = pq.read_table(f, columns=["episode_index", *cols]).to_pydict()
+        for e, ch, fi, ts in zip(*(t[c] for c in ["episode_index", *cols]), strict=True):
+            out[int(e)] = ({"video_key": key, "chunk_index": int(ch), "file_index": int(fi)}, float(ts))
+    missing = [e for e in episodes.tolist() if e not in out]
+    if missing:
+        raise ValueError(f"{root}: meta/episodes gives no video file for feature {key!r} of episodes {missing[:5]}")
+    return out
+
+
 def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> None:
     """Episode lengths of the data files against meta/episodes (v3.0 parquet, v2.x jsonl), where present."""
     _, pq = _pyarrow()
@@ -287,11 +470,15 @@ def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> N
 # -- writing -------------------------------------------------------------------------------------------------
 def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "relive",
                   robot_type: str | None = None, env_id: str | None = None, extra_metadata: dict | None = None,
-                  overwrite: bool = False) -> Path:
+                  overwrite: bool = False, images: str = "png") -> Path:
     """Write relive rows as a LeRobot v3.0 dataset directory at ``path`` (see the module docstring).
 
-    Atomic: written to a hidden staging directory beside ``path``, then renamed into place; an existing ``path`` is
-    refused unless ``overwrite`` (then swapped out only once the new dataset is complete)."""
+    Dict observations: each key becomes ``observation.<key>``; uint8 [C, H, W] keys (C = 1 or 3) are cameras, written
+    as "image" features (PNG in the parquet, ``images="png"``) or "video" features (``images="video"``: one
+    lossless H.264 mp4 per episode, libx264rgb at qp 0, needs PyAV); the other keys are float32
+    vectors, with ``next.observation.<key>`` beside them. Atomic: written to a hidden staging directory beside
+    ``path``, then renamed into place; an existing ``path`` is refused unless ``overwrite`` (then swapped out only
+    once the new dataset is complete)."""
     pa, pq = _pyarrow()
 
     from relive.data.minari_io import _fsync_tree, _swap_into_place
@@ -301,11 +488,11 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
         raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
     if not isinstance(fps, int) or fps <= 0:
         raise ValueError(f"fps must be a positive integer, got {fps!r}")
+    if images not in ("png", "video"):
+        raise ValueError(f"images must be 'png' or 'video', got {images!r}")
     n = check_columns(rows, f"rows for {target}")
     if n == 0:
         raise ValueError(f"rows for {target}: no rows to write")
-    obs = np.asarray(rows["obs"], np.float32).reshape(n, -1)
-    next_obs = np.asarray(rows["next_obs"], np.float32).reshape(n, -1)
     act = np.asarray(rows["action"])
     if act.ndim == 1 and act.dtype.kind in "iu":  # discrete: an int64 (1,) feature
         action, act_ft = act.astype(np.int64), {"dtype": "int64", "shape": [1], "names": None}
@@ -317,26 +504,28 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     lengths = np.array([s.stop - s.start for s in slices], np.int64)
     episode_index = np.repeat(np.arange(len(slices), dtype=np.int64), lengths)
     frame_index = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    state_names = [f"state_{i}" for i in range(obs.shape[1])]
+    obs_values, obs_features, cameras = _obs_columns(rows, n, images, target)
     values = {
-        "observation.state": obs, "action": action,
+        **{k: v for k, v in obs_values.items() if not k.startswith("next.")}, "action": action,
         "next.reward": np.asarray(rows["reward"], np.float32),
         "next.done": np.asarray(rows["terminated"], bool),
-        "next.observation.state": next_obs,
+        **{k: v for k, v in obs_values.items() if k.startswith("next.")},
         "timestamp": (frame_index / fps).astype(np.float32), "frame_index": frame_index,
         "episode_index": episode_index, "index": np.arange(n, dtype=np.int64),
         "task_index": np.zeros(n, np.int64)}
     features = {
-        "observation.state": {"dtype": "float32", "shape": [obs.shape[1]], "names": state_names},
-        "action": act_ft,
+        **{k: v for k, v in obs_features.items() if not k.startswith("next.")}, "action": act_ft,
         "next.reward": {"dtype": "float32", "shape": [1], "names": None},
         "next.done": {"dtype": "bool", "shape": [1], "names": None},
-        "next.observation.state": {"dtype": "float32", "shape": [obs.shape[1]], "names": state_names},
+        **{k: v for k, v in obs_features.items() if k.startswith("next.")},
         "timestamp": {"dtype": "float32", "shape": [1], "names": None},
         **{k: {"dtype": "int64", "shape": [1], "names": None} for k in DEFAULT_FEATURES[1:]}}
     for ft in features.values():
-        ft["fps"] = fps  # (v3.0 records it per non-video feature)
-    table = pa.table({k: _arrow(v) for k, v in values.items()})
+        if ft["dtype"] != "video":
+            ft["fps"] = fps  # (v3.0 records it per non-video feature)
+    in_parquet = {k: v for k, v in values.items() if features[k]["dtype"] != "video"}
+    table = pa.table({k: _image_arrow(v) if features[k]["dtype"] == "image" else _arrow(v)
+                      for k, v in in_parquet.items()})
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target.parent))
@@ -365,11 +554,25 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
                     "data/chunk_index": np.array([c for c, _ in file_of_episode], np.int64),
                     "data/file_index": np.array([f for _, f in file_of_episode], np.int64),
                     "dataset_from_index": bounds[:-1].astype(np.int64), "dataset_to_index": bounds[1:].astype(np.int64)}
-        per_episode = [{k: _stats(v[bounds[e]:bounds[e + 1]]) for k, v in values.items()} for e in range(len(slices))]
+        # videos: one mp4 per episode (file_index = episode within its chunk), from_timestamp 0
+        video_path = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+        for key in cameras if images == "video" else ():
+            for e in range(len(slices)):
+                out = staging / video_path.format(video_key=key, chunk_index=e // CHUNKS_SIZE,
+                                                  file_index=e % CHUNKS_SIZE)
+                _write_video(out, values[key][bounds[e]:bounds[e + 1]], fps)
+            episodes[f"videos/{key}/chunk_index"] = np.arange(len(slices), dtype=np.int64) // CHUNKS_SIZE
+            episodes[f"videos/{key}/file_index"] = np.arange(len(slices), dtype=np.int64) % CHUNKS_SIZE
+            episodes[f"videos/{key}/from_timestamp"] = np.zeros(len(slices))
+            episodes[f"videos/{key}/to_timestamp"] = lengths / fps
+        per_episode = [{k: _feature_stats(v[bounds[e]:bounds[e + 1]], k in cameras) for k, v in values.items()}
+                       for e in range(len(slices))]
         for k in values:
             for stat in per_episode[0][k]:
-                episodes[f"stats/{k}/{stat}"] = pa.array([s[k][stat].tolist() for s in per_episode],
-                                                         pa.list_(pa.int64() if stat == "count" else pa.float64()))
+                kind = pa.int64() if stat == "count" else pa.float64()
+                if k in cameras and stat != "count":  # [C, 1, 1] per episode
+                    kind = pa.list_(pa.list_(kind))
+                episodes[f"stats/{k}/{stat}"] = pa.array([s[k][stat].tolist() for s in per_episode], pa.list_(kind))
         episodes["meta/episodes/chunk_index"] = np.zeros(len(slices), np.int64)
         episodes["meta/episodes/file_index"] = np.zeros(len(slices), np.int64)
         ep_path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
@@ -377,12 +580,13 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
         pq.write_table(pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in episodes.items()}),
                        ep_path)
         _write_tasks(staging / "meta" / "tasks.parquet", [task])
-        stats = {k: {s: v.tolist() for s, v in _stats(arr).items()} for k, arr in values.items()}
+        stats = {k: {s: v.tolist() for s, v in _feature_stats(arr, k in cameras).items()} for k, arr in values.items()}
         (staging / "meta" / "stats.json").write_text(json.dumps(stats, indent=1))
         info = {"codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": len(slices),
                 "total_frames": n, "total_tasks": 1, "chunks_size": CHUNKS_SIZE,
                 "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": 200, "fps": fps,
-                "splits": {"train": f"0:{len(slices)}"}, "data_path": DATA_PATH, "video_path": None,
+                "splits": {"train": f"0:{len(slices)}"}, "data_path": DATA_PATH,
+                "video_path": video_path if cameras and images == "video" else None,
                 "features": features}
         (staging / "meta" / "info.json").write_text(json.dumps(info, indent=4))
         relive = {"writer": "relive", "env_id": env_id, **(extra_metadata or {})}
@@ -394,6 +598,83 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
     return target.resolve()
+
+
+def _obs_columns(rows: dict, n: int, images: str, where) -> tuple[dict, dict, list[str]]:
+    """The observation features of ``write_lerobot``: (values, features, camera feature names). Flat rows give
+    ``observation.state`` + ``next.observation.state``; dict rows one feature per key (see ``write_lerobot``)."""
+    if not isinstance(rows["obs"], dict):
+        obs = np.asarray(rows["obs"], np.float32).reshape(n, -1)
+        names = [f"state_{i}" for i in range(obs.shape[1])]
+        ft = {"dtype": "float32", "shape": [obs.shape[1]], "names": names}
+        return ({"observation.state": obs, "next.observation.state": np.asarray(rows["next_obs"], np.float32)
+                 .reshape(n, -1)}, {"observation.state": ft, "next.observation.state": dict(ft)}, [])
+    values, features, cameras = {}, {}, []
+    for key, arr in rows["obs"].items():
+        arr, name = np.asarray(arr), f"observation.{key}"
+        if arr.dtype == np.uint8 and arr.ndim == 4:  # a camera: [N, C, H, W]
+            c, h, w = arr.shape[1:]
+            if c not in (1, 3):
+                raise ValueError(f"rows for {where}: image key {key!r} has {c} channels; LeRobot cameras are written "
+                                 "with 1 (gray) or 3 (RGB)")
+            values[name] = arr
+            features[name] = {"dtype": "image" if images == "png" else "video", "shape": [h, w, c],
+                              "names": ["height", "width", "channels"]}
+            cameras.append(name)
+        else:
+            flat = arr.astype(np.float32).reshape(n, -1)
+            nxt = np.asarray(rows["next_obs"][key], np.float32).reshape(n, -1)
+            ft = {"dtype": "float32", "shape": [flat.shape[1]], "names": [f"{key}_{i}" for i in range(flat.shape[1])]}
+            values[name], values[f"next.{name}"] = flat, nxt
+            features[name], features[f"next.{name}"] = ft, dict(ft)
+    return values, features, cameras
+
+
+def _image_arrow(v: np.ndarray):
+    """uint8 [N, C, H, W] as LeRobot's "image" column: structs {bytes: PNG, path: null} (``datasets.Image``)."""
+    import io
+
+    from PIL import Image
+
+    pa, _ = _pyarrow()
+
+    cells = []
+    for img in v:
+        buf = io.BytesIO()
+        hwc = img.transpose(1, 2, 0)
+        Image.fromarray(hwc[:, :, 0] if hwc.shape[2] == 1 else hwc).save(buf, format="PNG")
+        cells.append({"bytes": buf.getvalue(), "path": None})
+    return pa.array(cells, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
+
+
+def _write_video(path: Path, frames: np.ndarray, fps: int) -> None:
+    """uint8 [T, C, H, W] frames as a lossless H.264 mp4 (libx264rgb at qp 0; a gray camera as R = G = B)."""
+    try:
+        import av
+    except ModuleNotFoundError:
+        raise ValueError("images='video' needs PyAV: pip install av (or write PNG images: images='png')") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264rgb", rate=fps)
+        stream.width, stream.height = int(frames.shape[3]), int(frames.shape[2])
+        stream.pix_fmt, stream.options = "rgb24", {"qp": "0"}  # lossless
+        for img in frames:
+            hwc = np.ascontiguousarray(np.broadcast_to(img, (3, *img.shape[1:])).transpose(1, 2, 0))  # gray: R=G=B
+            for packet in stream.encode(av.VideoFrame.from_ndarray(hwc, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def _feature_stats(v: np.ndarray, camera: bool) -> dict[str, np.ndarray]:
+    """``_stats``; for a camera (uint8 [N, C, H, W]) per channel over all pixels, scaled to [0, 1] and shaped
+    [C, 1, 1], as LeRobot's ``compute_stats`` keeps image statistics."""
+    if not camera:
+        return _stats(v)
+    c = v.shape[1]
+    st = _stats(v.transpose(0, 2, 3, 1).reshape(-1, c) / 255.0)
+    st = {k: (a.reshape(c, 1, 1) if k != "count" else np.array([len(v)], np.int64)) for k, a in st.items()}
+    return st
 
 
 def _arrow(v: np.ndarray):
@@ -447,9 +728,6 @@ def buffer_rows(buffer, source: str = "online") -> dict:
     slots = st.episode_slots(eps.start, eps.length, eps.source)
     if not slots.size:
         raise ValueError(f"the buffer holds no {source} rows")
-    if st.obs_keys is not None:
-        raise ValueError(f"the buffer stores dict observations (keys {list(st.obs_keys)}); exporting them as LeRobot "
-                         "features is not supported yet: concatenate them first (relive.agents.encoders.concat_keys)")
     # (read, not columns: with dedup_next_obs there is no next_obs column)
     return {k: st.read(k, slots) for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
 
@@ -471,7 +749,12 @@ def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dic
     from relive.train.checkpoint import has_checkpoint, load_checkpoint
 
     if has_checkpoint(p):
-        return buffer_rows(ReplayBuffer.from_state_dict(load_checkpoint(p)["buffer"]), rows), meta
+        from relive.config import load_config
+        from relive.train.trainer import run_offline_rows
+
+        state = load_checkpoint(p)["buffer"]
+        offline = run_offline_rows(load_config(p / "config.json"), state, p) if (p / "config.json").is_file() else None
+        return buffer_rows(ReplayBuffer.from_state_dict(state, offline_rows=offline), rows), meta
     if (p / "MANIFEST.json").is_file():
         return buffer_rows(ReplayBuffer.load(p), rows), meta
     from relive.data.loaders import load_rows

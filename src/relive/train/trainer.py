@@ -309,19 +309,22 @@ def _dataset_rows(cfg, columns) -> tuple[dict, dict]:
     return stored_rows(cfg, rows), meta
 
 
-def _offline_rows_again(run: Run):
-    """For a checkpoint that refers to its offline rows: the dataset loaded again, as ``_load_dataset`` stored it
-    (``mc_return`` included), for ``ReplayBuffer.from_state_dict`` to write and check against the recorded hash."""
-    from relive.data.loaders import with_returns_to_go
-
+def run_offline_rows(cfg: ExperimentConfig, buffer_state: dict, where):
+    """For a run checkpoint's buffer that refers to its offline rows (``buffer_state``: its ``state_dict``): a function
+    dataset id -> the rows as the run stored them, for ``ReplayBuffer.from_state_dict(..., offline_rows=)``: the
+    config's dataset loaded again (``stored_rows``), and the extra columns (``mc_return``, behaviour records), which
+    the checkpoint copies whole, taken from the checkpoint. The hash check there refuses a changed dataset."""
     def rows(dataset_id: str) -> dict:
-        cfg = run.cfg
+        from relive.data.loaders import load_rows
+
         if str(cfg.data.dataset) != dataset_id:
-            raise ValueError(f"cannot resume {run.run_dir}: its checkpoint refers to offline dataset {dataset_id!r}, "
-                             f"its config names {cfg.data.dataset!r}")
-        columns = tuple(getattr(run.agent, "stored_columns", tuple)())
-        gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
-        return with_returns_to_go(_dataset_rows(cfg, columns)[0], run.buffer.storage.extra_names, gamma)
+            raise ValueError(f"{where}: its checkpoint refers to offline dataset {dataset_id!r}, its config names "
+                             f"{cfg.data.dataset!r}")
+        data = stored_rows(cfg, load_rows(cfg.data.dataset, env_id=cfg.env.id)[0])
+        k = int(buffer_state["storage"]["offline_ref"]["num_offline"])
+        for name in buffer_state["config"]["storage"]["extra_columns"]:
+            data[name] = np.asarray(buffer_state["storage"]["columns"][name])[:k]
+        return data
     return rows
 
 
@@ -332,7 +335,8 @@ def _resume(run: Run, resuming: bool) -> None:
         return
     tree = load_checkpoint(run.run_dir)
     run.agent.load_state_dict(tree["agent"])
-    run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=_offline_rows_again(run))
+    run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
+        run.cfg, tree["buffer"], f"cannot resume {run.run_dir}"))
     run.collector.load_state_dict(tree["collector"])
     run.warmup_rng.bit_generator.state = tree["warmup_rng"]
     if "eval_rng" in tree:
