@@ -231,3 +231,19 @@ def test_buffer_rows_export_dict_observations(tmp_path):
     for k in rows["obs"]:
         np.testing.assert_array_equal(back["obs"][k], rows["obs"][k], err_msg=k)
         np.testing.assert_array_equal(back["next_obs"][k], rows["next_obs"][k], err_msg=k)
+
+
+def test_export_lerobot_cli_writes_a_dict_buffer_as_video(tmp_path):
+    pytest.importorskip("av")
+    from relive.cli import main
+
+    rows, _ = read_lerobot(write_v21(tmp_path / "d", video=False))
+    shapes = {k: (v.shape[1:], v.dtype) for k, v in rows["obs"].items()}
+    buf = ReplayBuffer(100, shapes, 1, seed=0)
+    buf.add_offline(rows)
+    buf.save(tmp_path / "buf")
+    assert main(["data", "export-lerobot", str(tmp_path / "buf"), "--rows", "offline", "--images", "video",
+                 "--fps", str(FPS), "--out", str(tmp_path / "out")]) == 0
+    assert len(list((tmp_path / "out" / "videos" / "observation.image").rglob("*.mp4"))) == 2  # one per episode
+    back, _ = read_lerobot(tmp_path / "out")
+    np.testing.assert_array_equal(back["obs"]["image"], rows["obs"]["image"])

@@ -58,6 +58,9 @@ def add_parsers(subparsers) -> None:
     ex.add_argument("--fps", type=positive_int, default=30, help="frames per second recorded in info.json "
                     "(timestamps = frame_index / fps; default 30)")
     ex.add_argument("--task", default="relive", help="the task string of every episode (default 'relive')")
+    ex.add_argument("--images", choices=("png", "video"), default="png",
+                    help="camera keys of dict observations as PNG image features (default) or lossless mp4 video "
+                         "features (needs PyAV: pip install av)")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     ex.set_defaults(func=_export_lerobot)
 
@@ -172,6 +175,6 @@ def _export_lerobot(args: argparse.Namespace) -> int:
     out = write_lerobot(args.out, rows, fps=args.fps, task=args.task, robot_type=env_id, env_id=env_id,
                         extra_metadata={"source": meta["source"], "rows": args.rows,
                                         **{k: meta[k] for k in ("ref_min_return", "ref_max_return") if k in meta}},
-                        overwrite=args.overwrite)
+                        overwrite=args.overwrite, images=args.images)
     print(f"wrote {out}: {len(rows['reward']):,} frames, {len(split_episodes(rows))} episodes (LeRobot v3.0)")
     return 0
