@@ -219,3 +219,16 @@ def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_pat
     if preset == "residual_sac":  # each env probes at the start of its episodes after the 20 warm-up steps: unstored
         final = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])
         assert final["replay/num_online"] < 80
+
+
+def test_ddqn_epsilon_is_scheduled_in_env_steps_whatever_the_number_of_envs(tmp_path):
+    """One act call with N envs is N env steps of epsilon's schedule (as SB3's and CleanRL's total-timestep
+    schedules): 300 env steps with 2 envs after a 100-step random warm-up -> epsilon at 200 of 400 steps, half-way
+    (counting act calls, as before, gave a quarter: the schedule ran N times slower)."""
+    run = tmp_path / "r"
+    assert main(["--debug", "train", "ddqn", "--env", "CartPole-v1", "--online-steps", "300", "--warmup", "100",
+                 "--num-envs", "2", "--set", "agent.eps_decay_steps=400", "--eval-every", "300", "--log-every", "300",
+                 "--run-dir", str(run), *TINY]) == 0
+    cfg = json.loads((run / "config.json").read_text())["agent"]
+    last = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert last["train/epsilon"] == pytest.approx(cfg["eps_start"] + (cfg["eps_end"] - cfg["eps_start"]) * 200 / 400)

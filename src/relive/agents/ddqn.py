@@ -68,8 +68,9 @@ class DDQN:
     """Double DQN agent for discrete actions (see the module docstring)."""
 
     acting_modules = ("q",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
-    acting_clock = "num_act_steps"  # the exploring-act counter epsilon follows; with Ray collectors the learner
-    # keeps it at its env steps received (per env of a collector) and the copies get it with the weights
+    acting_clock = "num_act_steps"  # the exploring env steps epsilon follows (N per act call with N envs, as SB3's
+    # and CleanRL's total-timestep schedules); with Ray collectors the learner keeps it at its env steps received
+    # and the copies get it with the weights
 
     @classmethod
     def from_spec(cls, spec, config, seed, device: str = "cpu"):
@@ -104,12 +105,12 @@ class DDQN:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
-        """int64 actions [N]: greedy in Q_online, or epsilon-greedy (and one schedule step) if ``explore``."""
+        """int64 actions [N]: greedy in Q_online, or epsilon-greedy (and N schedule steps, one per env) if explore."""
         o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
         action = self.q(o).argmax(dim=-1).cpu().numpy().astype(np.int64)
         if explore:
             eps = self.epsilon
-            self.num_act_steps += 1
+            self.num_act_steps += action.shape[0]  # env steps: with N envs one call is N steps of the schedule
             random = self.rng.random(action.shape[0]) < eps
             action[random] = self.rng.integers(0, self.num_actions, int(random.sum()))
         return action[0] if single else action

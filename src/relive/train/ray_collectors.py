@@ -20,9 +20,9 @@ actors step environments and ship rows. Sampling never crosses a process boundar
   received + in flight stay within ``collectors.max_lag_env_steps`` of what the gradient steps consumed. A
   collector without a request is idle: that is how collectors block. The totals are exact: a run of T env steps
   takes ``utd_ratio x (T - warm-up)`` online gradient steps whatever the timing.
-- **Acting clock**: an agent whose exploration schedule counts its act calls names that counter
-  (``acting_clock``: DDQN's epsilon); the learner sets it to env steps received / envs per collector and publishes
-  it with the weights, so epsilon follows the run's env steps, not each copy's own (to within one publication).
+- **Acting clock**: an agent whose exploration schedule counts the env steps it acted for names that counter
+  (``acting_clock``: DDQN's epsilon); the learner sets it to the env steps received and publishes it with the
+  weights, so epsilon follows the run's env steps, not each copy's own (to within one publication).
 - **Policy version**: the learner's gradient step when the weights were published (``ray.put`` once, every
   ``collectors.sync_weights_every_grad_steps``); each chunk carries the version that acted
   (``collect/policy_lag_grad_steps`` in metrics.jsonl).
@@ -72,7 +72,7 @@ def check_agent(agent) -> None:
 def acting_state(agent) -> dict:
     """What a collector's copy needs to act: the modules the agent names in ``acting_modules`` (default: every
     ``torch.nn.Module`` attribute), as NumPy arrays, and the value of its ``acting_clock`` counter if it names one
-    (an exploration schedule that counts act calls, e.g. DDQN's epsilon)."""
+    (an exploration schedule that counts the env steps acted for, e.g. DDQN's epsilon)."""
     import torch
 
     from relive.agents import networks as nets
@@ -438,8 +438,8 @@ def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
     T.store_chunks(run, chunk["streams"], stream_offset=chunk["collector"] * pool.envs_per_collector)
     run.state.env_steps += chunk["env_steps"]
     clock = getattr(run.agent, "acting_clock", None)
-    if clock:  # the learner never acts: its clock is the act calls all collectors made (one per env step per env)
-        setattr(run.agent, clock, run.state.env_steps // pool.envs_per_collector)
+    if clock:  # the learner never acts: its clock is the env steps all collectors took
+        setattr(run.agent, clock, run.state.env_steps)
     pool.finished_returns += chunk["finished_returns"]
     pool.num_unstored_steps += chunk["num_unstored_steps"]
 
