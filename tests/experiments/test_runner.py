@@ -142,11 +142,28 @@ def test_report_from_hand_made_run_directories(tmp_path):
     # per on A: reaches 100 at 2000 and 3000 (2 of 3 runs): mean 2500, SD 707; reaper: 1000, 2000, 1000
     assert "| A (100) | 2500 ± 707 (2/3 reach) | 1333 ± 577 (3/3 reach) | reaper: -47% (p=" in text
     assert "| B (-50) | 3000 ± 0 (3/3 reach) | 1000 ± 0 (3/3 reach) | reaper: -67% (p=" in text
+    # paired by seed on A: seeds 0 and 1 both reach (per 2000, 3000; reaper 1000, 2000); seed 2 only reaper
+    assert "| A | reaper | 2 | -40% [" in text and "| 0 | 1 |" in text  # (1000 + 2000) / (2000 + 3000) - 1
+    assert "| B | reaper | 3 | -67% [-67%, -67%] |" in text
     assert (tmp_path / "out" / "hand_curves.png").stat().st_size > 1000
     # area under the curve: per on A: mean of [50, 100, 120], [20, 60, 100], [10, 20, 30] = 90, 60, 20
     assert (f"| A | {np.mean([90, 60, 20]):.1f} ± {np.std([90, 60, 20]):.1f} (n=3) | "
             f"{np.mean([100, 75, 100]):.1f} ± {np.std([100, 75, 100]):.1f} (n=3) |") in text
     # (reaper's runs on A stopped at the threshold hold it on the cell's steps: [0, 100, 100] -> 100)
+
+
+def test_paired_change_by_seed_on_a_hand_case():
+    from relive.experiments.report import paired_change
+
+    nan = float("nan")
+    base = {0: 1000.0, 1: 2000.0, 2: 3000.0, 3: nan, 4: 4000.0}
+    other = {0: 500.0, 1: 1000.0, 2: 1500.0, 3: 800.0, 4: nan}
+    p = paired_change(base, other, reps=500)
+    assert p["pairs"] == 3 and p["only_base"] == 1 and p["only_other"] == 1
+    assert p["change"] == pytest.approx(-0.5) and p["lo"] == pytest.approx(-0.5) and p["hi"] == pytest.approx(-0.5)
+    assert float(p["p"]) == pytest.approx(0.25)  # n = 3, all differences negative: exact two-sided p = 2 / 8
+    same = paired_change({0: 500.0, 1: 500.0}, {0: 500.0, 1: 500.0})
+    assert same["change"] == 0 and same["p"] == "—"  # every pair tied: no test
 
 
 def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_over(tmp_path):

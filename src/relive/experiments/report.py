@@ -136,6 +136,32 @@ def _mann_whitney(a: np.ndarray, b: np.ndarray) -> str:
     return f"{mannwhitneyu(a, b, alternative='two-sided').pvalue:.2f}"
 
 
+def paired_change(base: dict, other: dict, reps: int = 2000, seed: int = 0) -> dict:
+    """Steps to a threshold paired by seed (seed -> steps, nan = never reached): over the seeds where both reached,
+    mean(other) / mean(base) - 1 with a percentile bootstrap CI (seeds resampled with replacement) and a two-sided
+    Wilcoxon signed-rank p (ties, e.g. both runs stopping at the same evaluation, dropped: scipy's default); and the
+    seeds only one of the two reached."""
+    from scipy.stats import wilcoxon
+
+    seeds = sorted(set(base) & set(other))
+    a = np.array([base[s] for s in seeds], float)
+    b = np.array([other[s] for s in seeds], float)
+    both = np.isfinite(a) & np.isfinite(b)
+    out = {"pairs": int(both.sum()), "only_base": int((np.isfinite(a) & ~np.isfinite(b)).sum()),
+           "only_other": int((~np.isfinite(a) & np.isfinite(b)).sum()),
+           "change": math.nan, "lo": math.nan, "hi": math.nan, "p": "—"}
+    a, b = a[both], b[both]
+    if a.size < 2 or a.mean() <= 0:
+        return out
+    idx = np.random.default_rng(seed).integers(0, a.size, (reps, a.size))
+    ratios = b[idx].mean(1) / a[idx].mean(1) - 1
+    out |= {"change": b.mean() / a.mean() - 1, "lo": float(np.quantile(ratios, 0.025)),
+            "hi": float(np.quantile(ratios, 0.975))}
+    if np.any(a != b):
+        out["p"] = f"{wilcoxon(b, a).pvalue:.2f}"
+    return out
+
+
 def online_means(runs) -> np.ndarray:
     """Per run, the mean of every evaluation after the first (area under the online learning curve), on the
     runs' common steps (a run stopped at a threshold holds its last score)."""
@@ -288,6 +314,7 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     if thresholds:
         base = grid.report.get("baseline", labels[0])
         paper = grid.report.get("paper", {})
+        paired: dict[str, dict] = {}
         lines += ["## Env steps to reach the threshold", "",
                   "Mean ± SD over the runs that reach the threshold (the fraction that do in brackets); the change "
                   f"in mean steps vs {base} with a two-sided Mann-Whitney U p-value over those runs.", "",
@@ -311,7 +338,26 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
                 and np.isfinite(means.get(base, math.nan)) and means[base] > 0)
             lines.append(f"| {task} ({thresholds[task]}) | " + " | ".join(cells)
                          + f" | {reductions or '—'} | {paper.get(task, '—')} |")
+            hits_by_seed = {label: {r.seed: steps_to_threshold(r.steps, r.scores, thresholds[task])
+                                    for r in by.get((label, task), [])} for label in labels}
+            paired[task] = {lab: paired_change(hits_by_seed[base], hits_by_seed[lab], reps=reps)
+                            for lab in labels if lab != base}
         lines.append("")
+        if any(p["pairs"] for per_task in paired.values() for p in per_task.values()):
+            lines += ["Paired by seed (the variants of a seed share its initial network and environment seeds): over "
+                      "the seeds where both runs reach the threshold, the change in mean steps with a 95% bootstrap "
+                      "CI (seeds resampled) and a Wilcoxon signed-rank p; then how many seeds only one of the two "
+                      "reached.", "",
+                      f"| task | variant vs {base} | seeds (both reach) | change in mean steps [95% CI] "
+                      f"| Wilcoxon p | only {base} reaches | only the variant reaches |",
+                      "|---|---|---|---|---|---|---|"]
+            for task, per_task in paired.items():
+                for lab, p in per_task.items():
+                    if p["pairs"]:
+                        lines.append(f"| {task} | {lab} | {p['pairs']} | {100 * p['change']:+.0f}% "
+                                     f"[{100 * p['lo']:+.0f}%, {100 * p['hi']:+.0f}%] | {p['p']} | "
+                                     f"{p['only_base']} | {p['only_other']} |")
+            lines.append("")
 
     # -- learning curves -------------------------------------------------------------------------------
     if data:
