@@ -9,7 +9,8 @@
      one Adam step with the gradient norm clipped (RL Zoo: 10);
   3. hard target copy every ``target_update_period`` gradient steps.
 Exploration is epsilon-greedy with epsilon decaying linearly from ``eps_start`` to ``eps_end`` over
-``eps_decay_steps`` exploring ``act`` calls (one call per vectorized env step). Signal: ``td_error`` [B].
+``eps_decay_steps`` exploring env steps (an ``act`` call for N envs is N of them). Signal: ``td_error`` [B].
+Several seeds of one configuration train as one batched agent in :mod:`relive.agents.ddqn_batched`.
 
 Example::
 
@@ -109,11 +110,17 @@ class DDQN:
         o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
         action = self.q(o).argmax(dim=-1).cpu().numpy().astype(np.int64)
         if explore:
-            eps = self.epsilon
-            self.num_act_steps += action.shape[0]  # env steps: with N envs one call is N steps of the schedule
-            random = self.rng.random(action.shape[0]) < eps
-            action[random] = self.rng.integers(0, self.num_actions, int(random.sum()))
+            action = self.explore(action)
         return action[0] if single else action
+
+    def explore(self, greedy: np.ndarray) -> np.ndarray:
+        """Epsilon-greedy on the greedy actions [N] (each replaced by a uniform action with probability epsilon),
+        and N steps of epsilon's schedule (env steps: with N envs one call is N steps)."""
+        eps = self.epsilon
+        self.num_act_steps += greedy.shape[0]
+        random = self.rng.random(greedy.shape[0]) < eps
+        greedy[random] = self.rng.integers(0, self.num_actions, int(random.sum()))
+        return greedy
 
     @torch.no_grad()
     def target(self, reward: torch.Tensor, next_obs: torch.Tensor, terminated: torch.Tensor,
