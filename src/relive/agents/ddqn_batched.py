@@ -166,16 +166,19 @@ class BatchedDDQN:
         return agent
 
     @torch.no_grad()
-    def sync(self) -> None:
+    def sync(self, weights_only: bool = False) -> None:
         """Write the stacked weights, targets and Adam state back into the single agents (their ``state_dict``
-        is then the single-seed checkpoint format)."""
+        is then the single-seed checkpoint format); ``weights_only``: the Q-networks only (enough to act)."""
         for i, a in enumerate(self.agents):
             for layer, tlayer, j in zip(_linears(a.q), _linears(a.target_q), range(0, len(self.params), 2),
                                         strict=True):
                 layer.weight.copy_(self.params[j][i])
                 layer.bias.copy_(self.params[j + 1][i])
-                tlayer.weight.copy_(self.target[j][i])
-                tlayer.bias.copy_(self.target[j + 1][i])
+                if not weights_only:
+                    tlayer.weight.copy_(self.target[j][i])
+                    tlayer.bias.copy_(self.target[j + 1][i])
+            if weights_only:
+                continue
             if all(p in self.opt.state for p in self.params):
                 sd = a.opt.state_dict()
                 sd["state"] = {k: {"step": self.opt.state[p]["step"].clone(),

@@ -141,13 +141,14 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
-          on_step: Callable[[int, int], None] | None = None) -> RunSummary:
+          on_step: Callable[[int, int], None] | None = None, wrap_agent: Callable | None = None) -> RunSummary:
     """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint.
 
     ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk (tests
-    raise from it to simulate a run killed at an arbitrary point).
+    raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
+    the agent (seeds batched in one process, :mod:`relive.train.seed_batch`).
     """
-    run = build(cfg, resume_dir, on_step)
+    run = build(cfg, resume_dir, on_step, wrap_agent)
     try:
         offline_phase(run)
         final = online_phase(run)
@@ -171,7 +172,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
 
 
 # -- build ---------------------------------------------------------------------------------------------------
-def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
+def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None = None) -> Run:
     """Components from the config (or the run directory's config), the dataset in the buffer, and on resume
     every component's state from the last checkpoint. ``config.json`` is written only once all of it worked."""
     if resume_dir is not None:
@@ -196,6 +197,8 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step) -> Run:
         eval_env.reset(seed=_int(seeds["eval"]))
     spec = env_spec(eval_env)
     agent = build_agent(cfg, spec, seeds["agent"])
+    if wrap_agent is not None:
+        agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
     buffer = ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
                           sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
