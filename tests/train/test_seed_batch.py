@@ -64,3 +64,35 @@ def test_unsupported_or_mixed_configurations_are_refused(tmp_path):
                      cfg_for([*ARGS, "--seed", "1", "--batch-size", "16"], tmp_path / "b")])
     with pytest.raises(ValueError, match="must differ"):
         train_seeds([cfg_for([*ARGS, "--seed", "0"], tmp_path / "a"), cfg_for([*ARGS, "--seed", "0"], tmp_path / "b")])
+
+
+def test_bench_run_with_seed_batch_trains_each_cell_in_one_process_and_reports(tmp_path):
+    """A 2-variant x 3-seed DDQN grid with --seed-batch 2: cells of 2 + 1 seeds, every run finished with its own
+    directory (the second seed's log points to the first's), a started run resumed alone; a SAC grid refused."""
+    from relive.experiments.grid import parse_grid
+    from relive.experiments.runner import _seed_batches, run_dir_of, run_grid
+
+    args = ["--env", "CartPole-v1", "--online-steps", "200", "--warmup", "100", "--eval-every", "200", *TINY]
+    g = parse_grid({"name": "sb", "seeds": 3, "tasks": ["CartPole-v1"],
+                    "variant": [{"label": "per", "preset": "ddqn", "args": ["--replay", "per", *args]},
+                                {"label": "uni", "preset": "ddqn", "args": args}]})
+    assert sorted(len(j) for j in _seed_batches(g.runs(), tmp_path, 2)) == [1, 1, 2, 2]
+    started = run_dir_of(tmp_path, next(s for s in g.runs() if s.seed == 0 and s.label == "uni"))
+    started.mkdir(parents=True)
+    (started / "config.json").write_text("{}")  # a started run goes alone (resumed from its checkpoint)
+    jobs = _seed_batches(g.runs(), tmp_path, 2)
+    assert sorted((len(j), j[0].label, j[0].seed) for j in jobs) == [(1, "per", 2), (1, "uni", 0), (2, "per", 0),
+                                                                     (2, "uni", 1)]
+    (started / "config.json").unlink()
+    outcomes = run_grid(g, tmp_path, workers=2, progress=False, seed_batch=2)
+    assert sorted(o.status for o in outcomes) == ["finished"] * 6
+    for spec in g.runs():
+        d = run_dir_of(tmp_path, spec)
+        summary = json.loads((d / "summary.json").read_text())
+        assert summary["num_online_env_steps"] == 200 and json.loads((d / "config.json").read_text())["run"][
+            "seed"] == spec.seed
+    second = next(s for s in g.runs() if s.seed == 1 and s.label == "per")  # batched with seed 0
+    assert "seeds batched in one process: output in" in (run_dir_of(tmp_path, second) / "stdout.log").read_text()
+    sac = parse_grid({"name": "s", "seeds": 2, "tasks": ["Pendulum-v1"], "variant": [{"label": "x", "preset": "sac"}]})
+    with pytest.raises(ValueError, match=r"support the presets \['ddqn'\]; this grid's unfinished runs use \['sac'\]"):
+        run_grid(sac, tmp_path, progress=False, seed_batch=2)

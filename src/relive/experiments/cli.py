@@ -23,6 +23,9 @@ def add_parsers(subparsers) -> None:
     run.add_argument("--timeout", type=positive_float, default=None, help="seconds before a run is killed and "
                      "recorded as crashed (default: none)")
     run.add_argument("--seeds", type=positive_int, default=None, help="only the first N seeds of the grid")
+    run.add_argument("--seed-batch", type=positive_int, default=1, metavar="S",
+                     help="train up to S new seeds of one variant and task in one process, their networks batched "
+                          "(DDQN grids; default 1: one process per run)")
     run.add_argument("--tasks", nargs="+", default=None, metavar="TASK", help="only these tasks of the grid")
     run.add_argument("--report", action="store_true", help="write the report when the runs are done")
     run.add_argument("--out", default="reports", help="report directory (with --report; default reports/)")
@@ -71,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
 
         refuse_overwrite(report_path(load_grid(args.grid), args.out), args.overwrite)
     outcomes = run_grid(grid, args.root, workers=args.workers, threads_per_run=args.threads_per_run,
-                        timeout=args.timeout)
+                        timeout=args.timeout, seed_batch=args.seed_batch)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "busy", "crashed")}
     print(f"{grid.name}: {counts['finished']} finished now, {counts['skipped']} already done, "
           f"{counts['busy']} left to another runner, {counts['crashed']} crashed "

@@ -133,7 +133,10 @@ def _execute_locked(spec: RunSpec, run_dir: Path, threads_per_run: int, timeout:
 
 
 def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_per_run: int = 1,
-             timeout: float | None = None, progress: bool = True) -> list[RunOutcome]:
+             timeout: float | None = None, progress: bool = True, seed_batch: int = 1) -> list[RunOutcome]:
+    """``seed_batch`` > 1: up to that many new seeds of one (variant, task) train in one process, their networks
+    batched (``relive train --seeds``; DDQN only). A started run (``config.json``) is resumed on its own, as without
+    batching; a batch that crashes leaves each of its unfinished runs a ``crash.json``."""
     root = Path(root)
     specs = grid.runs()
     workers = workers or default_workers(threads_per_run)
@@ -142,17 +145,105 @@ def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_p
     outcomes += [RunOutcome(s, "skipped", 0.0, run_dir_of(root, s)) for s in specs if s not in todo]
     if not todo:
         return outcomes
+    jobs = _seed_batches(todo, root, seed_batch)
     bar = _progress(progress)
     with bar:
         task = bar.add_task(f"{grid.name}: {len(todo)} runs ({len(specs) - len(todo)} already done)",
                             total=len(todo))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(execute, s, root, threads_per_run, timeout): s for s in todo}
+            futures = [pool.submit(execute, job[0], root, threads_per_run, timeout) if len(job) == 1 else
+                       pool.submit(execute_batch, job, root, threads_per_run, timeout) for job in jobs]
             for fut in as_completed(futures):
-                out = fut.result()
-                outcomes.append(out)
-                bar.console.print(status_line(out), markup=False)
-                bar.advance(task)
+                result = fut.result()
+                for out in result if isinstance(result, list) else [result]:
+                    outcomes.append(out)
+                    bar.console.print(status_line(out), markup=False)
+                    bar.advance(task)
+    return outcomes
+
+
+def _seed_batches(todo: list[RunSpec], root: Path, seed_batch: int) -> list[list[RunSpec]]:
+    """Jobs: single runs, or groups of up to ``seed_batch`` new runs of one (variant, task)."""
+    if seed_batch < 1:
+        raise ValueError(f"--seed-batch must be >= 1, got {seed_batch}")
+    if seed_batch == 1:
+        return [[s] for s in todo]
+    from relive.train.seed_batch import SUPPORTED
+
+    presets = sorted({s.preset for s in todo} - set(SUPPORTED))
+    if presets:
+        raise ValueError(f"--seed-batch {seed_batch}: seeds batched in one process support the presets "
+                         f"{list(SUPPORTED)}; this grid's unfinished runs use {presets} (run it without --seed-batch)")
+    jobs, groups = [], {}
+    for s in todo:
+        if (run_dir_of(root, s) / "config.json").exists():
+            jobs.append([s])  # started: resumed on its own from its checkpoint
+        else:
+            groups.setdefault((s.label, s.task, tuple(s.args), s.preset), []).append(s)
+    for group in groups.values():
+        jobs += [group[i:i + seed_batch] for i in range(0, len(group), seed_batch)]
+    return jobs
+
+
+def execute_batch(specs: list[RunSpec], root: Path, threads_per_run: int = 1,
+                  timeout: float | None = None) -> list[RunOutcome]:
+    """Several new seeds of one (variant, task) in one ``relive train --seeds`` process. Each run directory is
+    locked as for a single run; the process's output goes to the first run's log (the others' logs say so)."""
+    held, outcomes = [], []
+    for spec in specs:
+        run_dir = run_dir_of(root, spec)
+        if (run_dir / FINISHED).is_file():
+            outcomes.append(RunOutcome(spec, "skipped", 0.0, run_dir))
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not _take_lock(run_dir):
+            outcomes.append(RunOutcome(spec, "busy", 0.0, run_dir))
+            continue
+        held.append(spec)
+    if not held:
+        return outcomes
+    dirs = [run_dir_of(root, s) for s in held]
+    try:
+        for d in dirs:
+            (d / CRASHED).unlink(missing_ok=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_run), MKL_NUM_THREADS=str(threads_per_run),
+                   RELIVE_NUM_THREADS=str(threads_per_run))
+        first = held[0]
+        template = str(run_dir_of(root, first).parent / "seed_{seed}")  # (RunSpec.key: label/task/seed_N)
+        cmd = [sys.executable, "-m", "relive.cli", "--debug", "train", first.preset, "--env", first.task,
+               "--seeds", ",".join(str(s.seed) for s in held), "--run-dir", template, "--no-progress", *first.args]
+        start = time.perf_counter()
+        for d in dirs[1:]:
+            with open(d / LOG, "a") as log:
+                log.write(f"$ {' '.join(cmd)}\n(seeds batched in one process: output in {dirs[0] / LOG})\n")
+        with open(dirs[0] / LOG, "a") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            for d in dirs:
+                (d / LOCK).write_text(f"{os.getpid()} {proc.pid}")
+            try:
+                code = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                code = -9
+            except BaseException:
+                proc.terminate()
+                proc.wait()
+                raise
+        seconds = time.perf_counter() - start
+        tail = (dirs[0] / LOG).read_text(errors="replace").splitlines()[-30:]
+        for spec, d in zip(held, dirs, strict=True):
+            if (d / FINISHED).is_file():
+                outcomes.append(RunOutcome(spec, "finished", seconds, d))
+            else:
+                (d / CRASHED).write_text(json.dumps({"returncode": code, "command": cmd, "seconds": seconds,
+                                                     "log_tail": tail}, indent=1))
+                outcomes.append(RunOutcome(spec, "crashed", seconds, d))
+    finally:
+        for d in dirs:
+            (d / LOCK).unlink(missing_ok=True)
     return outcomes
 
 

@@ -39,6 +39,9 @@ def add_parsers(subparsers) -> None:
                    "ray://HOST:10001) instead of starting a local Ray")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
     p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
+    p.add_argument("--seeds", help="several seeds of this configuration trained in one process, their networks "
+                   "batched (DDQN only; e.g. 0,1,2): --run-dir must contain {seed}, each seed's own run directory "
+                   "(relive.train.seed_batch)")
     p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")
     p.add_argument("--online-steps", type=int, help="online environment steps")
     p.add_argument("--utd", type=int, help="gradient steps per environment step (update-to-data ratio)")
@@ -143,6 +146,8 @@ def _json(value) -> str:
 def run_train(args: argparse.Namespace) -> int:
     from relive.train.trainer import train
 
+    if getattr(args, "seeds", None):
+        return _train_seeds(args)
     if args.resume:
         summary = train(resume_dir=args.resume)
     else:
@@ -154,6 +159,36 @@ def run_train(args: argparse.Namespace) -> int:
     print(f"done: {summary.run_dir} | final return {summary.final_return:.1f} ({first}best: "
           f"{summary.best_return:.1f}) | {summary.seconds:.0f} s")
     return 0
+
+
+def _train_seeds(args: argparse.Namespace) -> int:
+    """``--seeds 0,1,2``: the seeds in one process (relive.train.seed_batch); exit 1 if any of them failed."""
+    import copy
+
+    from relive.train.seed_batch import train_seeds
+
+    if args.resume or args.seed is not None:
+        raise ValueError("--seeds trains new runs of the listed seeds: it does not combine with --resume or --seed")
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds takes comma-separated integers (e.g. 0,1,2), got {args.seeds!r}") from None
+    if not args.preset or not args.run_dir or "{seed}" not in args.run_dir:
+        raise ValueError("--seeds needs a PRESET and a --run-dir containing {seed} (e.g. runs/x/seed_{seed})")
+    cfgs = []
+    for seed in seeds:
+        one = copy.copy(args)
+        one.seed, one.run_dir, one.seeds = seed, args.run_dir.format(seed=seed), None
+        cfgs.append(config_from_args(one))
+    failed = 0
+    for seed, out in zip(seeds, train_seeds(cfgs), strict=True):
+        if isinstance(out, BaseException):
+            failed += 1
+            print(f"seed {seed}: FAILED: {type(out).__name__}: {out}")
+        else:
+            print(f"done: {out.run_dir} | final return {out.final_return:.1f} (best: {out.best_return:.1f}) | "
+                  f"{out.seconds:.0f} s")
+    return 1 if failed else 0
 
 
 def run_presets(args: argparse.Namespace) -> int:
