@@ -32,20 +32,14 @@ from pathlib import Path
 
 import numpy as np
 
+from _timing import per_call
+
 OBS, ACT, BATCH = 11, 3, 256
 
 
 def rate(fn: Callable, seconds: float, warmup: int = 3) -> float:
     """Calls per second of ``fn`` over about ``seconds`` (after ``warmup`` calls)."""
-    for _ in range(warmup):
-        fn()
-    n, start = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return n / elapsed
+    return 1.0 / per_call(fn, seconds, warmup)
 
 
 def interleaved(fns: dict[str, Callable], rounds: int, seconds: float) -> dict[str, list[float]]:

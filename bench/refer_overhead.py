@@ -32,19 +32,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _timing import per_call
+
 OBS, ACT, BATCH = 11, 3, 256
-
-
-def per_call(fn, seconds: float, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    n, start = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return elapsed / n
 
 
 def main(argv=None) -> dict:

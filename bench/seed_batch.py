@@ -29,23 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from _timing import per_call
 from relive.agents.ddqn import DDQN, DDQNConfig
 from relive.agents.ddqn_batched import BatchedDDQN
 from relive.replay import PrioritizedSampler, ReplayBuffer
 
 OBS, ACTIONS, BATCH = 6, 3, 128
-
-
-def per_call(fn, seconds: float, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    n, start = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return elapsed / n
 
 
 def batches(s: int) -> list:

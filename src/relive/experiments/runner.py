@@ -113,16 +113,7 @@ def _execute_locked(spec: RunSpec, run_dir: Path, threads_per_run: int, timeout:
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         (run_dir / LOCK).write_text(f"{os.getpid()} {proc.pid}")  # the training holds the run even if we die
-        try:
-            code = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            code = -9
-        except BaseException:  # interrupted (Ctrl-C): do not leave the training running on its own
-            proc.terminate()
-            proc.wait()
-            raise
+        code = _wait(proc, timeout)
     seconds = time.perf_counter() - start
     if code == 0 and (run_dir / FINISHED).is_file():
         return RunOutcome(spec, "finished", seconds, run_dir)
@@ -130,6 +121,21 @@ def _execute_locked(spec: RunSpec, run_dir: Path, threads_per_run: int, timeout:
     (run_dir / CRASHED).write_text(json.dumps({"returncode": code, "command": cmd, "seconds": seconds,
                                                "log_tail": tail}, indent=1))
     return RunOutcome(spec, "crashed", seconds, run_dir)
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
+    """The training's exit code; -9 when it ran past ``timeout`` (killed). Interrupted (Ctrl-C): the training is
+    terminated too, not left running on its own."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return -9
+    except BaseException:
+        proc.terminate()
+        proc.wait()
+        raise
 
 
 def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_per_run: int = 1,
@@ -222,16 +228,7 @@ def execute_batch(specs: list[RunSpec], root: Path, threads_per_run: int = 1,
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             for d in dirs:
                 (d / LOCK).write_text(f"{os.getpid()} {proc.pid}")
-            try:
-                code = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                code = -9
-            except BaseException:
-                proc.terminate()
-                proc.wait()
-                raise
+            code = _wait(proc, timeout)
         seconds = time.perf_counter() - start
         tail = (dirs[0] / LOG).read_text(errors="replace").splitlines()[-30:]
         for spec, d in zip(held, dirs, strict=True):

@@ -1,0 +1,19 @@
+"""Timing helper shared by the bench scripts (run as ``python bench/X.py``: this folder is on ``sys.path``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def per_call(fn: Callable, seconds: float, warmup: int = 3) -> float:
+    """Seconds per call of ``fn`` over about ``seconds`` (after ``warmup`` calls)."""
+    for _ in range(warmup):
+        fn()
+    n, start = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return elapsed / n
