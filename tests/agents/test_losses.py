@@ -212,15 +212,18 @@ def test_ddqn_huber_loss_and_hard_target_period():
 
 
 def test_ddqn_epsilon_schedule():
-    agent = make("ddqn", eps_start=1.0, eps_end=0.1, eps_decay_steps=10)
+    """Linear in env steps: an exploring call for N observations (N envs) is N steps of the schedule."""
+    agent = make("ddqn", eps_start=1.0, eps_end=0.1, eps_decay_steps=2000)
     obs = np.zeros((1000, OBS), np.float32)
-    greedy = agent.act(obs, explore=False)
-    assert agent.epsilon == 1.0 and np.all(greedy == greedy[0])
-    first = agent.act(obs, explore=True)  # epsilon 1: uniform actions
+    greedy = agent.act(obs, explore=False)  # greedy calls do not count
+    assert agent.epsilon == 1.0 and np.all(greedy == greedy[0]) and agent.num_act_steps == 0
+    first = agent.act(obs, explore=True)  # epsilon 1: uniform actions; then 1000 steps counted
     assert chisquare_pvalue(first, np.full(3, 1 / 3)) > 1e-3
     for _ in range(4):
         agent.act(obs[:1], explore=True)
-    assert agent.epsilon == pytest.approx(1.0 - 0.9 * 5 / 10)
+    assert agent.num_act_steps == 1004 and agent.epsilon == pytest.approx(1.0 - 0.9 * 1004 / 2000)
+    agent.act(obs[:996], explore=True)
+    assert agent.epsilon == pytest.approx(0.1)
     for _ in range(20):
         agent.act(obs[:1], explore=True)
     assert agent.epsilon == pytest.approx(0.1)
