@@ -264,3 +264,8 @@ def test_flat_only_agents_refuse_dict_observations_naming_the_alternative(tmp_pa
         with pytest.raises(ValueError, match=rf"{name} takes flat vector observations; PixelPendulum-v0 has dict "
                                              r"observations \(keys image, state\)"):
             build()
+    from relive.agents.ddqn import DDQN, DDQNConfig
+
+    discrete = EnvSpec("PixelGrid-v0", {"image": ((3, 8, 8), np.uint8)}, True, (), 4, None, None, 100)
+    with pytest.raises(ValueError, match=r"DDQN takes flat vector observations; PixelGrid-v0 has dict observations"):
+        DDQN.from_spec(discrete, DDQNConfig(), 0)

@@ -78,7 +78,8 @@ class DDQN:
         """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if not spec.discrete:
             raise ValueError(f"ddqn needs a discrete action space; {spec.id} has a continuous one")
-        return cls(int(np.prod(spec.obs_shape)), spec.num_actions, config, seed=nets.seed_int(seed), device=device)
+        return cls(nets.vector_obs_dim(spec, "DDQN"), spec.num_actions, config, seed=nets.seed_int(seed),
+                   device=device)
 
     def __init__(self, obs_dim: int, num_actions: int, config: DDQNConfig | None = None, seed: int = 0,
                  device: str = "cpu"):

@@ -68,14 +68,8 @@ def fill_offline(buffer, rows: dict, gamma: float = 0.99, dataset_id: str | None
     G = r_fail / (1 - gamma) for a whole unsuccessful episode, is not applied; pass your own ``mc_return``
     column in ``rows`` to use it.) Episode ids come from the storage's episode index. ``dataset_id`` as in
     ``ReplayBuffer.add_offline`` (checkpoints then refer to the rows instead of copying them)."""
-    return buffer.add_offline(with_returns_to_go(rows, buffer.storage.extra_names, gamma), dataset_id=dataset_id)
-
-
-def with_returns_to_go(rows: dict, extra_names, gamma: float) -> dict:
-    """``rows`` plus ``mc_return`` (see :func:`fill_offline`) when ``extra_names`` holds that column and the rows
-    do not."""
     rows = dict(rows)
-    if "mc_return" in extra_names and "mc_return" not in rows:
+    if "mc_return" in buffer.storage.extra_names and "mc_return" not in rows:
         rows["mc_return"] = returns_to_go(rows["reward"], rows["terminated"] | rows["truncated"],
                                           rows["terminated"], gamma)
-    return rows
+    return buffer.add_offline(rows, dataset_id=dataset_id)

@@ -282,24 +282,7 @@ def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
 
 
 def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState) -> None:
-    from relive.data.loaders import fill_offline
-
-    rows, meta = _dataset_rows(cfg, columns)
-    if cfg.schedule.num_offline_grad_steps and len(rows["reward"]) < cfg.schedule.batch_size:
-        raise ValueError(f"dataset {cfg.data.dataset} has {len(rows['reward'])} rows, fewer than one batch "
-                         f"(schedule.batch_size = {cfg.schedule.batch_size}): the offline phase could not take a "
-                         f"single gradient step; use a smaller --batch-size or a larger dataset")
-    # named by its path / id: run checkpoints then refer to the offline rows by id + SHA-256 instead of copying
-    # them (a 1M-row dataset would add ~120 MB to every checkpoint); a resume loads the dataset again (_resume)
-    fill_offline(buffer, rows, gamma, dataset_id=str(cfg.data.dataset))
-    state.ref_min = state.ref_min if state.ref_min is not None else meta.get("ref_min_return")
-    state.ref_max = state.ref_max if state.ref_max is not None else meta.get("ref_max_return")
-
-
-def _dataset_rows(cfg, columns) -> tuple[dict, dict]:
-    """The dataset's rows as the buffer stores them (the agent's extra columns filled, truncations converted
-    under ``env.truncation_as_termination``) and the dataset's metadata."""
-    from relive.data.loaders import load_rows
+    from relive.data.loaders import fill_offline, load_rows
 
     rows, meta = load_rows(cfg.data.dataset, env_id=cfg.env.id)
     n = len(rows["reward"])
@@ -309,7 +292,15 @@ def _dataset_rows(cfg, columns) -> tuple[dict, dict]:
                              f"needs for offline rows ({c.doc or 'a behaviour record'})")
         if c.name not in rows and c.name != "mc_return":  # (loaders compute returns-to-go themselves)
             rows[c.name] = c.filled(n)
-    return stored_rows(cfg, rows), meta
+    if cfg.schedule.num_offline_grad_steps and n < cfg.schedule.batch_size:
+        raise ValueError(f"dataset {cfg.data.dataset} has {n} rows, fewer than one batch "
+                         f"(schedule.batch_size = {cfg.schedule.batch_size}): the offline phase could not take a "
+                         f"single gradient step; use a smaller --batch-size or a larger dataset")
+    # named by its path / id: run checkpoints then refer to the offline rows by id + SHA-256 instead of copying
+    # them (a 1M-row dataset would add ~120 MB to every checkpoint); a resume loads the dataset again (_resume)
+    fill_offline(buffer, stored_rows(cfg, rows), gamma, dataset_id=str(cfg.data.dataset))
+    state.ref_min = state.ref_min if state.ref_min is not None else meta.get("ref_min_return")
+    state.ref_max = state.ref_max if state.ref_max is not None else meta.get("ref_max_return")
 
 
 def run_offline_rows(cfg: ExperimentConfig, buffer_state: dict, where):
