@@ -402,9 +402,9 @@ def _read_video(root: Path, info: dict, key: str, episodes: np.ndarray, starts: 
         want = timestamp[start:start + length].astype(np.float64) + offset
         if not times.size:
             raise ValueError(f"{path}: no video frames")
-        idx = np.clip(np.searchsorted(times, want), 1, times.size - 1) if times.size > 1 else np.zeros(length, int)
-        idx = np.where(np.abs(times[idx - 1] - want) <= np.abs(times[idx] - want), idx - 1, idx) \
-            if times.size > 1 else idx
+        hi = np.minimum(np.searchsorted(times, want), times.size - 1)  # the nearest frame: hi or the one before
+        lo = np.maximum(hi - 1, 0)
+        idx = np.where(np.abs(times[lo] - want) <= np.abs(times[hi] - want), lo, hi)
         gap = np.abs(times[idx] - want)
         if (gap > 0.5 / fps + 1e-6).any():
             i = int(np.flatnonzero(gap > 0.5 / fps + 1e-6)[0])
