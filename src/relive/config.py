@@ -163,8 +163,12 @@ class ReplayConfig:
     name: str = "uniform"  # a registered replay strategy (`relive presets --show replays`)
     capacity: int = 1_000_000  # rows, offline + online
     options: Any = None  # the strategy's own config dataclass (``replay.<name>.*``); None: its defaults
+    device: str | None = None  # torch device of the buffer's columns and sampling (uniform, per, symmetric,
+    #                            symmetric_per; relive.replay.device), e.g. the agent's "cuda"; None: NumPy on the host
 
     def __post_init__(self):
+        if self.device is not None and not (self.device == "cpu" or self.device.startswith(("cuda", "mps"))):
+            raise ValueError(f"replay.device must be None, 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
         cls = replay_entry(self.name).config_cls
         if self.options is None:
             object.__setattr__(self, "options", cls())
@@ -179,7 +183,8 @@ class ReplayConfig:
         return cls(name, capacity, replay_entry(name).config_cls(**options))
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "capacity": self.capacity, self.name: asdict(self.options)}
+        return {"name": self.name, "capacity": self.capacity, self.name: asdict(self.options)} | (
+            {"device": self.device} if self.device is not None else {})
 
 
 @dataclass(frozen=True)
@@ -274,11 +279,11 @@ def config_from_dict(d: dict) -> ExperimentConfig:
     agent = _build(agent_entry(kind).config_cls, d.get("agent", {}), "agent")
     r = d.get("replay", {})
     name = r.get("name", "uniform")
-    extra = sorted(set(r) - {"name", "capacity", name})
+    extra = sorted(set(r) - {"name", "capacity", "device", name})
     if extra:
         raise ValueError(f"replay: unknown setting(s) {extra}; replay {name!r} takes replay.{name}.* options")
     replay = ReplayConfig(name, r.get("capacity", 1_000_000),
-                          _build(replay_entry(name).config_cls, r.get(name, {}), f"replay.{name}"))
+                          _build(replay_entry(name).config_cls, r.get(name, {}), f"replay.{name}"), r.get("device"))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
                                                    ("schedule", ScheduleConfig),
                                                    ("collectors", CollectorsConfig)) if k in d}
@@ -387,9 +392,13 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
         r = cfg.replay
         if parts[1:] == ["name"]:
             name = parse_value(str, raw, key)
-            return dataclasses.replace(cfg, replay=ReplayConfig(name, r.capacity))
+            return dataclasses.replace(cfg, replay=ReplayConfig(name, r.capacity, device=r.device))
         if parts[1:] == ["capacity"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, capacity=parse_value(int, raw, key)))
+        if parts[1:] == ["device"]:
+            host = raw.strip().strip('"').lower() in ("", "none", "null", "host")
+            device = None if host else parse_value(str, raw, key)
+            return dataclasses.replace(cfg, replay=dataclasses.replace(r, device=device))
         if len(parts) == 3:
             if parts[1] != r.name:
                 raise ValueError(f"--set {key}: the options of replay {parts[1]!r} apply only when replay.name is "
@@ -404,7 +413,7 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
                       if new in {f.name for f in dataclasses.fields(e.config_cls)}]
             raise ValueError(f"--set {key}: replay options are now per strategy: replay.<name>.{new}, for "
                              f"<name> in {having} (`relive presets --show NAME` lists each one's options)")
-        known = ["replay.name", "replay.capacity"] + [f"replay.{r.name}.{f.name}"
+        known = ["replay.name", "replay.capacity", "replay.device"] + [f"replay.{r.name}.{f.name}"
                                                       for f in dataclasses.fields(r.options)]
         raise ValueError(f"unknown setting {key!r}; known: {known}")
     sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule", "collectors": "collectors"}

@@ -184,10 +184,11 @@ def test_bad_batches_are_rejected(kind):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["rlpd", "calql"])
-def test_compiled_critics_match_eager(kind, tmp_path):
-    """compile=True (torch.compile of the critic ensembles) changes speed, not results or checkpoints."""
-    eager, compiled = make(kind), make(kind, compile=True)
+@pytest.mark.parametrize("kind,mode", [("rlpd", "default"), ("calql", "default"), ("rlpd", "reduce-overhead")])
+def test_compiled_critics_match_eager(kind, mode, tmp_path):
+    """compile=True (torch.compile of the critic ensembles, in each compile_mode) changes speed, not results or
+    checkpoints."""
+    eager, compiled = make(kind), make(kind, compile=True, compile_mode=mode)
     for step in range(3):
         b = batch(kind, seed=step)
         r1, r2 = eager.update(b), compiled.update(b)

@@ -173,6 +173,22 @@ def test_utd_flag_keeps_the_agent_in_step():
         cfg("sac", "--offline-fraction", "0.25")
 
 
+def test_device_flags_and_the_replay_device_setting(tmp_path):
+    def cfg(*args):
+        return config_from_args(build_parser().parse_args(["train", *args]))
+
+    c = cfg("rlpd", "--device", "cuda", "--replay-device", "cuda:1")
+    assert (c.run.device, c.replay.device) == ("cuda", "cuda:1")
+    assert cfg("rlpd").replay.device is None  # the default: NumPy on the host
+    assert override(c, ["replay.name=per"]).replay.device == "cuda:1"  # a new strategy keeps the device
+    assert override(c, ["replay.device=none"]).replay.device is None
+    with pytest.raises(ValueError, match="replay.device must be None, 'cpu', 'cuda"):
+        cfg("rlpd", "--replay-device", "tpu")
+    save_config(c, tmp_path / "config.json")
+    assert load_config(tmp_path / "config.json") == c
+    assert "device" not in cfg("rlpd").to_dict()["replay"]  # config.json files of host runs are unchanged
+
+
 def test_every_cli_option_is_documented(capsys):
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

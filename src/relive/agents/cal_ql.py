@@ -248,7 +248,7 @@ class CalQL(SAC):
                     "train/target_mean": y.mean(), "train/calibrating": float(self.calibrating)}
         # 4-5. policy and temperature: SAC's (Cal-QL Alg. 1 l.4)
         actor_metrics, log_likelihood = self._actor_steps(b, update_actor, None if update_actor else policy)
-        return self._result(metrics | actor_metrics, q, y, log_likelihood)
+        return self._result(metrics | actor_metrics, q, y, log_likelihood, batch)
 
     # -- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -283,7 +283,7 @@ class DDPG:
         self.num_updates += 1
         metrics = {"train/critic_loss": critic_loss.item(), "train/actor_loss": actor_loss.item(),
                    "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()} | kl_metric
-        signals = {"td_error": (q.detach() - y).cpu().numpy()}
+        signals = nets.signals_out(batch, td_error=q - y)
         if refer_on:
             metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta,
                         "train/refer_kl": kl.mean().item()}

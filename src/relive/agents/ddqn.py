@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from relive.agents import networks as nets
 from relive.agents.encoders import flat_obs_batch
 from relive.registry import register_agent
-from relive.types import Batch, UpdateResult
+from relive.types import Batch, TensorMetrics, UpdateResult
 
 
 @dataclass(frozen=True)
@@ -160,9 +160,8 @@ class DDQN:
         # 3. hard target update
         if self.num_updates % self.cfg.target_update_period == 0:
             self.target_q.load_state_dict(self.q.state_dict())
-        td = (q.detach() - y).cpu().numpy()
-        return UpdateResult({"train/loss": loss.item(), "train/q_mean": q.mean().item(),
-                             "train/epsilon": self.epsilon}, {"td_error": td})
+        return UpdateResult(TensorMetrics({"train/loss": loss.detach(), "train/q_mean": q.detach().mean(),
+                                           "train/epsilon": self.epsilon}), nets.signals_out(batch, td_error=q - y))
 
     def state_dict(self) -> dict:
         return {"q": nets.module_state(self.q), "target_q": nets.module_state(self.target_q),

@@ -386,6 +386,14 @@ def td_discount(batch, n_step: int, owner: str):
     return batch.discount
 
 
+def signals_out(batch, **signals) -> dict:
+    """Per-sample signals for ``ReplayBuffer.update`` (None values dropped): detached tensors that stay on the device
+    when ``batch`` came from a device buffer (its ``info.indices`` is a tensor: no copy back to the host per update),
+    NumPy arrays otherwise (host buffers and loop hooks read arrays)."""
+    on_device = torch.is_tensor(batch.info.indices)
+    return {k: (v.detach() if on_device else v.detach().cpu().numpy()) for k, v in signals.items() if v is not None}
+
+
 def weighted_mean(per_sample: torch.Tensor, is_weight: torch.Tensor) -> torch.Tensor:
     """mean_i w_i l_i: every per-sample loss is multiplied by its importance-sampling weight (PER Alg. 1
     l.12); rows with weight 0 contribute nothing, not even through the normalization."""

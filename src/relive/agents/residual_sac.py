@@ -486,7 +486,7 @@ class ResidualSAC:
             if self.cfg.learn_temperature:
                 _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))  # (18)-(19)
             metrics["train/alpha"] = self.alpha.item()
-        return UpdateResult(metrics, {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()})
+        return UpdateResult(metrics, nets.signals_out(batch, td_error=q.mean(dim=0) - y))
 
     def pretrain_critic(self, batch: Batch) -> UpdateResult:
         """Cal-QL critic initialization on D_off (20)-(21): the OTF TD term plus ``cql_alpha`` times the
@@ -512,7 +512,7 @@ class ResidualSAC:
         metrics |= {"train/critic_loss": loss.item(), "train/td_loss": nets.weighted_mean(td, w).item(),
                     "train/cql_gap": nets.weighted_mean(gap.detach().mean(dim=0), w).item(),
                     "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()}
-        return UpdateResult(TensorMetrics(metrics), {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()})
+        return UpdateResult(TensorMetrics(metrics), nets.signals_out(batch, td_error=q.mean(dim=0) - y))
 
     def _clipped_step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, loss: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)

@@ -49,6 +49,7 @@ from relive.registry import register_agent
 from relive.types import Batch, TensorMetrics, UpdateResult
 
 ACTOR_Q_REDUCTIONS = ("min", "mean")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile
 ENCODERS = ("auto", "flat", "cnn")
 ACTOR_ENCODERS = ("shared", "own")
 RLPD_OFFLINE_FRACTION = 0.5  # RLPD's symmetric sampling: half of every minibatch offline (a replay setting:
@@ -83,6 +84,8 @@ class SACConfig:
     compute_log_likelihood: bool = True  # return log pi(stored action | s) as a signal (on-policyness samplers)
     compile: bool = False  # torch.compile the critic ensembles: fuses LayerNorm / ReLU passes (10 LayerNorm
     #                        critics ~1.4x faster on CPU); slower for plain twin critics; first steps compile
+    compile_mode: str = "default"  # torch.compile mode with compile=True: "reduce-overhead" replays CUDA graphs
+    #                                on a GPU (launch overhead gone: small batches, large ensembles), "max-autotune"
     encoder: str = "auto"  # dict observations: "flat" (keys concatenated, relive.agents.encoders), "cnn" (a CNN
     #                        per image key, in the actor and in the critic; needs obs_spec at construction) or
     #                        "auto" (cnn when obs_spec has a uint8 [C, H, W] image key, else flat)
@@ -101,6 +104,8 @@ class SACConfig:
             raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
         if self.actor_every < 1:
             raise ValueError(f"actor_every must be >= 1, got {self.actor_every}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
         if self.actor_q_reduce not in ACTOR_Q_REDUCTIONS:
             raise ValueError(f"actor_q_reduce must be one of {ACTOR_Q_REDUCTIONS}, got {self.actor_q_reduce!r}")
         if self.init not in nets.INIT_SCHEMES:
@@ -200,8 +205,8 @@ class SAC:
             self.critic = nets.init_(critic, init_gen, cfg.init).to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         if cfg.compile:  # in place: parameter names (and checkpoints) stay the same
-            self.critic.compile()
-            self.target_critic.compile()
+            self.critic.compile(mode=cfg.compile_mode)
+            self.target_critic.compile(mode=cfg.compile_mode)
         self.log_alpha = torch.tensor(np.log(cfg.init_temperature), dtype=torch.float32, device=self.device,
                                       requires_grad=True)
         self.target_entropy = float(-cfg.target_entropy_scale * action_dim if cfg.target_entropy is None
@@ -300,7 +305,7 @@ class SAC:
                    "train/target_mean": y.mean()}
         # 3-4. policy (Eq. 9) and temperature (Eq. 18)
         actor_metrics, log_likelihood = self._actor_steps(b, update_actor, policy)
-        return self._result(metrics | actor_metrics, q, y, log_likelihood)
+        return self._result(metrics | actor_metrics, q, y, log_likelihood, batch)
 
     def _discount(self, b: Batch):
         """The batch's n-step discount (None: one-step, gamma (1 - terminated)); see ``nets.td_discount``."""
@@ -367,13 +372,13 @@ class SAC:
         self.alpha_opt.step()
 
     @staticmethod
-    def _result(metrics: dict, q: torch.Tensor, y: torch.Tensor, log_likelihood: torch.Tensor | None) -> UpdateResult:
+    def _result(metrics: dict, q: torch.Tensor, y: torch.Tensor, log_likelihood: torch.Tensor | None,
+                batch: Batch) -> UpdateResult:
         """Metrics stay tensors until read (:class:`~relive.types.TensorMetrics`: one conversion for all of them
-        when the trainer logs, no ``.item()`` per step); signals are NumPy arrays."""
-        signals = {"td_error": (q.detach().mean(dim=0) - y).cpu().numpy()}
-        if log_likelihood is not None:
-            signals["log_likelihood"] = log_likelihood.cpu().numpy()
-        return UpdateResult(TensorMetrics(metrics), signals)
+        when the trainer logs, no ``.item()`` per step); signals are NumPy arrays, or tensors on the device for a
+        batch from a device buffer (``nets.signals_out``)."""
+        return UpdateResult(TensorMetrics(metrics), nets.signals_out(batch, td_error=q.mean(dim=0) - y,
+                                                                     log_likelihood=log_likelihood))
 
     def _obs_in(self, obs):
         """Observations for the networks: a [N, obs_dim] tensor (flat, or dict keys concatenated), or with

@@ -136,7 +136,7 @@ class SACReFER(SAC):
         metrics |= kl_metric
         if refer_on:
             metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta}
-        result = self._result(metrics, q, y, log_likelihood)
+        result = self._result(metrics, q, y, log_likelihood, batch)
         signals = dict(result.signals) | ({"rho": rho.cpu().numpy().astype(np.float64)} if refer_on else {})
         return UpdateResult(result.metrics, signals)
 

@@ -9,6 +9,7 @@
     buf.save(path); ReplayBuffer.load(path) # pickle-free; same contents, sampler state and RNG
 
     ReplayBuffer(..., n_step=3, gamma=0.99)  # batches carry 3-step returns and a per-row discount (returns.py)
+    ReplayBuffer(..., backend="torch", device="cuda")  # columns, sampling and priorities on a device (device.py)
     seq = buf.sample_sequences(32, 16)      # [32, 16, ...] slices within episodes, seq.mask [32, 16]
 """
 
@@ -20,16 +21,23 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from relive.replay import checkpoint, returns
+from relive.replay import device as device_replay
 from relive.replay.samplers import Sampler, UniformSampler, sampler_config, sampler_from_config
 from relive.replay.storage import Storage, _as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
+
+
+def torch_int8():
+    import torch
+
+    return torch.int8
 
 
 class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
                  *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None,
                  n_step: int = 1, gamma: float = 0.99, dedup_next_obs: bool | None = None, backend: str = "ram",
-                 directory: str | os.PathLike | None = None):
+                 directory: str | os.PathLike | None = None, device=None):
         """``obs_shape``: a shape (flat observations of ``obs_dtype``), or a dict key -> shape / (shape, dtype)
         for dict observations (``{"image": ((3, 64, 64), np.uint8), "state": (7,)}``: each key its own column;
         batches hold ``batch.obs["image"]``). ``dedup_next_obs`` (default: on for dict observations, off for flat
@@ -37,12 +45,19 @@ class ReplayBuffer:
         the last row of a write), which halves an image buffer. ``backend="memmap"`` keeps the data columns in
         ``.npy`` files under ``directory`` (``np.memmap``) instead of RAM. ``n_step`` > 1: every batch carries
         n-step returns with discount ``gamma`` (see :meth:`gather`); 1 (the default): one-step rows, ``gamma``
-        unused."""
+        unused. ``backend="torch"`` with ``device`` (default cpu): columns are tensors on that device and batches
+        are drawn, gathered and updated there (:mod:`relive.replay.device`; uniform, PER and symmetric samplers,
+        converted from their host classes; batches and ``batch.info`` hold tensors)."""
         self.n_step, self.gamma = returns.check_n_step(n_step), returns.check_gamma(gamma)
+        if backend == "torch" and self.n_step > 1:
+            raise ValueError("n_step > 1 needs a host backend ('ram' or 'memmap'): n-step returns are summed on the "
+                             "host")
         self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
                                action_dtype=action_dtype, extra_columns=extra_columns,
-                               dedup_next_obs=dedup_next_obs, backend=backend, directory=directory)
+                               dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device)
         self.sampler = sampler if sampler is not None else UniformSampler()
+        if backend == "torch":
+            self.sampler = device_replay.to_device_sampler(self.sampler)
         if self.sampler.storage is not None:
             raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
         self.sampler.bind(self.storage)
@@ -50,6 +65,19 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(self.seed)
         self.num_stale = 0  # updates skipped because the row was overwritten after sampling
         self.num_updated = 0
+        self._init_device_state()
+
+    def _init_device_state(self) -> None:
+        """backend "torch": the draw generator on the device, and the update counters kept there (read by stats)."""
+        self.on_device = self.storage.backend == "torch"
+        if not self.on_device:
+            return
+        import torch
+
+        dev = self.storage.device
+        self.torch_rng = torch.Generator(device=dev).manual_seed(self.seed)
+        self._counts_t = torch.zeros(3, dtype=torch.int64, device=dev)  # updated, stale, invalid since last read
+        self.num_invalid = 0  # device updates: rows skipped for a non-finite or negative signal
 
     # -- sizes -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -131,9 +159,31 @@ class ReplayBuffer:
         stored = self.storage.size
         if batch_size > stored:
             raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
+        if self.on_device:
+            return self._sample_device(int(batch_size))
         draw = self.sampler.sample(int(batch_size), self.rng)
         return self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
                            hints=self.sampler.hints())
+
+    def _sample_device(self, batch_size: int) -> Batch:
+        """A batch drawn and gathered on the device: every column and ``info`` field a tensor there."""
+        draw = self.sampler.sample_device(batch_size, self.torch_rng)
+        st = self.storage
+        idx = draw.indices
+        cols = st.columns
+
+        def obs(prefix):  # "obs" / "next_obs", flat or one tensor per key
+            if st.obs_keys is None:
+                return cols[prefix].tensor.index_select(0, idx)
+            return {k: cols[f"{prefix}.{k}"].tensor.index_select(0, idx) for k in st.obs_keys}
+
+        info = SampleInfo(indices=idx, generation=st._gen_t.index_select(0, idx), probability=draw.probability,
+                          is_weight=draw.is_weight, source=(idx >= st.num_offline).to(torch_int8()),
+                          hints=self.sampler.hints())
+        return Batch(obs("obs"), cols["action"].tensor.index_select(0, idx), cols["reward"].tensor.index_select(0, idx),
+                     obs("next_obs"), cols["terminated"].tensor.index_select(0, idx),
+                     cols["truncated"].tensor.index_select(0, idx), info=info,
+                     extras={n: cols[n].tensor.index_select(0, idx) for n in st.extra_names})
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
         """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1,
@@ -197,6 +247,8 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if batch_size > self.storage.size:
             raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.size} rows are stored")
+        if self.on_device:
+            raise ValueError("sample_sequences needs a host backend ('ram' or 'memmap'): slices are cut on the host")
         st = self.storage
         draw = self.sampler.sample(int(batch_size), self.rng)
         if at_episode_end == "reject":
@@ -248,6 +300,8 @@ class ReplayBuffer:
         Rows whose slot was overwritten since ``info`` was sampled are skipped and counted (``num_stale``)."""
         if not signals:
             raise ValueError("update needs at least one signal, e.g. update(info, td_error=td)")
+        if self.on_device:
+            return self._update_device(info, signals)
         idx = self.storage.check_slots(info.indices)
         gen = np.asarray(info.generation, dtype=np.int64).reshape(-1)
         if gen.size != idx.size:
@@ -279,17 +333,67 @@ class ReplayBuffer:
         self.num_updated += int(idx.size)
         return UpdateReport(num_updated=int(idx.size), num_stale=n_stale, stale=stale)
 
+    def _update_device(self, info: SampleInfo, signals: Mapping) -> UpdateReport:
+        """The device update: no value is read back to the host. A row overwritten since it was sampled
+        (generation changed) and a row whose signal is not finite (or a negative ``priority``) keeps its priority;
+        both are counted on the device and reach ``num_stale`` / ``num_invalid`` when ``stats`` reads them (a
+        host check would stop the device once per batch). The report's counts are 0-d tensors."""
+        import torch
+
+        dev = self.storage.device
+        idx = torch.as_tensor(info.indices, device=dev).reshape(-1)
+        gen = torch.as_tensor(info.generation, device=dev).reshape(-1)
+        if gen.numel() != idx.numel():
+            raise ValueError(f"info has {idx.numel()} indices but {gen.numel()} generations")
+        arrays = {}
+        valid = torch.ones(idx.numel(), dtype=torch.bool, device=dev)
+        for name, value in signals.items():
+            t = torch.as_tensor(value, device=dev)
+            if t.numel() != idx.numel() or (t.dim() > 1 and max(t.shape) != t.numel()):
+                raise ValueError(f"signal {name!r}: expected shape ({idx.numel()},), got {tuple(t.shape)}")
+            if t.dtype == torch.bool or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
+                raise ValueError(f"signal {name!r}: expected numbers, got dtype {t.dtype}")
+            t = t.reshape(-1)
+            if t.is_floating_point():
+                valid &= torch.isfinite(t)
+            if name == "priority":
+                valid &= t >= 0
+            arrays[name] = t
+        fresh = self.storage._gen_t.index_select(0, idx) == gen
+        keep = fresh & valid
+        self.sampler.update_device(idx, arrays, keep)
+        stale = ~fresh
+        counts = torch.stack([keep.sum(), stale.sum(), (fresh & ~valid).sum()])
+        self._counts_t += counts
+        return UpdateReport(num_updated=counts[0], num_stale=counts[1], stale=stale)
+
+    def _read_device_counts(self) -> None:
+        """Fold the device's update counters into the host ones (a sync: stats / checkpoints only)."""
+        if not self.on_device:
+            return
+        updated, stale, invalid = (int(x) for x in self._counts_t.tolist())
+        self._counts_t.zero_()
+        self.num_updated += updated
+        self.num_stale += stale
+        self.num_invalid += invalid
+        if invalid:
+            import warnings
+
+            warnings.warn(f"{invalid} replay update rows had a non-finite signal (or a negative priority) and kept "
+                          f"their priority ({self.num_invalid} so far): check the agent's TD errors", stacklevel=3)
+
     def refresh(self, score_fn: Callable, chunk_size: int = 65536) -> bool:
         """Let the sampler re-score every stored row with ``score_fn(obs, action) -> per-row score`` (ARB).
         Returns whether the sampler used it."""
         return self.sampler.refresh(score_fn, chunk_size)
 
     def stats(self) -> dict[str, float]:
+        self._read_device_counts()
         return self.sampler.stats() | {
             "replay/num_offline": float(self.num_offline),
             "replay/num_online": float(self.num_online),
             "replay/num_stale": float(self.num_stale),
-        }
+        } | ({"replay/num_invalid_signals": float(self.num_invalid)} if self.on_device else {})
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self, offline: str = "auto") -> dict:
@@ -301,6 +405,10 @@ class ReplayBuffer:
         if offline == "auto":
             ids = set(self.storage.offline_dataset_ids)
             offline = "reference" if len(ids) == 1 and None not in ids else "copy"
+        self._read_device_counts()
+        device = {} if not self.on_device else {"torch_rng": self.torch_rng.get_state().cpu().numpy(),
+                                                "torch_rng_device": self.storage.device.type,
+                                                "num_invalid": self.num_invalid}
         return {
             "config": {"storage": self.storage.config(), "sampler": sampler_config(self.sampler),
                        "seed": self.seed, "n_step": self.n_step, "gamma": self.gamma},
@@ -308,7 +416,7 @@ class ReplayBuffer:
             "sampler": self.sampler.state_dict(),
             "rng": self.rng.bit_generator.state,
             "counters": {"num_stale": self.num_stale, "num_updated": self.num_updated},
-        }
+        } | ({"device": device} if device else {})
 
     def save(self, path: str | os.PathLike, offline: str = "auto") -> None:
         """Write a pickle-free checkpoint directory (see :mod:`relive.replay.checkpoint`); ``offline`` as in
@@ -316,17 +424,26 @@ class ReplayBuffer:
         checkpoint.save_tree(path, self.state_dict(offline), kind="replay_buffer")
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, check_hashes: bool = True, offline_rows=None) -> ReplayBuffer:
+    def load(cls, path: str | os.PathLike, *, check_hashes: bool = True, offline_rows=None,
+             device=None) -> ReplayBuffer:
         """Rebuild a buffer from ``save``: same rows, sampler state and RNG, so the same next samples.
         ``offline_rows``: the offline rows of a checkpoint that refers to them (the rows given to ``add_offline``,
-        or a function dataset id -> rows); checked against the SHA-256 the checkpoint recorded."""
+        or a function dataset id -> rows); checked against the SHA-256 the checkpoint recorded. ``device``: load
+        into a torch-backend buffer on that device (from either backend's checkpoint; None: as it was saved)."""
         state = checkpoint.load_tree(path, kind="replay_buffer", check_hashes=check_hashes)
-        return cls.from_state_dict(state, offline_rows=offline_rows)
+        return cls.from_state_dict(state, offline_rows=offline_rows, device=device)
 
     @classmethod
-    def from_state_dict(cls, state: dict, offline_rows=None) -> ReplayBuffer:
+    def from_state_dict(cls, state: dict, offline_rows=None, device=None) -> ReplayBuffer:
         cfg = state["config"]
-        scfg = cfg["storage"]
+        scfg = dict(cfg["storage"])
+        if device is not None:
+            if scfg.get("backend", "ram") not in ("ram", "torch"):
+                raise ValueError(f"a {scfg['backend']} checkpoint loads on the host (device=None)")
+            scfg |= {"backend": "torch", "device": str(device), "dedup_next_obs": False}
+            if scfg.get("obs_keys") is not None and cfg["storage"].get("dedup_next_obs"):
+                raise ValueError("this checkpoint stores next_obs deduplicated (dict observations): it loads on the "
+                                 "host only")
         buf = cls.__new__(cls)
         buf.storage = Storage.from_config(scfg)
         ref = state["storage"].get("offline_ref")
@@ -341,6 +458,8 @@ class ReplayBuffer:
             buf.storage.offline_dataset_ids.append(dataset)
         buf.storage.load_state_dict(state["storage"])
         buf.sampler = sampler_from_config(cfg["sampler"])
+        if buf.storage.backend == "torch":
+            buf.sampler = device_replay.to_device_sampler(buf.sampler)
         buf.sampler.bind(buf.storage)
         buf.sampler.load_state_dict(state["sampler"])
         buf.seed = int(cfg["seed"])
@@ -349,4 +468,14 @@ class ReplayBuffer:
         buf.rng.bit_generator.state = state["rng"]
         buf.num_stale = int(state["counters"]["num_stale"])
         buf.num_updated = int(state["counters"]["num_updated"])
+        buf._init_device_state()
+        if buf.on_device:
+            dev = state.get("device", {})
+            buf.num_invalid = int(dev.get("num_invalid", 0))
+            if dev.get("torch_rng_device") == buf.storage.device.type:  # (a generator's state is per device type)
+                import torch
+
+                buf.torch_rng.set_state(torch.as_tensor(np.asarray(dev["torch_rng"], np.uint8)))
+            else:  # saved on the host or another device type: a fresh stream, derived from the seed and the clock
+                buf.torch_rng.manual_seed(buf.seed * 1_000_003 + buf.num_updated)
         return buf

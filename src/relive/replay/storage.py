@@ -26,7 +26,10 @@ obs of the next row of its lane, and only rows without a stored successor keep a
 agents read observations through ``read``, never ``columns["obs"]`` (the physical columns).
 
 Backends: ``"ram"`` (NumPy arrays) or ``"memmap"`` (``.npy`` files in a directory, opened with ``np.memmap``): the
-same API and the same rows; checkpoints of a memmap storage refer to its files instead of copying them.
+same API and the same rows; checkpoints of a memmap storage refer to its files instead of copying them. ``"torch"``
+(``device=...``): every data column a tensor on a torch device, with the generation stamps mirrored there, so that
+batches are drawn, gathered and fed back without leaving it (:mod:`relive.replay.device`); its checkpoints are the
+RAM backend's.
 """
 
 from __future__ import annotations
@@ -79,7 +82,8 @@ def _spec(value, default_dtype=np.float32) -> ColumnSpec:
 class Storage:
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
-                 backend: str = "ram", directory: str | os.PathLike | None = None, _open_existing: bool = False):
+                 backend: str = "ram", directory: str | os.PathLike | None = None, device=None,
+                 _open_existing: bool = False):
         if isinstance(capacity, bool | np.bool_) or not isinstance(capacity, int | np.integer) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         self.capacity = int(capacity)
@@ -99,6 +103,11 @@ class Storage:
             self.obs_keys = None
             self.obs_spec = _spec(obs_shape, obs_dtype)
             obs_cols = {"obs": self.obs_spec}
+        if backend == "torch" and dedup_next_obs:
+            raise ValueError("backend='torch' stores next_obs explicitly (dedup_next_obs=False): a device batch "
+                             "gathers it in one read")
+        if backend == "torch":
+            dedup_next_obs = False
         # next_obs read from the next row of the episode (stored only where it is not): default for dict obs
         self.dedup_next_obs = bool(self.obs_keys is not None if dedup_next_obs is None else dedup_next_obs)
         self._obs_names = tuple(obs_cols)  # physical obs columns, in key order
@@ -119,8 +128,10 @@ class Storage:
             self.specs[name] = _spec(value)
             extra.append(name)
         self.extra_names = tuple(extra)
-        if backend not in ("ram", "memmap"):
-            raise ValueError(f"backend must be 'ram' or 'memmap', got {backend!r}")
+        if backend not in ("ram", "memmap", "torch"):
+            raise ValueError(f"backend must be 'ram', 'memmap' or 'torch', got {backend!r}")
+        if device is not None and backend != "torch":
+            raise ValueError(f"device={device!r} needs backend='torch' (the NumPy backends live in host memory)")
         if backend == "memmap" and directory is None:
             raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
                              "create its column files in")
@@ -129,6 +140,13 @@ class Storage:
         self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
                             name in _FINITE_CHECKED or name in self.extra_names) for name in self._names)
         self.backend = backend
+        self.device = None
+        self._gen_t = None  # backend "torch": the generation stamps on the device too (stale checks there)
+        if backend == "torch":
+            import torch
+
+            self.device = torch.device("cpu" if device is None else device)
+            self._gen_t = torch.zeros(self.capacity, dtype=torch.int64, device=self.device)
         self.directory = None if directory is None else Path(directory)
         self._open_existing = bool(_open_existing)
         self._memmap_clean = _open_existing  # memmap: files unchanged since the save that wrote MEMMAP_STATE
@@ -152,6 +170,10 @@ class Storage:
     def _allocate(self, name: str, spec: ColumnSpec) -> np.ndarray:
         if self.backend == "ram":
             return np.zeros((self.capacity, *spec.shape), dtype=spec.dtype)
+        if self.backend == "torch":  # a tensor on the device behind a NumPy-style API (relive.replay.device)
+            from relive.replay.device import TorchColumn
+
+            return TorchColumn((self.capacity, *spec.shape), spec.dtype, self.device)
         path = self.directory / f"{name}.npy"
         if self._open_existing:  # a checkpoint that refers to its memmap files
             try:
@@ -405,6 +427,8 @@ class Storage:
             meta["step_in_episode"][dst] = step[src]
             meta["source"][dst] = source
             meta["generation"][dst] += 1
+            if self._gen_t is not None:
+                self._gen_t[dst] += 1
             if source == ONLINE:
                 meta["stream"][dst] = stream
         if self.dedup_next_obs:
@@ -569,7 +593,8 @@ class Storage:
             "action_dtype": self.specs["action"].dtype.str,
             "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
             "dedup_next_obs": self.dedup_next_obs,
-        } | ({"backend": "memmap", "directory": str(self.directory)} if self.backend == "memmap" else {})
+        } | ({"backend": "memmap", "directory": str(self.directory)} if self.backend == "memmap" else {}) | (
+            {"backend": "torch", "device": str(self.device)} if self.backend == "torch" else {})
         if self.obs_keys is None:
             cfg |= {"obs_shape": list(obs.shape), "obs_dtype": obs.dtype.str}
         else:
@@ -578,6 +603,7 @@ class Storage:
 
     @classmethod
     def from_config(cls, cfg: Mapping, **kwargs) -> Storage:
+        """``kwargs``: e.g. ``device=`` to load a torch-backend storage onto another device."""
         if "obs_keys" in cfg:
             obs = {k: ColumnSpec.from_json(cfg["obs_spaces"][k]) for k in cfg["obs_keys"]}
             obs_dtype = np.float32
@@ -587,7 +613,8 @@ class Storage:
                    action_dtype=np.dtype(cfg["action_dtype"]),
                    extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()},
                    dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), backend=cfg.get("backend", "ram"),
-                   directory=cfg.get("directory"), _open_existing=cfg.get("backend") == "memmap", **kwargs)
+                   directory=cfg.get("directory"), _open_existing=cfg.get("backend") == "memmap",
+                   **({"device": cfg.get("device")} if cfg.get("backend") == "torch" else {}) | kwargs)
 
     def _touch(self) -> None:
         """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
@@ -705,6 +732,8 @@ class Storage:
                 arr[:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
             else:  # "stream" in a checkpoint from before streams
                 arr[:size] = 0
+        if self._gen_t is not None:
+            self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
         if self.dedup_next_obs:
             self._nx.load_state_dict(state["next_obs_store"])
         self.episodes.load_state_dict(state["episodes"])
@@ -920,6 +949,8 @@ def _check_stream(stream) -> int:
 
 
 def _read_only(arr: np.ndarray) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):  # a TorchColumn (backend "torch"): its host reads are copies
+        return arr
     view = arr.view()
     view.flags.writeable = False
     return view

@@ -66,6 +66,10 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--offline-checkpoint-every", type=int, help="offline gradient steps between checkpoints (one "
                    "is always written at the end of the offline phase)")
     p.add_argument("--threads", type=int, help="torch threads (default 1)")
+    p.add_argument("--device", help="torch device of the agent: cpu (default), cuda[:N], mps")
+    p.add_argument("--replay-device", help="keep the replay columns on this torch device and sample / update "
+                   "priorities there (uniform, per, symmetric, symmetric_per; e.g. cuda with --device cuda); "
+                   "default: NumPy on the host")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any other setting, e.g. --set agent.num_qs=10 --set agent.hidden=[64,64] (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
@@ -105,6 +109,7 @@ FLAG_TO_SETTING = {
     "log_every": "run.log_every_env_steps",
     "checkpoint_every": "run.checkpoint_every_env_steps",
     "offline_checkpoint_every": "run.checkpoint_every_offline_grad_steps", "threads": "run.num_threads",
+    "device": "run.device", "replay_device": "replay.device",
 }
 
 

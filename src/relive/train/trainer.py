@@ -205,7 +205,9 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
                           action_dtype=np.int64 if spec.discrete else np.float32,
                           extra_columns={c.name: c.spec for c in columns} or None,
                           # the agent's n-step TD targets: the buffer sums the returns at sample time
-                          n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99))
+                          n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
+                          # replay.device: columns, draws and priorities on a torch device (relive.replay.device)
+                          **({"backend": "torch", "device": cfg.replay.device} if cfg.replay.device else {}))
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
                       next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
@@ -330,7 +332,7 @@ def _resume(run: Run, resuming: bool) -> None:
     tree = load_checkpoint(run.run_dir)
     run.agent.load_state_dict(tree["agent"])
     run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
-        run.cfg, tree["buffer"], f"cannot resume {run.run_dir}"))
+        run.cfg, tree["buffer"], f"cannot resume {run.run_dir}"), device=run.cfg.replay.device)
     run.collector.load_state_dict(tree["collector"])
     run.warmup_rng.bit_generator.state = tree["warmup_rng"]
     if "eval_rng" in tree:
@@ -342,6 +344,7 @@ def _resume(run: Run, resuming: bool) -> None:
 
 
 def checkpoint(run: Run) -> None:
+    run.state.online_share_sum = float(run.state.online_share_sum)  # (a device batch's share: a tensor until read)
     tree = {"agent": run.agent.state_dict(), "buffer": run.buffer.state_dict(),
             "collector": run.collector.state_dict(), "loop": asdict(run.state),
             "warmup_rng": run.warmup_rng.bit_generator.state}
@@ -380,7 +383,8 @@ def gradient_step(run: Run, phase: str) -> None:
     for h in H.of_type(run.hooks, H.AfterUpdate):
         h.fn(batch, result)
     run.train_metrics = result.metrics
-    st.online_share_sum += float(np.mean(batch.info.source))
+    source = batch.info.source  # (a device batch: summed there, read when the row is logged)
+    st.online_share_sum += float(np.mean(source)) if isinstance(source, np.ndarray) else source.float().mean()
     st.online_share_batches += 1
     st.grad_steps += 1
     if run.on_step is not None:
@@ -501,7 +505,7 @@ def evaluation(run: Run) -> dict:
     returns = evaluate(run.eval_env, run.agent, rc.eval_episodes, seed=seed)
     mean = float(returns.mean())
     st.best_return = max(st.best_return, mean)
-    frac = st.online_share_sum / st.online_share_batches if st.online_share_batches else math.nan
+    frac = float(st.online_share_sum) / st.online_share_batches if st.online_share_batches else math.nan
     row = {"env_step": st.env_steps, "grad_step": st.grad_steps, "eval/return_mean": mean,
            "eval/return_std": float(returns.std()),
            "eval/normalized_score": normalized_score(mean, st.ref_min, st.ref_max),

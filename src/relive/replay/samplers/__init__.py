@@ -29,7 +29,9 @@ def register_sampler(cls: type[Sampler]) -> type[Sampler]:
 
 
 def sampler_config(sampler: Sampler) -> dict:
-    return {"type": type(sampler).__name__, "params": sampler.config()}
+    """``checkpoint_name``: the class a sampler is saved as (a device sampler saves as its host twin, so its
+    checkpoints load on either backend)."""
+    return {"type": getattr(sampler, "checkpoint_name", type(sampler).__name__), "params": sampler.config()}
 
 
 def sampler_from_config(cfg: dict) -> Sampler:

@@ -1,0 +1,362 @@
+"""Replay on a torch device: columns as tensors, and uniform / PER / symmetric sampling that never leaves it.
+
+    buf = ReplayBuffer(capacity, obs_shape, action_shape, sampler=DevicePrioritizedSampler(), backend="torch",
+                       device="cuda")
+    buf.extend(rows)                        # host rows -> device columns (one copy per write)
+    batch = buf.sample(256)                 # every field a tensor on the device, info included
+    buf.update(batch.info, td_error=td)     # td a tensor on the device: priorities change there
+
+What runs where. Writes come from the environment (host arrays): the bookkeeping that follows them (episodes,
+streams, generations) stays on the host as in the NumPy storage, and the data columns, the generation stamps and
+the priority tree get a copy on the device. A batch is drawn, gathered, importance-weighted and fed back on the
+device: nothing is read back to the host per batch (the stale-row check compares generations there, and counts
+stale rows in a device tensor read only by ``stats``). Everything cold (checkpoints, ``stats``, ``probabilities``,
+reading rows through the storage's NumPy API) copies to the host; checkpoints are those of the NumPy storage and
+load into either.
+
+What it supports: flat or dict observations (stored explicitly: ``dedup_next_obs`` is off), extra columns, one or
+several streams; the samplers of this module (uniform, proportional PER, the symmetric offline / online split of
+RLPD with a uniform or PER online part: ``to_device_sampler`` converts the host ones). n-step returns and slices
+(``sample_sequences``) are host-only.
+
+The tree (:class:`TorchSumTree`) is 8-ary like the host one (relive.replay.sum_tree): a batch walks it level by
+level, each level one gather of 8 children per row; an update writes the leaves, then recomputes the parents of
+the touched nodes level by level from their 8 children in a fixed order, so totals do not drift and a duplicate
+index writes the same value everywhere (the last write of the batch wins, as on the host).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from relive.replay.samplers.base import MAX_PRIORITY, Sampler
+from relive.replay.samplers.mixture import MixtureSampler
+from relive.replay.samplers.per import PrioritizedSampler
+from relive.replay.samplers.uniform import UniformSampler
+
+ARITY = 8
+
+
+def torch_dtype(dtype: np.dtype):
+    import torch
+
+    return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
+
+
+class DeviceDraw(NamedTuple):
+    indices: object  # int64 tensor [B] on the device
+    probability: object  # float64 tensor [B]
+    is_weight: object  # float32 tensor [B]
+
+
+class TorchColumn:
+    """One column of a ``backend="torch"`` storage: a tensor on ``device`` (``.tensor``) behind the few NumPy-style
+    operations the host-side storage code uses (slice / index writes from arrays, ``take`` and slice reads that
+    return NumPy copies). Host reads are for cold paths (checkpoints, hashes); batches gather ``.tensor``."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device):
+        import torch
+
+        self.dtype = np.dtype(dtype)
+        self.shape = tuple(shape)
+        self.tensor = torch.zeros(self.shape, dtype=torch_dtype(self.dtype), device=device)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _key(self, key):
+        import torch
+
+        if isinstance(key, np.ndarray | list):
+            return torch.as_tensor(np.asarray(key, np.int64), device=self.tensor.device)
+        if isinstance(key, np.integer):
+            return int(key)
+        return key
+
+    def __getitem__(self, key) -> np.ndarray:
+        out = self.tensor[self._key(key)].cpu().numpy()
+        return out.copy() if out.base is not None or not out.flags.owndata else out
+
+    def __setitem__(self, key, value) -> None:
+        import torch
+
+        value = np.asarray(value, dtype=self.dtype)
+        self.tensor[self._key(key)] = torch.as_tensor(value, device=self.tensor.device)
+
+    def take(self, indices, axis: int = 0) -> np.ndarray:
+        if axis != 0:
+            raise ValueError("TorchColumn.take reads rows (axis=0)")
+        return self[np.asarray(indices, np.int64)]
+
+
+# -- the tree -------------------------------------------------------------------------------------------------
+class TorchSumTree:
+    """An 8-ary sum tree over ``capacity`` float64 leaves on a torch device (levels[0] is the root, levels[-1]
+    the leaves, padded with zeros to a power of 8). No operation reads a value back to the host."""
+
+    def __init__(self, capacity: int, device):
+        import torch
+
+        self.capacity = int(capacity)
+        depth = max(1, math.ceil(math.log(max(self.capacity, 2), ARITY) - 1e-12))
+        while ARITY**depth < self.capacity:
+            depth += 1
+        self.depth = depth
+        self.levels = [torch.zeros(ARITY**d, dtype=torch.float64, device=device) for d in range(depth + 1)]
+
+    @property
+    def leaves(self):
+        """The leaf values (a view: do not write it, use ``update``)."""
+        return self.levels[-1][: self.capacity]
+
+    @property
+    def total(self):
+        return self.levels[0][0]
+
+    def set_all(self, values) -> None:
+        import torch
+
+        leaves = self.levels[-1]
+        leaves.zero_()
+        leaves[: self.capacity] = torch.as_tensor(np.asarray(values, np.float64), device=leaves.device)
+        for d in range(self.depth - 1, -1, -1):
+            self.levels[d].copy_(self.levels[d + 1].view(-1, ARITY).sum(dim=1))
+
+    def update(self, indices, values) -> None:
+        """Set leaves ``indices`` to ``values`` (tensors on the device); the last write of a duplicate index wins."""
+        import torch
+
+        idx = indices.reshape(-1).to(torch.int64)
+        val = values.reshape(-1).to(torch.float64)
+        if idx.numel() > 1:  # every copy of a duplicate index writes its last value (index_put order is unspecified)
+            order = torch.arange(idx.numel(), device=idx.device)
+            sorted_idx, perm = torch.sort(idx, stable=True)
+            first = torch.ones_like(sorted_idx, dtype=torch.bool)
+            first[1:] = sorted_idx[1:] != sorted_idx[:-1]
+            run = torch.cumsum(first.to(torch.int64), 0) - 1
+            last = torch.zeros(idx.numel(), dtype=torch.int64, device=idx.device).scatter_reduce(
+                0, run, order, "amax", include_self=False)  # position (in sorted order) of each run's last copy
+            idx, val = sorted_idx, val[perm][last[run]]
+        self.levels[-1][idx] = val
+        node = idx
+        for d in range(self.depth - 1, -1, -1):
+            node = node // ARITY
+            self.levels[d][node] = self.levels[d + 1].view(-1, ARITY)[node].sum(dim=1)
+
+    def find_prefix(self, mass):
+        """For each mass in [0, total): the leaf where the running sum of the leaves passes it, and its value.
+        Leaves of value 0 are never returned while the tree holds a positive value (rounding at the top end
+        lands on the last positive child)."""
+        import torch
+
+        node = torch.zeros_like(mass, dtype=torch.int64)
+        mass = mass.clone()
+        arange = torch.arange(ARITY, device=mass.device)
+        for d in range(1, self.depth + 1):
+            children = self.levels[d].view(-1, ARITY)[node]  # [B, 8]
+            cums = torch.cumsum(children, dim=1)
+            child = (mass.unsqueeze(1) >= cums).sum(dim=1)
+            last_positive = torch.where(children > 0, arange, -1).amax(dim=1).clamp_min(0)
+            child = torch.minimum(child, last_positive)
+            mass = (mass - (cums - children).gather(1, child.unsqueeze(1)).squeeze(1)).clamp_min(0)
+            node = node * ARITY + child
+        return node, self.levels[-1][node]
+
+
+# -- samplers ---------------------------------------------------------------------------------------------------
+def _device_of(sampler: Sampler):
+    return sampler.storage._st.device
+
+
+class DeviceSamplerMixin:
+    """What a device sampler adds to its host class: ``sample_device`` / ``update_device`` on tensors."""
+
+    device_sampler = True
+
+    def sample_device(self, batch_size: int, gen) -> DeviceDraw:
+        if self.num_rows() == 0:
+            raise ValueError(f"cannot sample: no {self._domain_name()} rows stored yet")
+        draw = self._draw_device(int(batch_size), gen)
+        self._last_device_indices = draw.indices
+        return draw
+
+    def last_online_fraction(self) -> float:
+        idx = getattr(self, "_last_device_indices", None)
+        if idx is None:
+            return float("nan")
+        return float((idx >= self.storage.num_offline).double().mean())
+
+    def update_device(self, slots, signals: dict, keep) -> None:
+        """Per-sample signals (tensors [B]) for the rows where ``keep`` (a bool tensor) is True."""
+
+
+def _uniform(lo: int, hi: int, batch_size: int, gen, device) -> DeviceDraw:
+    import torch
+
+    idx = torch.randint(lo, hi, (batch_size,), generator=gen, device=device)
+    return DeviceDraw(idx, torch.full((batch_size,), 1.0 / (hi - lo), dtype=torch.float64, device=device),
+                      torch.ones(batch_size, dtype=torch.float32, device=device))
+
+
+class DeviceUniformSampler(DeviceSamplerMixin, UniformSampler):
+    """Uniform over the stored rows (of one source), drawn on the device."""
+
+    checkpoint_name = "UniformSampler"
+
+    def _draw_device(self, batch_size: int, gen) -> DeviceDraw:
+        lo, hi = self.domain()
+        return _uniform(lo, hi, batch_size, gen, _device_of(self))
+
+
+class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
+    """Proportional PER (relive.replay.samplers.per, the same rules and checkpoints) with its tree on the device:
+    P(i) = p_i^alpha / sum_k p_k^alpha, w_i = (min_j P_j / P_i)^beta over the batch (Schaul et al. Sec. 3.3-3.4);
+    new rows get the largest priority stored outside the rows they overwrite (``initial_priority`` when none)."""
+
+    checkpoint_name = "PrioritizedSampler"
+
+    def bind(self, storage, source=None) -> None:
+        Sampler.bind(self, storage, source)
+        self.tree = TorchSumTree(storage.capacity, storage.device)
+        self.sum_tree = self.max_tree = None  # (the host trees: not used)
+
+    def on_insert(self, slots: np.ndarray) -> None:
+        import torch
+
+        leaves = self.tree.levels[-1]
+        idx = torch.as_tensor(np.asarray(slots, np.int64), device=leaves.device)
+        leaves[idx] = 0.0  # the overwritten rows no longer count towards the largest stored priority
+        current = leaves.max()
+        p = torch.where(current > 0, current, torch.full_like(current, self.initial_priority ** self.priority_exponent))
+        self.tree.update(idx, p.expand(idx.numel()))
+
+    def _draw_device(self, batch_size: int, gen) -> DeviceDraw:
+        import torch
+
+        device = _device_of(self)
+        total = self.tree.total
+        mass = torch.rand(batch_size, generator=gen, dtype=torch.float64, device=device) * total
+        idx, value = self.tree.find_prefix(mass)
+        probability = value / total
+        beta = self.beta
+        self.num_samples += 1
+        # every stored priority 0 (or underflowed): no proportional distribution, draw uniformly (as the host)
+        lo, hi = self.domain()
+        flat = _uniform(lo, hi, batch_size, gen, device)
+        positive = total > 0
+        idx = torch.where(positive, idx, flat.indices)
+        probability = torch.where(positive, probability, flat.probability)
+        # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j P_j / P_i)^beta (Sec. 3.4): N cancels, the largest is 1
+        is_weight = torch.where(positive, (probability.min() / probability) ** beta, 1.0).to(torch.float32)
+        return DeviceDraw(idx, probability, is_weight)
+
+    def priority_device(self, signals: dict):
+        import torch
+
+        if "td_error" in signals:
+            p = signals["td_error"].to(torch.float64).abs() + self.eps
+        elif "priority" in signals:
+            p = signals["priority"].to(torch.float64).clamp_min(0)
+        else:
+            raise ValueError(f"{type(self).__name__}.update needs a 'td_error' or 'priority' signal, "
+                             f"got {sorted(signals)}")
+        return p.clamp_max(MAX_PRIORITY) ** self.priority_exponent
+
+    def update_device(self, slots, signals: dict, keep) -> None:
+        import torch
+
+        p = self.priority_device(signals)
+        self.tree.update(slots, torch.where(keep, p, self.tree.levels[-1][slots]))  # a skipped row keeps its own
+
+    # the host API, through the device tree (tests, stats, checkpoints)
+    def update(self, slots: np.ndarray, signals: dict) -> None:
+        import torch
+
+        device = _device_of(self)
+        idx = torch.as_tensor(np.asarray(slots, np.int64), device=device)
+        sig = {k: torch.as_tensor(np.asarray(v, np.float64), device=device) for k, v in signals.items()}
+        self.update_device(idx, sig, torch.ones(idx.numel(), dtype=torch.bool, device=device))
+
+    def _draw(self, batch_size: int, rng: np.random.Generator):
+        raise ValueError("a device sampler draws with sample_device (ReplayBuffer(backend='torch').sample)")
+
+    def probabilities(self) -> np.ndarray:
+        leaves = self.tree.leaves.cpu().numpy()
+        total = leaves.sum()
+        if total > 0:
+            return leaves / total
+        p = np.zeros(self.storage.capacity)
+        lo, hi = self.domain()
+        if hi > lo:
+            p[lo:hi] = 1.0 / (hi - lo)
+        return p
+
+    def stats(self) -> dict[str, float]:
+        return Sampler.stats(self) | {"replay/is_exponent": self.beta}
+
+    def state_dict(self) -> dict:
+        return Sampler.state_dict(self) | {"priority": self.tree.leaves[: self.storage.size].cpu().numpy(),
+                                           "num_samples": self.num_samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        Sampler.load_state_dict(self, state)
+        leaves = np.zeros(self.storage.capacity)
+        pr = np.asarray(state["priority"], dtype=np.float64)
+        leaves[: pr.size] = pr
+        self.tree.set_all(leaves)
+        self.num_samples = int(state["num_samples"])
+
+
+class DeviceMixtureSampler(DeviceSamplerMixin, MixtureSampler):
+    """RLPD's symmetric split (relive.replay.samplers.mixture: round(B f) offline rows, the rest online, each part's
+    probability scaled by its share) with both parts drawn on the device."""
+
+    checkpoint_name = "MixtureSampler"
+
+    def _draw_device(self, batch_size: int, gen) -> DeviceDraw:
+        import torch
+
+        k_off, k_on = self.split(batch_size)
+        parts = []
+        for child, k in ((self.offline, k_off), (self.online, k_on)):
+            if k:
+                d = child.sample_device(k, gen)
+                parts.append(DeviceDraw(d.indices, d.probability * (k / batch_size), d.is_weight))
+        if len(parts) == 1:
+            return parts[0]
+        return DeviceDraw(*(torch.cat(x) for x in zip(*parts, strict=True)))
+
+    def update_device(self, slots, signals: dict, keep) -> None:
+        online = slots >= self.storage.num_offline
+        self.offline.update_device(slots, signals, keep & ~online)
+        self.online.update_device(slots, signals, keep & online)
+
+    def _draw(self, batch_size: int, rng: np.random.Generator):
+        raise ValueError("a device sampler draws with sample_device (ReplayBuffer(backend='torch').sample)")
+
+
+DEVICE_SAMPLERS = (DeviceUniformSampler, DevicePrioritizedSampler, DeviceMixtureSampler)
+
+
+def to_device_sampler(sampler: Sampler) -> Sampler:
+    """The device twin of a host sampler with the same settings: uniform, PER, and the symmetric mixture of those
+    (RLPD's ``symmetric`` / ``symmetric_per``). Any other strategy: a ValueError naming what runs on a device."""
+    if isinstance(sampler, DEVICE_SAMPLERS):
+        return sampler
+    if type(sampler) is UniformSampler:
+        return DeviceUniformSampler()
+    if type(sampler) is PrioritizedSampler:
+        return DevicePrioritizedSampler(**sampler.config())
+    if type(sampler) is MixtureSampler:
+        return DeviceMixtureSampler(to_device_sampler(sampler.offline), to_device_sampler(sampler.online),
+                                    sampler.offline_fraction)
+    raise ValueError(f"{type(sampler).__name__} has no device version: replay on a device (replay.device) "
+                     "supports uniform, per, symmetric and symmetric_per; the other strategies read rows per batch "
+                     "on the host (leave replay.device unset)")
+
+
+__all__ = ["TorchColumn", "TorchSumTree", "DeviceDraw", "DeviceUniformSampler", "DevicePrioritizedSampler",
+           "DeviceMixtureSampler", "to_device_sampler", "torch_dtype"]
