@@ -282,11 +282,13 @@ class ReaPERSampler(Sampler):
         ids of the episodes that lost rows but still have some."""
         old = self.slot_leaf[slots]
         keep = old >= 0
+        # (the write's length, empty slots included: a write as long as the ring may start past the oldest row)
+        shorter_than_ring = slots.size < self.storage.online_capacity
         slots, old = slots[keep], old[keep]
         if old.size == 0:
             return np.zeros(0, np.int64)
         # the last evicted row of each episode
-        if self._leaf_by_id is None and slots.size < self.storage.online_capacity:
+        if self._leaf_by_id is None and shorter_than_ring:
             # one stream, a write shorter than the ring: slots are overwritten in the old rows' time order
             rev_leaves, rev_first = np.unique(old[::-1], return_index=True)
             last_slot = slots[::-1][rev_first]
