@@ -15,6 +15,7 @@ from relive.replay.device import (
     DeviceMixtureSampler,
     DevicePrioritizedSampler,
     DeviceUniformSampler,
+    TorchScanLeaves,
     TorchSumTree,
     to_device_sampler,
 )
@@ -57,6 +58,24 @@ def test_tree_prefix_search_matches_cumsum(capacity):
     assert (leaves[idx.numpy()] > 0).all()
 
 
+@pytest.mark.parametrize("capacity", [1, 9, 517])
+def test_scan_draws_the_same_leaves_as_the_tree(capacity):
+    rng = np.random.default_rng(capacity)
+    leaves = rng.random(capacity)
+    leaves[rng.random(capacity) < 0.3] = 0.0
+    leaves[rng.integers(capacity)] = 0.5
+    tree, scan = TorchSumTree(capacity, "cpu"), TorchScanLeaves(capacity, "cpu")
+    for layout in (tree, scan):
+        layout.set_all(leaves)
+    u = torch.as_tensor(np.r_[rng.random(3000), 0.0, np.nextafter(1.0, 0)])
+    (i_tree, _, t_tree), (i_scan, v_scan, t_scan) = tree.draw(u), scan.draw(u)
+    assert (leaves[i_scan.numpy()] > 0).all() and torch.equal(v_scan, torch.as_tensor(leaves)[i_scan])
+    assert float(t_scan) == pytest.approx(float(t_tree), rel=1e-12)
+    assert (i_tree == i_scan).float().mean() > 0.99  # (rounding differs only at a boundary between two leaves)
+    scan.update(torch.tensor([3 % capacity, 3 % capacity]), torch.tensor([5.0, 7.0]))
+    assert float(scan.leaves[3 % capacity]) == 7.0
+
+
 def test_tree_update_recomputes_parents_and_last_duplicate_wins():
     tree = TorchSumTree(70, "cpu")
     tree.set_all(np.ones(70))
@@ -82,8 +101,10 @@ def twin_buffers(make_sampler, capacity=60, offline=20, online=75, seed=0):
     return host, dev
 
 
-def test_per_device_and_host_give_the_same_distribution_after_the_same_updates():
-    host, dev = twin_buffers(lambda: PrioritizedSampler(priority_exponent=0.7))
+@pytest.mark.parametrize("layout", ["scan", "tree"])
+def test_per_device_and_host_give_the_same_distribution_after_the_same_updates(layout):
+    host, _ = twin_buffers(lambda: PrioritizedSampler(priority_exponent=0.7))
+    _, dev = twin_buffers(lambda: DevicePrioritizedSampler(priority_exponent=0.7, layout=layout))
     rng = np.random.default_rng(1)
     for step in range(30):
         idx = rng.integers(0, len(host), 16)
@@ -97,8 +118,10 @@ def test_per_device_and_host_give_the_same_distribution_after_the_same_updates()
     np.testing.assert_allclose(dev.sampler.probabilities(), host.sampler.probabilities(), rtol=1e-12, atol=1e-15)
 
 
-def test_per_device_draws_follow_its_probabilities_and_is_weights_are_exact():
-    _, dev = twin_buffers(lambda: PrioritizedSampler(priority_exponent=1.0, is_exponent=0.5))
+@pytest.mark.parametrize("layout", ["scan", "tree"])
+def test_per_device_draws_follow_its_probabilities_and_is_weights_are_exact(layout):
+    _, dev = twin_buffers(lambda: DevicePrioritizedSampler(priority_exponent=1.0, is_exponent=0.5, layout=layout))
+    assert dev.sampler.layout == layout
     slots = np.arange(len(dev))
     info = dev.gather(slots).info
     dev.update(info, td_error=np.linspace(0.0, 3.0, slots.size))  # priorities |td| + 1e-6: a wide spread
@@ -190,8 +213,10 @@ def test_dict_observations_and_extra_columns_on_the_device():
     np.testing.assert_array_equal(batch.mc_return.numpy(), expected_mc)
 
 
-def test_stale_and_non_finite_updates_keep_the_priority_and_are_counted():
-    buf = ReplayBuffer(10, 3, 2, sampler=PrioritizedSampler(priority_exponent=1.0), backend="torch")
+@pytest.mark.parametrize("layout", ["scan", "tree"])
+def test_stale_and_non_finite_updates_keep_the_priority_and_are_counted(layout):
+    buf = ReplayBuffer(10, 3, 2, sampler=DevicePrioritizedSampler(priority_exponent=1.0, layout=layout),
+                       backend="torch")
     buf.extend(rows(10))
     info = buf.gather(np.array([0, 1, 2, 3])).info
     buf.extend(rows(2, 100))  # overwrites slots 0 and 1: their updates are stale
@@ -208,8 +233,10 @@ def test_stale_and_non_finite_updates_keep_the_priority_and_are_counted():
         buf.update(buf.gather(np.array([4, 5])).info, td_error=torch.zeros(3))
 
 
-def test_new_rows_get_the_largest_priority_stored_outside_the_rows_they_overwrite():
-    buf = ReplayBuffer(4, 3, 2, sampler=PrioritizedSampler(priority_exponent=1.0, eps=0.0), backend="torch")
+@pytest.mark.parametrize("layout", ["scan", "tree"])
+def test_new_rows_get_the_largest_priority_stored_outside_the_rows_they_overwrite(layout):
+    buf = ReplayBuffer(4, 3, 2, sampler=DevicePrioritizedSampler(priority_exponent=1.0, eps=0.0, layout=layout),
+                       backend="torch")
     buf.extend(rows(4))
     buf.update(buf.gather(np.arange(4)).info, td_error=np.array([9.0, 1.0, 2.0, 3.0]))
     buf.extend(rows(1, 50))  # overwrites slot 0, which held the largest (9): the new row gets 3, not 9

@@ -125,26 +125,24 @@ class TorchSumTree:
         for d in range(self.depth - 1, -1, -1):
             self.levels[d].copy_(self.levels[d + 1].view(-1, ARITY).sum(dim=1))
 
+    def clear(self, indices) -> None:
+        """Set leaves to 0 (rows about to be overwritten)."""
+        self.update(indices, self.levels[-1].new_zeros(indices.numel()))
+
     def update(self, indices, values) -> None:
         """Set leaves ``indices`` to ``values`` (tensors on the device); the last write of a duplicate index wins."""
-        import torch
-
-        idx = indices.reshape(-1).to(torch.int64)
-        val = values.reshape(-1).to(torch.float64)
-        if idx.numel() > 1:  # every copy of a duplicate index writes its last value (index_put order is unspecified)
-            order = torch.arange(idx.numel(), device=idx.device)
-            sorted_idx, perm = torch.sort(idx, stable=True)
-            first = torch.ones_like(sorted_idx, dtype=torch.bool)
-            first[1:] = sorted_idx[1:] != sorted_idx[:-1]
-            run = torch.cumsum(first.to(torch.int64), 0) - 1
-            last = torch.zeros(idx.numel(), dtype=torch.int64, device=idx.device).scatter_reduce(
-                0, run, order, "amax", include_self=False)  # position (in sorted order) of each run's last copy
-            idx, val = sorted_idx, val[perm][last[run]]
+        idx, val = last_write_wins(indices, values)
         self.levels[-1][idx] = val
         node = idx
         for d in range(self.depth - 1, -1, -1):
             node = node // ARITY
             self.levels[d][node] = self.levels[d + 1].view(-1, ARITY)[node].sum(dim=1)
+
+    def draw(self, u):
+        """Leaves drawn proportionally to their values for uniforms ``u`` in [0, 1): (indices, values, total)."""
+        total = self.total
+        idx, value = self.find_prefix(u * total)
+        return idx, value, total
 
     def find_prefix(self, mass):
         """For each mass in [0, total): the leaf where the running sum of the leaves passes it, and its value.
@@ -164,6 +162,67 @@ class TorchSumTree:
             mass = (mass - (cums - children).gather(1, child.unsqueeze(1)).squeeze(1)).clamp_min(0)
             node = node * ARITY + child
         return node, self.levels[-1][node]
+
+
+def last_write_wins(indices, values):
+    """(indices, values) sorted by index, every copy of a duplicate index carrying the value of its last occurrence,
+    so that an indexed write gives the same result whichever copy lands last (index_put's order is unspecified)."""
+    import torch
+
+    idx = indices.reshape(-1).to(torch.int64)
+    val = values.reshape(-1).to(torch.float64)
+    if idx.numel() < 2:
+        return idx, val
+    order = torch.arange(idx.numel(), device=idx.device)
+    sorted_idx, perm = torch.sort(idx, stable=True)
+    first = torch.ones_like(sorted_idx, dtype=torch.bool)
+    first[1:] = sorted_idx[1:] != sorted_idx[:-1]
+    run = torch.cumsum(first.to(torch.int64), 0) - 1
+    last = torch.zeros(idx.numel(), dtype=torch.int64, device=idx.device).scatter_reduce(
+        0, run, order, "amax", include_self=False)  # position (in sorted order) of each run's last copy
+    return sorted_idx, val[perm][last[run]]
+
+
+class TorchScanLeaves:
+    """The leaves in one float64 tensor, no tree: a draw is one cumulative sum over them and one ``searchsorted`` per
+    batch (O(capacity) work in a few kernels, where the tree walk is O(B log capacity) work in ~12 kernels per level),
+    an update one indexed write. Same interface as :class:`TorchSumTree`."""
+
+    def __init__(self, capacity: int, device):
+        import torch
+
+        self.capacity = int(capacity)
+        self.values = torch.zeros(self.capacity, dtype=torch.float64, device=device)
+
+    @property
+    def leaves(self):
+        return self.values
+
+    @property
+    def total(self):
+        return self.values.sum()
+
+    def set_all(self, values) -> None:
+        import torch
+
+        self.values.copy_(torch.as_tensor(np.asarray(values, np.float64), device=self.values.device))
+
+    def clear(self, indices) -> None:
+        self.values[indices.reshape(-1)] = 0.0
+
+    def update(self, indices, values) -> None:
+        idx, val = last_write_wins(indices, values)
+        self.values[idx] = val
+
+    def draw(self, u):
+        import torch
+
+        cums = torch.cumsum(self.values, 0)
+        total = cums[-1]
+        idx = torch.searchsorted(cums, (u * total).unsqueeze(1), right=True).squeeze(1)
+        # rounding at the top end (u * total == total): the last positive leaf, the first where cums reaches total
+        idx = torch.minimum(idx, torch.searchsorted(cums, total.reshape(1)))
+        return idx, self.values[idx], total
 
 
 # -- samplers ---------------------------------------------------------------------------------------------------
@@ -218,17 +277,26 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
 
     checkpoint_name = "PrioritizedSampler"
 
+    def __init__(self, *args, layout: str = "scan", **kwargs):
+        """``layout``: ``"scan"`` (default: the leaves in one tensor, a cumulative sum + searchsorted per batch) or
+        ``"tree"`` (the 8-ary :class:`TorchSumTree`); the same distribution, different costs (docs/gpu.md)."""
+        super().__init__(*args, **kwargs)
+        if layout not in ("scan", "tree"):
+            raise ValueError(f"DevicePrioritizedSampler: layout must be 'scan' or 'tree', got {layout!r}")
+        self.layout = layout
+
     def bind(self, storage, source=None) -> None:
         Sampler.bind(self, storage, source)
-        self.tree = TorchSumTree(storage.capacity, storage.device)
+        cls = TorchScanLeaves if self.layout == "scan" else TorchSumTree
+        self.tree = cls(storage.capacity, storage.device)
         self.sum_tree = self.max_tree = None  # (the host trees: not used)
 
     def on_insert(self, slots: np.ndarray) -> None:
         import torch
 
-        leaves = self.tree.levels[-1]
+        leaves = self.tree.leaves
         idx = torch.as_tensor(np.asarray(slots, np.int64), device=leaves.device)
-        leaves[idx] = 0.0  # the overwritten rows no longer count towards the largest stored priority
+        self.tree.clear(idx)  # the overwritten rows no longer count towards the largest stored priority
         current = leaves.max()
         p = torch.where(current > 0, current, torch.full_like(current, self.initial_priority ** self.priority_exponent))
         self.tree.update(idx, p.expand(idx.numel()))
@@ -237,9 +305,8 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         import torch
 
         device = _device_of(self)
-        total = self.tree.total
-        mass = torch.rand(batch_size, generator=gen, dtype=torch.float64, device=device) * total
-        idx, value = self.tree.find_prefix(mass)
+        u = torch.rand(batch_size, generator=gen, dtype=torch.float64, device=device)
+        idx, value, total = self.tree.draw(u)
         probability = value / total
         beta = self.beta
         self.num_samples += 1
@@ -269,7 +336,7 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         import torch
 
         p = self.priority_device(signals)
-        self.tree.update(slots, torch.where(keep, p, self.tree.levels[-1][slots]))  # a skipped row keeps its own
+        self.tree.update(slots, torch.where(keep, p, self.tree.leaves[slots]))  # a skipped row keeps its own
 
     # the host API, through the device tree (tests, stats, checkpoints)
     def update(self, slots: np.ndarray, signals: dict) -> None:
