@@ -19,10 +19,13 @@ several streams; the samplers of this module (uniform, proportional PER, the sym
 RLPD with a uniform or PER online part: ``to_device_sampler`` converts the host ones). n-step returns and slices
 (``sample_sequences``) are host-only.
 
-The tree (:class:`TorchSumTree`) is 8-ary like the host one (relive.replay.sum_tree): a batch walks it level by
-level, each level one gather of 8 children per row; an update writes the leaves, then recomputes the parents of
-the touched nodes level by level from their 8 children in a fixed order, so totals do not drift and a duplicate
-index writes the same value everywhere (the last write of the batch wins, as on the host).
+PER's priorities (``DevicePrioritizedSampler(layout=...)``): ``"scan"`` (default, :class:`TorchScanLeaves`) keeps
+them in one tensor and draws a batch with a cumulative sum and one ``searchsorted`` -- O(capacity) work in a few
+kernels, the right trade on a GPU; ``"tree"`` (:class:`TorchSumTree`) is 8-ary like the host tree
+(relive.replay.sum_tree): a batch walks it level by level, each level one gather of 8 children per row; an update
+writes the leaves, then recomputes the parents of the touched nodes from their 8 children in a fixed order, so totals
+do not drift. In both a duplicate index writes the same value everywhere (the last write of the batch wins, as on the
+host).
 """
 
 from __future__ import annotations
