@@ -389,15 +389,7 @@ class DeviceMixtureSampler(DeviceSamplerMixin, MixtureSampler):
     def _draw_device(self, batch_size: int, gen) -> DeviceDraw:
         import torch
 
-        k_off, k_on = self.split(batch_size)
-        parts = []
-        for child, k in ((self.offline, k_off), (self.online, k_on)):
-            if k:
-                d = child.sample_device(k, gen)
-                parts.append(DeviceDraw(d.indices, d.probability * (k / batch_size), d.is_weight))
-        if len(parts) == 1:
-            return parts[0]
-        return DeviceDraw(*(torch.cat(x) for x in zip(*parts, strict=True)))
+        return self.joined_parts(batch_size, lambda child, k: child.sample_device(k, gen), torch.cat)
 
     def update_device(self, slots, signals: dict, keep) -> None:
         online = slots >= self.storage.num_offline

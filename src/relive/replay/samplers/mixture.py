@@ -71,15 +71,20 @@ class MixtureSampler(Sampler):
         return k, batch_size - k
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
+        return self.joined_parts(batch_size, lambda child, k: child.sample(k, rng), np.concatenate)
+
+    def joined_parts(self, batch_size: int, draw_part, concatenate):
+        """The batch's two parts, ``draw_part(child, k)`` each (a Draw, or the device sampler's DeviceDraw), every
+        probability scaled by its part's share k / B, joined with ``concatenate``."""
         k_off, k_on = self.split(batch_size)
         parts = []
         for child, k in ((self.offline, k_off), (self.online, k_on)):
             if k:
-                d = child.sample(k, rng)
-                parts.append(Draw(d.indices, d.probability * (k / batch_size), d.is_weight))
+                d = draw_part(child, k)
+                parts.append(type(d)(d.indices, d.probability * (k / batch_size), d.is_weight))
         if len(parts) == 1:
             return parts[0]
-        return Draw(*(np.concatenate(x) for x in zip(*parts, strict=True)))
+        return type(parts[0])(*(concatenate(x) for x in zip(*parts, strict=True)))
 
     def check_signals(self, slots: np.ndarray, signals: dict) -> None:
         """Both parts validate their rows' signals before either changes (an update is all-or-nothing)."""
