@@ -306,6 +306,28 @@ def test_sac_and_ddqn_signals_stay_tensors_for_a_device_batch():
     assert torch.is_tensor(out.signals["td_error"]) and np.isfinite(out.metrics["train/loss"])
 
 
+def test_sac_trains_on_dict_observations_from_a_device_buffer():
+    """Vector keys concatenated by the flat encoder on the device (no round trip through NumPy)."""
+    from relive.agents.sac import SAC, SACConfig
+
+    buf = ReplayBuffer(32, {"a": (2,), "b": (1,)}, 2, sampler=PrioritizedSampler(), backend="torch")
+    n = 32
+    rng = np.random.default_rng(0)
+    obs = {"a": rng.normal(size=(n, 2)), "b": rng.normal(size=(n, 1))}
+    buf.extend(dict(obs=obs, next_obs=obs, action=rng.uniform(-1, 1, (n, 2)), reward=rng.normal(size=n),
+                    terminated=np.zeros(n, bool), truncated=np.zeros(n, bool)))
+    sac = SAC(3, 2, -np.ones(2), np.ones(2), SACConfig(hidden=(16, 16), encoder="flat"), seed=0)
+    batch = buf.sample(16)
+    from relive.agents.encoders import concat_keys
+
+    flat = concat_keys(batch.obs)  # on the device's tensors, not through NumPy (which fails for CUDA tensors)
+    assert torch.is_tensor(flat) and flat.shape == (16, 3) and flat.dtype == torch.float32
+    np.testing.assert_array_equal(flat.numpy(), np.concatenate([batch.obs["a"].numpy(), batch.obs["b"].numpy()], 1))
+    result = sac.update(batch)
+    assert torch.is_tensor(result.signals["td_error"]) and np.isfinite(result.metrics["train/critic_loss"])
+    buf.update(batch.info, **result.signals)
+
+
 def test_trainer_runs_end_to_end_with_the_replay_on_a_device(tmp_path):
     from relive.config import override
     from relive.presets import get_preset
