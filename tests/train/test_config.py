@@ -189,6 +189,14 @@ def test_device_flags_and_the_replay_device_setting(tmp_path):
     assert "device" not in cfg("rlpd").to_dict()["replay"]  # config.json files of host runs are unchanged
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a CUDA device is present")
+def test_a_device_that_is_not_there_is_refused_before_anything_is_built(tmp_path, capsys):
+    for flags, key in ((["--device", "cuda"], "run.device"), (["--replay-device", "cuda:0"], "replay.device")):
+        run_dir = tmp_path / key
+        assert main(["train", "sac", "--env", "Pendulum-v1", "--run-dir", str(run_dir), *flags]) != 0
+        assert f"{key} = " in capsys.readouterr().err and not run_dir.exists()
+
+
 def test_every_cli_option_is_documented(capsys):
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -172,6 +172,18 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
 
 
 # -- build ---------------------------------------------------------------------------------------------------
+def _check_devices(cfg: ExperimentConfig) -> None:
+    """A device the config names must exist here, before anything is built (else torch fails deep inside)."""
+    for key, device in (("run.device", cfg.run.device), ("replay.device", cfg.replay.device)):
+        if device and device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"{key} = {device!r}, but torch sees no CUDA device here (torch.cuda.is_available() "
+                             f"is False, torch {torch.__version__}); use cpu, or a CUDA build of torch on a GPU")
+        if device and device.startswith("cuda:") and int(device.split(":")[1]) >= torch.cuda.device_count():
+            raise ValueError(f"{key} = {device!r}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
+        if device == "mps" and not torch.backends.mps.is_available():
+            raise ValueError(f"{key} = 'mps', but torch sees no MPS device here")
+
+
 def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None = None) -> Run:
     """Components from the config (or the run directory's config), the dataset in the buffer, and on resume
     every component's state from the last checkpoint. ``config.json`` is written only once all of it worked."""
@@ -187,6 +199,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         if (run_dir / "config.json").exists():
             raise ValueError(f"{run_dir} already holds a run; resume it with --resume or pick another --run-dir")
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
+    _check_devices(cfg)
     torch.set_num_threads(cfg.run.num_threads)
     nets.retain_freed_memory()  # no page faults on every update's activations (see the function)
     eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
