@@ -90,37 +90,74 @@ def _take_lock(run_dir: Path) -> bool:
 
 
 def execute(spec: RunSpec, root: Path, threads_per_run: int = 1, timeout: float | None = None) -> RunOutcome:
-    run_dir = run_dir_of(root, spec)
-    if (run_dir / FINISHED).is_file():
-        return RunOutcome(spec, "skipped", 0.0, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not _take_lock(run_dir):
-        return RunOutcome(spec, "busy", 0.0, run_dir)
+    return _execute([spec], root, threads_per_run, timeout, batched=False)[0]
+
+
+def _claim(specs: list[RunSpec], root: Path) -> tuple[list[RunSpec], list[RunOutcome]]:
+    """Lock the run directories that still need their run: (the held specs, outcomes of the finished and busy)."""
+    held, outcomes = [], []
+    for spec in specs:
+        run_dir = run_dir_of(root, spec)
+        if (run_dir / FINISHED).is_file():
+            outcomes.append(RunOutcome(spec, "skipped", 0.0, run_dir))
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not _take_lock(run_dir):
+            outcomes.append(RunOutcome(spec, "busy", 0.0, run_dir))
+            continue
+        held.append(spec)
+    return held, outcomes
+
+
+def _execute(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: float | None,
+             batched: bool) -> list[RunOutcome]:
+    """One training process for the specs it can lock: ``relive train`` of one run, or (``batched``) of several
+    new seeds of one (variant, task) with ``--seeds``, whose output goes to the first run's log (the others' logs
+    say so). A run is finished when its directory holds the summary (and, alone, the process exited 0); every other
+    held run gets a ``crash.json`` with the exit code and the log's last lines. The locks are released at the end."""
+    held, outcomes = _claim(specs, root)
+    if not held:
+        return outcomes
+    dirs = [run_dir_of(root, s) for s in held]
     try:
-        return _execute_locked(spec, run_dir, threads_per_run, timeout)
+        for d in dirs:
+            (d / CRASHED).unlink(missing_ok=True)
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_run), MKL_NUM_THREADS=str(threads_per_run),
+                   RELIVE_NUM_THREADS=str(threads_per_run))
+        first = held[0]
+        if batched:
+            template = str(dirs[0].parent / "seed_{seed}")  # (RunSpec.key: label/task/seed_N)
+            cmd = [sys.executable, "-m", "relive.cli", "--debug", "train", first.preset, "--env", first.task,
+                   "--seeds", ",".join(str(s.seed) for s in held), "--run-dir", template, "--no-progress",
+                   *first.args]
+        else:
+            cmd = train_command(first, dirs[0])
+        start = time.perf_counter()
+        for d in dirs[1:]:
+            with open(d / LOG, "a") as log:
+                log.write(f"$ {' '.join(cmd)}\n(seeds batched in one process: output in {dirs[0] / LOG})\n")
+        with open(dirs[0] / LOG, "a") as log:
+            log.write(f"$ {' '.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            for d in dirs:  # the training holds its runs even if this runner dies
+                (d / LOCK).write_text(f"{os.getpid()} {proc.pid}")
+            code = _wait(proc, timeout)
+        seconds = time.perf_counter() - start
+        tail = None
+        for spec, d in zip(held, dirs, strict=True):
+            if (d / FINISHED).is_file() and (batched or code == 0):
+                outcomes.append(RunOutcome(spec, "finished", seconds, d))
+                continue
+            if tail is None:
+                tail = (dirs[0] / LOG).read_text(errors="replace").splitlines()[-30:]
+            (d / CRASHED).write_text(json.dumps({"returncode": code, "command": cmd, "seconds": seconds,
+                                                 "log_tail": tail}, indent=1))
+            outcomes.append(RunOutcome(spec, "crashed", seconds, d))
     finally:
-        (run_dir / LOCK).unlink(missing_ok=True)
-
-
-def _execute_locked(spec: RunSpec, run_dir: Path, threads_per_run: int, timeout: float | None) -> RunOutcome:
-    (run_dir / CRASHED).unlink(missing_ok=True)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_run), MKL_NUM_THREADS=str(threads_per_run),
-               RELIVE_NUM_THREADS=str(threads_per_run))
-    cmd = train_command(spec, run_dir)
-    start = time.perf_counter()
-    with open(run_dir / LOG, "a") as log:
-        log.write(f"$ {' '.join(cmd)}\n")
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        (run_dir / LOCK).write_text(f"{os.getpid()} {proc.pid}")  # the training holds the run even if we die
-        code = _wait(proc, timeout)
-    seconds = time.perf_counter() - start
-    if code == 0 and (run_dir / FINISHED).is_file():
-        return RunOutcome(spec, "finished", seconds, run_dir)
-    tail = (run_dir / LOG).read_text(errors="replace").splitlines()[-30:]
-    (run_dir / CRASHED).write_text(json.dumps({"returncode": code, "command": cmd, "seconds": seconds,
-                                               "log_tail": tail}, indent=1))
-    return RunOutcome(spec, "crashed", seconds, run_dir)
+        for d in dirs:
+            (d / LOCK).unlink(missing_ok=True)
+    return outcomes
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
@@ -193,55 +230,8 @@ def _seed_batches(todo: list[RunSpec], root: Path, seed_batch: int) -> list[list
 
 def execute_batch(specs: list[RunSpec], root: Path, threads_per_run: int = 1,
                   timeout: float | None = None) -> list[RunOutcome]:
-    """Several new seeds of one (variant, task) in one ``relive train --seeds`` process. Each run directory is
-    locked as for a single run; the process's output goes to the first run's log (the others' logs say so)."""
-    held, outcomes = [], []
-    for spec in specs:
-        run_dir = run_dir_of(root, spec)
-        if (run_dir / FINISHED).is_file():
-            outcomes.append(RunOutcome(spec, "skipped", 0.0, run_dir))
-            continue
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not _take_lock(run_dir):
-            outcomes.append(RunOutcome(spec, "busy", 0.0, run_dir))
-            continue
-        held.append(spec)
-    if not held:
-        return outcomes
-    dirs = [run_dir_of(root, s) for s in held]
-    try:
-        for d in dirs:
-            (d / CRASHED).unlink(missing_ok=True)
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads_per_run), MKL_NUM_THREADS=str(threads_per_run),
-                   RELIVE_NUM_THREADS=str(threads_per_run))
-        first = held[0]
-        template = str(run_dir_of(root, first).parent / "seed_{seed}")  # (RunSpec.key: label/task/seed_N)
-        cmd = [sys.executable, "-m", "relive.cli", "--debug", "train", first.preset, "--env", first.task,
-               "--seeds", ",".join(str(s.seed) for s in held), "--run-dir", template, "--no-progress", *first.args]
-        start = time.perf_counter()
-        for d in dirs[1:]:
-            with open(d / LOG, "a") as log:
-                log.write(f"$ {' '.join(cmd)}\n(seeds batched in one process: output in {dirs[0] / LOG})\n")
-        with open(dirs[0] / LOG, "a") as log:
-            log.write(f"$ {' '.join(cmd)}\n")
-            log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            for d in dirs:
-                (d / LOCK).write_text(f"{os.getpid()} {proc.pid}")
-            code = _wait(proc, timeout)
-        seconds = time.perf_counter() - start
-        tail = (dirs[0] / LOG).read_text(errors="replace").splitlines()[-30:]
-        for spec, d in zip(held, dirs, strict=True):
-            if (d / FINISHED).is_file():
-                outcomes.append(RunOutcome(spec, "finished", seconds, d))
-            else:
-                (d / CRASHED).write_text(json.dumps({"returncode": code, "command": cmd, "seconds": seconds,
-                                                     "log_tail": tail}, indent=1))
-                outcomes.append(RunOutcome(spec, "crashed", seconds, d))
-    finally:
-        for d in dirs:
-            (d / LOCK).unlink(missing_ok=True)
-    return outcomes
+    """Several new seeds of one (variant, task) in one ``relive train --seeds`` process (see ``_execute``)."""
+    return _execute(specs, root, threads_per_run, timeout, batched=True)
 
 
 def status_line(out: RunOutcome) -> str:
