@@ -80,8 +80,8 @@ class TorchColumn:
         return key
 
     def __getitem__(self, key) -> np.ndarray:
-        out = self.tensor[self._key(key)].cpu().numpy()
-        return out.copy() if out.base is not None or not out.flags.owndata else out
+        out = self.tensor[self._key(key)]
+        return out.numpy().copy() if out.device.type == "cpu" else out.cpu().numpy()  # (a CPU view: copied)
 
     def __setitem__(self, key, value) -> None:
         import torch
@@ -230,7 +230,7 @@ class TorchScanLeaves:
 
 # -- samplers ---------------------------------------------------------------------------------------------------
 def _device_of(sampler: Sampler):
-    return sampler.storage._st.device
+    return sampler.storage.device
 
 
 class DeviceSamplerMixin:

@@ -761,6 +761,7 @@ class StorageView:
         self.obs_keys = storage.obs_keys  # None: flat observations; else the keys of dict observations
         self.obs_spec = storage.obs_spec
         self.capacity = storage.capacity
+        self.device = storage.device  # backend "torch": the columns' torch device (None for the NumPy backends)
         self.episodes = _EpisodeQueries(storage.episodes)
 
     # sizes (live: they change as rows are written)
