@@ -5,7 +5,8 @@
 
 1. Replay ops at ``--rows`` rows (Hopper shapes: obs 11, action 3), batch 256, in one process, interleaved over
    ``--rounds`` rounds (median): a device buffer (``ReplayBuffer(backend="torch", device=...)``: uniform sample;
-   PER sample + priority update with the TD errors already on the device) vs the host buffer as a GPU agent
+   PER sample + priority update with the TD errors already on the device, in both PER layouts) vs the host
+   buffer as a GPU agent
    uses it (NumPy sample, the batch copied to the device, the TD errors copied back for the update).
 2. RLPD at UTD 20 (``SACConfig.rlpd()``: 10 LayerNorm critics, symmetric 50/50 sampling over ``--offline-rows``
    random-policy rows and the online ones) on ``--env`` for ``--env-steps`` env steps after a warm-up of 1,000
@@ -60,14 +61,16 @@ def replay_ops(args) -> dict:
     import torch
 
     from relive.replay import ReplayBuffer
+    from relive.replay.device import DevicePrioritizedSampler
     from relive.replay.samplers import PrioritizedSampler, UniformSampler
 
     rng = np.random.default_rng(0)
     data = rows(args.rows, rng)
     bufs = {}
-    for name, sampler, kw in (("device uniform", UniformSampler, {"backend": "torch", "device": args.device}),
-                              ("host uniform", UniformSampler, {}),
-                              ("device per", PrioritizedSampler, {"backend": "torch", "device": args.device}),
+    dev = {"backend": "torch", "device": args.device}
+    for name, sampler, kw in (("device uniform", UniformSampler, dev), ("host uniform", UniformSampler, {}),
+                              ("device per", PrioritizedSampler, dev),  # the default layout, "scan"
+                              ("device per, tree layout", lambda: DevicePrioritizedSampler(layout="tree"), dev),
                               ("host per", PrioritizedSampler, {})):
         buf = ReplayBuffer(args.rows, OBS, ACT, sampler=sampler(), **kw)
         for lo in range(0, args.rows, 100_000):
@@ -85,12 +88,16 @@ def replay_ops(args) -> dict:
         b = bufs["device per"].sample(BATCH)
         bufs["device per"].update(b.info, td_error=td_dev)
 
+    def device_per_tree():
+        b = bufs["device per, tree layout"].sample(BATCH)
+        bufs["device per, tree layout"].update(b.info, td_error=td_dev)
+
     def host_per():
         b = bufs["host per"].sample(BATCH).to_torch(args.device)
         bufs["host per"].update(b.info, td_error=td_dev.cpu().numpy())
 
     fns = {"device uniform": device_uniform, "host uniform": host_uniform, "device per": device_per,
-           "host per": host_per}
+           "device per, tree layout": device_per_tree, "host per": host_per}
     per_round = {k: [] for k in fns}
     for _ in range(args.rounds):
         for name, fn in fns.items():
@@ -100,6 +107,8 @@ def replay_ops(args) -> dict:
         d / h for d, h in zip(per_round["device uniform"], per_round["host uniform"], strict=True))
     out["ratio per (device / host)"] = statistics.median(
         d / h for d, h in zip(per_round["device per"], per_round["host per"], strict=True))
+    out["ratio per (scan / tree layout)"] = statistics.median(
+        d / h for d, h in zip(per_round["device per"], per_round["device per, tree layout"], strict=True))
     return out
 
 

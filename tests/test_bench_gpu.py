@@ -33,7 +33,8 @@ def test_every_section_runs_on_cpu_tensors(tmp_path):
                         "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["device"] == "cpu" and "bench/gpu.py" in res["command"]
-    for key in ("device uniform", "host uniform", "device per", "host per", "ratio per (device / host)"):
+    for key in ("device uniform", "host uniform", "device per", "device per, tree layout", "host per",
+                "ratio per (device / host)", "ratio per (scan / tree layout)"):
         assert res["replay"][key] > 0
     for label in ("replay on device", "replay in host memory"):
         assert res["rlpd"][label]["updates_per_s"] > 0
