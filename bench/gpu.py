@@ -6,8 +6,8 @@
 1. Replay ops at ``--rows`` rows (Hopper shapes: obs 11, action 3), batch 256, in one process, interleaved over
    ``--rounds`` rounds (median): a device buffer (``ReplayBuffer(backend="torch", device=...)``: uniform sample;
    PER sample + priority update with the TD errors already on the device, in both PER layouts) vs the host
-   buffer as a GPU agent
-   uses it (NumPy sample, the batch copied to the device, the TD errors copied back for the update).
+   buffer as a GPU agent uses it (NumPy sample, the batch copied to the device, the TD errors copied back for
+   the update).
 2. RLPD at UTD 20 (``SACConfig.rlpd()``: 10 LayerNorm critics, symmetric 50/50 sampling over ``--offline-rows``
    random-policy rows and the online ones) on ``--env`` for ``--env-steps`` env steps after a warm-up of 1,000
    random steps (untimed): env steps/s and updates/s, replay on the device vs in host memory, the agent on the
