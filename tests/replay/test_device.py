@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as hst
 from scipy import stats
 
 from relive.replay import ReplayBuffer
@@ -346,3 +348,53 @@ def test_trainer_runs_end_to_end_with_the_replay_on_a_device(tmp_path):
     assert logged and logged[-1]["replay/online_fraction"] == 1.0
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["replay"]["device"] == "cpu"
+
+
+# -- random operation sequences: the device buffer and the host buffer agree ------------------------------------------
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(seed=hst.integers(0, 2**16), capacity=hst.integers(4, 40), offline=hst.integers(0, 10),
+       kind=hst.sampled_from(["per", "symmetric_per", "per_tree"]), n_streams=hst.integers(1, 3))
+def test_random_operations_keep_device_and_host_buffers_identical(seed, capacity, offline, kind, n_streams):
+    """Writes of any length (longer than the ring too), several streams, updates with duplicate and stale rows,
+    zero and huge TD errors: after every step the device sampler's probabilities equal the host sampler's, and a
+    batch of given slots holds the same rows."""
+    rng = np.random.default_rng(seed)
+    offline = min(offline, capacity - 2)
+
+    def make(device):
+        if kind == "per_tree" and device:
+            return DevicePrioritizedSampler(priority_exponent=0.7, layout="tree")
+        per = PrioritizedSampler(priority_exponent=0.7)
+        return per if kind != "symmetric_per" else MixtureSampler(UniformSampler(), per, 0.5)
+
+    host = ReplayBuffer(capacity, 3, 2, sampler=make(False), seed=seed)
+    dev = ReplayBuffer(capacity, 3, 2, sampler=make(True), seed=seed, backend="torch")
+    if offline:
+        for buf in (host, dev):
+            buf.add_offline(rows(offline, 5000, end_every=3))
+    written = [0] * n_streams
+    for step in range(25):
+        if rng.random() < 0.4 or len(host) == offline:
+            k = int(rng.integers(n_streams))
+            n = int(rng.integers(1, capacity + 4))
+            data = rows(n, 10_000 * (k + 1) + written[k], end_every=int(rng.integers(2, 9)))
+            written[k] += n
+            for buf in (host, dev):
+                buf.extend(data, stream=k)
+        else:
+            idx = rng.integers(0, len(host), int(rng.integers(1, 12)))
+            td = rng.normal(size=idx.size) * 10.0 ** rng.integers(-8, 8)
+            td[rng.random(idx.size) < 0.2] = 0.0
+            infos = [buf.gather(idx).info for buf in (host, dev)]
+            if rng.random() < 0.3:  # rows written after the gather: stale for both
+                data = rows(2, 90_000 + step)
+                for buf in (host, dev):
+                    buf.extend(data, stream=0)
+            host.update(infos[0], td_error=td)
+            dev.update(infos[1], td_error=torch.as_tensor(td))
+        p_host = host.sampler.probabilities(8) if kind == "symmetric_per" else host.sampler.probabilities()
+        p_dev = dev.sampler.probabilities(8) if kind == "symmetric_per" else dev.sampler.probabilities()
+        np.testing.assert_allclose(p_dev, p_host, rtol=1e-9, atol=1e-15)
+    slots = np.arange(len(host))
+    np.testing.assert_array_equal(dev.gather(slots).obs, host.gather(slots).obs)
+    assert dev.stats()["replay/num_stale"] == host.stats()["replay/num_stale"]
