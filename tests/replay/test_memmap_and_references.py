@@ -94,6 +94,33 @@ def test_checkpoint_refers_to_the_offline_dataset_by_id_and_hash(tmp_path):
         full.save(tmp_path / "copy", offline="reference")
 
 
+def test_a_referenced_offline_part_keeps_no_per_row_bookkeeping_and_rebuilds_it(tmp_path):
+    """Its episode ids, steps, sources, generations and streams come from writing the rows again, checked against a
+    hash: the checkpoint's meta arrays hold the online rows only, and the loaded buffer's equal the saved one's."""
+    buf = ReplayBuffer(60, OBS, (1,), seed=3)
+    fill(buf, dataset_id="test/pixels-v0")
+    buf.save(tmp_path / "ref")
+    k = buf.num_offline
+    meta = np.load(tmp_path / "ref" / "storage__meta__episode_id.npy")
+    assert meta.shape == (len(buf) - k,)
+    back = ReplayBuffer.load(tmp_path / "ref", offline_rows=rows_of(1))
+    for name, arr in buf.storage.meta.items():
+        np.testing.assert_array_equal(back.storage.meta[name][: len(buf)], arr[: len(buf)], err_msg=name)
+    assert back.storage.episodes.state_dict().keys() == buf.storage.episodes.state_dict().keys()
+    from relive.replay.checkpoint import load_tree
+
+    state = load_tree(tmp_path / "ref", kind="replay_buffer")
+    state["storage"]["offline_ref"]["meta_sha256"] = "0" * 64  # as if the rebuilt bookkeeping differed
+    with pytest.raises(ValueError, match="episode bookkeeping rebuilt from them differs"):
+        ReplayBuffer.from_state_dict(state, offline_rows=rows_of(1))
+    # a checkpoint from before (no meta_sha256, the offline rows' bookkeeping saved whole) still loads
+    del state["storage"]["offline_ref"]["meta_sha256"]
+    state["storage"]["meta"] = {n: a[: len(buf)].copy() for n, a in buf.storage.meta.items()}
+    old = ReplayBuffer.from_state_dict(state, offline_rows=rows_of(1))
+    np.testing.assert_array_equal(old.storage.meta["step_in_episode"][: len(buf)],
+                                  buf.storage.meta["step_in_episode"][: len(buf)])
+
+
 def test_extra_columns_are_copied_even_when_the_offline_rows_are_referenced(tmp_path):
     """set_column may change an extra column of offline rows after add_offline (returns-to-go, V-RACER's q_ret):
     a checkpoint that references the offline rows still copies the extra columns whole."""
