@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,14 @@ from typing import Any
 
 from relive.agents.sac import SACConfig
 from relive.registry import agent_entry, field_docs, replay_entry
+
+_DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
+
+
+def check_device(key: str, device: str) -> None:
+    """A torch device name: cpu, cuda, cuda:N or mps (whether it exists here is checked when a run starts)."""
+    if not isinstance(device, str) or not _DEVICE.fullmatch(device):
+        raise ValueError(f"{key} must be 'cpu', 'cuda', 'cuda:N' (N a device number) or 'mps', got {device!r}")
 
 
 @dataclass(frozen=True)
@@ -54,8 +63,7 @@ class RunConfig:
                      "checkpoint_every_offline_grad_steps", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"run.{name} must be >= 1, got {getattr(self, name)}")
-        if not (self.device == "cpu" or self.device.startswith(("cuda", "mps"))):
-            raise ValueError(f"run.device must be 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
+        check_device("run.device", self.device)
 
 
 @dataclass(frozen=True)
@@ -167,8 +175,8 @@ class ReplayConfig:
     #                            symmetric_per; relive.replay.device), e.g. the agent's "cuda"; None: NumPy on the host
 
     def __post_init__(self):
-        if self.device is not None and not (self.device == "cpu" or self.device.startswith(("cuda", "mps"))):
-            raise ValueError(f"replay.device must be None, 'cpu', 'cuda[:N]' or 'mps', got {self.device!r}")
+        if self.device is not None:
+            check_device("replay.device", self.device)
         cls = replay_entry(self.name).config_cls
         if self.options is None:
             object.__setattr__(self, "options", cls())
@@ -396,9 +404,7 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
         if parts[1:] == ["capacity"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, capacity=parse_value(int, raw, key)))
         if parts[1:] == ["device"]:
-            host = raw.strip().strip('"').lower() in ("", "none", "null", "host")
-            device = None if host else parse_value(str, raw, key)
-            return dataclasses.replace(cfg, replay=dataclasses.replace(r, device=device))
+            return dataclasses.replace(cfg, replay=dataclasses.replace(r, device=parse_value(str | None, raw, key)))
         if len(parts) == 3:
             if parts[1] != r.name:
                 raise ValueError(f"--set {key}: the options of replay {parts[1]!r} apply only when replay.name is "

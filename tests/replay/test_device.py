@@ -271,9 +271,9 @@ def test_host_checkpoint_loads_onto_a_device_and_back(tmp_path):
     np.testing.assert_allclose(dev.sampler.probabilities(), host.sampler.probabilities(), rtol=1e-12)
     np.testing.assert_array_equal(dev.storage.read("obs", np.arange(len(host))), host.storage.read("obs",
                                                                                                   np.arange(len(host))))
-    dev.save(tmp_path / "dev")  # the device buffer's checkpoint is the host format: it loads on the host again
+    dev.save(tmp_path / "dev")  # a device buffer's checkpoint loads back onto its device by default
     back = ReplayBuffer.load(tmp_path / "dev")
-    assert back.on_device  # (saved from a device: loads there unless told otherwise)
+    assert back.on_device
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

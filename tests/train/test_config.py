@@ -182,8 +182,10 @@ def test_device_flags_and_the_replay_device_setting(tmp_path):
     assert cfg("rlpd").replay.device is None  # the default: NumPy on the host
     assert override(c, ["replay.name=per"]).replay.device == "cuda:1"  # a new strategy keeps the device
     assert override(c, ["replay.device=none"]).replay.device is None
-    with pytest.raises(ValueError, match="replay.device must be None, 'cpu', 'cuda"):
+    with pytest.raises(ValueError, match="replay.device must be 'cpu', 'cuda'"):
         cfg("rlpd", "--replay-device", "tpu")
+    with pytest.raises(ValueError, match="run.device must be 'cpu', 'cuda', 'cuda:N'"):
+        cfg("rlpd", "--device", "cuda:x")
     save_config(c, tmp_path / "config.json")
     assert load_config(tmp_path / "config.json") == c
     assert "device" not in cfg("rlpd").to_dict()["replay"]  # config.json files of host runs are unchanged

@@ -21,16 +21,9 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from relive.replay import checkpoint, returns
-from relive.replay import device as device_replay
 from relive.replay.samplers import Sampler, UniformSampler, sampler_config, sampler_from_config
 from relive.replay.storage import Storage, _as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
-
-
-def torch_int8():
-    import torch
-
-    return torch.int8
 
 
 class ReplayBuffer:
@@ -56,8 +49,10 @@ class ReplayBuffer:
                                action_dtype=action_dtype, extra_columns=extra_columns,
                                dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device)
         self.sampler = sampler if sampler is not None else UniformSampler()
-        if backend == "torch":
-            self.sampler = device_replay.to_device_sampler(self.sampler)
+        if backend == "torch":  # (torch is imported only for a device buffer)
+            from relive.replay.device import to_device_sampler
+
+            self.sampler = to_device_sampler(self.sampler)
         if self.sampler.storage is not None:
             raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
         self.sampler.bind(self.storage)
@@ -167,6 +162,8 @@ class ReplayBuffer:
 
     def _sample_device(self, batch_size: int) -> Batch:
         """A batch drawn and gathered on the device: every column and ``info`` field a tensor there."""
+        import torch
+
         draw = self.sampler.sample_device(batch_size, self.torch_rng)
         st = self.storage
         idx = draw.indices
@@ -178,7 +175,7 @@ class ReplayBuffer:
             return {k: cols[f"{prefix}.{k}"].tensor.index_select(0, idx) for k in st.obs_keys}
 
         info = SampleInfo(indices=idx, generation=st._gen_t.index_select(0, idx), probability=draw.probability,
-                          is_weight=draw.is_weight, source=(idx >= st.num_offline).to(torch_int8()),
+                          is_weight=draw.is_weight, source=(idx >= st.num_offline).to(torch.int8),
                           hints=self.sampler.hints())
         return Batch(obs("obs"), cols["action"].tensor.index_select(0, idx), cols["reward"].tensor.index_select(0, idx),
                      obs("next_obs"), cols["terminated"].tensor.index_select(0, idx),
@@ -459,7 +456,9 @@ class ReplayBuffer:
         buf.storage.load_state_dict(state["storage"])
         buf.sampler = sampler_from_config(cfg["sampler"])
         if buf.storage.backend == "torch":
-            buf.sampler = device_replay.to_device_sampler(buf.sampler)
+            from relive.replay.device import to_device_sampler
+
+            buf.sampler = to_device_sampler(buf.sampler)
         buf.sampler.bind(buf.storage)
         buf.sampler.load_state_dict(state["sampler"])
         buf.seed = int(cfg["seed"])

@@ -30,10 +30,10 @@ host).
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from relive.replay.samplers.base import MAX_PRIORITY, Sampler
 from relive.replay.samplers.mixture import MixtureSampler
@@ -44,8 +44,6 @@ ARITY = 8
 
 
 def torch_dtype(dtype: np.dtype):
-    import torch
-
     return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
 
 
@@ -61,8 +59,6 @@ class TorchColumn:
     return NumPy copies). Host reads are for cold paths (checkpoints, hashes); batches gather ``.tensor``."""
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device):
-        import torch
-
         self.dtype = np.dtype(dtype)
         self.shape = tuple(shape)
         self.tensor = torch.zeros(self.shape, dtype=torch_dtype(self.dtype), device=device)
@@ -71,8 +67,6 @@ class TorchColumn:
         return self.shape[0]
 
     def _key(self, key):
-        import torch
-
         if isinstance(key, np.ndarray | list):
             return torch.as_tensor(np.asarray(key, np.int64), device=self.tensor.device)
         if isinstance(key, np.integer):
@@ -84,8 +78,6 @@ class TorchColumn:
         return out.numpy().copy() if out.device.type == "cpu" else out.cpu().numpy()  # (a CPU view: copied)
 
     def __setitem__(self, key, value) -> None:
-        import torch
-
         value = np.asarray(value, dtype=self.dtype)
         self.tensor[self._key(key)] = torch.as_tensor(value, device=self.tensor.device)
 
@@ -101,10 +93,8 @@ class TorchSumTree:
     the leaves, padded with zeros to a power of 8). No operation reads a value back to the host."""
 
     def __init__(self, capacity: int, device):
-        import torch
-
         self.capacity = int(capacity)
-        depth = max(1, math.ceil(math.log(max(self.capacity, 2), ARITY) - 1e-12))
+        depth = 1
         while ARITY**depth < self.capacity:
             depth += 1
         self.depth = depth
@@ -120,8 +110,6 @@ class TorchSumTree:
         return self.levels[0][0]
 
     def set_all(self, values) -> None:
-        import torch
-
         leaves = self.levels[-1]
         leaves.zero_()
         leaves[: self.capacity] = torch.as_tensor(np.asarray(values, np.float64), device=leaves.device)
@@ -151,8 +139,6 @@ class TorchSumTree:
         """For each mass in [0, total): the leaf where the running sum of the leaves passes it, and its value.
         Leaves of value 0 are never returned while the tree holds a positive value (rounding at the top end
         lands on the last positive child)."""
-        import torch
-
         node = torch.zeros_like(mass, dtype=torch.int64)
         mass = mass.clone()
         arange = torch.arange(ARITY, device=mass.device)
@@ -170,8 +156,6 @@ class TorchSumTree:
 def last_write_wins(indices, values):
     """(indices, values) sorted by index, every copy of a duplicate index carrying the value of its last occurrence,
     so that an indexed write gives the same result whichever copy lands last (index_put's order is unspecified)."""
-    import torch
-
     idx = indices.reshape(-1).to(torch.int64)
     val = values.reshape(-1).to(torch.float64)
     if idx.numel() < 2:
@@ -192,8 +176,6 @@ class TorchScanLeaves:
     an update one indexed write. Same interface as :class:`TorchSumTree`."""
 
     def __init__(self, capacity: int, device):
-        import torch
-
         self.capacity = int(capacity)
         self.values = torch.zeros(self.capacity, dtype=torch.float64, device=device)
 
@@ -201,13 +183,7 @@ class TorchScanLeaves:
     def leaves(self):
         return self.values
 
-    @property
-    def total(self):
-        return self.values.sum()
-
     def set_all(self, values) -> None:
-        import torch
-
         self.values.copy_(torch.as_tensor(np.asarray(values, np.float64), device=self.values.device))
 
     def clear(self, indices) -> None:
@@ -218,25 +194,18 @@ class TorchScanLeaves:
         self.values[idx] = val
 
     def draw(self, u):
-        import torch
-
         cums = torch.cumsum(self.values, 0)
         total = cums[-1]
-        idx = torch.searchsorted(cums, (u * total).unsqueeze(1), right=True).squeeze(1)
+        idx = torch.searchsorted(cums, u * total, right=True)
         # rounding at the top end (u * total == total): the last positive leaf, the first where cums reaches total
         idx = torch.minimum(idx, torch.searchsorted(cums, total.reshape(1)))
         return idx, self.values[idx], total
 
 
 # -- samplers ---------------------------------------------------------------------------------------------------
-def _device_of(sampler: Sampler):
-    return sampler.storage.device
-
-
 class DeviceSamplerMixin:
-    """What a device sampler adds to its host class: ``sample_device`` / ``update_device`` on tensors."""
-
-    device_sampler = True
+    """What a device sampler adds to its host class: ``sample_device`` / ``update_device`` on tensors (the host
+    ``sample`` is refused: its draws would be NumPy arrays the device batch cannot use)."""
 
     def sample_device(self, batch_size: int, gen) -> DeviceDraw:
         if self.num_rows() == 0:
@@ -254,10 +223,11 @@ class DeviceSamplerMixin:
     def update_device(self, slots, signals: dict, keep) -> None:
         """Per-sample signals (tensors [B]) for the rows where ``keep`` (a bool tensor) is True."""
 
+    def _draw(self, batch_size: int, rng: np.random.Generator):
+        raise ValueError("a device sampler draws with sample_device (ReplayBuffer(backend='torch').sample)")
+
 
 def _uniform(lo: int, hi: int, batch_size: int, gen, device) -> DeviceDraw:
-    import torch
-
     idx = torch.randint(lo, hi, (batch_size,), generator=gen, device=device)
     return DeviceDraw(idx, torch.full((batch_size,), 1.0 / (hi - lo), dtype=torch.float64, device=device),
                       torch.ones(batch_size, dtype=torch.float32, device=device))
@@ -270,7 +240,7 @@ class DeviceUniformSampler(DeviceSamplerMixin, UniformSampler):
 
     def _draw_device(self, batch_size: int, gen) -> DeviceDraw:
         lo, hi = self.domain()
-        return _uniform(lo, hi, batch_size, gen, _device_of(self))
+        return _uniform(lo, hi, batch_size, gen, self.storage.device)
 
 
 class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
@@ -295,8 +265,6 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         self.sum_tree = self.max_tree = None  # (the host trees: not used)
 
     def on_insert(self, slots: np.ndarray) -> None:
-        import torch
-
         leaves = self.tree.leaves
         idx = torch.as_tensor(np.asarray(slots, np.int64), device=leaves.device)
         self.tree.clear(idx)  # the overwritten rows no longer count towards the largest stored priority
@@ -305,9 +273,7 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         self.tree.update(idx, p.expand(idx.numel()))
 
     def _draw_device(self, batch_size: int, gen) -> DeviceDraw:
-        import torch
-
-        device = _device_of(self)
+        device = self.storage.device
         u = torch.rand(batch_size, generator=gen, dtype=torch.float64, device=device)
         idx, value, total = self.tree.draw(u)
         probability = value / total
@@ -324,8 +290,6 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         return DeviceDraw(idx, probability, is_weight)
 
     def priority_device(self, signals: dict):
-        import torch
-
         if "td_error" in signals:
             p = signals["td_error"].to(torch.float64).abs() + self.eps
         elif "priority" in signals:
@@ -336,48 +300,21 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         return p.clamp_max(MAX_PRIORITY) ** self.priority_exponent
 
     def update_device(self, slots, signals: dict, keep) -> None:
-        import torch
-
         p = self.priority_device(signals)
         self.tree.update(slots, torch.where(keep, p, self.tree.leaves[slots]))  # a skipped row keeps its own
 
     # the host API, through the device tree (tests, stats, checkpoints)
     def update(self, slots: np.ndarray, signals: dict) -> None:
-        import torch
-
-        device = _device_of(self)
+        device = self.storage.device
         idx = torch.as_tensor(np.asarray(slots, np.int64), device=device)
         sig = {k: torch.as_tensor(np.asarray(v, np.float64), device=device) for k, v in signals.items()}
         self.update_device(idx, sig, torch.ones(idx.numel(), dtype=torch.bool, device=device))
 
-    def _draw(self, batch_size: int, rng: np.random.Generator):
-        raise ValueError("a device sampler draws with sample_device (ReplayBuffer(backend='torch').sample)")
+    def leaf_values(self) -> np.ndarray:
+        return self.tree.leaves.cpu().numpy()
 
-    def probabilities(self) -> np.ndarray:
-        leaves = self.tree.leaves.cpu().numpy()
-        total = leaves.sum()
-        if total > 0:
-            return leaves / total
-        p = np.zeros(self.storage.capacity)
-        lo, hi = self.domain()
-        if hi > lo:
-            p[lo:hi] = 1.0 / (hi - lo)
-        return p
-
-    def stats(self) -> dict[str, float]:
-        return Sampler.stats(self) | {"replay/is_exponent": self.beta}
-
-    def state_dict(self) -> dict:
-        return Sampler.state_dict(self) | {"priority": self.tree.leaves[: self.storage.size].cpu().numpy(),
-                                           "num_samples": self.num_samples}
-
-    def load_state_dict(self, state: dict) -> None:
-        Sampler.load_state_dict(self, state)
-        leaves = np.zeros(self.storage.capacity)
-        pr = np.asarray(state["priority"], dtype=np.float64)
-        leaves[: pr.size] = pr
+    def set_leaf_values(self, leaves: np.ndarray) -> None:
         self.tree.set_all(leaves)
-        self.num_samples = int(state["num_samples"])
 
 
 class DeviceMixtureSampler(DeviceSamplerMixin, MixtureSampler):
@@ -387,17 +324,12 @@ class DeviceMixtureSampler(DeviceSamplerMixin, MixtureSampler):
     checkpoint_name = "MixtureSampler"
 
     def _draw_device(self, batch_size: int, gen) -> DeviceDraw:
-        import torch
-
         return self.joined_parts(batch_size, lambda child, k: child.sample_device(k, gen), torch.cat)
 
     def update_device(self, slots, signals: dict, keep) -> None:
         online = slots >= self.storage.num_offline
         self.offline.update_device(slots, signals, keep & ~online)
         self.online.update_device(slots, signals, keep & online)
-
-    def _draw(self, batch_size: int, rng: np.random.Generator):
-        raise ValueError("a device sampler draws with sample_device (ReplayBuffer(backend='torch').sample)")
 
 
 DEVICE_SAMPLERS = (DeviceUniformSampler, DevicePrioritizedSampler, DeviceMixtureSampler)

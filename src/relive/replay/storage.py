@@ -103,10 +103,10 @@ class Storage:
             self.obs_keys = None
             self.obs_spec = _spec(obs_shape, obs_dtype)
             obs_cols = {"obs": self.obs_spec}
-        if backend == "torch" and dedup_next_obs:
-            raise ValueError("backend='torch' stores next_obs explicitly (dedup_next_obs=False): a device batch "
-                             "gathers it in one read")
         if backend == "torch":
+            if dedup_next_obs:
+                raise ValueError("backend='torch' stores next_obs explicitly (dedup_next_obs=False): a device batch "
+                                 "gathers it in one read")
             dedup_next_obs = False
         # next_obs read from the next row of the episode (stored only where it is not): default for dict obs
         self.dedup_next_obs = bool(self.obs_keys is not None if dedup_next_obs is None else dedup_next_obs)
@@ -675,9 +675,9 @@ class Storage:
                                     "meta_sha256": self._meta_sha256(k)}
         else:
             state["columns"] = {n: a[:size] for n, a in self.columns.items()}
+        meta_lo = k if "offline_ref" in state else 0  # (a referenced offline part's bookkeeping: its hash only)
         return state | {
-            "meta": {n: a[state["offline_ref"]["num_offline"] if "offline_ref" in state else 0 : size]
-                     for n, a in self.meta.items()},
+            "meta": {n: a[meta_lo:size] for n, a in self.meta.items()},
             "episodes": self.episodes.state_dict(),
             "num_offline": self.num_offline,
             "num_online_written": self.num_online_written,

@@ -165,9 +165,19 @@ class PrioritizedSampler(Sampler):
         self.sum_tree.update(slots, p)
         self.max_tree.update(slots, p)
 
+    def leaf_values(self) -> np.ndarray:
+        """p^alpha of every slot (a copy; length capacity)."""
+        return np.array(self.sum_tree.leaves)
+
+    def set_leaf_values(self, leaves: np.ndarray) -> None:
+        self.sum_tree.set_all(leaves)
+        self.max_tree.set_all(leaves)
+
     def probabilities(self) -> np.ndarray:
-        if self.sum_tree.total > 0:
-            return tree_probabilities(self.sum_tree)
+        leaves = self.leaf_values()
+        total = leaves.sum()
+        if total > 0:
+            return leaves / total
         p = np.zeros(self.storage.capacity)  # every priority 0: uniform over the stored rows, as _draw
         lo, hi = self.domain()
         if hi > lo:
@@ -183,8 +193,7 @@ class PrioritizedSampler(Sampler):
                     eps=self.eps, initial_priority=self.initial_priority)
 
     def state_dict(self) -> dict:
-        lo, hi = 0, self.storage.size
-        return super().state_dict() | {"priority": np.array(self.sum_tree.leaves[lo:hi]),
+        return super().state_dict() | {"priority": self.leaf_values()[: self.storage.size],
                                        "num_samples": self.num_samples}
 
     def load_state_dict(self, state: dict) -> None:
@@ -192,8 +201,7 @@ class PrioritizedSampler(Sampler):
         leaves = np.zeros(self.storage.capacity)
         pr = np.asarray(state["priority"], dtype=np.float64)
         leaves[: pr.size] = pr
-        self.sum_tree.set_all(leaves)
-        self.max_tree.set_all(leaves)
+        self.set_leaf_values(leaves)
         self.num_samples = int(state["num_samples"])
 
 
