@@ -276,6 +276,29 @@ def test_host_checkpoint_loads_onto_a_device_and_back(tmp_path):
     assert back.on_device
 
 
+def test_device_checkpoint_loads_onto_the_host(tmp_path):
+    _, dev = twin_buffers(lambda: MixtureSampler(UniformSampler(), PrioritizedSampler(priority_exponent=0.7)))
+    dev.update(dev.sample(32).info, td_error=np.linspace(-3, 3, 32))
+    dev.save(tmp_path / "dev")
+    host = ReplayBuffer.load(tmp_path / "dev", device="host")
+    assert not host.on_device and host.storage.backend == "ram" and type(host.sampler) is MixtureSampler
+    np.testing.assert_allclose(host.sampler.probabilities(), dev.sampler.probabilities(), rtol=1e-12)
+    idx = np.arange(len(dev))
+    for col in ("obs", "action", "reward", "next_obs"):
+        np.testing.assert_array_equal(host.storage.read(col, idx), dev.storage.read(col, idx))
+    assert host.num_updated == dev.num_updated == 32 and host.num_stale == dev.num_stale
+    batch = host.sample(16)  # a working host buffer: NumPy batches, updates land in the host tree
+    assert isinstance(batch.obs, np.ndarray)
+    before = host.sampler.probabilities()
+    host.update(batch.info, td_error=np.full(16, 50.0))
+    online = np.unique(batch.info.indices[batch.info.source == 1])
+    assert len(online) and (host.sampler.probabilities()[online] > before[online]).all()
+    memmap = ReplayBuffer(8, 3, 2, backend="memmap", directory=tmp_path / "mm")  # a host backend: as it was saved
+    memmap.extend(rows(8))
+    memmap.save(tmp_path / "mm_ckpt")
+    assert ReplayBuffer.load(tmp_path / "mm_ckpt", device="host").storage.backend == "memmap"
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_buffer_samples_and_updates_on_the_gpu():
     buf = ReplayBuffer(1000, 3, 2, sampler=PrioritizedSampler(), backend="torch", device="cuda")

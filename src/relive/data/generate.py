@@ -252,9 +252,9 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         if expert_rows is not None:
             parts.append(expert_rows)
         if level == "medium-replay":
-            from relive.replay import ReplayBuffer
+            from relive.replay.buffer import HOST, ReplayBuffer
 
-            st = ReplayBuffer.load(run_dir / "buffer_final").storage
+            st = ReplayBuffer.load(run_dir / "buffer_final", device=HOST).storage
             lo = st.num_offline  # online rows in the order they were written (the ring never wrapped)
             hi = lo + min(med_step, st.num_online)
             rows = {k: st.columns[k][lo:hi].copy() for k in ("obs", "action", "reward", "next_obs", "terminated",

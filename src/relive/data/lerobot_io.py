@@ -735,7 +735,7 @@ def buffer_rows(buffer, source: str = "online") -> dict:
 def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dict]:
     """Rows and metadata from a run directory (its ``buffer_final/``, else its last checkpoint's buffer), a saved
     replay buffer directory (``ReplayBuffer.save``), or any dataset ``load_rows`` reads (all its rows)."""
-    from relive.replay.buffer import ReplayBuffer
+    from relive.replay.buffer import HOST, ReplayBuffer
 
     p = Path(source)
     meta: dict = {"source": str(p)}
@@ -745,7 +745,7 @@ def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dic
         except (ValueError, KeyError, TypeError):
             pass
     if (p / "buffer_final").is_dir():
-        return buffer_rows(ReplayBuffer.load(p / "buffer_final"), rows), meta
+        return buffer_rows(ReplayBuffer.load(p / "buffer_final", device=HOST), rows), meta
     from relive.train.checkpoint import has_checkpoint, load_checkpoint
 
     if has_checkpoint(p):
@@ -754,9 +754,9 @@ def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dic
 
         state = load_checkpoint(p)["buffer"]
         offline = run_offline_rows(load_config(p / "config.json"), state, p) if (p / "config.json").is_file() else None
-        return buffer_rows(ReplayBuffer.from_state_dict(state, offline_rows=offline), rows), meta
+        return buffer_rows(ReplayBuffer.from_state_dict(state, offline_rows=offline, device=HOST), rows), meta
     if (p / "MANIFEST.json").is_file():
-        return buffer_rows(ReplayBuffer.load(p), rows), meta
+        return buffer_rows(ReplayBuffer.load(p, device=HOST), rows), meta
     from relive.data.loaders import load_rows
 
     data, dmeta = load_rows(p)

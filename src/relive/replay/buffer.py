@@ -25,6 +25,8 @@ from relive.replay.samplers import Sampler, UniformSampler, sampler_config, samp
 from relive.replay.storage import Storage, _as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
+HOST = "host"  # ReplayBuffer.load(..., device=HOST): NumPy columns in RAM, whatever the checkpoint's backend
+
 
 class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
@@ -426,7 +428,9 @@ class ReplayBuffer:
         """Rebuild a buffer from ``save``: same rows, sampler state and RNG, so the same next samples.
         ``offline_rows``: the offline rows of a checkpoint that refers to them (the rows given to ``add_offline``,
         or a function dataset id -> rows); checked against the SHA-256 the checkpoint recorded. ``device``: load
-        into a torch-backend buffer on that device (from either backend's checkpoint; None: as it was saved)."""
+        into a torch-backend buffer on that device (from either backend's checkpoint), ``"host"``: NumPy columns
+        (a device buffer's checkpoint goes to RAM, e.g. read where there is no GPU, its draws continuing from the
+        host generator; a RAM or memmap one loads as saved), None: as it was saved."""
         state = checkpoint.load_tree(path, kind="replay_buffer", check_hashes=check_hashes)
         return cls.from_state_dict(state, offline_rows=offline_rows, device=device)
 
@@ -434,7 +438,10 @@ class ReplayBuffer:
     def from_state_dict(cls, state: dict, offline_rows=None, device=None) -> ReplayBuffer:
         cfg = state["config"]
         scfg = dict(cfg["storage"])
-        if device is not None:
+        if device == HOST:  # NumPy columns (the checkpoint format is the host's for every backend)
+            if scfg.get("backend") == "torch":
+                scfg = {k: v for k, v in scfg.items() if k != "device"} | {"backend": "ram"}
+        elif device is not None:
             if scfg.get("backend", "ram") not in ("ram", "torch"):
                 raise ValueError(f"a {scfg['backend']} checkpoint loads on the host (device=None)")
             scfg |= {"backend": "torch", "device": str(device), "dedup_next_obs": False}

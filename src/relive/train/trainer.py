@@ -38,6 +38,7 @@ from relive.agents import networks as nets
 from relive.config import ExperimentConfig, ScheduleConfig, load_config, save_config
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
+from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train import hooks as H
 from relive.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
@@ -344,8 +345,9 @@ def _resume(run: Run, resuming: bool) -> None:
         return
     tree = load_checkpoint(run.run_dir)
     run.agent.load_state_dict(tree["agent"])
+    # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
     run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
-        run.cfg, tree["buffer"], f"cannot resume {run.run_dir}"), device=run.cfg.replay.device)
+        run.cfg, tree["buffer"], f"cannot resume {run.run_dir}"), device=run.cfg.replay.device or HOST)
     run.collector.load_state_dict(tree["collector"])
     run.warmup_rng.bit_generator.state = tree["warmup_rng"]
     if "eval_rng" in tree:
