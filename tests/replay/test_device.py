@@ -233,6 +233,11 @@ def test_stale_and_non_finite_updates_keep_the_priority_and_are_counted(layout):
     assert s["replay/num_stale"] == 2 and s["replay/num_invalid_signals"] == 1
     with pytest.raises(ValueError, match="signal 'td_error': expected shape"):
         buf.update(buf.gather(np.array([4, 5])).info, td_error=torch.zeros(3))
+    buf.update(buf.gather(np.array([4, 5])).info, priority=torch.tensor([7, 9], dtype=torch.uint8))  # any real dtype
+    assert buf.sampler.tree.leaves[4:6].tolist() == [7.0, 9.0]
+    for bad in (torch.tensor([True, False]), torch.tensor([1 + 1j, 2j])):
+        with pytest.raises(ValueError, match="expected numbers"):
+            buf.update(buf.gather(np.array([4, 5])).info, priority=bad)
 
 
 @pytest.mark.parametrize("layout", ["scan", "tree"])

@@ -350,7 +350,7 @@ class ReplayBuffer:
             t = torch.as_tensor(value, device=dev)
             if t.numel() != idx.numel() or (t.dim() > 1 and max(t.shape) != t.numel()):
                 raise ValueError(f"signal {name!r}: expected shape ({idx.numel()},), got {tuple(t.shape)}")
-            if t.dtype == torch.bool or not (t.is_floating_point() or t.dtype in (torch.int64, torch.int32)):
+            if t.dtype == torch.bool or t.is_complex():  # (every real dtype is accepted, as on the host)
                 raise ValueError(f"signal {name!r}: expected numbers, got dtype {t.dtype}")
             t = t.reshape(-1)
             if t.is_floating_point():
