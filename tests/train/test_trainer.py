@@ -188,6 +188,62 @@ def test_resume_without_a_checkpoint_starts_over_and_bad_resume_dirs(tmp_path):
         main(["--debug", "train", "--resume", str(tmp_path / "full")])
 
 
+def test_a_run_resumes_on_another_device_and_other_options_are_refused(tmp_path, capsys):
+    """A run whose config names a GPU (and keeps its replay on a device) goes on without one: --device cpu
+    --replay-device none; the config then says where it runs. Options that would change what it computes are
+    refused by name, not ignored."""
+    import torch
+
+    run = tmp_path / "run"
+    args = ["sac", "--env", "Pendulum-v1", "--online-steps", "400", "--warmup", "100", "--eval-every", "200",
+            "--checkpoint-every", "200", "--replay-device", "cpu", *TINY]
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, run), on_step=kill_at(env_step=300))
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["replay"]["device"] == "cpu"
+    for bad, name in ((["--online-steps", "1000"], "--online-steps"), (["sac"], "PRESET"),
+                      (["--set", "agent.num_qs=4"], "agent.num_qs=4")):
+        with pytest.raises(ValueError, match=name):
+            main(["--debug", "train", "--resume", str(run), *bad])
+    if not torch.cuda.is_available():  # what a GPU run's directory says, read on this machine
+        saved["run"]["device"] = "cuda"
+        (run / "config.json").write_text(json.dumps(saved))
+        with pytest.raises(ValueError, match="--resume RUN_DIR --device cpu --replay-device none"):
+            main(["--debug", "train", "--resume", str(run)])
+    capsys.readouterr()
+    assert main(["--debug", "train", "--resume", str(run), "--device", "cpu", "--replay-device", "none",
+                 "--threads", "2"]) == 0
+    assert "resumed with run.device = 'cpu', replay.device = None, run.num_threads = 2" in capsys.readouterr().out
+    cfg = load_config(run / "config.json")
+    assert (cfg.run.device, cfg.replay.device, cfg.run.num_threads) == ("cpu", None, 2)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["num_online_env_steps"] == 400
+
+
+def test_a_generator_state_from_another_device_type_seeds_a_repeatable_stream():
+    import torch
+
+    from relive.agents.networks import generator_state, load_generator_state
+
+    cuda_like = np.arange(16, dtype=np.uint8)  # a CUDA (Philox) generator's state: 16 bytes
+    draws = []
+    for _ in range(2):
+        gen = torch.Generator()
+        with pytest.warns(UserWarning, match="another device type"):
+            load_generator_state(gen, cuda_like)
+        draws.append(torch.rand(4, generator=gen))
+    assert torch.equal(draws[0], draws[1])
+    other = torch.Generator()
+    with pytest.warns(UserWarning):
+        load_generator_state(other, np.arange(1, 17, dtype=np.uint8))
+    assert not torch.equal(torch.rand(4, generator=other), draws[0])
+    same = torch.Generator().manual_seed(5)  # the same device type: the exact state, no warning
+    state = generator_state(same)
+    expected = torch.rand(3, generator=same)
+    load_generator_state(same, state)
+    assert torch.equal(torch.rand(3, generator=same), expected)
+
+
 def test_arb_is_rescored_after_each_collected_chunk_as_in_its_algorithm(tmp_path, monkeypatch):
     """ARB Alg. 1: collect d_update env steps, re-score every row (current policy), then d_weight updates;
     never during the offline phase."""

@@ -465,7 +465,19 @@ def generator_state(gen: torch.Generator) -> np.ndarray:
 
 
 def load_generator_state(gen: torch.Generator, state) -> None:
-    gen.set_state(torch.as_tensor(np.asarray(state, dtype=np.uint8)))
+    """Set ``gen`` to a saved state. A state from another device type (a CUDA generator's on a CPU, or the other
+    way: a run resumed on another device) has another layout and cannot be set: ``gen`` is then seeded from the
+    saved bytes (a fresh stream, the same for the same checkpoint), with a warning."""
+    saved = np.asarray(state, dtype=np.uint8).reshape(-1)
+    if saved.size != gen.get_state().numel():
+        import hashlib
+        import warnings
+
+        gen.manual_seed(int.from_bytes(hashlib.sha256(saved.tobytes()).digest()[:8], "little") >> 1)
+        warnings.warn(f"a generator state of {saved.size} bytes (another device type's) loaded on {gen.device}: "
+                      "seeded from it instead (the random stream differs from an uninterrupted run's)", stacklevel=2)
+        return
+    gen.set_state(torch.as_tensor(saved))
 
 
 def as_obs_tensor(obs, obs_dim: int, device: torch.device) -> tuple[torch.Tensor, bool]:

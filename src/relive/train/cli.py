@@ -69,11 +69,13 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--device", help="torch device of the agent: cpu (default), cuda[:N], mps")
     p.add_argument("--replay-device", help="keep the replay columns on this torch device and sample / update "
                    "priorities there (uniform, per, symmetric, symmetric_per; e.g. cuda with --device cuda); "
-                   "default: NumPy on the host")
+                   "default (or none): NumPy on the host")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any other setting, e.g. --set agent.num_qs=10 --set agent.hidden=[64,64] (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint, as it "
+                   "was configured; --device, --replay-device, --threads and --no-progress may change where it runs "
+                   "(e.g. a GPU run on a CPU machine: --device cpu --replay-device none)")
     p.set_defaults(func=run_train)
 
     ps = subparsers.add_parser("presets", help="list the training presets and their settings")
@@ -113,13 +115,41 @@ FLAG_TO_SETTING = {
 }
 
 
+HOST_WORDS = ("none", "null", "host")  # --replay-device none: NumPy on the host (the default)
+
+
+def _flag_setting(flag: str, value) -> str:
+    if flag == "replay_device" and str(value).lower() in HOST_WORDS:
+        return "replay.device=null"
+    return f"{FLAG_TO_SETTING[flag]}={_json(value)}"
+
+
+def resume_settings(args: argparse.Namespace) -> list[str]:
+    """``--resume RUN_DIR`` with where / how the run goes on (--device, --replay-device, --threads, --no-progress,
+    or ``--set`` of those settings); any other option is refused by name instead of being ignored."""
+    from relive.cli import build_parser
+    from relive.train.trainer import RESUME_SETTINGS
+
+    defaults = vars(build_parser().parse_args(["train", "--resume", "RUN_DIR"]))
+    allowed = {"device", "replay_device", "threads", "no_progress", "set", "resume", "func", "command", "debug"}
+    given = sorted(k for k, v in vars(args).items() if k not in allowed and v != defaults.get(k))
+    if given:
+        names = ", ".join("--" + k.replace("_", "-") if k != "preset" else f"PRESET ({args.preset})" for k in given)
+        raise ValueError(f"--resume continues a run as it was configured: {names} cannot change it (only --device, "
+                         "--replay-device, --threads, --no-progress and --set of " + ", ".join(RESUME_SETTINGS)
+                         + "); start a new run for other settings")
+    sets = [_flag_setting(f, getattr(args, f)) for f in ("device", "replay_device", "threads")
+            if getattr(args, f, None) is not None]
+    return sets + (["run.progress=false"] if args.no_progress else []) + list(args.set)
+
+
 def config_from_args(args: argparse.Namespace):
     cfg = get_preset(args.preset)
     sets = []
-    for flag, setting in FLAG_TO_SETTING.items():
+    for flag in FLAG_TO_SETTING:
         value = getattr(args, flag, None)
         if value is not None:
-            sets.append(f"{setting}={_json(value)}")
+            sets.append(_flag_setting(flag, value))
     if getattr(args, "utd", None) is not None:
         sets += utd_settings(cfg, args.utd)
     if getattr(args, "no_progress", False):
@@ -154,7 +184,7 @@ def run_train(args: argparse.Namespace) -> int:
     if getattr(args, "seeds", None):
         return _train_seeds(args)
     if args.resume:
-        summary = train(resume_dir=args.resume)
+        summary = train(resume_dir=args.resume, resume_settings=resume_settings(args))
     else:
         if not args.preset:
             raise SystemExit("relive train: give a PRESET (see `relive presets`) or --resume RUN_DIR")

@@ -27,7 +27,7 @@ import math
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from relive.agents import networks as nets
-from relive.config import ExperimentConfig, ScheduleConfig, load_config, save_config
+from relive.config import ExperimentConfig, ScheduleConfig, load_config, override, save_config
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
@@ -141,15 +141,22 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
     return Path("runs") / f"{cfg.preset}-{cfg.env.id}-seed{cfg.run.seed}-{stamp}"
 
 
+#: what a resumed run may change: where and how it runs, never what it computes (``train(resume_settings=...)``)
+RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progress")
+
+
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
-          on_step: Callable[[int, int], None] | None = None, wrap_agent: Callable | None = None) -> RunSummary:
-    """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint.
+          resume_settings: Sequence[str] = (), on_step: Callable[[int, int], None] | None = None,
+          wrap_agent: Callable | None = None) -> RunSummary:
+    """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint; ``resume_settings``:
+    ``section.key=value`` changes of :data:`RESUME_SETTINGS` for the resumed part (e.g. ``run.device=cpu`` and
+    ``replay.device=none`` to continue a GPU run on a machine without one), written to its config.json.
 
     ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk (tests
     raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
     the agent (seeds batched in one process, :mod:`relive.train.seed_batch`).
     """
-    run = build(cfg, resume_dir, on_step, wrap_agent)
+    run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings)
     try:
         offline_phase(run)
         final = online_phase(run)
@@ -173,28 +180,56 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
 
 
 # -- build ---------------------------------------------------------------------------------------------------
+def _resume_config(cfg: ExperimentConfig, settings: Sequence[str]) -> ExperimentConfig:
+    """The saved config with ``settings`` applied, each one of :data:`RESUME_SETTINGS` (else a ValueError)."""
+    for item in settings:
+        key = item.partition("=")[0].strip()
+        if key not in RESUME_SETTINGS:
+            raise ValueError(f"a resumed run continues as it was configured; only {', '.join(RESUME_SETTINGS)} may "
+                             f"change (where and how it runs), got {item!r}")
+    return override(cfg, list(settings))
+
+
+def _changed(before: ExperimentConfig, after: ExperimentConfig) -> list[tuple[str, object]]:
+    """(key, new value) of every RESUME_SETTINGS entry that differs."""
+    out = []
+    for key in RESUME_SETTINGS:
+        section, name = key.split(".")
+        old, new = getattr(getattr(before, section), name), getattr(getattr(after, section), name)
+        if old != new:
+            out.append((key, new))
+    return out
+
+
 def _check_devices(cfg: ExperimentConfig) -> None:
     """A device the config names must exist here, before anything is built (else torch fails deep inside)."""
     for key, device in (("run.device", cfg.run.device), ("replay.device", cfg.replay.device)):
         if device and device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"{key} = {device!r}, but torch sees no CUDA device here (torch.cuda.is_available() "
-                             f"is False, torch {torch.__version__}); use cpu, or a CUDA build of torch on a GPU")
+                             f"is False, torch {torch.__version__}); use cpu, or a CUDA build of torch on a GPU (a "
+                             "stopped GPU run continues here with `relive train --resume RUN_DIR --device cpu "
+                             "--replay-device none`)")
         if device and device.startswith("cuda:") and int(device.split(":")[1]) >= torch.cuda.device_count():
             raise ValueError(f"{key} = {device!r}, but torch sees {torch.cuda.device_count()} CUDA device(s)")
         if device == "mps" and not torch.backends.mps.is_available():
             raise ValueError(f"{key} = 'mps', but torch sees no MPS device here")
 
 
-def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None = None) -> Run:
+def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None = None,
+          resume_settings: Sequence[str] = ()) -> Run:
     """Components from the config (or the run directory's config), the dataset in the buffer, and on resume
     every component's state from the last checkpoint. ``config.json`` is written only once all of it worked."""
+    saved = None
     if resume_dir is not None:
         run_dir = Path(resume_dir)
         if not (run_dir / "config.json").is_file():
             raise ValueError(f"cannot resume {run_dir}: no config.json (not a run directory)")
         if (run_dir / "summary.json").is_file():
             raise ValueError(f"{run_dir} has already finished (summary.json); nothing to resume")
-        cfg = load_config(run_dir / "config.json")
+        saved = load_config(run_dir / "config.json")
+        cfg = _resume_config(saved, resume_settings)
+    elif resume_settings:
+        raise ValueError("resume_settings change a resumed run; give resume_dir (a new run takes them in its config)")
     else:
         run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
         if (run_dir / "config.json").exists():
@@ -264,7 +299,11 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+    if saved is not None and cfg != saved:  # resumed where or how it runs differently: the config says so from now
+        save_config(cfg, run_dir / "config.json")
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    if saved is not None and cfg != saved:
+        logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, cfg)))
     run = Run(cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
