@@ -19,6 +19,10 @@
    ``SAC.learn``, in alternating chunks of ``--loop-steps`` env steps (both loops continue where they stopped).
 ``--profile`` adds where the time of one step goes (torch profiler: matmul kernels vs the rest, operator
 count, matmul FLOPs) for relive SAC, SB3 and the 10 LayerNorm critics: the floor that bounds the ratios.
+4. (``--sections floor``) The floor of relive's SAC step, measured: the step's wall time; its matmul calls (shapes
+   and time inside the step, from the torch profiler); the same matmuls timed alone (``timeit``, best of 5, the
+   operands reused, so in cache); and the critic's forward + backward at E = 2, 10, 20, 40 members per 2 members
+   (plain and LayerNorm): flat in E means batching more members (or seeds) saves no matmul time.
 """
 
 from __future__ import annotations
@@ -168,7 +172,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="torch threads for every contender")
     p.add_argument("--seconds", type=float, default=2.0, help="timing window per contender and round")
     p.add_argument("--rounds", type=int, default=7, help="alternating rounds of the update measurements")
-    p.add_argument("--sections", default="update,loop", help="comma-separated: update (sections 1-2), loop (3)")
+    p.add_argument("--sections", default="update,loop", help="comma-separated: update (sections 1-2), loop (3), "
+                   "floor (4)")
     p.add_argument("--no-compile", action="store_true", help="leave out the compile=True contender")
     p.add_argument("--default-malloc", action="store_true", help="leave glibc's malloc thresholds as they are "
                    "(by default the process keeps freed memory, as relive's trainer does: retain_freed_memory)")
@@ -200,6 +205,8 @@ def main(argv=None) -> int:
         res |= measure_updates(args)
     if "loop" in sections:
         res |= measure_loops(args)
+    if "floor" in sections:
+        res |= measure_floor()
     if Path("/proc/loadavg").is_file():
         res["load average after"] = Path("/proc/loadavg").read_text().split()[:3]
     res["command"] = "python bench/agent_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -266,6 +273,75 @@ def measure_updates(args) -> dict:
         for name, prof in res["profile"].items():
             print(f"profile {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in prof.items()), flush=True)
     return res
+
+
+def measure_floor(steps: int = 200) -> dict:
+    """Section 4: relive's SAC step against its own matmuls, in the step and alone; the critic's cost per member."""
+    import timeit
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from relive.agents.networks import EnsembleCritic, init_
+
+    step = relive_step()
+    for _ in range(20):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    step_ms = (time.perf_counter() - start) / steps * 1e3
+    n = 40
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(n):
+            step()
+    calls = [(e.key, [list(x) for x in e.input_shapes], e.count / n, e.self_cpu_time_total / n / 1e3)
+             for e in prof.key_averages(group_by_input_shape=True) if e.key in MATMULS]
+
+    def operands(op: str, shapes: list[list[int]]):
+        t = [torch.randn(*sh) if sh else 1 for sh in shapes]
+        fn = {"aten::mm": torch.mm, "aten::bmm": torch.bmm, "aten::addmm": torch.addmm,
+              "aten::baddbmm": torch.baddbmm}[op]
+        args = [x for x in t if torch.is_tensor(x)]
+        return lambda: fn(*args)
+
+    rows, alone_ms = [], 0.0
+    for op, shapes, count, in_step in sorted(calls, key=lambda c: -c[3]):
+        fn = operands(op, shapes)
+        for _ in range(10):
+            fn()
+        one = min(timeit.repeat(fn, number=50, repeat=5)) / 50 * 1e3
+        alone_ms += one * count
+        rows.append({"op": op, "shapes": shapes, "calls per step": count, "ms per step in the step": in_step,
+                     "ms per call alone": one})
+    in_step_ms = sum(r["ms per step in the step"] for r in rows)
+    print(f"floor: SAC step {step_ms:.2f} ms; its matmuls {in_step_ms:.2f} ms inside the step (profiled), "
+          f"{alone_ms:.2f} ms timed alone; the rest {step_ms - in_step_ms:.2f} ms", flush=True)
+    for r in rows[:6]:
+        print(f"  {r['op']} {r['shapes']} x{r['calls per step']:.0f}: {r['ms per step in the step'] / r['calls per step']:.3f} "
+              f"ms in the step, {r['ms per call alone']:.3f} ms alone", flush=True)
+
+    members: dict[str, dict[int, float]] = {}
+    for ln in (False, True):
+        key = "LayerNorm" if ln else "plain"
+        members[key] = {}
+        for e in (2, 10, 20, 40):
+            critic = init_(EnsembleCritic(e, OBS, ACT, (256, 256), ln), torch.Generator().manual_seed(0))
+            obs, act = torch.randn(e, BATCH, OBS), torch.rand(e, BATCH, ACT)
+            params = list(critic.parameters())
+
+            def fb():
+                for q in params:
+                    q.grad = None
+                critic(obs, act).sum().backward()
+
+            for _ in range(5):
+                fb()
+            members[key][e] = min(timeit.repeat(fb, number=10, repeat=5)) / 10 * 1e3 / (e / 2)
+        print(f"critic forward + backward per 2 members ({key}): "
+              + ", ".join(f"E={e} {v:.2f} ms" for e, v in members[key].items()), flush=True)
+    return {"floor": {"SAC step ms": step_ms, "matmuls in the step ms": in_step_ms, "matmuls alone ms": alone_ms,
+                      "matmul calls": rows, "critic fwd+bwd ms per 2 members": members}}
 
 
 def measure_loops(args) -> dict:
