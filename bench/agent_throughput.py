@@ -282,8 +282,6 @@ def measure_floor(steps: int = 200) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from relive.agents.networks import EnsembleCritic, init_
-
     step = relive_step()
     for _ in range(20):
         step()
@@ -318,30 +316,40 @@ def measure_floor(steps: int = 200) -> dict:
     print(f"floor: SAC step {step_ms:.2f} ms; its matmuls {in_step_ms:.2f} ms inside the step (profiled), "
           f"{alone_ms:.2f} ms timed alone; the rest {step_ms - in_step_ms:.2f} ms", flush=True)
     for r in rows[:6]:
-        print(f"  {r['op']} {r['shapes']} x{r['calls per step']:.0f}: {r['ms per step in the step'] / r['calls per step']:.3f} "
-              f"ms in the step, {r['ms per call alone']:.3f} ms alone", flush=True)
+        per_call = r["ms per step in the step"] / r["calls per step"]
+        print(f"  {r['op']} {r['shapes']} x{r['calls per step']:.0f}: {per_call:.3f} ms in the step, "
+              f"{r['ms per call alone']:.3f} ms alone", flush=True)
 
     members: dict[str, dict[int, float]] = {}
     for ln in (False, True):
         key = "LayerNorm" if ln else "plain"
-        members[key] = {}
-        for e in (2, 10, 20, 40):
-            critic = init_(EnsembleCritic(e, OBS, ACT, (256, 256), ln), torch.Generator().manual_seed(0))
-            obs, act = torch.randn(e, BATCH, OBS), torch.rand(e, BATCH, ACT)
-            params = list(critic.parameters())
-
-            def fb():
-                for q in params:
-                    q.grad = None
-                critic(obs, act).sum().backward()
-
-            for _ in range(5):
-                fb()
-            members[key][e] = min(timeit.repeat(fb, number=10, repeat=5)) / 10 * 1e3 / (e / 2)
+        members[key] = {e: critic_ms(e, ln) / (e / 2) for e in (2, 10, 20, 40)}
         print(f"critic forward + backward per 2 members ({key}): "
               + ", ".join(f"E={e} {v:.2f} ms" for e, v in members[key].items()), flush=True)
     return {"floor": {"SAC step ms": step_ms, "matmuls in the step ms": in_step_ms, "matmuls alone ms": alone_ms,
                       "matmul calls": rows, "critic fwd+bwd ms per 2 members": members}}
+
+
+def critic_ms(members: int, layer_norm: bool) -> float:
+    """ms of one forward + backward of a 256x256 ensemble critic (every member's own batch of BATCH rows)."""
+    import timeit
+
+    import torch
+
+    from relive.agents.networks import EnsembleCritic, init_
+
+    critic = init_(EnsembleCritic(members, OBS, ACT, (256, 256), layer_norm), torch.Generator().manual_seed(0))
+    obs, act = torch.randn(members, BATCH, OBS), torch.rand(members, BATCH, ACT)
+    params = list(critic.parameters())
+
+    def fb():
+        for q in params:
+            q.grad = None
+        critic(obs, act).sum().backward()
+
+    for _ in range(5):
+        fb()
+    return min(timeit.repeat(fb, number=10, repeat=5)) / 10 * 1e3
 
 
 def measure_loops(args) -> dict:

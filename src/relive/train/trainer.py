@@ -299,15 +299,14 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
             if created:
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
-    if saved is not None and cfg != saved:  # resumed where or how it runs differently: the config says so from now
-        save_config(cfg, run_dir / "config.json")
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
-    if saved is not None and cfg != saved:
-        logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, cfg)))
     run = Run(cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
         _resume(run, resuming)  # (the checkpoint's buffer replaces the new one: hooks are collected from it)
+        if cfg != saved:  # resumed where or how it runs differently: from now on its config says so
+            save_config(cfg, run_dir / "config.json")
+            logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, cfg)))
         run.hooks = H.collect_hooks(H.LoopContext(run.agent, run.buffer, cfg, gamma), run.agent, run.buffer.sampler)
         if getattr(collector, "resumed", False):  # envs were reset mid-episode: end their open episodes
             close_streams(run, range(collector.num_envs))
