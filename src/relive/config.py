@@ -165,6 +165,14 @@ class ScheduleConfig:
         if self.warmup_policy not in ("random", "agent"):
             raise ValueError(f"schedule.warmup_policy must be 'random' or 'agent', got {self.warmup_policy!r}")
 
+    def check_update_rule(self) -> None:
+        """grad_steps_per_chunk replaces chunk x utd_ratio: both set would leave one silently unused, so a run
+        refuses it (checked when a run starts, not per ``--set``: settings are applied one at a time)."""
+        if self.grad_steps_per_chunk and self.utd_ratio != 1:
+            raise ValueError(f"schedule.grad_steps_per_chunk ({self.grad_steps_per_chunk} updates per chunk) replaces "
+                             f"utd_ratio ({self.utd_ratio} updates per env step): set one of them (--utd N, or "
+                             "--grad-steps-per-chunk N with --chunk and --utd 1)")
+
 
 @dataclass(frozen=True)
 class ReplayConfig:

@@ -23,6 +23,7 @@ GOLDEN = json.loads((Path(__file__).parent / "data" / "grid_runs_v1.json").read_
 def _settings(grid, run) -> dict:
     args = build_parser().parse_args(["train", run.preset, "--env", run.task, "--seed", str(run.seed), *run.args])
     cfg = config_from_args(args)
+    cfg.schedule.check_update_rule()  # (what a run checks before it starts)
     sampler = sampler_config(build_sampler(cfg))
     params = sampler["params"]
     is_arb = cfg.replay.name.startswith("arb")

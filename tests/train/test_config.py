@@ -173,6 +173,26 @@ def test_utd_flag_keeps_the_agent_in_step():
         cfg("sac", "--offline-fraction", "0.25")
 
 
+def test_updates_per_chunk_and_a_utd_ratio_are_not_both_taken(tmp_path):
+    """grad_steps_per_chunk replaces chunk x utd_ratio: both set would silently ignore one, so a run refuses it
+    before anything is built."""
+    from relive.train.trainer import train
+
+    def cfg(*args):
+        return config_from_args(build_parser().parse_args(["train", *args, "--run-dir", str(tmp_path / "r")]))
+
+    both = cfg("rlpd", "--chunk", "10", "--grad-steps-per-chunk", "5")  # the RLPD preset's UTD is 20
+    with pytest.raises(ValueError, match=r"grad_steps_per_chunk \(5 updates per chunk\) replaces utd_ratio \(20"):
+        train(both)
+    assert not (tmp_path / "r").exists()
+    c = cfg("rlpd", "--chunk", "10", "--grad-steps-per-chunk", "5", "--utd", "1")  # in either order
+    c.schedule.check_update_rule()
+    assert (c.schedule.utd_ratio, c.schedule.grad_steps_per_chunk, c.schedule.env_steps_per_chunk) == (1, 5, 10)
+    with pytest.raises(ValueError, match="set one of them"):
+        override(get_preset("sac"), ["schedule.grad_steps_per_chunk=4", "schedule.utd_ratio=2"]).schedule\
+            .check_update_rule()
+
+
 def test_device_flags_and_the_replay_device_setting(tmp_path):
     def cfg(*args):
         return config_from_args(build_parser().parse_args(["train", *args]))

@@ -47,7 +47,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--utd", type=int, help="gradient steps per environment step (update-to-data ratio)")
     p.add_argument("--chunk", type=int, help="env steps collected before each burst of chunk x utd updates")
     p.add_argument("--grad-steps-per-chunk", type=int, help="gradient steps after each chunk instead of chunk x utd "
-                   "(RL Zoo's gradient_steps with train_freq = --chunk)")
+                   "(RL Zoo's gradient_steps with train_freq = --chunk); the UTD ratio must then be 1 (--utd 1 with a "
+                   "preset such as rlpd)")
     p.add_argument("--stop-at-return", type=float, help="stop the online phase at the first evaluation whose mean "
                    "return reaches this (the ReaPER protocol: train until the reward threshold)")
     p.add_argument("--init-from", metavar="RUN_DIR", help="start from the agent a finished run saved (its "

@@ -235,6 +235,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         if (run_dir / "config.json").exists():
             raise ValueError(f"{run_dir} already holds a run; resume it with --resume or pick another --run-dir")
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
+    s.check_update_rule()
     _check_devices(cfg)
     torch.set_num_threads(cfg.run.num_threads)
     nets.retain_freed_memory()  # no page faults on every update's activations (see the function)
