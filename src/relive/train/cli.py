@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from relive.cli import positive_int
+from relive.cli import non_negative_int, positive_int
 from relive.config import describe, override
 from relive.presets import PRESETS, get_preset
 from relive.registry import AGENTS, REPLAYS, load_builtins
@@ -28,8 +28,8 @@ def add_parsers(subparsers) -> None:
                    "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`")
     p.add_argument("--base-policy", metavar="PATH", help="frozen base policy of a residual agent (residual_sac): "
                    "same as --set agent.base_policy=PATH")
-    p.add_argument("--num-envs", type=int, help="environments stepped together (a Gymnasium vector env, one policy "
-                   "call per step for all), each its own replay stream; env steps count every env's (default 1)")
+    p.add_argument("--num-envs", type=positive_int, help="environments stepped together (a Gymnasium vector env, one "
+                   "policy call per step for all), each its own replay stream; env steps count every env's (default 1)")
     p.add_argument("--vector-mode", choices=("sync", "async"), help="with --num-envs > 1: sync (one process, "
                    "default) or async (a subprocess per env)")
     p.add_argument("--collectors", type=positive_int, help="parallel collector processes on Ray feeding this "
@@ -42,31 +42,31 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--seeds", help="several seeds of this configuration trained in one process, their networks "
                    "batched (DDQN only; e.g. 0,1,2): --run-dir must contain {seed}, each seed's own run directory "
                    "(relive.train.seed_batch)")
-    p.add_argument("--offline-steps", type=int, help="gradient steps on the dataset before going online")
-    p.add_argument("--online-steps", type=int, help="online environment steps")
-    p.add_argument("--utd", type=int, help="gradient steps per environment step (update-to-data ratio)")
-    p.add_argument("--chunk", type=int, help="env steps collected before each burst of chunk x utd updates")
-    p.add_argument("--grad-steps-per-chunk", type=int, help="gradient steps after each chunk instead of chunk x utd "
-                   "(RL Zoo's gradient_steps with train_freq = --chunk); the UTD ratio must then be 1 (--utd 1 with a "
-                   "preset such as rlpd)")
+    p.add_argument("--offline-steps", type=non_negative_int, help="gradient steps on the dataset before going online")
+    p.add_argument("--online-steps", type=non_negative_int, help="online environment steps")
+    p.add_argument("--utd", type=positive_int, help="gradient steps per environment step (update-to-data ratio)")
+    p.add_argument("--chunk", type=positive_int, help="env steps collected before each burst of chunk x utd updates")
+    p.add_argument("--grad-steps-per-chunk", type=non_negative_int, help="gradient steps after each chunk instead of "
+                   "chunk x utd (RL Zoo's gradient_steps with train_freq = --chunk); the UTD ratio must then be 1 "
+                   "(--utd 1 with a preset such as rlpd)")
     p.add_argument("--stop-at-return", type=float, help="stop the online phase at the first evaluation whose mean "
                    "return reaches this (the ReaPER protocol: train until the reward threshold)")
     p.add_argument("--init-from", metavar="RUN_DIR", help="start from the agent a finished run saved (its "
                    "agent_final/): e.g. one offline pre-training shared by several fine-tuning runs")
-    p.add_argument("--warmup", type=int, help="env steps collected before the first online update")
+    p.add_argument("--warmup", type=non_negative_int, help="env steps collected before the first online update")
     p.add_argument("--warmup-policy", choices=("random", "agent"), help="who acts during the warm-up: uniform "
                    "random actions, or the (pre-trained) agent's exploration policy")
-    p.add_argument("--batch-size", type=int, help="rows per gradient step")
-    p.add_argument("--capacity", type=int, help="replay capacity in rows (offline + online)")
+    p.add_argument("--batch-size", type=positive_int, help="rows per gradient step")
+    p.add_argument("--capacity", type=positive_int, help="replay capacity in rows (offline + online)")
     p.add_argument("--offline-fraction", type=float, help="offline share of each batch (symmetric replay)")
-    p.add_argument("--eval-every", type=int, help="env steps between evaluations")
-    p.add_argument("--eval-episodes", type=int, help="episodes per evaluation")
-    p.add_argument("--log-every", type=int, help="env steps between metrics.jsonl / TensorBoard lines")
-    p.add_argument("--checkpoint-every", type=int, help="env steps between checkpoints (each lands on the next "
-                   "episode boundary)")
-    p.add_argument("--offline-checkpoint-every", type=int, help="offline gradient steps between checkpoints (one "
-                   "is always written at the end of the offline phase)")
-    p.add_argument("--threads", type=int, help="torch threads (default 1)")
+    p.add_argument("--eval-every", type=positive_int, help="env steps between evaluations")
+    p.add_argument("--eval-episodes", type=positive_int, help="episodes per evaluation")
+    p.add_argument("--log-every", type=positive_int, help="env steps between metrics.jsonl / TensorBoard lines")
+    p.add_argument("--checkpoint-every", type=positive_int, help="env steps between checkpoints (each lands on the "
+                   "next episode boundary)")
+    p.add_argument("--offline-checkpoint-every", type=positive_int, help="offline gradient steps between checkpoints "
+                   "(one is always written at the end of the offline phase)")
+    p.add_argument("--threads", type=positive_int, help="torch threads (default 1)")
     p.add_argument("--device", help="torch device of the agent: cpu (default), cuda[:N], mps")
     p.add_argument("--replay-device", help="keep the replay columns on this torch device and sample / update "
                    "priorities there (uniform, per, symmetric, symmetric_per; e.g. cuda with --device cuda); "
