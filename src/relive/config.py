@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -307,7 +308,12 @@ def config_from_dict(d: dict) -> ExperimentConfig:
 
 
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(cfg.to_dict(), indent=1, allow_nan=True))
+    """Write ``config.json`` atomically (a temporary file renamed over it): a process killed mid-write leaves the
+    previous file, never a truncated one (a resumed run rewrites its config when it moves to another device)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cfg.to_dict(), indent=1, allow_nan=True))
+    os.replace(tmp, path)
 
 
 def load_config(path: str | Path) -> ExperimentConfig:
