@@ -79,6 +79,7 @@ CASES = [
      True),
     (["train", "sac", "--eval-episodes", "0"], r"argument --eval-episodes: expected a positive integer", True),
     (["train", "sac", "--threads", "0"], r"argument --threads", True),
+    (["train", "sac", "--num-envs", "0"], r"argument --num-envs: expected a positive integer, got 0", True),
     (["train", "sac", "--set", "schedule.batch_size=0", "--env", "Pendulum-v1", "--run-dir", "{tmp}/r"],
      r"batch_size", False),
     (["train", "rlpd", "--env", "Pendulum-v1", "--grad-steps-per-chunk", "2", "--run-dir", "{tmp}/r"],

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import types
 import typing
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from relive.agents.sac import SACConfig
+from relive.files import write_text_atomic
 from relive.registry import agent_entry, field_docs, replay_entry
 
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
@@ -310,10 +310,7 @@ def config_from_dict(d: dict) -> ExperimentConfig:
 def save_config(cfg: ExperimentConfig, path: str | Path) -> None:
     """Write ``config.json`` atomically (a temporary file renamed over it): a process killed mid-write leaves the
     previous file, never a truncated one (a resumed run rewrites its config when it moves to another device)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(cfg.to_dict(), indent=1, allow_nan=True))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(cfg.to_dict(), indent=1, allow_nan=True))
 
 
 def load_config(path: str | Path) -> ExperimentConfig:

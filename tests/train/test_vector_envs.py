@@ -154,8 +154,8 @@ def test_an_episode_hook_for_one_env_refuses_several_envs(tmp_path):
     _check_num_envs(ExperimentConfig(env=EnvConfig(num_envs=2)), [OnEpisodeStart(lambda env: None, per_env=True)])
     _check_num_envs(ExperimentConfig(), hooks)  # one env: fine
     with pytest.raises(ValueError, match="num_envs must be an integer >= 1"):
-        main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--num-envs", "0", "--run-dir",
-              str(tmp_path / "b"), *TINY])
+        main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--set", "env.num_envs=0", "--run-dir",
+              str(tmp_path / "b"), *TINY])  # (the --num-envs flag is refused by argparse: tests/test_cli_errors.py)
 
 
 def test_vector_collector_starts_each_envs_episodes_with_its_index():

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.files import write_text_atomic
 from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
 from relive.types import OFFLINE, ONLINE, SOURCE_NAMES
 
@@ -949,9 +950,7 @@ MEMMAP_STATE = "relive_memmap.json"  # in a memmap directory: the token of the c
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj))
 
 
 def _read_json(path: Path) -> dict:

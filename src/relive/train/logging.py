@@ -4,10 +4,13 @@ progress bar with env steps/s, gradient steps/s and the latest evaluation."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import time
 from pathlib import Path
+
+from relive.files import write_text_atomic
 
 
 class RunLogger:
@@ -95,7 +98,7 @@ class RunLogger:
                      for i, ln, n in _numbered(path.read_text().splitlines())]
             keep = [ln for ln, d in lines
                     if d is not None and (d["env_step"], d.get("grad_step", 0)) <= (env_step, grad_step)]
-            path.write_text("".join(ln + "\n" for ln in keep))
+            write_text_atomic(path, "".join(ln + "\n" for ln in keep))  # (a kill here keeps the old file)
         path = self.run_dir / "eval.csv"
         if path.is_file():
             with open(path, newline="") as f:
@@ -105,10 +108,11 @@ class RunLogger:
             if rows:
                 fields = list(rows[0])
                 kept = [r for r in rows if (_eval_step(r) or (math.inf,)) <= (env_step, grad_step)]
-                with open(path, "w", newline="") as f:
-                    w = csv.DictWriter(f, fields)
-                    w.writeheader()
-                    w.writerows(kept)
+                out = io.StringIO(newline="")
+                w = csv.DictWriter(out, fields)
+                w.writeheader()
+                w.writerows(kept)
+                write_text_atomic(path, out.getvalue())
 
 
 def _numbered(lines: list[str]):

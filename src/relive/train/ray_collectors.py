@@ -50,6 +50,8 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.files import write_text_atomic
+
 RAY_MISSING = "--collectors needs Ray, which is not installed: pip install 'relive[ray]'"
 
 
@@ -447,7 +449,7 @@ def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
 def _chunk_log(path: Path, keep_lines: int):
     """``chunks.jsonl`` cut back to the first ``keep_lines`` lines (those before the checkpoint resumed from)."""
     lines = path.read_text().splitlines(keepends=True)[:keep_lines] if path.exists() else []
-    path.write_text("".join(lines))
+    write_text_atomic(path, "".join(lines))
     return path.open("a", buffering=1)  # (line-buffered: the file shows what the learner has received)
 
 

@@ -36,6 +36,7 @@ import torch
 
 from relive.agents import networks as nets
 from relive.config import ExperimentConfig, ScheduleConfig, load_config, override, save_config
+from relive.files import write_text_atomic
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
@@ -175,7 +176,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
                          final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
                          st.best_return, time.perf_counter() - run.start, git_sha=_git_sha(),
                          torch_version=torch.__version__)
-    (run.run_dir / "summary.json").write_text(json.dumps(summary.__dict__, indent=1, allow_nan=True))
+    # (atomic: its presence means the run finished, so it is never seen half-written)
+    write_text_atomic(run.run_dir / "summary.json", json.dumps(summary.__dict__, indent=1, allow_nan=True))
     return summary
 
 
