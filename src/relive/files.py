@@ -15,3 +15,60 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+class LockedError(RuntimeError):
+    """Another process (or another object of this process) holds the lock; the message names the path and the
+    holder's PID when it wrote one."""
+
+
+class DirectoryLock:
+    """One writer per directory: an exclusive ``flock`` on ``<directory>/<name>``, taken without waiting.
+
+    The kernel drops the lock when its holder exits, however it exits (``kill -9`` included), so a crashed
+    process never leaves a directory stuck; the lock file itself stays (it holds the last holder's PID, for the
+    message) and means nothing when nobody holds the lock. ``flock`` locks belong to an open file, so two objects
+    of one process that lock the same directory also exclude each other. Used by run directories (one
+    ``relive train`` per run, the grid runner included) and memmap buffers (one buffer per column directory).
+
+    >>> lock = DirectoryLock(run_dir, what="run")   # raises LockedError naming the holder
+    >>> lock.release()                               # or use it as a context manager
+    """
+
+    def __init__(self, directory: str | os.PathLike, name: str = ".relive.lock", what: str = "directory"):
+        import fcntl  # POSIX only; imported here so that importing relive.files works everywhere
+
+        self.path = Path(directory) / name
+        self._fd: int | None = None
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.read(fd, 64).decode(errors="replace").strip()
+            finally:
+                os.close(fd)
+            who = f" by process {holder}" if holder else ""
+            raise LockedError(f"{what} {Path(directory)} is in use{who} (lock {self.path}): one process writes a "
+                              f"{what} at a time; wait for it to finish or stop it") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing the last descriptor drops the flock
+
+    def __enter__(self) -> DirectoryLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
