@@ -219,33 +219,20 @@ def test_random_shift_on_a_hand_made_image():
     assert len(seen) == 9  # every offset in {0, 1, 2}^2 occurs
 
 
-# sha256 (first 16 hex digits) of the actor / critic / target parameters after 3 seeded updates with one torch
-# thread, computed on storage-obs at c4fc4ac, before the CNN encoder existed: the default (flat) path is unchanged.
-# (The thread count is pinned: CPU reductions, e.g. RLPD's 10-member ensemble, round differently with 2 threads.)
-FLAT_HASHES = {"sac": "64b01674a9e3d2a3", "rlpd": "624d173aa95233cd", "calql": "cc4b28141574bf4a"}
+# The flat path is the pre-encoder computation: flat agents build the plain networks, never the encoder's
+# subclasses. (This used to pin parameter hashes after 3 updates; those hashes depend on the CPU's kernels --
+# they changed between an AMD EPYC (AVX2) and an Intel Xeon (AVX-512) -- so they could fail on a correct build.
+# The equality of a dict update and its concatenation is checked in process above.)
+@pytest.mark.parametrize("kind", ["sac", "rlpd", "calql"])
+def test_flat_agents_build_the_plain_networks_not_the_encoder_path(kind):
+    from relive.agents import networks as nets
+    from relive.agents.encoders import EncodedActor, EncodedCritic
 
-
-@pytest.mark.parametrize("kind", sorted(FLAT_HASHES))
-def test_flat_agents_are_byte_identical_to_before_the_encoder(kind):
-    import hashlib
-
-    from tests.agents.factory import batch as flat_batch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        agent = make(kind, seed=3)
-        for i in range(3):
-            agent.update(flat_batch(kind, seed=i))
-    finally:
-        torch.set_num_threads(threads)
-    sd = agent.state_dict()
-    h = hashlib.sha256()
-    for name in ("actor", "critic", "target_critic"):
-        for k in sorted(sd[name]):
-            h.update(k.encode())
-            h.update(np.ascontiguousarray(sd[name][k]).tobytes())
-    assert h.hexdigest()[:16] == FLAT_HASHES[kind]
+    agent = make(kind, seed=3)
+    assert type(agent.actor) is nets.TanhGaussianActor and not isinstance(agent.actor, EncodedActor)
+    assert type(agent.critic) is nets.EnsembleCritic and not isinstance(agent.critic, EncodedCritic)
+    agent.update(batch(kind, seed=0))  # and they train on flat batches
+    assert all(np.isfinite(v).all() for v in agent.state_dict()["actor"].values())
 
 
 def test_flat_only_agents_refuse_dict_observations_naming_the_alternative(tmp_path):
