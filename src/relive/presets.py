@@ -71,38 +71,100 @@ def ddqn_per() -> ExperimentConfig:
     return replace(cfg, preset="ddqn_per", replay=ReplayConfig.of("per", capacity=cfg.replay.capacity))
 
 
-REFER_CAPACITY = 2**18  # the ReF-ER paper's buffer (N), for every DDPG variant of its Fig. 1
+REFER_CAPACITY = 2**18  # the ReF-ER paper's buffer (N, Sec. 3), for every DDPG variant of its Fig. 1
+
+
+# The DDPG presets come in two settings. The "fast setting" (ddpg, ddpg_per, ddpg_refer, ddpg_refer1, ddpg_refer2):
+# Adam 3e-4 for actor and critic, Gaussian noise for every variant, relive's exact recount of n_far -- what learns
+# something in the short CPU runs of this library. The "paper setting" (the same names + "_paper"): the ReF-ER
+# paper's DDPG (Novati & Koumoutsakos, ICML 2019), each value with its source in the preset's docstring.
 
 
 def ddpg() -> ExperimentConfig:
-    """DDPG with uniform replay (ER), Gaussian exploration sigma 0.2, a 2^18-row buffer; warm-up with the initial
-    policy (as smarties fills its buffer), the same schedule for every DDPG variant of ReF-ER's Fig. 1."""
+    """DDPG with uniform replay (ER), fast setting: Adam 3e-4 for actor and critic (CleanRL's), Gaussian exploration
+    sigma 0.2, a 2^18-row buffer; warm-up with the initial policy (as smarties fills its buffer), the same schedule
+    for every DDPG variant of ReF-ER's Fig. 1. The paper's setting: ddpg_paper."""
     return ExperimentConfig(preset="ddpg", agent_kind="ddpg", agent=DDPGConfig(),
                             schedule=ScheduleConfig(warmup_policy="agent"),
                             replay=ReplayConfig.of("uniform", capacity=REFER_CAPACITY))
 
 
 def ddpg_per() -> ExperimentConfig:
-    """DDPG with proportional PER (alpha 0.6, beta 0.4 -> 1)."""
+    """DDPG with proportional PER (alpha 0.6, beta 0.4 -> 1), fast setting (see ddpg). The paper's setting:
+    ddpg_per_paper."""
     return replace(ddpg(), preset="ddpg_per", replay=ReplayConfig.of("per", capacity=REFER_CAPACITY))
 
 
 def ddpg_refer() -> ExperimentConfig:
-    """DDPG with ReF-ER (Novati & Koumoutsakos 2019): C 4, D 0.1, A 5e-7, both rules; rows carry their behaviour
-    (the actor's mean and sigma), so warm-up uses the agent's policy, not random actions (which have no record)."""
+    """DDPG with ReF-ER (Novati & Koumoutsakos 2019), fast setting (see ddpg): C 4, D 0.1, A 5e-7 (Sec. 3), both
+    rules; beta's step size 1e-4 (the paper's critic rate), initial beta 1e-4 (the authors' code; not in the
+    paper), n_far with an exact recount every 2000 gradient steps (relive's estimator). Rows carry their behaviour
+    (the actor's mean and sigma), so warm-up uses the agent's policy, not random actions (which have no record).
+    The paper's setting: ddpg_refer_paper."""
     return replace(ddpg(), preset="ddpg_refer", replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
 
 
 def ddpg_refer1() -> ExperimentConfig:
-    """DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1."""
+    """DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1, fast setting."""
     cfg = ddpg_refer()
     return replace(cfg, preset="ddpg_refer1", agent=replace(cfg.agent, refer_rule2=False))
 
 
 def ddpg_refer2() -> ExperimentConfig:
-    """DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2."""
+    """DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2, fast setting."""
     cfg = ddpg_refer()
     return replace(cfg, preset="ddpg_refer2", agent=replace(cfg.agent, refer_rule1=False))
+
+
+def ddpg_paper() -> ExperimentConfig:
+    """DDPG with uniform replay (ER) at the ReF-ER paper's setting, its Fig. 1 baseline: Adam lr 1e-4 for the
+    critic and 1e-5 for the actor (Sec. 5.1, below Fig. 2), not annealed (Sec. 5.1: annealing "worsened the
+    instability of DDPG with regular ER and PER"); Ornstein-Uhlenbeck exploration and a critic weight decay, which
+    the paper found "necessary to stabilize DDPG with ER and PER" (Sec. 5.1): OU sigma 0.2 (Sec. 2), theta 0.15
+    (the authors' code: smarties DPG.h OrUhDecay 0.85, "as in original", i.e. Lillicrap et al.), L2 1e-4 (the
+    paper gives no value; smarties DPG.cpp nnLambda); 2x128 networks (smarties settings/DPG.json); buffer 2^18
+    (Sec. 3). tau, batch and gamma are relive's defaults (not in the paper's text). The fast setting: ddpg."""
+    cfg = ddpg()
+    return replace(cfg, preset="ddpg_paper", agent=DDPGConfig.paper(exploration_noise="ou"))
+
+
+def ddpg_per_paper() -> ExperimentConfig:
+    """DDPG with PER at the ReF-ER paper's setting (see ddpg_paper: lrs 1e-4 / 1e-5, OU noise, critic L2 1e-4, not
+    annealed). The paper's PER is rank-based (Fig. 1); relive has proportional PER only (alpha 0.6, beta 0.4 -> 1,
+    Schaul et al.'s proportional variant): rank-based PER orders every stored row by |TD error| (a periodically
+    re-sorted heap with precomputed strata in Schaul et al., Sec. 3.3 / App. B.2.1), a sampler of its own that is
+    not written yet. The paper found rank-based the better PER variant (Sec. 5.2), so this baseline may be weaker
+    than the paper's. The fast setting: ddpg_per."""
+    cfg = ddpg_paper()
+    return replace(cfg, preset="ddpg_per_paper", replay=ReplayConfig.of("per", capacity=REFER_CAPACITY))
+
+
+def ddpg_refer_paper() -> ExperimentConfig:
+    """DDPG with ReF-ER at the paper's setting: C 4, D 0.1, A 5e-7, N 2^18 (Sec. 3), both rules; Adam lr 1e-4
+    (critic) / 1e-5 (actor) (Sec. 5.1), both annealed as eta / (1 + A t) (Eq. 13); beta's step size = the critic's
+    learning rate, 1e-4 (Eq. 12: "eta is the NN's learning rate"); Gaussian exploration sigma 0.2, no OU noise
+    (Sec. 5.1: "with ReF-ER we do not use temporally-correlated noise"); n_far from each row's last computed rho,
+    the paper's stale estimator (Sec. 3, 5.1; replay.refer.far_estimator = stale; the exact count every 2000
+    gradient steps is logged beside it, not used); initial beta 1e-4 (not in the paper: the authors' code, smarties
+    MemoryBuffer.h); 2x128 networks and critic L2 1e-4 (the authors' code, as ddpg_paper). The fast setting:
+    ddpg_refer."""
+    cfg = ddpg_paper()
+    agent = DDPGConfig.paper()
+    return replace(cfg, preset="ddpg_refer_paper", agent=agent,
+                   replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY, beta_eta=agent.critic_lr,
+                                          initial_beta=1e-4, far_estimator="stale"))
+
+
+def ddpg_refer1_paper() -> ExperimentConfig:
+    """ddpg_refer_paper with Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1 (Fig. 1)."""
+    cfg = ddpg_refer_paper()
+    return replace(cfg, preset="ddpg_refer1_paper", agent=replace(cfg.agent, refer_rule2=False))
+
+
+def ddpg_refer2_paper() -> ExperimentConfig:
+    """ddpg_refer_paper with Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2 (Fig. 1)."""
+    cfg = ddpg_refer_paper()
+    return replace(cfg, preset="ddpg_refer2_paper", agent=replace(cfg.agent, refer_rule1=False))
 
 
 def sac_refer() -> ExperimentConfig:
@@ -131,7 +193,9 @@ def vracer_refer() -> ExperimentConfig:
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "residual_sac": residual_sac, "ddqn": ddqn,
     "ddqn_per": ddqn_per, "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
-    "ddpg_refer2": ddpg_refer2, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
+    "ddpg_refer2": ddpg_refer2, "ddpg_paper": ddpg_paper, "ddpg_per_paper": ddpg_per_paper,
+    "ddpg_refer_paper": ddpg_refer_paper, "ddpg_refer1_paper": ddpg_refer1_paper,
+    "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
 }
 
 
