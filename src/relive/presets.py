@@ -116,38 +116,38 @@ def ddpg_refer2() -> ExperimentConfig:
     return replace(cfg, preset="ddpg_refer2", agent=replace(cfg.agent, refer_rule1=False))
 
 
+# What every paper-setting preset's docstring says (`relive presets --show NAME` prints it), with the sources.
+_DDPG_PAPER = """Adam lr 1e-4 for the critic and 1e-5 for the actor (Sec. 5.1, below Fig. 2: "we use eta = 1e-4 for
+    the critic and eta = 1e-5 for the policy"); 2x128 networks (the authors' code: smarties settings/DPG.json, a
+    128-unit encoder and a 128-unit layer); critic L2 penalty (Adam weight decay) 1e-4 (Sec. 5.1 found a critic
+    weight decay "necessary to stabilize DDPG with ER and PER" without giving a value: the authors' code's, smarties
+    DPG.cpp nnLambda); exploration std sigma 0.2 (Sec. 2, Fig. 2); buffer N = 2^18 (Sec. 3); warm-up with the
+    initial policy (as smarties fills its buffer). tau, batch size and gamma are relive's defaults (the paper's text
+    does not give them)."""
+_ER_PAPER = """Ornstein-Uhlenbeck exploration (Sec. 5.1: temporally-correlated noise "necessary to stabilize DDPG
+    with ER and PER"), sigma 0.2 and mean reversion theta 0.15 (the authors' code: smarties DPG.h OrUhDecay 0.85,
+    "as in original", i.e. Lillicrap et al.); learning rates not annealed (Sec. 5.1: annealing eta "worsened the
+    instability of DDPG with regular ER and PER")."""
+_REFER_PAPER = """ReF-ER: C 4, D 0.1, A 5e-7, N 2^18 (Sec. 3); learning rates annealed as eta / (1 + A t)
+    (Eq. 13); beta's step size = the critic's learning rate, 1e-4 (Eq. 12: "eta is the NN's learning rate"), from
+    initial beta 1e-4 (not in the paper: the authors' code, smarties MemoryBuffer.h); Gaussian exploration, no OU
+    noise (Sec. 5.1: "with ReF-ER we do not use temporally-correlated noise"; rho needs the behaviour's density);
+    n_far of Eq. 12 from each row's last computed rho, the paper's stale estimator (Sec. 3: "we store for each step
+    its most recent rho_t"; Sec. 5.1: "outdated importance weights"; replay.refer.far_estimator = stale; the exact
+    count every 2000 gradient steps is logged beside it, replay/refer_far_fraction_exact, and not used)."""
+
+
 def ddpg_paper() -> ExperimentConfig:
-    """DDPG with uniform replay (ER) at the ReF-ER paper's setting, its Fig. 1 baseline: Adam lr 1e-4 for the
-    critic and 1e-5 for the actor (Sec. 5.1, below Fig. 2), not annealed (Sec. 5.1: annealing "worsened the
-    instability of DDPG with regular ER and PER"); Ornstein-Uhlenbeck exploration and a critic weight decay, which
-    the paper found "necessary to stabilize DDPG with ER and PER" (Sec. 5.1): OU sigma 0.2 (Sec. 2), theta 0.15
-    (the authors' code: smarties DPG.h OrUhDecay 0.85, "as in original", i.e. Lillicrap et al.), L2 1e-4 (the
-    paper gives no value; smarties DPG.cpp nnLambda); 2x128 networks (smarties settings/DPG.json); buffer 2^18
-    (Sec. 3). tau, batch and gamma are relive's defaults (not in the paper's text). The fast setting: ddpg."""
     cfg = ddpg()
     return replace(cfg, preset="ddpg_paper", agent=DDPGConfig.paper(exploration_noise="ou"))
 
 
 def ddpg_per_paper() -> ExperimentConfig:
-    """DDPG with PER at the ReF-ER paper's setting (see ddpg_paper: lrs 1e-4 / 1e-5, OU noise, critic L2 1e-4, not
-    annealed). The paper's PER is rank-based (Fig. 1); relive has proportional PER only (alpha 0.6, beta 0.4 -> 1,
-    Schaul et al.'s proportional variant): rank-based PER orders every stored row by |TD error| (a periodically
-    re-sorted heap with precomputed strata in Schaul et al., Sec. 3.3 / App. B.2.1), a sampler of its own that is
-    not written yet. The paper found rank-based the better PER variant (Sec. 5.2), so this baseline may be weaker
-    than the paper's. The fast setting: ddpg_per."""
     cfg = ddpg_paper()
     return replace(cfg, preset="ddpg_per_paper", replay=ReplayConfig.of("per", capacity=REFER_CAPACITY))
 
 
 def ddpg_refer_paper() -> ExperimentConfig:
-    """DDPG with ReF-ER at the paper's setting: C 4, D 0.1, A 5e-7, N 2^18 (Sec. 3), both rules; Adam lr 1e-4
-    (critic) / 1e-5 (actor) (Sec. 5.1), both annealed as eta / (1 + A t) (Eq. 13); beta's step size = the critic's
-    learning rate, 1e-4 (Eq. 12: "eta is the NN's learning rate"); Gaussian exploration sigma 0.2, no OU noise
-    (Sec. 5.1: "with ReF-ER we do not use temporally-correlated noise"); n_far from each row's last computed rho,
-    the paper's stale estimator (Sec. 3, 5.1; replay.refer.far_estimator = stale; the exact count every 2000
-    gradient steps is logged beside it, not used); initial beta 1e-4 (not in the paper: the authors' code, smarties
-    MemoryBuffer.h); 2x128 networks and critic L2 1e-4 (the authors' code, as ddpg_paper). The fast setting:
-    ddpg_refer."""
     cfg = ddpg_paper()
     agent = DDPGConfig.paper()
     return replace(cfg, preset="ddpg_refer_paper", agent=agent,
@@ -156,15 +156,28 @@ def ddpg_refer_paper() -> ExperimentConfig:
 
 
 def ddpg_refer1_paper() -> ExperimentConfig:
-    """ddpg_refer_paper with Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1 (Fig. 1)."""
     cfg = ddpg_refer_paper()
     return replace(cfg, preset="ddpg_refer1_paper", agent=replace(cfg.agent, refer_rule2=False))
 
 
 def ddpg_refer2_paper() -> ExperimentConfig:
-    """ddpg_refer_paper with Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2 (Fig. 1)."""
     cfg = ddpg_refer_paper()
     return replace(cfg, preset="ddpg_refer2_paper", agent=replace(cfg.agent, refer_rule1=False))
+
+
+ddpg_paper.__doc__ = f"""DDPG with uniform replay (ER) at the ReF-ER paper's setting (Novati & Koumoutsakos, ICML
+    2019), its Fig. 1 baseline: {_DDPG_PAPER} {_ER_PAPER} The fast setting: ddpg."""
+ddpg_per_paper.__doc__ = f"""DDPG with PER at the ReF-ER paper's setting: {_DDPG_PAPER} {_ER_PAPER} PER is
+    proportional (alpha 0.6, beta 0.4 -> 1), the paper's is rank-based (Fig. 1): relive has no rank-based PER, which
+    orders every stored row by |TD error| (Schaul et al. 2016, Sec. 3.3: a periodically re-sorted heap with
+    precomputed strata), a sampler of its own not written yet; the paper found rank-based the better PER variant
+    (Sec. 5.2), so this baseline may be weaker than the paper's. The fast setting: ddpg_per."""
+ddpg_refer_paper.__doc__ = f"""DDPG with ReF-ER (both rules) at the paper's setting: {_DDPG_PAPER} {_REFER_PAPER}
+    The fast setting: ddpg_refer."""
+ddpg_refer1_paper.__doc__ = f"""DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty), the paper's
+    ReF-ER-1 (Fig. 1), at the paper's setting: {_DDPG_PAPER} {_REFER_PAPER} The fast setting: ddpg_refer1."""
+ddpg_refer2_paper.__doc__ = f"""DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped), the paper's
+    ReF-ER-2 (Fig. 1), at the paper's setting: {_DDPG_PAPER} {_REFER_PAPER} The fast setting: ddpg_refer2."""
 
 
 def sac_refer() -> ExperimentConfig:
