@@ -128,3 +128,25 @@ def test_refer_grid_has_a_paper_cell_beside_the_fast_cell():
     assert "Paper setting" in grid.description and "Fast setting" in grid.description
     for v in grid.variants:
         get_preset(v.preset)
+
+
+def test_a_paper_setting_run_logs_the_exact_and_the_stale_far_fraction(tmp_path):
+    """Issue 28 item 9: a ddpg_refer_paper run (stale estimator) logs the exact count of each periodic pass beside
+    the estimate beta used, so the grid's rerun can compare them."""
+    import json
+
+    from relive.cli import main
+
+    run = tmp_path / "r"
+    assert main(["train", "ddpg_refer_paper", "--env", "Pendulum-v1", "--online-steps", "300", "--warmup", "100",
+                 "--eval-every", "300", "--log-every", "100", "--set", "replay.refer.recount_every_grad_steps=50",
+                 "--set", "agent.hidden=[16,16]", "--batch-size", "32", "--eval-episodes", "1", "--no-progress",
+                 "--run-dir", str(run)]) == 0
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    last = lines[-2]  # the last online line
+    assert last["replay/refer_recounts"] == 4
+    for key in ("replay/refer_far_fraction_exact", "replay/refer_far_fraction_stale", "replay/far_policy_fraction",
+                "replay/refer_beta", "train/kl_behaviour"):
+        assert 0 <= last[key] < np.inf, key
+    assert 0 < last["replay/refer_beta"] < 0.05  # from 1e-4, step 1e-4: ~0.02 after 200 updates
+    assert json.loads((run / "config.json").read_text())["replay"]["refer"]["far_estimator"] == "stale"
