@@ -71,38 +71,113 @@ def ddqn_per() -> ExperimentConfig:
     return replace(cfg, preset="ddqn_per", replay=ReplayConfig.of("per", capacity=cfg.replay.capacity))
 
 
-REFER_CAPACITY = 2**18  # the ReF-ER paper's buffer (N), for every DDPG variant of its Fig. 1
+REFER_CAPACITY = 2**18  # the ReF-ER paper's buffer (N, Sec. 3), for every DDPG variant of its Fig. 1
+
+
+# The DDPG presets come in two settings. The "fast setting" (ddpg, ddpg_per, ddpg_refer, ddpg_refer1, ddpg_refer2):
+# Adam 3e-4 for actor and critic, Gaussian noise for every variant, relive's exact recount of n_far -- what learns
+# something in the short CPU runs of this library. The "paper setting" (the same names + "_paper"): the ReF-ER
+# paper's DDPG (Novati & Koumoutsakos, ICML 2019), each value with its source in the preset's docstring.
 
 
 def ddpg() -> ExperimentConfig:
-    """DDPG with uniform replay (ER), Gaussian exploration sigma 0.2, a 2^18-row buffer; warm-up with the initial
-    policy (as smarties fills its buffer), the same schedule for every DDPG variant of ReF-ER's Fig. 1."""
+    """DDPG with uniform replay (ER), fast setting: Adam 3e-4 for actor and critic (CleanRL's), Gaussian exploration
+    sigma 0.2, a 2^18-row buffer; warm-up with the initial policy (as smarties fills its buffer), the same schedule
+    for every DDPG variant of ReF-ER's Fig. 1. The paper's setting: ddpg_paper."""
     return ExperimentConfig(preset="ddpg", agent_kind="ddpg", agent=DDPGConfig(),
                             schedule=ScheduleConfig(warmup_policy="agent"),
                             replay=ReplayConfig.of("uniform", capacity=REFER_CAPACITY))
 
 
 def ddpg_per() -> ExperimentConfig:
-    """DDPG with proportional PER (alpha 0.6, beta 0.4 -> 1)."""
+    """DDPG with proportional PER (alpha 0.6, beta 0.4 -> 1), fast setting (see ddpg). The paper's setting:
+    ddpg_per_paper."""
     return replace(ddpg(), preset="ddpg_per", replay=ReplayConfig.of("per", capacity=REFER_CAPACITY))
 
 
 def ddpg_refer() -> ExperimentConfig:
-    """DDPG with ReF-ER (Novati & Koumoutsakos 2019): C 4, D 0.1, A 5e-7, both rules; rows carry their behaviour
-    (the actor's mean and sigma), so warm-up uses the agent's policy, not random actions (which have no record)."""
+    """DDPG with ReF-ER (Novati & Koumoutsakos 2019), fast setting (see ddpg): C 4, D 0.1, A 5e-7 (Sec. 3), both
+    rules; beta's step size 1e-4 (the paper's critic rate), initial beta 1e-4 (the authors' code; not in the
+    paper), n_far with an exact recount every 2000 gradient steps (relive's estimator). Rows carry their behaviour
+    (the actor's mean and sigma), so warm-up uses the agent's policy, not random actions (which have no record).
+    The paper's setting: ddpg_refer_paper."""
     return replace(ddpg(), preset="ddpg_refer", replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
 
 
 def ddpg_refer1() -> ExperimentConfig:
-    """DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1."""
+    """DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty): the paper's ReF-ER-1, fast setting."""
     cfg = ddpg_refer()
     return replace(cfg, preset="ddpg_refer1", agent=replace(cfg.agent, refer_rule2=False))
 
 
 def ddpg_refer2() -> ExperimentConfig:
-    """DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2."""
+    """DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped): the paper's ReF-ER-2, fast setting."""
     cfg = ddpg_refer()
     return replace(cfg, preset="ddpg_refer2", agent=replace(cfg.agent, refer_rule1=False))
+
+
+# What every paper-setting preset's docstring says (`relive presets --show NAME` prints it), with the sources.
+_DDPG_PAPER = """Adam lr 1e-4 for the critic and 1e-5 for the actor (Sec. 5.1, below Fig. 2: "we use eta = 1e-4 for
+    the critic and eta = 1e-5 for the policy"); 2x128 networks (the authors' code: smarties settings/DPG.json, a
+    128-unit encoder and a 128-unit layer); critic L2 penalty (Adam weight decay) 1e-4 (Sec. 5.1 found a critic
+    weight decay "necessary to stabilize DDPG with ER and PER" without giving a value: the authors' code's, smarties
+    DPG.cpp nnLambda); exploration std sigma 0.2 (Sec. 2, Fig. 2); buffer N = 2^18 (Sec. 3); warm-up with the
+    initial policy (as smarties fills its buffer). tau, batch size and gamma are relive's defaults (the paper's text
+    does not give them)."""
+_ER_PAPER = """Ornstein-Uhlenbeck exploration (Sec. 5.1: temporally-correlated noise "necessary to stabilize DDPG
+    with ER and PER"), sigma 0.2 and mean reversion theta 0.15 (the authors' code: smarties DPG.h OrUhDecay 0.85,
+    "as in original", i.e. Lillicrap et al.); learning rates not annealed (Sec. 5.1: annealing eta "worsened the
+    instability of DDPG with regular ER and PER")."""
+_REFER_PAPER = """ReF-ER: C 4, D 0.1, A 5e-7, N 2^18 (Sec. 3); learning rates annealed as eta / (1 + A t)
+    (Eq. 13); beta's step size = the critic's learning rate, 1e-4 (Eq. 12: "eta is the NN's learning rate"), from
+    initial beta 1e-4 (not in the paper: the authors' code, smarties MemoryBuffer.h); Gaussian exploration, no OU
+    noise (Sec. 5.1: "with ReF-ER we do not use temporally-correlated noise"; rho needs the behaviour's density);
+    n_far of Eq. 12 from each row's last computed rho, the paper's stale estimator (Sec. 3: "we store for each step
+    its most recent rho_t"; Sec. 5.1: "outdated importance weights"; replay.refer.far_estimator = stale; the exact
+    count every 2000 gradient steps is logged beside it, replay/refer_far_fraction_exact, and not used)."""
+
+
+def ddpg_paper() -> ExperimentConfig:
+    cfg = ddpg()
+    return replace(cfg, preset="ddpg_paper", agent=DDPGConfig.paper(exploration_noise="ou"))
+
+
+def ddpg_per_paper() -> ExperimentConfig:
+    cfg = ddpg_paper()
+    return replace(cfg, preset="ddpg_per_paper", replay=ReplayConfig.of("per", capacity=REFER_CAPACITY))
+
+
+def ddpg_refer_paper() -> ExperimentConfig:
+    cfg = ddpg_paper()
+    agent = DDPGConfig.paper()
+    return replace(cfg, preset="ddpg_refer_paper", agent=agent,
+                   replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY, beta_eta=agent.critic_lr,
+                                          initial_beta=1e-4, far_estimator="stale"))
+
+
+def ddpg_refer1_paper() -> ExperimentConfig:
+    cfg = ddpg_refer_paper()
+    return replace(cfg, preset="ddpg_refer1_paper", agent=replace(cfg.agent, refer_rule2=False))
+
+
+def ddpg_refer2_paper() -> ExperimentConfig:
+    cfg = ddpg_refer_paper()
+    return replace(cfg, preset="ddpg_refer2_paper", agent=replace(cfg.agent, refer_rule1=False))
+
+
+ddpg_paper.__doc__ = f"""DDPG with uniform replay (ER) at the ReF-ER paper's setting (Novati & Koumoutsakos, ICML
+    2019), its Fig. 1 baseline: {_DDPG_PAPER} {_ER_PAPER} The fast setting: ddpg."""
+ddpg_per_paper.__doc__ = f"""DDPG with PER at the ReF-ER paper's setting: {_DDPG_PAPER} {_ER_PAPER} PER is
+    proportional (alpha 0.6, beta 0.4 -> 1), the paper's is rank-based (Fig. 1): relive has no rank-based PER, which
+    orders every stored row by |TD error| (Schaul et al. 2016, Sec. 3.3: a periodically re-sorted heap with
+    precomputed strata), a sampler of its own not written yet; the paper found rank-based the better PER variant
+    (Sec. 5.2), so this baseline may be weaker than the paper's. The fast setting: ddpg_per."""
+ddpg_refer_paper.__doc__ = f"""DDPG with ReF-ER (both rules) at the paper's setting: {_DDPG_PAPER} {_REFER_PAPER}
+    The fast setting: ddpg_refer."""
+ddpg_refer1_paper.__doc__ = f"""DDPG with ReF-ER Rule 1 only (far rows skipped, no KL penalty), the paper's
+    ReF-ER-1 (Fig. 1), at the paper's setting: {_DDPG_PAPER} {_REFER_PAPER} The fast setting: ddpg_refer1."""
+ddpg_refer2_paper.__doc__ = f"""DDPG with ReF-ER Rule 2 only (KL penalty and beta, no row skipped), the paper's
+    ReF-ER-2 (Fig. 1), at the paper's setting: {_DDPG_PAPER} {_REFER_PAPER} The fast setting: ddpg_refer2."""
 
 
 def sac_refer() -> ExperimentConfig:
@@ -131,7 +206,9 @@ def vracer_refer() -> ExperimentConfig:
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "residual_sac": residual_sac, "ddqn": ddqn,
     "ddqn_per": ddqn_per, "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
-    "ddpg_refer2": ddpg_refer2, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
+    "ddpg_refer2": ddpg_refer2, "ddpg_paper": ddpg_paper, "ddpg_per_paper": ddpg_per_paper,
+    "ddpg_refer_paper": ddpg_refer_paper, "ddpg_refer1_paper": ddpg_refer1_paper,
+    "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
 }
 
 

@@ -225,7 +225,8 @@ def test_loop_hook_recounts_with_the_agents_batched_log_rho():
     """The recount hook calls DDPG's ``refer_log_rho`` over every row; the far fraction is then the brute-force one
     under the current actor."""
     agent = DDPG(OBS, ACT, [-1.0], [1.0], DDPGConfig(hidden=(16,), actor_lr=0.05), seed=0)  # moves fast
-    buf = ReplayBuffer(64, OBS, ACT, sampler=ReFERSampler(recount_every_grad_steps=5, recount_chunk_size=10),
+    sampler = ReFERSampler(recount_every_grad_steps=5, recount_chunk_size=10, initial_beta=1.0)  # plain DPG steps
+    buf = ReplayBuffer(64, OBS, ACT, sampler=sampler,
                        extra_columns={d.name: d.spec for d in agent.stored_columns()})
     rng = np.random.default_rng(0)
     for _ in range(4):
@@ -261,3 +262,71 @@ def test_loop_hook_recounts_with_the_agents_batched_log_rho():
     ctx.agent = Plain()
     with pytest.raises(ValueError, match="refer_log_rho"):
         buf.sampler.loop_hooks(ctx)
+
+
+def _hand_made(estimator, A=0.0, stored_rho=1.0):
+    """10 rows whose current log rho (``log_rho_fn``: 3 * token) is far for rows 0-3 (|3 * 0.7| > log 5) and near
+    for the others (token 0), every stored rho = ``stored_rho`` (their last sampling: near)."""
+    buf = ReplayBuffer(10, OBS, ACT, sampler=ReFERSampler(A=A, D=0.1, beta_eta=0.1, initial_beta=0.5,
+                                                          far_estimator=estimator), extra_columns=COLS)
+    r = rows(10)
+    r["obs"][:, 0] = [0.7, -0.7, 0.7, -0.7, 0, 0, 0, 0, 0, 0]
+    buf.extend(r)
+    buf.update(buf.gather(np.arange(10)).info, rho=np.full(10, stored_rho))
+    return buf
+
+
+def test_stale_and_recount_estimators_give_different_far_fractions_and_betas():
+    """Issue 28 item 9. The paper's estimator ("stale") counts far rows from each row's last computed rho; relive's
+    ("recount") replaces them by an exact recount. Hand-made: the stored rho are all 1 (near) but under the current
+    policy 4 of 10 rows are far. After the pass: stale 0.0 (beta rises: 0 <= D), recount 0.4 (beta falls); both log
+    the exact 0.4 and the stale 0.0 the pass found."""
+    stale, exact = _hand_made("stale"), _hand_made("recount")
+    for buf in (stale, exact):
+        assert buf.sampler.far_fraction() == 0.0 and "replay/refer_far_fraction_exact" not in buf.stats()
+        buf.sampler.recount(log_rho_fn)
+        assert buf.stats()["replay/refer_far_fraction_exact"] == pytest.approx(0.4)
+        assert buf.stats()["replay/refer_far_fraction_stale"] == 0.0
+    assert stale.sampler.far_fraction() == 0.0 and (stale.sampler.rho[:10] == 1.0).all()  # rho kept: stale
+    assert exact.sampler.far_fraction() == pytest.approx(0.4) and exact.sampler.far[:4].all()
+    assert stale.stats()["replay/far_policy_fraction"] == 0.0
+    assert exact.stats()["replay/far_policy_fraction"] == pytest.approx(0.4)
+    beta = stale.sampler.beta
+    assert exact.sampler.beta == beta == pytest.approx(0.55)  # (one beta step in _hand_made, from 0.5)
+    for buf in (stale, exact):  # one gradient step on rows 4-9 (near either way): Eq. 12 with each estimate
+        buf.update(buf.gather(np.arange(4, 10)).info, rho=np.ones(6))
+    assert stale.sampler.beta == pytest.approx(0.9 * beta + 0.1) and exact.sampler.beta == pytest.approx(0.9 * beta)
+
+
+def test_stale_estimator_reflags_the_stored_rho_against_the_annealed_c_max():
+    """The stale pass keeps each row's last rho but judges it against the current c_max (the authors' code's
+    periodic ``updateCumulative``): stored rho 3.0 is near at c_max 5 and far once c_max has annealed below 3."""
+    buf = _hand_made("stale", A=1.0, stored_rho=3.0)  # c_max(1) = 1 + 4 / 2 = 3.0 after the update: rho 3 is far
+    s = buf.sampler
+    assert s.far_fraction() == 0.0  # flagged at c_max(0) = 5
+    s.recount(log_rho_fn)
+    assert s.c_max == pytest.approx(3.0) and s.far_fraction() == 1.0 and (s.rho[:10] == 3.0).all()
+    assert buf.stats()["replay/refer_far_fraction_exact"] == pytest.approx(0.4)
+
+
+def test_initial_beta_defaults_to_the_authors_code_and_is_an_option():
+    """Issue 28 item 10: beta starts at 1e-4 (smarties MemoryBuffer.h; the paper gives no value), not 1.0."""
+    assert ReFERConfig().initial_beta == 1e-4 and ReFERSampler().beta == 1e-4
+    buf = buffer()
+    assert buf.sample(4).info.hints["beta"] == 1e-4
+    assert buffer(initial_beta=1.0).sample(4).info.hints["beta"] == 1.0
+    assert ReFERConfig().far_estimator == "recount" and ReFERConfig.smarties().initial_beta == 1e-4
+    with pytest.raises(ValueError, match="far_estimator must be one of"):
+        ReFERConfig(far_estimator="exact")
+    with pytest.raises(ValueError, match="initial_beta"):
+        ReFERSampler(initial_beta=1.5)
+
+
+def test_checkpoint_keeps_the_estimator_and_the_last_pass(tmp_path):
+    buf = _hand_made("stale")
+    buf.sampler.recount(log_rho_fn)
+    buf.save(tmp_path / "b")
+    loaded = ReplayBuffer.load(tmp_path / "b")
+    assert loaded.sampler.far_estimator == "stale" and loaded.sampler.config() == buf.sampler.config()
+    for key in ("replay/refer_far_fraction_exact", "replay/refer_far_fraction_stale", "replay/far_policy_fraction"):
+        assert loaded.stats()[key] == buf.stats()[key], key

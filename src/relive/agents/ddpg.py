@@ -30,7 +30,8 @@ Metric ``train/kl_behaviour``: mean D_KL(mu_t || pi^w) of the replayed rows with
 the step (the paper's Fig. 2), logged with or without ReF-ER.
 
 Defaults: CleanRL's DDPG (Adam 3e-4, tau 0.005, 256x256) but the ReF-ER paper's sigma 0.2; the paper ran DDPG
-with lr 1e-4 (critic) / 1e-5 (actor), which ``DDPGConfig.paper()`` gives.
+with lr 1e-4 (critic) / 1e-5 (actor), which ``DDPGConfig.paper()`` gives (with the authors' 2x128 networks and
+critic L2 penalty 1e-4, ``critic_weight_decay``); the ``ddpg*_paper`` presets use it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ class DDPGConfig:
     tau: float = 0.005  # Polyak rate of the target actor and critic
     actor_lr: float = 3e-4  # Adam learning rate of the actor (ReF-ER paper: 1e-5)
     critic_lr: float = 3e-4  # Adam learning rate of the critic (ReF-ER paper: 1e-4)
+    # L2 penalty of the critic (Adam weight decay; 0: none). The ReF-ER paper (Sec. 5.1) found it necessary for
+    # DDPG with ER / PER without giving a value; its authors' code sets 1e-4 (smarties DPG.cpp, nnLambda);
+    # Lillicrap et al. used 1e-2
+    critic_weight_decay: float = 0.0
     exploration_noise: str = "gaussian"  # "gaussian" (needed by ReF-ER) or "ou" (Ornstein-Uhlenbeck, no ReF-ER)
     sigma: float = 0.2  # exploration std, in units of the action box's half-width (ReF-ER paper: 0.2)
     ou_theta: float = 0.15  # OU mean reversion per step (Lillicrap et al.)
@@ -74,6 +79,8 @@ class DDPGConfig:
             raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
         if self.exploration_noise not in NOISES:
             raise ValueError(f"exploration_noise must be one of {NOISES}, got {self.exploration_noise!r}")
+        if not self.critic_weight_decay >= 0:
+            raise ValueError(f"critic_weight_decay must be >= 0, got {self.critic_weight_decay}")
         if self.sigma <= 0 or not 0 < self.ou_theta <= 1:
             raise ValueError(f"sigma must be > 0 and ou_theta in (0, 1], got {self.sigma}, {self.ou_theta}")
         if self.kl_direction not in refer.KL_DIRECTIONS:
@@ -86,8 +93,12 @@ class DDPGConfig:
 
     @classmethod
     def paper(cls, **overrides) -> DDPGConfig:
-        """The ReF-ER paper's DDPG learning rates (critic 1e-4, actor 1e-5)."""
-        return replace(cls(actor_lr=1e-5, critic_lr=1e-4), **overrides)
+        """The ReF-ER paper's DDPG (Sec. 5.1, below Fig. 2: "we use eta = 1e-4 for the critic and eta = 1e-5 for the
+        policy"; Sec. 2 / Fig. 2: Gaussian exploration sigma 0.2), with the authors' code where the paper gives no
+        value: 2x128 networks (smarties settings/DPG.json: a 128-unit encoder and a 128-unit layer) and the critic's
+        L2 penalty 1e-4 (smarties DPG.cpp; the paper, Sec. 5.1, found a critic weight decay necessary). The rest
+        (tau, batch, gamma) are relive's defaults: the paper's text does not give them."""
+        return replace(cls(actor_lr=1e-5, critic_lr=1e-4, hidden=(128, 128), critic_weight_decay=1e-4), **overrides)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -130,7 +141,7 @@ class DDPG:
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.actor_opt = nets.adam(self.actor.parameters(), cfg.actor_lr)
-        self.critic_opt = nets.adam(self.critic.parameters(), cfg.critic_lr)
+        self.critic_opt = nets.adam(self.critic.parameters(), cfg.critic_lr, cfg.critic_weight_decay)
         self.std = cfg.sigma * self.actor.scale  # [A] exploration std in env units: mu's and (pinned) pi's
         self.ou_state = torch.zeros(0, action_dim, device=self.device)  # [N, A] OU noise, in half-widths
         self.num_updates = 0

@@ -128,7 +128,7 @@ class SACConfig:
 
     @classmethod
     def rlpd(cls, **overrides) -> SACConfig:
-        """RLPD's defaults (``configs/rlpd_config.py`` of the reference code; o2o_methods.md Sec. 4.1):
+        """RLPD's defaults (Ball et al., ICML 2023, arXiv 2302.02948; ``configs/rlpd_config.py`` of ikostrikov/rlpd):
         E = 10, subset-min of 2, LayerNorm critics, actor on the ensemble mean, Xavier init, target entropy
         -|A|/2, one actor/temperature step per 20 critic steps (with ``schedule.utd_ratio = 20``: once per env
         step). For antmaze/adroit the reference

@@ -1,6 +1,8 @@
 """SAC + ReF-ER: **our extension**, not in either paper. ReF-ER (Novati & Koumoutsakos, ICML 2019, arXiv 1807.05827)
-was shown with DDPG, NAF and V-RACER; this applies its two rules to SAC (Haarnoja et al., arXiv 1812.05905) as
-``research/replay_methods.md`` Sec. 2.5 proposes. Equation numbers: ReF-ER's (Eq. 10-13) and SAC's (Eq. 3-18).
+was shown with DDPG, NAF and V-RACER; this applies its two rules to SAC (Haarnoja et al., arXiv 1812.05905), which
+the paper says they allow: ReF-ER "can be applied to any off-policy RL method with parameterized policies" (Sec. 3),
+Rules 1 and 2 "can be applied to most off-policy RL methods with parametric policies" (Sec. 4). Equation numbers:
+ReF-ER's (Eq. 10-13) and SAC's (Eq. 3-18).
 
 Acting stores the behaviour's *pre-squash* Gaussian (``mu_mean``, ``mu_std``: the actor's mean and std of u,
 a = center + scale * tanh(u)). Then rho = pi(a|s) / mu(a|s) is the ratio of the pre-squash Gaussian densities
@@ -18,7 +20,7 @@ two squashed policies equals the KL between the pre-squash Gaussians.
 Signals: SAC's ``td_error`` and ``log_likelihood``, and ``rho``; metric ``train/kl_behaviour`` (mean pre-squash
 D_KL(mu_t || pi) of the replayed rows with a record, the ReF-ER paper's Fig. 2 measure).
 
-Caveat (replay_methods.md 2.5): SAC's actor loss re-samples actions, so masking it on far rows only uses rho as a
+Caveat (ours, not the paper's): SAC's actor loss re-samples actions, so masking it on far rows only uses rho as a
 proxy for "this state came from a stale policy"; a high-entropy policy makes rho weakly discriminative.
 """
 

@@ -3,7 +3,9 @@ Retrace targets, the off-policy policy gradient and (when a sampler publishes it
 
 Novati & Koumoutsakos, "Remember and Forget for Experience Replay", ICML 2019, arXiv 1807.05827 (equation
 numbers below refer to it); reference code ``cselab/smarties`` (``RACER_train.cpp``, ``MemoryProcessing.cpp``).
-Notes with the formulas and the code's defaults: ``research/replay_methods.md`` Sec. 2.
+V-RACER is the paper's Sec. 2 (the off-policy PG Eq. 5, Retrace Eq. 6, the V-trace-like target Eq. 7-8, the value
+loss Eq. 9), ReF-ER its Sec. 3 (Eq. 10-13); the implementation details the paper defers to its App. A follow the
+reference code.
 
 **Index convention.** A stored row t holds (s_t, a_t, r_{t+1}, s_{t+1}, terminated, truncated): ``reward[t]``
 is the paper's r_{t+1}. Eq. 6, Q^ret_{t-1} = r_t + gamma V(s_t) + gamma rho-bar_t (Q^ret_t - V(s_t)), is then,
@@ -90,7 +92,8 @@ _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 @dataclass(frozen=True)
 class VRACERConfig:
     """V-RACER hyperparameters. Defaults: smarties' code defaults (``HyperParameters.h``) and ``default.json``
-    where the paper gives none (research/replay_methods.md Sec. 2.4). The batch size (256) and one gradient
+    where the paper's text gives none (it gives C, D, A and N = 2^18 in Sec. 3 and the learning rates of Fig. 4;
+    the rest is in its App. A, not reproduced here). The batch size (256) and one gradient
     step per env step (smarties obsPerStep) are schedule settings: ``schedule.batch_size``, ``schedule.utd_ratio``
     (the ``vracer`` preset)."""
 

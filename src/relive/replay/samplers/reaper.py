@@ -15,7 +15,9 @@ starts at 1, as in the reference code); their reliability is applied at once (C_
 ongoing; the reference code leaves it out until some row of their episode is updated or the episode ends --
 ``ReaPERReferenceSampler`` below follows the reference code on this and the other open choices).
 
-Efficient exact updates (the paper's O(n - t) update, see research/replay_methods.md Sec. 1.4). The priority
+Efficient exact updates (the paper's O(n - t) update, Sec. 5, the limitations paragraph: "it can be reduced to
+O(n - t) by only re-calculating the episodic cumulative sums for transitions on their update or the update of a
+preceding transition within the same episode"). The priority
 factorizes as Psi_t = D_e^-omega * u_t with u_t = C_t^omega * d_t^alpha and D_e = S_e or F, so sampling is
 two-level: an episode with probability D_e^-omega U_e / Z (U_e = sum of u over its stored rows), then a row of
 it with probability u_t / U_e by a binary search over the running sum of u, kept per slot. Finished episodes

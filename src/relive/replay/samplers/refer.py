@@ -14,12 +14,24 @@ agent's ``rho`` signal for the sampled rows) refreshes those rows' rho, then tak
 ``hints()`` publishes ``c_max``, ``beta``, ``lr_scale`` and ``refer_source`` (the source this sampler covers,
 -1 for both) on every batch; the agent applies Rules 1 and 2 with them (``relive.agents.ddpg``, ``sac_refer``).
 
-rho goes stale between samplings and c_max anneals, so every ``recount_every_grad_steps`` gradient steps a loop
-hook recounts every covered row against the current policy and c_max (``recount``: the agent's batched
-``refer_log_rho(obs, action, mu_mean, mu_std)`` over all rows in chunks, as ARB's refresh). Right after a recount
-the far fraction is exact. smarties re-flags its stored rho against the current c_max every 1000 steps without
-recomputing rho; we recompute it, every 2000 steps by default, which keeps the amortized pass under 5% of a DDPG
-update at 2^18 rows (``bench/refer_overhead.py``; every 1000 steps it is 6-8%).
+rho goes stale between samplings and c_max anneals. Two estimators of n_far (``far_estimator``):
+
+- ``"stale"`` (the paper's, Sec. 3: "we store for each step its most recent rho_t", and Sec. 5.1: n_far in Eq. 12
+  is approximated "from outdated importance weights"): a row's rho is refreshed only when it is sampled; every
+  ``recount_every_grad_steps`` gradient steps the stored rho are re-flagged against the current c_max, as the
+  authors' code does every 1000 steps (smarties ``updateCumulative``), without recomputing rho;
+- ``"recount"`` (relive's default): every ``recount_every_grad_steps`` gradient steps a loop hook recounts every
+  covered row against the current policy and c_max (``recount``: the agent's batched
+  ``refer_log_rho(obs, action, mu_mean, mu_std)`` over all rows in chunks, as ARB's refresh), and that exact
+  count replaces the stale one. Every 2000 steps by default, which keeps the amortized pass under 5% of a DDPG
+  update at 2^18 rows (``bench/refer_overhead.py``; every 1000 steps it is 6-8%).
+
+Under both, the periodic pass computes the exact far fraction, so a run can measure what the stale estimate
+misses: ``replay/refer_far_fraction_exact`` (exact, at the last pass) beside
+``replay/refer_far_fraction_stale`` (the running estimate just before that pass); under ``"stale"`` the exact
+count is only measured, never used. With ``recount_every_grad_steps = 0`` there is no pass (nor the two metrics).
+Stale rho tend to be closer to 1 than current ones (a row's rho was computed when it was last sampled, by a policy
+closer to its behaviour), so the stale estimate is lower and Eq. 12 settles beta higher than with recounts.
 
 Rows need a behaviour record: the columns ``mu_mean`` and ``mu_std`` ([A] each; for a tanh-squashed Gaussian
 the pre-squash parameters) written from ``act``. A row whose ``mu_std`` is not > 0 is refused before anything
@@ -30,14 +42,18 @@ the other source from both rules (``refer_source`` hint) -- they are replayed as
 actions have no record either: the ReF-ER presets warm up with the agent's own (Gaussian) policy, as smarties
 fills its buffer with the initial policy.
 
-beta's step size and start (both options, ``beta_schedule``):
+beta's step size and start (both options, ``beta_schedule`` and ``initial_beta``):
 
-- ``"paper"`` (default): eta is the network learning rate ``beta_eta`` (1e-4, the paper's V-RACER / DDPG critic
-  rate), annealed with it (eta / (1 + A t)), starting at ``initial_beta`` (the paper does not give one; 1.0:
-  plain updates until the far fraction exceeds D, which suits the short runs of this library);
+- ``"paper"`` (default): eta is the network learning rate ``beta_eta`` (1e-4 by default, the paper's V-RACER /
+  DDPG critic rate; the paper-setting presets set it to their critic's rate), annealed with it (eta / (1 + A t));
 - ``"smarties"``: eta = 0.1 B / max(N_max, N) with each step clamped to keep beta in [0, 1]
-  (``MemoryProcessing.cpp``), starting at beta = 1e-4 (``MemoryBuffer.h``); ``ReFERConfig.smarties()``, or
-  ``--set replay.refer.beta_schedule=smarties --set replay.refer.initial_beta=1e-4``.
+  (``MemoryProcessing.cpp``); ``ReFERConfig.smarties()``, or ``--set replay.refer.beta_schedule=smarties``.
+
+``initial_beta`` (beta at t = 0) is not in the paper; the default, 1e-4, is the authors' code's (smarties
+``MemoryBuffer.h``): almost pure KL penalty at first (pi = mu then, so the penalty is ~0), beta rising toward 1 at
+rate eta while the far fraction stays under D -- after k steps beta ~ 1 - exp(-eta k), ~0.18 at k = 2000 with
+eta 1e-4. ``--set replay.refer.initial_beta=1.0`` gives plain updates until the far fraction exceeds D (relive's
+default before issue 28).
 
 Forgetting is FIFO, as the buffer's ring does. smarties' optional ``farpolfrac`` rule (delete the episode with
 the largest far fraction) is left out: the online storage is a ring whose slots are overwritten in order, so
@@ -67,6 +83,8 @@ from relive.replay.samplers import register_sampler
 from relive.replay.samplers.base import Draw, Sampler
 from relive.replay.samplers.uniform import UniformSampler
 
+FAR_ESTIMATORS = ("stale", "recount")  # n_far from each row's last computed rho (the paper) / periodic exact recount
+
 
 @dataclass(frozen=True)
 class ReFERConfig:
@@ -77,12 +95,17 @@ class ReFERConfig:
     A: float = 5e-7  # annealing rate of c_max and of the learning rates: 1 / (1 + A t) (paper / smarties)
     # beta's step size eta: "paper": beta_eta / (1 + A t), unclamped; "smarties": 0.1 B / max(N_max, N), clamped
     beta_schedule: str = "paper"
-    beta_eta: float = 1e-4  # "paper" schedule: beta's step size (the network learning rate in the paper)
-    initial_beta: float = 1.0  # beta at t = 0 (smarties: 1e-4, almost pure KL penalty at first)
-    # recount every row's rho under the current policy every this many gradient steps (0: never); smarties only
-    # re-flags its stored rho against c_max, every 1000 steps
+    beta_eta: float = 1e-4  # "paper" schedule: beta's step size (the paper, Eq. 12: the network learning rate)
+    # beta at t = 0: not in the paper; 1e-4 is the authors' code (smarties MemoryBuffer.h), almost pure KL penalty
+    # at first (1.0: plain updates until the far fraction exceeds D)
+    initial_beta: float = 1e-4
+    # the periodic pass over every row, every this many gradient steps (0: never): an exact count of n_far under
+    # the current policy (logged as replay/refer_far_fraction_exact); see far_estimator for what it replaces
     recount_every_grad_steps: int = 2000
     recount_chunk_size: int = 4096  # rows per call of the agent's log-rho function in a recount (fastest on CPU)
+    # n_far of Eq. 12: "stale" (the paper, Sec. 3 / 5.1: each row's last computed rho; the pass only re-flags it
+    # against the current c_max, as smarties) or "recount" (the pass's exact count replaces it)
+    far_estimator: str = "recount"
 
     def __post_init__(self):
         if self.C < 0 or not 0 < self.D < 1 or self.A < 0:
@@ -94,6 +117,8 @@ class ReFERConfig:
                              f"{self.initial_beta}")
         if self.recount_every_grad_steps < 0 or self.recount_chunk_size < 1:
             raise ValueError("recount_every_grad_steps must be >= 0 and recount_chunk_size >= 1")
+        if self.far_estimator not in FAR_ESTIMATORS:
+            raise ValueError(f"far_estimator must be one of {FAR_ESTIMATORS}, got {self.far_estimator!r}")
 
     @classmethod
     def smarties(cls, **overrides) -> ReFERConfig:
@@ -122,11 +147,12 @@ class ReFERSampler(UniformSampler):
     signals = ("rho",)
 
     def __init__(self, C: float = 4.0, D: float = 0.1, A: float = 5e-7, beta_schedule: str = "paper",
-                 beta_eta: float = 1e-4, initial_beta: float = 1.0, recount_every_grad_steps: int = 2000,
-                 recount_chunk_size: int = 4096):
+                 beta_eta: float = 1e-4, initial_beta: float = 1e-4, recount_every_grad_steps: int = 2000,
+                 recount_chunk_size: int = 4096, far_estimator: str = "recount"):
         super().__init__()
         ReFERConfig(C, D, A, beta_schedule, beta_eta, initial_beta, recount_every_grad_steps,
-                    recount_chunk_size)  # validates
+                    recount_chunk_size, far_estimator)  # validates
+        self.far_estimator = far_estimator
         self.C, self.D, self.A = float(C), float(D), float(A)
         self.beta_schedule, self.beta_eta = beta_schedule, float(beta_eta)
         self.initial_beta = float(initial_beta)
@@ -135,7 +161,8 @@ class ReFERSampler(UniformSampler):
         self.beta = self.initial_beta
         self.t = 0  # gradient steps (updates) so far
         self.batch_size = 0  # size of the last batch drawn (smarties' eta uses it)
-        self.num_recounts = 0
+        self.num_recounts = 0  # periodic passes (exact counts) so far
+        self.far_fraction_exact = self.far_fraction_stale = 0.0  # at the last pass: exact / the estimate before it
 
     def bind(self, storage, source=None) -> None:
         missing = [c for c in BEHAVIOUR_COLUMNS if c not in storage.specs]
@@ -217,9 +244,12 @@ class ReFERSampler(UniformSampler):
 
     # -- the periodic recount --------------------------------------------------------------------------
     def recount(self, log_rho_fn, chunk_size: int | None = None) -> None:
-        """Recompute every covered row's rho with ``log_rho_fn(obs, action, mu_mean, mu_std) -> [n]`` (the
-        agent's log pi/mu, NumPy or tensor; clipped to [-7, 7] here too) in chunks, and the far flags against the
-        current c_max. Nothing changes if the function returns a non-finite value."""
+        """The periodic pass: recompute every covered row's rho with ``log_rho_fn(obs, action, mu_mean, mu_std) ->
+        [n]`` (the agent's log pi/mu, NumPy or tensor; clipped to [-7, 7] here too) in chunks, and count the far
+        rows exactly against the current c_max. ``far_estimator = "recount"``: the new rho and flags replace the
+        stored ones; ``"stale"``: the stored rho stay (the paper's estimator) and are only re-flagged against the
+        current c_max (smarties). Either way the exact and the previous (stale) far fractions are kept for
+        ``stats()``. Nothing changes if the function returns a non-finite value."""
         lo, hi = self.domain()
         chunk = int(chunk_size or self.recount_chunk_size)
         cols = self.storage.columns
@@ -235,14 +265,21 @@ class ReFERSampler(UniformSampler):
         if not np.isfinite(log_rho).all():
             slot = lo + int(np.argmax(~np.isfinite(log_rho)))
             raise ValueError(f"log_rho_fn returned a non-finite value for slot {slot}")
-        self.rho[lo:hi] = np.exp(np.clip(log_rho, -LOG_RHO_CLIP, LOG_RHO_CLIP))
-        self.far[lo:hi] = is_far(self.rho[lo:hi], self.c_max)
+        rho = np.exp(np.clip(log_rho, -LOG_RHO_CLIP, LOG_RHO_CLIP))
+        far = is_far(rho, self.c_max)
+        n = hi - lo
+        self.far_fraction_stale = self.far_fraction()
+        self.far_fraction_exact = int(far.sum()) / n if n else 0.0
+        if self.far_estimator == "recount":
+            self.rho[lo:hi], self.far[lo:hi] = rho, far
+        else:
+            self.far[lo:hi] = is_far(self.rho[lo:hi], self.c_max)
         self.num_far = int(self.far[lo:hi].sum())
         self.num_recounts += 1
 
     def loop_hooks(self, ctx) -> list:
-        """Recount every ``recount_every_grad_steps`` gradient steps of either phase, with the agent's
-        ``refer_log_rho``."""
+        """The periodic pass (``recount``) every ``recount_every_grad_steps`` gradient steps of either phase, with
+        the agent's ``refer_log_rho``."""
         from relive.train.hooks import EveryGradSteps
 
         if not self.recount_every_grad_steps:
@@ -256,20 +293,26 @@ class ReFERSampler(UniformSampler):
 
     # -- diagnostics and checkpoint ----------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
-        return super().stats() | {"replay/far_policy_fraction": self.far_fraction(),
-                                  "replay/refer_beta": self.beta, "replay/refer_c_max": self.c_max,
-                                  "replay/refer_recounts": float(self.num_recounts)}
+        out = super().stats() | {"replay/far_policy_fraction": self.far_fraction(),
+                                 "replay/refer_beta": self.beta, "replay/refer_c_max": self.c_max,
+                                 "replay/refer_recounts": float(self.num_recounts)}
+        if self.num_recounts:  # what the estimator missed, at the last pass (see the module docstring)
+            out |= {"replay/refer_far_fraction_exact": self.far_fraction_exact,
+                    "replay/refer_far_fraction_stale": self.far_fraction_stale}
+        return out
 
     def config(self) -> dict:
         return dict(C=self.C, D=self.D, A=self.A, beta_schedule=self.beta_schedule, beta_eta=self.beta_eta,
                     initial_beta=self.initial_beta, recount_every_grad_steps=self.recount_every_grad_steps,
-                    recount_chunk_size=self.recount_chunk_size)
+                    recount_chunk_size=self.recount_chunk_size, far_estimator=self.far_estimator)
 
     def state_dict(self) -> dict:
         size = self.storage.size
         return super().state_dict() | {"rho": self.rho[:size].copy(), "far": self.far[:size].copy(),
                                        "num_far": self.num_far, "beta": self.beta, "t": self.t,
-                                       "batch_size": self.batch_size, "num_recounts": self.num_recounts}
+                                       "batch_size": self.batch_size, "num_recounts": self.num_recounts,
+                                       "far_fraction_exact": self.far_fraction_exact,
+                                       "far_fraction_stale": self.far_fraction_stale}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -280,6 +323,9 @@ class ReFERSampler(UniformSampler):
         self.num_far = int(state["num_far"])
         self.beta, self.t = float(state["beta"]), int(state["t"])
         self.batch_size, self.num_recounts = int(state["batch_size"]), int(state["num_recounts"])
+        # (absent from checkpoints written before issue 28: 0 until the next pass)
+        self.far_fraction_exact = float(state.get("far_fraction_exact", 0.0))
+        self.far_fraction_stale = float(state.get("far_fraction_stale", 0.0))
 
 
 register_sampler(ReFERSampler)
