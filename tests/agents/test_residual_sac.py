@@ -195,6 +195,66 @@ def test_loop_hooks_reach_the_agent():
 
 
 # -- beta schedules -------------------------------------------------------------------------------------
+# the spec's §13 configuration template (seed 004), transcribed; actor_every from its §10.2 loop
+SPEC_TEMPLATE = {"gamma": 0.99, "tau": 0.005, "otf_candidates": 8, "warmup": 1000, "warmup_unit": "steps",
+                 "probe_max_steps": 50, "beta_schedule": "constant", "beta": 0.5, "init_temperature": 0.1,
+                 "target_entropy": None, "actor_lr": 3e-4, "critic_lr": 3e-4, "temp_lr": 3e-4, "actor_every": 1}
+
+
+def test_defaults_are_the_spec_template():
+    """Issue 28 items 1, 3, 4: OTF with K = 8 (not K = 1, SAC's target), actor every step, and the rest of §13."""
+    cfg = ResidualSACConfig()
+    assert {k: getattr(cfg, k) for k in SPEC_TEMPLATE} == SPEC_TEMPLATE
+    assert make(hidden=(8, 8)).target_entropy == -ACT  # -|A|
+    table5 = ResidualSACConfig.table5(beta=0.3)
+    assert (table5.actor_every, table5.warmup, table5.warmup_unit, table5.init_temperature, table5.beta) == \
+        (2, 100, "episodes", 1.0, 0.3)
+
+
+def test_residual_sac_preset_is_the_spec_template_and_names_its_sources(capsys):
+    """`relive presets --show residual_sac`: the §13 values (batch 256, 1 gradient step per stored env step, no
+    random warm-up, symmetric 50/50, capacity 1e6) and, for each, where it comes from."""
+    from relive.presets import get_preset
+    from relive.train.cli import show
+
+    cfg = get_preset("residual_sac")
+    assert {k: getattr(cfg.agent, k) for k in SPEC_TEMPLATE} == SPEC_TEMPLATE
+    s = cfg.schedule
+    assert (s.batch_size, s.utd_ratio, s.grad_steps_per_chunk, s.num_warmup_env_steps) == (256, 1, 0, 0)
+    assert (cfg.replay.name, cfg.replay.options.offline_fraction, cfg.replay.capacity) == ("symmetric", 0.5, 10**6)
+    assert show("residual_sac") == 0
+    out = capsys.readouterr().out
+    head, lines = out.split("\n", 1)[0], {ln.split(" = ")[0]: ln for ln in out.splitlines() if " = " in ln}
+    for phrase in ("§13", "gamma 0.99", "tau 0.005", "batch 256", "K = 8", "1 gradient step per stored env step",
+                   "warm-up 1000 steps of base-only acting", "H_probe 50", "beta constant 0.5", "alpha init 0.1",
+                   "target entropy -|A|", "learning rates 3e-4", "§10.2", "Table 5"):
+        assert phrase in head, phrase
+    for key in ("otf_candidates", "actor_every", "gamma", "tau", "actor_lr", "critic_lr", "temp_lr", "warmup",
+                "probe_max_steps", "beta_schedule", "beta", "init_temperature", "target_entropy"):
+        assert "spec §" in lines[f"agent.{key}"], lines[f"agent.{key}"]
+
+
+@pytest.mark.parametrize("grid", ["pld", "pld-pendulum", "pld-reacher"])
+def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):
+    """The grids' "pld" variant is the spec's PLD (K = 8, actor every step); K = 1 (SAC's target) and K = 4 are the
+    ablations (issue 28 item 1: the earlier "full PLD" ran K = 1)."""
+    from relive.cli import build_parser
+    from relive.experiments.grid import load_grid
+    from relive.train.cli import config_from_args
+
+    g = load_grid(grid)
+    runs = {r.label: r for r in g.runs() if r.seed == 0}
+    assert "pld-K8" not in runs and {"pld", "pld-K1", "pld-K4"} <= set(runs)
+    ks = {}
+    for label in ("pld", "pld-K1", "pld-K4"):
+        r = runs[label]
+        cfg = config_from_args(build_parser().parse_args(["train", r.preset, "--env", r.task, *r.args]))
+        ks[label] = cfg.agent.otf_candidates
+        assert cfg.agent.actor_every == 1 and cfg.schedule.utd_ratio == 1
+    assert ks == {"pld": 8, "pld-K1": 1, "pld-K4": 4}
+    assert "K = 8" in g.description and "K = 1 (SAC's target)" in g.description
+
+
 def test_beta_schedules_give_their_formulas():
     const = ResidualSACConfig(beta=0.3)
     assert [beta_at(const, t) for t in (0, 10, 10**6)] == [0.3] * 3
@@ -351,8 +411,20 @@ def test_temperature_loss_uses_the_residuals_log_prob():
     assert g.item() == pytest.approx(-0.3 * (logp + agent.target_entropy).mean().item(), rel=1e-5)
 
 
-def test_actor_steps_every_second_critic_step():
+def test_actor_and_temperature_step_at_every_critic_step_by_default():
+    """The spec's loop (§10.2) and template update the actor and alpha at every gradient step (issue 28 item 3)."""
     agent = make()
+    alpha = agent.alpha.item()
+    for step in range(1, 4):
+        res = agent.update(make_batch(seed=step))
+        assert "train/actor_loss" in res.metrics and "train/alpha" in res.metrics
+    assert (agent.num_critic_steps, agent.num_actor_steps) == (3, 3) and agent.alpha.item() != alpha
+
+
+def test_actor_steps_every_second_critic_step():
+    """PLD Table 5's critic-to-actor ratio 2, kept as an option: ``ResidualSACConfig.table5()``."""
+    assert ResidualSACConfig.table5().actor_every == 2
+    agent = make(actor_every=2)
     for step in range(1, 5):
         res = agent.update(make_batch(seed=step))
         assert ("train/actor_loss" in res.metrics) == (step % 2 == 0)
@@ -839,3 +911,33 @@ def test_a_mixed_call_takes_the_residual_only_where_it_took_over():
     np.testing.assert_allclose(action[0], np.clip(base(obs)[0], LOW, HIGH), atol=1e-6)
     assert not np.allclose(action[1], np.clip(base(obs)[1], LOW, HIGH))
     assert (record["delta_action"][0] == 0).all() and (record["delta_action"][1] != 0).all()
+
+
+def test_the_trainers_random_warmup_is_refused_by_name_at_start(tmp_path, monkeypatch):
+    """`relive train residual_sac --warmup N` (issue 28 item 5): the trainer's random warm-up stored uniform actions
+    before an episode's probing steps and the run aborted mid-way ("act returned store=False after a stored step
+    of the same episode"); now it is refused before anything runs, naming the agent's own warm-up. With
+    --warmup-policy agent (the agent acts; the updates wait for N stored steps) the run goes through."""
+    import sys
+    import types
+
+    from relive.cli import build_parser
+    from relive.train.cli import config_from_args
+    from relive.train.trainer import train
+
+    fake = types.ModuleType("relive.agents.base_policy")
+    fake.load_base_policy = lambda path, spec: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
+    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    args = ["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--offline-steps", "0",
+            "--online-steps", "160", "--eval-every", "1000", "--eval-episodes", "1", "--batch-size", "16",
+            "--warmup", "120", "--no-progress", "--set", "env.max_episode_steps=50", "--set", "agent.hidden=[8,8]",
+            "--set", "agent.warmup=0", "--set", "agent.probe_max_steps=20", "--set", "agent.otf_candidates=1"]
+    with pytest.raises(ValueError, match=r"--warmup.*'residual_sac'.*--set agent\.warmup=N"):
+        train(config_from_args(build_parser().parse_args([*args, "--run-dir", str(tmp_path / "random")])))
+    assert not (tmp_path / "random").exists()
+    summary = train(config_from_args(build_parser().parse_args(
+        [*args, "--warmup-policy", "agent", "--run-dir", str(tmp_path / "agent")])))
+    assert summary.num_online_env_steps == 160 and summary.num_probing_env_steps > 0
+    assert summary.num_stored_online_env_steps == 160 - summary.num_probing_env_steps
+    # no updates before 120 stored rows, then one per stored row
+    assert summary.num_grad_steps == summary.num_stored_online_env_steps - 120

@@ -14,10 +14,10 @@ zero-initialized with a small initial log-std, so a ~= a_base at the start.
 
 ``update(batch)`` in the spec's order (Sec. 4-7), online phase:
     y = r + gamma (1 - terminated) max_k [min_i Qbar_i(x', a'_k) - alpha log dpi(delta_a'_k | x', .)]  (7)-(12)
-        a'_k = clip(pi_theta(x') + beta delta_a'_k), delta_a'_k ~ dpi(. | x', pi_theta(x')), k = 1..K (OTF; K = 1
-        is SAC's target)
+        a'_k = clip(pi_theta(x') + beta delta_a'_k), delta_a'_k ~ dpi(. | x', pi_theta(x')), k = 1..K (OTF; K = 8
+        by default, spec Sec. 13; K = 1 is SAC's target)
     critic: mean_i (Q_i(x, a) - y)^2 on the executed action, one clipped-norm Adam step, Polyak (13)-(15)
-    every ``actor_every`` critic steps (PLD Table 5: critic:actor = 2):
+    every ``actor_every`` critic steps (spec Sec. 10.2: every step, the default; PLD Table 5: 2, ``table5()``):
     actor: alpha log dpi(delta_a | x, .) - min_i Q_i(x, clip(pi_theta(x) + beta delta_a))          (16)-(17)
            -- the residual's log-prob only, never a density of the executed action (spec Sec. 12.2)
     temperature: -alpha (log dpi(delta_a | x, .) + H_tgt)                                          (18)-(19)
@@ -67,36 +67,40 @@ BasePolicy = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class ResidualSACConfig:
-    """Residual SAC hyperparameters. Defaults: the spec's Sec. 13 template and PLD Table 5 (batch 256 is the
-    trainer's ``schedule.batch_size``; symmetric 50/50 replay is the replay config)."""
+    """Residual SAC hyperparameters. Defaults: the spec's Sec. 13 template (K = 8, actor and temperature at every
+    gradient step, 1000 base-only warm-up steps, H_probe 50, beta 0.5 constant, alpha 0.1, lrs 3e-4, gamma 0.99,
+    tau 0.005) and, where the spec says nothing, PLD Table 5 (widths 256, LayerNorm, gradient clip 1.0). Batch 256
+    and one gradient step per stored env step are the trainer's ``schedule.batch_size`` / ``utd_ratio``; symmetric
+    50/50 replay is the replay config (the ``residual_sac`` preset sets all three). :meth:`table5` gives Table 5's
+    values where they differ from the template."""
 
     base_policy: str = ""  # frozen base policy (a path for load_base_policy); "": set_base_policy(fn)
-    hidden: tuple[int, ...] = (256, 256)  # hidden widths of the residual actor and of both critics (Table 5: 256)
+    hidden: tuple[int, ...] = (256, 256)  # widths of the residual actor and both critics (spec: open; Table 5: 256)
     condition_on_base: bool = True  # residual actor input (x, a_base) as PLD; False: x only
     init_log_std: float = -3.0  # initial log-std of the residual (zero last layer: mean 0, so a ~= a_base)
-    beta_schedule: str = "constant"  # residual scale beta_t: "constant" | "linear" | "stepwise" (spec Sec. 12.3)
-    beta: float = 0.5  # constant: beta_t = beta; linear: the final beta_max (Table 5 xi = 0.5)
+    beta_schedule: str = "constant"  # beta_t: "constant" | "linear" | "stepwise" (spec §12.3; §13: constant)
+    beta: float = 0.5  # constant: beta_t = beta; linear: the final beta_max (spec §13: 0.5; Table 5 xi = 0.5)
     beta_start: float = 0.0  # linear: beta at step 0; beta_t = start + (beta - start) min(1, t / T) (spec: 0)
     beta_ramp_steps: int = 10_000  # linear: T, in stored online env steps
     beta_boundaries: tuple[int, ...] = ()  # stepwise: stored online env steps where beta moves to the next value
     beta_values: tuple[float, ...] = ()  # stepwise: len(beta_boundaries) + 1 values, beta_values[0] before the first
     num_qs: int = 2  # clipped double Q (Table 5: 2)
     critic_layer_norm: bool = True  # LayerNorm after every hidden critic layer (Table 5)
-    otf_candidates: int = 1  # K residual candidates at x' in the TD target, max over their soft values; 1 = SAC
-    actor_every: int = 2  # one actor + temperature step every this many critic steps (Table 5: ratio 2)
-    gamma: float = 0.99  # discount
+    otf_candidates: int = 8  # OTF: K candidates at x', max of their soft values (spec §13 otf_K: 8); 1: SAC's target
+    actor_every: int = 1  # actor + alpha step every this many critic steps (spec §10.2: 1; Table 5: 2, see table5())
+    gamma: float = 0.99  # discount (spec §13, Table 5: 0.99)
     n_step: int = 1  # TD targets on n-step returns, which the buffer sums at sample time; 1: one-step
-    tau: float = 0.005  # Polyak rate of the target critics (per critic step)
-    actor_lr: float = 3e-4  # Adam learning rate of the residual actor (Table 5: 3e-4)
-    critic_lr: float = 3e-4  # Adam learning rate of the critics
-    temp_lr: float = 3e-4  # Adam learning rate of log(alpha)
+    tau: float = 0.005  # Polyak rate of the target critics, per critic step (spec §13: 0.005)
+    actor_lr: float = 3e-4  # Adam learning rate of the residual actor (spec §13 pi_lr, Table 5: 3e-4)
+    critic_lr: float = 3e-4  # Adam learning rate of the critics (spec §13 q_lr: 3e-4)
+    temp_lr: float = 3e-4  # Adam learning rate of log(alpha) (spec §13 alpha_lr: 3e-4)
     grad_clip_norm: float = 1.0  # clip the critic's and the actor's gradient norm (Table 5: 1.0); 0: off
-    init_temperature: float = 0.1  # initial alpha (spec Sec. 13; Table 5 as transcribed: 1.0)
+    init_temperature: float = 0.1  # initial alpha (spec §13 alpha.init: 0.1; Table 5 as transcribed: 1.0)
     learn_temperature: bool = True  # False: alpha stays at init_temperature
-    target_entropy: float | None = None  # None: -|A| (Table 5)
-    warmup: int = 1000  # base-only, stored steps (or episodes) at the start (spec: 1000 steps; Table 5: 100 ep.)
+    target_entropy: float | None = None  # None: -|A| (spec §13 "-dim(action)"; Table 5)
+    warmup: int = 1000  # base-only stored steps (or episodes) first (spec §13: 1000 steps; Table 5: 100 ep.)
     warmup_unit: str = "steps"  # "steps" or "episodes" (episodes are counted by the OnEpisodeStart hook)
-    probe_max_steps: int = 50  # H_probe: h ~ U{0..H_probe} base-only, unstored steps per episode; 0: no probing
+    probe_max_steps: int = 50  # H_probe: h ~ U{0..H_probe} unstored base-only steps per episode (spec §13: 50); 0: off
     cql_alpha: float = CalQLConfig.cql_alpha  # offline phase: weight of the calibrated conservative gap
     cql_n_actions: int = CalQLConfig.cql_n_actions  # offline phase: uniform / pi(x) / pi(x') actions per sample
     cql_temp: float = CalQLConfig.cql_temp  # offline phase: temperature of the logsumexp
@@ -140,6 +144,13 @@ class ResidualSACConfig:
             raise ValueError(f"need cql_n_actions >= 1, cql_alpha >= 0 and cql_temp > 0, got "
                              f"{self.cql_n_actions}, {self.cql_alpha}, {self.cql_temp}")
 
+    @classmethod
+    def table5(cls, **overrides) -> ResidualSACConfig:
+        """PLD's Table 5 (as transcribed by a third party) where it differs from the spec's template: a
+        critic-to-actor update ratio of 2 (``actor_every = 2``), 100 warm-up episodes, initial alpha 1.0."""
+        return cls(**({"actor_every": 2, "warmup": 100, "warmup_unit": "episodes", "init_temperature": 1.0}
+                      | overrides))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -163,6 +174,14 @@ class ResidualSAC:
     remote_acting_problem = ("its beta schedule and base-only warm-up count the env steps act() takes, and the "
                              "update reads beta from that clock, which would run in each collector's copy, not in "
                              "the learner")
+
+    # the trainer's random warm-up (schedule.num_warmup_env_steps, warmup_policy "random") acts instead of act() and
+    # stores uniform actions; the trainer refuses it at start for an agent that names this problem (issue 28 item 5)
+    random_warmup_problem = ("its warm-up is base-only acting (agent.warmup stored steps, with updates: spec Sec. 2), "
+                             "and its probing needs every step of an episode from act(): a random warm-up ending "
+                             "mid-episode would store random actions before the episode's unstored probing steps. "
+                             "Use --set agent.warmup=N for the base-only warm-up (and --warmup 0), or "
+                             "--warmup-policy agent to only hold the updates back for N stored steps")
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
