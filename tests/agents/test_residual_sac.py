@@ -941,3 +941,36 @@ def test_the_trainers_random_warmup_is_refused_by_name_at_start(tmp_path, monkey
     assert summary.num_stored_online_env_steps == 160 - summary.num_probing_env_steps
     # no updates before 120 stored rows, then one per stored row
     assert summary.num_grad_steps == summary.num_stored_online_env_steps - 120
+
+
+def test_docs_pld_says_what_the_code_does():
+    """docs/pld.md (issue 28 items 6 and 11): the evaluation formula has the residual's (high - low)/2 scale (checked
+    against act), probing steps vs budgets are stated with the summary.json fields that report them, online
+    returns-to-go are said to be unread, no path outside the repository is cited, and every test it names exists."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from relive.train.trainer import RunSummary
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "pld.md").read_text()
+    assert "clip(a_base + beta (high - low)/2 tanh(mu))" in doc
+    agent = make(beta=0.7)
+    with torch.no_grad():  # a residual mean away from 0: the scale shows
+        agent.actor.trunk[-1].bias[:ACT] = torch.tensor([0.8, -1.5])
+    obs = obs_rows(4)
+    base = agent.base_action(obs)
+    expected = np.clip(base + 0.7 * HALF * np.tanh([0.8, -1.5]), LOW, HIGH)
+    np.testing.assert_allclose(agent.act(obs, explore=False), expected, rtol=0, atol=1e-5)
+
+    fields = {f.name for f in dataclasses.fields(RunSummary)}
+    for name in ("num_online_env_steps", "num_stored_online_env_steps", "num_probing_env_steps"):
+        assert name in fields and f"`{name}`" in doc
+    assert "`--online-steps` (`schedule.num_online_env_steps`) counts **executed** env steps" in doc
+    assert "Online returns-to-go are written but never read" in doc
+    assert "seeds/" not in doc and "research/" not in doc
+    here = (root / "tests" / "agents" / "test_residual_sac.py").read_text()
+    for name in set(re.findall(r"`(test_\w+)`", doc)):
+        assert re.search(rf"def {name}\b", here) or any(
+            re.search(rf"def {name}\b", p.read_text()) for p in (root / "tests").rglob("test_*.py")), name

@@ -1,6 +1,6 @@
 """Residual SAC on a frozen base policy: stage 1 of PLD ("Probe, Learn, Distill", Xiao et al., arXiv
-2511.00091), following the implementation spec ``seeds/004`` (formula numbers (1)-(26) are its Sec. 14
-checklist; ``docs/pld.md`` maps each one to a function and a test).
+2511.00091), following a formula-level implementation spec of the paper (not in this repository; formula numbers
+(1)-(26) are its Sec. 14 checklist; ``docs/pld.md`` maps each one to a function and a test).
 
 Acting (1)-(5), (22)-(25):
     a_base = pi_theta(x)                        (1)  the frozen base policy, any callable [N, O] -> [N, A]
@@ -304,8 +304,9 @@ class ResidualSAC:
         return torch.clamp(base + beta * delta, self.low_t, self.high_t)
 
     def combined_policy(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        """``residual(obs [N, O], base_action [N, A]) -> clip(a_base + beta tanh(mu)) [N, A]``: the deterministic
-        executed action for a given base action, at the current beta (what ``relive pld distill`` rolls out)."""
+        """``residual(obs [N, O], base_action [N, A]) -> clip(a_base + beta (high - low)/2 tanh(mu)) [N, A]``: the
+        deterministic executed action for a given base action, at the current beta (what ``relive pld distill``
+        rolls out)."""
 
         @torch.no_grad()
         def residual(obs: np.ndarray, base_action: np.ndarray) -> np.ndarray:
@@ -355,11 +356,12 @@ class ResidualSAC:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool):
-        """``explore=False`` (evaluation): clip(a_base + beta tanh(mu)) as a bare [N, A] array -- never warm-up,
-        never probing. ``explore=True``: an :class:`Acted` with the records ``base_action``, ``delta_action``,
-        ``beta`` and ``store=False`` on probing steps; it advances the episode step and the clocks. The rows of
-        one call share the episode's state (the online collector runs one environment); an ``Acted`` always
-        holds [N, ...] arrays, also for a single observation, so that its store flag is per row. Row i is env i
+        """``explore=False`` (evaluation): clip(a_base + beta (high - low)/2 tanh(mu)) as a bare [N, A] array --
+        never warm-up, never probing. ``explore=True``: an :class:`Acted` with the records ``base_action``,
+        ``delta_action``, ``beta`` and ``store=False`` on probing steps; it advances the episode step and the
+        clocks. The rows of one call share the episode's state (the online collector runs one environment); an
+        ``Acted`` always holds [N, ...] arrays, also for a single observation, so that its store flag is per row.
+        Row i is env i
         (``--num-envs``): each env has its own episode step and probing length, so in one call some rows may
         probe (unstored) while others are residual steps."""
         o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
@@ -395,8 +397,9 @@ class ResidualSAC:
 
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
         """The behaviour records (spec Sec. 12.1) and, when calibrating, ``mc_return`` (the dataset loader
-        computes it for offline rows; online rows get theirs when their episode ends, from the takeover step
-        on, since probing steps are not stored)."""
+        computes it for offline rows, which the Cal-QL pre-training reads; online rows get theirs when their
+        episode ends, from the takeover step on, since probing steps are not stored, but no online update reads
+        them: Cal-QL only initializes the critic, spec Sec. 8)."""
         a = (self.action_dim,)
         cols = (
             ColumnDecl("base_action", a, doc="pi_theta(x) when the row was collected (offline rows: 0, not recorded)"),
