@@ -974,3 +974,68 @@ def test_docs_pld_says_what_the_code_does():
     for name in set(re.findall(r"`(test_\w+)`", doc)):
         assert re.search(rf"def {name}\b", here) or any(
             re.search(rf"def {name}\b", p.read_text()) for p in (root / "tests").rglob("test_*.py")), name
+
+
+def _bc_base(path, seed):
+    """A tiny BC MLP base policy for Pendulum (obs 3, action 1) saved at ``path``; its weights depend on ``seed``."""
+    from relive.agents.bc import BCConfig, new_policy, save_bc_policy
+
+    return save_bc_policy(path, new_policy(3, 1, [-2.0], [2.0], BCConfig(hidden=(8,)), seed=seed), {},
+                          overwrite=True)
+
+
+def test_a_state_trained_on_another_base_is_refused_unless_allowed(tmp_path):
+    """Issue 28 item 7: the agent records its base's digest (BasePolicy.digest()) in its state; loading that state
+    with a base of another digest is refused unless allow_other_base; a plain callable cannot say (no check)."""
+    from relive.agents.base_policy import load_base_policy
+    from relive.train.envs import env_spec, make_env
+
+    spec = env_spec(make_env("Pendulum-v1"))
+    base_a, base_b = (load_base_policy(_bc_base(tmp_path / name, seed), spec) for name, seed in (("a", 0), ("b", 1)))
+    cfg = ResidualSACConfig(hidden=(8, 8))
+    a = ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(0), base_policy=base_a)
+    state = a.state_dict()
+    assert state["base_sha256"] == base_a.digest() != base_b.digest()
+    ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(1), base_policy=base_a).load_state_dict(state)
+    b = ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(1), base_policy=base_b)
+    with pytest.raises(ValueError, match=r"trained on a base policy with SHA-256 .*--allow-other-base"):
+        b.load_state_dict(state)
+    b.allow_other_base = True
+    b.load_state_dict(state)
+    assert b.state_dict()["base_sha256"] == base_b.digest()  # from now on it trains on b
+    plain = ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(1), base_policy=lambda o: np.zeros((len(o), 1)))
+    plain.load_state_dict(state)  # (no digest to compare)
+
+
+def test_resume_refuses_a_changed_base_policy_unless_allowed(tmp_path):
+    """`relive train --resume RUN` after the file at agent.base_policy changed: refused, naming
+    --allow-other-base; with it the run goes on (and --allow-other-base on an agent without a base is refused)."""
+    from relive.cli import build_parser, main
+    from relive.train.cli import config_from_args
+    from relive.train.trainer import train
+
+    base = _bc_base(tmp_path / "base", 0)
+    argv = ["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", str(base), "--offline-steps", "0",
+            "--online-steps", "120", "--eval-every", "1000", "--eval-episodes", "1", "--batch-size", "16",
+            "--checkpoint-every", "40", "--no-progress", "--set", "env.max_episode_steps=40",
+            "--set", "agent.hidden=[8,8]", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5",
+            "--set", "agent.otf_candidates=2", "--run-dir", str(tmp_path / "run")]
+
+    class Kill(Exception):
+        pass
+
+    def kill(env_steps, grad_steps):
+        if env_steps >= 90:
+            raise Kill
+
+    with pytest.raises(Kill):
+        train(config_from_args(build_parser().parse_args(argv)), on_step=kill)
+    _bc_base(tmp_path / "base", 1)  # the base policy file is replaced by another one
+    with pytest.raises(ValueError, match="--allow-other-base"):
+        main(["--debug", "train", "--resume", str(tmp_path / "run"), "--no-progress"])
+    assert main(["train", "--resume", str(tmp_path / "run"), "--no-progress", "--allow-other-base"]) == 0
+    assert (tmp_path / "run" / "summary.json").is_file()
+    with pytest.raises(ValueError, match="agent 'sac' has no frozen base policy"):
+        main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--allow-other-base", "--run-dir",
+              str(tmp_path / "sac")])
+    assert not (tmp_path / "sac").exists()

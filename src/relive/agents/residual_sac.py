@@ -183,6 +183,10 @@ class ResidualSAC:
                              "Use --set agent.warmup=N for the base-only warm-up (and --warmup 0), or "
                              "--warmup-policy agent to only hold the updates back for N stored steps")
 
+    # load_state_dict refuses a state recorded on a base with another digest unless this is True (the trainer sets
+    # it from train(allow_other_base=True), `relive train ... --allow-other-base`)
+    allow_other_base = False
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
                  base_policy: BasePolicy | None = None):
@@ -215,6 +219,7 @@ class ResidualSAC:
         self.critic_opt = nets.adam(self.critic.parameters(), cfg.critic_lr)
         self.alpha_opt = nets.adam([self.log_alpha], cfg.temp_lr)
         self.base: BasePolicy | None = None
+        self.base_sha256 = ""  # the base's BasePolicy.digest() ("": a plain callable, which cannot say)
         if base_policy is not None:
             self.set_base_policy(base_policy)
         self.phase = "online"  # "offline": critic-only Cal-QL updates (set by the OnPhase hook)
@@ -266,6 +271,8 @@ class ResidualSAC:
             raise ValueError(f"the base policy must map obs [N, {self.obs_dim}] to actions [N, {self.action_dim}]; "
                              f"on [2, {self.obs_dim}] it returned shape {out.shape}")
         self.base = fn
+        digest = getattr(fn, "digest", None)  # (once: the base is frozen; its weights never change)
+        self.base_sha256 = str(digest()) if callable(digest) else ""
 
     def base_action(self, obs: np.ndarray) -> np.ndarray:
         """a_base = pi_theta(x) (1): [N, A] float32, computed without gradients."""
@@ -573,9 +580,19 @@ class ResidualSAC:
             "phase": self.phase,
             "counters": {name: getattr(self, name) for name in _COUNTERS},
             "per_env": {name: getattr(self, name).copy() for name in _PER_ENV},
+            "base_sha256": self.base_sha256,  # the frozen base the residual was trained on (checked on load)
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores everything ``state_dict`` saved. A state recorded on a base policy whose digest differs from
+        the installed base's is refused (a residual learned on one base is a correction of that base, not of
+        another) unless ``allow_other_base``; either digest unknown ("": a plain callable): not checked."""
+        recorded = str(state.get("base_sha256", ""))
+        if recorded and self.base_sha256 and recorded != self.base_sha256 and not self.allow_other_base:
+            raise ValueError(f"this residual was trained on a base policy with SHA-256 {recorded[:16]}..., the "
+                             f"base policy installed now ({self.cfg.base_policy or 'set_base_policy'}) has "
+                             f"{self.base_sha256[:16]}...: a residual corrects the base it was trained on. Use "
+                             f"that base, or pass --allow-other-base (allow_other_base=True) to go on with this one")
         nets.load_module_state(self.actor, state["actor"])
         nets.load_module_state(self.critic, state["critic"])
         nets.load_module_state(self.target_critic, state["target_critic"])
@@ -606,7 +623,9 @@ _PER_ENV = ("episode_step", "probe_steps", "episode_index")
 def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """The trained residual of a finished ``residual_sac`` run directory (``config.json`` + ``agent_final/``) as
     ``residual(obs, base_action) -> executed action`` (:meth:`ResidualSAC.combined_policy`; deterministic, the
-    run's final beta). The base policy is not loaded: the caller passes its actions."""
+    run's final beta). The base policy is not loaded: the caller passes its actions; the callable's ``base_sha256``
+    is the digest of the base the run trained on ("" when unknown), which ``relive.agents.distill.distill`` checks
+    against the base it is given."""
     from pathlib import Path
 
     from relive.config import load_config
@@ -624,5 +643,8 @@ def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     env.close()
     agent = ResidualSAC(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high,
                         cfg.agent)
-    agent.load_state_dict(load_tree(run_dir / "agent_final", kind="agent"))
-    return agent.combined_policy()
+    state = load_tree(run_dir / "agent_final", kind="agent")
+    agent.load_state_dict(state)  # (no base installed: nothing to check here)
+    residual = agent.combined_policy()
+    residual.base_sha256 = str(state.get("base_sha256", ""))
+    return residual

@@ -155,16 +155,18 @@ RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progre
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
           resume_settings: Sequence[str] = (), on_step: Callable[[int, int], None] | None = None,
-          wrap_agent: Callable | None = None) -> RunSummary:
+          wrap_agent: Callable | None = None, allow_other_base: bool = False) -> RunSummary:
     """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint; ``resume_settings``:
     ``section.key=value`` changes of :data:`RESUME_SETTINGS` for the resumed part (e.g. ``run.device=cpu`` and
     ``replay.device=none`` to continue a GPU run on a machine without one), written to its config.json.
 
     ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk (tests
     raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
-    the agent (seeds batched in one process, :mod:`relive.train.seed_batch`).
+    the agent (seeds batched in one process, :mod:`relive.train.seed_batch`). ``allow_other_base``: an agent on a
+    frozen base policy (``allow_other_base`` attribute) may load a checkpoint / ``run.init_from`` state recorded on
+    a base with another digest (refused otherwise).
     """
-    run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings)
+    run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings, allow_other_base)
     try:
         offline_phase(run)
         final = online_phase(run)
@@ -226,7 +228,7 @@ def _check_devices(cfg: ExperimentConfig) -> None:
 
 
 def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None = None,
-          resume_settings: Sequence[str] = ()) -> Run:
+          resume_settings: Sequence[str] = (), allow_other_base: bool = False) -> Run:
     """Components from the config (or the run directory's config), the dataset in the buffer, and on resume
     every component's state from the last checkpoint. ``config.json`` is written only once all of it worked."""
     saved = None
@@ -248,6 +250,8 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
     s.check_update_rule()
     _check_devices(cfg)
     _check_random_warmup(cfg, agent_entry(cfg.agent_kind).target)
+    if allow_other_base and not hasattr(agent_entry(cfg.agent_kind).target, "allow_other_base"):
+        raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
     torch.set_num_threads(cfg.run.num_threads)
     nets.retain_freed_memory()  # no page faults on every update's activations (see the function)
     eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
@@ -258,6 +262,8 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         eval_env.reset(seed=_int(seeds["eval"]))
     spec = env_spec(eval_env)
     agent = build_agent(cfg, spec, seeds["agent"])
+    if allow_other_base:  # (checked by the agent's load_state_dict: resume and run.init_from)
+        agent.allow_other_base = True
     if wrap_agent is not None:
         agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
