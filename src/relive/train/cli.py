@@ -77,6 +77,9 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint, as it "
                    "was configured; --device, --replay-device, --threads and --no-progress may change where it runs "
                    "(e.g. a GPU run on a CPU machine: --device cpu --replay-device none)")
+    p.add_argument("--allow-other-base", action="store_true", help="residual_sac: load a checkpoint (--resume) or "
+                   "--init-from agent trained on a base policy whose digest differs from the base given now "
+                   "(refused otherwise: a residual corrects the base it was trained on)")
     p.set_defaults(func=run_train)
 
     ps = subparsers.add_parser("presets", help="list the training presets and their settings")
@@ -132,7 +135,8 @@ def resume_settings(args: argparse.Namespace) -> list[str]:
     from relive.train.trainer import RESUME_SETTINGS
 
     defaults = vars(build_parser().parse_args(["train", "--resume", "RUN_DIR"]))
-    allowed = {"device", "replay_device", "threads", "no_progress", "set", "resume", "func", "command", "debug"}
+    allowed = {"device", "replay_device", "threads", "no_progress", "set", "resume", "func", "command", "debug",
+               "allow_other_base"}
     given = sorted(k for k, v in vars(args).items() if k not in allowed and v != defaults.get(k))
     if given:
         names = ", ".join("--" + k.replace("_", "-") if k != "preset" else f"PRESET ({args.preset})" for k in given)
@@ -185,11 +189,12 @@ def run_train(args: argparse.Namespace) -> int:
     if getattr(args, "seeds", None):
         return _train_seeds(args)
     if args.resume:
-        summary = train(resume_dir=args.resume, resume_settings=resume_settings(args))
+        summary = train(resume_dir=args.resume, resume_settings=resume_settings(args),
+                        allow_other_base=args.allow_other_base)
     else:
         if not args.preset:
             raise SystemExit("relive train: give a PRESET (see `relive presets`) or --resume RUN_DIR")
-        summary = train(config_from_args(args))
+        summary = train(config_from_args(args), allow_other_base=args.allow_other_base)
     start = "after the offline phase" if summary.num_offline_grad_steps else "at the start"
     first = f"{start}: {summary.offline_return:.1f}, " if math.isfinite(summary.offline_return) else ""
     print(f"done: {summary.run_dir} | final return {summary.final_return:.1f} ({first}best: "
