@@ -43,8 +43,10 @@ def add_parsers(subparsers) -> None:
                    "batched (DDQN only; e.g. 0,1,2): --run-dir must contain {seed}, each seed's own run directory "
                    "(relive.train.seed_batch)")
     p.add_argument("--offline-steps", type=non_negative_int, help="gradient steps on the dataset before going online")
-    p.add_argument("--online-steps", type=non_negative_int, help="online environment steps")
-    p.add_argument("--utd", type=positive_int, help="gradient steps per environment step (update-to-data ratio)")
+    p.add_argument("--online-steps", type=non_negative_int, help="online environment steps executed (a budget of "
+                   "interactions: unstored probing steps count)")
+    p.add_argument("--utd", type=positive_int, help="gradient steps per stored environment step "
+                   "(update-to-data ratio)")
     p.add_argument("--chunk", type=positive_int, help="env steps collected before each burst of chunk x utd updates")
     p.add_argument("--grad-steps-per-chunk", type=non_negative_int, help="gradient steps after each chunk instead of "
                    "chunk x utd (RL Zoo's gradient_steps with train_freq = --chunk); the UTD ratio must then be 1 "
@@ -53,7 +55,8 @@ def add_parsers(subparsers) -> None:
                    "return reaches this (the ReaPER protocol: train until the reward threshold)")
     p.add_argument("--init-from", metavar="RUN_DIR", help="start from the agent a finished run saved (its "
                    "agent_final/): e.g. one offline pre-training shared by several fine-tuning runs")
-    p.add_argument("--warmup", type=non_negative_int, help="env steps collected before the first online update")
+    p.add_argument("--warmup", type=non_negative_int, help="env steps stored before the first online update "
+                   "(random actions unless --warmup-policy agent)")
     p.add_argument("--warmup-policy", choices=("random", "agent"), help="who acts during the warm-up: uniform "
                    "random actions, or the (pre-trained) agent's exploration policy")
     p.add_argument("--batch-size", type=positive_int, help="rows per gradient step")
