@@ -1039,3 +1039,6 @@ def test_resume_refuses_a_changed_base_policy_unless_allowed(tmp_path):
         main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--allow-other-base", "--run-dir",
               str(tmp_path / "sac")])
     assert not (tmp_path / "sac").exists()
+    with pytest.raises(ValueError, match="--allow-other-base does not combine with --seeds"):
+        main(["--debug", "train", "residual_sac", "--env", "Pendulum-v1", "--seeds", "0,1", "--allow-other-base",
+              "--run-dir", str(tmp_path / "s{seed}")])

@@ -213,6 +213,8 @@ def _train_seeds(args: argparse.Namespace) -> int:
 
     if args.resume or args.seed is not None:
         raise ValueError("--seeds trains new runs of the listed seeds: it does not combine with --resume or --seed")
+    if getattr(args, "allow_other_base", False):  # (seed batching loads no state of another base)
+        raise ValueError("--allow-other-base does not combine with --seeds: train each seed on its own")
     try:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:
