@@ -48,7 +48,7 @@ def calql_arb() -> ExperimentConfig:
 
 def residual_sac() -> ExperimentConfig:
     """PLD stage 1: residual SAC on a frozen base policy (--base-policy PATH); Cal-QL critic pre-training on the
-    base's successful episodes (--dataset), then online. Sources -- the spec's §13 template (seed 004): gamma 0.99,
+    base's successful episodes (--dataset), then online. Sources -- the PLD spec's §13 template: gamma 0.99,
     tau 0.005, batch 256 (schedule.batch_size), OTF K = 8 (agent.otf_candidates), 1 gradient step per stored env
     step (schedule.utd_ratio = 1; probing steps are executed, not stored, not trained on), warm-up 1000 steps of
     base-only acting (agent.warmup, stored, with updates; the trainer's random warm-up is off:

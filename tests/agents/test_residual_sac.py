@@ -195,7 +195,7 @@ def test_loop_hooks_reach_the_agent():
 
 
 # -- beta schedules -------------------------------------------------------------------------------------
-# the spec's §13 configuration template (seed 004), transcribed; actor_every from its §10.2 loop
+# the PLD implementation spec's §13 configuration template, transcribed; actor_every from its §10.2 loop
 SPEC_TEMPLATE = {"gamma": 0.99, "tau": 0.005, "otf_candidates": 8, "warmup": 1000, "warmup_unit": "steps",
                  "probe_max_steps": 50, "beta_schedule": "constant", "beta": 0.5, "init_temperature": 0.1,
                  "target_entropy": None, "actor_lr": 3e-4, "critic_lr": 3e-4, "temp_lr": 3e-4, "actor_every": 1}

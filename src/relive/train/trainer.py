@@ -537,7 +537,7 @@ def stored_env_steps(run: Run) -> int:
 def grad_steps_earned(s: ScheduleConfig, executed: int, stored: int) -> int:
     """Gradient steps after a chunk of ``executed`` env steps of which ``stored`` were stored: ``utd_ratio`` per
     stored row, or ``grad_steps_per_chunk`` scaled by the chunk's stored share (rounded down). Unstored steps
-    (PLD's probing: executed, not stored) are not data and earn none (spec 004 §10.2: updates run only inside
+    (PLD's probing: executed, not stored) are not data and earn none (PLD spec §10.2: updates run only inside
     the stored rollout loop); for an agent that stores every step this is ``chunk x utd_ratio`` as always."""
     if s.grad_steps_per_chunk:
         return s.grad_steps_per_chunk * stored // executed if executed else 0
