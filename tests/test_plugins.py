@@ -201,9 +201,12 @@ def test_a_sampler_and_an_agent_defined_in_a_test_run_through_relive_train(tmp_p
     np.testing.assert_array_equal(buf.storage.columns["toy_mean"][:16], 0.0)
 
     # hints reach the agent unchanged, every update; the sampler's draws stayed on even slots
-    # one update per env step (probing steps are env steps too), from env step 19 on: 3 probes + 16 stored rows
-    # make the first full batch of 16
-    assert len(agent.hints_seen) == 260 - 18 and all(h["toy_hint"] == 0.25 for h in agent.hints_seen)
+    # one update per stored row (probing steps are executed, not data: they earn no update), from the 16th stored
+    # row on (the first full batch of 16): 242 stored rows -> 227 updates
+    assert len(agent.hints_seen) == 260 - 18 - 15 and all(h["toy_hint"] == 0.25 for h in agent.hints_seen)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (summary["num_online_env_steps"], summary["num_stored_online_env_steps"],
+            summary["num_probing_env_steps"], summary["num_grad_steps"]) == (260, 242, 18, 227)
     assert [h["toy_batches"] for h in agent.hints_seen[:3]] == [1, 2, 3]
     assert agent.counts["after"] == len(agent.hints_seen)
     assert agent.counts["every"] == -(-len(agent.hints_seen) // 7)  # gradient steps 0, 7, 14, ... of the phase

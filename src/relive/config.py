@@ -147,13 +147,13 @@ class DataConfig:
 @dataclass(frozen=True)
 class ScheduleConfig:
     num_offline_grad_steps: int = 0  # gradient steps on the dataset before going online
-    num_online_env_steps: int = 10_000  # online environment steps
+    num_online_env_steps: int = 10_000  # online environment steps executed (unstored probing steps included)
     env_steps_per_chunk: int = 1  # collect this many env steps, then chunk x utd_ratio gradient steps
-    utd_ratio: int = 1  # gradient steps per env step (update-to-data ratio); the only copy of it
+    utd_ratio: int = 1  # gradient steps per stored env step (update-to-data ratio); the only copy of it
     # > 0: this many gradient steps after each chunk instead of chunk x utd_ratio (RL Zoo's train_freq /
     # gradient_steps, e.g. 128 updates every 256 env steps on CartPole)
     grad_steps_per_chunk: int = 0
-    num_warmup_env_steps: int = 1000  # no updates at the start of the online phase
+    num_warmup_env_steps: int = 1000  # no updates until this many online env steps were stored
     warmup_policy: str = "random"  # warm-up actions: "random" (uniform) or "agent" (the pre-trained policy)
     batch_size: int = 256  # rows per gradient step (updates wait until the buffer holds this many rows)
 

@@ -48,9 +48,15 @@ def calql_arb() -> ExperimentConfig:
 
 def residual_sac() -> ExperimentConfig:
     """PLD stage 1: residual SAC on a frozen base policy (--base-policy PATH); Cal-QL critic pre-training on the
-    base's successful episodes (--dataset), then 50/50 symmetric replay; the agent's own base-only warm-up (1000
-    stored steps, with updates; the trainer's random warm-up is off) and probing (H_probe = 50); batch 256 (PLD
-    Table 5)."""
+    base's successful episodes (--dataset), then online. Sources -- the PLD spec's §13 template: gamma 0.99,
+    tau 0.005, batch 256 (schedule.batch_size), OTF K = 8 (agent.otf_candidates), 1 gradient step per stored env
+    step (schedule.utd_ratio = 1; probing steps are executed, not stored, not trained on), warm-up 1000 steps of
+    base-only acting (agent.warmup, stored, with updates; the trainer's random warm-up is off:
+    schedule.num_warmup_env_steps = 0), probing H_probe 50, beta constant 0.5, alpha init 0.1, target entropy
+    -|A| (agent.target_entropy = null), learning rates 3e-4, online capacity 1e6 (replay.capacity); its §10.2 loop:
+    actor and alpha at every gradient step (agent.actor_every = 1); its §3: 50/50 symmetric replay. PLD Table 5
+    (the spec is silent): widths 256, 2 LayerNorm critics, gradient-norm clip 1.0. relive's own: 5,000 Cal-QL
+    pre-training steps (cql_* as the calql preset), init_log_std -3 (a ~= a_base at the start)."""
     return ExperimentConfig(preset="residual_sac", agent_kind="residual_sac", agent=ResidualSACConfig(),
                             schedule=ScheduleConfig(num_offline_grad_steps=5_000, num_warmup_env_steps=0,
                                                     batch_size=256),

@@ -175,6 +175,19 @@ def test_cli_bc_on_a_tiny_npz(tmp_path, capsys):
     base = load_base_policy(out, env_spec(make_env("Pendulum-v1")))
     assert base(np.zeros((3, 3), np.float32)).shape == (3, 1)
 
+    # an existing --out is refused before any work, untouched (issue 28 item 7); --overwrite replaces it whole
+    (out / "note.txt").write_text("keep me")
+    again = ["bc", "--dataset", str(path), "--out", str(out), "--episodes", "1", "--steps", "5", "--hidden", "8",
+             "--eval-episodes", "0", "--no-progress"]
+    capsys.readouterr()
+    assert main(again) == 2 and "--overwrite" in capsys.readouterr().err
+    assert (out / "note.txt").read_text() == "keep me" and (out / "eval.json").is_file()
+    assert main([*again, "--overwrite"]) == 0
+    assert not (out / "note.txt").exists() and not (out / "eval.json").exists()
+    assert json.loads((out / "bc.json").read_text())["config"]["num_steps"] == 5
+    with pytest.raises(ValueError, match="exists; pass --overwrite"):
+        save_bc_policy(out, new_policy(3, 1, [-2.0], [2.0], BCConfig(hidden=(8,)), seed=0))
+
 
 def test_observation_statistics_and_constant_features():
     rows = expert_rows(400)

@@ -222,3 +222,49 @@ def test_collect_keeps_the_base_policys_successful_episodes_as_a_dataset(tmp_pat
     np.testing.assert_allclose(rows["action"], 1.0, atol=1e-6)
     assert main(["pld", "collect", "--base", str(fast), "--env", "LineGoal-v0", "--episodes", "3",
                  "--out", str(tmp_path / "d_off.npz")]) == 2  # exists: refused, one line, exit 2
+
+
+def test_cli_distill_keeps_the_runs_time_limit_and_base_and_never_replaces_out_silently(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """Issue 28 item 7: `relive pld distill` rolls out episodes as long as the run's (env.max_episode_steps, also
+    T_base's default horizon); a --base whose weights differ from the base the residual was trained on is refused
+    unless --allow-other-base; an existing --out is refused unless --overwrite (which replaces it whole)."""
+    from relive.agents.base_policy import load_base_policy
+    from relive.cli import main
+    from relive.train.envs import env_spec
+
+    base_dir = idle_base(tmp_path)
+    digest = load_base_policy(base_dir, env_spec(make_env("LineGoal-v0"))).digest()
+    other = save_bc_policy(tmp_path / "other", new_policy(2, 1, [-1.0], [1.0], BCConfig(hidden=(16, 16)), seed=1), {})
+
+    def residual(obs, base_action):
+        return full_speed(obs, base_action)
+
+    residual.base_sha256 = digest  # what residual_sac.load_residual attaches: the run's base
+    fake = types.ModuleType("relive.agents.residual_sac")
+    fake.load_residual = lambda run_dir: residual
+    monkeypatch.setitem(sys.modules, "relive.agents.residual_sac", fake)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"env": {"id": "LineGoal-v0", "max_episode_steps": 8},
+                                                 "agent": {"base_policy": str(base_dir)}}))
+    out = tmp_path / "new"
+    args = ["pld", "distill", "--run", str(run), "--episodes", "30", "--out", str(out), "--steps", "5",
+            "--eval-episodes", "0"]
+    assert main(args) == 0
+    stats = json.loads((out / "distill.json").read_text())
+    assert stats["max_episode_steps"] == 8 and max(stats["t_base"]) <= 8  # (registered limit: 20)
+    assert stats["base_sha256"] == stats["residual_trained_on_base_sha256"] == digest
+
+    (out / "note.txt").write_text("keep me")
+    capsys.readouterr()
+    assert main(args) == 2 and "--overwrite" in capsys.readouterr().err
+    assert (out / "note.txt").read_text() == "keep me"
+    assert main([*args, "--overwrite"]) == 0 and not (out / "note.txt").exists()
+
+    args2 = ["pld", "distill", "--run", str(run), "--episodes", "30", "--out", str(tmp_path / "d2"), "--steps", "5",
+             "--eval-episodes", "0", "--base", str(other)]
+    with pytest.raises(ValueError, match="--allow-other-base"):
+        main(["--debug", *args2])
+    assert not (tmp_path / "d2").exists()
+    assert main([*args2, "--allow-other-base"]) == 0

@@ -195,6 +195,66 @@ def test_loop_hooks_reach_the_agent():
 
 
 # -- beta schedules -------------------------------------------------------------------------------------
+# the PLD implementation spec's §13 configuration template, transcribed; actor_every from its §10.2 loop
+SPEC_TEMPLATE = {"gamma": 0.99, "tau": 0.005, "otf_candidates": 8, "warmup": 1000, "warmup_unit": "steps",
+                 "probe_max_steps": 50, "beta_schedule": "constant", "beta": 0.5, "init_temperature": 0.1,
+                 "target_entropy": None, "actor_lr": 3e-4, "critic_lr": 3e-4, "temp_lr": 3e-4, "actor_every": 1}
+
+
+def test_defaults_are_the_spec_template():
+    """Issue 28 items 1, 3, 4: OTF with K = 8 (not K = 1, SAC's target), actor every step, and the rest of §13."""
+    cfg = ResidualSACConfig()
+    assert {k: getattr(cfg, k) for k in SPEC_TEMPLATE} == SPEC_TEMPLATE
+    assert make(hidden=(8, 8)).target_entropy == -ACT  # -|A|
+    table5 = ResidualSACConfig.table5(beta=0.3)
+    assert (table5.actor_every, table5.warmup, table5.warmup_unit, table5.init_temperature, table5.beta) == \
+        (2, 100, "episodes", 1.0, 0.3)
+
+
+def test_residual_sac_preset_is_the_spec_template_and_names_its_sources(capsys):
+    """`relive presets --show residual_sac`: the §13 values (batch 256, 1 gradient step per stored env step, no
+    random warm-up, symmetric 50/50, capacity 1e6) and, for each, where it comes from."""
+    from relive.presets import get_preset
+    from relive.train.cli import show
+
+    cfg = get_preset("residual_sac")
+    assert {k: getattr(cfg.agent, k) for k in SPEC_TEMPLATE} == SPEC_TEMPLATE
+    s = cfg.schedule
+    assert (s.batch_size, s.utd_ratio, s.grad_steps_per_chunk, s.num_warmup_env_steps) == (256, 1, 0, 0)
+    assert (cfg.replay.name, cfg.replay.options.offline_fraction, cfg.replay.capacity) == ("symmetric", 0.5, 10**6)
+    assert show("residual_sac") == 0
+    out = capsys.readouterr().out
+    head, lines = out.split("\n", 1)[0], {ln.split(" = ")[0]: ln for ln in out.splitlines() if " = " in ln}
+    for phrase in ("§13", "gamma 0.99", "tau 0.005", "batch 256", "K = 8", "1 gradient step per stored env step",
+                   "warm-up 1000 steps of base-only acting", "H_probe 50", "beta constant 0.5", "alpha init 0.1",
+                   "target entropy -|A|", "learning rates 3e-4", "§10.2", "Table 5"):
+        assert phrase in head, phrase
+    for key in ("otf_candidates", "actor_every", "gamma", "tau", "actor_lr", "critic_lr", "temp_lr", "warmup",
+                "probe_max_steps", "beta_schedule", "beta", "init_temperature", "target_entropy"):
+        assert "spec §" in lines[f"agent.{key}"], lines[f"agent.{key}"]
+
+
+@pytest.mark.parametrize("grid", ["pld", "pld-pendulum", "pld-reacher"])
+def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):
+    """The grids' "pld" variant is the spec's PLD (K = 8, actor every step); K = 1 (SAC's target) and K = 4 are the
+    ablations (issue 28 item 1: the earlier "full PLD" ran K = 1)."""
+    from relive.cli import build_parser
+    from relive.experiments.grid import load_grid
+    from relive.train.cli import config_from_args
+
+    g = load_grid(grid)
+    runs = {r.label: r for r in g.runs() if r.seed == 0}
+    assert "pld-K8" not in runs and {"pld", "pld-K1", "pld-K4"} <= set(runs)
+    ks = {}
+    for label in ("pld", "pld-K1", "pld-K4"):
+        r = runs[label]
+        cfg = config_from_args(build_parser().parse_args(["train", r.preset, "--env", r.task, *r.args]))
+        ks[label] = cfg.agent.otf_candidates
+        assert cfg.agent.actor_every == 1 and cfg.schedule.utd_ratio == 1
+    assert ks == {"pld": 8, "pld-K1": 1, "pld-K4": 4}
+    assert "K = 8" in g.description and "K = 1 (SAC's target)" in g.description
+
+
 def test_beta_schedules_give_their_formulas():
     const = ResidualSACConfig(beta=0.3)
     assert [beta_at(const, t) for t in (0, 10, 10**6)] == [0.3] * 3
@@ -351,8 +411,20 @@ def test_temperature_loss_uses_the_residuals_log_prob():
     assert g.item() == pytest.approx(-0.3 * (logp + agent.target_entropy).mean().item(), rel=1e-5)
 
 
-def test_actor_steps_every_second_critic_step():
+def test_actor_and_temperature_step_at_every_critic_step_by_default():
+    """The spec's loop (§10.2) and template update the actor and alpha at every gradient step (issue 28 item 3)."""
     agent = make()
+    alpha = agent.alpha.item()
+    for step in range(1, 4):
+        res = agent.update(make_batch(seed=step))
+        assert "train/actor_loss" in res.metrics and "train/alpha" in res.metrics
+    assert (agent.num_critic_steps, agent.num_actor_steps) == (3, 3) and agent.alpha.item() != alpha
+
+
+def test_actor_steps_every_second_critic_step():
+    """PLD Table 5's critic-to-actor ratio 2, kept as an option: ``ResidualSACConfig.table5()``."""
+    assert ResidualSACConfig.table5().actor_every == 2
+    agent = make(actor_every=2)
     for step in range(1, 5):
         res = agent.update(make_batch(seed=step))
         assert ("train/actor_loss" in res.metrics) == (step % 2 == 0)
@@ -839,3 +911,134 @@ def test_a_mixed_call_takes_the_residual_only_where_it_took_over():
     np.testing.assert_allclose(action[0], np.clip(base(obs)[0], LOW, HIGH), atol=1e-6)
     assert not np.allclose(action[1], np.clip(base(obs)[1], LOW, HIGH))
     assert (record["delta_action"][0] == 0).all() and (record["delta_action"][1] != 0).all()
+
+
+def test_the_trainers_random_warmup_is_refused_by_name_at_start(tmp_path, monkeypatch):
+    """`relive train residual_sac --warmup N` (issue 28 item 5): the trainer's random warm-up stored uniform actions
+    before an episode's probing steps and the run aborted mid-way ("act returned store=False after a stored step
+    of the same episode"); now it is refused before anything runs, naming the agent's own warm-up. With
+    --warmup-policy agent (the agent acts; the updates wait for N stored steps) the run goes through."""
+    import sys
+    import types
+
+    from relive.cli import build_parser
+    from relive.train.cli import config_from_args
+    from relive.train.trainer import train
+
+    fake = types.ModuleType("relive.agents.base_policy")
+    fake.load_base_policy = lambda path, spec: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
+    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    args = ["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--offline-steps", "0",
+            "--online-steps", "160", "--eval-every", "1000", "--eval-episodes", "1", "--batch-size", "16",
+            "--warmup", "120", "--no-progress", "--set", "env.max_episode_steps=50", "--set", "agent.hidden=[8,8]",
+            "--set", "agent.warmup=0", "--set", "agent.probe_max_steps=20", "--set", "agent.otf_candidates=1"]
+    with pytest.raises(ValueError, match=r"--warmup.*'residual_sac'.*--set agent\.warmup=N"):
+        train(config_from_args(build_parser().parse_args([*args, "--run-dir", str(tmp_path / "random")])))
+    assert not (tmp_path / "random").exists()
+    summary = train(config_from_args(build_parser().parse_args(
+        [*args, "--warmup-policy", "agent", "--run-dir", str(tmp_path / "agent")])))
+    assert summary.num_online_env_steps == 160 and summary.num_probing_env_steps > 0
+    assert summary.num_stored_online_env_steps == 160 - summary.num_probing_env_steps
+    # no updates before 120 stored rows, then one per stored row
+    assert summary.num_grad_steps == summary.num_stored_online_env_steps - 120
+
+
+def test_docs_pld_says_what_the_code_does():
+    """docs/pld.md (issue 28 items 6 and 11): the evaluation formula has the residual's (high - low)/2 scale (checked
+    against act), probing steps vs budgets are stated with the summary.json fields that report them, online
+    returns-to-go are said to be unread, no path outside the repository is cited, and every test it names exists."""
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from relive.train.trainer import RunSummary
+
+    root = Path(__file__).resolve().parents[2]
+    doc = (root / "docs" / "pld.md").read_text()
+    assert "clip(a_base + beta (high - low)/2 tanh(mu))" in doc
+    agent = make(beta=0.7)
+    with torch.no_grad():  # a residual mean away from 0: the scale shows
+        agent.actor.trunk[-1].bias[:ACT] = torch.tensor([0.8, -1.5])
+    obs = obs_rows(4)
+    base = agent.base_action(obs)
+    expected = np.clip(base + 0.7 * HALF * np.tanh([0.8, -1.5]), LOW, HIGH)
+    np.testing.assert_allclose(agent.act(obs, explore=False), expected, rtol=0, atol=1e-5)
+
+    fields = {f.name for f in dataclasses.fields(RunSummary)}
+    for name in ("num_online_env_steps", "num_stored_online_env_steps", "num_probing_env_steps"):
+        assert name in fields and f"`{name}`" in doc
+    assert "`--online-steps` (`schedule.num_online_env_steps`) counts **executed** env steps" in doc
+    assert "Online returns-to-go are written but never read" in doc
+    assert "seeds/" not in doc and "research/" not in doc
+    here = (root / "tests" / "agents" / "test_residual_sac.py").read_text()
+    for name in set(re.findall(r"`(test_\w+)`", doc)):
+        assert re.search(rf"def {name}\b", here) or any(
+            re.search(rf"def {name}\b", p.read_text()) for p in (root / "tests").rglob("test_*.py")), name
+
+
+def _bc_base(path, seed):
+    """A tiny BC MLP base policy for Pendulum (obs 3, action 1) saved at ``path``; its weights depend on ``seed``."""
+    from relive.agents.bc import BCConfig, new_policy, save_bc_policy
+
+    return save_bc_policy(path, new_policy(3, 1, [-2.0], [2.0], BCConfig(hidden=(8,)), seed=seed), {},
+                          overwrite=True)
+
+
+def test_a_state_trained_on_another_base_is_refused_unless_allowed(tmp_path):
+    """Issue 28 item 7: the agent records its base's digest (BasePolicy.digest()) in its state; loading that state
+    with a base of another digest is refused unless allow_other_base; a plain callable cannot say (no check)."""
+    from relive.agents.base_policy import load_base_policy
+    from relive.train.envs import env_spec, make_env
+
+    spec = env_spec(make_env("Pendulum-v1"))
+    base_a, base_b = (load_base_policy(_bc_base(tmp_path / name, seed), spec) for name, seed in (("a", 0), ("b", 1)))
+    cfg = ResidualSACConfig(hidden=(8, 8))
+    a = ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(0), base_policy=base_a)
+    state = a.state_dict()
+    assert state["base_sha256"] == base_a.digest() != base_b.digest()
+    ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(1), base_policy=base_a).load_state_dict(state)
+    b = ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(1), base_policy=base_b)
+    with pytest.raises(ValueError, match=r"trained on a base policy with SHA-256 .*--allow-other-base"):
+        b.load_state_dict(state)
+    b.allow_other_base = True
+    b.load_state_dict(state)
+    assert b.state_dict()["base_sha256"] == base_b.digest()  # from now on it trains on b
+    plain = ResidualSAC.from_spec(spec, cfg, np.random.SeedSequence(1), base_policy=lambda o: np.zeros((len(o), 1)))
+    plain.load_state_dict(state)  # (no digest to compare)
+
+
+def test_resume_refuses_a_changed_base_policy_unless_allowed(tmp_path):
+    """`relive train --resume RUN` after the file at agent.base_policy changed: refused, naming
+    --allow-other-base; with it the run goes on (and --allow-other-base on an agent without a base is refused)."""
+    from relive.cli import build_parser, main
+    from relive.train.cli import config_from_args
+    from relive.train.trainer import train
+
+    base = _bc_base(tmp_path / "base", 0)
+    argv = ["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", str(base), "--offline-steps", "0",
+            "--online-steps", "120", "--eval-every", "1000", "--eval-episodes", "1", "--batch-size", "16",
+            "--checkpoint-every", "40", "--no-progress", "--set", "env.max_episode_steps=40",
+            "--set", "agent.hidden=[8,8]", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5",
+            "--set", "agent.otf_candidates=2", "--run-dir", str(tmp_path / "run")]
+
+    class Kill(Exception):
+        pass
+
+    def kill(env_steps, grad_steps):
+        if env_steps >= 90:
+            raise Kill
+
+    with pytest.raises(Kill):
+        train(config_from_args(build_parser().parse_args(argv)), on_step=kill)
+    _bc_base(tmp_path / "base", 1)  # the base policy file is replaced by another one
+    with pytest.raises(ValueError, match="--allow-other-base"):
+        main(["--debug", "train", "--resume", str(tmp_path / "run"), "--no-progress"])
+    assert main(["train", "--resume", str(tmp_path / "run"), "--no-progress", "--allow-other-base"]) == 0
+    assert (tmp_path / "run" / "summary.json").is_file()
+    with pytest.raises(ValueError, match="agent 'sac' has no frozen base policy"):
+        main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--allow-other-base", "--run-dir",
+              str(tmp_path / "sac")])
+    assert not (tmp_path / "sac").exists()
+    with pytest.raises(ValueError, match="--allow-other-base does not combine with --seeds"):
+        main(["--debug", "train", "residual_sac", "--env", "Pendulum-v1", "--seeds", "0,1", "--allow-other-base",
+              "--run-dir", str(tmp_path / "s{seed}")])

@@ -419,3 +419,16 @@ def test_success_rate_is_the_share_of_evaluation_returns_at_or_above_the_thresho
             rates[threshold] = [float(r["eval/success_rate"]) for r in csv.DictReader(f)]
     assert len(rates[-1e9]) >= 2 and set(rates[-1e9]) == {1.0}
     assert len(rates[0.0]) >= 2 and set(rates[0.0]) == {0.0}
+
+
+def test_the_update_clock_counts_stored_rows_not_executed_steps():
+    """Gradient steps per chunk: utd_ratio per stored row, or grad_steps_per_chunk scaled by the stored share;
+    unstored (probing) steps are executed, not data, and earn none (issue 28 item 2; the end-to-end count is in
+    tests/test_plugins.py with a probing toy agent)."""
+    from relive.config import ScheduleConfig
+    from relive.train.trainer import grad_steps_earned
+
+    s = ScheduleConfig(utd_ratio=3)
+    assert [grad_steps_earned(s, 10, n) for n in (10, 4, 0)] == [30, 12, 0]
+    s = ScheduleConfig(env_steps_per_chunk=100, grad_steps_per_chunk=50)
+    assert [grad_steps_earned(s, 100, n) for n in (100, 40, 0)] == [50, 20, 0]

@@ -211,7 +211,8 @@ def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_pat
         fake.load_base_policy = lambda path, spec: (lambda obs: np.zeros((len(obs), 1), np.float32))
         monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
         args += ["--base-policy", "tiny", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5", "--set",
-                 "env.max_episode_steps=10"]  # (episodes that start after the warm-up probe)
+                 "env.max_episode_steps=10",  # (episodes that start after the warm-up probe)
+                 "--warmup", "0"]  # its own base-only warm-up: the trainer's random one is refused (issue 28 item 5)
     if preset == "ddpg":
         args += ["--set", 'agent.exploration_noise="ou"']
     assert main(args) == 0

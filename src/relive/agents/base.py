@@ -15,6 +15,14 @@ Required: ``from_spec`` (a classmethod, used by the registry: ``@register_agent(
   "at_episode_end": "pad"}``; the batch's columns are then [B, L, ...] with ``batch.mask`` [B, L], and signals
   stay [B] (one per slice: the sampler drew its start row).
 
+Unstored steps: ``act`` may return an ``Acted`` whose ``store`` is False for some rows (PLD's probing), each before
+any stored step of its episode. Such a step is executed -- it counts for the env-step budget
+(``schedule.num_online_env_steps``, ``--online-steps``) and the evaluation / checkpoint cadences -- but it is not
+data: the trainer's update clock (``utd_ratio`` gradient steps per stored row, ``grad_steps_per_chunk`` in
+proportion, the no-update warm-up ``schedule.num_warmup_env_steps``) counts stored rows only, and a run's
+summary.json reports executed, stored and unstored (probing) steps. An agent that stores every step sees no
+difference.
+
 A TD agent's config may carry ``n_step`` (and ``gamma``): the trainer builds the buffer with both, and batches then
 hold n-step returns and ``batch.discount`` (``relive.agents.networks.td_discount``).
 """

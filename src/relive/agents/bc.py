@@ -204,15 +204,45 @@ def fine_tune(policy: SquashedMLP, rows: dict, num_steps: int, batch_size: int =
 
 
 # -- saving ---------------------------------------------------------------------------------------------------
-def save_bc_policy(out: str | Path, policy: SquashedMLP, info: dict | None = None) -> Path:
+def refuse_existing_out(out: str | Path, overwrite: bool) -> None:
+    """A base policy directory is never replaced unless asked: a ValueError naming ``--overwrite`` when ``out``
+    exists and ``overwrite`` is false (checked before any work, and again when writing)."""
+    if Path(out).exists() and not overwrite:
+        raise ValueError(f"{out} exists; pass --overwrite (overwrite=True) to replace it")
+
+
+def save_bc_policy(out: str | Path, policy: SquashedMLP, info: dict | None = None, overwrite: bool = False) -> Path:
     """Write ``<out>/policy`` (parameters as .npy + architecture JSON, no pickle) and ``<out>/bc.json``
-    (``info``: dataset, settings, losses...). Returns ``out``."""
+    (``info``: dataset, settings, losses...). Returns ``out``. An existing ``out`` is refused unless
+    ``overwrite``; then the new directory is written beside it and moved into its place once complete (nothing
+    of the old one is left in it)."""
+    import os
+    import shutil
+
     from relive.replay.checkpoint import save_tree
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_tree(out / POLICY_DIR, {"net": nets.module_state(policy), "architecture": policy.architecture()}, kind=KIND)
-    (out / "bc.json").write_text(json.dumps(info or {}, indent=1, default=_json_default))
+    refuse_existing_out(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = out.with_name(f".{out.name}.staging-{os.getpid()}")
+    shutil.rmtree(staged, ignore_errors=True)
+    staged.mkdir()
+    try:
+        save_tree(staged / POLICY_DIR, {"net": nets.module_state(policy), "architecture": policy.architecture()},
+                  kind=KIND)
+        (staged / "bc.json").write_text(json.dumps(info or {}, indent=1, default=_json_default))
+        if out.exists():  # (overwrite) the old one aside, the new one in, the old one deleted
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.rename(out, old)
+            os.rename(staged, out)
+            if old.is_dir():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        else:
+            os.rename(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return out
 
 

@@ -18,7 +18,8 @@ def add_parsers(subparsers) -> None:
                     "and written to OUT/eval.json.")
     p.add_argument("--dataset", required=True, help="a local Minari dataset id or directory, a D4RL .hdf5 or a "
                    "relive .npz")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", required=True, help="output directory (an existing one only with --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
     p.add_argument("--episodes", type=positive_int, help="use only the first N episodes (after --successful-only)")
     p.add_argument("--skip-episodes", type=non_negative_int, default=0, help="skip this many (successful) "
                    "episodes first: another set of few demos")
@@ -50,12 +51,18 @@ def add_parsers(subparsers) -> None:
     d.add_argument("--run", required=True, help="a residual SAC run directory (read by "
                    "relive.agents.residual_sac.load_residual)")
     d.add_argument("--episodes", type=positive_int, required=True, help="hybrid episodes to roll out")
-    d.add_argument("--out", required=True, help="directory of the new base policy")
-    d.add_argument("--base", help="the base policy to fine-tune (a `relive bc` directory; default: the run's)")
+    d.add_argument("--out", required=True, help="directory of the new base policy (an existing one only with "
+                   "--overwrite)")
+    d.add_argument("--overwrite", action="store_true", help="replace an existing --out directory")
+    d.add_argument("--base", help="the base policy to fine-tune (a `relive bc` directory; default: the run's); one "
+                   "whose weights differ from the base the run trained on only with --allow-other-base")
+    d.add_argument("--allow-other-base", action="store_true", help="distill on a base policy whose digest differs "
+                   "from the one the residual was trained on (the run's agent_final records it)")
     d.add_argument("--env", help="environment (default: the run's env.id)")
     d.add_argument("--success-return", type=float, help="success = episode return >= this (tasks without "
                    "info['success'])")
-    d.add_argument("--horizon", type=non_negative_int, help="H of T_base ~ U{0..H} (default: the env's time limit)")
+    d.add_argument("--horizon", type=non_negative_int, help="H of T_base ~ U{0..H} (default: the episodes' time "
+                   "limit: the run's env.max_episode_steps, else the env's)")
     d.add_argument("--steps", type=positive_int, default=2000, help="BC fine-tuning gradient steps (default 2000)")
     d.add_argument("--lr", type=positive_float, default=3e-4)
     d.add_argument("--batch-size", type=positive_int, default=256)
@@ -113,11 +120,20 @@ def run_bc(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from relive.agents.bc import BCConfig, config_dict, evaluate_policy, save_bc_policy, select_episodes, train_bc
+    from relive.agents.bc import (
+        BCConfig,
+        config_dict,
+        evaluate_policy,
+        refuse_existing_out,
+        save_bc_policy,
+        select_episodes,
+        train_bc,
+    )
     from relive.data.loaders import load_rows
     from relive.train.envs import env_spec, make_env
 
     torch.set_num_threads(args.threads)
+    refuse_existing_out(args.out, args.overwrite)  # before any work
     try:
         hidden = tuple(int(h) for h in args.hidden.split(","))
     except ValueError:
@@ -147,7 +163,7 @@ def run_bc(args: argparse.Namespace) -> int:
             "successful_only": args.successful_only, "success_return": args.success_return, "seed": args.seed,
             "config": config_dict(config), "loss_first": float(losses[0]) if len(losses) else None,
             "loss_last100": tail}
-    out = save_bc_policy(args.out, policy, info)
+    out = save_bc_policy(args.out, policy, info, overwrite=args.overwrite)
     print(f"loss {info['loss_first']:.4f} -> {tail:.4f} (mean of the last 100 steps); policy in {out / 'policy'}")
     if args.eval_episodes > 0:
         if not env_id:
@@ -166,12 +182,14 @@ def run_bc(args: argparse.Namespace) -> int:
 
 
 def _run_settings(run_dir: Path) -> dict:
-    """env.id and the base policy path a run's config.json names (any key called base_policy), if any."""
+    """env.id, env.max_episode_steps and the base policy path a run's config.json names (any key called
+    base_policy), if any."""
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
         return {}
     cfg = json.loads(cfg_path.read_text())
-    found: dict = {"env_id": (cfg.get("env") or {}).get("id")}
+    env = cfg.get("env") or {}
+    found: dict = {"env_id": env.get("id"), "max_episode_steps": env.get("max_episode_steps")}
 
     def search(node):
         if isinstance(node, dict):
@@ -189,9 +207,11 @@ def run_distill(args: argparse.Namespace) -> int:
 
     import torch
 
+    from relive.agents.bc import refuse_existing_out
     from relive.agents.distill import distill
 
     torch.set_num_threads(args.threads)
+    refuse_existing_out(args.out, args.overwrite)  # before any work
     run_dir = Path(args.run)
     try:
         residual_sac = importlib.import_module("relive.agents.residual_sac")
@@ -210,9 +230,12 @@ def run_distill(args: argparse.Namespace) -> int:
     if not env_id or not base:
         raise ValueError(f"{run_dir}: cannot tell the {'environment' if not env_id else 'base policy'} from its "
                          "config.json; pass --env and --base")
+    # the run's time limit, unless another env is named (its episodes are as long as the residual trained on)
+    max_steps = settings.get("max_episode_steps") if not args.env or args.env == settings.get("env_id") else None
     stats = distill(base, residual, env_id, args.episodes, args.out, success_return=args.success_return,
                     horizon=args.horizon, num_steps=args.steps, lr=args.lr, batch_size=args.batch_size,
-                    seed=args.seed, eval_episodes=args.eval_episodes)
+                    seed=args.seed, eval_episodes=args.eval_episodes, max_episode_steps=max_steps,
+                    allow_other_base=args.allow_other_base, overwrite=args.overwrite)
     def brief(d):  # per-episode lists stay in OUT/distill.json
         return {k: brief(v) if isinstance(v, dict) else v for k, v in d.items() if not isinstance(v, list)}
 

@@ -103,21 +103,42 @@ def successful_rows(episodes: list[dict]) -> dict | None:
 def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out: str | Path, *,
             success_return: float | None = None, horizon: int | None = None, num_steps: int = 2000,
             lr: float = 3e-4, batch_size: int = 256, seed: int = 0, eval_episodes: int = 0,
-            eval_seed: int = 10_000, max_episode_steps: int | None = None) -> dict:
+            eval_seed: int = 10_000, max_episode_steps: int | None = None, allow_other_base: bool = False,
+            overwrite: bool = False) -> dict:
     """One round of distillation: hybrid rollouts of the base at ``base_path`` with ``residual(obs [1, O],
     base_action [1, A]) -> executed action [1, A]``, successes kept, and a new base saved to ``out`` (a ``relive
     bc``-style directory, itself a base policy): a BC MLP base (a ``relive bc`` directory or a safetensors MLP)
     is fine-tuned on the executed actions; any other base (a SAC / DDPG actor, a TorchScript module) cannot be
     trained in place, so a new BC MLP student (``BCConfig`` widths) is fitted to them from scratch
     (``stats["new_base"]`` says which). Returns statistics (also written to ``out/distill.json``); with
-    ``eval_episodes``, the old and the new base's success rates on fresh episodes."""
+    ``eval_episodes``, the old and the new base's success rates on fresh episodes.
+
+    ``max_episode_steps``: the time limit of the episodes (a residual run's ``env.max_episode_steps``; None: the
+    env's registered one). A residual that says which base it was trained on (``residual.base_sha256``, set by
+    ``residual_sac.load_residual``) is refused with a base of another digest unless ``allow_other_base``; an
+    existing ``out`` is refused unless ``overwrite`` (both before any rollout)."""
     from relive.agents.base_policy import load_base_policy
-    from relive.agents.bc import BCConfig, SquashedMLP, evaluate_policy, fine_tune, save_bc_policy, train_bc
+    from relive.agents.bc import (
+        BCConfig,
+        SquashedMLP,
+        evaluate_policy,
+        fine_tune,
+        refuse_existing_out,
+        save_bc_policy,
+        train_bc,
+    )
     from relive.train.envs import env_spec, make_env, with_success
 
+    refuse_existing_out(out, overwrite)
     env = with_success(make_env(env_id, max_episode_steps), success_return)
     spec = env_spec(env)
     base = load_base_policy(base_path, spec)
+    trained_on, digest = str(getattr(residual, "base_sha256", "") or ""), base.digest()
+    if trained_on and trained_on != digest and not allow_other_base:
+        env.close()
+        raise ValueError(f"the residual was trained on a base policy with SHA-256 {trained_on[:16]}..., the base at "
+                         f"{base_path} has {digest[:16]}...: a residual corrects the base it was trained on; give "
+                         "that base (--base), or pass --allow-other-base (allow_other_base=True) to distill on it")
     episodes = hybrid_rollouts(env, base, residual, num_episodes, seed, horizon)
     env.close()
     rows = successful_rows(episodes)
@@ -132,7 +153,9 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
         new, losses = train_bc(rows, spec.action_low, spec.action_high,
                                BCConfig(lr=lr, batch_size=batch_size, num_steps=num_steps), seed)
         how = "a new BC MLP fitted from scratch (the base is not a BC MLP)"
-    stats = {"base": str(base_path), "env_id": env_id, "episodes": num_episodes, "successful_episodes": int(n_ok),
+    stats = {"base": str(base_path), "base_sha256": digest, "residual_trained_on_base_sha256": trained_on,
+             "max_episode_steps": max_episode_steps, "env_id": env_id, "episodes": num_episodes,
+             "successful_episodes": int(n_ok),
              "new_base": how,
              "hybrid_success_rate": n_ok / num_episodes, "rows": int(len(rows["obs"])), "num_steps": num_steps,
              "lr": lr, "seed": seed, "success_return": success_return,
@@ -152,6 +175,6 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
         for key in ("old_base_eval", "new_base_eval"):
             stats[key.replace("_eval", "_success_rate")] = stats[key]["success_rate"]
     out = save_bc_policy(out, new, {"distilled_from": str(base_path), "env_id": env_id, "distill": {
-        k: v for k, v in stats.items() if k not in ("old_base_eval", "new_base_eval")}})
+        k: v for k, v in stats.items() if k not in ("old_base_eval", "new_base_eval")}}, overwrite=overwrite)
     (Path(out) / "distill.json").write_text(json.dumps(stats, indent=1))
     return stats

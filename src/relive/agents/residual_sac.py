@@ -1,6 +1,6 @@
 """Residual SAC on a frozen base policy: stage 1 of PLD ("Probe, Learn, Distill", Xiao et al., arXiv
-2511.00091), following the implementation spec ``seeds/004`` (formula numbers (1)-(26) are its Sec. 14
-checklist; ``docs/pld.md`` maps each one to a function and a test).
+2511.00091), following a formula-level implementation spec of the paper (not in this repository; formula numbers
+(1)-(26) are its Sec. 14 checklist; ``docs/pld.md`` maps each one to a function and a test).
 
 Acting (1)-(5), (22)-(25):
     a_base = pi_theta(x)                        (1)  the frozen base policy, any callable [N, O] -> [N, A]
@@ -14,10 +14,10 @@ zero-initialized with a small initial log-std, so a ~= a_base at the start.
 
 ``update(batch)`` in the spec's order (Sec. 4-7), online phase:
     y = r + gamma (1 - terminated) max_k [min_i Qbar_i(x', a'_k) - alpha log dpi(delta_a'_k | x', .)]  (7)-(12)
-        a'_k = clip(pi_theta(x') + beta delta_a'_k), delta_a'_k ~ dpi(. | x', pi_theta(x')), k = 1..K (OTF; K = 1
-        is SAC's target)
+        a'_k = clip(pi_theta(x') + beta delta_a'_k), delta_a'_k ~ dpi(. | x', pi_theta(x')), k = 1..K (OTF; K = 8
+        by default, spec Sec. 13; K = 1 is SAC's target)
     critic: mean_i (Q_i(x, a) - y)^2 on the executed action, one clipped-norm Adam step, Polyak (13)-(15)
-    every ``actor_every`` critic steps (PLD Table 5: critic:actor = 2):
+    every ``actor_every`` critic steps (spec Sec. 10.2: every step, the default; PLD Table 5: 2, ``table5()``):
     actor: alpha log dpi(delta_a | x, .) - min_i Q_i(x, clip(pi_theta(x) + beta delta_a))          (16)-(17)
            -- the residual's log-prob only, never a density of the executed action (spec Sec. 12.2)
     temperature: -alpha (log dpi(delta_a | x, .) + H_tgt)                                          (18)-(19)
@@ -67,36 +67,40 @@ BasePolicy = Callable[[np.ndarray], np.ndarray]
 
 @dataclass(frozen=True)
 class ResidualSACConfig:
-    """Residual SAC hyperparameters. Defaults: the spec's Sec. 13 template and PLD Table 5 (batch 256 is the
-    trainer's ``schedule.batch_size``; symmetric 50/50 replay is the replay config)."""
+    """Residual SAC hyperparameters. Defaults: the spec's Sec. 13 template (K = 8, actor and temperature at every
+    gradient step, 1000 base-only warm-up steps, H_probe 50, beta 0.5 constant, alpha 0.1, lrs 3e-4, gamma 0.99,
+    tau 0.005) and, where the spec says nothing, PLD Table 5 (widths 256, LayerNorm, gradient clip 1.0). Batch 256
+    and one gradient step per stored env step are the trainer's ``schedule.batch_size`` / ``utd_ratio``; symmetric
+    50/50 replay is the replay config (the ``residual_sac`` preset sets all three). :meth:`table5` gives Table 5's
+    values where they differ from the template."""
 
     base_policy: str = ""  # frozen base policy (a path for load_base_policy); "": set_base_policy(fn)
-    hidden: tuple[int, ...] = (256, 256)  # hidden widths of the residual actor and of both critics (Table 5: 256)
+    hidden: tuple[int, ...] = (256, 256)  # widths of the residual actor and both critics (spec: open; Table 5: 256)
     condition_on_base: bool = True  # residual actor input (x, a_base) as PLD; False: x only
     init_log_std: float = -3.0  # initial log-std of the residual (zero last layer: mean 0, so a ~= a_base)
-    beta_schedule: str = "constant"  # residual scale beta_t: "constant" | "linear" | "stepwise" (spec Sec. 12.3)
-    beta: float = 0.5  # constant: beta_t = beta; linear: the final beta_max (Table 5 xi = 0.5)
+    beta_schedule: str = "constant"  # beta_t: "constant" | "linear" | "stepwise" (spec §12.3; §13: constant)
+    beta: float = 0.5  # constant: beta_t = beta; linear: the final beta_max (spec §13: 0.5; Table 5 xi = 0.5)
     beta_start: float = 0.0  # linear: beta at step 0; beta_t = start + (beta - start) min(1, t / T) (spec: 0)
     beta_ramp_steps: int = 10_000  # linear: T, in stored online env steps
     beta_boundaries: tuple[int, ...] = ()  # stepwise: stored online env steps where beta moves to the next value
     beta_values: tuple[float, ...] = ()  # stepwise: len(beta_boundaries) + 1 values, beta_values[0] before the first
     num_qs: int = 2  # clipped double Q (Table 5: 2)
     critic_layer_norm: bool = True  # LayerNorm after every hidden critic layer (Table 5)
-    otf_candidates: int = 1  # K residual candidates at x' in the TD target, max over their soft values; 1 = SAC
-    actor_every: int = 2  # one actor + temperature step every this many critic steps (Table 5: ratio 2)
-    gamma: float = 0.99  # discount
+    otf_candidates: int = 8  # OTF: K candidates at x', max of their soft values (spec §13 otf_K: 8); 1: SAC's target
+    actor_every: int = 1  # actor + alpha step every this many critic steps (spec §10.2: 1; Table 5: 2, see table5())
+    gamma: float = 0.99  # discount (spec §13, Table 5: 0.99)
     n_step: int = 1  # TD targets on n-step returns, which the buffer sums at sample time; 1: one-step
-    tau: float = 0.005  # Polyak rate of the target critics (per critic step)
-    actor_lr: float = 3e-4  # Adam learning rate of the residual actor (Table 5: 3e-4)
-    critic_lr: float = 3e-4  # Adam learning rate of the critics
-    temp_lr: float = 3e-4  # Adam learning rate of log(alpha)
+    tau: float = 0.005  # Polyak rate of the target critics, per critic step (spec §13: 0.005)
+    actor_lr: float = 3e-4  # Adam learning rate of the residual actor (spec §13 pi_lr, Table 5: 3e-4)
+    critic_lr: float = 3e-4  # Adam learning rate of the critics (spec §13 q_lr: 3e-4)
+    temp_lr: float = 3e-4  # Adam learning rate of log(alpha) (spec §13 alpha_lr: 3e-4)
     grad_clip_norm: float = 1.0  # clip the critic's and the actor's gradient norm (Table 5: 1.0); 0: off
-    init_temperature: float = 0.1  # initial alpha (spec Sec. 13; Table 5 as transcribed: 1.0)
+    init_temperature: float = 0.1  # initial alpha (spec §13 alpha.init: 0.1; Table 5 as transcribed: 1.0)
     learn_temperature: bool = True  # False: alpha stays at init_temperature
-    target_entropy: float | None = None  # None: -|A| (Table 5)
-    warmup: int = 1000  # base-only, stored steps (or episodes) at the start (spec: 1000 steps; Table 5: 100 ep.)
+    target_entropy: float | None = None  # None: -|A| (spec §13 "-dim(action)"; Table 5)
+    warmup: int = 1000  # base-only stored steps (or episodes) first (spec §13: 1000 steps; Table 5: 100 ep.)
     warmup_unit: str = "steps"  # "steps" or "episodes" (episodes are counted by the OnEpisodeStart hook)
-    probe_max_steps: int = 50  # H_probe: h ~ U{0..H_probe} base-only, unstored steps per episode; 0: no probing
+    probe_max_steps: int = 50  # H_probe: h ~ U{0..H_probe} unstored base-only steps per episode (spec §13: 50); 0: off
     cql_alpha: float = CalQLConfig.cql_alpha  # offline phase: weight of the calibrated conservative gap
     cql_n_actions: int = CalQLConfig.cql_n_actions  # offline phase: uniform / pi(x) / pi(x') actions per sample
     cql_temp: float = CalQLConfig.cql_temp  # offline phase: temperature of the logsumexp
@@ -140,6 +144,13 @@ class ResidualSACConfig:
             raise ValueError(f"need cql_n_actions >= 1, cql_alpha >= 0 and cql_temp > 0, got "
                              f"{self.cql_n_actions}, {self.cql_alpha}, {self.cql_temp}")
 
+    @classmethod
+    def table5(cls, **overrides) -> ResidualSACConfig:
+        """PLD's Table 5 (as transcribed by a third party) where it differs from the spec's template: a
+        critic-to-actor update ratio of 2 (``actor_every = 2``), 100 warm-up episodes, initial alpha 1.0."""
+        return cls(**({"actor_every": 2, "warmup": 100, "warmup_unit": "episodes", "init_temperature": 1.0}
+                      | overrides))
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -163,6 +174,18 @@ class ResidualSAC:
     remote_acting_problem = ("its beta schedule and base-only warm-up count the env steps act() takes, and the "
                              "update reads beta from that clock, which would run in each collector's copy, not in "
                              "the learner")
+
+    # the trainer's random warm-up (schedule.num_warmup_env_steps, warmup_policy "random") acts instead of act() and
+    # stores uniform actions; the trainer refuses it at start for an agent that names this problem (issue 28 item 5)
+    random_warmup_problem = ("its warm-up is base-only acting (agent.warmup stored steps, with updates: spec Sec. 2), "
+                             "and its probing needs every step of an episode from act(): a random warm-up ending "
+                             "mid-episode would store random actions before the episode's unstored probing steps. "
+                             "Use --set agent.warmup=N for the base-only warm-up (and --warmup 0), or "
+                             "--warmup-policy agent to only hold the updates back for N stored steps")
+
+    # load_state_dict refuses a state recorded on a base with another digest unless this is True (the trainer sets
+    # it from train(allow_other_base=True), `relive train ... --allow-other-base`)
+    allow_other_base = False
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
@@ -196,6 +219,7 @@ class ResidualSAC:
         self.critic_opt = nets.adam(self.critic.parameters(), cfg.critic_lr)
         self.alpha_opt = nets.adam([self.log_alpha], cfg.temp_lr)
         self.base: BasePolicy | None = None
+        self.base_sha256 = ""  # the base's BasePolicy.digest() ("": a plain callable, which cannot say)
         if base_policy is not None:
             self.set_base_policy(base_policy)
         self.phase = "online"  # "offline": critic-only Cal-QL updates (set by the OnPhase hook)
@@ -247,6 +271,8 @@ class ResidualSAC:
             raise ValueError(f"the base policy must map obs [N, {self.obs_dim}] to actions [N, {self.action_dim}]; "
                              f"on [2, {self.obs_dim}] it returned shape {out.shape}")
         self.base = fn
+        digest = getattr(fn, "digest", None)  # (once: the base is frozen; its weights never change)
+        self.base_sha256 = str(digest()) if callable(digest) else ""
 
     def base_action(self, obs: np.ndarray) -> np.ndarray:
         """a_base = pi_theta(x) (1): [N, A] float32, computed without gradients."""
@@ -285,8 +311,9 @@ class ResidualSAC:
         return torch.clamp(base + beta * delta, self.low_t, self.high_t)
 
     def combined_policy(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-        """``residual(obs [N, O], base_action [N, A]) -> clip(a_base + beta tanh(mu)) [N, A]``: the deterministic
-        executed action for a given base action, at the current beta (what ``relive pld distill`` rolls out)."""
+        """``residual(obs [N, O], base_action [N, A]) -> clip(a_base + beta (high - low)/2 tanh(mu)) [N, A]``: the
+        deterministic executed action for a given base action, at the current beta (what ``relive pld distill``
+        rolls out)."""
 
         @torch.no_grad()
         def residual(obs: np.ndarray, base_action: np.ndarray) -> np.ndarray:
@@ -336,11 +363,12 @@ class ResidualSAC:
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool):
-        """``explore=False`` (evaluation): clip(a_base + beta tanh(mu)) as a bare [N, A] array -- never warm-up,
-        never probing. ``explore=True``: an :class:`Acted` with the records ``base_action``, ``delta_action``,
-        ``beta`` and ``store=False`` on probing steps; it advances the episode step and the clocks. The rows of
-        one call share the episode's state (the online collector runs one environment); an ``Acted`` always
-        holds [N, ...] arrays, also for a single observation, so that its store flag is per row. Row i is env i
+        """``explore=False`` (evaluation): clip(a_base + beta (high - low)/2 tanh(mu)) as a bare [N, A] array --
+        never warm-up, never probing. ``explore=True``: an :class:`Acted` with the records ``base_action``,
+        ``delta_action``, ``beta`` and ``store=False`` on probing steps; it advances the episode step and the
+        clocks. The rows of one call share the episode's state (the online collector runs one environment); an
+        ``Acted`` always holds [N, ...] arrays, also for a single observation, so that its store flag is per row.
+        Row i is env i
         (``--num-envs``): each env has its own episode step and probing length, so in one call some rows may
         probe (unstored) while others are residual steps."""
         o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
@@ -376,8 +404,9 @@ class ResidualSAC:
 
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
         """The behaviour records (spec Sec. 12.1) and, when calibrating, ``mc_return`` (the dataset loader
-        computes it for offline rows; online rows get theirs when their episode ends, from the takeover step
-        on, since probing steps are not stored)."""
+        computes it for offline rows, which the Cal-QL pre-training reads; online rows get theirs when their
+        episode ends, from the takeover step on, since probing steps are not stored, but no online update reads
+        them: Cal-QL only initializes the critic, spec Sec. 8)."""
         a = (self.action_dim,)
         cols = (
             ColumnDecl("base_action", a, doc="pi_theta(x) when the row was collected (offline rows: 0, not recorded)"),
@@ -551,9 +580,19 @@ class ResidualSAC:
             "phase": self.phase,
             "counters": {name: getattr(self, name) for name in _COUNTERS},
             "per_env": {name: getattr(self, name).copy() for name in _PER_ENV},
+            "base_sha256": self.base_sha256,  # the frozen base the residual was trained on (checked on load)
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores everything ``state_dict`` saved. A state recorded on a base policy whose digest differs from
+        the installed base's is refused (a residual learned on one base is a correction of that base, not of
+        another) unless ``allow_other_base``; either digest unknown ("": a plain callable): not checked."""
+        recorded = str(state.get("base_sha256", ""))
+        if recorded and self.base_sha256 and recorded != self.base_sha256 and not self.allow_other_base:
+            raise ValueError(f"this residual was trained on a base policy with SHA-256 {recorded[:16]}..., the "
+                             f"base policy installed now ({self.cfg.base_policy or 'set_base_policy'}) has "
+                             f"{self.base_sha256[:16]}...: a residual corrects the base it was trained on. Use "
+                             f"that base, or pass --allow-other-base (allow_other_base=True) to go on with this one")
         nets.load_module_state(self.actor, state["actor"])
         nets.load_module_state(self.critic, state["critic"])
         nets.load_module_state(self.target_critic, state["target_critic"])
@@ -584,7 +623,9 @@ _PER_ENV = ("episode_step", "probe_steps", "episode_index")
 def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """The trained residual of a finished ``residual_sac`` run directory (``config.json`` + ``agent_final/``) as
     ``residual(obs, base_action) -> executed action`` (:meth:`ResidualSAC.combined_policy`; deterministic, the
-    run's final beta). The base policy is not loaded: the caller passes its actions."""
+    run's final beta). The base policy is not loaded: the caller passes its actions; the callable's ``base_sha256``
+    is the digest of the base the run trained on ("" when unknown), which ``relive.agents.distill.distill`` checks
+    against the base it is given."""
     from pathlib import Path
 
     from relive.config import load_config
@@ -602,5 +643,8 @@ def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     env.close()
     agent = ResidualSAC(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high,
                         cfg.agent)
-    agent.load_state_dict(load_tree(run_dir / "agent_final", kind="agent"))
-    return agent.combined_policy()
+    state = load_tree(run_dir / "agent_final", kind="agent")
+    agent.load_state_dict(state)  # (no base installed: nothing to check here)
+    residual = agent.combined_policy()
+    residual.base_sha256 = str(state.get("base_sha256", ""))
+    return residual

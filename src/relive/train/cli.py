@@ -43,8 +43,10 @@ def add_parsers(subparsers) -> None:
                    "batched (DDQN only; e.g. 0,1,2): --run-dir must contain {seed}, each seed's own run directory "
                    "(relive.train.seed_batch)")
     p.add_argument("--offline-steps", type=non_negative_int, help="gradient steps on the dataset before going online")
-    p.add_argument("--online-steps", type=non_negative_int, help="online environment steps")
-    p.add_argument("--utd", type=positive_int, help="gradient steps per environment step (update-to-data ratio)")
+    p.add_argument("--online-steps", type=non_negative_int, help="online environment steps executed (a budget of "
+                   "interactions: unstored probing steps count)")
+    p.add_argument("--utd", type=positive_int, help="gradient steps per stored environment step "
+                   "(update-to-data ratio)")
     p.add_argument("--chunk", type=positive_int, help="env steps collected before each burst of chunk x utd updates")
     p.add_argument("--grad-steps-per-chunk", type=non_negative_int, help="gradient steps after each chunk instead of "
                    "chunk x utd (RL Zoo's gradient_steps with train_freq = --chunk); the UTD ratio must then be 1 "
@@ -53,7 +55,8 @@ def add_parsers(subparsers) -> None:
                    "return reaches this (the ReaPER protocol: train until the reward threshold)")
     p.add_argument("--init-from", metavar="RUN_DIR", help="start from the agent a finished run saved (its "
                    "agent_final/): e.g. one offline pre-training shared by several fine-tuning runs")
-    p.add_argument("--warmup", type=non_negative_int, help="env steps collected before the first online update")
+    p.add_argument("--warmup", type=non_negative_int, help="env steps stored before the first online update "
+                   "(random actions unless --warmup-policy agent)")
     p.add_argument("--warmup-policy", choices=("random", "agent"), help="who acts during the warm-up: uniform "
                    "random actions, or the (pre-trained) agent's exploration policy")
     p.add_argument("--batch-size", type=positive_int, help="rows per gradient step")
@@ -77,6 +80,9 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint, as it "
                    "was configured; --device, --replay-device, --threads and --no-progress may change where it runs "
                    "(e.g. a GPU run on a CPU machine: --device cpu --replay-device none)")
+    p.add_argument("--allow-other-base", action="store_true", help="residual_sac: load a checkpoint (--resume) or "
+                   "--init-from agent trained on a base policy whose digest differs from the base given now "
+                   "(refused otherwise: a residual corrects the base it was trained on)")
     p.set_defaults(func=run_train)
 
     ps = subparsers.add_parser("presets", help="list the training presets and their settings")
@@ -132,7 +138,8 @@ def resume_settings(args: argparse.Namespace) -> list[str]:
     from relive.train.trainer import RESUME_SETTINGS
 
     defaults = vars(build_parser().parse_args(["train", "--resume", "RUN_DIR"]))
-    allowed = {"device", "replay_device", "threads", "no_progress", "set", "resume", "func", "command", "debug"}
+    allowed = {"device", "replay_device", "threads", "no_progress", "set", "resume", "func", "command", "debug",
+               "allow_other_base"}
     given = sorted(k for k, v in vars(args).items() if k not in allowed and v != defaults.get(k))
     if given:
         names = ", ".join("--" + k.replace("_", "-") if k != "preset" else f"PRESET ({args.preset})" for k in given)
@@ -185,11 +192,12 @@ def run_train(args: argparse.Namespace) -> int:
     if getattr(args, "seeds", None):
         return _train_seeds(args)
     if args.resume:
-        summary = train(resume_dir=args.resume, resume_settings=resume_settings(args))
+        summary = train(resume_dir=args.resume, resume_settings=resume_settings(args),
+                        allow_other_base=args.allow_other_base)
     else:
         if not args.preset:
             raise SystemExit("relive train: give a PRESET (see `relive presets`) or --resume RUN_DIR")
-        summary = train(config_from_args(args))
+        summary = train(config_from_args(args), allow_other_base=args.allow_other_base)
     start = "after the offline phase" if summary.num_offline_grad_steps else "at the start"
     first = f"{start}: {summary.offline_return:.1f}, " if math.isfinite(summary.offline_return) else ""
     print(f"done: {summary.run_dir} | final return {summary.final_return:.1f} ({first}best: "
@@ -205,6 +213,8 @@ def _train_seeds(args: argparse.Namespace) -> int:
 
     if args.resume or args.seed is not None:
         raise ValueError("--seeds trains new runs of the listed seeds: it does not combine with --resume or --seed")
+    if getattr(args, "allow_other_base", False):  # (seed batching loads no state of another base)
+        raise ValueError("--allow-other-base does not combine with --seeds: train each seed on its own")
     try:
         seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     except ValueError:

@@ -15,11 +15,12 @@ actors step environments and ship rows. Sampling never crosses a process boundar
 - **Streams**: collector ``c``'s env ``j`` writes replay stream ``c * env.num_envs + j``; episodes, returns-to-go and
   per-episode sampler state follow each stream (``ReplayBuffer.extend(rows, stream=...)``).
 - **Update-to-data ratio** is the learner's, enforced by :class:`RateLimiter` (Reverb's ``SampleToInsertRatio`` in
-  env-step units): the learner takes a gradient step only while its steps stay below ``utd_ratio x`` (env steps
-  received - warm-up), and waits for chunks otherwise; a collector gets its next request only while the env steps
-  received + in flight stay within ``collectors.max_lag_env_steps`` of what the gradient steps consumed. A
-  collector without a request is idle: that is how collectors block. The totals are exact: a run of T env steps
-  takes ``utd_ratio x (T - warm-up)`` online gradient steps whatever the timing.
+  env-step units): the learner takes a gradient step only while its steps stay below ``utd_ratio x`` (stored env
+  steps received - warm-up; an unstored probing step earns none, as in the in-process loop), and waits for chunks
+  otherwise; a collector gets its next request only while the env steps received + in flight stay within
+  ``collectors.max_lag_env_steps`` of what the gradient steps consumed. A collector without a request is idle: that
+  is how collectors block. The totals are exact: a run of T stored env steps takes ``utd_ratio x (T - warm-up)``
+  online gradient steps whatever the timing.
 - **Acting clock**: an agent whose exploration schedule counts the env steps it acted for names that counter
   (``acting_clock``: DDQN's epsilon); the learner sets it to the env steps received and publishes it with the
   weights, so epsilon follows the run's env steps, not each copy's own (to within one publication).
@@ -359,7 +360,8 @@ def online_phase(run) -> dict:
     T._enter_phase(run, "online")
     ratio = (s.grad_steps_per_chunk, s.env_steps_per_chunk) if s.grad_steps_per_chunk else (s.utd_ratio, 1)
     limiter = pool.limiter = RateLimiter(ratio, s.num_warmup_env_steps, cc.max_lag)
-    limiter.inserts, limiter.samples = st.env_steps, getattr(pool, "resume_samples", 0)
+    # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/base.py)
+    limiter.inserts, limiter.samples = T.stored_env_steps(run), getattr(pool, "resume_samples", 0)
     log = _chunk_log(run.run_dir / "chunks.jsonl", pool.log_lines)
     random_below = s.num_warmup_env_steps if s.warmup_policy == "random" else 0
     pool.publish(run.agent, st.grad_steps)
@@ -399,7 +401,7 @@ def online_phase(run) -> dict:
                     run.logger.print(f"collector {payload} died: restarted; its open episodes end as truncated")
                     continue
                 _ingest(run, pool, payload)
-                limiter.inserts = st.env_steps
+                limiter.inserts = T.stored_env_steps(run)
                 lags.append(st.grad_steps - payload["policy_version"])
                 pool.log_lines += _write(log, {k: payload[k] for k in ("collector", "incarnation", "chunk_id", "pid",
                                                                          "policy_version", "env_steps")}

@@ -4,7 +4,10 @@ Read top to bottom: ``train`` = build (or resume) -> offline phase -> online pha
 [the components' due ``EveryGradSteps`` hooks] -> sample -> ``agent.update`` -> ``buffer.update(signals)`` ->
 ``AfterUpdate`` hooks. An online chunk is collect ``env_steps_per_chunk`` steps (the agent's behaviour records
 stored with each row, unstored probing steps skipped; ``stored_rows`` turns truncations into terminations when
-``env.truncation_as_termination`` is set) -> ``OnEpisodeEnd`` hooks -> ``chunk x utd_ratio`` gradient steps.
+``env.truncation_as_termination`` is set) -> ``OnEpisodeEnd`` hooks -> ``stored rows x utd_ratio`` gradient steps.
+The update clock counts stored rows: a step an agent executes without storing it (``Acted.store = False``, PLD's
+probing) counts for the env-step budget (``schedule.num_online_env_steps``, evaluation and checkpoint cadences) but
+is not data and earns no gradient step (``grad_steps_earned``); summary.json states executed, stored and unstored.
 Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the first interval with
 ``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
 What a method needs from the loop it declares (``relive.train.hooks``); this file names no method. With
@@ -65,6 +68,10 @@ class RunSummary:
     status: str = "finished"
     git_sha: str = ""
     torch_version: str = ""
+    # of num_online_env_steps (executed, the budget): the steps stored as rows, the data the update clock counts,
+    # and the probing steps (executed with store=False: never stored, never trained on)
+    num_stored_online_env_steps: int = 0
+    num_probing_env_steps: int = 0
 
 
 @dataclass
@@ -148,16 +155,18 @@ RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progre
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
           resume_settings: Sequence[str] = (), on_step: Callable[[int, int], None] | None = None,
-          wrap_agent: Callable | None = None) -> RunSummary:
+          wrap_agent: Callable | None = None, allow_other_base: bool = False) -> RunSummary:
     """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint; ``resume_settings``:
     ``section.key=value`` changes of :data:`RESUME_SETTINGS` for the resumed part (e.g. ``run.device=cpu`` and
     ``replay.device=none`` to continue a GPU run on a machine without one), written to its config.json.
 
     ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk (tests
     raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
-    the agent (seeds batched in one process, :mod:`relive.train.seed_batch`).
+    the agent (seeds batched in one process, :mod:`relive.train.seed_batch`). ``allow_other_base``: an agent on a
+    frozen base policy (``allow_other_base`` attribute) may load a checkpoint / ``run.init_from`` state recorded on
+    a base with another digest (refused otherwise).
     """
-    run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings)
+    run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings, allow_other_base)
     try:
         offline_phase(run)
         final = online_phase(run)
@@ -175,7 +184,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
                          final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
                          st.best_return, time.perf_counter() - run.start, git_sha=_git_sha(),
-                         torch_version=torch.__version__)
+                         torch_version=torch.__version__, num_stored_online_env_steps=stored_env_steps(run),
+                         num_probing_env_steps=run.collector.num_unstored_steps)
     # (atomic: its presence means the run finished, so it is never seen half-written)
     write_text_atomic(run.run_dir / "summary.json", json.dumps(summary.__dict__, indent=1, allow_nan=True))
     return summary
@@ -218,7 +228,7 @@ def _check_devices(cfg: ExperimentConfig) -> None:
 
 
 def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None = None,
-          resume_settings: Sequence[str] = ()) -> Run:
+          resume_settings: Sequence[str] = (), allow_other_base: bool = False) -> Run:
     """Components from the config (or the run directory's config), the dataset in the buffer, and on resume
     every component's state from the last checkpoint. ``config.json`` is written only once all of it worked."""
     saved = None
@@ -239,6 +249,9 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
     s.check_update_rule()
     _check_devices(cfg)
+    _check_random_warmup(cfg, agent_entry(cfg.agent_kind).target)
+    if allow_other_base and not hasattr(agent_entry(cfg.agent_kind).target, "allow_other_base"):
+        raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
     torch.set_num_threads(cfg.run.num_threads)
     nets.retain_freed_memory()  # no page faults on every update's activations (see the function)
     eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
@@ -249,6 +262,8 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         eval_env.reset(seed=_int(seeds["eval"]))
     spec = env_spec(eval_env)
     agent = build_agent(cfg, spec, seeds["agent"])
+    if allow_other_base:  # (checked by the agent's load_state_dict: resume and run.init_from)
+        agent.allow_other_base = True
     if wrap_agent is not None:
         agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
@@ -324,6 +339,16 @@ def close_streams(run: Run, streams) -> None:
         slots = run.buffer.close_stream(stream, terminated=run.cfg.env.truncation_as_termination)
         for h in H.of_type(run.hooks, H.OnEpisodeEnd) if slots.size else ():
             h.fn(slots)
+
+
+def _check_random_warmup(cfg: ExperimentConfig, agent_cls) -> None:
+    """An agent class that cannot have uniform random actions in place of its own (``random_warmup_problem``, e.g. one
+    whose warm-up is its own and whose episodes start with unstored steps) refuses the random warm-up by name,
+    before anything runs, instead of failing mid-run."""
+    s, problem = cfg.schedule, getattr(agent_cls, "random_warmup_problem", None)
+    if problem and s.num_warmup_env_steps and s.warmup_policy == "random":
+        raise ValueError(f"schedule.num_warmup_env_steps = {s.num_warmup_env_steps} (--warmup) with warmup_policy "
+                         f"'random': agent {cfg.agent_kind!r} cannot take the trainer's random warm-up: {problem}")
 
 
 def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
@@ -491,9 +516,10 @@ def online_phase(run: Run) -> dict:
         if st.env_steps >= st.next_ckpt and run.collector.can_checkpoint:  # one env: between episodes (exact)
             st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
             checkpoint(run)
+        stored_before = stored_env_steps(run)
         k = collect(run, min(s.env_steps_per_chunk, s.num_online_env_steps - st.env_steps))  # (a multiple of N)
-        if st.env_steps > s.num_warmup_env_steps:
-            for _ in range(s.grad_steps_per_chunk or k * s.utd_ratio):
+        if stored_env_steps(run) > s.num_warmup_env_steps:
+            for _ in range(grad_steps_earned(s, k, stored_env_steps(run) - stored_before)):
                 gradient_step(run, "online")
         elapsed = max(time.perf_counter() - phase_start, 1e-9)
         env_rate, grad_rate = (st.env_steps - phase_env) / elapsed, (st.grad_steps - phase_grad) / elapsed
@@ -501,6 +527,21 @@ def online_phase(run: Run) -> dict:
             _log_online(run, env_rate, grad_rate)
         run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
     return evaluation(run)
+
+
+def stored_env_steps(run: Run) -> int:
+    """Online env steps whose rows were stored: executed minus unstored (probing) steps. The update clock."""
+    return run.state.env_steps - run.collector.num_unstored_steps
+
+
+def grad_steps_earned(s: ScheduleConfig, executed: int, stored: int) -> int:
+    """Gradient steps after a chunk of ``executed`` env steps of which ``stored`` were stored: ``utd_ratio`` per
+    stored row, or ``grad_steps_per_chunk`` scaled by the chunk's stored share (rounded down). Unstored steps
+    (PLD's probing: executed, not stored) are not data and earn none (PLD spec §10.2: updates run only inside
+    the stored rollout loop); for an agent that stores every step this is ``chunk x utd_ratio`` as always."""
+    if s.grad_steps_per_chunk:
+        return s.grad_steps_per_chunk * stored // executed if executed else 0
+    return stored * s.utd_ratio
 
 
 def collect(run: Run, k: int) -> int:
