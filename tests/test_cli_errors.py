@@ -91,7 +91,8 @@ CASES = [
     # issue 27: run directories, sizes and grid files
     (["train", "sac", "--env", "Pendulum-v1", "--run-dir", "{tmp}"], r"run directory .* exists and is not a relive "
      r"run \(it holds bad.toml, existing, junk.hdf5", False),
-    (["train", "sac", "--num-envs", "5000"], r"argument --num-envs: expected at most 1024 environments, got 5000", True),
+    (["train", "sac", "--num-envs", "5000"], r"argument --num-envs: expected at most 1024 environments, got 5000",
+     True),
     (["train", "sac", "--env", "Pendulum-v1", "--capacity", "8", "--batch-size", "16", "--run-dir", "{tmp}/r"],
      r"replay.capacity \(8 rows, --capacity\) is below schedule.batch_size \(16, --batch-size\)", False),
     (["bench", "run", "{tmp}/letters.toml", "--root", "{tmp}/r"], r"letters.toml: grid 'letters': tasks must be a list "

@@ -26,7 +26,8 @@ def _grid(**top):
     (_grid(seeds=[1, 1]), r"seeds must be distinct"),
     (_grid(seeds=True), r"seeds must be a number of seeds or a list"),
     # a string of tasks was iterated letter by letter: 11 one-letter runs
-    (_grid(tasks="Pendulum-v1"), r'tasks must be a list of tasks, got the string .*\(write tasks = \["Pendulum-v1"\]\)'),
+    (_grid(tasks="Pendulum-v1"),
+     r'tasks must be a list of tasks, got the string .*\(write tasks = \["Pendulum-v1"\]\)'),
     (_grid(tasks=[3]), r"task 3 must be a plain name"),
     # names that become paths
     (_grid(name="../outside"), r"grid name '../outside' must be a plain name"),

@@ -156,7 +156,8 @@ def test_resume_refuses_another_runs_checkpoint(stopped, tmp_path):
     run = _copy(stopped, tmp_path)
     shutil.rmtree(run / "checkpoint")
     shutil.copytree(other / "checkpoint", run / "checkpoint")
-    with pytest.raises(ValueError, match=r"run.run_dir = .*other\" in the checkpoint.*; run.seed = 7 in the checkpoint, 0 in config.json"):
+    with pytest.raises(ValueError, match=r"run.run_dir = .*other\" in the checkpoint.*; "
+                                         r"run.seed = 7 in the checkpoint, 0 in config.json"):
         train(resume_dir=run)
 
 

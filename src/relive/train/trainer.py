@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -348,7 +349,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         init = Path(cfg.run.init_from) / "agent_final"
         if not (init / "MANIFEST.json").is_file():
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
-        agent.load_state_dict(load_tree(init, kind="agent"))
+        with _must_fit(f"run.init_from: {init}", "its agent does not fit this run's agent", ValueError):
+            agent.load_state_dict(load_tree(init, kind="agent"))
     if remote:  # Ray collectors step the envs (relive.train.ray_collectors); Ray itself is imported only here
         from relive.train.ray_collectors import RayCollectors, check_agent
 
@@ -469,22 +471,31 @@ def _resume(run: Run, tree: dict | None) -> None:
     if recorded_config(tree) is None:
         run.logger.print(f"{run.run_dir}: its checkpoint (an earlier relive version) records no configuration; "
                          "config.json is taken as the one it was made with")
-    try:
+    where = f"cannot resume {run.run_dir}"
+    with _must_fit(where, "its checkpoint's agent does not fit the agent its config.json describes", ValueError):
         run.agent.load_state_dict(tree["agent"])
-    except (RuntimeError, KeyError, ValueError, TypeError) as e:  # (torch: a size mismatch, a missing tensor)
-        raise ValueError(f"cannot resume {run.run_dir}: its checkpoint's agent does not fit the agent its config.json "
-                         f"describes ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
-    # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
-    run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
-        run.cfg, tree["buffer"], f"cannot resume {run.run_dir}"), device=run.cfg.replay.device or HOST)
-    run.collector.load_state_dict(tree["collector"])
-    run.warmup_rng.bit_generator.state = tree["warmup_rng"]
-    if "eval_rng" in tree:
-        run.eval_env.unwrapped.np_random.bit_generator.state = tree["eval_rng"]
-    run.state = LoopState(**tree["loop"])
+    with _must_fit(where, "its checkpoint's state does not fit this run"):
+        # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
+        run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
+            run.cfg, tree["buffer"], where), device=run.cfg.replay.device or HOST)
+        run.collector.load_state_dict(tree["collector"])
+        run.warmup_rng.bit_generator.state = tree["warmup_rng"]
+        if "eval_rng" in tree:
+            run.eval_env.unwrapped.np_random.bit_generator.state = tree["eval_rng"]
+        run.state = LoopState(**tree["loop"])
     st = run.state
     run.logger.truncate_after(st.env_steps, st.grad_steps)
     run.logger.print(f"resumed {run.run_dir} at env step {st.env_steps}, gradient step {st.grad_steps}")
+
+
+@contextmanager
+def _must_fit(where: str, what: str, *also: type[BaseException]):
+    """A saved state that does not fit what loads it (a torch size mismatch, a missing or unexpected key, a value
+    of the wrong type) as one ValueError naming ``where`` and ``what``, instead of a traceback from deep inside."""
+    try:
+        yield
+    except (KeyError, TypeError, IndexError, AttributeError, RuntimeError, *also) as e:
+        raise ValueError(f"{where}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
 
 
 def checkpoint(run: Run) -> None:
