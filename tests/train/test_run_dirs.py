@@ -200,3 +200,20 @@ def test_a_capacity_below_the_batch_size_and_more_envs_than_rows_are_refused_at_
                             str(tmp_path / "b")], capsys)
     assert "env.num_envs (64, --num-envs) = 64 replay streams, more than replay.capacity (40 rows" in line
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_saved_state_that_does_not_fit_is_one_line_naming_the_run(stopped, tmp_path, capsys):
+    """A loop record with a key this version does not know (was a TypeError from LoopState(**...)), and an
+    --init-from agent of another network size (was a torch size-mismatch traceback)."""
+    run = _copy(stopped, tmp_path)
+    tree = load_tree(run / "checkpoint", kind="run")
+    tree["loop"]["from_the_future"] = 1
+    shutil.rmtree(run / "checkpoint")
+    save_tree(run / "checkpoint", tree, kind="run")
+    line = _one_error_line(["train", "--resume", str(run)], capsys)
+    assert f"cannot resume {run}: its checkpoint's state does not fit this run (TypeError" in line
+    done = _copy(stopped, tmp_path, "done")
+    train(resume_dir=done)
+    line = _one_error_line(["train", *ARGS, "--set", "agent.hidden=[8,8]", "--init-from", str(done), "--run-dir",
+                            str(tmp_path / "fine-tune")], capsys)
+    assert f"run.init_from: {done / 'agent_final'}: its agent does not fit this run's agent" in line
