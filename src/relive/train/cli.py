@@ -39,7 +39,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--ray-address", help="with --collectors: join this Ray cluster (e.g. auto, HOST:6379, "
                    "ray://HOST:10001) instead of starting a local Ray")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
-    p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
+    p.add_argument("--run-dir", help="run directory: a new or empty one (default: runs/<preset>-<env>-seed<N>-<time>); "
+                   "one process runs it at a time")
     p.add_argument("--seeds", help="several seeds of this configuration trained in one process, their networks "
                    "batched (DDQN only; e.g. 0,1,2): --run-dir must contain {seed}, each seed's own run directory "
                    "(relive.train.seed_batch)")

@@ -349,7 +349,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         init = Path(cfg.run.init_from) / "agent_final"
         if not (init / "MANIFEST.json").is_file():
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
-        with _must_fit(f"run.init_from: {init}", "its agent does not fit this run's agent", ValueError):
+        with _must_fit(f"run.init_from: {init}", "its agent does not fit this run's agent", ValueError, RuntimeError):
             agent.load_state_dict(load_tree(init, kind="agent"))
     if remote:  # Ray collectors step the envs (relive.train.ray_collectors); Ray itself is imported only here
         from relive.train.ray_collectors import RayCollectors, check_agent
@@ -472,7 +472,8 @@ def _resume(run: Run, tree: dict | None) -> None:
         run.logger.print(f"{run.run_dir}: its checkpoint (an earlier relive version) records no configuration; "
                          "config.json is taken as the one it was made with")
     where = f"cannot resume {run.run_dir}"
-    with _must_fit(where, "its checkpoint's agent does not fit the agent its config.json describes", ValueError):
+    with _must_fit(where, "its checkpoint's agent does not fit the agent its config.json describes", ValueError,
+                   RuntimeError):  # (torch: a size mismatch, a missing tensor)
         run.agent.load_state_dict(tree["agent"])
     with _must_fit(where, "its checkpoint's state does not fit this run"):
         # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
@@ -490,11 +491,14 @@ def _resume(run: Run, tree: dict | None) -> None:
 
 @contextmanager
 def _must_fit(where: str, what: str, *also: type[BaseException]):
-    """A saved state that does not fit what loads it (a torch size mismatch, a missing or unexpected key, a value
-    of the wrong type) as one ValueError naming ``where`` and ``what``, instead of a traceback from deep inside."""
+    """A saved state that does not fit what loads it (a missing or unexpected key, a value of the wrong type; with
+    ``also``, e.g. a torch size mismatch) as one ValueError naming ``where`` and ``what``, instead of a traceback
+    from deep inside. (Running out of device memory is not a misfit: it passes.)"""
     try:
         yield
-    except (KeyError, TypeError, IndexError, AttributeError, RuntimeError, *also) as e:
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except (KeyError, TypeError, IndexError, AttributeError, *also) as e:
         raise ValueError(f"{where}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
 
 
