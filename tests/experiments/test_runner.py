@@ -281,6 +281,25 @@ def test_a_report_figure_can_plot_a_key_logged_in_metrics_jsonl(tmp_path):
     assert (tmp_path / "out" / "g_kl.png").is_file() and "g_kl.png" in out.read_text()
 
 
+def test_a_report_reads_odd_run_files_without_a_traceback(tmp_path):
+    """A metrics.jsonl line that is JSON but not an object (was an AttributeError) is not plotted; a summary.json
+    that is not JSON is named (was a bare JSONDecodeError)."""
+    from relive.experiments.report import collect
+
+    grid = parse_grid({"name": "g", "tasks": ["A"], "variant": [{"label": "a", "preset": "sac"}],
+                       "report": {"figure": [{"name": "kl", "column": "train/kl"}]}})
+    d = tmp_path / "g" / "a/A/seed_0"
+    d.mkdir(parents=True)
+    d.joinpath("eval.csv").write_text("env_step,eval/return_mean\n0,1\n")
+    d.joinpath("summary.json").write_text("{}")
+    d.joinpath("metrics.jsonl").write_text('5\n["x"]\n{"env_step": 7, "phase": "online", "train/kl": 0.5}\n')
+    data, _, _ = collect(grid, tmp_path)
+    assert data[0].series("train/kl")[1].tolist() == [0.5]
+    d.joinpath("summary.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"summary.json: not valid JSON"):
+        collect(grid, tmp_path)
+
+
 def test_a_report_is_replaced_only_with_overwrite_and_keeps_notes_below_its_marker(tmp_path, capsys):
     """Tools do not rewrite tracked docs unless asked: `relive bench report` defaults to reports/ (gitignored),
     refuses an existing GRID.md without --overwrite (`bench run --report` before running anything), and keeps
