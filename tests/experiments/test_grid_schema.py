@@ -58,6 +58,11 @@ def _grid(**top):
     (_grid(args=["{0}"]), r"only \{task\} and \{seed\} are substituted"),  # was an IndexError
     (_grid(args=["{env}"]), r"only \{task\} and \{seed\} are substituted"),  # was a KeyError
     (_grid(args=["{seed!r}"]), r"only \{task\} and \{seed\} are substituted"),
+    # sizes: every run gets its own copy of the arguments; runs are counted before they are expanded
+    (_grid(tasks=[f"T{i}" for i in range(200)], seeds=100),
+     r"20000 runs \(variants x tasks x seeds\), more than 10000"),
+    (_grid(args=["--x"] * 201), r"args: at most 200 arguments, got 201"),
+    (_grid(args=["x" * 5000]), r"args\[0\]: an argument of at most 4096 characters, got 5000"),
     (_grid(args=["a{b"]), r"args\[0\] = 'a{b': expected '}'.*write {{ and }} for a literal brace"),
 ])
 def test_a_grid_that_breaks_the_schema_is_refused_naming_what(raw, message):

@@ -40,6 +40,8 @@ import tomllib
 GRID_DIR = Path(__file__).parent / "grids"
 MAX_SEEDS = 1000  # seeds of a grid (``seeds = N`` or a list's length) above this are refused
 MAX_SEED = 2**32 - 1
+MAX_RUNS = 10_000  # runs of a grid (variants x tasks x seeds), counted before anything is expanded
+MAX_ARGS, MAX_ARG_CHARS = 200, 4096  # per args list, per argument: every run gets its own copy
 # a grid name, variant label, task or figure name: one directory / file name component under --root or --out
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,99}")
 
@@ -175,7 +177,11 @@ def _list(value, where: str, item, example: str) -> tuple:
 def _args(value, where: str) -> tuple[str, ...]:
     """`relive train` arguments: strings whose only fields are ``{task}`` and ``{seed}`` (``{{`` for a brace)."""
     out = _list(value, where, _str, 'e.g. ["--replay", "per"]')
+    if len(out) > MAX_ARGS:
+        raise ValueError(f"{where}: at most {MAX_ARGS} arguments, got {len(out)}")
     for i, a in enumerate(out):
+        if len(a) > MAX_ARG_CHARS:
+            raise ValueError(f"{where}[{i}]: an argument of at most {MAX_ARG_CHARS} characters, got {len(a)}")
         try:
             fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(a) if f is not None]
         except ValueError as e:
@@ -286,4 +292,7 @@ def parse_grid(raw: dict, default_name: str = "grid") -> Grid:
     task_args = {check_name(k, "task", f"{where} [task_args]: "): _args(v, f"{where} task_args.{k}")
                  for k, v in raw_task_args.items()}
     report = _check_report(raw.get("report", {}), name)
+    num_runs = sum(len(v.tasks or tasks) * len(v.seeds or seeds) for v in variants)
+    if num_runs > MAX_RUNS:
+        raise ValueError(f"{where} {num_runs} runs (variants x tasks x seeds), more than {MAX_RUNS}; split the grid")
     return Grid(name, tuple(variants), tasks, seeds, report, description, task_args, args)
