@@ -210,6 +210,29 @@ def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_ove
     assert status_line(execute(spec, tmp_path)) == "[done by another runner] bad/Pendulum-v1/seed_0 (0 s)"
 
 
+def test_a_training_started_by_hand_that_takes_the_run_first_leaves_it_busy_not_crashed(tmp_path, monkeypatch):
+    """The runner's training refuses a run another process holds (exit 2, "in use"); the runner then finds the run
+    held and reports it busy, without a crash.json. (Staged: the runner's own check that no training holds the run
+    is skipped, as if the other process took it right after that check.)"""
+    from relive.experiments import runner
+
+    g = parse_grid({"name": "race", "tasks": ["Pendulum-v1"], "variant": [{"label": "a", "preset": "sac",
+                                                                           "args": list(TINY)}]})
+    spec = g.runs()[0]
+    d = runner.run_dir_of(tmp_path, spec)
+    d.mkdir(parents=True)
+    monkeypatch.setattr(runner, "_take_lock", lambda run_dir: runner.DirectoryLock(run_dir, runner.LOCK))
+    holder = _hold_in_another_process(d, runner.RUN_LOCK)
+    try:
+        out = runner.execute(spec, tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out.status == "busy" and not (d / "crash.json").exists()
+    assert f"is in use by process {holder.pid}" in (d / runner.LOG).read_text()
+    assert not (d / "config.json").exists()  # the refused training wrote nothing
+
+
 def test_the_runner_and_the_trainer_agree_on_the_run_lock_and_the_files_a_new_run_may_find():
     from relive.experiments import runner
     from relive.train.trainer import NEW_RUN_MAY_HOLD, RUN_LOCK

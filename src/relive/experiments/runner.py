@@ -38,7 +38,7 @@ RUN_LOCK = ".relive.lock"  # the training's own lock of its run directory (reliv
 @dataclass(frozen=True)
 class RunOutcome:
     spec: RunSpec
-    status: str  # "finished" (now), "skipped" (earlier), "busy" (another runner has it), "crashed"
+    status: str  # "finished" (now), "skipped" (earlier), "busy" (another runner or training has it), "crashed"
     seconds: float
     run_dir: Path
 
@@ -239,9 +239,9 @@ def execute_batch(specs: list[RunSpec], root: Path, threads_per_run: int = 1,
 
 
 def status_line(out: RunOutcome) -> str:
-    """One line per run as the sweep goes: ok, busy (another runner has it), done by another runner (finished
-    while this runner waited), or CRASHED with where to look."""
-    mark = {"finished": "ok", "busy": "busy: another runner has it",
+    """One line per run as the sweep goes: ok, busy (another runner, or a training started by hand, runs it), done
+    by another runner (finished while this runner waited), or CRASHED with where to look."""
+    mark = {"finished": "ok", "busy": "busy: another process runs it",
             "skipped": "done by another runner", "crashed": "CRASHED"}[out.status]
     tail = f" -> see {out.run_dir / CRASHED}" if out.status == "crashed" else ""
     return f"[{mark}] {out.spec.key} ({out.seconds:.0f} s){tail}"
