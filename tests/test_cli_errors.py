@@ -88,6 +88,16 @@ CASES = [
     (["train", "rlpd", "--env", "Pendulum-v1", "--offline-fraction", "1.5", "--run-dir", "{tmp}/r"],
      r"offline_fraction", False),
     (["train", "--resume", "{tmp}/nothing"], r"no config.json", False),
+    # issue 27: run directories, sizes and grid files
+    (["train", "sac", "--env", "Pendulum-v1", "--run-dir", "{tmp}"], r"run directory .* exists and is not a relive "
+     r"run \(it holds bad.toml, existing, junk.hdf5", False),
+    (["train", "sac", "--num-envs", "5000"], r"argument --num-envs: expected at most 1024 environments, got 5000",
+     True),
+    (["train", "sac", "--env", "Pendulum-v1", "--capacity", "8", "--batch-size", "16", "--run-dir", "{tmp}/r"],
+     r"replay.capacity \(8 rows, --capacity\) is below schedule.batch_size \(16, --batch-size\)", False),
+    (["bench", "run", "{tmp}/letters.toml", "--root", "{tmp}/r"], r"letters.toml: grid 'letters': tasks must be a list "
+     r"of tasks, got the string 'Pendulum-v1'", False),
+    (["bench", "report", "{tmp}/letters.toml", "--root", "{tmp}/r"], r"tasks must be a list of tasks", False),
 ]
 
 
@@ -95,6 +105,7 @@ CASES = [
 def scratch(tmp_path):
     (tmp_path / "junk.hdf5").write_text("not a dataset")
     _write_bad_toml(tmp_path)
+    (tmp_path / "letters.toml").write_text('tasks = "Pendulum-v1"\n[[variant]]\nlabel = "a"\npreset = "sac"\n')
     (tmp_path / f"{GRID}.md").write_text("a report\n")
     from relive.data.minari_io import write_minari
 

@@ -67,6 +67,9 @@ class RunConfig:
         check_device("run.device", self.device)
 
 
+MAX_NUM_ENVS = 1024  # env.num_envs above this is refused (each env is a replay stream; async: a process each)
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     id: str = "Pendulum-v1"  # Gymnasium environment id
@@ -89,6 +92,9 @@ class EnvConfig:
             raise ValueError("env.id must name a Gymnasium environment, e.g. 'Pendulum-v1'")
         if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, int) or self.num_envs < 1:
             raise ValueError(f"env.num_envs must be an integer >= 1, got {self.num_envs!r}")
+        if self.num_envs > MAX_NUM_ENVS:
+            raise ValueError(f"env.num_envs must be at most {MAX_NUM_ENVS} (envs stepped together in one process, "
+                             f"each its own replay stream), got {self.num_envs}")
         if self.vector_mode not in ("sync", "async"):
             raise ValueError(f"env.vector_mode must be 'sync' or 'async', got {self.vector_mode!r}")
         if self.max_episode_steps is not None and self.max_episode_steps < 1:
@@ -220,6 +226,21 @@ class ExperimentConfig:
         cls = agent_entry(self.agent_kind).config_cls
         if type(self.agent) is not cls:
             raise ValueError(f"agent_kind {self.agent_kind!r} needs a {cls.__name__}, got {type(self.agent).__name__}")
+
+    def check_sizes(self) -> None:
+        """Sizes that only make sense together (checked when a run starts, not per ``--set``: settings are applied
+        one at a time): a buffer that can hold a batch, and no more replay streams than rows."""
+        s, capacity = self.schedule, self.replay.capacity
+        if capacity < s.batch_size:
+            raise ValueError(f"replay.capacity ({capacity} rows, --capacity) is below schedule.batch_size "
+                             f"({s.batch_size}, --batch-size): the buffer could never hold one batch and the run "
+                             "would take no gradient step; raise --capacity or lower --batch-size")
+        streams = self.env.num_envs * max(1, self.collectors.num)
+        if streams > capacity:
+            raise ValueError(f"env.num_envs ({self.env.num_envs}, --num-envs)"
+                             + (f" x collectors.num ({self.collectors.num})" if self.collectors.num else "")
+                             + f" = {streams} replay streams, more than replay.capacity ({capacity} rows, "
+                             "--capacity): every stream needs room for its rows; use fewer envs or a larger buffer")
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
                         timeout=args.timeout, seed_batch=args.seed_batch)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "busy", "crashed")}
     print(f"{grid.name}: {counts['finished']} finished now, {counts['skipped']} already done, "
-          f"{counts['busy']} left to another runner, {counts['crashed']} crashed "
+          f"{counts['busy']} left to another process, {counts['crashed']} crashed "
           f"(run directories under {Path(args.root) / grid.name})")
     if args.report:
         _report(argparse.Namespace(grid=args.grid, root=args.root, out=args.out, reps=2000,

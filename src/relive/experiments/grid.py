@@ -29,12 +29,21 @@ Grids ship in ``relive/experiments/grids/``; ``relive bench run NAME`` finds the
 
 from __future__ import annotations
 
+import json
+import re
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomllib
 
 GRID_DIR = Path(__file__).parent / "grids"
+MAX_SEEDS = 1000  # seeds of a grid (``seeds = N`` or a list's length) above this are refused
+MAX_SEED = 2**32 - 1
+MAX_RUNS = 10_000  # runs of a grid (variants x tasks x seeds), counted before anything is expanded
+MAX_ARGS, MAX_ARG_CHARS = 200, 4096  # per args list, per argument: every run gets its own copy
+# a grid name, variant label, task or figure name: one directory / file name component under --root or --out
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -48,8 +57,10 @@ class RunSpec:
 
     @property
     def key(self) -> str:
-        """Relative run directory: ``label/task/seed_N``."""
-        return f"{self.label}/{self.task}/seed_{self.seed}"
+        """Relative run directory: ``label/task/seed_N`` (each part one plain name: it never leaves the root)."""
+        for what, part in (("grid name", self.grid), ("variant label", self.label), ("task", self.task)):
+            check_name(part, what)
+        return f"{self.label}/{self.task}/seed_{int(self.seed)}"
 
 
 @dataclass(frozen=True)
@@ -107,35 +118,181 @@ def load_grid(name_or_path: str | Path) -> Grid:
             raw = tomllib.load(f)
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"grid file {path}: not valid TOML ({e})") from None
-    return parse_grid(raw, default_name=path.stem)
+    try:
+        return parse_grid(raw, default_name=path.stem)
+    except ValueError as e:
+        raise ValueError(f"grid file {path}: {e}") from None
+
+
+def check_name(value, what: str, where: str = "") -> str:
+    """A name that becomes one path component (a run directory's, a report file's): letters, digits and ``._+=@,-``,
+    not starting with a dot, at most 100 characters -- never ``..``, a ``/`` or an absolute path."""
+    if not isinstance(value, str) or not NAME.fullmatch(value):
+        raise ValueError(f"{where}{what} {value!r} must be a plain name (letters, digits and ._+=@,- not starting with "
+                         "a dot, at most 100 characters): it names a directory or file under the output root"
+                         + ("; an environment id with a '/' goes in [task_args] under a plain task label"
+                            if what == "task" and isinstance(value, str) and "/" in value else ""))
+    return value
+
+
+# the grid file's schema: every key it may hold, with its type (checked before anything is expanded)
+_TOP = {"name", "description", "seeds", "tasks", "args", "variant", "task_args", "report"}
+_VARIANT = {"label", "preset", "args", "tasks", "seeds"}
+_REPORT = {"thresholds", "paper", "baseline", "auc", "score", "compare", "figure"}
+_FIGURE = {"name", "title", "labels", "tasks", "column", "log_y"}
+
+
+def _table(value, where: str, known: set[str]) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a table, got {type(value).__name__} {_short(value)}")
+    unknown = sorted(set(value) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; known: {sorted(known)}")
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _str(value, where: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where} must be a string, got {type(value).__name__} {_short(value)}")
+    return value
+
+
+def _bool(value, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{where} must be true or false, got {_short(value)}")
+    return value
+
+
+def _list(value, where: str, item, example: str) -> tuple:
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a list ({example}), got {type(value).__name__} {_short(value)}")
+    return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def _args(value, where: str) -> tuple[str, ...]:
+    """`relive train` arguments: strings whose only fields are ``{task}`` and ``{seed}`` (``{{`` for a brace)."""
+    out = _list(value, where, _str, 'e.g. ["--replay", "per"]')
+    if len(out) > MAX_ARGS:
+        raise ValueError(f"{where}: at most {MAX_ARGS} arguments, got {len(out)}")
+    for i, a in enumerate(out):
+        if len(a) > MAX_ARG_CHARS:
+            raise ValueError(f"{where}[{i}]: an argument of at most {MAX_ARG_CHARS} characters, got {len(a)}")
+        try:
+            fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(a) if f is not None]
+        except ValueError as e:
+            raise ValueError(f"{where}[{i}] = {_short(a)}: {e} (write {{{{ and }}}} for a literal brace)") from None
+        bad = [f for f, spec, conv in fields if f not in ("task", "seed") or spec or conv]
+        if bad:
+            raise ValueError(f"{where}[{i}] = {_short(a)}: only {{task}} and {{seed}} are substituted (no format spec "
+                             f"or conversion), got {{{bad[0]}...}}; write {{{{ and }}}} for a literal brace")
+    return out
+
+
+def _seeds(value, where: str) -> tuple[int, ...]:
+    """``seeds = N`` (seeds 0..N-1) or a list of distinct seeds, at most MAX_SEEDS of them."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if not 1 <= value <= MAX_SEEDS:
+            raise ValueError(f"{where} = {value}: a number of seeds from 1 to {MAX_SEEDS}")
+        return tuple(range(value))
+    if not isinstance(value, list):
+        raise ValueError(f"{where} must be a number of seeds or a list of seeds, got {type(value).__name__} "
+                         f"{_short(value)}")
+    if not 1 <= len(value) <= MAX_SEEDS:
+        raise ValueError(f"{where}: from 1 to {MAX_SEEDS} seeds, got {len(value)}")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SEED:
+            raise ValueError(f"{where}[{i}] = {_short(v)}: a seed is an integer from 0 to {MAX_SEED}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{where}: seeds must be distinct, got {_short(value)}")
+    return tuple(value)
+
+
+def _tasks(value, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise ValueError(f"{where} must be a list of tasks, got the string {_short(value)} (write tasks = "
+                         f"[{json.dumps(value)}])")
+    return _list(value, where, lambda v, w: check_name(v, "task", f"{w}: "), 'e.g. ["Pendulum-v1"]')
+
+
+def _check_report(report, name: str) -> dict:
+    where = f"grid {name!r}: [report]"
+    _table(report, where, _REPORT)
+    for key in ("thresholds", "paper"):
+        if key in report:
+            _table(report[key], f"{where} {key}", set(report[key]) if isinstance(report[key], dict) else set())
+            for task, v in report[key].items():
+                if key == "thresholds" and (isinstance(v, bool) or not isinstance(v, int | float)):
+                    raise ValueError(f"{where} thresholds.{task} must be a number, got {_short(v)}")
+                if key == "paper":
+                    _str(v, f"{where} paper.{task}")
+    for key in ("baseline", "score", "compare"):
+        if key in report:
+            _str(report[key], f"{where} {key}")
+    if "auc" in report:
+        _bool(report["auc"], f"{where} auc")
+    for i, fig in enumerate(_list(report.get("figure", []), f"{where} figure", lambda v, w: v, "[[report.figure]]")):
+        w = f"{where} figure #{i}"
+        _table(fig, w, _FIGURE)
+        if "name" not in fig:
+            raise ValueError(f"{w} lacks a name (its plot is <grid>_<name>.png)")
+        check_name(fig["name"], "figure name", f"{w}: ")
+        for key in ("title", "column"):
+            if key in fig:
+                _str(fig[key], f"{w} {key}")
+        for key in ("labels", "tasks"):
+            if key in fig:
+                _list(fig[key], f"{w} {key}", _str, "a list of strings")
+        if "log_y" in fig:
+            _bool(fig["log_y"], f"{w} log_y")
+    return dict(report)
 
 
 def parse_grid(raw: dict, default_name: str = "grid") -> Grid:
-    name = raw.get("name", default_name)
-    seeds = raw.get("seeds", 1)
-    seeds = tuple(range(seeds)) if isinstance(seeds, int) else tuple(int(s) for s in seeds)
-    if not seeds:
-        raise ValueError(f"grid {name!r}: no seeds")
-    tasks = tuple(raw.get("tasks", ()))
+    """A grid from its TOML table, checked against the schema first (types, ranges, known keys; every name that
+    becomes a path a plain name), so that nothing is expanded from a file that is not a grid."""
+    _table(raw, "grid file", _TOP)
+    name = check_name(raw.get("name", default_name), "grid name", "")
+    where = f"grid {name!r}:"
+    description = _str(raw.get("description", ""), f"{where} description")
+    seeds = _seeds(raw.get("seeds", 1), f"{where} seeds")
+    tasks = _tasks(raw.get("tasks", []), f"{where} tasks")
+    args = _args(raw.get("args", []), f"{where} args")
     variants = []
-    for i, v in enumerate(raw.get("variant", [])):
+    raw_variants = raw.get("variant", [])
+    if not isinstance(raw_variants, list):
+        raise ValueError(f"{where} variant must be [[variant]] tables, got {type(raw_variants).__name__}")
+    for i, v in enumerate(raw_variants):
+        w = f"{where} variant #{i}"
+        _table(v, w, _VARIANT)
         missing = [k for k in ("label", "preset") if k not in v]
         if missing:
-            raise ValueError(f"grid {name!r}: variant #{i} lacks {missing}")
-        v_seeds = v.get("seeds", ())
-        v_seeds = tuple(range(v_seeds)) if isinstance(v_seeds, int) else tuple(int(s) for s in v_seeds)
+            raise ValueError(f"{w} lacks {missing}")
+        label = check_name(v["label"], "variant label", f"{w}: ")
+        w = f"{where} variant {label!r}"
+        v_seeds = _seeds(v["seeds"], f"{w} seeds") if "seeds" in v else ()
         if set(v_seeds) - set(seeds):
-            raise ValueError(f"grid {name!r}: variant {v['label']!r} has seeds outside the grid's {list(seeds)}")
-        variants.append(Variant(v["label"], v["preset"], tuple(str(a) for a in v.get("args", ())),
-                                tuple(v.get("tasks", ())), v_seeds))
+            raise ValueError(f"{w} has seeds outside the grid's {list(seeds)}")
+        variants.append(Variant(label, _str(v["preset"], f"{w} preset"), _args(v.get("args", []), f"{w} args"),
+                                _tasks(v.get("tasks", []), f"{w} tasks"), v_seeds))
     if not variants:
-        raise ValueError(f"grid {name!r}: no [[variant]] entries")
+        raise ValueError(f"{where} no [[variant]] entries")
     labels = [v.label for v in variants]
     if len(set(labels)) != len(labels):
-        raise ValueError(f"grid {name!r}: variant labels must be unique, got {labels}")
+        raise ValueError(f"{where} variant labels must be unique, got {labels}")
     for v in variants:
         if not (v.tasks or tasks):
-            raise ValueError(f"grid {name!r}: variant {v.label!r} has no tasks (set tasks = [...])")
-    task_args = {str(k): tuple(str(a) for a in v) for k, v in raw.get("task_args", {}).items()}
-    return Grid(name, tuple(variants), tasks, seeds, dict(raw.get("report", {})), raw.get("description", ""),
-                task_args, tuple(str(a) for a in raw.get("args", ())))
+            raise ValueError(f"{where} variant {v.label!r} has no tasks (set tasks = [...])")
+    raw_task_args = raw.get("task_args", {})
+    _table(raw_task_args, f"{where} [task_args]", set(raw_task_args) if isinstance(raw_task_args, dict) else set())
+    task_args = {check_name(k, "task", f"{where} [task_args]: "): _args(v, f"{where} task_args.{k}")
+                 for k, v in raw_task_args.items()}
+    report = _check_report(raw.get("report", {}), name)
+    num_runs = sum(len(v.tasks or tasks) * len(v.seeds or seeds) for v in variants)
+    if num_runs > MAX_RUNS:
+        raise ValueError(f"{where} {num_runs} runs (variants x tasks x seeds), more than {MAX_RUNS}; split the grid")
+    return Grid(name, tuple(variants), tasks, seeds, report, description, task_args, args)

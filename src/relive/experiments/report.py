@@ -71,13 +71,23 @@ def _read_logged(path: Path, keys: set[str]) -> dict[str, tuple[np.ndarray, np.n
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # a partial last line of a killed run
-        if row.get("phase") != "online":
-            continue
+        if not isinstance(row, dict) or row.get("phase") != "online":
+            continue  # (not a metrics line: nothing to plot from it)
         for k in keys:
             if k in row:
-                out[k][0].append(float(row.get("env_step", math.nan)))
+                out[k][0].append(_num(row.get("env_step")))
                 out[k][1].append(_num(row[k]))
     return {k: (np.asarray(a), np.asarray(b)) for k, (a, b) in out.items() if a}
+
+
+def _read_summary(path: Path) -> dict:
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: not a run summary (a JSON object)")
+    return summary
 
 
 def _num(x) -> float:
@@ -105,9 +115,8 @@ def collect(grid: Grid, root: str | Path) -> tuple[list[RunData], list[str], lis
             missing.append(spec.key)
             continue
         logged_keys = {f["column"] for f in grid.report.get("figure", []) if f.get("column")} - set(cols)
-        data.append(RunData(spec.label, spec.task, spec.seed, steps, cols[key], key,
-                            json.loads((d / FINISHED).read_text()), cols,
-                            _read_logged(d / "metrics.jsonl", logged_keys)))
+        data.append(RunData(spec.label, spec.task, spec.seed, steps, cols[key], key, _read_summary(d / FINISHED),
+                            cols, _read_logged(d / "metrics.jsonl", logged_keys)))
     return data, crashed, missing
 
 

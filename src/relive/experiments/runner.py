@@ -4,6 +4,14 @@ A run is finished when its directory holds ``summary.json`` (written last by the
 grid skips finished runs and resumes interrupted ones from their last checkpoint (``relive train
 --resume``), so a sweep survives being stopped and restarted. A run that exits non-zero is recorded in
 ``crash.json`` (exit code, last lines of its log) and the others go on.
+
+Who runs a run: two locks of one mechanism (``relive.files.DirectoryLock``: an ``flock`` the kernel drops when its
+holder dies, however it dies). The training process holds the run directory's own lock (``.relive.lock``) for the
+whole run -- the same lock a `relive train` started by hand takes, so a runner and a person never both run it. A
+runner first claims the run (``running.lock``, held until its training has exited, so that two runners do not
+both start one), then checks that no training holds the run (one started by a runner that was killed alone keeps
+running and keeps its lock: the run is "busy"), then starts the training. The runner does not hand its lock down:
+the training takes its own, so a training started by hand and one started by a runner are held the same way.
 """
 
 from __future__ import annotations
@@ -18,23 +26,25 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from relive.experiments.grid import Grid, RunSpec
+from relive.files import DirectoryLock, LockedError
 
 FINISHED = "summary.json"
 CRASHED = "crash.json"
 LOG = "stdout.log"
-LOCK = "running.lock"  # PIDs of the runner executing the run and of its training: a second runner skips the run
-# while either lives (a runner killed alone leaves its training running; the training's PID keeps the run held)
+LOCK = "running.lock"  # a runner's claim on the run (a DirectoryLock held while it executes the run)
+RUN_LOCK = ".relive.lock"  # the training's own lock of its run directory (relive.train.trainer.RUN_LOCK)
 
 
 @dataclass(frozen=True)
 class RunOutcome:
     spec: RunSpec
-    status: str  # "finished" (now), "skipped" (earlier), "busy" (another runner has it), "crashed"
+    status: str  # "finished" (now), "skipped" (earlier), "busy" (another runner or training has it), "crashed"
     seconds: float
     run_dir: Path
 
 
 def run_dir_of(root: Path, spec: RunSpec) -> Path:
+    """``root/grid/label/task/seed_N``: plain names only (``RunSpec.key`` checks them), so never outside root."""
     return Path(root) / spec.grid / spec.key
 
 
@@ -52,70 +62,63 @@ def default_workers(threads_per_run: int = 1) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, threads_per_run))
 
 
-def _lock_pids(lock: Path) -> list[int]:
-    return [int(x) for x in lock.read_text().split()]
-
-
-def _alive(pid: int) -> bool:
+def _run_in_use(run_dir: Path) -> bool:
+    """True when a training process holds the run (its DirectoryLock), e.g. one whose runner was killed alone."""
     try:
-        os.kill(pid, 0)  # raises when no such process
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # a live process of another user
-    return True
-
-
-def _take_lock(run_dir: Path) -> bool:
-    """Claim a run for this process; False when a live process holds it (the runner that wrote the lock or the
-    training it started). A stale lock -- every PID in it gone -- is taken over."""
-    lock = run_dir / LOCK
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pids = _lock_pids(lock)
-            except (ValueError, FileNotFoundError):
-                pids = []
-            live = [pid for pid in pids if pid > 0 and _alive(pid)]
-            if live:
-                return pids[0] == os.getpid()
-            lock.unlink(missing_ok=True)  # its runner and its training died: take the run over
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
+        DirectoryLock(run_dir, RUN_LOCK, what="run").release()
+    except LockedError:
         return True
     return False
+
+
+def _take_lock(run_dir: Path) -> DirectoryLock | None:
+    """Claim a run for this runner: its lock, or None when another runner has claimed it or a training process
+    (started by a runner killed since, or by hand) still runs it. A claim or run lock whose holder died is free."""
+    try:
+        claim = DirectoryLock(run_dir, LOCK, what="run")
+    except LockedError:
+        return None
+    if _run_in_use(run_dir):
+        claim.release()
+        return None
+    return claim
 
 
 def execute(spec: RunSpec, root: Path, threads_per_run: int = 1, timeout: float | None = None) -> RunOutcome:
     return _execute([spec], root, threads_per_run, timeout, batched=False)[0]
 
 
-def _claim(specs: list[RunSpec], root: Path) -> tuple[list[RunSpec], list[RunOutcome]]:
-    """Lock the run directories that still need their run: (the held specs, outcomes of the finished and busy)."""
-    held, outcomes = [], []
+def _claim(specs: list[RunSpec], root: Path) -> tuple[list[RunSpec], list[DirectoryLock], list[RunOutcome]]:
+    """Lock the run directories that still need their run: (the held specs, their claims, outcomes of the
+    finished and busy)."""
+    held, claims, outcomes = [], [], []
     for spec in specs:
         run_dir = run_dir_of(root, spec)
         if (run_dir / FINISHED).is_file():
             outcomes.append(RunOutcome(spec, "skipped", 0.0, run_dir))
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
-        if not _take_lock(run_dir):
+        claim = _take_lock(run_dir)
+        if claim is None:
             outcomes.append(RunOutcome(spec, "busy", 0.0, run_dir))
             continue
+        if (run_dir / FINISHED).is_file():  # finished by the runner that held it until now
+            claim.release()
+            outcomes.append(RunOutcome(spec, "skipped", 0.0, run_dir))
+            continue
         held.append(spec)
-    return held, outcomes
+        claims.append(claim)
+    return held, claims, outcomes
 
 
 def _execute(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: float | None,
              batched: bool) -> list[RunOutcome]:
     """One training process for the specs it can lock: ``relive train`` of one run, or (``batched``) of several
     new seeds of one (variant, task) with ``--seeds``, whose output goes to the first run's log (the others' logs
-    say so). A run is finished when its directory holds the summary (and, alone, the process exited 0); every other
-    held run gets a ``crash.json`` with the exit code and the log's last lines. The locks are released at the end."""
-    held, outcomes = _claim(specs, root)
+    say so). A run is finished when its directory holds the summary (and, alone, the process exited 0); a run that
+    a training started by hand took in between is "busy"; every other held run gets a ``crash.json`` with the exit
+    code and the log's last lines. The claims are released at the end."""
+    held, claims, outcomes = _claim(specs, root)
     if not held:
         return outcomes
     dirs = [run_dir_of(root, s) for s in held]
@@ -139,9 +142,7 @@ def _execute(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: fl
         with open(dirs[0] / LOG, "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-            for d in dirs:  # the training holds its runs even if this runner dies
-                (d / LOCK).write_text(f"{os.getpid()} {proc.pid}")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)  # (takes each run's lock)
             code = _wait(proc, timeout)
         seconds = time.perf_counter() - start
         tail = None
@@ -149,14 +150,17 @@ def _execute(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: fl
             if (d / FINISHED).is_file() and (batched or code == 0):
                 outcomes.append(RunOutcome(spec, "finished", seconds, d))
                 continue
+            if code != 0 and _run_in_use(d):  # a `relive train` started by hand took the run first: it has it
+                outcomes.append(RunOutcome(spec, "busy", seconds, d))
+                continue
             if tail is None:
                 tail = (dirs[0] / LOG).read_text(errors="replace").splitlines()[-30:]
             (d / CRASHED).write_text(json.dumps({"returncode": code, "command": cmd, "seconds": seconds,
                                                  "log_tail": tail}, indent=1))
             outcomes.append(RunOutcome(spec, "crashed", seconds, d))
     finally:
-        for d in dirs:
-            (d / LOCK).unlink(missing_ok=True)
+        for claim in claims:
+            claim.release()  # (the lock file stays: unlinking it could let two runners hold two files)
     return outcomes
 
 
@@ -235,9 +239,9 @@ def execute_batch(specs: list[RunSpec], root: Path, threads_per_run: int = 1,
 
 
 def status_line(out: RunOutcome) -> str:
-    """One line per run as the sweep goes: ok, busy (another runner has it), done by another runner (finished
-    while this runner waited), or CRASHED with where to look."""
-    mark = {"finished": "ok", "busy": "busy: another runner has it",
+    """One line per run as the sweep goes: ok, busy (another runner, or a training started by hand, runs it), done
+    by another runner (finished while this runner waited), or CRASHED with where to look."""
+    mark = {"finished": "ok", "busy": "busy: another process runs it",
             "skipped": "done by another runner", "crashed": "CRASHED"}[out.status]
     tail = f" -> see {out.run_dir / CRASHED}" if out.status == "crashed" else ""
     return f"[{mark}] {out.spec.key} ({out.seconds:.0f} s){tail}"

@@ -6,7 +6,7 @@ import argparse
 import math
 
 from relive.cli import non_negative_int, positive_int
-from relive.config import describe, override
+from relive.config import MAX_NUM_ENVS, describe, override
 from relive.presets import PRESETS, get_preset
 from relive.registry import AGENTS, REPLAYS, load_builtins
 
@@ -28,8 +28,9 @@ def add_parsers(subparsers) -> None:
                    "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`")
     p.add_argument("--base-policy", metavar="PATH", help="frozen base policy of a residual agent (residual_sac): "
                    "same as --set agent.base_policy=PATH")
-    p.add_argument("--num-envs", type=positive_int, help="environments stepped together (a Gymnasium vector env, one "
-                   "policy call per step for all), each its own replay stream; env steps count every env's (default 1)")
+    p.add_argument("--num-envs", type=_num_envs, help="environments stepped together (a Gymnasium vector env, one "
+                   "policy call per step for all), each its own replay stream; env steps count every env's (default 1, "
+                   f"at most {MAX_NUM_ENVS} and at most --capacity)")
     p.add_argument("--vector-mode", choices=("sync", "async"), help="with --num-envs > 1: sync (one process, "
                    "default) or async (a subprocess per env)")
     p.add_argument("--collectors", type=positive_int, help="parallel collector processes on Ray feeding this "
@@ -38,7 +39,8 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--ray-address", help="with --collectors: join this Ray cluster (e.g. auto, HOST:6379, "
                    "ray://HOST:10001) instead of starting a local Ray")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
-    p.add_argument("--run-dir", help="run directory (default: runs/<preset>-<env>-seed<N>-<time>)")
+    p.add_argument("--run-dir", help="run directory: a new or empty one (default: runs/<preset>-<env>-seed<N>-<time>); "
+                   "one process runs it at a time")
     p.add_argument("--seeds", help="several seeds of this configuration trained in one process, their networks "
                    "batched (DDQN only; e.g. 0,1,2): --run-dir must contain {seed}, each seed's own run directory "
                    "(relive.train.seed_batch)")
@@ -103,6 +105,14 @@ def add_parsers(subparsers) -> None:
     d.add_argument("--workers", type=positive_int, help="parallel runs (default: one per variant, at most the "
                    "number of CPU cores)")
     d.set_defaults(func=run_demo)
+
+
+def _num_envs(text: str) -> int:
+    """argparse ``type`` of ``--num-envs``: 1 to MAX_NUM_ENVS."""
+    value = positive_int(text)
+    if value > MAX_NUM_ENVS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_NUM_ENVS} environments, got {value}")
+    return value
 
 
 FLAG_TO_SETTING = {

@@ -101,17 +101,12 @@ class RunLogger:
             write_text_atomic(path, "".join(ln + "\n" for ln in keep))  # (a kill here keeps the old file)
         path = self.run_dir / "eval.csv"
         if path.is_file():
-            with open(path, newline="") as f:
-                rows = list(csv.DictReader(f))
-            if rows and _eval_step(rows[-1]) is None:
-                rows.pop()  # a partial last row (killed while writing it)
-            if rows:
-                fields = list(rows[0])
-                kept = [r for r in rows if (_eval_step(r) or (math.inf,)) <= (env_step, grad_step)]
+            header, rows = _eval_rows(path)
+            if header:
                 out = io.StringIO(newline="")
-                w = csv.DictWriter(out, fields)
-                w.writeheader()
-                w.writerows(kept)
+                w = csv.writer(out)
+                w.writerow(header)
+                w.writerows(r for step, r in rows if step <= (env_step, grad_step))
                 write_text_atomic(path, out.getvalue())
 
 
@@ -125,9 +120,12 @@ def _json_line(path: Path, i: int, line: str, *, last: bool) -> dict | None:
     """A metrics.jsonl line; None for a partial last line (a kill during the write: it is dropped)."""
     try:
         d = json.loads(line)
-        if isinstance(d, dict) and "env_step" in d:
+        if not isinstance(d, dict) or "env_step" not in d:
+            problem = "has no env_step"
+        elif not all(_is_count(d.get(k, 0)) for k in ("env_step", "grad_step")):
+            problem = f"has an env_step / grad_step that is not a count ({d.get('env_step')!r}, {d.get('grad_step')!r})"
+        else:
             return d
-        problem = "has no env_step"
     except json.JSONDecodeError as e:
         problem = f"is not valid JSON ({e})"
     if last:
@@ -135,8 +133,50 @@ def _json_line(path: Path, i: int, line: str, *, last: bool) -> dict | None:
     raise ValueError(f"{path}: line {i + 1} {problem}; the log is corrupted (not a partial last line)")
 
 
-def _eval_step(row: dict) -> tuple[int, int] | None:
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _eval_rows(path: Path) -> tuple[list[str], list[tuple[tuple[int, int], list[str]]]]:
+    """eval.csv's header and its rows with their (env_step, grad_step). A row is whole when it has one number per
+    header column; a partial last row (a kill during the write) is dropped, any other bad row is refused, naming
+    the file and line (as metrics.jsonl's)."""
+    with open(path, newline="") as f:
+        try:
+            records = [(n, row) for n, row in _csv_lines(f) if row]
+        except csv.Error as e:
+            raise ValueError(f"{path}: {e}; the log is corrupted") from None
+    if not records:
+        return [], []
+    (_, header), body = records[0], records[1:]
+    if header[:2] != ["env_step", "grad_step"] or len(set(header)) != len(header):
+        raise ValueError(f"{path}: line 1 is not eval.csv's header (env_step, grad_step, ...): {header[:4]}; the log "
+                         "is corrupted")
+    rows = []
+    for i, (line, row) in enumerate(body):
+        problem = _eval_problem(row, len(header))
+        if problem is None:
+            rows.append(((int(row[0]), int(row[1])), row))
+        elif i < len(body) - 1:
+            raise ValueError(f"{path}: line {line} {problem}; the log is corrupted (not a partial last line)")
+    return header, rows
+
+
+def _csv_lines(f):
+    """(line number, row) of a CSV file."""
+    reader = csv.reader(f)
+    for row in reader:
+        yield reader.line_num, row
+
+
+def _eval_problem(row: list[str], width: int) -> str | None:
+    if len(row) != width:
+        return f"has {len(row)} fields, the header {width}"
     try:
-        return int(float(row["env_step"])), int(float(row["grad_step"]))
-    except (KeyError, TypeError, ValueError):
-        return None
+        steps = int(row[0]), int(row[1])
+        [float(x) for x in row[2:] if x != ""]  # (a column a row did not have is written empty)
+    except ValueError:
+        return f"holds a field that is not a number ({','.join(row)[:80]!r})"
+    if min(steps) < 0:
+        return "has a negative env_step or grad_step"
+    return None

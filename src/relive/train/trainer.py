@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -38,14 +39,14 @@ import numpy as np
 import torch
 
 from relive.agents import networks as nets
-from relive.config import ExperimentConfig, ScheduleConfig, load_config, override, save_config
-from relive.files import write_text_atomic
+from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
+from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train import hooks as H
-from relive.train.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config, save_checkpoint
 from relive.train.collector import Collector, VectorCollector
 from relive.train.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
 from relive.train.evaluation import evaluate, normalized_score
@@ -112,6 +113,7 @@ class Run:
     hooks: list = field(default_factory=list)
     train_metrics: dict = field(default_factory=dict)
     start: float = field(default_factory=time.perf_counter)
+    lock: DirectoryLock | None = None  # the run directory, held by this process for the whole run
 
 
 def online_grad_steps(s: ScheduleConfig) -> int:
@@ -176,18 +178,20 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         save_tree(run.run_dir / "agent_final", run.agent.state_dict(), kind="agent")  # the trained policy
         if run.cfg.run.save_final_buffer:
             run.buffer.save(run.run_dir / "buffer_final", offline="copy")  # self-contained, unlike checkpoints
+        st, s = run.state, run.cfg.schedule
+        summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
+                             final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
+                             st.best_return, time.perf_counter() - run.start, git_sha=_git_sha(),
+                             torch_version=torch.__version__, num_stored_online_env_steps=stored_env_steps(run),
+                             num_probing_env_steps=run.collector.num_unstored_steps)
+        # (atomic: its presence means the run finished, so it is never seen half-written; still under the lock)
+        write_text_atomic(run.run_dir / "summary.json", json.dumps(summary.__dict__, indent=1, allow_nan=True))
     finally:
         run.logger.close()
         if hasattr(run.collector, "close"):
             run.collector.close()  # (async vector envs: their worker processes; Ray collectors: the actors)
-    st, s = run.state, run.cfg.schedule
-    summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
-                         final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
-                         st.best_return, time.perf_counter() - run.start, git_sha=_git_sha(),
-                         torch_version=torch.__version__, num_stored_online_env_steps=stored_env_steps(run),
-                         num_probing_env_steps=run.collector.num_unstored_steps)
-    # (atomic: its presence means the run finished, so it is never seen half-written)
-    write_text_atomic(run.run_dir / "summary.json", json.dumps(summary.__dict__, indent=1, allow_nan=True))
+        if run.lock is not None:
+            run.lock.release()
     return summary
 
 
@@ -227,27 +231,99 @@ def _check_devices(cfg: ExperimentConfig) -> None:
             raise ValueError(f"{key} = 'mps', but torch sees no MPS device here")
 
 
+RUN_LOCK = ".relive.lock"  # the run directory's DirectoryLock: one process runs a run at a time
+#: what a directory may already hold for a new run to start in it: relive's lock, and the files a launcher
+#: (``relive bench run``: its log, its claim, an earlier attempt's crash record) writes there before starting it
+NEW_RUN_MAY_HOLD = frozenset({RUN_LOCK, "stdout.log", "running.lock", "crash.json"})
+
+
+def _hold_run(run_dir: Path) -> DirectoryLock:
+    """The run directory's lock for this process, for the whole run (the kernel drops it if the process dies);
+    a ValueError naming the holder's PID when another process runs it."""
+    try:
+        return DirectoryLock(run_dir, RUN_LOCK, what="run")
+    except LockedError as e:
+        raise ValueError(str(e)) from None
+
+
+def check_new_run_dir(run_dir: Path) -> None:
+    """A new run starts in a new or empty directory (or one holding only :data:`NEW_RUN_MAY_HOLD`): never in an
+    existing run (resume that) or in a directory of someone else's files, which the run would write into."""
+    if not run_dir.exists() and not run_dir.is_symlink():
+        return
+    if not run_dir.is_dir():
+        raise ValueError(f"run directory {run_dir} exists and is not a directory; pick another --run-dir")
+    if (run_dir / "config.json").exists():
+        raise ValueError(f"{run_dir} already holds a run; resume it with --resume or pick another --run-dir")
+    other = sorted(p.name for p in run_dir.iterdir() if p.name not in NEW_RUN_MAY_HOLD)
+    if other:
+        shown = ", ".join(other[:5]) + (f" and {len(other) - 5} more" if len(other) > 5 else "")
+        raise ValueError(f"run directory {run_dir} exists and is not a relive run (it holds {shown}): a new run "
+                         f"writes its files into a new or empty directory only; pick another --run-dir")
+
+
+def _read_run_config(run_dir: Path) -> ExperimentConfig:
+    try:
+        return load_config(run_dir / "config.json")
+    except (ValueError, TypeError, KeyError, AttributeError) as e:  # (JSON of the wrong shape)
+        raise ValueError(f"cannot resume {run_dir}: its config.json is not a relive configuration "
+                         f"({type(e).__name__}: {e})") from None
+
+
+def _check_checkpoint_config(run_dir: Path, tree: dict, saved: ExperimentConfig) -> None:
+    """config.json must describe the configuration the checkpoint was made with (recorded in it), but for where
+    and how the run goes on (:data:`RESUME_SETTINGS`); a checkpoint of an earlier version records none."""
+    try:
+        recorded = recorded_config(tree)
+        if recorded is None:
+            return
+        recorded = config_from_dict(recorded).to_dict()  # (the same layout as config.json's, migrated alike)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"cannot resume {run_dir}: the configuration its checkpoint records is not readable "
+                         f"({type(e).__name__}: {e})") from None
+    check_config(run_dir, recorded, saved.to_dict(), may_change=RESUME_SETTINGS)
+
+
 def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None = None,
           resume_settings: Sequence[str] = (), allow_other_base: bool = False) -> Run:
     """Components from the config (or the run directory's config), the dataset in the buffer, and on resume
-    every component's state from the last checkpoint. ``config.json`` is written only once all of it worked."""
-    saved = None
+    every component's state from the last checkpoint. ``config.json`` is written only once all of it worked.
+    The run directory's lock is taken first on resume, before config.json is written on a new run; the returned
+    run holds it (``train`` releases it at the end), a build that fails releases it."""
+    held: list[DirectoryLock] = []
+    try:
+        run = _build(cfg, resume_dir, on_step, wrap_agent, resume_settings, held)
+    except BaseException:
+        for lock in held:
+            lock.release()
+        raise
+    run.lock = held[0]
+    return run
+
+
+def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None,
+           resume_settings: Sequence[str], held: list) -> Run:
+    saved = tree = None
     if resume_dir is not None:
         run_dir = Path(resume_dir)
         if not (run_dir / "config.json").is_file():
             raise ValueError(f"cannot resume {run_dir}: no config.json (not a run directory)")
+        held.append(_hold_run(run_dir))  # a second `--resume` of this run stops here
         if (run_dir / "summary.json").is_file():
             raise ValueError(f"{run_dir} has already finished (summary.json); nothing to resume")
-        saved = load_config(run_dir / "config.json")
+        saved = _read_run_config(run_dir)
         cfg = _resume_config(saved, resume_settings)
+        if has_checkpoint(run_dir):
+            tree = load_checkpoint(run_dir)
+            _check_checkpoint_config(run_dir, tree, saved)
     elif resume_settings:
         raise ValueError("resume_settings change a resumed run; give resume_dir (a new run takes them in its config)")
     else:
         run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
-        if (run_dir / "config.json").exists():
-            raise ValueError(f"{run_dir} already holds a run; resume it with --resume or pick another --run-dir")
+        check_new_run_dir(run_dir)  # (again under the lock once built: before anything is written)
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
     s.check_update_rule()
+    cfg.check_sizes()
     _check_devices(cfg)
     _check_random_warmup(cfg, agent_entry(cfg.agent_kind).target)
     if allow_other_base and not hasattr(agent_entry(cfg.agent_kind).target, "allow_other_base"):
@@ -279,7 +355,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
                       next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
                       ref_min=cfg.data.ref_min_return, ref_max=cfg.data.ref_max_return)
-    resuming = resume_dir is not None and has_checkpoint(run_dir)
+    resuming = tree is not None
     if cfg.data.dataset and not resuming:  # (a checkpoint holds the buffer, offline rows included)
         _load_dataset(cfg, buffer, columns, gamma, state)
     elif s.num_offline_grad_steps and not cfg.data.dataset:
@@ -288,7 +364,8 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         init = Path(cfg.run.init_from) / "agent_final"
         if not (init / "MANIFEST.json").is_file():
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
-        agent.load_state_dict(load_tree(init, kind="agent"))
+        with _must_fit(f"run.init_from: {init}", "its agent does not fit this run's agent", ValueError, RuntimeError):
+            agent.load_state_dict(load_tree(init, kind="agent"))
     if remote:  # Ray collectors step the envs (relive.train.ray_collectors); Ray itself is imported only here
         from relive.train.ray_collectors import RayCollectors, check_agent
 
@@ -312,6 +389,13 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         created = not run_dir.exists()
         run_dir.mkdir(parents=True, exist_ok=True)
         try:
+            held.append(_hold_run(run_dir))
+            check_new_run_dir(run_dir)  # under the lock: no other process started a run here meanwhile
+        except ValueError:
+            if env is not None:
+                env.close()
+            raise
+        try:
             save_config(cfg, run_dir / "config.json")
         except BaseException:
             if created:
@@ -321,7 +405,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
     run = Run(cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
-        _resume(run, resuming)  # (the checkpoint's buffer replaces the new one: hooks are collected from it)
+        _resume(run, tree)  # (the checkpoint's buffer replaces the new one: hooks are collected from it)
         if cfg != saved:  # resumed where or how it runs differently: from now on its config says so
             save_config(cfg, run_dir / "config.json")
             logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, cfg)))
@@ -404,24 +488,43 @@ def run_offline_rows(cfg: ExperimentConfig, buffer_state: dict, where):
     return rows
 
 
-def _resume(run: Run, resuming: bool) -> None:
-    if not resuming:  # stopped before its first checkpoint: start over, cleanly
+def _resume(run: Run, tree: dict | None) -> None:
+    if tree is None:  # stopped before its first checkpoint: start over, cleanly
         run.logger.truncate_after(-1, -1)
         run.logger.print(f"{run.run_dir} has no checkpoint yet: starting it from the beginning")
         return
-    tree = load_checkpoint(run.run_dir)
-    run.agent.load_state_dict(tree["agent"])
-    # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
-    run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
-        run.cfg, tree["buffer"], f"cannot resume {run.run_dir}"), device=run.cfg.replay.device or HOST)
-    run.collector.load_state_dict(tree["collector"])
-    run.warmup_rng.bit_generator.state = tree["warmup_rng"]
-    if "eval_rng" in tree:
-        run.eval_env.unwrapped.np_random.bit_generator.state = tree["eval_rng"]
-    run.state = LoopState(**tree["loop"])
+    if recorded_config(tree) is None:
+        run.logger.print(f"{run.run_dir}: its checkpoint (an earlier relive version) records no configuration; "
+                         "config.json is taken as the one it was made with")
+    where = f"cannot resume {run.run_dir}"
+    with _must_fit(where, "its checkpoint's agent does not fit the agent its config.json describes", ValueError,
+                   RuntimeError):  # (torch: a size mismatch, a missing tensor)
+        run.agent.load_state_dict(tree["agent"])
+    with _must_fit(where, "its checkpoint's state does not fit this run"):
+        # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
+        run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
+            run.cfg, tree["buffer"], where), device=run.cfg.replay.device or HOST)
+        run.collector.load_state_dict(tree["collector"])
+        run.warmup_rng.bit_generator.state = tree["warmup_rng"]
+        if "eval_rng" in tree:
+            run.eval_env.unwrapped.np_random.bit_generator.state = tree["eval_rng"]
+        run.state = LoopState(**tree["loop"])
     st = run.state
     run.logger.truncate_after(st.env_steps, st.grad_steps)
     run.logger.print(f"resumed {run.run_dir} at env step {st.env_steps}, gradient step {st.grad_steps}")
+
+
+@contextmanager
+def _must_fit(where: str, what: str, *also: type[BaseException]):
+    """A saved state that does not fit what loads it (a missing or unexpected key, a value of the wrong type; with
+    ``also``, e.g. a torch size mismatch) as one ValueError naming ``where`` and ``what``, instead of a traceback
+    from deep inside. (Running out of device memory is not a misfit: it passes.)"""
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except (KeyError, TypeError, IndexError, AttributeError, *also) as e:
+        raise ValueError(f"{where}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
 
 
 def checkpoint(run: Run) -> None:
@@ -431,7 +534,7 @@ def checkpoint(run: Run) -> None:
             "warmup_rng": run.warmup_rng.bit_generator.state}
     if run.cfg.run.eval_fresh_starts:  # the next evaluation's start states
         tree["eval_rng"] = run.eval_env.unwrapped.np_random.bit_generator.state
-    save_checkpoint(run.run_dir, tree)
+    save_checkpoint(run.run_dir, tree, config=run.cfg.to_dict())  # (resume compares config.json with it)
 
 
 def stored_rows(cfg: ExperimentConfig, rows: dict) -> dict:
