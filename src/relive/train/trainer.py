@@ -292,7 +292,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
     run holds it (``train`` releases it at the end), a build that fails releases it."""
     held: list[DirectoryLock] = []
     try:
-        run = _build(cfg, resume_dir, on_step, wrap_agent, resume_settings, held)
+        run = _build(cfg, resume_dir, on_step, wrap_agent, resume_settings, held, allow_other_base)
     except BaseException:
         for lock in held:
             lock.release()
@@ -302,7 +302,7 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
 
 
 def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None,
-           resume_settings: Sequence[str], held: list) -> Run:
+           resume_settings: Sequence[str], held: list, allow_other_base: bool = False) -> Run:
     saved = tree = None
     if resume_dir is not None:
         run_dir = Path(resume_dir)
