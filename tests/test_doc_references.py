@@ -10,8 +10,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # the research notes written while building the library; they are not shipped with it
 NOTES = re.compile(r"(?:research/[\w./-]+|\b(?:replay_methods|o2o_methods|anchors_replay|aesthetics)\.md)")
-# docs/pld.md's pointer is fixed on the PLD branch (issue 28 items 6 and 11); drop this once both are merged
-ELSEWHERE = {ROOT / "docs" / "pld.md"}
 
 
 def _files():
@@ -23,7 +21,7 @@ def _files():
 def test_no_docstring_or_doc_points_to_notes_outside_the_repository():
     found = []
     for path in _files():
-        if path in ELSEWHERE or not path.is_file():
+        if not path.is_file():
             continue
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for m in NOTES.finditer(line):
