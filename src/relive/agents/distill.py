@@ -66,11 +66,13 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
 
 
 def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out: str | Path, *, seed: int = 0,
-                      success_return: float | None = None, max_episode_steps: int | None = None) -> dict:
+                      success_return: float | None = None, max_episode_steps: int | None = None,
+                      trusted: bool = False) -> dict:
     """PLD's D_offline (spec Sec. 8; paper stage 1 step 1): roll out the frozen base alone for ``num_episodes``
     episodes (reset seeds ``seed, seed + 1, ...``), keep the successful ones and save their rows as a relive
     ``.npz`` dataset at ``out`` (``--dataset`` of a residual run; returns-to-go are computed when it is loaded).
-    Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set."""
+    Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set.
+    ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``)."""
     from relive.agents.base_policy import load_base_policy
     from relive.train.collector import save_dataset
     from relive.train.envs import env_spec, make_env, with_success
@@ -79,7 +81,7 @@ def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out
     if out.exists():
         raise ValueError(f"{out} exists; pick another --out (datasets are never overwritten)")
     env = with_success(make_env(env_id, max_episode_steps), success_return)
-    base = load_base_policy(base_path, env_spec(env))
+    base = load_base_policy(base_path, env_spec(env), trusted=trusted)
     episodes = hybrid_rollouts(env, base, lambda obs, a_base: a_base, num_episodes, seed, horizon=0)
     rows = successful_rows(episodes)
     rate = float(np.mean([e["success"] for e in episodes]))
@@ -103,21 +105,22 @@ def successful_rows(episodes: list[dict]) -> dict | None:
 def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out: str | Path, *,
             success_return: float | None = None, horizon: int | None = None, num_steps: int = 2000,
             lr: float = 3e-4, batch_size: int = 256, seed: int = 0, eval_episodes: int = 0,
-            eval_seed: int = 10_000, max_episode_steps: int | None = None) -> dict:
+            eval_seed: int = 10_000, max_episode_steps: int | None = None, trusted: bool = False) -> dict:
     """One round of distillation: hybrid rollouts of the base at ``base_path`` with ``residual(obs [1, O],
     base_action [1, A]) -> executed action [1, A]``, successes kept, and a new base saved to ``out`` (a ``relive
     bc``-style directory, itself a base policy): a BC MLP base (a ``relive bc`` directory or a safetensors MLP)
     is fine-tuned on the executed actions; any other base (a SAC / DDPG actor, a TorchScript module) cannot be
     trained in place, so a new BC MLP student (``BCConfig`` widths) is fitted to them from scratch
     (``stats["new_base"]`` says which). Returns statistics (also written to ``out/distill.json``); with
-    ``eval_episodes``, the old and the new base's success rates on fresh episodes."""
+    ``eval_episodes``, the old and the new base's success rates on fresh episodes. ``trusted``: the base may be a
+    format that can run code (TorchScript, torch.export; see ``relive.agents.base_policy.load_base_policy``)."""
     from relive.agents.base_policy import load_base_policy
     from relive.agents.bc import BCConfig, SquashedMLP, evaluate_policy, fine_tune, save_bc_policy, train_bc
     from relive.train.envs import env_spec, make_env, with_success
 
     env = with_success(make_env(env_id, max_episode_steps), success_return)
     spec = env_spec(env)
-    base = load_base_policy(base_path, spec)
+    base = load_base_policy(base_path, spec, trusted=trusted)
     episodes = hybrid_rollouts(env, base, residual, num_episodes, seed, horizon)
     env.close()
     rows = successful_rows(episodes)

@@ -432,9 +432,28 @@ def module_state(module: nn.Module) -> dict[str, np.ndarray]:
 
 
 def load_module_state(module: nn.Module, state: dict) -> None:
-    device = next(iter(module.state_dict().values())).device
-    module.load_state_dict({k.replace("__", "."): torch.as_tensor(np.asarray(v), device=device)
-                            for k, v in state.items()})
+    """Set ``module``'s parameters and buffers from :func:`module_state`'s arrays. A state of another architecture
+    (missing or unexpected keys, another shape, non-numeric values) is a ValueError naming the tensor, raised
+    before any of them is copied."""
+    owner = type(module).__name__
+    if not isinstance(state, Mapping):
+        raise ValueError(f"the saved state of a {owner} must map tensor names to arrays, got {type(state).__name__}")
+    current = module.state_dict()
+    saved = {str(k).replace("__", "."): v for k, v in state.items()}
+    missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+    if missing or unexpected:
+        raise ValueError(f"the saved state does not match this {owner} (another architecture?): missing "
+                         f"{missing[:6]}, unexpected {unexpected[:6]}")
+    tensors = {}
+    for name, value in saved.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "fiub":
+            raise ValueError(f"the saved {owner} tensor {name} holds {arr.dtype} values, not numbers")
+        if arr.shape != tuple(current[name].shape):
+            raise ValueError(f"the saved {owner} tensor {name} has shape {arr.shape}, this {owner} has "
+                             f"{tuple(current[name].shape)} (another architecture: check the layer sizes)")
+        tensors[name] = torch.as_tensor(arr, device=current[name].device)
+    module.load_state_dict(tensors)
 
 
 def optimizer_state(opt: torch.optim.Optimizer) -> dict:
