@@ -389,3 +389,14 @@ def test_a_safetensors_description_cannot_make_relive_allocate_more_than_the_fil
     desc.write_text(json.dumps(arch | {"hidden": "16"}))
     with pytest.raises(ValueError, match="mlp.json"):
         load_base_policy(path, spec())
+
+
+def test_the_grid_runner_says_trust_code_again_when_it_resumes_a_run(tmp_path):
+    from relive.experiments.grid import RunSpec
+    from relive.experiments.runner import train_command
+
+    (tmp_path / "config.json").write_text("{}")
+    trusted = RunSpec("g", "v", "residual_sac", "Pendulum-v1", 0, ("--base-policy", "p.pt2", "--trust-code"))
+    assert train_command(trusted, tmp_path)[-3:] == ["--resume", str(tmp_path), "--trust-code"]
+    plain = RunSpec("g", "v", "residual_sac", "Pendulum-v1", 0, ("--base-policy", "bc_dir"))
+    assert train_command(plain, tmp_path)[-2:] == ["--resume", str(tmp_path)]
