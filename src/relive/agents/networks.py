@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from relive.replay.returns import MAX_N_STEP
+
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC / RLPD clipping of the state-dependent log-std
 INIT_SCHEMES = ("torch", "xavier")
 
@@ -364,9 +366,10 @@ def optimize(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
 
 
 def check_n_step(n_step) -> int:
-    """An agent's ``n_step`` setting: an integer >= 1, else a ValueError."""
-    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
-        raise ValueError(f"n_step must be an integer >= 1, got {n_step!r}")
+    """An agent's ``n_step`` setting: an integer in [1, ``relive.replay.returns.MAX_N_STEP``], else a ValueError."""
+    if isinstance(n_step, bool) or not isinstance(n_step, int) or not 1 <= n_step <= MAX_N_STEP:
+        raise ValueError(f"n_step must be an integer in [1, {MAX_N_STEP}] (the buffer sums n-step returns at every "
+                         f"sample, one pass per step ahead), got {n_step!r}")
     return n_step
 
 

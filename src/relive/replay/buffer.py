@@ -45,7 +45,7 @@ class ReplayBuffer:
         unused. ``backend="torch"`` with ``device`` (default cpu): columns are tensors on that device and batches
         are drawn, gathered and updated there (:mod:`relive.replay.device`; uniform, PER and symmetric samplers,
         converted from their host classes; batches and ``batch.info`` hold tensors)."""
-        self.n_step, self.gamma = returns.check_n_step(n_step), returns.check_gamma(gamma)
+        self.n_step, self.gamma = returns.check_n_step(n_step, capacity), returns.check_gamma(gamma)
         if backend == "torch" and self.n_step > 1:
             raise ValueError("n_step > 1 needs a host backend ('ram' or 'memmap'): n-step returns are summed on the "
                              "host")
