@@ -275,7 +275,13 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         init = Path(cfg.run.init_from) / "agent_final"
         if not (init / "MANIFEST.json").is_file():
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
-        agent.load_state_dict(load_tree(init, kind="agent"))
+        state = load_tree(init, kind="agent")
+        try:
+            agent.load_state_dict(state)
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # (not this agent's state)
+            detail = f"no entry {e}" if isinstance(e, KeyError) else str(e).strip().splitlines()[0]
+            raise ValueError(f"run.init_from: the agent saved in {init} does not fit this run's {cfg.agent_kind} "
+                             f"agent (another agent kind, network size or environment?): {detail}") from None
     if remote:  # Ray collectors step the envs (relive.train.ray_collectors); Ray itself is imported only here
         from relive.train.ray_collectors import RayCollectors, check_agent
 
