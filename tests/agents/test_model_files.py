@@ -46,3 +46,39 @@ def test_a_module_state_of_another_architecture_is_refused_before_anything_is_co
             assert torch.equal(v, before[k])
     nets.load_module_state(net, good)
     assert torch.equal(net.state_dict()["0.weight"], torch.as_tensor(good["0__weight"]))
+
+
+def test_an_optimizer_state_of_another_architecture_is_refused_before_anything_is_set():
+    net = nets.mlp(3, (4,), 2)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    net(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    good = nets.optimizer_state(opt)
+    other = nets.mlp(3, (5,), 2)
+    other_opt = torch.optim.Adam(other.parameters(), lr=1e-3)
+    with pytest.raises(ValueError, match=r"state 'exp_avg' of parameter 0 has shape \(4, 3\), the parameter has "
+                                         r"\(5, 3\)"):
+        nets.load_optimizer_state(other_opt, good)
+    assert other_opt.state_dict()["state"] == {}
+    with pytest.raises(ValueError, match="Adam state is malformed"):
+        nets.load_optimizer_state(opt, {"state": {}})
+    nets.load_optimizer_state(opt, good)
+
+
+def test_base_policy_api_inputs_get_one_clear_error(tmp_path):
+    from relive.agents.base_policy import load_base_policy
+    from relive.agents.bc import BCConfig, new_policy, save_bc_policy
+    from relive.train.envs import EnvSpec
+
+    spec = EnvSpec("Toy-v0", (4,), False, (2,), 0, -np.ones(2, np.float32), np.ones(2, np.float32), 20)
+    save_bc_policy(tmp_path / "bc", new_policy(4, 2, [-1, -1], [1, 1], BCConfig(hidden=(8,)), 0), {})
+    with pytest.raises(ValueError, match="device 'bogus' is not usable here"):
+        load_base_policy(tmp_path / "bc", spec, device="bogus")
+    with pytest.raises(ValueError, match="must be a str or a path, got NoneType"):
+        load_base_policy(None, spec)
+    agent = SAC(4, 2, [-1.0, -1.0], [1.0, 1.0], SACConfig(hidden=(8, 8)), seed=0)
+    save_tree(tmp_path / "run" / "agent_final", agent.state_dict(), kind="agent")
+    for text in ("{garbage", '{"agent": 5}', "[1]"):
+        (tmp_path / "run" / "config.json").write_text(text)
+        with pytest.raises(ValueError, match=r"config.json cannot be read"):
+            load_base_policy(tmp_path / "run", spec)

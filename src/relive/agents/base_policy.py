@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,9 @@ def load_base_policy(path: str | Path, spec, device: str = "cpu", *, trusted: bo
     if getattr(spec, "discrete", False):
         raise ValueError(f"a base policy needs a continuous action space; {spec.id} is discrete")
     obs_dim = nets.vector_obs_dim(spec, "a base policy")
+    if not isinstance(path, str | os.PathLike):
+        raise ValueError(f"a base policy path must be a str or a path, got {type(path).__name__}")
+    device = _check_device(device)
     p = Path(path)
     if not p.exists():
         raise ValueError(f"base policy {p} does not exist")
@@ -165,6 +169,17 @@ def load_base_policy(path: str | Path, spec, device: str = "cpu", *, trusted: bo
         raise ValueError(f"base policy {p} returns {out.dtype} action {out.tolist()} for a zero observation; a base "
                          "policy must return finite floating-point actions")
     return BasePolicy(module, obs_dim, int(np.prod(spec.action_shape)), kind, str(p), device)
+
+
+def _check_device(device) -> torch.device:
+    """A torch device that exists here (a ValueError naming it, not a torch RuntimeError / AssertionError)."""
+    try:
+        dev = torch.device(device)
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"base policy device {device!r} is not usable here: {first}") from None
+    return dev
 
 
 def _load_code(p: Path) -> tuple[nn.Module, str]:
@@ -222,7 +237,11 @@ def _run_config(agent_dir: Path):
 
     for run in (agent_dir.parent, agent_dir.parent.parent):
         if (run / "config.json").is_file():
-            return load_config(run / "config.json")
+            try:
+                return load_config(run / "config.json")
+            except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
+                raise ValueError(f"base policy {agent_dir}: the run's {run / 'config.json'} cannot be read "
+                                 f"({type(e).__name__}: {e})") from None
     return None
 
 

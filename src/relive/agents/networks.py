@@ -470,16 +470,28 @@ def optimizer_state(opt: torch.optim.Optimizer) -> dict:
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
-    groups = [dict(state["param_groups"][str(i)]) for i in range(len(state["param_groups"]))]
-    for g in groups:
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-        g["params"] = [int(p) for p in g["params"]]
-    opt.load_state_dict({
-        "state": {int(k): {n: (torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v)
-                           for n, v in s.items()} for k, s in state["state"].items()},
-        "param_groups": groups,
-    })
+    """Set ``opt`` from :func:`optimizer_state`'s output. A state of another optimizer or architecture (other
+    groups, parameters, or moment shapes) is a ValueError, raised before anything is set."""
+    owner = type(opt).__name__
+    try:
+        groups = [dict(state["param_groups"][str(i)]) for i in range(len(state["param_groups"]))]
+        for g in groups:
+            if "betas" in g:
+                g["betas"] = tuple(g["betas"])
+            g["params"] = [int(p) for p in g["params"]]
+        per_param = {int(k): {n: (torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v)
+                              for n, v in s.items()} for k, s in state["state"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"the saved {owner} state is malformed ({type(e).__name__}: {e})") from None
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for k, s in per_param.items():
+        if not 0 <= k < len(params):
+            raise ValueError(f"the saved {owner} state names parameter {k}; this optimizer has {len(params)}")
+        for n, v in s.items():
+            if torch.is_tensor(v) and v.dim() > 0 and tuple(v.shape) != tuple(params[k].shape):
+                raise ValueError(f"the saved {owner} state {n!r} of parameter {k} has shape {tuple(v.shape)}, the "
+                                 f"parameter has {tuple(params[k].shape)} (another architecture?)")
+    opt.load_state_dict({"state": per_param, "param_groups": groups})
 
 
 def generator_state(gen: torch.Generator) -> np.ndarray:
