@@ -45,7 +45,9 @@ def check_n_step(n_step, capacity=None) -> int:
     if n_step > MAX_N_STEP:
         raise ValueError(f"n_step must be at most {MAX_N_STEP} (every sample takes one pass over the batch per step "
                          f"ahead; the usual n is 3 to 10), got {n_step}")
-    if isinstance(capacity, int | np.integer) and not isinstance(capacity, bool | np.bool_) and n_step > capacity:
+    valid_capacity = (isinstance(capacity, int | np.integer) and not isinstance(capacity, bool | np.bool_)
+                      and capacity > 0)
+    if valid_capacity and n_step > capacity:  # (an invalid capacity is the storage's to refuse, by its own name)
         raise ValueError(f"n_step = {n_step} is larger than the buffer's capacity of {capacity} rows (no stored "
                          "episode can give that many steps)")
     return int(n_step)
