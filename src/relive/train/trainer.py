@@ -275,9 +275,9 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
         init = Path(cfg.run.init_from) / "agent_final"
         if not (init / "MANIFEST.json").is_file():
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
-        state = load_tree(init, kind="agent")
+        pretrained = load_tree(init, kind="agent")
         try:
-            agent.load_state_dict(state)
+            agent.load_state_dict(pretrained)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as e:  # (not this agent's state)
             detail = f"no entry {e}" if isinstance(e, KeyError) else str(e).strip().splitlines()[0]
             raise ValueError(f"run.init_from: the agent saved in {init} does not fit this run's {cfg.agent_kind} "
