@@ -116,6 +116,13 @@ class Batch:
         )
 
 
+#: names an extra column cannot take: ``batch.<name>`` finds Batch's own fields, methods and attributes before the
+#: extras (the column would be stored but never read), and SampleInfo's fields (``batch.indices`` would be mistaken
+#: for ``batch.info.indices``)
+RESERVED_COLUMN_NAMES = frozenset({f for f in Batch.__dataclass_fields__} | set(dir(Batch))
+                                  | {f for f in SampleInfo.__dataclass_fields__})
+
+
 @dataclass(frozen=True)
 class UpdateReport:
     """What ``ReplayBuffer.update`` did: rows updated, and rows skipped because their slot was overwritten

@@ -133,8 +133,10 @@ def test_distill_of_a_base_that_is_not_a_bc_mlp_fits_a_new_bc_student(tmp_path):
     the successful hybrid episodes' executed actions, and it reaches the goal the idle base never reaches."""
     path = tmp_path / "idle.pt"
     torch.jit.save(torch.jit.script(Idle()), str(path))
+    with pytest.raises(ValueError, match="idle.pt is a TorchScript file.*--trust-code"):  # code: only when trusted
+        distill(path, full_speed, "LineGoal-v0", num_episodes=30, out=tmp_path / "student")
     stats = distill(path, full_speed, "LineGoal-v0", num_episodes=30, out=tmp_path / "student", num_steps=300,
-                    lr=3e-3, seed=0, eval_episodes=3)
+                    lr=3e-3, seed=0, eval_episodes=3, trusted=True)
     assert stats["new_base"].startswith("a new BC MLP")
     assert stats["old_base_success_rate"] == 0.0 and stats["new_base_success_rate"] == 1.0
     new = load_bc_policy(tmp_path / "student")

@@ -203,3 +203,12 @@ def test_one_step_targets_are_todays_formula_bit_for_bit():
     with torch.no_grad():
         next_q = ddqn.target_q(d.next_obs).gather(1, ddqn.q(d.next_obs).argmax(dim=-1, keepdim=True)).squeeze(1)
     assert torch.equal(ddqn.target(d.reward, d.next_obs, d.terminated), d.reward + g * (1.0 - d.terminated) * next_q)
+
+
+def test_agent_n_step_is_bounded_by_the_buffers_maximum():
+    from relive.replay.returns import MAX_N_STEP
+
+    for cls in (SACConfig, DDQNConfig, DDPGConfig):
+        cls(n_step=MAX_N_STEP)
+        with pytest.raises(ValueError, match=rf"n_step must be an integer in \[1, {MAX_N_STEP}\].*got 1000000"):
+            cls(n_step=10**6)

@@ -538,7 +538,7 @@ def test_from_spec_loads_the_base_policy_named_in_the_config(monkeypatch):
     spec = EnvSpec("Toy-v0", (OBS,), False, (ACT,), 0, LOW, HIGH, 10)
     calls = []
     fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, s: calls.append((path, s)) or LinearBase(out_dim=int(path[-1]))
+    fake.load_base_policy = lambda path, s, trusted=False: calls.append((path, s)) or LinearBase(out_dim=int(path[-1]))
     monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
     agent = ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL, base_policy="dir/base2"), np.random.SeedSequence(0))
     assert calls == [("dir/base2", spec)]
@@ -795,7 +795,7 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
             return base(torch.as_tensor(obs, dtype=torch.float32)).numpy()
 
     fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec: policy
+    fake.load_base_policy = lambda path, spec, trusted=False: policy
     monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
     run = tmp_path / "run"
     code = main(["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "tiny", "--offline-steps", "0",
@@ -843,7 +843,7 @@ def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
     from relive.train.trainer import train
 
     fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
+    fake.load_base_policy = lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
     monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
     args = ["residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--dataset", str(data),

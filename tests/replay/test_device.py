@@ -426,3 +426,35 @@ def test_random_operations_keep_device_and_host_buffers_identical(seed, capacity
     slots = np.arange(len(host))
     np.testing.assert_array_equal(dev.gather(slots).obs, host.gather(slots).obs)
     assert dev.stats()["replay/num_stale"] == host.stats()["replay/num_stale"]
+
+
+@pytest.mark.parametrize("backend", ["ram", "torch"])
+def test_updates_naming_slots_never_written_are_refused_by_index_on_both_backends(backend, monkeypatch):
+    """Indices of slots never written (or outside the buffer) are refused with the same message on the host and on
+    the device, before any priority changes; the device checks only indices it did not draw itself (a draw of its
+    own names stored slots: no host check, no sync)."""
+    import dataclasses
+
+    buf = ReplayBuffer(10, 3, 2, sampler=PrioritizedSampler(priority_exponent=1.0), seed=0, backend=backend)
+    buf.extend(rows(4))
+    info = buf.sample(2).info
+    gen = buf.storage.meta["generation"] if backend == "ram" else None
+    before = buf.sampler.probabilities().copy()
+    for bad, pos in (([2, 7], 1), ([-1, 0], 0), ([3, 10], 1)):
+        as_t = torch.tensor(bad) if backend == "torch" else np.array(bad)
+        stored_gen = (buf.storage._gen_t.index_select(0, torch.tensor(bad).clamp(0, 9)) if backend == "torch"
+                      else gen.take(np.clip(bad, 0, 9)))
+        forged = dataclasses.replace(info, indices=as_t, generation=stored_gen)
+        msg = rf"index {bad[pos]} at position {pos} does not exist: stored slots are 0\.\.3"
+        with pytest.raises(ValueError, match=msg):
+            buf.update(forged, td_error=torch.ones(2) if backend == "torch" else np.ones(2))
+    np.testing.assert_array_equal(buf.sampler.probabilities(), before)
+    assert (buf.sampler.probabilities()[4:] == 0).all()
+    if backend == "torch":  # the buffer's own draws go through without the host check
+        calls = []
+        real = buf.storage.check_slots
+        monkeypatch.setattr(buf.storage, "check_slots", lambda s: calls.append(s) or real(s))
+        buf.update(buf.sample(3).info, td_error=torch.ones(3))
+        assert calls == []
+        buf.update(dataclasses.replace(info, indices=info.indices.clone()), td_error=torch.ones(2))
+        assert len(calls) == 1  # a copy is not known: checked (and accepted: its slots are stored)

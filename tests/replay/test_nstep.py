@@ -317,3 +317,24 @@ def test_a_checkpoint_from_before_n_step_loads_as_one_step():
     state["config"] = {k: v for k, v in state["config"].items() if k not in ("n_step", "gamma")}
     back = ReplayBuffer.from_state_dict(state)
     assert back.n_step == 1 and back.gather(np.arange(3)).discount is None
+
+
+def test_n_step_is_bounded_by_the_capacity_and_a_documented_maximum():
+    """n_step = 10**6 used to be accepted and cost ~12 s per sample (one pass over the batch per step ahead): an
+    n_step larger than the capacity or than MAX_N_STEP is refused by name, and a sample's passes stop at the
+    longest n' a row of the batch uses."""
+    from relive.replay.returns import MAX_N_STEP
+
+    with pytest.raises(ValueError, match=r"n_step = 9 is larger than the buffer's capacity of 8 rows"):
+        ReplayBuffer(8, (2,), (1,), n_step=9)
+    with pytest.raises(ValueError, match=rf"n_step must be at most {MAX_N_STEP}.*got 1000000"):
+        ReplayBuffer(2_000_000, (2,), (1,), n_step=10**6)
+    buf = ReplayBuffer(MAX_N_STEP, (2,), (1,), n_step=MAX_N_STEP, gamma=0.5, extra_columns={"mc_return": ()})
+    rng = np.random.default_rng(0)
+    flags = np.zeros(40, int)
+    flags[-1] = TERM
+    buf.extend(rows_of(np.arange(40), rng.integers(-5, 5, 40).astype(float), flags))
+    got = n_step_returns(buf.storage, np.arange(40), MAX_N_STEP, 0.5)
+    want = n_step_returns(buf.storage, np.arange(40), 40, 0.5)  # the episode has 40 rows: n' <= 40 either way
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)

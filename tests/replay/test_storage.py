@@ -169,3 +169,14 @@ def test_discrete_actions_and_uint8_observations():
         img = np.zeros((1, 4, 4), np.uint8)
         buf.extend(dict(obs=img, action=np.array([0.5]), reward=np.zeros(1), next_obs=img,
                         terminated=np.zeros(1), truncated=np.zeros(1)))
+
+
+def test_extra_columns_named_like_batch_or_sample_info_fields_are_refused():
+    """batch.<name> finds Batch's own fields and methods before its extras: such a column would be stored and never
+    read (batch.discount stayed None, batch.columns a method); SampleInfo's names (indices, is_weight) would be
+    mistaken for batch.info's. Refused at declaration, naming the column."""
+    for name in ("discount", "info", "mask", "extras", "columns", "to_torch", "indices", "is_weight", "probability",
+                 "hints"):
+        with pytest.raises(ValueError, match=rf"extra column '{name}' would be hidden"):
+            ReplayBuffer(8, (2,), (1,), extra_columns={name: ()})
+    ReplayBuffer(8, (2,), (1,), extra_columns={"mc_return": (), "discount_factor": ()})  # other names are fine

@@ -208,7 +208,7 @@ def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_pat
         import types
 
         fake = types.ModuleType("relive.agents.base_policy")
-        fake.load_base_policy = lambda path, spec: (lambda obs: np.zeros((len(obs), 1), np.float32))
+        fake.load_base_policy = lambda path, spec, trusted=False: (lambda obs: np.zeros((len(obs), 1), np.float32))
         monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
         args += ["--base-policy", "tiny", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5", "--set",
                  "env.max_episode_steps=10",  # (episodes that start after the warm-up probe)

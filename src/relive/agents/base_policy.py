@@ -14,6 +14,12 @@ theta never updated).
 The result is a :class:`BasePolicy`: eval mode, ``requires_grad_(False)``, no optimizer; calling it never
 changes a parameter (``digest()`` lets a test or a run check that).
 
+Trust: (a), (b) and the safetensors MLP are data only (``.npy`` + JSON read with ``allow_pickle=False``, safetensors'
+flat tensor format): nothing in them can run. TorchScript carries a program and ``torch.export.load`` unpickles
+archive entries marked ``use_pickle`` (any Python code), so those two are read only with ``trusted=True`` (the
+command line's ``--trust-code``, a config's ``agent.trust_code``); without it they are refused before the file is
+opened (docs/guarantees.md, "Files that can carry code").
+
 Example::
 
     base = load_base_policy("runs/bc-umaze", env_spec(make_env("PointMaze_UMaze-v3")))
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +41,23 @@ from torch import nn
 from relive.agents import networks as nets
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
+EXPORT_SUFFIX = ".pt2"
+#: file formats that can run code when loaded: read only with ``trusted=True`` (``--trust-code``)
+CODE_FORMATS = {EXPORT_SUFFIX: "torch.export program", **{s: "TorchScript" for s in TORCHSCRIPT_SUFFIXES}}
+TRUST_HINT = ("--trust-code on the command line, load_base_policy(..., trusted=True) in Python, agent.trust_code=true "
+              "in a config")
+
+
+class UntrustedCodeError(ValueError):
+    """A model file in a format that can run code when loaded (TorchScript, torch.export), given without the opt-in."""
+
+    def __init__(self, path, what: str):
+        fmt = CODE_FORMATS.get(Path(path).suffix, "code-carrying")
+        super().__init__(
+            f"{what} {path} is a {fmt} file: loading it can run code (TorchScript carries a program; torch.export "
+            f"unpickles parts of the archive), so relive reads it only when told to trust it ({TRUST_HINT}). "
+            "Files that cannot run code: a relive run / agent / `relive bc` directory, or a safetensors MLP + JSON "
+            "(relive.agents.base_policy.save_mlp_safetensors)")
 
 
 class _ActorMean(nn.Module):
@@ -95,12 +119,17 @@ def _eval_mode(module: nn.Module) -> nn.Module:
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
-def load_base_policy(path: str | Path, spec, device: str = "cpu") -> BasePolicy:
+def load_base_policy(path: str | Path, spec, device: str = "cpu", *, trusted: bool = False) -> BasePolicy:
     """The frozen base policy stored at ``path`` (see the module docstring for the formats), checked against
-    ``spec`` (a ``relive.train.envs.EnvSpec``): observation size, and the action shape of one call."""
+    ``spec`` (a ``relive.train.envs.EnvSpec``): observation size, the action shape of one call, finite weights
+    and a finite action. ``trusted``: also read formats that can run code when loaded (TorchScript,
+    ``torch.export``); without it such a file is refused (:class:`UntrustedCodeError`) before it is opened."""
     if getattr(spec, "discrete", False):
         raise ValueError(f"a base policy needs a continuous action space; {spec.id} is discrete")
     obs_dim = nets.vector_obs_dim(spec, "a base policy")
+    if not isinstance(path, str | os.PathLike):
+        raise ValueError(f"a base policy path must be a str or a path, got {type(path).__name__}")
+    device = _check_device(device)
     p = Path(path)
     if not p.exists():
         raise ValueError(f"base policy {p} does not exist")
@@ -110,21 +139,15 @@ def load_base_policy(path: str | Path, spec, device: str = "cpu") -> BasePolicy:
         module, kind = _load_safetensors(p), "MLP (safetensors)"
     elif p.suffix == ".json" and p.with_suffix(".safetensors").is_file():
         module, kind = _load_safetensors(p.with_suffix(".safetensors")), "MLP (safetensors)"
-    elif p.suffix == ".pt2":
-        try:
-            module = torch.export.load(str(p)).module()
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise ValueError(f"base policy {p} is not a torch.export program (torch.export.save): {e}") from None
-        kind = "torch.export program"
-    elif p.suffix in TORCHSCRIPT_SUFFIXES:
-        try:
-            module = torch.jit.load(str(p), map_location="cpu")
-        except (RuntimeError, ValueError) as e:
-            raise ValueError(f"base policy {p} is not a TorchScript module (torch.jit.save): {e}") from None
-        kind = "TorchScript"
+    elif p.suffix in CODE_FORMATS:
+        if trusted is not True:  # (checked before anything reads the file: refusing must not run it)
+            raise UntrustedCodeError(p, "base policy")
+        module, kind = _load_code(p)
     else:
-        raise ValueError(f"base policy {p}: not a run / agent / `relive bc` directory, a TorchScript file "
-                         f"({', '.join(TORCHSCRIPT_SUFFIXES)}), a torch.export .pt2 or a .safetensors MLP")
+        raise ValueError(f"base policy {p}: not a run / agent / `relive bc` directory, a .safetensors MLP, a "
+                         f"TorchScript file ({', '.join(TORCHSCRIPT_SUFFIXES)}) or a torch.export .pt2 (these two "
+                         f"with {TRUST_HINT.split(',')[0]} only)")
+    _check_finite(module, p)
     module_obs_dim = getattr(module, "obs_dim", None)
     if module_obs_dim is not None and int(module_obs_dim) != obs_dim:
         raise ValueError(f"base policy {p} takes observations of shape ({module_obs_dim},), the environment "
@@ -133,15 +156,50 @@ def load_base_policy(path: str | Path, spec, device: str = "cpu") -> BasePolicy:
     try:
         with torch.no_grad():
             out = _eval_mode(module)(probe)
-    except RuntimeError as e:
+    except (RuntimeError, TypeError, ValueError, IndexError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ValueError(f"base policy {p} cannot act on observations of shape (N, {obs_dim}) of {spec.id}: "
-                         f"{e}") from None
+                         f"{first}") from None
     expected = (1, *spec.action_shape)
     if not torch.is_tensor(out) or tuple(out.shape) != expected:
         got = tuple(out.shape) if torch.is_tensor(out) else type(out).__name__
         raise ValueError(f"base policy {p} returns actions of shape {got} for one observation; {spec.id} "
                          f"expects {expected} (action shape {tuple(spec.action_shape)})")
+    if not out.is_floating_point() or not torch.isfinite(out).all():
+        raise ValueError(f"base policy {p} returns {out.dtype} action {out.tolist()} for a zero observation; a base "
+                         "policy must return finite floating-point actions")
     return BasePolicy(module, obs_dim, int(np.prod(spec.action_shape)), kind, str(p), device)
+
+
+def _check_device(device) -> torch.device:
+    """A torch device that exists here (a ValueError naming it, not a torch RuntimeError / AssertionError)."""
+    try:
+        dev = torch.device(device)
+        torch.empty(0, device=dev)
+    except (RuntimeError, AssertionError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"base policy device {device!r} is not usable here: {first}") from None
+    return dev
+
+
+def _load_code(p: Path) -> tuple[nn.Module, str]:
+    """A TorchScript module or a torch.export program: formats that can run code (the caller said to trust it)."""
+    if p.suffix == EXPORT_SUFFIX:
+        try:
+            return torch.export.load(str(p)).module(), "torch.export program"
+        except (RuntimeError, ValueError, KeyError, AssertionError, OSError) as e:
+            raise ValueError(f"base policy {p} is not a torch.export program (torch.export.save): {e}") from None
+    try:
+        return torch.jit.load(str(p), map_location="cpu"), "TorchScript"
+    except (RuntimeError, ValueError, OSError) as e:
+        raise ValueError(f"base policy {p} is not a TorchScript module (torch.jit.save): {e}") from None
+
+
+def _check_finite(module: nn.Module, p: Path) -> None:
+    """Every weight and buffer of a base policy is finite (a NaN weight would make every action NaN)."""
+    for name, value in module.state_dict().items():
+        if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise ValueError(f"base policy {p}: tensor {name} holds NaN or inf values")
 
 
 def _manifest_kind(p: Path) -> str | None:
@@ -149,9 +207,10 @@ def _manifest_kind(p: Path) -> str | None:
     if not m.is_file():
         return None
     try:
-        return json.loads(m.read_text()).get("kind")
-    except json.JSONDecodeError:
+        manifest = json.loads(m.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
         return None
+    return manifest.get("kind") if isinstance(manifest, dict) else None
 
 
 def _load_directory(p: Path) -> tuple[nn.Module, str]:
@@ -178,7 +237,11 @@ def _run_config(agent_dir: Path):
 
     for run in (agent_dir.parent, agent_dir.parent.parent):
         if (run / "config.json").is_file():
-            return load_config(run / "config.json")
+            try:
+                return load_config(run / "config.json")
+            except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
+                raise ValueError(f"base policy {agent_dir}: the run's {run / 'config.json'} cannot be read "
+                                 f"({type(e).__name__}: {e})") from None
     return None
 
 
@@ -194,11 +257,15 @@ def _load_agent(agent_dir: Path) -> tuple[nn.Module, str]:
     if "actor" not in state:
         raise ValueError(f"base policy {agent_dir}: the agent has no actor (a DDQN run cannot be a base policy)")
     actor_state = state["actor"]
+    if not isinstance(actor_state, dict):
+        raise ValueError(f"base policy {agent_dir}: unknown actor layout (the actor entry is not a set of tensors)")
     prefix = "trunk" if any(k.startswith("trunk__") for k in actor_state) else "net"
-    weights = sorted((k for k in actor_state if k.startswith(f"{prefix}__") and k.endswith("__weight")),
-                     key=lambda k: int(k.split("__")[1]))
-    if not weights or "scale" not in actor_state or "center" not in actor_state:
+    weights = [k for k in actor_state if k.startswith(f"{prefix}__") and k.endswith("__weight")]
+    if (not weights or "scale" not in actor_state or "center" not in actor_state
+            or not all(k.split("__")[1].isdigit() for k in weights)
+            or not all(np.ndim(actor_state[k]) == 2 for k in weights)):
         raise ValueError(f"base policy {agent_dir}: unknown actor layout (keys {sorted(actor_state)[:6]}...)")
+    weights.sort(key=lambda k: int(k.split("__")[1]))
     shapes = [np.asarray(actor_state[k]).shape for k in weights]  # [out, in] per linear layer
     obs_dim, out_dim = shapes[0][1], shapes[-1][0]
     hidden = tuple(s[0] for s in shapes[:-1])
@@ -218,7 +285,10 @@ def _load_agent(agent_dir: Path) -> tuple[nn.Module, str]:
 
             actor = module = DeterministicActor(obs_dim, out_dim, hidden, low, high)
             kind = "DDPG actor"
-    nets.load_module_state(actor, actor_state)
+    try:
+        nets.load_module_state(actor, actor_state)
+    except ValueError as e:
+        raise ValueError(f"base policy {agent_dir}: {e}") from None
     module.obs_dim = obs_dim
     return module, kind
 
@@ -239,6 +309,9 @@ def save_mlp_safetensors(policy, path: str | Path) -> Path:
 
 
 def _load_safetensors(path: Path) -> nn.Module:
+    """The MLP of ``path`` (safetensors) + its JSON description: the description is checked against the tensor
+    shapes in the file's header before the module is allocated (a description cannot make relive allocate more
+    than the file holds)."""
     from relive.agents.bc import SquashedMLP
 
     desc = path.with_suffix(".json")
@@ -246,22 +319,44 @@ def _load_safetensors(path: Path) -> nn.Module:
         raise ValueError(f"base policy {path}: the JSON description {desc.name} (obs_dim, action_dim, hidden, "
                          "action_low, action_high) is missing beside it")
     try:
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
     except ImportError:
         raise ValueError(f"base policy {path}: reading .safetensors needs the safetensors package "
                          "(pip install safetensors)") from None
-    arch = json.loads(desc.read_text())
-    module = SquashedMLP.from_architecture(arch)
-    tensors = load_file(str(path))
-    state = module.state_dict()
-    missing = [k for k in state if k not in tensors and k not in ("obs_mean", "obs_std")]
-    unexpected = [k for k in tensors if k not in state]
+    try:
+        arch = json.loads(desc.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"base policy {path}: {desc.name} is not valid JSON ({e})") from None
+    if not isinstance(arch, dict):
+        raise ValueError(f"base policy {path}: {desc.name} must hold a JSON object (obs_dim, action_dim, hidden, "
+                         f"action_low, action_high), got {type(arch).__name__}")
+    try:
+        with torch.device("meta"):  # shapes only: nothing allocated before they match the file
+            shapes = {k: tuple(v.shape) for k, v in SquashedMLP.from_architecture(arch).state_dict().items()}
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ValueError(f"base policy {path}: {desc.name} does not describe an MLP ({e})") from None
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118 (not a dict)
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"base policy {path}: not a safetensors file ({e})") from None
+    missing = [k for k in shapes if k not in stored and k not in ("obs_mean", "obs_std")]
+    unexpected = [k for k in stored if k not in shapes]
     if missing or unexpected:
         raise ValueError(f"base policy {path}: tensors do not match the MLP of {desc.name} "
                          f"(missing {missing}, unexpected {unexpected})")
-    for k, v in tensors.items():
-        if tuple(v.shape) != tuple(state[k].shape):
-            raise ValueError(f"base policy {path}: tensor {k} has shape {tuple(v.shape)}, the MLP of {desc.name} "
-                             f"needs {tuple(state[k].shape)}")
-    module.load_state_dict(state | tensors)
+    for k, shape in stored.items():
+        if shape != shapes[k]:
+            raise ValueError(f"base policy {path}: tensor {k} has shape {shape}, the MLP of {desc.name} "
+                             f"needs {shapes[k]}")
+    module = SquashedMLP.from_architecture(arch)
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"base policy {path}: not a safetensors file ({e})") from None
+    bad = [k for k, v in tensors.items() if not v.is_floating_point()]
+    if bad:
+        raise ValueError(f"base policy {path}: tensors {bad} are not floating point")
+    module.load_state_dict(module.state_dict() | {k: v.to(torch.float32) for k, v in tensors.items()})
     return module

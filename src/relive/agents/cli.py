@@ -8,6 +8,9 @@ from pathlib import Path
 
 from relive.cli import non_negative_int, positive_float, positive_int
 
+TRUST_CODE_HELP = ("also read a base policy in a format that can run code when loaded (TorchScript .pt / .pth / .ts / "
+                   ".jit, torch.export .pt2): only for files you trust (docs/guarantees.md)")
+
 
 def add_parsers(subparsers) -> None:
     p = subparsers.add_parser(
@@ -70,6 +73,7 @@ def add_parsers(subparsers) -> None:
     d.add_argument("--eval-episodes", type=non_negative_int, default=50,
                    help="evaluate the old and the new base (0: none)")
     d.add_argument("--threads", type=positive_int, default=1)
+    d.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     d.set_defaults(func=run_distill)
 
     c = sub.add_parser("collect", help="roll out the base alone and save its successful episodes (D_offline)",
@@ -83,6 +87,7 @@ def add_parsers(subparsers) -> None:
     c.add_argument("--success-return", type=float, help="success = episode return >= this (tasks without "
                    "info['success'])")
     c.add_argument("--seed", type=int, default=0, help="first reset seed (default 0)")
+    c.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     c.set_defaults(func=run_collect)
 
 
@@ -92,7 +97,7 @@ def run_collect(args: argparse.Namespace) -> int:
     if not args.out.endswith(".npz"):
         raise ValueError(f"--out must be a .npz file, got {args.out!r}")
     stats = collect_successes(args.base, args.env, args.episodes, args.out, seed=args.seed,
-                              success_return=args.success_return)
+                              success_return=args.success_return, trusted=args.trust_code)
     print(f"base success rate {stats['success_rate']:.2f} ({stats['successes']}/{stats['episodes']} episodes); "
           f"{stats['rows']} rows of successful episodes -> {stats['out']}")
     return 0
@@ -235,7 +240,8 @@ def run_distill(args: argparse.Namespace) -> int:
     stats = distill(base, residual, env_id, args.episodes, args.out, success_return=args.success_return,
                     horizon=args.horizon, num_steps=args.steps, lr=args.lr, batch_size=args.batch_size,
                     seed=args.seed, eval_episodes=args.eval_episodes, max_episode_steps=max_steps,
-                    allow_other_base=args.allow_other_base, overwrite=args.overwrite)
+                    allow_other_base=args.allow_other_base, overwrite=args.overwrite,
+                    trusted=args.trust_code)
     def brief(d):  # per-episode lists stay in OUT/distill.json
         return {k: brief(v) if isinstance(v, dict) else v for k, v in d.items() if not isinstance(v, list)}
 

@@ -66,11 +66,13 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
 
 
 def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out: str | Path, *, seed: int = 0,
-                      success_return: float | None = None, max_episode_steps: int | None = None) -> dict:
+                      success_return: float | None = None, max_episode_steps: int | None = None,
+                      trusted: bool = False) -> dict:
     """PLD's D_offline (spec Sec. 8; paper stage 1 step 1): roll out the frozen base alone for ``num_episodes``
     episodes (reset seeds ``seed, seed + 1, ...``), keep the successful ones and save their rows as a relive
     ``.npz`` dataset at ``out`` (``--dataset`` of a residual run; returns-to-go are computed when it is loaded).
-    Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set."""
+    Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set.
+    ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``)."""
     from relive.agents.base_policy import load_base_policy
     from relive.train.collector import save_dataset
     from relive.train.envs import env_spec, make_env, with_success
@@ -79,7 +81,7 @@ def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out
     if out.exists():
         raise ValueError(f"{out} exists; pick another --out (datasets are never overwritten)")
     env = with_success(make_env(env_id, max_episode_steps), success_return)
-    base = load_base_policy(base_path, env_spec(env))
+    base = load_base_policy(base_path, env_spec(env), trusted=trusted)
     episodes = hybrid_rollouts(env, base, lambda obs, a_base: a_base, num_episodes, seed, horizon=0)
     rows = successful_rows(episodes)
     rate = float(np.mean([e["success"] for e in episodes]))
@@ -104,7 +106,7 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
             success_return: float | None = None, horizon: int | None = None, num_steps: int = 2000,
             lr: float = 3e-4, batch_size: int = 256, seed: int = 0, eval_episodes: int = 0,
             eval_seed: int = 10_000, max_episode_steps: int | None = None, allow_other_base: bool = False,
-            overwrite: bool = False) -> dict:
+            overwrite: bool = False, trusted: bool = False) -> dict:
     """One round of distillation: hybrid rollouts of the base at ``base_path`` with ``residual(obs [1, O],
     base_action [1, A]) -> executed action [1, A]``, successes kept, and a new base saved to ``out`` (a ``relive
     bc``-style directory, itself a base policy): a BC MLP base (a ``relive bc`` directory or a safetensors MLP)
@@ -116,7 +118,9 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
     ``max_episode_steps``: the time limit of the episodes (a residual run's ``env.max_episode_steps``; None: the
     env's registered one). A residual that says which base it was trained on (``residual.base_sha256``, set by
     ``residual_sac.load_residual``) is refused with a base of another digest unless ``allow_other_base``; an
-    existing ``out`` is refused unless ``overwrite`` (both before any rollout)."""
+    existing ``out`` is refused unless ``overwrite`` (both before any rollout). ``trusted``: the base may be a
+    format that can run code (TorchScript,
+    torch.export; see ``relive.agents.base_policy.load_base_policy``)."""
     from relive.agents.base_policy import load_base_policy
     from relive.agents.bc import (
         BCConfig,
@@ -132,7 +136,7 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
     refuse_existing_out(out, overwrite)
     env = with_success(make_env(env_id, max_episode_steps), success_return)
     spec = env_spec(env)
-    base = load_base_policy(base_path, spec)
+    base = load_base_policy(base_path, spec, trusted=trusted)
     trained_on, digest = str(getattr(residual, "base_sha256", "") or ""), base.digest()
     if trained_on and trained_on != digest and not allow_other_base:
         env.close()

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from relive.replay.returns import MAX_N_STEP
+
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC / RLPD clipping of the state-dependent log-std
 INIT_SCHEMES = ("torch", "xavier")
 
@@ -365,9 +367,10 @@ def optimize(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
 
 
 def check_n_step(n_step) -> int:
-    """An agent's ``n_step`` setting: an integer >= 1, else a ValueError."""
-    if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
-        raise ValueError(f"n_step must be an integer >= 1, got {n_step!r}")
+    """An agent's ``n_step`` setting: an integer in [1, ``relive.replay.returns.MAX_N_STEP``], else a ValueError."""
+    if isinstance(n_step, bool) or not isinstance(n_step, int) or not 1 <= n_step <= MAX_N_STEP:
+        raise ValueError(f"n_step must be an integer in [1, {MAX_N_STEP}] (the buffer sums n-step returns at every "
+                         f"sample, one pass per step ahead), got {n_step!r}")
     return n_step
 
 
@@ -433,9 +436,28 @@ def module_state(module: nn.Module) -> dict[str, np.ndarray]:
 
 
 def load_module_state(module: nn.Module, state: dict) -> None:
-    device = next(iter(module.state_dict().values())).device
-    module.load_state_dict({k.replace("__", "."): torch.as_tensor(np.asarray(v), device=device)
-                            for k, v in state.items()})
+    """Set ``module``'s parameters and buffers from :func:`module_state`'s arrays. A state of another architecture
+    (missing or unexpected keys, another shape, non-numeric values) is a ValueError naming the tensor, raised
+    before any of them is copied."""
+    owner = type(module).__name__
+    if not isinstance(state, Mapping):
+        raise ValueError(f"the saved state of a {owner} must map tensor names to arrays, got {type(state).__name__}")
+    current = module.state_dict()
+    saved = {str(k).replace("__", "."): v for k, v in state.items()}
+    missing, unexpected = sorted(set(current) - set(saved)), sorted(set(saved) - set(current))
+    if missing or unexpected:
+        raise ValueError(f"the saved state does not match this {owner} (another architecture?): missing "
+                         f"{missing[:6]}, unexpected {unexpected[:6]}")
+    tensors = {}
+    for name, value in saved.items():
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "fiub":
+            raise ValueError(f"the saved {owner} tensor {name} holds {arr.dtype} values, not numbers")
+        if arr.shape != tuple(current[name].shape):
+            raise ValueError(f"the saved {owner} tensor {name} has shape {arr.shape}, this {owner} has "
+                             f"{tuple(current[name].shape)} (another architecture: check the layer sizes)")
+        tensors[name] = torch.as_tensor(arr, device=current[name].device)
+    module.load_state_dict(tensors)
 
 
 def optimizer_state(opt: torch.optim.Optimizer) -> dict:
@@ -449,16 +471,28 @@ def optimizer_state(opt: torch.optim.Optimizer) -> dict:
 
 
 def load_optimizer_state(opt: torch.optim.Optimizer, state: dict) -> None:
-    groups = [dict(state["param_groups"][str(i)]) for i in range(len(state["param_groups"]))]
-    for g in groups:
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-        g["params"] = [int(p) for p in g["params"]]
-    opt.load_state_dict({
-        "state": {int(k): {n: (torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v)
-                           for n, v in s.items()} for k, s in state["state"].items()},
-        "param_groups": groups,
-    })
+    """Set ``opt`` from :func:`optimizer_state`'s output. A state of another optimizer or architecture (other
+    groups, parameters, or moment shapes) is a ValueError, raised before anything is set."""
+    owner = type(opt).__name__
+    try:
+        groups = [dict(state["param_groups"][str(i)]) for i in range(len(state["param_groups"]))]
+        for g in groups:
+            if "betas" in g:
+                g["betas"] = tuple(g["betas"])
+            g["params"] = [int(p) for p in g["params"]]
+        per_param = {int(k): {n: (torch.as_tensor(np.asarray(v)) if isinstance(v, np.ndarray) else v)
+                              for n, v in s.items()} for k, s in state["state"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"the saved {owner} state is malformed ({type(e).__name__}: {e})") from None
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for k, s in per_param.items():
+        if not 0 <= k < len(params):
+            raise ValueError(f"the saved {owner} state names parameter {k}; this optimizer has {len(params)}")
+        for n, v in s.items():
+            if torch.is_tensor(v) and v.dim() > 0 and tuple(v.shape) != tuple(params[k].shape):
+                raise ValueError(f"the saved {owner} state {n!r} of parameter {k} has shape {tuple(v.shape)}, the "
+                                 f"parameter has {tuple(params[k].shape)} (another architecture?)")
+    opt.load_state_dict({"state": per_param, "param_groups": groups})
 
 
 def generator_state(gen: torch.Generator) -> np.ndarray:

@@ -75,6 +75,9 @@ class ResidualSACConfig:
     values where they differ from the template."""
 
     base_policy: str = ""  # frozen base policy (a path for load_base_policy); "": set_base_policy(fn)
+    # also read a base_policy file in a format that can run code (TorchScript, torch.export): --trust-code; a resumed
+    # run does not inherit it (relive train --resume ... --trust-code says it again); docs/guarantees.md
+    trust_code: bool = False
     hidden: tuple[int, ...] = (256, 256)  # widths of the residual actor and both critics (spec: open; Table 5: 256)
     condition_on_base: bool = True  # residual actor input (x, a_base) as PLD; False: x only
     init_log_std: float = -3.0  # initial log-std of the residual (zero last layer: mean 0, so a ~= a_base)
@@ -255,7 +258,7 @@ class ResidualSAC:
                     raise
                 raise ValueError("agent.base_policy is set but relive.agents.base_policy (the loader) is not "
                                  "available in this build; pass the policy with agent.set_base_policy(fn)") from None
-            base_policy = loader(config.base_policy, spec)
+            base_policy = loader(config.base_policy, spec, trusted=config.trust_code)
         agent.set_base_policy(base_policy)
         return agent
 

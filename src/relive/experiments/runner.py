@@ -52,8 +52,8 @@ def train_command(spec: RunSpec, run_dir: Path) -> list[str]:
     """The `relive train` invocation of one run; resumes when the directory holds a started run (``config.json``:
     from its last checkpoint, or from the beginning when it stopped before the first one)."""
     base = [sys.executable, "-m", "relive.cli", "--debug", "train"]  # --debug: the crash log keeps the traceback
-    if (run_dir / "config.json").exists():
-        return [*base, "--resume", str(run_dir)]
+    if (run_dir / "config.json").exists():  # (a resume does not inherit --trust-code: the grid file says it again)
+        return [*base, "--resume", str(run_dir), *(["--trust-code"] if "--trust-code" in spec.args else [])]
     return [*base, spec.preset, "--env", spec.task, "--seed", str(spec.seed), "--run-dir", str(run_dir),
             "--no-progress", *spec.args]
 

@@ -25,6 +25,8 @@ from relive.replay.samplers import Sampler, UniformSampler, sampler_config, samp
 from relive.replay.storage import Storage, _as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
+DRAWS_KNOWN = 16  # device buffers: the latest draws whose indices an update may name without a host check
+
 HOST = "host"  # ReplayBuffer.load(..., device=HOST): NumPy columns in RAM, whatever the checkpoint's backend
 
 
@@ -43,7 +45,7 @@ class ReplayBuffer:
         unused. ``backend="torch"`` with ``device`` (default cpu): columns are tensors on that device and batches
         are drawn, gathered and updated there (:mod:`relive.replay.device`; uniform, PER and symmetric samplers,
         converted from their host classes; batches and ``batch.info`` hold tensors)."""
-        self.n_step, self.gamma = returns.check_n_step(n_step), returns.check_gamma(gamma)
+        self.n_step, self.gamma = returns.check_n_step(n_step, capacity), returns.check_gamma(gamma)
         if backend == "torch" and self.n_step > 1:
             raise ValueError("n_step > 1 needs a host backend ('ram' or 'memmap'): n-step returns are summed on the "
                              "host")
@@ -74,6 +76,9 @@ class ReplayBuffer:
         dev = self.storage.device
         self.torch_rng = torch.Generator(device=dev).manual_seed(self.seed)
         self._counts_t = torch.zeros(3, dtype=torch.int64, device=dev)  # updated, stale, invalid since last read
+        # the index tensors of the latest device draws: stored slots (the stored rows never shrink), so an update
+        # naming one of them needs no host check; any other indices are checked as on the host (check_slots)
+        self._drawn_t: list = []
         self.num_invalid = 0  # device updates: rows skipped for a non-finite or negative signal
 
     # -- sizes -----------------------------------------------------------------------------------------
@@ -169,6 +174,7 @@ class ReplayBuffer:
         draw = self.sampler.sample_device(batch_size, self.torch_rng)
         st = self.storage
         idx = draw.indices
+        self._drawn_t = [idx, *self._drawn_t[:DRAWS_KNOWN - 1]]
         cols = st.columns
 
         def obs(prefix):  # "obs" / "next_obs", flat or one tensor per key
@@ -340,6 +346,8 @@ class ReplayBuffer:
         import torch
 
         dev = self.storage.device
+        if not any(info.indices is t for t in self._drawn_t):  # not this buffer's draw: the host rule (one sync)
+            self.storage.check_slots(info.indices)  # integers naming stored slots, else refused by index
         idx = torch.as_tensor(info.indices, device=dev).reshape(-1)
         gen = torch.as_tensor(info.generation, device=dev).reshape(-1)
         if gen.numel() != idx.numel():

@@ -34,9 +34,22 @@ class NStep(NamedTuple):
     n: np.ndarray  # [B] int64: n', the rows summed
 
 
-def check_n_step(n_step) -> int:
+#: the largest n of n-step returns: a sample takes one pass over the batch per step ahead (the usual n: 3 to 10)
+MAX_N_STEP = 1000
+
+
+def check_n_step(n_step, capacity=None) -> int:
+    """An integer 1 <= n_step <= MAX_N_STEP (and <= ``capacity``, the rows a buffer holds, when given)."""
     if isinstance(n_step, bool | np.bool_) or not isinstance(n_step, int | np.integer) or n_step < 1:
         raise ValueError(f"n_step must be an integer >= 1, got {n_step!r}")
+    if n_step > MAX_N_STEP:
+        raise ValueError(f"n_step must be at most {MAX_N_STEP} (every sample takes one pass over the batch per step "
+                         f"ahead; the usual n is 3 to 10), got {n_step}")
+    valid_capacity = (isinstance(capacity, int | np.integer) and not isinstance(capacity, bool | np.bool_)
+                      and capacity > 0)
+    if valid_capacity and n_step > capacity:  # (an invalid capacity is the storage's to refuse, by its own name)
+        raise ValueError(f"n_step = {n_step} is larger than the buffer's capacity of {capacity} rows (no stored "
+                         "episode can give that many steps)")
     return int(n_step)
 
 
@@ -73,7 +86,7 @@ def n_step_returns(storage, slots, n_step: int, gamma: float) -> NStep:
     powers = np.array([gamma**k for k in range(n_step + 1)])  # gamma^0 .. gamma^n (Python's pow, as a hand sum)
     rewards = storage.columns["reward"]
     reward = rewards.take(slots).astype(np.float64)
-    for k in range(1, n_step):  # one pass per step ahead (n is small), each over the whole batch
+    for k in range(1, int(n.max(initial=1))):  # one pass per step ahead that some row uses, over the whole batch
         row = slot_at(storage, np.minimum(pos + k, last_pos), online)  # held at the last row: weight 0 there
         reward += np.where(k < n, powers[k], 0.0) * rewards.take(row)
     last = slot_at(storage, last_pos, online)
@@ -105,4 +118,5 @@ def max_rows_left(storage) -> int:
     return int(view.length.max()) if len(view) else 0
 
 
-__all__ = ["NStep", "n_step_returns", "slices", "slice_fits", "check_n_step", "check_gamma", "max_rows_left"]
+__all__ = ["NStep", "n_step_returns", "slices", "slice_fits", "check_n_step", "check_gamma", "max_rows_left",
+           "MAX_N_STEP"]

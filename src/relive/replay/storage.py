@@ -46,7 +46,7 @@ import numpy as np
 
 from relive.files import write_text_atomic
 from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
-from relive.types import OFFLINE, ONLINE, SOURCE_NAMES
+from relive.types import OFFLINE, ONLINE, RESERVED_COLUMN_NAMES, SOURCE_NAMES
 
 CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 BOOKKEEPING = (("episode_id", np.int64), ("step_in_episode", np.int64), ("source", np.int8),
@@ -126,6 +126,10 @@ class Storage:
                                  "'mc_return'): it names a checkpoint file and a Batch field")
             if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
                 raise ValueError(f"extra column {name!r} clashes with a built-in column")
+            if name in RESERVED_COLUMN_NAMES:
+                raise ValueError(f"extra column {name!r} would be hidden: batch.{name} is a field of every Batch or "
+                                 "its SampleInfo (discount, mask, info, extras, indices, is_weight, ...); pick "
+                                 "another name")
             self.specs[name] = _spec(value)
             extra.append(name)
         self.extra_names = tuple(extra)

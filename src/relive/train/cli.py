@@ -28,6 +28,9 @@ def add_parsers(subparsers) -> None:
                    "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`")
     p.add_argument("--base-policy", metavar="PATH", help="frozen base policy of a residual agent (residual_sac): "
                    "same as --set agent.base_policy=PATH")
+    p.add_argument("--trust-code", action="store_true", default=None, help="let --base-policy be a file that can "
+                   "run code when loaded (TorchScript, torch.export .pt2): only for files you trust; a resumed run "
+                   "needs it again (agent.trust_code; docs/guarantees.md)")
     p.add_argument("--num-envs", type=_num_envs, help="environments stepped together (a Gymnasium vector env, one "
                    "policy call per step for all), each its own replay stream; env steps count every env's (default 1, "
                    f"at most {MAX_NUM_ENVS} and at most --capacity)")
@@ -128,7 +131,7 @@ FLAG_TO_SETTING = {
     "log_every": "run.log_every_env_steps",
     "checkpoint_every": "run.checkpoint_every_env_steps",
     "offline_checkpoint_every": "run.checkpoint_every_offline_grad_steps", "threads": "run.num_threads",
-    "device": "run.device", "replay_device": "replay.device",
+    "device": "run.device", "replay_device": "replay.device", "trust_code": "agent.trust_code",
 }
 
 
@@ -148,21 +151,25 @@ def resume_settings(args: argparse.Namespace) -> list[str]:
     from relive.train.trainer import RESUME_SETTINGS
 
     defaults = vars(build_parser().parse_args(["train", "--resume", "RUN_DIR"]))
-    allowed = {"device", "replay_device", "threads", "no_progress", "set", "resume", "func", "command", "debug",
-               "allow_other_base"}
+    allowed = {"device", "replay_device", "threads", "no_progress", "trust_code", "set", "resume", "func", "command",
+               "debug", "allow_other_base"}
     given = sorted(k for k, v in vars(args).items() if k not in allowed and v != defaults.get(k))
     if given:
         names = ", ".join("--" + k.replace("_", "-") if k != "preset" else f"PRESET ({args.preset})" for k in given)
         raise ValueError(f"--resume continues a run as it was configured: {names} cannot change it (only --device, "
-                         "--replay-device, --threads, --no-progress and --set of " + ", ".join(RESUME_SETTINGS)
+                         "--replay-device, --threads, --no-progress, --trust-code and --set of "
+                         + ", ".join(RESUME_SETTINGS)
                          + "); start a new run for other settings")
-    sets = [_flag_setting(f, getattr(args, f)) for f in ("device", "replay_device", "threads")
+    sets = [_flag_setting(f, getattr(args, f)) for f in ("device", "replay_device", "threads", "trust_code")
             if getattr(args, f, None) is not None]
     return sets + (["run.progress=false"] if args.no_progress else []) + list(args.set)
 
 
 def config_from_args(args: argparse.Namespace):
     cfg = get_preset(args.preset)
+    if getattr(args, "trust_code", None) and not hasattr(cfg.agent, "trust_code"):
+        raise ValueError(f"--trust-code: preset {args.preset!r} ({cfg.agent_kind}) loads no base policy; only a "
+                         "residual agent's --base-policy may be a file that runs code")
     sets = []
     for flag in FLAG_TO_SETTING:
         value = getattr(args, flag, None)

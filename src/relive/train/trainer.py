@@ -152,7 +152,7 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 #: what a resumed run may change: where and how it runs, never what it computes (``train(resume_settings=...)``)
-RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progress")
+RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progress", "agent.trust_code")
 
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
@@ -203,6 +203,8 @@ def _resume_config(cfg: ExperimentConfig, settings: Sequence[str]) -> Experiment
         if key not in RESUME_SETTINGS:
             raise ValueError(f"a resumed run continues as it was configured; only {', '.join(RESUME_SETTINGS)} may "
                              f"change (where and how it runs), got {item!r}")
+    if getattr(cfg.agent, "trust_code", False):  # trusting a model file that runs code is never inherited from a
+        cfg = override(cfg, ["agent.trust_code=false"])  # run directory: --resume ... --trust-code says it again
     return override(cfg, list(settings))
 
 
@@ -211,7 +213,7 @@ def _changed(before: ExperimentConfig, after: ExperimentConfig) -> list[tuple[st
     out = []
     for key in RESUME_SETTINGS:
         section, name = key.split(".")
-        old, new = getattr(getattr(before, section), name), getattr(getattr(after, section), name)
+        old, new = getattr(getattr(before, section), name, None), getattr(getattr(after, section), name, None)
         if old != new:
             out.append((key, new))
     return out
