@@ -27,6 +27,7 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
     """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.train.pixel_envs``) are
     registered on demand. Dict observations are flattened into one Box (goal-conditioned tasks: achieved_goal,
     desired_goal, observation) unless they hold an image key (:func:`has_image_keys`), which keeps them dicts."""
+    check_env_id(env_id)
     kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     if env_id.startswith(ROBOTICS_PREFIXES):
         try:
@@ -46,6 +47,21 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
     if isinstance(env.observation_space, gym.spaces.Dict) and not has_image_keys(env.observation_space):
         env = gym.wrappers.FlattenObservation(env)
     return env
+
+
+def check_env_id(env_id) -> None:
+    """Refuse an environment id that would make ``gym.make`` import a module: Gymnasium reads ``module:Env-v0`` as
+    "import ``module``, then make ``Env-v0``", and importing runs the module's code. Environment ids reach relive
+    from files as well as from flags (a run's config.json on ``--resume`` or ``pld distill``, a dataset's
+    ``env_id``), so such an id is never followed (docs/guarantees.md, "Files that can carry code"). An environment
+    of your own: register it in your code (``gymnasium.register``) and pass its plain id to relive's Python API."""
+    if not isinstance(env_id, str) or not env_id:
+        raise ValueError(f"environment id must be a non-empty string, got {env_id!r}")
+    if ":" in env_id:
+        module = env_id.split(":", 1)[0]
+        raise ValueError(f"environment id {env_id!r} names a module to import ({module!r}): relive never imports code "
+                         "named by an environment id (it can come from a run's config.json or a dataset); register "
+                         "the environment in your own code (gymnasium.register) and pass its plain id")
 
 
 def has_image_keys(space) -> bool:
