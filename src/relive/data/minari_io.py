@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, obs_parts, split_episodes
+from relive.data.trust import check_hdf5, inside
 
 DEFAULT_ROOT = Path("data") / "minari"
 
@@ -182,22 +183,24 @@ def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten:
     shape and dtype (for ``ReplayBuffer(obs_shape={key: (shape, dtype), ...})``)."""
     import minari
 
-    dataset_id, root = _locate(dataset, root)
-    data_dir = Path(root) / dataset_id / "data"
+    dataset_id, data_dir, root = _locate(dataset, root)
     files = ", ".join(str(p) for p in sorted(data_dir.glob("*")) if p.name != "metadata.json") or str(data_dir)
-    with _root(root):
-        try:
-            ds = minari.load_dataset(dataset_id)
-        except Exception as e:  # minari raises several types for a missing or broken dataset
-            raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root} ({files}): {e}") from None
-        try:
-            rows, meta = _read_episodes(ds, dataset_id, flatten)
-        except ValueError:
+    _check_dataset_files(data_dir)  # before minari opens anything: see docs/guarantees.md, "Datasets"
+    try:
+        ds = minari.MinariDataset(data_dir)  # the directory named, never <root>/<the id in its metadata>
+    except Exception as e:  # minari raises several types for a missing or broken dataset
+        raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {data_dir} ({files}): {e}") from None
+    try:
+        rows, meta = _read_episodes(ds, dataset_id, flatten)
+    except ValueError as e:
+        if dataset_id in str(e) or str(data_dir) in str(e):  # relive's own checks name the dataset
             raise
-        except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
-            raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
-                             f"({type(e).__name__}: {e}); regenerate it (`relive data make ... --overwrite`)") from None
-    refs = task_references(root, dataset_id)
+        raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files}: {e}") from None
+    except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
+        raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
+                         f"({type(e).__name__}: {e}); regenerate it (`relive data make ... --overwrite`)") from None
+    meta["path"] = str(data_dir.parent.resolve())
+    refs = task_references(root, dataset_id) if root is not None else {}
     for key in ("ref_min_return", "ref_max_return"):  # a random level never records R_expert itself
         if meta[key] is None:
             meta[key] = refs.get(key)
@@ -211,7 +214,15 @@ def task_references(root: str | Path, dataset_id: str) -> dict:
     """The reference returns that the levels knowing R_expert wrote beside a dataset (``<root>/<namespace>/
     references.json``, e.g. ``data/minari/relive/hopper-v5/references.json``); {} when there are none."""
     path = Path(root) / Path(dataset_id).parent / REFERENCES
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        refs = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(refs, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return refs
 
 
 def write_task_references(root: str | Path, dataset_id: str, refs: dict) -> Path:
@@ -261,7 +272,13 @@ def _read_episodes(ds, dataset_id: str, flatten: bool = True) -> tuple[dict, dic
         meta["observation_keys"] = flat_keys
     extra = Path(spec.data_path).parent / "relive.json"
     if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
-        meta["relive"] = json.loads(extra.read_text())
+        extra = inside(extra.parent, extra.name, "relive.json")
+        try:
+            meta["relive"] = json.loads(extra.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{extra}: not readable JSON ({e})") from None
+        if not isinstance(meta["relive"], dict):
+            raise ValueError(f"{extra}: not a JSON object")
         for key in ("ref_min_return", "ref_max_return"):
             if meta[key] is None:
                 meta[key] = meta["relive"].get(key)
@@ -299,19 +316,118 @@ def _flatten_obs(observations, keys: list[str] | None, dataset_id: str, episode:
     return np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
 
 
-def _locate(dataset: str | Path, root: str | Path | None) -> tuple[str, Path]:
+def _locate(dataset: str | Path, root: str | Path | None) -> tuple[str, Path, Path | None]:
+    """(dataset id, its ``data`` directory, the Minari root it lies in or None). A directory is read as named: its
+    id comes from its metadata (for messages and the task's references.json, which are looked up only when the
+    directory sits at ``<root>/<id>``), never to find another directory."""
     p = Path(dataset)
     meta = p / "data" / "metadata.json"
-    if meta.is_file():  # a dataset directory: its id is in the metadata, the root is above it
-        dataset_id = json.loads(meta.read_text())["dataset_id"]
-        parts = len(Path(dataset_id).parts)
-        return dataset_id, p.resolve().parents[parts - 1]
+    if meta.is_file():  # a dataset directory
+        dataset_id = _read_metadata(p / "data").get("dataset_id")
+        if not isinstance(dataset_id, str) or not dataset_id:
+            raise ValueError(f"{meta}: no dataset_id string")
+        parts = Path(dataset_id).parts
+        full = p.resolve()
+        at_home = ".." not in parts and len(full.parts) > len(parts) and full.parts[-len(parts):] == parts
+        return dataset_id, p / "data", full.parents[len(parts) - 1] if at_home else None
     root = Path(root) if root is not None else default_root()
     if not (root / str(dataset) / "data" / "metadata.json").is_file():
         known = list_local(root)
         raise ValueError(f"no Minari dataset {str(dataset)!r} under {root} (local datasets: {known or 'none'}); "
                          "generate one with `relive data make TASK LEVEL`")
-    return str(dataset), root
+    return str(dataset), root / str(dataset) / "data", root
+
+
+MAX_SPACE_ELEMENTS = 1 << 26  # the elements of one observation or action (a 4096 x 4096 x 4 image)
+
+
+def _read_metadata(data_dir: Path) -> dict:
+    path = inside(data_dir.parent, Path("data") / "metadata.json", "metadata")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return meta
+
+
+def _check_dataset_files(data_dir: Path) -> None:
+    """What minari would trust, checked first: the metadata and data file inside the dataset directory (symlinks
+    resolved), the HDF5 format, both spaces recorded in the metadata (else minari builds the environment named in
+    it, which imports code) with bounded shapes (a Box's bounds are allocated at its shape), the episode count equal
+    to the episodes the file holds, and the file itself through ``check_hdf5``."""
+    import h5py
+
+    meta_path = data_dir / "metadata.json"
+    meta = _read_metadata(data_dir)
+    if meta.get("data_format", "hdf5") != "hdf5":
+        raise ValueError(f"{meta_path}: data_format {meta.get('data_format')!r}: relive reads Minari datasets in the "
+                         "hdf5 format only")
+    for key in ("observation_space", "action_space"):
+        if not isinstance(meta.get(key), str):
+            raise ValueError(f"{meta_path}: no {key} recorded (minari would then build the environment named in "
+                             "env_spec, running its code); refused")
+        try:
+            space = json.loads(meta[key])
+        except ValueError as e:
+            raise ValueError(f"{meta_path}: {key} is not JSON ({e})") from None
+        _check_space(space, f"{meta_path}: {key}")
+    episodes = meta.get("total_episodes")
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
+        raise ValueError(f"{meta_path}: total_episodes must be a non-negative integer, got {episodes!r}")
+    if not isinstance(meta.get("total_steps"), int) or meta["total_steps"] < 0:
+        raise ValueError(f"{meta_path}: total_steps must be a non-negative integer, got {meta.get('total_steps')!r}")
+    path = inside(data_dir.parent, Path("data") / "main_data.hdf5", "data file")
+    if not path.is_file():
+        raise ValueError(f"{data_dir}: no main_data.hdf5")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"{path}: not a readable HDF5 file ({e})") from None
+    with f:
+        check_hdf5(f, path)
+        names = set(f.keys())
+    want = {f"episode_{i}" for i in range(min(episodes, len(names) + 1))}
+    if episodes != len(names) or names != want:
+        raise ValueError(f"{meta_path}: total_episodes = {episodes} but {path} holds {len(names)} entries "
+                         f"({sorted(names)[:5]}{'...' if len(names) > 5 else ''}); expected episode_0 .. "
+                         f"episode_{episodes - 1}")
+
+
+def _check_space(space, where: str) -> None:
+    """A serialized Minari space: Box (shape of non-negative integers, at most MAX_SPACE_ELEMENTS, bounds given in
+    full or as one number), Discrete, MultiDiscrete, MultiBinary (bounded), Text, or a Dict / Tuple of them."""
+    if not isinstance(space, dict) or not isinstance(space.get("type"), str):
+        raise ValueError(f"{where}: not a serialized space (a JSON object with a 'type')")
+    kind = space["type"]
+    if kind == "Dict":
+        subspaces = space.get("subspaces")
+        if not isinstance(subspaces, dict):
+            raise ValueError(f"{where}: a Dict space without 'subspaces'")
+        for key, sub in subspaces.items():
+            _check_space(sub, f"{where}[{key!r}]")
+    elif kind == "Tuple":
+        subspaces = space.get("subspaces")
+        if not isinstance(subspaces, list):
+            raise ValueError(f"{where}: a Tuple space without 'subspaces'")
+        for i, sub in enumerate(subspaces):
+            _check_space(sub, f"{where}[{i}]")
+    elif kind in ("Box", "MultiBinary"):
+        shape = space.get("shape") if kind == "Box" else space.get("n")
+        shape = [shape] if isinstance(shape, int) else shape
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                   for d in shape)):
+            raise ValueError(f"{where}: {kind} shape must be a list of non-negative integers, got {shape!r}")
+        size = int(np.prod(shape, dtype=object)) if shape else 1
+        if kind == "Box" and not (isinstance(space.get("low"), list) and isinstance(space.get("high"), list)):
+            raise ValueError(f"{where}: Box bounds must be lists (as minari writes them), not one number spread "
+                             "over the shape")
+        if size > MAX_SPACE_ELEMENTS:
+            raise ValueError(f"{where}: {kind} of shape {shape} ({size} elements) is larger than relive reads "
+                             f"({MAX_SPACE_ELEMENTS} elements per row)")
+    elif kind not in ("Discrete", "MultiDiscrete", "Text"):
+        raise ValueError(f"{where}: space type {kind!r} is not supported")
 
 
 def list_local(root: str | Path | None = None) -> list[str]:
