@@ -420,12 +420,12 @@ def _check_space(space, where: str) -> None:
                                                    for d in shape)):
             raise ValueError(f"{where}: {kind} shape must be a list of non-negative integers, got {shape!r}")
         size = int(np.prod(shape, dtype=object)) if shape else 1
-        if kind == "Box" and not (isinstance(space.get("low"), list) and isinstance(space.get("high"), list)):
-            raise ValueError(f"{where}: Box bounds must be lists (as minari writes them), not one number spread "
-                             "over the shape")
         if size > MAX_SPACE_ELEMENTS:
             raise ValueError(f"{where}: {kind} of shape {shape} ({size} elements) is larger than relive reads "
                              f"({MAX_SPACE_ELEMENTS} elements per row)")
+        if kind == "Box" and not (isinstance(space.get("low"), list) and isinstance(space.get("high"), list)):
+            raise ValueError(f"{where}: Box bounds must be lists (as minari writes them), not one number spread "
+                             "over the shape")
     elif kind not in ("Discrete", "MultiDiscrete", "Text"):
         raise ValueError(f"{where}: space type {kind!r} is not supported")
 

@@ -127,7 +127,10 @@ def check_hdf5(f, path: str | Path) -> None:
         total += declared
 
     try:
-        f.visititems_links(visit)
+        links: list = []
+        f.visititems_links(lambda name, link: links.append((name, link)))  # (raising inside h5py's callback
+        for name, link in links:                                           # turns into a SystemError)
+            visit(name, link)
     except ValueError as e:
         if str(e).startswith(str(path)):  # a refusal above
             raise
