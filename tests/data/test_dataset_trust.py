@@ -215,3 +215,208 @@ def test_npz_object_arrays_and_non_zip_files_are_one_line_errors(tmp_path, rows)
     meta = save_dataset(tmp_path / "m.npz", rows, env_id=["a", "b"])
     with pytest.raises(ValueError, match=r"m\.npz: metadata 'meta_env_id' has 2 values"):
         load_dataset(meta)
+
+
+# -- LeRobot -------------------------------------------------------------------------------------------------
+def _lerobot_video(tmp_path, n=6, side=8, name="ds"):
+    """A one-episode LeRobot v3.0 directory written by relive with a video camera ``observation.cam``."""
+    pytest.importorskip("av")
+    pytest.importorskip("pyarrow")
+    from relive.data.lerobot_io import write_lerobot
+
+    cam = np.random.default_rng(0).integers(0, 256, (n, 3, side, side), dtype=np.uint8)
+    state = np.zeros((n, 2), np.float32)
+    video_rows = {"obs": {"cam": cam, "state": state}, "next_obs": {"cam": cam, "state": state},
+                  "action": np.zeros((n, 1), np.float32), "reward": np.zeros(n, np.float32),
+                  "terminated": np.arange(n) == n - 1, "truncated": np.zeros(n, bool)}
+    return write_lerobot(tmp_path / name, video_rows, fps=10, images="video")
+
+
+def _set_info(root, **changes):
+    path = root / "meta" / "info.json"
+    info = json.loads(path.read_text())
+    info.update(changes)
+    path.write_text(json.dumps(info))
+
+
+V3_VIDEO = "{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
+
+
+@pytest.mark.parametrize("where", ["relative", "absolute", "symlinked directory"])
+def test_lerobot_videos_outside_the_dataset_are_refused(tmp_path, where):
+    from relive.data.lerobot_io import read_lerobot
+
+    root = _lerobot_video(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(root / "videos", elsewhere)  # the same, readable mp4s, outside the directory
+    if where == "relative":
+        _set_info(root, video_path="../elsewhere/" + V3_VIDEO)
+    elif where == "absolute":
+        _set_info(root, video_path=str(elsewhere) + "/" + V3_VIDEO)
+    else:
+        (root / "videos").symlink_to(elsewhere)
+    with pytest.raises(ValueError, match=r"video file for feature 'observation.cam' \(episode 0\) .* resolves to "
+                                         r".*elsewhere/observation.cam/chunk-000/file-000\.mp4, outside the dataset"):
+        read_lerobot(root)
+
+
+def test_lerobot_data_and_metadata_files_symlinked_outside_are_refused(tmp_path):
+    from relive.data.lerobot_io import read_lerobot
+
+    root = _lerobot_video(tmp_path)
+    data = root / "data" / "chunk-000" / "file-000.parquet"
+    data.rename(tmp_path / "outside.parquet")
+    data.symlink_to(tmp_path / "outside.parquet")
+    with pytest.raises(ValueError, match=r"data file data/chunk-000/file-000\.parquet resolves to .*outside\.parquet"):
+        read_lerobot(root)
+    root = _lerobot_video(tmp_path, name="ds2")
+    info = root / "meta" / "info.json"
+    info.rename(tmp_path / "info.json")
+    info.symlink_to(tmp_path / "info.json")
+    with pytest.raises(ValueError, match=r"metadata file meta/info\.json resolves to .*/info\.json, outside"):
+        read_lerobot(root)
+
+
+@pytest.mark.parametrize("template, match", [
+    ("videos/{video_key}/chunk-{chunk_index:01000d}/file-{file_index:03d}.mp4", r"at most two digits of width"),
+    ("videos/{video_key.__class__}/file-{file_index:03d}.mp4", r"has field \{video_key\.__class__\}"),
+    ("videos/{video_key!r}/file-{file_index:03d}.mp4", r"has field \{video_key!r\}"),
+    ("videos/{0}/file.mp4", r"has field \{0\}"),
+])
+def test_lerobot_video_path_template_fields_are_bounded(tmp_path, template, match):
+    from relive.data.lerobot_io import read_lerobot
+
+    root = _lerobot_video(tmp_path)
+    _set_info(root, video_path=template)
+    with pytest.raises(ValueError, match=r"info\.json: video_path .*" + match):
+        read_lerobot(root)
+
+
+def _mp4(path, frames: int, side: int, fps: int = 10) -> None:
+    """A constant-colour lossless mp4 (small on disk whatever its frame count and size)."""
+    import av
+
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264rgb", rate=fps)
+        s.width, s.height, s.pix_fmt, s.options = side, side, "rgb24", {"qp": "0"}
+        img = np.full((side, side, 3), 90, np.uint8)
+        for _ in range(frames):
+            for p in s.encode(av.VideoFrame.from_ndarray(img, "rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+
+
+class _CountingAv:
+    """``av.open`` that counts the frames converted to arrays (PyAV's frame buffers are not traced by
+    tracemalloc, so the count stands for the memory they take)."""
+
+    def __init__(self, av):
+        self.real_open, self.converted = av.open, 0
+
+    def open(self, *args, **kwargs):
+        counter, container = self, self.real_open(*args, **kwargs)
+
+        class Frame:
+            def __init__(self, frame):
+                self._frame = frame
+
+            def __getattr__(self, name):
+                return getattr(self._frame, name)
+
+            def to_ndarray(self, *a, **kw):
+                counter.converted += 1
+                return self._frame.to_ndarray(*a, **kw)
+
+        class Container:
+            streams = container.streams
+
+            def __enter__(self):
+                container.__enter__()
+                return self
+
+            def __exit__(self, *exc):
+                return container.__exit__(*exc)
+
+            def decode(self, *a, **kw):
+                return (Frame(f) for f in container.decode(*a, **kw))
+
+        return Container()
+
+
+def test_lerobot_video_larger_than_declared_is_refused_before_decoding(tmp_path, monkeypatch):
+    import av
+
+    from relive.data.lerobot_io import read_lerobot
+
+    root = _lerobot_video(tmp_path)
+    video = root / "videos" / "observation.cam" / "chunk-000" / "file-000.mp4"
+    _mp4(video, frames=60, side=256)  # the feature says 8 x 8
+    assert video.stat().st_size < 100_000
+    counting = _CountingAv(av)
+    monkeypatch.setattr(av, "open", counting.open)
+    with pytest.raises(ValueError, match=r"file-000\.mp4: frames are 256x256 \(width x height\) but meta/info\.json "
+                                         r"says 8x8; not decoded"):
+        read_lerobot(root)
+    assert counting.converted == 0
+
+
+def test_lerobot_video_is_decoded_frame_by_frame_keeping_only_the_frames_rows_use(tmp_path, monkeypatch):
+    import av
+
+    from relive.data.lerobot_io import read_lerobot
+
+    root = _lerobot_video(tmp_path, side=64)
+    video = root / "videos" / "observation.cam" / "chunk-000" / "file-000.mp4"
+    _mp4(video, frames=400, side=64)  # 6 rows use the first 6 of 400 frames
+    counting = _CountingAv(av)
+    monkeypatch.setattr(av, "open", counting.open)
+    rows, _ = read_lerobot(root)
+    np.testing.assert_array_equal(rows["obs"]["cam"], 90)
+    assert counting.converted == 6  # decoded whole, all 400 frames were converted and kept
+
+
+def test_lerobot_png_declaring_a_huge_image_is_not_decoded(tmp_path):
+    pytest.importorskip("pyarrow")
+    from PIL import Image
+
+    from relive.data.lerobot_io import read_lerobot, write_lerobot
+
+    n = 3
+    cam = np.zeros((n, 3, 4, 4), np.uint8)
+    state = np.zeros((n, 1), np.float32)
+    root = write_lerobot(tmp_path / "png", {
+        "obs": {"cam": cam, "state": state}, "next_obs": {"cam": cam, "state": state},
+        "action": np.zeros((n, 1), np.float32), "reward": np.zeros(n, np.float32),
+        "terminated": np.arange(n) == n - 1, "truncated": np.zeros(n, bool)})
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    Image.new("RGB", (3000, 3000)).save(buf, format="PNG")  # 27 MB decoded, 26 KB stored
+    f = root / "data" / "chunk-000" / "file-000.parquet"
+    t = pq.read_table(f)
+    col = pa.array([{"bytes": buf.getvalue(), "path": None}] * n, t.schema.field("observation.cam").type)
+    pq.write_table(t.set_column(t.schema.get_field_index("observation.cam"), "observation.cam", col), f)
+    peak, err = _peak_bytes(lambda: read_lerobot(root))
+    assert isinstance(err, ValueError)
+    assert "row 0 is 3000x3000 pixels (width x height) but meta/info.json says 4x4; not decoded" in str(err)
+    assert peak < 10_000_000
+
+
+@pytest.mark.parametrize("changes, match", [
+    ({"features": {"observation.state": {"dtype": "float32", "shape": [2**20, 2**20]}}}, r"at most 65536"),
+    ({"fps": "ten"}, r"fps must be a positive number"),
+    ({"total_frames": 10**12}, r"total_frames = 1000000000000 but the parquet files hold 6"),
+])
+def test_lerobot_info_declarations_are_checked_before_reading(tmp_path, changes, match):
+    from relive.data.lerobot_io import read_lerobot
+
+    root = _lerobot_video(tmp_path)
+    if "features" in changes:
+        info = json.loads((root / "meta" / "info.json").read_text())
+        info["features"].update(changes.pop("features"))
+        changes["features"] = info["features"]
+    _set_info(root, **changes)
+    with pytest.raises(ValueError, match=match):
+        read_lerobot(root)
