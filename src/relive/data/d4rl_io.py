@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relive.data.trust import check_hdf5
+from relive.data.trust import check_hdf5, one_line
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
 
@@ -25,7 +25,7 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise ValueError(f"{path}: not a readable HDF5 file ({e})") from None
+        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
     with f:
         check_hdf5(f, path)  # no external or virtual data; declared sizes within the file and memory
         missing = [k for k in REQUIRED if k not in f]
@@ -38,7 +38,7 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
             try:
                 obj = f[k]
             except (KeyError, OSError) as e:  # a dangling soft link, a corrupted header
-                raise ValueError(f"{path}: cannot open {k!r} ({e})") from None
+                raise ValueError(f"{path}: cannot open {k!r} ({one_line(e)})") from None
             if not isinstance(obj, h5py.Dataset):
                 raise ValueError(f"{path}: {k!r} is an HDF5 {type(obj).__name__.lower()}, expected a dataset "
                                  "(one array with a row per transition)")
@@ -47,7 +47,7 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
             try:
                 data[k] = obj[()]
             except (OSError, ValueError, TypeError) as e:  # a truncated or corrupted file
-                raise ValueError(f"{path}: cannot read {k!r} ({e})") from None
+                raise ValueError(f"{path}: cannot read {k!r} ({one_line(e)})") from None
     for k in ("rewards", "terminals", "timeouts"):  # per-row scalars: (N,) or (N, 1), nothing else
         if k in data:
             data[k] = _per_row(data[k], k, path)

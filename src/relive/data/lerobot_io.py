@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, split_episodes
-from relive.data.trust import check_allocation, format_template, inside
+from relive.data.trust import check_allocation, format_template, inside, one_line
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -114,7 +114,7 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
         return _read_lerobot(root, obs_keys, episode_end, cameras)
     except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:  # a field of a type or range
         # no check above foresaw: still one line naming the dataset, never a traceback
-        raise ValueError(f"{root}: malformed LeRobot dataset ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{root}: malformed LeRobot dataset ({one_line(e)})") from None
 
 
 def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple[dict, dict]:
@@ -163,7 +163,7 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
     row_bytes += sum(_feature_bytes(features[k]) for k in videos)
     declared = 0
     for f in files:
-        declared += _parquet_rows(f, wanted, features)
+        declared += _parquet_rows(f)
         check_allocation(declared * row_bytes, f, f"{declared} frames of {row_bytes} bytes (declared in the parquet "
                                                   "metadata)")
     if info.get("total_frames") not in (None, declared):
@@ -175,7 +175,7 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
             names = pq.read_schema(f).names
             table = pq.read_table(f, columns=[k for k in wanted if k in names])
         except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
-            raise ValueError(f"{f}: not a readable parquet file ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
         missing = [k for k in wanted if k not in names]
         if missing:
             raise ValueError(f"{f}: column(s) {missing} declared in meta/info.json are missing")
@@ -272,7 +272,7 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
         try:
             meta["relive"] = json.loads(extra.read_text())
         except (OSError, ValueError) as e:
-            raise ValueError(f"{extra}: not readable JSON ({e})") from None
+            raise ValueError(f"{extra}: not readable JSON ({one_line(e)})") from None
         if not isinstance(meta["relive"], dict):
             raise ValueError(f"{extra}: not a JSON object")
         for key in ("env_id", "ref_min_return", "ref_max_return"):
@@ -292,7 +292,7 @@ def _read_info(root: Path) -> dict:
     try:
         info = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not readable JSON ({e})") from None
+        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
     if not isinstance(info, dict) or not isinstance(info.get("features"), dict):
         raise ValueError(f"{path}: no 'features' mapping")
     version = str(info.get("codebase_version", ""))
@@ -336,35 +336,17 @@ def _feature_bytes(ft: dict) -> int:
     return int(np.prod(ft["shape"], dtype=object)) * per
 
 
-def _parquet_rows(f: Path, wanted: list[str], features: dict) -> int:
-    """The rows a data file declares, after checking that no column declares more values than its rows and the
-    feature's shape give (a run-length-encoded column can declare millions of values in a few bytes)."""
+def _parquet_rows(f: Path) -> int:
+    """The rows a data file declares in its footer, read before its columns. (Per-column value counts are not
+    checked here: pyarrow 26 aborts the process, an uncaught C++ exception, on some damaged column metadata that
+    ``read_table`` reports as an error; a cell holding more values than its feature's shape is refused after the
+    file is read.)"""
     _, pq = _pyarrow()
 
     try:
-        md = pq.ParquetFile(f).metadata
-        rows = int(md.num_rows)
-        limits = {}
-        for k in wanted:
-            ft = features.get(k)
-            limits[k] = 1 if ft is None or ft["dtype"] in ("image", "video") else int(np.prod(ft["shape"]))
-        for g in range(md.num_row_groups):
-            group = md.row_group(g)
-            for c in range(group.num_columns):
-                col = group.column(c)
-                top = col.path_in_schema.split(".")[0]
-                name = next((k for k in wanted if col.path_in_schema == k or col.path_in_schema.startswith(k + ".")),
-                            top)
-                if name in limits and col.num_values > group.num_rows * limits[name] + 1:
-                    raise ValueError(f"{f}: column {name!r} declares {col.num_values} values in {group.num_rows} "
-                                     f"rows, more than its shape {features.get(name, {}).get('shape')} allows")
-    except ValueError as e:
-        if str(f) in str(e):
-            raise
-        raise ValueError(f"{f}: not a readable parquet file ({e})") from None
+        return int(pq.ParquetFile(f).metadata.num_rows)
     except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
-        raise ValueError(f"{f}: not a readable parquet file ({type(e).__name__}: {e})") from None
-    return rows
+        raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
 
 
 def _column(col, shape: tuple, name: str, file: Path) -> np.ndarray:
@@ -435,7 +417,8 @@ def _image_column(col, ft: dict, name: str, file: Path) -> np.ndarray:
                                      f"(width x height) but meta/info.json says {w}x{h}; not decoded")
                 arr = np.asarray(im)
         except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
-            raise ValueError(f"{file}: image feature {name!r} row {i} is not a decodable image ({e})") from None
+            raise ValueError(f"{file}: image feature {name!r} row {i} is not a decodable image "
+                             f"({one_line(e)})") from None
         out[i] = _hwc_to_chw(arr, (c, h, w), f"{file}: image feature {name!r} row {i}")
     return out
 
@@ -528,8 +511,12 @@ def _decode_nearest(av, path: Path, chw: tuple[int, int, int], fps: float, want:
                 rgb = frame.to_ndarray(format="rgb24")  # (a gray camera: its first channel)
                 img = _hwc_to_chw(rgb[:, :, :1] if c == 1 else rgb, chw, f"{path}: frame {len(times) - 1}")
                 out[rows[better]] = img
-    except av.error.FFmpegError as err:
-        raise ValueError(f"{path}: not a decodable video ({err})") from None
+    except ValueError as err:
+        if str(path) in str(err):  # a check above
+            raise
+        raise ValueError(f"{path}: not a decodable video ({one_line(err)})") from None
+    except Exception as err:  # PyAV's errors on a damaged file (FFmpegError, UnicodeDecodeError of its metadata)
+        raise ValueError(f"{path}: not a decodable video ({one_line(err)})") from None
     if not times:
         raise ValueError(f"{path}: no video frames")
     missing = np.flatnonzero(~np.isfinite(best))
@@ -592,9 +579,9 @@ def _read_parquet(f: Path, columns: list[str] | None):
     except ValueError as e:
         if str(f) in str(e):
             raise
-        raise ValueError(f"{f}: not a readable parquet file ({e})") from None
+        raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
     except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
-        raise ValueError(f"{f}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
 
 
 def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> None:
@@ -612,7 +599,7 @@ def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> N
                     declared[int(d["episode_index"])] = int(d["length"])
                 except (ValueError, KeyError, TypeError) as e:
                     raise ValueError(f"{legacy}: line {i + 1} is not an episode record with integer episode_index "
-                                     f"and length ({type(e).__name__}: {e})") from None
+                                     f"and length ({one_line(e)})") from None
     else:
         for f in _episode_files(root):
             t = _read_parquet(f, ["episode_index", "length"])

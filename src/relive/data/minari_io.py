@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, obs_parts, split_episodes
-from relive.data.trust import check_hdf5, inside
+from relive.data.trust import check_hdf5, inside, one_line
 
 DEFAULT_ROOT = Path("data") / "minari"
 
@@ -189,16 +189,17 @@ def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten:
     try:
         ds = minari.MinariDataset(data_dir)  # the directory named, never <root>/<the id in its metadata>
     except Exception as e:  # minari raises several types for a missing or broken dataset
-        raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {data_dir} ({files}): {e}") from None
+        raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {data_dir} ({files}): "
+                         f"{one_line(e)}") from None
     try:
         rows, meta = _read_episodes(ds, dataset_id, flatten)
     except ValueError as e:
         if dataset_id in str(e) or str(data_dir) in str(e):  # relive's own checks name the dataset
             raise
-        raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files}: {e}") from None
+        raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files}: {one_line(e)}") from None
     except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
         raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
-                         f"({type(e).__name__}: {e}); regenerate it (`relive data make ... --overwrite`)") from None
+                         f"({one_line(e)}); regenerate it (`relive data make ... --overwrite`)") from None
     meta["path"] = str(data_dir.parent.resolve())
     refs = task_references(root, dataset_id) if root is not None else {}
     for key in ("ref_min_return", "ref_max_return"):  # a random level never records R_expert itself
@@ -219,7 +220,7 @@ def task_references(root: str | Path, dataset_id: str) -> dict:
     try:
         refs = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not readable JSON ({e})") from None
+        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
     if not isinstance(refs, dict):
         raise ValueError(f"{path}: not a JSON object")
     return refs
@@ -276,7 +277,7 @@ def _read_episodes(ds, dataset_id: str, flatten: bool = True) -> tuple[dict, dic
         try:
             meta["relive"] = json.loads(extra.read_text())
         except (OSError, ValueError) as e:
-            raise ValueError(f"{extra}: not readable JSON ({e})") from None
+            raise ValueError(f"{extra}: not readable JSON ({one_line(e)})") from None
         if not isinstance(meta["relive"], dict):
             raise ValueError(f"{extra}: not a JSON object")
         for key in ("ref_min_return", "ref_max_return"):
@@ -346,7 +347,7 @@ def _read_metadata(data_dir: Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not readable JSON ({e})") from None
+        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: not a JSON object")
     return meta
@@ -371,7 +372,7 @@ def _check_dataset_files(data_dir: Path) -> None:
         try:
             space = json.loads(meta[key])
         except ValueError as e:
-            raise ValueError(f"{meta_path}: {key} is not JSON ({e})") from None
+            raise ValueError(f"{meta_path}: {key} is not JSON ({one_line(e)})") from None
         _check_space(space, f"{meta_path}: {key}")
     episodes = meta.get("total_episodes")
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
@@ -384,7 +385,7 @@ def _check_dataset_files(data_dir: Path) -> None:
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise ValueError(f"{path}: not a readable HDF5 file ({e})") from None
+        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
     with f:
         check_hdf5(f, path)
         names = set(f.keys())

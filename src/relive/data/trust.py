@@ -26,6 +26,12 @@ _SPEC = re.compile(r"0?\d{0,2}d?")
 MAX_TEMPLATE_CHARS = 4096
 
 
+def one_line(e: BaseException) -> str:
+    """A foreign exception as one line: its type and its message, whitespace collapsed."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 def memory_limit() -> int:
     """Bytes a dataset reader may allocate in all: this machine's physical memory."""
     try:
@@ -50,7 +56,7 @@ def inside(root: str | Path, path: str | Path, what: str = "file") -> Path:
     try:
         real = target.resolve()
     except (OSError, RuntimeError) as e:  # a symlink loop
-        raise ValueError(f"{root}: {what} {path} cannot be resolved ({e})") from None
+        raise ValueError(f"{root}: {what} {path} cannot be resolved ({one_line(e)})") from None
     if real != base and base not in real.parents:
         raise ValueError(f"{root}: {what} {path} resolves to {real}, outside the dataset directory; a dataset "
                          "reads only files under its own directory")
@@ -66,7 +72,7 @@ def format_template(template, fields: dict, where, name: str) -> str:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as e:
-        raise ValueError(f"{where}: {name} {template!r} is not a valid template ({e})") from None
+        raise ValueError(f"{where}: {name} {template!r} is not a valid template ({one_line(e)})") from None
     for _, field, spec, conversion in parsed:
         if field is None:
             continue
@@ -77,7 +83,7 @@ def format_template(template, fields: dict, where, name: str) -> str:
     try:
         return template.format(**fields)
     except (ValueError, TypeError, KeyError, IndexError) as e:
-        raise ValueError(f"{where}: {name} {template!r} cannot be filled with {fields} ({e})") from None
+        raise ValueError(f"{where}: {name} {template!r} cannot be filled with {fields} ({one_line(e)})") from None
 
 
 def check_hdf5(f, path: str | Path) -> None:
@@ -91,15 +97,20 @@ def check_hdf5(f, path: str | Path) -> None:
     file_size = path.stat().st_size
     total = 0
 
-    def visit(name: str, link) -> None:
+    def visit(raw: bytes, link_type: int) -> None:
         nonlocal total
-        if isinstance(link, h5py.ExternalLink):
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: an object name is not UTF-8 ({raw[:40]!r}); a damaged file") from None
+        if link_type == h5py.h5l.TYPE_EXTERNAL:
+            link = f.get(name, getlink=True)
             raise ValueError(f"{path}: {name!r} is an HDF5 external link to {link.filename}:{link.path}; datasets "
                              "read only their own file")
-        if isinstance(link, h5py.SoftLink):
+        if link_type == h5py.h5l.TYPE_SOFT:
             return  # a name for another object of this file (visited under its own name)
-        if not isinstance(link, h5py.HardLink):
-            raise ValueError(f"{path}: {name!r} is an HDF5 link of an unsupported kind ({type(link).__name__})")
+        if link_type != h5py.h5l.TYPE_HARD:
+            raise ValueError(f"{path}: {name!r} is an HDF5 link of an unsupported kind (type {link_type})")
         obj = f[name]
         if not isinstance(obj, h5py.Dataset):
             return
@@ -128,13 +139,15 @@ def check_hdf5(f, path: str | Path) -> None:
 
     try:
         links: list = []
-        f.visititems_links(lambda name, link: links.append((name, link)))  # (raising inside h5py's callback
-        for name, link in links:                                           # turns into a SystemError)
-            visit(name, link)
+        # raw names and link types (h5py's visititems_links decodes names and looks links up inside its callback,
+        # where a damaged name becomes a SystemError); checked after the walk
+        f.id.links.visit(lambda name, info: links.append((name, info.type)), info=True)
+        for name, link_type in links:
+            visit(name, link_type)
     except ValueError as e:
         if str(e).startswith(str(path)):  # a refusal above
             raise
-        raise ValueError(f"{path}: not a readable HDF5 file ({e})") from None
-    except (OSError, RuntimeError, KeyError, TypeError, AttributeError) as e:  # a corrupted object header
-        raise ValueError(f"{path}: not a readable HDF5 file ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
+    except (OSError, RuntimeError, KeyError, TypeError, AttributeError, SystemError) as e:  # a damaged header
+        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
     check_allocation(total, path, "its datasets")

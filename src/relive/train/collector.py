@@ -314,7 +314,7 @@ def load_dataset(path: str | Path) -> tuple[dict, dict]:
     whole within memory, before anything is allocated; every problem one ``ValueError`` naming the file."""
     import zipfile
 
-    from relive.data.trust import MAX_COMPRESSION_RATIO, SLACK_BYTES, check_allocation
+    from relive.data.trust import MAX_COMPRESSION_RATIO, SLACK_BYTES, check_allocation, one_line
 
     path = Path(path)
     if not path.is_file():
@@ -353,10 +353,10 @@ def load_dataset(path: str | Path) -> tuple[dict, dict]:
     except ValueError as e:
         if str(path) in str(e):
             raise
-        raise ValueError(f"dataset {path}: not a readable .npz of arrays ({e})") from None
+        raise ValueError(f"dataset {path}: not a readable .npz of arrays ({one_line(e)})") from None
     except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
             KeyError, TypeError, IndexError) as e:  # zipfile and numpy's errors on a damaged file do not name it
-        raise ValueError(f"dataset {path}: not a readable .npz of arrays ({type(e).__name__}: {e})") from None
+        raise ValueError(f"dataset {path}: not a readable .npz of arrays ({one_line(e)})") from None
     rows = {k: v for k, v in arrays.items() if not k.startswith("meta_")}
     meta = {}
     for k, v in arrays.items():
