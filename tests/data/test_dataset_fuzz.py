@@ -173,3 +173,41 @@ def test_mutated_json_loads_or_gives_one_named_error(originals, fmt, name, neste
                 doc[key] = json.dumps(doc[key])
         path.write_text(json.dumps(doc))
         _read(dataset, str(dataset))
+
+
+def _hdf5_file(dataset: Path) -> Path:
+    return dataset if dataset.is_file() else dataset / "data" / "main_data.hdf5"
+
+
+HDF5_EDITS = st.one_of(
+    st.just(("delete",)),
+    st.just(("group",)),
+    st.tuples(st.just("array"), st.lists(st.integers(0, 12), max_size=3),
+              st.sampled_from(["f4", "f8", "i8", "u1", "?", "S3", "c8"])),
+    st.tuples(st.just("soft link"), st.floats(0, 1, exclude_max=True)),
+)
+
+
+@pytest.mark.parametrize("fmt", ["d4rl", "minari"])
+@FUZZ
+@given(pick=st.floats(0, 1, exclude_max=True), edit=HDF5_EDITS)
+def test_mutated_hdf5_structure_loads_or_gives_one_named_error(originals, fmt, pick, edit):
+    """One dataset of the HDF5 file deleted, or replaced by a group, by an array of another shape and type, or by a
+    soft link to another object of the file."""
+    import h5py
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dataset = _copy(originals[fmt], Path(tmp))
+        with h5py.File(_hdf5_file(dataset), "a") as f:
+            names: list[str] = []
+            f.visit(names.append)
+            name = names[int(pick * len(names))]
+            del f[name]
+            if edit[0] == "group":
+                f.create_group(name)
+            elif edit[0] == "array":
+                f[name] = np.zeros(edit[1], edit[2])
+            elif edit[0] == "soft link":
+                others = [n for n in names if n != name and not n.startswith(name + "/")]
+                f[name] = h5py.SoftLink("/" + others[int(edit[1] * len(others))])
+        _read(dataset, str(dataset) if dataset.is_dir() else dataset.name)

@@ -194,9 +194,11 @@ def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten:
     try:
         rows, meta = _read_episodes(ds, dataset_id, flatten)
     except ValueError as e:
-        if dataset_id in str(e) or str(data_dir) in str(e):  # relive's own checks name the dataset
+        if str(data_dir) in str(e):
             raise
-        raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files}: {one_line(e)}") from None
+        text = " ".join(str(e).split())  # relive's own checks name the dataset id: the file is added
+        raise ValueError(f"{files}: {text}" if dataset_id in text else
+                         f"cannot read Minari dataset {dataset_id!r}: {files}: {one_line(e)}") from None
     except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
         raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
                          f"({one_line(e)}); regenerate it (`relive data make ... --overwrite`)") from None
