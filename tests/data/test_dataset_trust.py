@@ -420,3 +420,28 @@ def test_lerobot_info_declarations_are_checked_before_reading(tmp_path, changes,
     _set_info(root, **changes)
     with pytest.raises(ValueError, match=match):
         read_lerobot(root)
+
+
+def test_minari_jpeg_images_are_checked_from_their_headers_before_minari_decodes(tmp_path, rows):
+    """minari stores uint8 [H, W, C] spaces of 32 x 32 and more as JPEG and decodes an episode into an array shaped
+    by its first image: a small JPEG declaring a huge image is refused from its header."""
+    from PIL import Image
+
+    n = len(rows["reward"])
+    image = np.full((n, 32, 32, 3), 100, np.uint8)
+    cams = {**rows, "obs": {"image": image, "state": rows["obs"]},
+            "next_obs": {"image": image, "state": rows["next_obs"]}}
+    path = write_minari("t/cam/jpeg-v0", cams, "Pendulum-v1", root=tmp_path / "minari")
+    got, _ = read_minari(path, flatten=False)
+    assert got["obs"]["image"].shape == (n, 32, 32, 3)  # (JPEG: lossy)
+    big = io.BytesIO()
+    Image.new("RGB", (4000, 4000)).save(big, format="JPEG")  # 48 MB decoded, ~100 KB stored
+    with h5py.File(path / "data" / "main_data.hdf5", "a") as f:
+        rows_of = [np.frombuffer(big.getvalue(), np.uint8)] + list(f["episode_0/observations/image"][1:])
+        del f["episode_0/observations/image"]
+        f.create_dataset("episode_0/observations/image", data=rows_of, dtype=h5py.vlen_dtype(np.uint8))
+    peak, err = _peak_bytes(lambda: read_minari(path, flatten=False))
+    assert isinstance(err, ValueError)
+    assert "'episode_0/observations/image' row 0 is a 4000x4000 image (width x height) but its space says 32x32" in \
+        str(err)
+    assert peak < 20_000_000

@@ -391,11 +391,55 @@ def _check_dataset_files(data_dir: Path) -> None:
     with f:
         check_hdf5(f, path)
         names = set(f.keys())
+        if meta.get("jpeg_encoding", True):
+            _check_jpeg_sizes(f, path, {"observations": json.loads(meta["observation_space"]),
+                                        "actions": json.loads(meta["action_space"])})
     want = {f"episode_{i}" for i in range(min(episodes, len(names) + 1))}
     if episodes != len(names) or names != want:
         raise ValueError(f"{meta_path}: total_episodes = {episodes} but {path} holds {len(names)} entries "
                          f"({sorted(names)[:5]}{'...' if len(names) > 5 else ''}); expected episode_0 .. "
                          f"episode_{episodes - 1}")
+
+
+def _image_paths(space, prefix: str) -> list[tuple[str, tuple[int, int]]]:
+    """(path inside an episode group, (width, height)) of each space minari stores as JPEG
+    (``minari...is_image_space``: a uint8 Box of 2 or 3 dimensions [H, W, ...], both at least 32); Dict keys and
+    Tuple ``_index_i`` are groups, as minari writes them."""
+    if space.get("type") == "Dict":
+        return [p for k, sub in space["subspaces"].items() for p in _image_paths(sub, f"{prefix}/{k}")]
+    if space.get("type") == "Tuple":
+        return [p for i, sub in enumerate(space["subspaces"]) for p in _image_paths(sub, f"{prefix}/_index_{i}")]
+    shape = space.get("shape") or []
+    if (space.get("type") == "Box" and space.get("dtype") == "uint8" and len(shape) in (2, 3)
+            and shape[0] >= 32 and shape[1] >= 32):
+        return [(prefix, (shape[1], shape[0]))]
+    return []
+
+
+def _check_jpeg_sizes(f, path: Path, spaces: dict) -> None:
+    """Minari decodes JPEG-encoded images into an array shaped by each episode's first image: every encoded image's
+    size is read from its header and must be its space's, before minari decodes any."""
+    import io
+
+    import h5py
+    from PIL import Image, UnidentifiedImageError
+
+    images = [p for key, space in spaces.items() for p in _image_paths(space, key)]
+    for episode in f:
+        for rel, size in images:
+            name = f"{episode}/{rel}"
+            obj = f.get(name)
+            if not isinstance(obj, h5py.Dataset):
+                continue  # (minari reports the missing data)
+            for i, data in enumerate(obj[()]):
+                try:
+                    with Image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes())) as im:
+                        got = im.size
+                except (UnidentifiedImageError, OSError, ValueError, TypeError, Image.DecompressionBombError) as e:
+                    raise ValueError(f"{path}: {name!r} row {i} is not a readable image ({one_line(e)})") from None
+                if got != size:
+                    raise ValueError(f"{path}: {name!r} row {i} is a {got[0]}x{got[1]} image (width x height) but its "
+                                     f"space says {size[0]}x{size[1]}; not decoded")
 
 
 def _check_space(space, where: str) -> None:
