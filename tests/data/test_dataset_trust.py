@@ -405,7 +405,9 @@ def test_lerobot_png_declaring_a_huge_image_is_not_decoded(tmp_path):
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"features": {"observation.state": {"dtype": "float32", "shape": [2**20, 2**20]}}}, r"at most 65536"),
+    ({"features": {"observation.state": {"dtype": "float32", "shape": [2**20, 2**20]}}},
+     r"one frame of feature 'observation.state' \(shape \[1048576, 1048576\]\) would take 8\.19e\+03 GiB"),
+    ({"features": {"observation.state": {"dtype": "float32", "shape": [2, -1]}}}, r"at most 8 positive integers"),
     ({"fps": "ten"}, r"fps must be a positive number"),
     ({"total_frames": 10**12}, r"total_frames = 1000000000000 but the parquet files hold 6"),
 ])
