@@ -211,3 +211,21 @@ def test_mutated_hdf5_structure_loads_or_gives_one_named_error(originals, fmt, p
                 others = [n for n in names if n != name and not n.startswith(name + "/")]
                 f[name] = h5py.SoftLink("/" + others[int(edit[1] * len(others))])
         _read(dataset, str(dataset) if dataset.is_dir() else dataset.name)
+
+
+@FUZZ
+@given(pick=st.floats(0, 1, exclude_max=True), shape=st.lists(st.integers(0, 12), max_size=3),
+       dtype=st.sampled_from(["f4", "f8", "i8", "u1", "?", "U3", "S3", "c8"]), drop=st.booleans())
+def test_mutated_npz_columns_load_or_give_one_named_error(originals, pick, shape, dtype, drop):
+    """One array of a relive .npz removed, or replaced by an array of another shape (0-d included) and type."""
+    with np.load(originals["npz"], allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    name = sorted(arrays)[int(pick * len(arrays))]
+    if drop:
+        del arrays[name]
+    else:
+        arrays[name] = np.zeros(shape, dtype)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "d.npz"
+        np.savez(path, **arrays)
+        _read(path, path.name)

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from relive.data.d4rl_io import read_d4rl_hdf5, write_d4rl_hdf5
+from relive.data.loaders import load_rows
 from relive.data.minari_io import read_minari, write_minari
 from relive.train.collector import collect_dataset, load_dataset, save_dataset
 
@@ -197,6 +198,14 @@ def test_npz_header_declaring_more_than_the_member_holds_is_refused_before_alloc
     assert isinstance(err, ValueError)
     assert "d.npz: member 'zz_obs_huge.npy' declares shape (1000000000,)" in str(err)
     assert peak < 50_000_000
+
+
+@pytest.mark.parametrize("column, value", [("obs", np.float32(1)), ("reward", np.float32(1)),
+                                           ("terminated", np.array(["a"] * 20)), ("obs", np.zeros((20, 3), complex))])
+def test_npz_columns_that_are_not_arrays_of_numbers_are_named(tmp_path, rows, column, value):
+    path = save_dataset(tmp_path / "c.npz", {**rows, column: value})
+    with pytest.raises(ValueError, match=rf"c\.npz: column '{column}' must be an array of numbers or booleans"):
+        load_rows(path)
 
 
 def test_npz_object_arrays_and_non_zip_files_are_one_line_errors(tmp_path, rows):
