@@ -456,3 +456,10 @@ def test_minari_jpeg_images_are_checked_from_their_headers_before_minari_decodes
     assert "'episode_0/observations/image' row 0 is a 4000x4000 image (width x height) but its space says 32x32" in \
         str(err)
     assert peak < 20_000_000
+
+
+def test_an_empty_dataset_is_refused_by_name(tmp_path):
+    cartpole = collect_dataset("CartPole-v1", 4, seed=0)
+    path = save_dataset(tmp_path / "empty.npz", {k: v[:0] for k, v in cartpole.items()})
+    with pytest.raises(ValueError, match=r"empty\.npz: the dataset holds no rows"):
+        load_rows(path, env_id="CartPole-v1")  # (a discrete env: the action range check met an empty array)
