@@ -201,8 +201,8 @@ def test_v30_video_of_several_episodes_in_one_file_uses_from_timestamp(tmp_path)
 def test_camera_errors_are_one_clear_line(tmp_path):
     with pytest.raises(ValueError, match=r"image feature 'observation.image' row 0 is not a decodable image"):
         read_lerobot(write_v21(tmp_path / "a", video=False, image_bytes=b"\x89PNG not really"))
-    with pytest.raises(ValueError, match=r"decoded to \[6, 8, 3\] \(height, width, channels\) but meta/info.json "
-                                         r"says \[8, 8, 3\]"):
+    with pytest.raises(ValueError, match=r"row 0 is 8x6 pixels \(width x height\) but meta/info.json says 8x8; "
+                                         r"not decoded"):  # from the PNG header, before decoding
         read_lerobot(write_v21(tmp_path / "b", video=False, image_shape=(8, 8, 3)))
     pytest.importorskip("av")
     root = write_v21(tmp_path / "c")

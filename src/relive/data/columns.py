@@ -26,6 +26,12 @@ def check_columns(rows: dict, where: str) -> int:
     missing = [c for c in COLUMNS if c not in rows]
     if missing:
         raise ValueError(f"{where}: missing column(s) {missing}")
+    for c in COLUMNS:  # arrays of numbers with a row per transition (a file can hold a scalar, strings, objects)
+        for k, arr in (obs_parts(rows, c) if isinstance(rows[c], dict) else {"": np.asarray(rows[c])}).items():
+            if arr.ndim == 0 or arr.dtype.kind not in "biuf":
+                name = f"{c!r} key {k!r}" if k else repr(c)
+                raise ValueError(f"{where}: column {name} must be an array of numbers or booleans with a row per "
+                                 f"transition, got {arr.dtype} of shape {arr.shape}")
     if isinstance(rows["obs"], dict) or isinstance(rows["next_obs"], dict):
         keys = [sorted(rows[c]) if isinstance(rows[c], dict) else None for c in ("obs", "next_obs")]
         if keys[0] != keys[1]:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.data.trust import check_hdf5, one_line
+
 REQUIRED = ("observations", "actions", "rewards", "terminals")
 
 
@@ -23,8 +25,9 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise ValueError(f"{path}: not a readable HDF5 file ({e})") from None
+        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
     with f:
+        check_hdf5(f, path)  # no external or virtual data; declared sizes within the file and memory
         missing = [k for k in REQUIRED if k not in f]
         if missing:
             raise ValueError(f"{path}: missing key(s) {missing} (a D4RL file has {list(REQUIRED)} + timeouts)")
@@ -32,13 +35,19 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
         for k in (*REQUIRED, "timeouts", "next_observations"):
             if k not in f:
                 continue
-            if not isinstance(f[k], h5py.Dataset):
-                raise ValueError(f"{path}: {k!r} is an HDF5 {type(f[k]).__name__.lower()}, expected a dataset "
-                                 "(one array with a row per transition)")
             try:
-                data[k] = f[k][()]
-            except OSError as e:  # a truncated or corrupted file
-                raise ValueError(f"{path}: cannot read {k!r} ({e})") from None
+                obj = f[k]
+            except (KeyError, OSError) as e:  # a dangling soft link, a corrupted header
+                raise ValueError(f"{path}: cannot open {k!r} ({one_line(e)})") from None
+            if not isinstance(obj, h5py.Dataset):
+                raise ValueError(f"{path}: {k!r} is an HDF5 {type(obj).__name__.lower()}, expected a dataset "
+                                 "(one array with a row per transition)")
+            if obj.dtype.kind not in "biuf":
+                raise ValueError(f"{path}: {k!r} holds {obj.dtype}, expected numbers or booleans")
+            try:
+                data[k] = obj[()]
+            except (OSError, ValueError, TypeError) as e:  # a truncated or corrupted file
+                raise ValueError(f"{path}: cannot read {k!r} ({one_line(e)})") from None
     for k in ("rewards", "terminals", "timeouts"):  # per-row scalars: (N,) or (N, 1), nothing else
         if k in data:
             data[k] = _per_row(data[k], k, path)

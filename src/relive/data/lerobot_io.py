@@ -71,6 +71,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, split_episodes
+from relive.data.trust import check_allocation, format_template, inside, one_line
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -108,13 +109,21 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
     feature in ``info.json`` order). ``cameras``: ``"decode"`` reads image and video features as uint8 [C, H, W]
     keys of dict observations (video needs PyAV: ``pip install av``); ``"skip"`` leaves them out and reads the
     vector features as one flat observation. Every problem is one ``ValueError`` line naming the file."""
+    root = Path(path)
+    try:
+        return _read_lerobot(root, obs_keys, episode_end, cameras)
+    except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:  # a field of a type or range
+        # no check above foresaw: still one line naming the dataset, never a traceback
+        raise ValueError(f"{root}: malformed LeRobot dataset ({one_line(e)})") from None
+
+
+def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple[dict, dict]:
     _, pq = _pyarrow()
 
     if episode_end not in EPISODE_ENDS:
         raise ValueError(f"episode_end must be one of {EPISODE_ENDS}, got {episode_end!r}")
     if cameras not in ("decode", "skip"):
         raise ValueError(f"cameras must be 'decode' or 'skip', got {cameras!r}")
-    root = Path(path)
     if not root.is_dir():
         raise ValueError(f"LeRobot dataset directory {root} does not exist")
     info = _read_info(root)
@@ -149,13 +158,24 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
     files = sorted((root / "data").glob("*/*.parquet"))
     if not files:
         raise ValueError(f"{root}: no parquet files under data/ (expected data/chunk-XXX/*.parquet)")
+    files = [inside(root, f.relative_to(root), "data file") for f in files]
+    row_bytes = sum(_feature_bytes(features[k]) if k in features else 8 for k in wanted)
+    row_bytes += sum(_feature_bytes(features[k]) for k in videos)
+    declared = 0
+    for f in files:
+        declared += _parquet_rows(f)
+        check_allocation(declared * row_bytes, f, f"{declared} frames of {row_bytes} bytes (declared in the parquet "
+                                                  "metadata)")
+    if info.get("total_frames") not in (None, declared):
+        raise ValueError(f"{root}: meta/info.json says total_frames = {info['total_frames']} but the parquet files "
+                         f"hold {declared} frames")
     parts: dict[str, list[np.ndarray]] = {k: [] for k in wanted}
     for f in files:
         try:
             names = pq.read_schema(f).names
             table = pq.read_table(f, columns=[k for k in wanted if k in names])
         except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
-            raise ValueError(f"{f}: not a readable parquet file ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
         missing = [k for k in wanted if k not in names]
         if missing:
             raise ValueError(f"{f}: column(s) {missing} declared in meta/info.json are missing")
@@ -248,7 +268,13 @@ def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
         warnings.warn(f"{root}: image/video features {sorted(skipped)} are skipped (not decoded)", stacklevel=2)
     extra = root / RELIVE_META
     if extra.is_file():
-        meta["relive"] = json.loads(extra.read_text())
+        extra = inside(root, RELIVE_META, "metadata file")
+        try:
+            meta["relive"] = json.loads(extra.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{extra}: not readable JSON ({one_line(e)})") from None
+        if not isinstance(meta["relive"], dict):
+            raise ValueError(f"{extra}: not a JSON object")
         for key in ("env_id", "ref_min_return", "ref_max_return"):
             meta[key] = meta["relive"].get(key)
     rows = dict(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,
@@ -262,10 +288,11 @@ def _read_info(root: Path) -> dict:
     if not path.is_file():
         raise ValueError(f"{root}: missing meta/info.json (a LeRobot dataset directory has meta/info.json and "
                          "data/chunk-XXX/*.parquet)")
+    path = inside(root, "meta/info.json", "metadata file")
     try:
         info = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not readable JSON ({e})") from None
+        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
     if not isinstance(info, dict) or not isinstance(info.get("features"), dict):
         raise ValueError(f"{path}: no 'features' mapping")
     version = str(info.get("codebase_version", ""))
@@ -275,7 +302,46 @@ def _read_info(root: Path) -> dict:
     for k, ft in info["features"].items():
         if not isinstance(ft, dict) or "dtype" not in ft or "shape" not in ft:
             raise ValueError(f"{path}: feature {k!r} lacks dtype or shape")
+        if not isinstance(ft["dtype"], str):
+            raise ValueError(f"{path}: feature {k!r} has dtype {ft['dtype']!r}, not a string")
+        shape = ft["shape"]
+        if (not isinstance(shape, list) or len(shape) > 8
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 < d <= MAX_DIM for d in shape)):
+            raise ValueError(f"{path}: feature {k!r} has shape {shape!r}; expected a list of at most 8 positive "
+                             f"integers, each at most {MAX_DIM}")
+        check_allocation(_feature_bytes(ft), path, f"one frame of feature {k!r} (shape {shape})")
+    fps = info.get("fps")
+    if fps is not None and (not isinstance(fps, (int, float)) or isinstance(fps, bool) or not 0 < fps < 1e6):
+        raise ValueError(f"{path}: fps must be a positive number, got {fps!r}")
+    chunks = info.get("chunks_size")
+    if chunks is not None and (not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0):
+        raise ValueError(f"{path}: chunks_size must be a positive integer, got {chunks!r}")
+    total = info.get("total_frames")
+    if total is not None and (not isinstance(total, int) or isinstance(total, bool) or total < 0):
+        raise ValueError(f"{path}: total_frames must be a non-negative integer, got {total!r}")
     return info
+
+
+MAX_DIM = 2**31 - 1  # one dimension of a feature's shape (their product is checked against memory)
+
+
+def _feature_bytes(ft: dict) -> int:
+    """Bytes of one frame of a feature, at most 8 per value (image / video: one per pixel channel)."""
+    per = 1 if ft["dtype"] in ("image", "video") else 8
+    return int(np.prod(ft["shape"], dtype=object)) * per
+
+
+def _parquet_rows(f: Path) -> int:
+    """The rows a data file declares in its footer, read before its columns. (Per-column value counts are not
+    checked here: pyarrow 26 aborts the process, an uncaught C++ exception, on some damaged column metadata that
+    ``read_table`` reports as an error; a cell holding more values than its feature's shape is refused after the
+    file is read.)"""
+    _, pq = _pyarrow()
+
+    try:
+        return int(pq.ParquetFile(f).metadata.num_rows)
+    except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
+        raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
 
 
 def _column(col, shape: tuple, name: str, file: Path) -> np.ndarray:
@@ -341,9 +407,13 @@ def _image_column(col, ft: dict, name: str, file: Path) -> np.ndarray:
                              "files by path are not read)")
         try:
             with Image.open(io.BytesIO(data)) as im:
+                if im.size != (w, h):  # from the header: a small file can declare a huge image
+                    raise ValueError(f"{file}: image feature {name!r} row {i} is {im.size[0]}x{im.size[1]} pixels "
+                                     f"(width x height) but meta/info.json says {w}x{h}; not decoded")
                 arr = np.asarray(im)
-        except (UnidentifiedImageError, OSError) as e:
-            raise ValueError(f"{file}: image feature {name!r} row {i} is not a decodable image ({e})") from None
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+            raise ValueError(f"{file}: image feature {name!r} row {i} is not a decodable image "
+                             f"({one_line(e)})") from None
         out[i] = _hwc_to_chw(arr, (c, h, w), f"{file}: image feature {name!r} row {i}")
     return out
 
@@ -379,41 +449,82 @@ def _read_video(root: Path, info: dict, key: str, episodes: np.ndarray, starts: 
         raise ValueError(f"{root}: feature {key!r} is a video but meta/info.json has no video_path")
     where = _video_locations(root, info, key, episodes)
     out = np.empty((int(lengths.sum()), c, h, w), np.uint8)
-    cache: dict[Path, tuple[np.ndarray, list[np.ndarray]]] = {}
+    by_file: dict[Path, list[tuple[int, int, int, float]]] = {}  # the episodes each file holds, in order
     for e, start, length in zip(episodes.tolist(), starts.tolist(), lengths.tolist(), strict=True):
-        file, offset = where[e]
-        path = root / template.format(**file)
-        if path not in cache:
-            if not path.is_file():
-                raise ValueError(f"{root}: video file {path.relative_to(root)} for feature {key!r} (episode {e}) "
-                                 "is missing")
-            times, frames = [], []
-            try:
-                with av.open(str(path)) as container:
-                    stream = container.streams.video[0]
-                    for frame in container.decode(stream):
-                        times.append(float(frame.pts * stream.time_base))
-                        rgb = frame.to_ndarray(format="rgb24")  # (a gray camera: its first channel)
-                        frames.append(rgb[:, :, :1] if c == 1 else rgb)
-            except av.error.FFmpegError as err:
-                raise ValueError(f"{path}: not a decodable video ({err})") from None
-            cache = {path: (np.asarray(times), frames)}  # one file at a time: episodes are in file order
-        times, frames = cache[path]
-        want = timestamp[start:start + length].astype(np.float64) + offset
-        if not times.size:
-            raise ValueError(f"{path}: no video frames")
-        hi = np.minimum(np.searchsorted(times, want), times.size - 1)  # the nearest frame: hi or the one before
-        lo = np.maximum(hi - 1, 0)
-        idx = np.where(np.abs(times[lo] - want) <= np.abs(times[hi] - want), lo, hi)
-        gap = np.abs(times[idx] - want)
-        if (gap > 0.5 / fps + 1e-6).any():
-            i = int(np.flatnonzero(gap > 0.5 / fps + 1e-6)[0])
-            raise ValueError(f"{path}: no frame within half a frame period of timestamp {want[i]:.4f} s (row {i} of "
-                             f"episode {e}; nearest frame at {times[idx[i]]:.4f} s; the video has {times.size} "
-                             f"frames from {times[0]:.4f} to {times[-1]:.4f} s)")
-        for j, fi in enumerate(idx.tolist()):
-            out[start + j] = _hwc_to_chw(frames[fi], (c, h, w), f"{path}: frame {fi}")
+        fields, offset = where[e]
+        rel = format_template(template, fields, root / "meta" / "info.json", "video_path")
+        path = inside(root, rel, f"video file for feature {key!r} (episode {e})")
+        if not path.is_file():
+            raise ValueError(f"{root}: video file {rel} for feature {key!r} (episode {e}) is missing")
+        by_file.setdefault(path, []).append((e, start, length, offset))
+    for path, eps in by_file.items():
+        rows = np.concatenate([np.arange(start, start + length) for _, start, length, _ in eps])
+        want = np.concatenate([timestamp[start:start + length].astype(np.float64) + offset
+                               for _, start, length, offset in eps])
+        _decode_nearest(av, path, (c, h, w), fps, want, rows, out, eps)
     return out
+
+
+def _decode_nearest(av, path: Path, chw: tuple[int, int, int], fps: float, want: np.ndarray, rows: np.ndarray,
+                    out: np.ndarray, eps: list) -> None:
+    """Decode ``path`` frame by frame into ``out[rows]``: each row gets the frame nearest to its time in ``want``
+    (the earlier of two equally near), which must lie within half a frame period. The frame size is checked
+    against the feature's shape before any frame is converted; no frame is kept beyond the rows that use it."""
+    c, h, w = chw
+    tol = 0.5 / fps + 1e-6
+    order = np.argsort(want, kind="stable")
+    sorted_want = want[order]
+    best = np.full(want.size, np.inf)
+    times: list[float] = []
+    try:
+        with av.open(str(path)) as container:
+            if not container.streams.video:
+                raise ValueError(f"{path}: no video stream")
+            stream = container.streams.video[0]
+            size = (stream.codec_context.width, stream.codec_context.height)
+            if size != (w, h) and size != (0, 0):
+                raise ValueError(f"{path}: frames are {size[0]}x{size[1]} (width x height) but meta/info.json says "
+                                 f"{w}x{h}; not decoded")
+            for frame in container.decode(stream):
+                if (frame.width, frame.height) != (w, h):
+                    raise ValueError(f"{path}: frame {len(times)} is {frame.width}x{frame.height} (width x height) "
+                                     f"but meta/info.json says {w}x{h}; not decoded")
+                if frame.pts is None or frame.time_base is None:
+                    raise ValueError(f"{path}: frame {len(times)} has no timestamp")
+                t = float(frame.pts * frame.time_base)
+                times.append(t)
+                lo = np.searchsorted(sorted_want, t - tol, side="left")
+                hi = np.searchsorted(sorted_want, t + tol, side="right")
+                if lo == hi:
+                    continue
+                cand = order[lo:hi]
+                gap = np.abs(want[cand] - t)
+                better = cand[gap < best[cand]]
+                if not better.size:
+                    continue
+                best[better] = np.abs(want[better] - t)
+                rgb = frame.to_ndarray(format="rgb24")  # (a gray camera: its first channel)
+                img = _hwc_to_chw(rgb[:, :, :1] if c == 1 else rgb, chw, f"{path}: frame {len(times) - 1}")
+                out[rows[better]] = img
+    except ValueError as err:
+        if str(path) in str(err):  # a check above
+            raise
+        raise ValueError(f"{path}: not a decodable video ({one_line(err)})") from None
+    except Exception as err:  # PyAV's errors on a damaged file (FFmpegError, UnicodeDecodeError of its metadata)
+        raise ValueError(f"{path}: not a decodable video ({one_line(err)})") from None
+    if not times:
+        raise ValueError(f"{path}: no video frames")
+    missing = np.flatnonzero(~np.isfinite(best))
+    if missing.size:
+        i = int(missing[0])
+        t = np.asarray(times)
+        near = float(t[np.argmin(np.abs(t - want[i]))])
+        bounds = np.cumsum([length for _, _, length, _ in eps])
+        k = int(np.searchsorted(bounds, i, side="right"))
+        e, j = eps[k][0], i - (int(bounds[k - 1]) if k else 0)
+        raise ValueError(f"{path}: no frame within half a frame period of timestamp {want[i]:.4f} s (row {j} of "
+                         f"episode {e}; nearest frame at {near:.4f} s; the video has {t.size} "
+                         f"frames from {t.min():.4f} to {t.max():.4f} s)")
 
 
 def _video_locations(root: Path, info: dict, key: str, episodes: np.ndarray) -> dict[int, tuple[dict, float]]:
@@ -427,17 +538,45 @@ def _video_locations(root: Path, info: dict, key: str, episodes: np.ndarray) -> 
             out[e] = ({"episode_chunk": e // chunks_size, "video_key": key, "episode_index": e}, 0.0)
         return out
     cols = [f"videos/{key}/chunk_index", f"videos/{key}/file_index", f"videos/{key}/from_timestamp"]
-    for f in sorted((root / "meta" / "episodes").glob("*/*.parquet")):
-        names = pq.read_schema(f).names
+    for f in _episode_files(root):
+        names = _read_parquet(f, None).schema.names
         if any(c not in names for c in cols):
             raise ValueError(f"{f}: columns {cols} (where feature {key!r}'s frames are) are missing")
-        t = pq.read_table(f, columns=["episode_index", *cols]).to_pydict()
+        t = _read_parquet(f, ["episode_index", *cols]).to_pydict()
         for e, ch, fi, ts in zip(*(t[c] for c in ["episode_index", *cols]), strict=True):
             out[int(e)] = ({"video_key": key, "chunk_index": int(ch), "file_index": int(fi)}, float(ts))
     missing = [e for e in episodes.tolist() if e not in out]
     if missing:
         raise ValueError(f"{root}: meta/episodes gives no video file for feature {key!r} of episodes {missing[:5]}")
     return out
+
+
+def _episode_files(root: Path) -> list[Path]:
+    """The v3.0 episode metadata files, each resolved inside the dataset directory."""
+    return [inside(root, f.relative_to(root), "metadata file")
+            for f in sorted((root / "meta" / "episodes").glob("*/*.parquet"))]
+
+
+def _read_parquet(f: Path, columns: list[str] | None):
+    """A metadata parquet file (the columns named; None: the schema only, as an empty table), its row count
+    checked against memory first; errors name the file."""
+    _, pq = _pyarrow()
+
+    try:
+        pf = pq.ParquetFile(f)
+        if columns is None:
+            return pf.schema_arrow.empty_table()
+        missing = [c for c in columns if c not in pf.schema_arrow.names]
+        if missing:
+            raise ValueError(f"{f}: column(s) {missing} are missing")
+        check_allocation(int(pf.metadata.num_rows) * 8 * len(columns), f, "its episode records")
+        return pf.read(columns=columns)
+    except ValueError as e:
+        if str(f) in str(e):
+            raise
+        raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
+    except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
+        raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
 
 
 def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> None:
@@ -447,13 +586,18 @@ def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> N
     declared: dict[int, int] = {}
     legacy = root / "meta" / "episodes.jsonl"
     if legacy.is_file():
-        for line in legacy.read_text().splitlines():
+        legacy = inside(root, "meta/episodes.jsonl", "metadata file")
+        for i, line in enumerate(legacy.read_text().splitlines()):
             if line.strip():
-                d = json.loads(line)
-                declared[int(d["episode_index"])] = int(d["length"])
+                try:
+                    d = json.loads(line)
+                    declared[int(d["episode_index"])] = int(d["length"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError(f"{legacy}: line {i + 1} is not an episode record with integer episode_index "
+                                     f"and length ({one_line(e)})") from None
     else:
-        for f in sorted((root / "meta" / "episodes").glob("*/*.parquet")):
-            t = pq.read_table(f, columns=["episode_index", "length"])
+        for f in _episode_files(root):
+            t = _read_parquet(f, ["episode_index", "length"])
             declared.update(zip(t.column("episode_index").to_pylist(), t.column("length").to_pylist(), strict=True))
     if not declared:
         return

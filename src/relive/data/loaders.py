@@ -40,7 +40,8 @@ def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | 
         rows, meta = read_minari(source, root, flatten=not _keeps_dict_obs(env_id))
         if env_id and meta.get("env_id") and meta["env_id"] != env_id:
             raise ValueError(f"dataset {source} was recorded on {meta['env_id']}, not {env_id}")
-    check_columns(rows, str(source))
+    if check_columns(rows, str(source)) == 0:
+        raise ValueError(f"{source}: the dataset holds no rows")
     if env_id:
         check_env_spaces(rows, env_id, str(source))
     return rows, meta

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, obs_parts, split_episodes
+from relive.data.trust import check_hdf5, inside, one_line
 
 DEFAULT_ROOT = Path("data") / "minari"
 
@@ -182,22 +183,27 @@ def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten:
     shape and dtype (for ``ReplayBuffer(obs_shape={key: (shape, dtype), ...})``)."""
     import minari
 
-    dataset_id, root = _locate(dataset, root)
-    data_dir = Path(root) / dataset_id / "data"
+    dataset_id, data_dir, root = _locate(dataset, root)
     files = ", ".join(str(p) for p in sorted(data_dir.glob("*")) if p.name != "metadata.json") or str(data_dir)
-    with _root(root):
-        try:
-            ds = minari.load_dataset(dataset_id)
-        except Exception as e:  # minari raises several types for a missing or broken dataset
-            raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {root} ({files}): {e}") from None
-        try:
-            rows, meta = _read_episodes(ds, dataset_id, flatten)
-        except ValueError:
+    _check_dataset_files(data_dir)  # before minari opens anything: see docs/guarantees.md, "Datasets"
+    try:
+        ds = minari.MinariDataset(data_dir)  # the directory named, never <root>/<the id in its metadata>
+    except Exception as e:  # minari raises several types for a missing or broken dataset
+        raise ValueError(f"cannot load Minari dataset {dataset_id!r} from {data_dir} ({files}): "
+                         f"{one_line(e)}") from None
+    try:
+        rows, meta = _read_episodes(ds, dataset_id, flatten)
+    except ValueError as e:
+        if str(data_dir) in str(e):
             raise
-        except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
-            raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
-                             f"({type(e).__name__}: {e}); regenerate it (`relive data make ... --overwrite`)") from None
-    refs = task_references(root, dataset_id)
+        text = " ".join(str(e).split())  # relive's own checks name the dataset id: the file is added
+        raise ValueError(f"{files}: {text}" if dataset_id in text else
+                         f"cannot read Minari dataset {dataset_id!r}: {files}: {one_line(e)}") from None
+    except Exception as e:  # h5py / minari errors on a truncated or corrupted file do not name it
+        raise ValueError(f"cannot read Minari dataset {dataset_id!r}: {files} is unreadable or corrupted "
+                         f"({one_line(e)}); regenerate it (`relive data make ... --overwrite`)") from None
+    meta["path"] = str(data_dir.parent.resolve())
+    refs = task_references(root, dataset_id) if root is not None else {}
     for key in ("ref_min_return", "ref_max_return"):  # a random level never records R_expert itself
         if meta[key] is None:
             meta[key] = refs.get(key)
@@ -211,7 +217,15 @@ def task_references(root: str | Path, dataset_id: str) -> dict:
     """The reference returns that the levels knowing R_expert wrote beside a dataset (``<root>/<namespace>/
     references.json``, e.g. ``data/minari/relive/hopper-v5/references.json``); {} when there are none."""
     path = Path(root) / Path(dataset_id).parent / REFERENCES
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        refs = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
+    if not isinstance(refs, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return refs
 
 
 def write_task_references(root: str | Path, dataset_id: str, refs: dict) -> Path:
@@ -261,7 +275,13 @@ def _read_episodes(ds, dataset_id: str, flatten: bool = True) -> tuple[dict, dic
         meta["observation_keys"] = flat_keys
     extra = Path(spec.data_path).parent / "relive.json"
     if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
-        meta["relive"] = json.loads(extra.read_text())
+        extra = inside(extra.parent, extra.name, "relive.json")
+        try:
+            meta["relive"] = json.loads(extra.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{extra}: not readable JSON ({one_line(e)})") from None
+        if not isinstance(meta["relive"], dict):
+            raise ValueError(f"{extra}: not a JSON object")
         for key in ("ref_min_return", "ref_max_return"):
             if meta[key] is None:
                 meta[key] = meta["relive"].get(key)
@@ -299,19 +319,162 @@ def _flatten_obs(observations, keys: list[str] | None, dataset_id: str, episode:
     return np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
 
 
-def _locate(dataset: str | Path, root: str | Path | None) -> tuple[str, Path]:
+def _locate(dataset: str | Path, root: str | Path | None) -> tuple[str, Path, Path | None]:
+    """(dataset id, its ``data`` directory, the Minari root it lies in or None). A directory is read as named: its
+    id comes from its metadata (for messages and the task's references.json, which are looked up only when the
+    directory sits at ``<root>/<id>``), never to find another directory."""
     p = Path(dataset)
     meta = p / "data" / "metadata.json"
-    if meta.is_file():  # a dataset directory: its id is in the metadata, the root is above it
-        dataset_id = json.loads(meta.read_text())["dataset_id"]
-        parts = len(Path(dataset_id).parts)
-        return dataset_id, p.resolve().parents[parts - 1]
+    if meta.is_file():  # a dataset directory
+        dataset_id = _read_metadata(p / "data").get("dataset_id")
+        if not isinstance(dataset_id, str) or not dataset_id:
+            raise ValueError(f"{meta}: no dataset_id string")
+        parts = Path(dataset_id).parts
+        full = p.resolve()
+        at_home = ".." not in parts and len(full.parts) > len(parts) and full.parts[-len(parts):] == parts
+        return dataset_id, p / "data", full.parents[len(parts) - 1] if at_home else None
     root = Path(root) if root is not None else default_root()
     if not (root / str(dataset) / "data" / "metadata.json").is_file():
         known = list_local(root)
         raise ValueError(f"no Minari dataset {str(dataset)!r} under {root} (local datasets: {known or 'none'}); "
                          "generate one with `relive data make TASK LEVEL`")
-    return str(dataset), root
+    return str(dataset), root / str(dataset) / "data", root
+
+
+MAX_SPACE_ELEMENTS = 1 << 26  # the elements of one observation or action (a 4096 x 4096 x 4 image)
+
+
+def _read_metadata(data_dir: Path) -> dict:
+    path = inside(data_dir.parent, Path("data") / "metadata.json", "metadata")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return meta
+
+
+def _check_dataset_files(data_dir: Path) -> None:
+    """What minari would trust, checked first: the metadata and data file inside the dataset directory (symlinks
+    resolved), the HDF5 format, both spaces recorded in the metadata (else minari builds the environment named in
+    it, which imports code) with bounded shapes (a Box's bounds are allocated at its shape), the episode count equal
+    to the episodes the file holds, and the file itself through ``check_hdf5``."""
+    import h5py
+
+    meta_path = data_dir / "metadata.json"
+    meta = _read_metadata(data_dir)
+    if meta.get("data_format", "hdf5") != "hdf5":
+        raise ValueError(f"{meta_path}: data_format {meta.get('data_format')!r}: relive reads Minari datasets in the "
+                         "hdf5 format only")
+    for key in ("observation_space", "action_space"):
+        if not isinstance(meta.get(key), str):
+            raise ValueError(f"{meta_path}: no {key} recorded (minari would then build the environment named in "
+                             "env_spec, running its code); refused")
+        try:
+            space = json.loads(meta[key])
+        except ValueError as e:
+            raise ValueError(f"{meta_path}: {key} is not JSON ({one_line(e)})") from None
+        _check_space(space, f"{meta_path}: {key}")
+    episodes = meta.get("total_episodes")
+    if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 0:
+        raise ValueError(f"{meta_path}: total_episodes must be a non-negative integer, got {episodes!r}")
+    if not isinstance(meta.get("total_steps"), int) or meta["total_steps"] < 0:
+        raise ValueError(f"{meta_path}: total_steps must be a non-negative integer, got {meta.get('total_steps')!r}")
+    path = inside(data_dir.parent, Path("data") / "main_data.hdf5", "data file")
+    if not path.is_file():
+        raise ValueError(f"{data_dir}: no main_data.hdf5")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
+    with f:
+        check_hdf5(f, path)
+        names = set(f.keys())
+        if meta.get("jpeg_encoding", True):
+            _check_jpeg_sizes(f, path, {"observations": json.loads(meta["observation_space"]),
+                                        "actions": json.loads(meta["action_space"])})
+    want = {f"episode_{i}" for i in range(min(episodes, len(names) + 1))}
+    if episodes != len(names) or names != want:
+        raise ValueError(f"{meta_path}: total_episodes = {episodes} but {path} holds {len(names)} entries "
+                         f"({sorted(names)[:5]}{'...' if len(names) > 5 else ''}); expected episode_0 .. "
+                         f"episode_{episodes - 1}")
+
+
+def _image_paths(space, prefix: str) -> list[tuple[str, tuple[int, int]]]:
+    """(path inside an episode group, (width, height)) of each space minari stores as JPEG
+    (``minari...is_image_space``: a uint8 Box of 2 or 3 dimensions [H, W, ...], both at least 32); Dict keys and
+    Tuple ``_index_i`` are groups, as minari writes them."""
+    if space.get("type") == "Dict":
+        return [p for k, sub in space["subspaces"].items() for p in _image_paths(sub, f"{prefix}/{k}")]
+    if space.get("type") == "Tuple":
+        return [p for i, sub in enumerate(space["subspaces"]) for p in _image_paths(sub, f"{prefix}/_index_{i}")]
+    shape = space.get("shape") or []
+    if (space.get("type") == "Box" and space.get("dtype") == "uint8" and len(shape) in (2, 3)
+            and shape[0] >= 32 and shape[1] >= 32):
+        return [(prefix, (shape[1], shape[0]))]
+    return []
+
+
+def _check_jpeg_sizes(f, path: Path, spaces: dict) -> None:
+    """Minari decodes JPEG-encoded images into an array shaped by each episode's first image: every encoded image's
+    size is read from its header and must be its space's, before minari decodes any."""
+    import io
+
+    import h5py
+    from PIL import Image, UnidentifiedImageError
+
+    images = [p for key, space in spaces.items() for p in _image_paths(space, key)]
+    for episode in f:
+        for rel, size in images:
+            name = f"{episode}/{rel}"
+            obj = f.get(name)
+            if not isinstance(obj, h5py.Dataset):
+                continue  # (minari reports the missing data)
+            for i, data in enumerate(obj[()]):
+                try:
+                    with Image.open(io.BytesIO(np.asarray(data, np.uint8).tobytes())) as im:
+                        got = im.size
+                except (UnidentifiedImageError, OSError, ValueError, TypeError, Image.DecompressionBombError) as e:
+                    raise ValueError(f"{path}: {name!r} row {i} is not a readable image ({one_line(e)})") from None
+                if got != size:
+                    raise ValueError(f"{path}: {name!r} row {i} is a {got[0]}x{got[1]} image (width x height) but its "
+                                     f"space says {size[0]}x{size[1]}; not decoded")
+
+
+def _check_space(space, where: str) -> None:
+    """A serialized Minari space: Box (shape of non-negative integers, at most MAX_SPACE_ELEMENTS, bounds given in
+    full or as one number), Discrete, MultiDiscrete, MultiBinary (bounded), Text, or a Dict / Tuple of them."""
+    if not isinstance(space, dict) or not isinstance(space.get("type"), str):
+        raise ValueError(f"{where}: not a serialized space (a JSON object with a 'type')")
+    kind = space["type"]
+    if kind == "Dict":
+        subspaces = space.get("subspaces")
+        if not isinstance(subspaces, dict):
+            raise ValueError(f"{where}: a Dict space without 'subspaces'")
+        for key, sub in subspaces.items():
+            _check_space(sub, f"{where}[{key!r}]")
+    elif kind == "Tuple":
+        subspaces = space.get("subspaces")
+        if not isinstance(subspaces, list):
+            raise ValueError(f"{where}: a Tuple space without 'subspaces'")
+        for i, sub in enumerate(subspaces):
+            _check_space(sub, f"{where}[{i}]")
+    elif kind in ("Box", "MultiBinary"):
+        shape = space.get("shape") if kind == "Box" else space.get("n")
+        shape = [shape] if isinstance(shape, int) else shape
+        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                   for d in shape)):
+            raise ValueError(f"{where}: {kind} shape must be a list of non-negative integers, got {shape!r}")
+        size = int(np.prod(shape, dtype=object)) if shape else 1
+        if size > MAX_SPACE_ELEMENTS:
+            raise ValueError(f"{where}: {kind} of shape {shape} ({size} elements) is larger than relive reads "
+                             f"({MAX_SPACE_ELEMENTS} elements per row)")
+        if kind == "Box" and not (isinstance(space.get("low"), list) and isinstance(space.get("high"), list)):
+            raise ValueError(f"{where}: Box bounds must be lists (as minari writes them), not one number spread "
+                             "over the shape")
+    elif kind not in ("Discrete", "MultiDiscrete", "Text"):
+        raise ValueError(f"{where}: space type {kind!r} is not supported")
 
 
 def list_local(root: str | Path | None = None) -> list[str]:
