@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 PIPC := $(PIP) install -c constraints.txt
 
-.PHONY: test test-all demo bench lint clean
+.PHONY: test test-all demo bench lint package clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,5 +41,10 @@ bench: $(VENV)/.stamp-bench
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check src tests bench examples
 
+# the package as users get it: wheel + sdist built, the wheel installed into a new venv and used from outside the
+# checkout (CLI, API, a tiny training run, a buffer save/load); no setuptools deprecation warning allowed
+package: $(VENV)/.stamp-test
+	.ci/package_smoke.sh $(PY)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis dist build
