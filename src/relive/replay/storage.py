@@ -34,17 +34,21 @@ RAM backend's.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from relive.files import write_text_atomic
+from relive.files import DirectoryLock, write_text_atomic
+from relive.replay.checkpoint import DirectoryRef
 from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
 from relive.types import OFFLINE, ONLINE, SOURCE_NAMES
 
@@ -154,7 +158,19 @@ class Storage:
         self._memmap_token: str | None = None  # the token of that save
         self.offline_dataset_ids: list[str | None] = []  # per add_offline call: the dataset id it named
         self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
-        self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
+        self._lock: DirectoryLock | None = None
+        self._created: list[Path] = []
+        if backend == "memmap":
+            self._open_memmap_directory()
+            try:
+                self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
+            except BaseException:
+                for path in self._created:  # a refused buffer leaves no column file behind
+                    path.unlink(missing_ok=True)
+                self._lock.release()
+                raise
+        else:
+            self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
@@ -177,20 +193,54 @@ class Storage:
             return TorchColumn((self.capacity, *spec.shape), spec.dtype, self.device)
         path = self.directory / f"{name}.npy"
         if self._open_existing:  # a checkpoint that refers to its memmap files
-            try:
-                arr = np.load(path, mmap_mode="r+", allow_pickle=False)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"memmap column file {path} cannot be opened ({e}); the checkpoint refers to it "
-                                 "instead of holding its rows") from None
-            if arr.shape != (self.capacity, *spec.shape) or arr.dtype != spec.dtype:
-                raise ValueError(f"memmap column file {path} has shape {arr.shape} dtype {arr.dtype}, expected "
-                                 f"{(self.capacity, *spec.shape)} {spec.dtype}")
-            return arr
-        self.directory.mkdir(parents=True, exist_ok=True)
-        if path.exists():
+            return _open_column(path, (self.capacity, *spec.shape), spec.dtype)
+        if path.exists() or path.is_symlink():
             raise ValueError(f"{path} exists: a memmap buffer creates its column files in a fresh directory "
                              "(ReplayBuffer.load reopens one from its checkpoint)")
-        return np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=(self.capacity, *spec.shape))
+        arr = np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=(self.capacity, *spec.shape))
+        self._created.append(path)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            _reserve(fd, path, arr.offset + arr.nbytes)
+        finally:
+            os.close(fd)
+        return arr
+
+    def _open_memmap_directory(self) -> None:
+        """Memmap: take the directory (one buffer writes it at a time: a lock the kernel drops when this process
+        ends) and, for a new buffer, check that the file system has room for every column file before creating
+        them (each file is then allocated for real: writes through the map never meet a full disk)."""
+        self.directory = Path(os.path.abspath(self.directory))
+        if not self._open_existing:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        elif not self.directory.is_dir():
+            raise ValueError(f"memmap directory {self.directory} does not exist; the checkpoint refers to its column "
+                             "files instead of holding its rows (copy it along with the checkpoint)")
+        self._lock = DirectoryLock(self.directory, what="memmap directory")
+        if self._open_existing:
+            return
+        need = sum(self.capacity * int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize + 4096
+                   for s in self.specs.values())
+        fs = os.statvfs(self.directory)
+        free = fs.f_bavail * fs.f_frsize
+        if need > free:
+            self._lock.release()
+            raise ValueError(f"memmap buffer of capacity {self.capacity} needs {need / 1e9:.3g} GB of column files in "
+                             f"{self.directory}, but its file system has {free / 1e9:.3g} GB free; choose a smaller "
+                             "capacity or another directory")
+
+    def close(self) -> None:
+        """Memmap: flush the column files and give the directory up (another buffer may then load it); the
+        storage refuses writes afterwards. Nothing to do for the other backends."""
+        if self._lock is not None and self._lock.held:
+            for arr in self.columns.values():
+                arr.flush()
+            self._lock.release()
+
+    def _check_open(self) -> None:
+        if self._lock is not None and not self._lock.held:
+            raise ValueError(f"this memmap buffer was closed (its directory {self.directory} was given up); load it "
+                             "again from a checkpoint")
 
     @property
     def multi_stream(self) -> bool:
@@ -371,6 +421,7 @@ class Storage:
         """Append validated rows of one source (online: of one ``stream``, in its time order); returns their slots
         (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
         batch)."""
+        self._check_open()
         rows, n = self.validate(data)
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
@@ -501,6 +552,7 @@ class Storage:
         lane = self._lane_of.get(stream)
         if lane is None:
             return -1
+        self._check_open()
         self._touch()
         episode_id = self.episodes.close_lane(lane)
         if episode_id != -1 and self.episodes.is_live([episode_id])[0]:
@@ -515,6 +567,7 @@ class Storage:
         The rows stay the same transitions, so generations do not change."""
         if name not in self.extra_names:
             raise ValueError(f"{name!r} is not an extra column (extra columns: {list(self.extra_names)})")
+        self._check_open()
         slots = self.check_slots(slots)
         self._touch()
         values = _convert(name, _as_numpy(values), self.specs[name].dtype)
@@ -594,7 +647,7 @@ class Storage:
             "action_dtype": self.specs["action"].dtype.str,
             "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
             "dedup_next_obs": self.dedup_next_obs,
-        } | ({"backend": "memmap", "directory": str(self.directory)} if self.backend == "memmap" else {}) | (
+        } | ({"backend": "memmap", "directory": DirectoryRef(self.directory)} if self.backend == "memmap" else {}) | (
             {"backend": "torch", "device": str(self.device)} if self.backend == "torch" else {})
         if self.obs_keys is None:
             cfg |= {"obs_shape": list(obs.shape), "obs_dtype": obs.dtype.str}
@@ -614,8 +667,31 @@ class Storage:
                    action_dtype=np.dtype(cfg["action_dtype"]),
                    extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()},
                    dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), backend=cfg.get("backend", "ram"),
-                   directory=cfg.get("directory"), _open_existing=cfg.get("backend") == "memmap",
+                   directory=_directory(cfg.get("directory")), _open_existing=cfg.get("backend") == "memmap",
                    **({"device": cfg.get("device")} if cfg.get("backend") == "torch" else {}) | kwargs)
+
+    def claim_checkpoint(self, path: str | os.PathLike, *, loading: bool) -> None:
+        """Memmap: record that the checkpoint at ``path`` refers to this directory's files (``loading=False``,
+        after a save), or check, when it is loaded, that it is not a copy of another checkpoint that refers to the
+        same files: a checkpoint copied without its column directory (which stayed where it was) would make this
+        buffer write into the other checkpoint's rows, so it is refused, naming both."""
+        if self.backend != "memmap":
+            return
+        marker_path = self.directory / MEMMAP_STATE
+        marker = _read_json(marker_path)
+        me = os.path.abspath(path)
+        listed = [c for c in marker.get("checkpoints", []) if isinstance(c, str)]
+        if loading and me not in listed:
+            others = [c for c in listed if Path(c, "MANIFEST.json").is_file()]
+            if others:
+                raise ValueError(f"checkpoint {me} refers to memmap directory {self.directory}, whose rows belong to "
+                                 f"checkpoint {others[0]} (saved there): {me} is a copy made without the column "
+                                 f"files, and extending it would change {others[0]}'s rows. Copy the memmap "
+                                 "directory along with the checkpoint (at the same place relative to it), or move "
+                                 "the checkpoint instead of copying it")
+        if me not in listed:
+            _write_json(marker_path, marker | {"checkpoints": [*listed, me] if not loading else [me],
+                                               "directory": str(self.directory)})
 
     def _touch(self) -> None:
         """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
@@ -661,9 +737,10 @@ class Storage:
             if not (self._memmap_clean and token):  # unchanged since the last save: the same token, so a checkpoint
                 token = uuid.uuid4().hex  # kept from that save (a trainer's `.previous`) stays loadable
                 _write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
-                                                            "num_online_written": self.num_online_written})
+                                                            "num_online_written": self.num_online_written,
+                                                            "directory": str(self.directory), "checkpoints": []})
             self._memmap_clean, self._memmap_token = True, token
-            state["memmap"] = {"directory": str(self.directory), "token": token}
+            state["memmap"] = {"directory": DirectoryRef(self.directory), "token": token}
         elif offline == "reference":
             ids = set(self.offline_dataset_ids)
             if len(ids) != 1 or None in ids:
@@ -723,12 +800,23 @@ class Storage:
         self._pos = self._qmap = None
         size = self.size
         if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
+            if self.backend != "memmap":
+                raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
+                                 f"says backend {self.backend!r}")
             marker = _read_json(self.directory / MEMMAP_STATE)
-            self._memmap_token = state["memmap"]["token"]
-            if marker.get("token") != state["memmap"]["token"]:
+            token = state["memmap"].get("token") if isinstance(state["memmap"], Mapping) else None
+            if not isinstance(token, str) or marker.get("token") != token:
                 raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
                                  "(rows written since, or by another run): the rows it refers to are gone. Resume "
                                  "from the checkpoint saved last, or save with a RAM buffer to copy rows")
+            self._memmap_token = token
+            recorded = marker.get("directory")
+            if isinstance(recorded, str) and recorded != str(self.directory):
+                warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
+                              f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
+                              stacklevel=2)
+                _write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
+                                                                      "checkpoints": []})
         lo = int(state["offline_ref"]["num_offline"]) if "offline_ref" in state else 0
         for name, arr in self.columns.items():
             if "memmap" in state:
@@ -958,6 +1046,57 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _directory(value) -> Path | None:
+    """A directory from a storage config: a Path (a loaded checkpoint's reference), a DirectoryRef (a state_dict
+    in memory) or a string (checkpoints before 2026-11-26: the absolute directory)."""
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise ValueError(f"memmap directory {value!r} is not a path")
+    return Path(os.fspath(value))
+
+
+def _reserve(fd: int, path: Path, size: int) -> None:
+    """Allocate the blocks of a column file for real (``posix_fallocate``): a sparse file on a full disk would
+    end the process with SIGBUS at the first write through the map; this fails here, with an error."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: the free-space check stands
+            return
+        raise OSError(e.errno, f"cannot reserve {size / 1e9:.3g} GB for memmap column file {path} ({e.strerror}); "
+                      "free space on its file system or choose a smaller capacity") from None
+
+
+def _open_column(path: Path, shape: tuple, dtype: np.dtype) -> np.memmap:
+    """Reopen a column file of a memmap checkpoint: a regular file in the directory (no symbolic link followed),
+    of the shape and dtype the checkpoint's config declares, its blocks reserved."""
+    def refuse(why: str):
+        return ValueError(f"memmap column file {path} {why}; the checkpoint refers to it instead of holding its rows")
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise refuse(f"cannot be opened as a regular file ({e.strerror})") from None
+    with os.fdopen(fd, "r+b") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refuse("is not a regular file")
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            got_shape, fortran, got_dtype = read(f)
+        except (ValueError, TypeError, SyntaxError, OverflowError, KeyError, EOFError) as e:
+            raise refuse(f"is not a valid .npy file ({e})") from None
+        if got_shape != shape or got_dtype != dtype or fortran:
+            raise refuse(f"has shape {got_shape} dtype {got_dtype}, expected {shape} {dtype}")
+        offset = f.tell()
+        size = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if os.fstat(fd).st_size != size:
+            raise refuse(f"has {os.fstat(fd).st_size} bytes, expected {size}")
+        _reserve(fd, path, size)
+        return np.memmap(f, dtype=dtype, mode="r+", offset=offset, shape=shape)
 
 
 def _check_stream(stream) -> int:
