@@ -220,3 +220,71 @@ def test_a_failed_reservation_is_an_error_and_leaves_no_files(tmp_path, monkeypa
     with pytest.raises(OSError, match="cannot reserve .* for memmap column file .*obs.npy"):
         ReplayBuffer(100, OBS, ACT, backend="memmap", directory=tmp_path / "mm")
     assert not list((tmp_path / "mm").glob("*.npy"))
+
+
+# -- item 11: hashes that match do not make contents right ----------------------------------------------------------
+def _resaved(tmp_path, sampler, change, n=20, streams=1) -> Path:
+    """A checkpoint of a small buffer, loaded, changed by ``change(tree)`` and saved again (so its hashes match)."""
+    buf = ReplayBuffer(32, OBS, ACT, sampler=sampler, seed=1)
+    for i in range(streams):
+        buf.extend(rows(n, seed=i), stream=i)
+    batch = buf.sample(8)
+    buf.update(batch.info, td_error=np.linspace(0.1, 2.0, 8))
+    buf.save(tmp_path / "good")
+    tree = load_tree(tmp_path / "good")
+    change(tree)
+    save_tree(tmp_path / "bad", tree, kind="replay_buffer")
+    return tmp_path / "bad"
+
+
+def _priority(value):
+    def change(tree):
+        tree["sampler"]["priority"][3] = value
+    return change
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (_priority(np.nan), r"'priority' entry 3: value nan is not allowed"),
+    (_priority(-1.0), r"'priority' entry 3: value -1.0 is not allowed"),
+    (_priority(np.inf), r"'priority' entry 3: value inf is not allowed"),
+    (lambda t: t["sampler"].update(priority=t["sampler"]["priority"][:5]), r"'priority' has 5 entries, expected 20"),
+    (lambda t: t["sampler"].update(num_samples=-3), r"'num_samples' must be an integer in \[0, "),
+    (lambda t: t["storage"].update(num_online_written=2**62), r"'num_online_written' must be an integer in \[0, "),
+    (lambda t: t["storage"].update(num_offline=-1), r"'num_offline' must be an integer in \[0, 32\]"),
+    (lambda t: t["storage"]["meta"]["episode_id"].__setitem__(7, 0), r"'episode_id' disagrees with the episode table"),
+    (lambda t: t["storage"]["episodes"]["rec_length"].__setitem__(1, 9),
+     r"episodes.*do not cover the 20 stored rows exactly once"),
+    (lambda t: t["storage"]["meta"]["step_in_episode"].__setitem__(2, 7), r"'step_in_episode' is not consecutive"),
+    (lambda t: t["storage"]["columns"]["reward"].__setitem__(4, np.nan), r"column 'reward' row 4: value is not finite"),
+    (lambda t: t["storage"].pop("meta"), r"storage state has no field 'meta'"),
+    (lambda t: t["sampler"].pop("priority"), r"has no field 'priority'"),
+])
+def test_a_checkpoint_with_wrong_contents_but_matching_hashes_is_refused_naming_the_field(tmp_path, change, match):
+    bad = _resaved(tmp_path, PrioritizedSampler(), change)
+    with pytest.raises(CheckpointError, match=match) as err:
+        ReplayBuffer.load(bad)
+    assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_every_sampler_validates_its_per_row_state(tmp_path):
+    from relive.replay import ARBSampler, MixtureSampler, ReaPERSampler
+
+    cases = [
+        (ARBSampler(), lambda t: t["sampler"]["weight"].__setitem__(2, np.nan), "'weight' entry 2"),
+        (ReaPERSampler(), lambda t: t["sampler"]["slots"]["delta"].__setitem__(2, -5.0), "'delta' entry 2"),
+        (ReaPERSampler(), lambda t: t["sampler"]["slots"]["slot_leaf"].__setitem__(2, 10**6), "'slot_leaf' entry 2"),
+        (MixtureSampler(PrioritizedSampler(), PrioritizedSampler()),
+         lambda t: t["sampler"]["online"]["priority"].__setitem__(1, np.inf), r"online part\) field 'priority'"),
+    ]
+    for i, (sampler, change, match) in enumerate(cases):
+        bad = _resaved(tmp_path / str(i), sampler, change)
+        with pytest.raises(CheckpointError, match=match):
+            ReplayBuffer.load(bad)
+
+
+def test_several_streams_positions_are_validated(tmp_path):
+    def change(tree):
+        tree["storage"]["streams"]["position"][-1] = (7 << 40) + 3  # a lane that does not exist
+    bad = _resaved(tmp_path, PrioritizedSampler(), change, n=8, streams=3)
+    with pytest.raises(CheckpointError, match="'position': positions beyond what their stream has written"):
+        ReplayBuffer.load(bad)

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.files import DirectoryLock, write_text_atomic
+from relive.replay._state import state_array, state_field, state_int
 from relive.replay.checkpoint import DirectoryRef
 from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
 from relive.types import OFFLINE, ONLINE, SOURCE_NAMES
@@ -785,16 +786,32 @@ class Storage:
                              "copies them")
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore a :meth:`state_dict`, checked like input: counters in range, per-row arrays of the stored size,
+        data rows finite where a write requires it, and the episode table consistent with the rows (every stored
+        row in exactly one live episode, its id and step as recorded). A ValueError names the bad field."""
+        owner = "storage state"
+        if not isinstance(state, Mapping):
+            raise ValueError(f"{owner} is not a mapping")
         if "offline_ref" in state:  # the offline rows were written again by the caller (checked against the hash)
             self.check_offline_reference(state["offline_ref"])
-        self.num_offline = int(state["num_offline"])
-        self.num_online_written = int(state["num_online_written"])
+        num_offline = state_int(state, "num_offline", owner, high=self.capacity)
+        num_online_written = state_int(state, "num_online_written", owner, high=LANE_MASK)
+        if num_online_written and num_offline >= self.capacity:
+            raise ValueError(f"{owner}: {num_online_written} online rows written but the offline rows fill the "
+                             "capacity")
+        self.num_offline, self.num_online_written = num_offline, num_online_written
         streams = state.get("streams")
         if streams is None:  # a checkpoint from before streams: one stream (0) wrote every online row
             lanes, written = ([0], [self.num_online_written]) if self.num_online_written else ([], [])
         else:
-            lanes = np.asarray(streams["lanes"], np.int64).tolist()
-            written = np.asarray(streams["lane_written"], np.int64).tolist()
+            lanes = state_array(streams, "lanes", f"{owner} streams", dtype=np.int64, low=0, high=MAX_STREAM).tolist()
+            written = state_array(streams, "lane_written", f"{owner} streams", length=len(lanes), dtype=np.int64,
+                                  low=0, high=LANE_MASK).tolist()
+            if len(set(lanes)) != len(lanes) or sum(written) != num_online_written:
+                raise ValueError(f"{owner} streams: lanes {lanes[:8]} with rows written {written[:8]} do not add up to "
+                                 f"the {num_online_written} online rows written (or a stream appears twice)")
+            if len(lanes) > self.capacity:
+                raise ValueError(f"{owner} streams: {len(lanes)} streams, more than the capacity {self.capacity}")
         self.lanes, self.lane_written = [int(x) for x in lanes], [int(x) for x in written]
         self._lane_of = {s: i for i, s in enumerate(self.lanes)}
         self._pos = self._qmap = None
@@ -822,10 +839,15 @@ class Storage:
             if "memmap" in state:
                 break
             first = 0 if name in self.extra_names else lo  # extra columns are always copied whole
-            src = np.asarray(state["columns"][name])
+            src = np.asarray(state_field(state_field(state, "columns", owner), name, f"{owner} columns"))
             if src.shape != (size - first, *arr.shape[1:]) or src.dtype != arr.dtype:
                 raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
                                  f"expected {(size - first, *arr.shape[1:])} {arr.dtype}")
+            finite = name in self.extra_names or name.split(".")[0] in _FINITE_CHECKED
+            if finite and src.dtype.kind == "f" and not np.isfinite(src).all():
+                row = int(np.argwhere(~np.isfinite(src.reshape(src.shape[0], -1)))[0][0])
+                raise ValueError(f"checkpoint column {name!r} row {first + row}: value is not finite (a write would "
+                                 "have refused it)")
             arr[first:size] = src
         # a referenced offline part's bookkeeping comes from writing its rows again (checked against the saved hash);
         # checkpoints before 2026-11-26 hold it whole
@@ -834,22 +856,62 @@ class Storage:
             raise ValueError(f"offline dataset {state['offline_ref']['dataset_id']!r}: its rows hash as saved, but the "
                              "episode bookkeeping rebuilt from them differs from the checkpoint's (rows written in "
                              "different add_offline calls?); load the checkpoint with the rows added as they were")
+        meta = state_field(state, "meta", owner)
         for name, arr in self.meta.items():
-            if name in state["meta"]:
-                arr[meta_lo:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
-            else:  # "stream" in a checkpoint from before streams
+            if name in meta:
+                arr[meta_lo:size] = state_array(meta, name, f"{owner} meta", length=size - meta_lo, dtype=arr.dtype)
+            elif name == "stream":  # a checkpoint from before streams
                 arr[meta_lo:size] = 0
+            else:
+                state_field(meta, name, f"{owner} meta")  # raises, naming it
         if self._gen_t is not None:
             self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
         if self.dedup_next_obs:
-            self._nx.load_state_dict(state["next_obs_store"])
-        self.episodes.load_state_dict(state["episodes"])
+            self._nx.load_state_dict(state_field(state, "next_obs_store", owner), size)
+        self.episodes.load_state_dict(state_field(state, "episodes", owner))
+        self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
         if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
             self._add_lane_map(len(self.lanes) - 1)
             online = np.arange(self.num_offline, size, dtype=np.int64)
-            pos = np.asarray(streams["position"], np.int64)[online]
+            pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
+            lane, t = pos >> LANE_BITS, pos & LANE_MASK
+            if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
+                raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
             self._pos[online] = pos
-            self._qmap[pos >> LANE_BITS, (pos & LANE_MASK) % self.online_capacity] = online
+            self._qmap[lane, t % self.online_capacity] = online
+        self._check_rows_and_episodes()
+
+    def _check_rows_and_episodes(self) -> None:
+        """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode
+        that does not hold its rows)."""
+        size, k = self.size, self.num_offline
+        meta = self.meta
+        if (meta["generation"][:size] < 1).any():
+            raise ValueError("storage state meta field 'generation': a stored row has generation < 1")
+        if (meta["source"][:k] != OFFLINE).any() or (meta["source"][k:size] != ONLINE).any():
+            raise ValueError("storage state meta field 'source' disagrees with num_offline")
+        try:
+            view = self.episodes.live()
+            if (view.length < 0).any():
+                raise IndexError
+            slots = self.episode_slots(view.start, view.length, view.source)
+            bad = slots.size != size or (slots.size and (slots.min() < 0 or slots.max() >= size))
+            if not bad:
+                bad = (np.bincount(slots, minlength=size) != 1).any()
+        except (IndexError, ValueError, OverflowError):
+            bad = True
+        if bad:
+            raise ValueError(f"storage state field 'episodes': the live episodes do not cover the {size} stored rows "
+                             "exactly once (episode table inconsistent with the rows)")
+        ids = np.repeat(view.ids, view.length)
+        if (meta["episode_id"][slots] != ids).any():
+            raise ValueError("storage state meta field 'episode_id' disagrees with the episode table")
+        step = meta["step_in_episode"][slots]
+        first = np.cumsum(view.length) - view.length
+        expect = np.repeat(step[first] if slots.size else step[:0], view.length) + np.arange(slots.size) - np.repeat(
+            first, view.length)
+        if slots.size and ((step != expect).any() or (step[first] < 0).any()):
+            raise ValueError("storage state meta field 'step_in_episode' is not consecutive within its episodes")
 
 
 class StorageView:
@@ -1002,20 +1064,27 @@ class _NextObsStore:
         return {"slots": slots.astype(np.int64), "tails": tails.reshape(-1, 3),
                 "values": {n: arr[e] for n, arr in self.values.items()}}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping, size: int) -> None:
+        owner = "storage state next_obs_store"
+        slots = state_array(state, "slots", owner, dtype=np.int64, low=0, high=size - 1)
+        if np.unique(slots).size != slots.size:
+            raise ValueError(f"{owner} field 'slots' lists a slot twice")
+        tails = state_array(state, "tails", owner, dtype=np.int64, shape=(3,))
+        if tails.size and ((tails[:, 1] < 0).any() or (tails[:, 1] >= max(size, 1)).any()):
+            raise ValueError(f"{owner} field 'tails': a slot beyond the stored rows")
         self.entry[:] = -1
         self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
         self._free, self._num_free = np.zeros(0, np.int64), 0
-        slots = np.asarray(state["slots"], np.int64)
         values = {}
+        stored = state_field(state, "values", owner)
         for n, spec in self.specs.items():
-            v = np.asarray(state["values"][n])
+            v = np.asarray(state_field(stored, n, f"{owner} values"))
             if v.shape != (slots.size, *spec.shape) or v.dtype != spec.dtype:
                 raise ValueError(f"checkpoint next_obs copies {n!r} have shape {v.shape} dtype {v.dtype}, expected "
                                  f"{(slots.size, *spec.shape)} {spec.dtype}")
             values[n] = v
         self.put(slots, values)
-        self.tails = {int(k): (int(s), int(g)) for k, s, g in np.asarray(state["tails"], np.int64).reshape(-1, 3)}
+        self.tails = {int(k): (int(s), int(g)) for k, s, g in tails}
 
 
 def _as_bytes(a: np.ndarray) -> np.ndarray:
