@@ -15,8 +15,9 @@ rows, stream=k)`` appends rows of stream ``k`` in that stream's time order, and 
 between chunks of another. Episodes, steps and everything computed per episode follow each stream on its own
 (see :mod:`relive.replay.episodes`: a stream is a *lane* of logical positions). One stream (the default, 0)
 is the fast path: positions are the ring's clock and nothing per lane is kept. From the second stream on the
-storage keeps each online row's logical position and a per-lane map position -> slot (8 bytes per online slot
-per stream). Writes are all-or-nothing: the whole batch is validated before any byte moves.
+storage keeps each online row's logical position and a per-lane map position -> slot, as wide as the longest
+run of one stream's stored rows (rounded up to a power of two; 8 bytes per entry). Writes are all-or-nothing:
+the whole batch is validated before any byte moves.
 
 Observations: flat (one ``obs`` column, and ``next_obs``) or a dict of keys, each its own column ``obs.<key>``
 with its own shape and dtype; ``read("obs", slots)`` returns an array or a dict key -> array. With
@@ -181,7 +182,7 @@ class Storage:
         self.lane_written: list[int] = []
         self._lane_of: dict[int, int] = {}
         self._pos: np.ndarray | None = None  # several streams: logical position of every online slot
-        self._qmap: np.ndarray | None = None  # several streams: [lane, t % online_capacity] -> slot
+        self._qmap: np.ndarray | None = None  # several streams: [lane, t % width] -> slot (_rebuild_lane_map)
         if self.dedup_next_obs:
             self._nx = _NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
 
@@ -274,7 +275,7 @@ class Storage:
         if self._qmap is None:
             return self.num_offline + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
         positions = np.asarray(positions, dtype=np.int64)
-        return self._qmap[positions >> LANE_BITS, (positions & LANE_MASK) % max(self.online_capacity, 1)]
+        return self._qmap[positions >> LANE_BITS, (positions & LANE_MASK) % self._qmap.shape[1]]
 
     def ring_slot(self, clock: np.ndarray) -> np.ndarray:
         """Slot of online rows given the ring's clock (online rows written before them, all streams)."""
@@ -313,17 +314,42 @@ class Storage:
         return lane
 
     def _add_lane_map(self, lane: int) -> None:
-        cap = self.online_capacity
-        if self._qmap is None:  # the second stream: lane 0's positions were the ring's clock until now
+        """Room for ``lane`` in the per-lane map: the second stream builds it (lane 0's positions were the ring's
+        clock until now); later streams double its rows when they run out (amortized: 200 streams cost 8 row
+        copies of the map, not 200)."""
+        if self._qmap is None:
             self._pos = np.zeros(self.capacity, np.int64)
             online = np.arange(self.num_offline, self.size, dtype=np.int64)
             self._pos[online] = self.ring_position_of(online)
-            self._qmap = np.zeros((max(2, lane + 1), cap), np.int64)
-            self._qmap[0] = self.num_offline + np.arange(cap)
+            self._qmap = np.zeros((max(2, lane + 1), 0), np.int64)
+            self._rebuild_lane_map(self.num_online)
         elif self._qmap.shape[0] <= lane:
-            grown = np.zeros((lane + 1, cap), np.int64)  # (exactly: 8 bytes per slot per stream, as documented)
+            grown = np.zeros((max(lane + 1, 2 * self._qmap.shape[0]), self._qmap.shape[1]), np.int64)
             grown[: self._qmap.shape[0]] = self._qmap
             self._qmap = grown
+
+    MIN_LANE_MAP_WIDTH = 1024
+
+    def _rebuild_lane_map(self, window: int, clock: int | None = None) -> None:
+        """Size the map's width for a lane holding ``window`` stored rows and refill it from the stored rows'
+        positions. An entry is ``[lane, t % width]``: a lane's stored rows are a contiguous run of its positions
+        (each stream's rows are overwritten in their own time order), so a width of at least the longest run keeps
+        them apart. The width doubles (at most to the ring's size) only when a lane's run outgrows it: with many
+        streams sharing the ring each holds a fraction of it, and the map stays near 8 bytes per stored row times
+        the slack of one doubling, instead of 8 bytes per slot per stream. ``clock``: the ring's clock whose stored
+        rows the map holds (default: now; a write rebuilding it passes its clock before the rows it is adding)."""
+        cap = max(self.online_capacity, 1)
+        width = min(cap, max(self.MIN_LANE_MAP_WIDTH, 1 << max(int(window) - 1, 0).bit_length()))
+        self._qmap = np.zeros((self._qmap.shape[0], width), np.int64)
+        clock = self.num_online_written if clock is None else clock
+        n = min(clock, cap if self.online_capacity > 0 else 0)
+        if n:
+            slots = self.ring_slot(np.arange(clock - n, clock))  # oldest first
+            pos = self._pos[slots]
+            key = (pos >> LANE_BITS) * width + (pos & LANE_MASK) % width
+            _, last = np.unique(key[::-1], return_index=True)  # a key met twice: the newer row (still stored) wins
+            keep = n - 1 - last
+            self._qmap.reshape(-1)[key[keep]] = slots[keep]
 
     def _evicted_by(self, start: int, n: int) -> dict[int, int]:
         """Several streams: per lane, the position bound of its rows that a write of ``n`` rows at the ring's
@@ -496,8 +522,11 @@ class Storage:
                 self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
             else:
                 positions = start + skip + np.arange(kept, dtype=np.int64)
+                window = start + n - max(int(self.episodes.lane_evicted[lane]), bounds.get(lane, 0))
+                if window > self._qmap.shape[1]:  # this lane's stored run outgrows the map's width
+                    self._rebuild_lane_map(window, clock)
                 self._pos[slots] = positions
-                self._qmap[lane, (positions & LANE_MASK) % ring] = slots
+                self._qmap[lane, (positions & LANE_MASK) % self._qmap.shape[1]] = slots
                 self.episodes.evict_lanes(bounds)
         if skip:
             full = np.full(n, -1, dtype=np.int64)
@@ -871,14 +900,17 @@ class Storage:
         self.episodes.load_state_dict(state_field(state, "episodes", owner))
         self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
         if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
-            self._add_lane_map(len(self.lanes) - 1)
             online = np.arange(self.num_offline, size, dtype=np.int64)
             pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
             lane, t = pos >> LANE_BITS, pos & LANE_MASK
             if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
                 raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
+            self._pos = np.zeros(self.capacity, np.int64)
             self._pos[online] = pos
-            self._qmap[lane, t % self.online_capacity] = online
+            self._qmap = np.zeros((len(self.lanes), 0), np.int64)
+            ends = np.asarray(self.lane_written, np.int64) + (np.arange(len(self.lanes), dtype=np.int64) << LANE_BITS)
+            window = ends - self.episodes.lane_evicted[: len(self.lanes)]
+            self._rebuild_lane_map(int(window.max(initial=1)))
         self._check_rows_and_episodes()
 
     def _check_rows_and_episodes(self) -> None:
@@ -973,7 +1005,8 @@ class StorageView:
 
     @property
     def lane_map(self) -> np.ndarray | None:
-        """Several streams: the per-lane map [lane, t % online_capacity] -> slot (read-only); None with one."""
+        """Several streams: the per-lane map [lane, t % width] -> slot, width = ``lane_map.shape[1]`` (read-only);
+        None with one."""
         qmap = self._st._qmap
         return None if qmap is None else _read_only(qmap)
 

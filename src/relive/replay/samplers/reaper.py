@@ -241,14 +241,16 @@ class ReaPERSampler(Sampler):
                 _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d,
                                c)
             else:
-                _suffix_prefix_mapped(p_from, start, end, online, leaves, cap, lane_map, self.delta, self.prefix,
+                _suffix_prefix_mapped(p_from, start, end, online, leaves, lane_map.shape[1], lane_map, self.delta,
+                                      self.prefix,
                                       self.evicted_d, c)
             c_pow = _power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
             if lane_map is None:
                 _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
                                   self.evicted_u)
             else:
-                _suffix_running_u_mapped(p_from, start, end, online, leaves, cap, lane_map, c_pow, self.delta_pow,
+                _suffix_running_u_mapped(p_from, start, end, online, leaves, lane_map.shape[1], lane_map, c_pow,
+                                         self.delta_pow,
                                          self.cum_u, self.evicted_u)
             return
         lengths = end - p_from
@@ -447,7 +449,7 @@ class ReaPERSampler(Sampler):
         if self._compiled:
             lane_map = st.lane_map
             if lane_map is not None:
-                return _search_mapped(lo, hi, online, target, cap, lane_map, self.cum_u,
+                return _search_mapped(lo, hi, online, target, lane_map.shape[1], lane_map, self.cum_u,
                                       np.empty(leaves.size, np.int64))
             return _search(lo, hi, online, target, k, cap, self.cum_u, np.empty(leaves.size, np.int64))
         hi = hi - 1  # find the first position p in [lo, hi] with cum_u[p] > target (hi if none)
