@@ -1189,7 +1189,7 @@ def _open_column(path: Path, shape: tuple, dtype: np.dtype) -> np.memmap:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             got_shape, fortran, got_dtype = read(f)
-        except (ValueError, TypeError, SyntaxError, OverflowError, KeyError, EOFError) as e:
+        except Exception as e:  # numpy's header parser: any failure means a malformed header
             raise refuse(f"is not a valid .npy file ({e})") from None
         if got_shape != shape or got_dtype != dtype or fortran:
             raise refuse(f"has shape {got_shape} dtype {got_dtype}, expected {shape} {dtype}")
