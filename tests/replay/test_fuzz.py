@@ -273,7 +273,7 @@ class BufferMachine(RuleBasedStateMachine):
         def saver():
             try:
                 i = 0
-                while not stop.is_set() and i < 40:
+                while not stop.is_set() and i < 10:
                     (other if i % 2 == 0 else self.buf).save(self.path)
                     i += 1
             except BaseException as e:
