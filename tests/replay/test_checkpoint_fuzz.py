@@ -76,7 +76,10 @@ def _mutate_json(tree, data):
 
 
 def _rehash(ckpt: Path) -> None:
-    manifest = json.loads((ckpt / "MANIFEST.json").read_text())
+    try:
+        manifest = json.loads((ckpt / "MANIFEST.json").read_bytes())
+    except ValueError:  # (the mutation broke the manifest itself: nothing to re-hash)
+        return
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         return
     for name, entry in manifest["files"].items():
