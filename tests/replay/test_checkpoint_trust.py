@@ -288,3 +288,18 @@ def test_several_streams_positions_are_validated(tmp_path):
     bad = _resaved(tmp_path, PrioritizedSampler(), change, n=8, streams=3)
     with pytest.raises(CheckpointError, match="'position': positions beyond what their stream has written"):
         ReplayBuffer.load(bad)
+
+
+@pytest.mark.parametrize("edit", ["drop", "rename"])
+def test_a_manifest_edited_to_drop_or_rename_an_array_is_refused(saved, edit):
+    """The manifest is not itself hashed; state.json (hashed) records the tree's array keys, so an edited manifest
+    cannot silently hide an array (an optional field would load with its default) -- found by the fuzz test."""
+    m = _manifest(saved)
+    if edit == "drop":
+        del m["arrays"]["sampler__last_indices.npy"]
+        del m["files"]["sampler__last_indices.npy"]
+    else:
+        m["arrays"]["sampler__last_indices.npy"] = "sampler/other"
+    _write_manifest(saved, m)
+    with pytest.raises(CheckpointError, match="arrays do not match the arrays state.json records"):
+        load_tree(saved)

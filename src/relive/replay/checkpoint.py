@@ -119,7 +119,10 @@ def save_tree(path: str | os.PathLike, tree: dict, *, kind: str) -> Path:
     for key, arr in arrays.items():
         if arr.dtype.hasobject:
             raise ValueError(f"array {key!r} has dtype object; checkpoints hold plain numeric arrays only")
-    state_text = json.dumps(scalars, indent=1, sort_keys=True, allow_nan=True)
+    if ARRAY_KEYS in scalars:
+        raise ValueError(f"checkpoint key {ARRAY_KEYS!r} is reserved")
+    # state.json (hashed) records which arrays belong to the tree: a manifest edited to drop or rename one is refused
+    state_text = json.dumps({**scalars, ARRAY_KEYS: sorted(arrays)}, indent=1, sort_keys=True, allow_nan=True)
     _check_replaceable(path, kind, what="checkpoint path")
     if previous.exists() or previous.is_symlink():
         _check_replaceable(previous, kind, what="previous checkpoint")
@@ -235,6 +238,7 @@ def _fsync_dir(path: Path) -> None:
 
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists names and hashes: far below this
 _RELATIVE = "$relative_to_checkpoint"  # JSON form of a DirectoryRef (see _flatten)
+ARRAY_KEYS = "$arrays"  # in state.json: the keys of the tree's arrays
 
 
 def _plain_name(name) -> bool:
@@ -377,6 +381,10 @@ def _read_checkpoint(path: Path, kind: str | None, check_hashes: bool) -> tuple[
         raise CheckpointError(f"{where}: state.json is not valid JSON ({e})") from None
     if not isinstance(scalars, dict):
         raise CheckpointError(f"{where}: state.json is not a JSON object")
+    recorded = scalars.pop(ARRAY_KEYS, None)  # (absent in checkpoints written before 2026-11-26)
+    if recorded is not None and (not isinstance(recorded, list) or sorted(manifest["arrays"].values()) != recorded):
+        raise CheckpointError(f"{where}: MANIFEST.json's arrays do not match the arrays state.json records "
+                              "(the manifest was edited or damaged)")
     arrays = {key: _parse_npy(where, name, contents[name]) for name, key in manifest["arrays"].items()}
     return manifest, scalars, arrays
 
