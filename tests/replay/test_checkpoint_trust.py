@@ -303,3 +303,18 @@ def test_a_manifest_edited_to_drop_or_rename_an_array_is_refused(saved, edit):
     _write_manifest(saved, m)
     with pytest.raises(CheckpointError, match="arrays do not match the arrays state.json records"):
         load_tree(saved)
+
+
+def test_a_berb_network_entry_of_the_wrong_shape_is_one_checkpoint_error(tmp_path):
+    """torch's load_state_dict raises RuntimeError (several lines) for a wrong tensor: one CheckpointError line."""
+    from relive.replay import BERBSampler
+
+    def change(tree):
+        net = tree["sampler"]["net"]
+        key = next(iter(net))
+        net[key] = np.zeros((1, 1), np.float32)
+
+    bad = _resaved(tmp_path, BERBSampler(hidden=(8,), ratio_batch_size=8, first_chunk_rows=5), change)
+    with pytest.raises(CheckpointError, match="sampler state is malformed|replay buffer state is malformed") as err:
+        ReplayBuffer.load(bad)
+    assert "\n" not in str(err.value) and str(bad) in str(err.value)

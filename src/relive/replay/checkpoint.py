@@ -467,7 +467,9 @@ def loading(path: str | os.PathLike, what: str):
         raise CheckpointError(f"{path}: {what} has no field {e.args[0] if e.args else ''!r} (incomplete or from "
                               "another relive version)") from None
     except (ValueError, TypeError, IndexError, AttributeError, AssertionError, ArithmeticError, MemoryError,
-            RecursionError) as e:
+            RecursionError, RuntimeError) as e:  # (RuntimeError: torch's load_state_dict of a sampler's network)
+        if type(e).__name__ == "LockedError":  # a memmap directory in use: its own message, not the contents
+            raise
         detail = str(e).splitlines()[0] if str(e) else type(e).__name__
         if not isinstance(e, ValueError):
             detail = f"{what} is malformed ({type(e).__name__}: {detail})"
