@@ -301,6 +301,7 @@ def test_device_checkpoint_loads_onto_the_host(tmp_path):
     memmap = ReplayBuffer(8, 3, 2, backend="memmap", directory=tmp_path / "mm")  # a host backend: as it was saved
     memmap.extend(rows(8))
     memmap.save(tmp_path / "mm_ckpt")
+    memmap.close()  # (one buffer per memmap directory)
     assert ReplayBuffer.load(tmp_path / "mm_ckpt", device="host").storage.backend == "memmap"
 
 

@@ -1,12 +1,12 @@
 """Fuzzing the public buffer API with a hypothesis state machine, for every sampler (issue 14).
 
-Each step is one public call: offline / online inserts (with episode ends, extreme finite values), inserts that
-must be refused (NaN, inf, values beyond the column's dtype, bad flags, shapes, columns), sample + update with
-extreme finite signals, updates that may be refused, ARB refreshes with a random score function, save / load
-round trips and saves killed half-way. After every step: ``probabilities()`` is finite, >= 0, sums to 1 over
-the stored rows and is 0 elsewhere; the sampler state holds no NaN. A refused call leaves the buffer exactly as
-it was (the whole ``state_dict`` compared); a loaded buffer draws the same next batch as the original; a save
-killed at any file keeps the last complete checkpoint loadable.
+Each step is one public call: offline / online inserts (with episode ends, extreme finite values), inserts that must
+be refused (NaN, inf, values beyond the column's dtype, bad flags, shapes, columns), sample + update with extreme
+finite signals, updates that may be refused, ARB refreshes with a random score function, save / load round trips,
+saves killed half-way, loads while another thread saves, and copied checkpoints. After every step:
+``probabilities()`` is finite, >= 0, sums to 1 over the stored rows and is 0 elsewhere; the sampler state holds no
+NaN. A refused call leaves the buffer exactly as it was (the whole ``state_dict`` compared); a loaded buffer draws
+the same next batch as the original; a save killed at any file keeps the last complete checkpoint loadable.
 
 The default run is short (a few examples per sampler, derandomized); ``-m slow`` runs a longer search.
 """
@@ -17,6 +17,7 @@ import copy
 import math
 import shutil
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -256,6 +257,61 @@ class BufferMachine(RuleBasedStateMachine):
             np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
         np.testing.assert_array_equal(self.buf.sampler.probabilities(), loaded.sampler.probabilities())
         self.buf = loaded  # go on with the loaded one (same state)
+
+    @precondition(lambda self: len(self.buf) > 0 and self.buf.num_offline < self.buf.capacity)
+    @rule(loads=st.integers(1, 6), n=st.integers(1, 5))
+    def load_while_saving(self, loads, n):
+        """Another thread saves two different buffers in turn over the checkpoint while this one loads it: every
+        load is one of the two saves, whole, or a CheckpointError (issue 27 item 7)."""
+        other = ReplayBuffer.from_state_dict(copy.deepcopy(self.buf.state_dict()))
+        other.extend(_rows(self.rng, n, 3, self.step))
+        snaps = [self._snapshot(), self._snapshot(other)]
+        self.buf.save(self.path)
+        stop = threading.Event()
+        failures = []
+
+        def saver():
+            try:
+                i = 0
+                while not stop.is_set() and i < 10:
+                    (other if i % 2 == 0 else self.buf).save(self.path)
+                    i += 1
+            except BaseException as e:
+                failures.append(e)
+
+        thread = threading.Thread(target=saver, daemon=True)
+        thread.start()
+        try:
+            for _ in range(loads):
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        loaded = ReplayBuffer.load(self.path)
+                except ckpt.CheckpointError:
+                    continue
+                got = self._snapshot(loaded)
+                assert _same(got, snaps[0]) or _same(got, snaps[1]), "a load mixed two saves"
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+        assert not failures, failures
+        self.buf.save(self.path)
+        self.saved = (snaps[0], None)
+
+    @precondition(lambda self: self.saved is not None)
+    @rule()
+    def copied_checkpoint(self):
+        """A copied checkpoint directory loads as the original, and the original still does (issue 27 item 8)."""
+        copy_path = self.dir / "copied"
+        shutil.rmtree(copy_path, ignore_errors=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            original = self._snapshot(ReplayBuffer.load(self.path))
+            shutil.copytree(self.path if (self.path / "MANIFEST.json").exists() else
+                            self.path.with_name(self.path.name + ".previous"), copy_path)
+            assert _same(self._snapshot(ReplayBuffer.load(copy_path)), original)
+            assert _same(self._snapshot(ReplayBuffer.load(self.path)), original)
+        shutil.rmtree(copy_path)
 
     @precondition(lambda self: len(self.buf) > 0)
     @rule(stage=st.sampled_from(["write", "swap"]), at=st.integers(1, 40))

@@ -47,15 +47,18 @@ def test_memmap_checkpoint_refers_to_its_files(tmp_path):
     files = sorted(f.name for f in (tmp_path / "ckpt").iterdir())
     assert not [f for f in files if f.startswith("storage__columns")], files  # no column is copied
     want = buf.sample(8)
+    buf.rng = np.random.default_rng(0)
+    x = buf.sample(8)
+    buf.close()  # one buffer per memmap directory: the loaded one takes it over
     back = ReplayBuffer.load(tmp_path / "ckpt")
     assert back.storage.backend == "memmap"
-    buf.rng = np.random.default_rng(0)
     back.rng = np.random.default_rng(0)
-    x, y = buf.sample(8), back.sample(8)
+    y = back.sample(8)
     np.testing.assert_array_equal(x.obs["image"], y.obs["image"])
     np.testing.assert_array_equal(x.next_obs["state"], y.next_obs["state"])
     assert want.obs["image"].shape == (8, 2, 3)
     back.extend(rows_of(9))  # the files change: the checkpoint no longer matches them
+    back.close()
     with pytest.raises(ValueError, match="was changed after this checkpoint was saved"):
         ReplayBuffer.load(tmp_path / "ckpt")
     with pytest.raises(ValueError, match="exists: a memmap buffer creates its column files in a fresh directory"):
@@ -142,10 +145,12 @@ def test_saving_a_clean_memmap_buffer_twice_keeps_the_first_checkpoint_loadable(
     fill(buf)
     buf.save(tmp_path / "a")
     buf.save(tmp_path / "b")  # nothing written in between: same files, same token
-    ReplayBuffer.load(tmp_path / "a")
+    buf.close()
+    buf = ReplayBuffer.load(tmp_path / "a")
     buf.extend(rows_of(7))
     buf.save(tmp_path / "c")
-    ReplayBuffer.load(tmp_path / "c")
+    buf.close()
+    ReplayBuffer.load(tmp_path / "c").close()
     with pytest.raises(ValueError, match="was changed after this checkpoint was saved"):
         ReplayBuffer.load(tmp_path / "a")
 

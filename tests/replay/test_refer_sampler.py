@@ -330,3 +330,39 @@ def test_checkpoint_keeps_the_estimator_and_the_last_pass(tmp_path):
     assert loaded.sampler.far_estimator == "stale" and loaded.sampler.config() == buf.sampler.config()
     for key in ("replay/refer_far_fraction_exact", "replay/refer_far_fraction_stale", "replay/far_policy_fraction"):
         assert loaded.stats()[key] == buf.stats()[key], key
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("rho", -1.0, "'rho' entry 0: value -1.0 is not allowed"),
+    ("rho", float("nan"), "'rho' entry 0: value nan is not allowed"),
+    ("num_far", 10**6, r"'num_far' must be an integer in \[0, 50\]"),
+    ("beta", float("inf"), "'beta' must be a finite number"),
+])
+def test_a_checkpoint_with_a_wrong_refer_state_is_refused_naming_the_field(tmp_path, field, value, match):
+    """Issue 27 item 11: ReF-ER's state is validated on load with the rules of its input."""
+    from relive.replay.checkpoint import CheckpointError, load_tree, save_tree
+
+    buf = buffer(capacity=50, n=70, A=1e-2, initial_beta=0.5)
+    random_updates(buf, 5, batch=20)
+    buf.save(tmp_path / "good")
+    tree = load_tree(tmp_path / "good")
+    if field == "rho":
+        tree["sampler"]["rho"][0] = value
+    else:
+        tree["sampler"][field] = value
+    save_tree(tmp_path / "bad", tree, kind="replay_buffer")
+    with pytest.raises(CheckpointError, match=match):
+        ReplayBuffer.load(tmp_path / "bad")
+
+
+def test_a_num_far_that_disagrees_with_the_far_rows_is_refused(tmp_path):
+    from relive.replay.checkpoint import CheckpointError, load_tree, save_tree
+
+    buf = buffer(capacity=50, n=70, A=1e-2, initial_beta=0.5)
+    random_updates(buf, 25, batch=20)
+    buf.save(tmp_path / "good")
+    tree = load_tree(tmp_path / "good")
+    tree["sampler"]["num_far"] = int(tree["sampler"]["far"].sum()) + 1
+    save_tree(tmp_path / "bad", tree, kind="replay_buffer")
+    with pytest.raises(CheckpointError, match="'num_far' is .* rows are marked far"):
+        ReplayBuffer.load(tmp_path / "bad")

@@ -323,3 +323,50 @@ def test_a_write_longer_than_a_part_empty_ring_keeps_the_evicted_sums(use_kernel
     d = sum(v for (e, _), v in model.d.items() if e == episode)  # the 5 evicted rows' d and the 3 stored rows'
     assert sampler.total[leaf] == pytest.approx(d, rel=1e-12)
     np.testing.assert_allclose(sampler.probabilities(), model.probabilities(), rtol=1e-9, atol=1e-15)
+
+
+def _plain_rows(n: int) -> dict:
+    return {"obs": np.zeros((n, 3), np.float32), "action": np.zeros((n, 1), np.float32),
+            "reward": np.zeros(n, np.float32), "next_obs": np.zeros((n, 3), np.float32),
+            "terminated": np.zeros(n, bool), "truncated": np.arange(n) % 7 == 6}
+
+
+def test_many_streams_keep_the_lane_map_small_and_grow_it_by_doubling(monkeypatch):
+    """Issue 27 item 14: 200 vector envs at a large capacity took 3.6 GB and 47 s: the per-stream map was 8 bytes per
+    slot per stream and grew by one copied row per new stream. Its width now follows the longest run of one stream's
+    stored rows and its rows double."""
+    from relive.replay.storage import Storage
+
+    rebuilds = []
+    real = Storage._rebuild_lane_map
+    monkeypatch.setattr(Storage, "_rebuild_lane_map", lambda self, w: (rebuilds.append(w), real(self, w))[1])
+    buf = ReplayBuffer(100_000, 3, 1)
+    st = buf.storage
+    for _ in range(3):
+        for s in range(200):
+            buf.extend(_plain_rows(1), stream=s)
+    assert st._qmap.shape == (256, Storage.MIN_LANE_MAP_WIDTH)  # not (200, 100_000): 160 MB
+    assert len(rebuilds) == 1
+    online = np.arange(st.num_offline, st.size)
+    np.testing.assert_array_equal(st.online_slot(st._pos[online]), online)
+
+
+@pytest.mark.parametrize("capacity", [50, 3000])
+def test_the_lane_map_stays_exact_while_one_stream_outgrows_its_width(capacity):
+    rng = np.random.default_rng(capacity)
+    buf = ReplayBuffer(capacity, 3, 1)
+    st = buf.storage
+    widths = set()
+    for _ in range(60):
+        s = int(rng.integers(0, 4)) if rng.random() < 0.5 else 0  # stream 0 writes the long runs
+        buf.extend(_plain_rows(int(rng.integers(1, capacity // 3 + 2))), stream=s)
+        if st._qmap is not None:
+            widths.add(st._qmap.shape[1])
+            online = np.arange(st.num_offline, st.size)
+            np.testing.assert_array_equal(st.online_slot(st._pos[online]), online)
+            view = st.episodes.live()
+            slots = st.episode_slots(view.start, view.length, view.source)
+            assert np.array_equal(np.sort(slots), online)
+    assert max(widths) <= capacity
+    if capacity > 2 * 1024:
+        assert len(widths) > 1  # the width grew at least once

@@ -429,6 +429,12 @@ class ReplayBuffer:
         """Write a pickle-free checkpoint directory (see :mod:`relive.replay.checkpoint`); ``offline`` as in
         :meth:`state_dict`."""
         checkpoint.save_tree(path, self.state_dict(offline), kind="replay_buffer")
+        self.storage.claim_checkpoint(path, loading=False)  # memmap: the files now belong to this checkpoint
+
+    def close(self) -> None:
+        """A memmap buffer: flush its column files and give its directory up, so that another buffer (this process
+        or another) may load it; the buffer refuses writes afterwards. Other backends: nothing to do."""
+        self.storage.close()
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, check_hashes: bool = True, offline_rows=None,
@@ -440,7 +446,14 @@ class ReplayBuffer:
         (a device buffer's checkpoint goes to RAM, e.g. read where there is no GPU, its draws continuing from the
         host generator; a RAM or memmap one loads as saved), None: as it was saved."""
         state = checkpoint.load_tree(path, kind="replay_buffer", check_hashes=check_hashes)
-        return cls.from_state_dict(state, offline_rows=offline_rows, device=device)
+        with checkpoint.loading(path, "replay buffer state"):
+            buf = cls.from_state_dict(state, offline_rows=offline_rows, device=device)
+            try:
+                buf.storage.claim_checkpoint(path, loading=True)
+            except BaseException:
+                buf.close()
+                raise
+        return buf
 
     @classmethod
     def from_state_dict(cls, state: dict, offline_rows=None, device=None) -> ReplayBuffer:
@@ -458,6 +471,15 @@ class ReplayBuffer:
                                  "host only")
         buf = cls.__new__(cls)
         buf.storage = Storage.from_config(scfg)
+        try:
+            buf._load_state(state, cfg, offline_rows)
+        except BaseException:
+            buf.storage.close()  # a memmap directory is given up again
+            raise
+        return buf
+
+    def _load_state(self, state: dict, cfg: dict, offline_rows) -> None:
+        buf = self
         ref = state["storage"].get("offline_ref")
         if ref is not None:
             dataset = ref["dataset_id"]
@@ -492,4 +514,3 @@ class ReplayBuffer:
                 buf.torch_rng.set_state(torch.as_tensor(np.asarray(dev["torch_rng"], np.uint8)))
             else:  # saved on the host or another device type: a fresh stream, derived from the seed and the clock
                 buf.torch_rng.manual_seed(buf.seed * 1_000_003 + buf.num_updated)
-        return buf

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from relive.replay._state import state_array, state_int
 from relive.types import OFFLINE, ONLINE
 
 
@@ -340,21 +341,50 @@ class EpisodeIndex:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        n = int(state["num_records"])
+        """Restore a :meth:`state_dict`, checked: counters in range and consistent with each other, record arrays
+        of ``num_records`` entries, open episodes among the known ids (a ValueError names the field). Whether the
+        records agree with the stored rows is the storage's check."""
+        owner = "storage state episodes"
+        n = state_int(state, "num_records", owner)
+        recs = {name: state_array(state, f"rec_{name}", owner, length=n, dtype=dt, low=0 if name != "source" else None)
+                for name, dt in _FIELDS}
+        if n and not np.isin(recs["source"], (OFFLINE, ONLINE)).all():
+            raise ValueError(f"{owner} field 'rec_source': sources must be 0 (offline) or 1 (online)")
+        shift = state_int(state, "shift", owner)
+        next_id = state_int(state, "next_id", owner)
+        num_offline_episodes = state_int(state, "num_offline_episodes", owner, high=min(next_id, n))
+        first_live = state_int(state, "first_live_online_id", owner, high=next_id)
+        if next_id - shift != n or shift > max(0, first_live - num_offline_episodes):
+            raise ValueError(f"{owner}: next_id {next_id}, shift {shift} and num_records {n} disagree")
+        if n and ((recs["source"][:num_offline_episodes] != OFFLINE).any()
+                  or (recs["source"][num_offline_episodes:] != ONLINE).any()):
+            raise ValueError(f"{owner} field 'rec_source': offline records must come first")
+        if "lane_evicted" in state:
+            lane_evicted = state_array(state, "lane_evicted", owner, dtype=np.int64, low=0)
+        else:
+            lane_evicted = np.array([state_int(state, "online_evicted_before", owner)], np.int64)
+        if lane_evicted.size < 1 or ((lane_evicted >> LANE_BITS) != np.arange(lane_evicted.size)).any():
+            raise ValueError(f"{owner} field 'lane_evicted': one bound per stream, each in its stream's positions")
+        open_ids = (state_int(state, "open_offline", owner, low=-1, high=next_id - 1),
+                    state_int(state, "open_online", owner, low=-1, high=next_id - 1))
+        pairs = (state_array(state, "open_lanes", owner, dtype=np.int64, shape=(2,))
+                 if "open_lanes" in state else np.zeros((0, 2), np.int64))
+        if pairs.size and ((pairs[:, 0] < 1).any() or (pairs[:, 0] >= lane_evicted.size).any()
+                           or (pairs[:, 1] < num_offline_episodes).any() or (pairs[:, 1] >= next_id).any()):
+            raise ValueError(f"{owner} field 'open_lanes': open episodes of unknown streams or ids")
         self._rec = {}
         for name, dt in _FIELDS:
             arr = np.zeros(max(64, n), dtype=dt)
-            arr[:n] = np.asarray(state[f"rec_{name}"], dtype=dt)
+            arr[:n] = recs[name]
             self._rec[name] = arr
         self._num_records = n
-        self._shift = int(state["shift"])
-        self.num_offline_episodes = int(state["num_offline_episodes"])
-        self.next_id = int(state["next_id"])
-        self.first_live_online_id = int(state["first_live_online_id"])
-        self.lane_evicted = np.asarray(state.get("lane_evicted", [state["online_evicted_before"]]), np.int64).copy()
+        self._shift = shift
+        self.num_offline_episodes = num_offline_episodes
+        self.next_id = next_id
+        self.first_live_online_id = first_live
+        self.lane_evicted = lane_evicted.copy()
         self.multi = self.lane_evicted.size > 1
-        self._open = {OFFLINE: int(state["open_offline"]), ONLINE: int(state["open_online"])}
-        pairs = np.asarray(state.get("open_lanes", np.zeros((0, 2))), np.int64).reshape(-1, 2)
+        self._open = {OFFLINE: open_ids[0], ONLINE: open_ids[1]}
         self._open_lanes = {int(a): int(b) for a, b in pairs}
 
     def end_of(self, ids) -> np.ndarray:

@@ -15,8 +15,9 @@ rows, stream=k)`` appends rows of stream ``k`` in that stream's time order, and 
 between chunks of another. Episodes, steps and everything computed per episode follow each stream on its own
 (see :mod:`relive.replay.episodes`: a stream is a *lane* of logical positions). One stream (the default, 0)
 is the fast path: positions are the ring's clock and nothing per lane is kept. From the second stream on the
-storage keeps each online row's logical position and a per-lane map position -> slot (8 bytes per online slot
-per stream). Writes are all-or-nothing: the whole batch is validated before any byte moves.
+storage keeps each online row's logical position and a per-lane map position -> slot, as wide as the longest
+run of one stream's stored rows (rounded up to a power of two; 8 bytes per entry). Writes are all-or-nothing:
+the whole batch is validated before any byte moves.
 
 Observations: flat (one ``obs`` column, and ``next_obs``) or a dict of keys, each its own column ``obs.<key>``
 with its own shape and dtype; ``read("obs", slots)`` returns an array or a dict key -> array. With
@@ -34,17 +35,22 @@ RAM backend's.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from relive.files import write_text_atomic
+from relive.files import DirectoryLock, write_text_atomic
+from relive.replay._state import state_array, state_field, state_int
+from relive.replay.checkpoint import DirectoryRef
 from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
 from relive.types import OFFLINE, ONLINE, RESERVED_COLUMN_NAMES, SOURCE_NAMES
 
@@ -158,7 +164,19 @@ class Storage:
         self._memmap_token: str | None = None  # the token of that save
         self.offline_dataset_ids: list[str | None] = []  # per add_offline call: the dataset id it named
         self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
-        self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
+        self._lock: DirectoryLock | None = None
+        self._created: list[Path] = []
+        if backend == "memmap":
+            self._open_memmap_directory()
+            try:
+                self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
+            except BaseException:
+                for path in self._created:  # a refused buffer leaves no column file behind
+                    path.unlink(missing_ok=True)
+                self._lock.release()
+                raise
+        else:
+            self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
@@ -168,7 +186,7 @@ class Storage:
         self.lane_written: list[int] = []
         self._lane_of: dict[int, int] = {}
         self._pos: np.ndarray | None = None  # several streams: logical position of every online slot
-        self._qmap: np.ndarray | None = None  # several streams: [lane, t % online_capacity] -> slot
+        self._qmap: np.ndarray | None = None  # several streams: [lane, t % width] -> slot (_rebuild_lane_map)
         if self.dedup_next_obs:
             self._nx = _NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
 
@@ -181,20 +199,54 @@ class Storage:
             return TorchColumn((self.capacity, *spec.shape), spec.dtype, self.device)
         path = self.directory / f"{name}.npy"
         if self._open_existing:  # a checkpoint that refers to its memmap files
-            try:
-                arr = np.load(path, mmap_mode="r+", allow_pickle=False)
-            except (OSError, ValueError) as e:
-                raise ValueError(f"memmap column file {path} cannot be opened ({e}); the checkpoint refers to it "
-                                 "instead of holding its rows") from None
-            if arr.shape != (self.capacity, *spec.shape) or arr.dtype != spec.dtype:
-                raise ValueError(f"memmap column file {path} has shape {arr.shape} dtype {arr.dtype}, expected "
-                                 f"{(self.capacity, *spec.shape)} {spec.dtype}")
-            return arr
-        self.directory.mkdir(parents=True, exist_ok=True)
-        if path.exists():
+            return _open_column(path, (self.capacity, *spec.shape), spec.dtype)
+        if path.exists() or path.is_symlink():
             raise ValueError(f"{path} exists: a memmap buffer creates its column files in a fresh directory "
                              "(ReplayBuffer.load reopens one from its checkpoint)")
-        return np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=(self.capacity, *spec.shape))
+        arr = np.lib.format.open_memmap(path, mode="w+", dtype=spec.dtype, shape=(self.capacity, *spec.shape))
+        self._created.append(path)
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            _reserve(fd, path, arr.offset + arr.nbytes)
+        finally:
+            os.close(fd)
+        return arr
+
+    def _open_memmap_directory(self) -> None:
+        """Memmap: take the directory (one buffer writes it at a time: a lock the kernel drops when this process
+        ends) and, for a new buffer, check that the file system has room for every column file before creating
+        them (each file is then allocated for real: writes through the map never meet a full disk)."""
+        self.directory = Path(os.path.abspath(self.directory))
+        if not self._open_existing:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        elif not self.directory.is_dir():
+            raise ValueError(f"memmap directory {self.directory} does not exist; the checkpoint refers to its column "
+                             "files instead of holding its rows (copy it along with the checkpoint)")
+        self._lock = DirectoryLock(self.directory, what="memmap directory")
+        if self._open_existing:
+            return
+        need = sum(self.capacity * int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize + 4096
+                   for s in self.specs.values())
+        fs = os.statvfs(self.directory)
+        free = fs.f_bavail * fs.f_frsize
+        if need > free:
+            self._lock.release()
+            raise ValueError(f"memmap buffer of capacity {self.capacity} needs {need / 1e9:.3g} GB of column files in "
+                             f"{self.directory}, but its file system has {free / 1e9:.3g} GB free; choose a smaller "
+                             "capacity or another directory")
+
+    def close(self) -> None:
+        """Memmap: flush the column files and give the directory up (another buffer may then load it); the
+        storage refuses writes afterwards. Nothing to do for the other backends."""
+        if self._lock is not None and self._lock.held:
+            for arr in self.columns.values():
+                arr.flush()
+            self._lock.release()
+
+    def _check_open(self) -> None:
+        if self._lock is not None and not self._lock.held:
+            raise ValueError(f"this memmap buffer was closed (its directory {self.directory} was given up); load it "
+                             "again from a checkpoint")
 
     @property
     def multi_stream(self) -> bool:
@@ -227,7 +279,7 @@ class Storage:
         if self._qmap is None:
             return self.num_offline + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
         positions = np.asarray(positions, dtype=np.int64)
-        return self._qmap[positions >> LANE_BITS, (positions & LANE_MASK) % max(self.online_capacity, 1)]
+        return self._qmap[positions >> LANE_BITS, (positions & LANE_MASK) % self._qmap.shape[1]]
 
     def ring_slot(self, clock: np.ndarray) -> np.ndarray:
         """Slot of online rows given the ring's clock (online rows written before them, all streams)."""
@@ -266,17 +318,42 @@ class Storage:
         return lane
 
     def _add_lane_map(self, lane: int) -> None:
-        cap = self.online_capacity
-        if self._qmap is None:  # the second stream: lane 0's positions were the ring's clock until now
+        """Room for ``lane`` in the per-lane map: the second stream builds it (lane 0's positions were the ring's
+        clock until now); later streams double its rows when they run out (amortized: 200 streams cost 8 row
+        copies of the map, not 200)."""
+        if self._qmap is None:
             self._pos = np.zeros(self.capacity, np.int64)
             online = np.arange(self.num_offline, self.size, dtype=np.int64)
             self._pos[online] = self.ring_position_of(online)
-            self._qmap = np.zeros((max(2, lane + 1), cap), np.int64)
-            self._qmap[0] = self.num_offline + np.arange(cap)
+            self._qmap = np.zeros((max(2, lane + 1), 0), np.int64)
+            self._rebuild_lane_map(self.num_online)
         elif self._qmap.shape[0] <= lane:
-            grown = np.zeros((lane + 1, cap), np.int64)  # (exactly: 8 bytes per slot per stream, as documented)
+            grown = np.zeros((max(lane + 1, 2 * self._qmap.shape[0]), self._qmap.shape[1]), np.int64)
             grown[: self._qmap.shape[0]] = self._qmap
             self._qmap = grown
+
+    MIN_LANE_MAP_WIDTH = 1024
+
+    def _rebuild_lane_map(self, window: int, clock: int | None = None) -> None:
+        """Size the map's width for a lane holding ``window`` stored rows and refill it from the stored rows'
+        positions. An entry is ``[lane, t % width]``: a lane's stored rows are a contiguous run of its positions
+        (each stream's rows are overwritten in their own time order), so a width of at least the longest run keeps
+        them apart. The width doubles (at most to the ring's size) only when a lane's run outgrows it: with many
+        streams sharing the ring each holds a fraction of it, and the map stays near 8 bytes per stored row times
+        the slack of one doubling, instead of 8 bytes per slot per stream. ``clock``: the ring's clock whose stored
+        rows the map holds (default: now; a write rebuilding it passes its clock before the rows it is adding)."""
+        cap = max(self.online_capacity, 1)
+        width = min(cap, max(self.MIN_LANE_MAP_WIDTH, 1 << max(int(window) - 1, 0).bit_length()))
+        self._qmap = np.zeros((self._qmap.shape[0], width), np.int64)
+        clock = self.num_online_written if clock is None else clock
+        n = min(clock, cap if self.online_capacity > 0 else 0)
+        if n:
+            slots = self.ring_slot(np.arange(clock - n, clock))  # oldest first
+            pos = self._pos[slots]
+            key = (pos >> LANE_BITS) * width + (pos & LANE_MASK) % width
+            _, last = np.unique(key[::-1], return_index=True)  # a key met twice: the newer row (still stored) wins
+            keep = n - 1 - last
+            self._qmap.reshape(-1)[key[keep]] = slots[keep]
 
     def _evicted_by(self, start: int, n: int) -> dict[int, int]:
         """Several streams: per lane, the position bound of its rows that a write of ``n`` rows at the ring's
@@ -375,6 +452,7 @@ class Storage:
         """Append validated rows of one source (online: of one ``stream``, in its time order); returns their slots
         (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
         batch)."""
+        self._check_open()
         rows, n = self.validate(data)
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
@@ -448,8 +526,11 @@ class Storage:
                 self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
             else:
                 positions = start + skip + np.arange(kept, dtype=np.int64)
+                window = start + n - max(int(self.episodes.lane_evicted[lane]), bounds.get(lane, 0))
+                if window > self._qmap.shape[1]:  # this lane's stored run outgrows the map's width
+                    self._rebuild_lane_map(window, clock)
                 self._pos[slots] = positions
-                self._qmap[lane, (positions & LANE_MASK) % ring] = slots
+                self._qmap[lane, (positions & LANE_MASK) % self._qmap.shape[1]] = slots
                 self.episodes.evict_lanes(bounds)
         if skip:
             full = np.full(n, -1, dtype=np.int64)
@@ -505,6 +586,7 @@ class Storage:
         lane = self._lane_of.get(stream)
         if lane is None:
             return -1
+        self._check_open()
         self._touch()
         episode_id = self.episodes.close_lane(lane)
         if episode_id != -1 and self.episodes.is_live([episode_id])[0]:
@@ -519,6 +601,7 @@ class Storage:
         The rows stay the same transitions, so generations do not change."""
         if name not in self.extra_names:
             raise ValueError(f"{name!r} is not an extra column (extra columns: {list(self.extra_names)})")
+        self._check_open()
         slots = self.check_slots(slots)
         self._touch()
         values = _convert(name, _as_numpy(values), self.specs[name].dtype)
@@ -598,7 +681,7 @@ class Storage:
             "action_dtype": self.specs["action"].dtype.str,
             "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
             "dedup_next_obs": self.dedup_next_obs,
-        } | ({"backend": "memmap", "directory": str(self.directory)} if self.backend == "memmap" else {}) | (
+        } | ({"backend": "memmap", "directory": DirectoryRef(self.directory)} if self.backend == "memmap" else {}) | (
             {"backend": "torch", "device": str(self.device)} if self.backend == "torch" else {})
         if self.obs_keys is None:
             cfg |= {"obs_shape": list(obs.shape), "obs_dtype": obs.dtype.str}
@@ -618,8 +701,31 @@ class Storage:
                    action_dtype=np.dtype(cfg["action_dtype"]),
                    extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()},
                    dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), backend=cfg.get("backend", "ram"),
-                   directory=cfg.get("directory"), _open_existing=cfg.get("backend") == "memmap",
+                   directory=_directory(cfg.get("directory")), _open_existing=cfg.get("backend") == "memmap",
                    **({"device": cfg.get("device")} if cfg.get("backend") == "torch" else {}) | kwargs)
+
+    def claim_checkpoint(self, path: str | os.PathLike, *, loading: bool) -> None:
+        """Memmap: record that the checkpoint at ``path`` refers to this directory's files (``loading=False``,
+        after a save), or check, when it is loaded, that it is not a copy of another checkpoint that refers to the
+        same files: a checkpoint copied without its column directory (which stayed where it was) would make this
+        buffer write into the other checkpoint's rows, so it is refused, naming both."""
+        if self.backend != "memmap":
+            return
+        marker_path = self.directory / MEMMAP_STATE
+        marker = _read_json(marker_path)
+        me = os.path.abspath(path)
+        listed = [c for c in marker.get("checkpoints", []) if isinstance(c, str)]
+        if loading and me not in listed:
+            others = [c for c in listed if Path(c, "MANIFEST.json").is_file()]
+            if others:
+                raise ValueError(f"checkpoint {me} refers to memmap directory {self.directory}, whose rows belong to "
+                                 f"checkpoint {others[0]} (saved there): {me} is a copy made without the column "
+                                 f"files, and extending it would change {others[0]}'s rows. Copy the memmap "
+                                 "directory along with the checkpoint (at the same place relative to it), or move "
+                                 "the checkpoint instead of copying it")
+        if me not in listed:
+            _write_json(marker_path, marker | {"checkpoints": [*listed, me] if not loading else [me],
+                                               "directory": str(self.directory)})
 
     def _touch(self) -> None:
         """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
@@ -665,9 +771,10 @@ class Storage:
             if not (self._memmap_clean and token):  # unchanged since the last save: the same token, so a checkpoint
                 token = uuid.uuid4().hex  # kept from that save (a trainer's `.previous`) stays loadable
                 _write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
-                                                            "num_online_written": self.num_online_written})
+                                                            "num_online_written": self.num_online_written,
+                                                            "directory": str(self.directory), "checkpoints": []})
             self._memmap_clean, self._memmap_token = True, token
-            state["memmap"] = {"directory": str(self.directory), "token": token}
+            state["memmap"] = {"directory": DirectoryRef(self.directory), "token": token}
         elif offline == "reference":
             ids = set(self.offline_dataset_ids)
             if len(ids) != 1 or None in ids:
@@ -712,36 +819,68 @@ class Storage:
                              "copies them")
 
     def load_state_dict(self, state: Mapping) -> None:
+        """Restore a :meth:`state_dict`, checked like input: counters in range, per-row arrays of the stored size,
+        data rows finite where a write requires it, and the episode table consistent with the rows (every stored
+        row in exactly one live episode, its id and step as recorded). A ValueError names the bad field."""
+        owner = "storage state"
+        if not isinstance(state, Mapping):
+            raise ValueError(f"{owner} is not a mapping")
         if "offline_ref" in state:  # the offline rows were written again by the caller (checked against the hash)
             self.check_offline_reference(state["offline_ref"])
-        self.num_offline = int(state["num_offline"])
-        self.num_online_written = int(state["num_online_written"])
+        num_offline = state_int(state, "num_offline", owner, high=self.capacity)
+        num_online_written = state_int(state, "num_online_written", owner, high=LANE_MASK)
+        if num_online_written and num_offline >= self.capacity:
+            raise ValueError(f"{owner}: {num_online_written} online rows written but the offline rows fill the "
+                             "capacity")
+        self.num_offline, self.num_online_written = num_offline, num_online_written
         streams = state.get("streams")
         if streams is None:  # a checkpoint from before streams: one stream (0) wrote every online row
             lanes, written = ([0], [self.num_online_written]) if self.num_online_written else ([], [])
         else:
-            lanes = np.asarray(streams["lanes"], np.int64).tolist()
-            written = np.asarray(streams["lane_written"], np.int64).tolist()
+            lanes = state_array(streams, "lanes", f"{owner} streams", dtype=np.int64, low=0, high=MAX_STREAM).tolist()
+            written = state_array(streams, "lane_written", f"{owner} streams", length=len(lanes), dtype=np.int64,
+                                  low=0, high=LANE_MASK).tolist()
+            if len(set(lanes)) != len(lanes) or sum(written) != num_online_written:
+                raise ValueError(f"{owner} streams: lanes {lanes[:8]} with rows written {written[:8]} do not add up to "
+                                 f"the {num_online_written} online rows written (or a stream appears twice)")
+            if len(lanes) > self.capacity:
+                raise ValueError(f"{owner} streams: {len(lanes)} streams, more than the capacity {self.capacity}")
         self.lanes, self.lane_written = [int(x) for x in lanes], [int(x) for x in written]
         self._lane_of = {s: i for i, s in enumerate(self.lanes)}
         self._pos = self._qmap = None
         size = self.size
         if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
+            if self.backend != "memmap":
+                raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
+                                 f"says backend {self.backend!r}")
             marker = _read_json(self.directory / MEMMAP_STATE)
-            self._memmap_token = state["memmap"]["token"]
-            if marker.get("token") != state["memmap"]["token"]:
+            token = state["memmap"].get("token") if isinstance(state["memmap"], Mapping) else None
+            if not isinstance(token, str) or marker.get("token") != token:
                 raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
                                  "(rows written since, or by another run): the rows it refers to are gone. Resume "
                                  "from the checkpoint saved last, or save with a RAM buffer to copy rows")
+            self._memmap_token = token
+            recorded = marker.get("directory")
+            if isinstance(recorded, str) and recorded != str(self.directory):
+                warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
+                              f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
+                              stacklevel=2)
+                _write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
+                                                                      "checkpoints": []})
         lo = int(state["offline_ref"]["num_offline"]) if "offline_ref" in state else 0
         for name, arr in self.columns.items():
             if "memmap" in state:
                 break
             first = 0 if name in self.extra_names else lo  # extra columns are always copied whole
-            src = np.asarray(state["columns"][name])
+            src = np.asarray(state_field(state_field(state, "columns", owner), name, f"{owner} columns"))
             if src.shape != (size - first, *arr.shape[1:]) or src.dtype != arr.dtype:
                 raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
                                  f"expected {(size - first, *arr.shape[1:])} {arr.dtype}")
+            finite = name in self.extra_names or name.split(".")[0] in _FINITE_CHECKED
+            if finite and src.dtype.kind == "f" and not np.isfinite(src).all():
+                row = int(np.argwhere(~np.isfinite(src.reshape(src.shape[0], -1)))[0][0])
+                raise ValueError(f"checkpoint column {name!r} row {first + row}: value is not finite (a write would "
+                                 "have refused it)")
             arr[first:size] = src
         # a referenced offline part's bookkeeping comes from writing its rows again (checked against the saved hash);
         # checkpoints before 2026-11-26 hold it whole
@@ -750,22 +889,65 @@ class Storage:
             raise ValueError(f"offline dataset {state['offline_ref']['dataset_id']!r}: its rows hash as saved, but the "
                              "episode bookkeeping rebuilt from them differs from the checkpoint's (rows written in "
                              "different add_offline calls?); load the checkpoint with the rows added as they were")
+        meta = state_field(state, "meta", owner)
         for name, arr in self.meta.items():
-            if name in state["meta"]:
-                arr[meta_lo:size] = np.asarray(state["meta"][name], dtype=arr.dtype)
-            else:  # "stream" in a checkpoint from before streams
+            if name in meta:
+                arr[meta_lo:size] = state_array(meta, name, f"{owner} meta", length=size - meta_lo, dtype=arr.dtype)
+            elif name == "stream":  # a checkpoint from before streams
                 arr[meta_lo:size] = 0
+            else:
+                state_field(meta, name, f"{owner} meta")  # raises, naming it
         if self._gen_t is not None:
             self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
         if self.dedup_next_obs:
-            self._nx.load_state_dict(state["next_obs_store"])
-        self.episodes.load_state_dict(state["episodes"])
+            self._nx.load_state_dict(state_field(state, "next_obs_store", owner), size)
+        self.episodes.load_state_dict(state_field(state, "episodes", owner))
+        self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
         if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
-            self._add_lane_map(len(self.lanes) - 1)
             online = np.arange(self.num_offline, size, dtype=np.int64)
-            pos = np.asarray(streams["position"], np.int64)[online]
+            pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
+            lane, t = pos >> LANE_BITS, pos & LANE_MASK
+            if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
+                raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
+            self._pos = np.zeros(self.capacity, np.int64)
             self._pos[online] = pos
-            self._qmap[pos >> LANE_BITS, (pos & LANE_MASK) % self.online_capacity] = online
+            self._qmap = np.zeros((len(self.lanes), 0), np.int64)
+            ends = np.asarray(self.lane_written, np.int64) + (np.arange(len(self.lanes), dtype=np.int64) << LANE_BITS)
+            window = ends - self.episodes.lane_evicted[: len(self.lanes)]
+            self._rebuild_lane_map(int(window.max(initial=1)))
+        self._check_rows_and_episodes()
+
+    def _check_rows_and_episodes(self) -> None:
+        """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode
+        that does not hold its rows)."""
+        size, k = self.size, self.num_offline
+        meta = self.meta
+        if (meta["generation"][:size] < 1).any():
+            raise ValueError("storage state meta field 'generation': a stored row has generation < 1")
+        if (meta["source"][:k] != OFFLINE).any() or (meta["source"][k:size] != ONLINE).any():
+            raise ValueError("storage state meta field 'source' disagrees with num_offline")
+        try:
+            view = self.episodes.live()
+            if (view.length < 0).any():
+                raise IndexError
+            slots = self.episode_slots(view.start, view.length, view.source)
+            bad = slots.size != size or (slots.size and (slots.min() < 0 or slots.max() >= size))
+            if not bad:
+                bad = (np.bincount(slots, minlength=size) != 1).any()
+        except (IndexError, ValueError, OverflowError):
+            bad = True
+        if bad:
+            raise ValueError(f"storage state field 'episodes': the live episodes do not cover the {size} stored rows "
+                             "exactly once (episode table inconsistent with the rows)")
+        ids = np.repeat(view.ids, view.length)
+        if (meta["episode_id"][slots] != ids).any():
+            raise ValueError("storage state meta field 'episode_id' disagrees with the episode table")
+        step = meta["step_in_episode"][slots]
+        first = np.cumsum(view.length) - view.length
+        expect = np.repeat(step[first] if slots.size else step[:0], view.length) + np.arange(slots.size) - np.repeat(
+            first, view.length)
+        if slots.size and ((step != expect).any() or (step[first] < 0).any()):
+            raise ValueError("storage state meta field 'step_in_episode' is not consecutive within its episodes")
 
 
 class StorageView:
@@ -827,7 +1009,8 @@ class StorageView:
 
     @property
     def lane_map(self) -> np.ndarray | None:
-        """Several streams: the per-lane map [lane, t % online_capacity] -> slot (read-only); None with one."""
+        """Several streams: the per-lane map [lane, t % width] -> slot, width = ``lane_map.shape[1]`` (read-only);
+        None with one."""
         qmap = self._st._qmap
         return None if qmap is None else _read_only(qmap)
 
@@ -918,20 +1101,27 @@ class _NextObsStore:
         return {"slots": slots.astype(np.int64), "tails": tails.reshape(-1, 3),
                 "values": {n: arr[e] for n, arr in self.values.items()}}
 
-    def load_state_dict(self, state: Mapping) -> None:
+    def load_state_dict(self, state: Mapping, size: int) -> None:
+        owner = "storage state next_obs_store"
+        slots = state_array(state, "slots", owner, dtype=np.int64, low=0, high=size - 1)
+        if np.unique(slots).size != slots.size:
+            raise ValueError(f"{owner} field 'slots' lists a slot twice")
+        tails = state_array(state, "tails", owner, dtype=np.int64, shape=(3,))
+        if tails.size and ((tails[:, 1] < 0).any() or (tails[:, 1] >= max(size, 1)).any()):
+            raise ValueError(f"{owner} field 'tails': a slot beyond the stored rows")
         self.entry[:] = -1
         self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
         self._free, self._num_free = np.zeros(0, np.int64), 0
-        slots = np.asarray(state["slots"], np.int64)
         values = {}
+        stored = state_field(state, "values", owner)
         for n, spec in self.specs.items():
-            v = np.asarray(state["values"][n])
+            v = np.asarray(state_field(stored, n, f"{owner} values"))
             if v.shape != (slots.size, *spec.shape) or v.dtype != spec.dtype:
                 raise ValueError(f"checkpoint next_obs copies {n!r} have shape {v.shape} dtype {v.dtype}, expected "
                                  f"{(slots.size, *spec.shape)} {spec.dtype}")
             values[n] = v
         self.put(slots, values)
-        self.tails = {int(k): (int(s), int(g)) for k, s, g in np.asarray(state["tails"], np.int64).reshape(-1, 3)}
+        self.tails = {int(k): (int(s), int(g)) for k, s, g in tails}
 
 
 def _as_bytes(a: np.ndarray) -> np.ndarray:
@@ -962,6 +1152,57 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+def _directory(value) -> Path | None:
+    """A directory from a storage config: a Path (a loaded checkpoint's reference), a DirectoryRef (a state_dict
+    in memory) or a string (checkpoints before 2026-11-26: the absolute directory)."""
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise ValueError(f"memmap directory {value!r} is not a path")
+    return Path(os.fspath(value))
+
+
+def _reserve(fd: int, path: Path, size: int) -> None:
+    """Allocate the blocks of a column file for real (``posix_fallocate``): a sparse file on a full disk would
+    end the process with SIGBUS at the first write through the map; this fails here, with an error."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: the free-space check stands
+            return
+        raise OSError(e.errno, f"cannot reserve {size / 1e9:.3g} GB for memmap column file {path} ({e.strerror}); "
+                      "free space on its file system or choose a smaller capacity") from None
+
+
+def _open_column(path: Path, shape: tuple, dtype: np.dtype) -> np.memmap:
+    """Reopen a column file of a memmap checkpoint: a regular file in the directory (no symbolic link followed),
+    of the shape and dtype the checkpoint's config declares, its blocks reserved."""
+    def refuse(why: str):
+        return ValueError(f"memmap column file {path} {why}; the checkpoint refers to it instead of holding its rows")
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise refuse(f"cannot be opened as a regular file ({e.strerror})") from None
+    with os.fdopen(fd, "r+b") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refuse("is not a regular file")
+        try:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            got_shape, fortran, got_dtype = read(f)
+        except Exception as e:  # numpy's header parser: any failure means a malformed header
+            raise refuse(f"is not a valid .npy file ({e})") from None
+        if got_shape != shape or got_dtype != dtype or fortran:
+            raise refuse(f"has shape {got_shape} dtype {got_dtype}, expected {shape} {dtype}")
+        offset = f.tell()
+        size = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if os.fstat(fd).st_size != size:
+            raise refuse(f"has {os.fstat(fd).st_size} bytes, expected {size}")
+        _reserve(fd, path, size)
+        return np.memmap(f, dtype=dtype, mode="r+", offset=offset, shape=shape)
 
 
 def _check_stream(stream) -> int:

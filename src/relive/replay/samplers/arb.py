@@ -51,7 +51,7 @@ import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
 from relive.replay import _tree_kernels as kernels
-from relive.replay.samplers.base import Draw, Sampler, check_number
+from relive.replay.samplers.base import Draw, Sampler, check_number, state_array, state_float, state_int
 from relive.replay.samplers.per import contiguous_runs, tree_probabilities
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import ONLINE
@@ -345,23 +345,31 @@ class ARBSampler(Sampler):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        n = self.storage.capacity
+        owner, n, size = self._owner(), self.storage.capacity, self.storage.size
+        weight = state_array(state, "weight", owner, length=size, low=0.0)
+        score = state_array(state, "score", owner, length=size, allow_nan=True)  # NaN: not scored yet
+        shift = state_float(state, "shift", owner)
+        num_refreshes = state_int(state, "num_refreshes", owner)
+        cursor = state_int(state, "cursor", owner, high=n)
+        a = state.get("alias")
+        if a is not None:
+            alias_owner = f"{owner} alias table"
+            lo = state_int(a, "lo", alias_owner, high=n)
+            hi = state_int(a, "hi", alias_owner, low=lo, high=n)
+            alias = (lo, hi, state_array(a, "weights", alias_owner, length=hi - lo, low=0.0),
+                     state_int(a, "num_online_written", alias_owner), state_int(a, "num_offline", alias_owner, high=n),
+                     state_float(a, "stale_mass", alias_owner, low=0.0), state_int(a, "seen_written", alias_owner))
         w = np.zeros(n)
-        w[: len(state["weight"])] = state["weight"]
+        w[:size] = weight
         self.tree.set_all(w)
         self.score = np.full(n, np.nan)
-        self.score[: len(state["score"])] = state["score"]
+        self.score[:size] = score
         finite = np.isfinite(self.score)
         self.max_score.set_all(np.where(finite, self.score - self.log_p_low, 0.0))
-        self.shift = float(state["shift"])
-        self.num_refreshes = int(state["num_refreshes"])
-        self.cursor = int(state["cursor"])
-        a = state.get("alias")
+        self.shift, self.num_refreshes, self.cursor = shift, num_refreshes, cursor
         self._alias = None
         if a is not None:
-            self._build_alias(int(a["lo"]), int(a["hi"]), np.asarray(a["weights"], np.float64),
-                              int(a["num_online_written"]), int(a["num_offline"]), float(a["stale_mass"]),
-                              int(a["seen_written"]))
+            self._build_alias(*alias)
 
 
 def _set(tree, slots: np.ndarray, values: np.ndarray) -> None:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from relive.replay._state import MAX_COUNTER, state_array, state_field, state_float, state_int  # noqa: F401
 from relive.types import SOURCE_NAMES
 
 #: largest priority base a sampler stores: |td_error| + eps and raw ``priority`` signals are clamped to it, so that
@@ -169,7 +170,17 @@ class Sampler:
         return {"last_indices": self._last_indices.copy()}
 
     def load_state_dict(self, state: dict) -> None:
-        self._last_indices = np.asarray(state.get("last_indices", np.zeros(0)), dtype=np.int64)
+        """Subclasses call this first, then read their own fields with :func:`state_array` / :func:`state_int` /
+        :func:`state_float`: a checkpoint's state obeys the same rules as the values it came from."""
+        if not isinstance(state, dict):
+            raise ValueError(f"{self._owner()} is not a mapping")
+        self._last_indices = (state_array(state, "last_indices", self._owner(), dtype=np.int64, low=0,
+                                          high=max(self.storage.size - 1, 0))
+                              if "last_indices" in state else np.zeros(0, np.int64))
+
+    def _owner(self) -> str:
+        where = "" if self.source is None else f" ({SOURCE_NAMES[self.source]} part)"
+        return f"sampler state of {type(self).__name__}{where}"
 
     def _domain_name(self) -> str:
         return SOURCE_NAMES[self.source] if self.source is not None else ""

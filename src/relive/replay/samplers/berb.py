@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
-from relive.replay.samplers.base import MAX_PRIORITY, Draw, Sampler, check_number
+from relive.replay.samplers.base import MAX_PRIORITY, Draw, Sampler, check_number, state_array, state_float, state_int
 from relive.replay.samplers.per import proportional_draw, tree_probabilities
 from relive.replay.sum_tree import SumTree
 from relive.types import ONLINE
@@ -219,8 +219,14 @@ class BERBSampler(Sampler):
         import torch
 
         super().load_state_dict(state)
+        owner = self._owner()
         leaves = np.zeros(self.storage.capacity)
-        leaves[: len(state["priority"])] = state["priority"]
+        leaves[: self.storage.size] = state_array(state, "priority", owner, length=self.storage.size, low=0.0)
+        for name in ("max_priority", "normalizer"):
+            state_float(state, name, owner, low=0.0)
+        for name in ("num_ratio_steps", "num_skipped_ratio_steps"):
+            if name in state:
+                state_int(state, name, owner)
         self.tree.set_all(leaves)
         self.net.load_state_dict({k.replace("__", "."): torch.as_tensor(np.asarray(v), device=self.device)
                                   for k, v in state["net"].items()})

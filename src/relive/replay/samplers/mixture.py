@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
-from relive.replay.samplers.base import Draw, Sampler, check_number
+from relive.replay.samplers.base import Draw, Sampler, check_number, state_field
 from relive.replay.samplers.uniform import UniformSampler
 from relive.types import OFFLINE, ONLINE
 
@@ -157,8 +157,8 @@ class MixtureSampler(Sampler):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.offline.load_state_dict(state["offline"])
-        self.online.load_state_dict(state["online"])
+        self.offline.load_state_dict(state_field(state, "offline", self._owner()))
+        self.online.load_state_dict(state_field(state, "online", self._owner()))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
-from relive.replay.samplers.base import MAX_EXPONENT, MAX_PRIORITY, Draw, Sampler, check_number
+from relive.replay.samplers.base import MAX_EXPONENT, MAX_PRIORITY, Draw, Sampler, check_number, state_array, state_int
 from relive.replay.sum_tree import MaxTree, SumTree
 
 
@@ -198,11 +198,13 @@ class PrioritizedSampler(Sampler):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
+        owner = self._owner()
         leaves = np.zeros(self.storage.capacity)
-        pr = np.asarray(state["priority"], dtype=np.float64)
+        pr = state_array(state, "priority", owner, length=self.storage.size, low=0.0)
         leaves[: pr.size] = pr
+        num_samples = state_int(state, "num_samples", owner)
         self.set_leaf_values(leaves)
-        self.num_samples = int(state["num_samples"])
+        self.num_samples = num_samples
 
 
 @dataclass(frozen=True)

@@ -52,7 +52,18 @@ import numpy as np
 from relive.registry import ReplayBuild, register_replay
 from relive.replay import _tree_kernels
 from relive.replay.samplers._reaper_kernels import _power, _segmented_cumsum
-from relive.replay.samplers.base import MAX_EXPONENT, MAX_PRIORITY, MIN_PRIORITY, Draw, Sampler, check_number
+from relive.replay.samplers.base import (
+    MAX_EXPONENT,
+    MAX_PRIORITY,
+    MIN_PRIORITY,
+    Draw,
+    Sampler,
+    check_number,
+    state_array,
+    state_field,
+    state_float,
+    state_int,
+)
 from relive.replay.samplers.per import check_signal, linear_anneal
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import OFFLINE, ONLINE
@@ -232,14 +243,16 @@ class ReaPERSampler(Sampler):
                 _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d,
                                c)
             else:
-                _suffix_prefix_mapped(p_from, start, end, online, leaves, cap, lane_map, self.delta, self.prefix,
+                _suffix_prefix_mapped(p_from, start, end, online, leaves, lane_map.shape[1], lane_map, self.delta,
+                                      self.prefix,
                                       self.evicted_d, c)
             c_pow = _power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
             if lane_map is None:
                 _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
                                   self.evicted_u)
             else:
-                _suffix_running_u_mapped(p_from, start, end, online, leaves, cap, lane_map, c_pow, self.delta_pow,
+                _suffix_running_u_mapped(p_from, start, end, online, leaves, lane_map.shape[1], lane_map, c_pow,
+                                         self.delta_pow,
                                          self.cum_u, self.evicted_u)
             return
         lengths = end - p_from
@@ -438,7 +451,7 @@ class ReaPERSampler(Sampler):
         if self._compiled:
             lane_map = st.lane_map
             if lane_map is not None:
-                return _search_mapped(lo, hi, online, target, cap, lane_map, self.cum_u,
+                return _search_mapped(lo, hi, online, target, lane_map.shape[1], lane_map, self.cum_u,
                                       np.empty(leaves.size, np.int64))
             return _search(lo, hi, online, target, k, cap, self.cum_u, np.empty(leaves.size, np.int64))
         hi = hi - 1  # find the first position p in [lo, hi] with cum_u[p] > target (hi if none)
@@ -513,20 +526,37 @@ class ReaPERSampler(Sampler):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self._ensure_leaves(int(np.asarray(state["leaves"]["leaf_id"]).size))
-        for group, names in (("slots", self._SLOT_ARRAYS), ("leaves", self._LEAF_ARRAYS)):
+        owner, size = self._owner(), self.storage.size
+        leaves = state_field(state, "leaves", owner)
+        n_leaves = np.asarray(state_field(leaves, "leaf_id", f"{owner} leaves")).shape[0] if isinstance(
+            leaves, dict) else 0
+        if n_leaves > self.storage.capacity:
+            raise ValueError(f"{owner} has {n_leaves} episode leaves, more than the capacity {self.storage.capacity}")
+        checked = {}
+        for group, names, length in (("slots", self._SLOT_ARRAYS, size), ("leaves", self._LEAF_ARRAYS, n_leaves)):
+            part = state_field(state, group, owner)
             for name in names:
-                _restore(getattr(self, name), state[group][name], fill=-1 if name in ("slot_leaf", "leaf_id") else 0)
-        self.max_delta = float(state["max_delta"])
-        self.num_samples = int(state["num_samples"])
-        self._seen_next_id = int(state["seen_next_id"])
-        self._open_offline_id = int(state["open_offline_id"])
-        self._leaf_by_id, self._free_leaves = None, []
+                dtype = getattr(self, name).dtype
+                low = (-1 if name in ("slot_leaf", "leaf_id") else 0) if dtype.kind in "iu" else (
+                    0.0 if name in ("delta", "delta_pow") else None)
+                high = n_leaves - 1 if name == "slot_leaf" else None
+                checked[group, name] = state_array(part, name, f"{owner} {group}", length=length, dtype=dtype,
+                                                   low=low, high=high)
+        max_delta = state_float(state, "max_delta", owner, low=0.0)
+        counters = (state_int(state, "num_samples", owner), state_int(state, "seen_next_id", owner),
+                    state_int(state, "open_offline_id", owner, low=-1))
         parked = state.get("parked")  # (absent in checkpoints written before parking existed)
+        if parked is not None:
+            ids = state_array(parked, "ids", f"{owner} parked", dtype=np.int64, low=0)
+            sums = state_array(parked, "sums", f"{owner} parked", length=ids.size, shape=(2,))
+        self._ensure_leaves(n_leaves)
+        for (_group, name), arr in checked.items():
+            _restore(getattr(self, name), arr, fill=-1 if name in ("slot_leaf", "leaf_id") else 0)
+        self.max_delta = max_delta
+        self.num_samples, self._seen_next_id, self._open_offline_id = counters
+        self._leaf_by_id, self._free_leaves = None, []
         self._parked = {} if parked is None else {
-            int(i): (float(d), float(u)) for i, (d, u) in zip(np.asarray(parked["ids"]).tolist(),
-                                                              np.asarray(parked["sums"]).reshape(-1, 2).tolist(),
-                                                              strict=True)}
+            int(i): (float(d), float(u)) for i, (d, u) in zip(ids.tolist(), sums.tolist(), strict=True)}
         if self.storage.multi_stream:
             self._multi_stream()
         n = self.leaf_id.size

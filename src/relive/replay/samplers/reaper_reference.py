@@ -13,7 +13,7 @@ import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
 from relive.replay.samplers._reaper_kernels import _power
-from relive.replay.samplers.base import Draw
+from relive.replay.samplers.base import Draw, state_array, state_field, state_float, state_int
 from relive.replay.samplers.reaper import ReaPERConfig, ReaPERSampler, _reaper_kwargs, _restore
 
 
@@ -165,10 +165,17 @@ class ReaPERReferenceSampler(ReaPERSampler):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        ref = state["reference"]
-        for name in ("f_insert", "insert_serial", "update_serial"):
-            _restore(getattr(self, name), ref[name])
-        self._serial = int(ref["serial"])
+        owner = f"{self._owner()} reference"
+        ref = state_field(state, "reference", self._owner())
+        n_leaves = len(state["leaves"]["leaf_id"])
+        for name, length in (("f_insert", self.storage.size), ("insert_serial", self.storage.size),
+                             ("update_serial", n_leaves)):
+            dtype = getattr(self, name).dtype
+            _restore(getattr(self, name), state_array(ref, name, owner, length=length, dtype=dtype,
+                                                      low=0 if dtype.kind in "iuf" else None))
+        self._serial = state_int(ref, "serial", owner)
+        if "F" in ref:
+            state_float(ref, "F", owner, low=0.0)
         # (a checkpoint from before reference_F: the largest stored frozen F is its last value or close to it)
         self.reference_F = float(ref["F"]) if "F" in ref else max(1.0, float(self.f_insert.max(initial=0.0)))
 

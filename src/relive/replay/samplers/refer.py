@@ -80,7 +80,7 @@ from relive.agents.refer import (
 )
 from relive.registry import ReplayBuild, register_replay
 from relive.replay.samplers import register_sampler
-from relive.replay.samplers.base import Draw, Sampler
+from relive.replay.samplers.base import Draw, Sampler, state_array, state_float, state_int
 from relive.replay.samplers.uniform import UniformSampler
 
 FAR_ESTIMATORS = ("stale", "recount")  # n_far from each row's last computed rho (the paper) / periodic exact recount
@@ -316,16 +316,26 @@ class ReFERSampler(UniformSampler):
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        rho, far = np.asarray(state["rho"], np.float64), np.asarray(state["far"], bool)
+        owner, size = self._owner(), self.storage.size
+        rho = state_array(state, "rho", owner, length=size, low=0.0)
+        far = state_array(state, "far", owner, length=size, dtype=bool)
+        num_far = state_int(state, "num_far", owner, high=size)
+        beta, t = state_float(state, "beta", owner, low=0.0), state_int(state, "t", owner)
+        batch_size, num_recounts = state_int(state, "batch_size", owner), state_int(state, "num_recounts", owner)
         self.rho = np.ones(self.storage.capacity)
         self.far = np.zeros(self.storage.capacity, bool)
-        self.rho[: rho.size], self.far[: far.size] = rho, far
-        self.num_far = int(state["num_far"])
-        self.beta, self.t = float(state["beta"]), int(state["t"])
-        self.batch_size, self.num_recounts = int(state["batch_size"]), int(state["num_recounts"])
+        self.rho[:size], self.far[:size] = rho, far
+        lo, hi = self.domain()
+        if num_far != int(self.far[lo:hi].sum()):
+            raise ValueError(f"{owner} field 'num_far' is {num_far} but {int(self.far[lo:hi].sum())} rows are marked "
+                             "far")
+        self.num_far = num_far
+        self.beta, self.t = beta, t
+        self.batch_size, self.num_recounts = batch_size, num_recounts
         # (absent from checkpoints written before issue 28: 0 until the next pass)
-        self.far_fraction_exact = float(state.get("far_fraction_exact", 0.0))
-        self.far_fraction_stale = float(state.get("far_fraction_stale", 0.0))
+        self.far_fraction_exact, self.far_fraction_stale = (
+            state_float(state, key, owner, low=0.0, high=1.0) if key in state else 0.0
+            for key in ("far_fraction_exact", "far_fraction_stale"))
 
 
 register_sampler(ReFERSampler)
