@@ -926,7 +926,7 @@ def test_the_trainers_random_warmup_is_refused_by_name_at_start(tmp_path, monkey
     from relive.train.trainer import train
 
     fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
+    fake.load_base_policy = lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
     monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
     args = ["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--offline-steps", "0",
             "--online-steps", "160", "--eval-every", "1000", "--eval-episodes", "1", "--batch-size", "16",
