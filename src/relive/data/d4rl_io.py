@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relive.data.trust import check_hdf5, one_line
+from relive.data.trust import one_line, open_hdf5
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
 
@@ -22,12 +22,7 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"D4RL file {path} does not exist")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
-    with f:
-        check_hdf5(f, path)  # no external or virtual data; declared sizes within the file and memory
+    with open_hdf5(path) as f:  # no external or virtual data; declared sizes within the file and memory
         missing = [k for k in REQUIRED if k not in f]
         if missing:
             raise ValueError(f"{path}: missing key(s) {missing} (a D4RL file has {list(REQUIRED)} + timeouts)")

@@ -71,7 +71,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, split_episodes
-from relive.data.trust import check_allocation, format_template, inside, one_line
+from relive.data.trust import check_allocation, format_template, inside, one_line, read_json_object
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -269,12 +269,7 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
     extra = root / RELIVE_META
     if extra.is_file():
         extra = inside(root, RELIVE_META, "metadata file")
-        try:
-            meta["relive"] = json.loads(extra.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{extra}: not readable JSON ({one_line(e)})") from None
-        if not isinstance(meta["relive"], dict):
-            raise ValueError(f"{extra}: not a JSON object")
+        meta["relive"] = read_json_object(extra)
         for key in ("env_id", "ref_min_return", "ref_max_return"):
             meta[key] = meta["relive"].get(key)
     rows = dict(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, obs_parts, split_episodes
-from relive.data.trust import check_hdf5, inside, one_line
+from relive.data.trust import inside, one_line, open_hdf5, read_json_object
 
 DEFAULT_ROOT = Path("data") / "minari"
 
@@ -219,13 +219,7 @@ def task_references(root: str | Path, dataset_id: str) -> dict:
     path = Path(root) / Path(dataset_id).parent / REFERENCES
     if not path.is_file():
         return {}
-    try:
-        refs = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
-    if not isinstance(refs, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return refs
+    return read_json_object(path)
 
 
 def write_task_references(root: str | Path, dataset_id: str, refs: dict) -> Path:
@@ -276,12 +270,7 @@ def _read_episodes(ds, dataset_id: str, flatten: bool = True) -> tuple[dict, dic
     extra = Path(spec.data_path).parent / "relive.json"
     if extra.is_file():  # how relive made it, and its reference returns when Minari kept none
         extra = inside(extra.parent, extra.name, "relive.json")
-        try:
-            meta["relive"] = json.loads(extra.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{extra}: not readable JSON ({one_line(e)})") from None
-        if not isinstance(meta["relive"], dict):
-            raise ValueError(f"{extra}: not a JSON object")
+        meta["relive"] = read_json_object(extra)
         for key in ("ref_min_return", "ref_max_return"):
             if meta[key] is None:
                 meta[key] = meta["relive"].get(key)
@@ -346,13 +335,7 @@ MAX_SPACE_ELEMENTS = 1 << 26  # the elements of one observation or action (a 409
 
 def _read_metadata(data_dir: Path) -> dict:
     path = inside(data_dir.parent, Path("data") / "metadata.json", "metadata")
-    try:
-        meta = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
-    if not isinstance(meta, dict):
-        raise ValueError(f"{path}: not a JSON object")
-    return meta
+    return read_json_object(path)
 
 
 def _check_dataset_files(data_dir: Path) -> None:
@@ -360,7 +343,6 @@ def _check_dataset_files(data_dir: Path) -> None:
     resolved), the HDF5 format, both spaces recorded in the metadata (else minari builds the environment named in
     it, which imports code) with bounded shapes (a Box's bounds are allocated at its shape), the episode count equal
     to the episodes the file holds, and the file itself through ``check_hdf5``."""
-    import h5py
 
     meta_path = data_dir / "metadata.json"
     meta = _read_metadata(data_dir)
@@ -384,12 +366,7 @@ def _check_dataset_files(data_dir: Path) -> None:
     path = inside(data_dir.parent, Path("data") / "main_data.hdf5", "data file")
     if not path.is_file():
         raise ValueError(f"{data_dir}: no main_data.hdf5")
-    try:
-        f = h5py.File(path, "r")
-    except OSError as e:
-        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
-    with f:
-        check_hdf5(f, path)
+    with open_hdf5(path) as f:
         names = set(f.keys())
         if meta.get("jpeg_encoding", True):
             _check_jpeg_sizes(f, path, {"observations": json.loads(meta["observation_space"]),

@@ -9,6 +9,7 @@ formats. Every refusal is one ``ValueError`` naming the file.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import string
@@ -84,6 +85,34 @@ def format_template(template, fields: dict, where, name: str) -> str:
         return template.format(**fields)
     except (ValueError, TypeError, KeyError, IndexError) as e:
         raise ValueError(f"{where}: {name} {template!r} cannot be filled with {fields} ({one_line(e)})") from None
+
+
+def read_json_object(path: str | Path) -> dict:
+    """A JSON file that must hold an object (a dataset's metadata), or one ValueError naming the file."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not readable JSON ({one_line(e)})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return value
+
+
+def open_hdf5(path: str | Path):
+    """``h5py.File(path, "r")`` checked by :func:`check_hdf5` before the caller reads anything (closed again on a
+    refusal); an unreadable file is one ValueError naming it."""
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"{path}: not a readable HDF5 file ({one_line(e)})") from None
+    try:
+        check_hdf5(f, path)
+    except BaseException:
+        f.close()
+        raise
+    return f
 
 
 def check_hdf5(f, path: str | Path) -> None:
