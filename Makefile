@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 PIPC := $(PIP) install -c constraints.txt
 
-.PHONY: test test-all demo bench lint package clean
+.PHONY: test test-all test-metaworld demo bench lint package clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ $(VENV)/.stamp-demo: pyproject.toml constraints.txt | $(PY)
 $(VENV)/.stamp-bench: pyproject.toml constraints.txt | $(PY)
 	$(PIPC) -e ".[train,bench,experiments]"
 	touch $@
+
+# Meta-World (PLD's manipulation grid, relive.train.metaworld_envs) in a venv of its own: metaworld 3.1.1 pins
+# mujoco 3.3.0, the main venv has mujoco 4
+MWVENV ?= .venv-metaworld
+$(MWVENV)/.stamp: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(MWVENV)
+	$(MWVENV)/bin/pip -q --disable-pip-version-check install -c constraints.txt -e ".[metaworld]"
+	touch $@
+
+test-metaworld: $(MWVENV)/.stamp
+	$(MWVENV)/bin/python -m pytest tests/metaworld
 
 test: $(VENV)/.stamp-test
 	$(PY) -m pytest -m "not slow"

@@ -75,6 +75,9 @@ class EnvConfig:
     id: str = "Pendulum-v1"  # Gymnasium environment id
     max_episode_steps: int | None = None  # override the registered time limit
     success_return: float | None = None  # evaluations also log eval/success_rate = share of returns >= this
+    # or: eval/success_rate = share of evaluation episodes where info[success_key] was true at some step (the
+    # task's own flag: "success" for Meta-World and the mazes, "is_success" for Gymnasium-Robotics Fetch)
+    success_key: str | None = None
     # store time-limit truncations as terminations (terminated = true, truncated = false) for every row entering
     # the buffer, so every agent's target at such a row is r with no bootstrap. Off by default: a time limit is
     # not part of the task's state, and bootstrapping from the true next observation is the correct target. The
@@ -101,6 +104,10 @@ class EnvConfig:
             raise ValueError(f"env.max_episode_steps must be >= 1 or null, got {self.max_episode_steps}")
         if self.success_return is not None and not math.isfinite(self.success_return):
             raise ValueError(f"env.success_return must be a finite number or null, got {self.success_return}")
+        if self.success_key is not None and (not isinstance(self.success_key, str) or not self.success_key):
+            raise ValueError(f"env.success_key must be a non-empty string or null, got {self.success_key!r}")
+        if self.success_key is not None and self.success_return is not None:
+            raise ValueError("env.success_key and env.success_return both define eval/success_rate: set one")
 
 
 @dataclass(frozen=True)

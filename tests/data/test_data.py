@@ -422,3 +422,25 @@ def test_minari_dict_observations_round_trip_as_columns(tmp_path, pendulum_rows)
         for k in ("image", "state"):
             np.testing.assert_array_equal(getattr(b, col)[k], rows[col][k])
     assert buf.storage._nx.num_used == len(split_episodes(pendulum_rows))  # one explicit copy per episode end
+
+
+def test_scripted_levels_are_refused_where_no_controller_exists_and_noise_only_on_noisy_scripted(tmp_path):
+    """noisy-scripted is made for Meta-World tasks only; --noise belongs to that level and must be a finite
+    number >= 0; both refused before any collection (nothing is written)."""
+    import importlib.util
+
+    from relive.data.generate import make_dataset
+
+    kw = {"steps": 100, "root": tmp_path / "m", "out": tmp_path / "o", "progress": False}
+    for task in ("pendulum-v1", "pointmaze-umaze-v3"):
+        with pytest.raises(ValueError, match="not made for"):
+            make_dataset(task, "noisy-scripted", **kw)
+    with pytest.raises(ValueError, match="noise"):
+        make_dataset("pendulum-v1", "random", noise=0.5, **kw)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="noise"):
+            make_dataset("metaworld-reach-v3", "noisy-scripted", noise=bad, **kw)
+    if importlib.util.find_spec("metaworld") is None:  # the main venv: a clear pointer to the extra
+        with pytest.raises(ValueError, match="metaworld"):
+            make_dataset("metaworld-reach-v3", "scripted", **kw)
+    assert not (tmp_path / "m").exists()

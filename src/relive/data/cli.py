@@ -24,6 +24,7 @@ def add_parsers(subparsers) -> None:
     mk.add_argument("level", choices=LEVELS)
     mk.add_argument("--steps", type=positive_int, help="rows to collect (default: the task's budget)")
     mk.add_argument("--seed", type=int, default=0)
+    mk.add_argument("--noise", type=float, help="noisy-scripted: action-noise std (default 0.5; actions in [-1, 1])")
     mk.add_argument("--expert-train-steps", type=positive_int, help="online SAC steps of the training run")
     mk.add_argument("--overwrite", action="store_true", help="replace an existing dataset of this task and level "
                     "(the old one is kept until the new one is complete)")
@@ -70,7 +71,7 @@ def _make(args: argparse.Namespace) -> int:
 
     did, summary = make_dataset(args.task, args.level, steps=args.steps, seed=args.seed, root=args.root,
                                 out=args.out, expert_train_steps=args.expert_train_steps,
-                                progress=not args.no_progress, overwrite=args.overwrite)
+                                progress=not args.no_progress, overwrite=args.overwrite, noise=args.noise)
     print(f"wrote {did}: {summary['rows']:,} rows, {summary['episodes']} episodes, "
           f"return {summary['return_mean']:.1f} ± {summary['return_std']:.1f}")
     return 0

@@ -33,8 +33,13 @@ from relive.data.scores import d4rl_reference
 TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d-v5": "Walker2d-v5",
          "pendulum-v1": "Pendulum-v1", "pointmaze-umaze-v3": "PointMaze_UMaze-v3",
          "pointmaze-medium-v3": "PointMaze_Medium-v3"}
-LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert", "scripted")
+LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert", "scripted", "noisy-scripted")
 MAZE_TASKS = ("pointmaze-umaze-v3", "pointmaze-medium-v3")  # levels: random, scripted (waypoint controller)
+# Meta-World manipulation (``metaworld-<task>``, e.g. metaworld-pick-place-v3; ``relive.train.metaworld_envs``,
+# its own venv): levels random, scripted (Meta-World's hand-written expert) and noisy-scripted (the expert with
+# Gaussian action noise of std ``noise``: near-miss failures, the base regime of PLD)
+METAWORLD = "metaworld-"
+SCRIPTED_NOISE = 0.5  # noisy-scripted's default action-noise std (actions in [-1, 1])
 # pixel tasks (image + state observations, ``relive.train.pixel_envs``): the policies of their levels are the
 # state-based task's (the same dynamics), rolled out in the pixel env from its true state; no medium-replay
 # (that run's replay holds state observations, not images)
@@ -58,9 +63,44 @@ BUDGETS = {"pendulum-v1": Budget(20_000, 15_000), "hopper-v5": Budget(100_000, 1
 
 def task_env(task: str) -> str:
     key = task.lower()
+    if key.startswith(METAWORLD) and len(key) > len(METAWORLD):
+        from relive.train.metaworld_envs import PREFIX, task_of
+
+        return PREFIX + task_of(key[len(METAWORLD):])  # a ValueError names the known tasks
     if key not in TASKS:
-        raise ValueError(f"unknown task {task!r}; known: {sorted(TASKS)}")
+        raise ValueError(f"unknown task {task!r}; known: {sorted(TASKS)} and metaworld-<task> (e.g. "
+                         "metaworld-pick-place-v3)")
     return TASKS[key]
+
+
+def _budget(task: str) -> Budget:
+    return Budget(20_000, 0) if task.lower().startswith(METAWORLD) else BUDGETS[task.lower()]
+
+
+def _scripted_levels(task: str) -> tuple[str, ...] | None:
+    """The levels of a task made by a scripted controller instead of a SAC run (None: the D4RL levels)."""
+    if task.lower() in MAZE_TASKS:
+        return ("random", "scripted")
+    if task.lower().startswith(METAWORLD):
+        return ("random", "scripted", "noisy-scripted")
+    return None
+
+
+def scripted_rows(task: str, env_id: str, steps: int, seed: int, noise: float, progress: str | None) -> dict:
+    """``steps`` rows of the task's scripted controller: the mazes' waypoint controller, Meta-World's expert
+    (with Gaussian action noise of std ``noise``)."""
+    from relive.train.collector import collect_dataset
+    from relive.train.envs import make_env
+
+    if task.lower() in MAZE_TASKS:
+        from relive.data.maze import waypoint_policy
+
+        policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
+    else:
+        from relive.train.metaworld_envs import scripted_policy
+
+        policy = scripted_policy(env_id, noise, np.random.default_rng(seed + 3))
+    return collect_dataset(env_id, steps, seed=seed, policy=policy, progress=progress)
 
 
 def dataset_id(task: str, level: str) -> str:
@@ -160,10 +200,11 @@ def _episode_returns(rows: dict) -> np.ndarray:
 
 def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int = 0, root: str | Path | None = None,
                  out: str | Path = "data", expert_train_steps: int | None = None,
-                 progress: bool = True, overwrite: bool = False) -> tuple[str, dict]:
+                 progress: bool = True, overwrite: bool = False, noise: float | None = None) -> tuple[str, dict]:
     """Generate one level and write it as a Minari dataset; returns (dataset id, summary). An existing dataset
     of that id is kept unless ``overwrite`` (checked before any work); the new one is written beside it and
-    swapped in atomically once complete (see ``write_minari``)."""
+    swapped in atomically once complete (see ``write_minari``). ``noise``: the action-noise std of the
+    noisy-scripted level (default ``SCRIPTED_NOISE``)."""
     from relive.train.collector import _concat, collect_dataset
 
     if level not in LEVELS:
@@ -171,16 +212,22 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     for name, value in (("steps", steps), ("expert_train_steps", expert_train_steps)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"{name} must be a positive integer (or left out for the task's budget), got {value!r}")
+    if noise is not None and (level != "noisy-scripted" or not (np.isfinite(noise) and noise >= 0)):
+        raise ValueError(f"noise (--noise) is the noisy-scripted level's action-noise std, a finite number >= 0; "
+                         f"got {noise!r} for level {level!r}")
+    noise = SCRIPTED_NOISE if noise is None else float(noise)
     env_id = task_env(task)
-    maze = task.lower() in MAZE_TASKS
-    if maze and level not in ("random", "scripted") or not maze and level == "scripted":
-        raise ValueError(f"level {level!r} is not made for {task}: mazes have random and scripted, "
-                         "locomotion and pendulum tasks have random, medium, medium-replay, expert, medium-expert")
+    scripted = _scripted_levels(task)
+    maze = scripted is not None  # levels from a scripted controller: no SAC run, R_expert = the scripted level's
+    if scripted is not None and level not in scripted or scripted is None and level in ("scripted", "noisy-scripted"):
+        raise ValueError(f"level {level!r} is not made for {task}: mazes have random and scripted, Meta-World tasks "
+                         "random, scripted and noisy-scripted, locomotion and pendulum tasks random, medium, "
+                         "medium-replay, expert, medium-expert")
     source = PIXEL_SOURCES.get(task.lower())  # a pixel task: policies from the state task's run
     if source and level == "medium-replay":
         raise ValueError(f"{task} has no medium-replay level: its training run ({source}) stored state observations, "
                          "not images; levels: random, medium, expert, medium-expert")
-    budget = BUDGETS[task.lower()]
+    budget = _budget(task)
     steps = budget.steps if steps is None else steps
     out = Path(out)
     train_steps = budget.expert_train_steps if expert_train_steps is None else expert_train_steps
@@ -228,13 +275,12 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         # never records R_expert (it would depend on whether the expert was made first): readers take it from
         # the task's references.json, which the levels that know R_expert write (read_minari)
         rows = random_rows
-    elif level == "scripted":
-        from relive.data.maze import waypoint_policy
-        from relive.train.envs import make_env
-
-        policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
-        rows = collect_dataset(env_id, steps, seed=seed, policy=policy, progress=label)
-        ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(rows).mean())
+    elif level in ("scripted", "noisy-scripted"):
+        rows = scripted_rows(task, env_id, steps, seed, noise if level == "noisy-scripted" else 0.0, label)
+        ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(
+            rows if level == "scripted" else scripted_rows(task, env_id, steps, seed, 0.0, label)).mean())
+        if level == "noisy-scripted":
+            extra = {"action_noise_std": noise}
     else:
         _training_run(source or task, train_steps, seed, run_dir, progress)
         expert_agent, expert_step, expert_eval = _expert_snapshot(run_dir)

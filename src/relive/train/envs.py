@@ -21,6 +21,7 @@ class EnvSpec:
 
 
 ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")
+METAWORLD_PREFIX = "MetaWorld/"  # relive.train.metaworld_envs
 
 
 def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
@@ -40,6 +41,11 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
         from relive.train.pixel_envs import register_pixel_envs
 
         register_pixel_envs()
+    if env_id.startswith(METAWORLD_PREFIX):  # registered on demand: metaworld is an optional dependency
+        from relive.train.metaworld_envs import register_metaworld_envs, task_of
+
+        task_of(env_id)  # an unknown task: a ValueError listing the known ones
+        register_metaworld_envs()
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as e:
@@ -141,18 +147,18 @@ def random_actions(spec: EnvSpec, n: int, rng: np.random.Generator) -> np.ndarra
 
 
 # -- success signals (goal-reaching tasks; PLD's success-filtered data) ----------------------------------
-SUCCESS_INFO_PREFIXES = ROBOTICS_PREFIXES  # tasks whose step info carries their own "success" flag
+SUCCESS_INFO_PREFIXES = (*ROBOTICS_PREFIXES, METAWORLD_PREFIX)  # tasks whose step info carries a "success" flag
 
 
 def reports_success(env: gym.Env) -> bool:
     """True when ``env`` puts its own ``info["success"]`` on every step: the Gymnasium-Robotics mazes (made
     episodic by :func:`make_env`, so an episode terminates exactly when it succeeds), an env wrapped by
     :func:`with_success`, or any env whose unwrapped class sets ``reports_success = True``."""
-    if isinstance(env, ReturnThresholdSuccess) or getattr(env.unwrapped, "reports_success", False):
+    if getattr(env.unwrapped, "reports_success", False):
         return True
     e = env
-    while isinstance(e, gym.Wrapper):  # a ReturnThresholdSuccess below other wrappers
-        if isinstance(e, ReturnThresholdSuccess):
+    while isinstance(e, gym.Wrapper):  # a success wrapper, possibly below other wrappers
+        if isinstance(e, (ReturnThresholdSuccess, InfoKeySuccess)):
             return True
         e = e.env
     return env.spec is not None and env.spec.id.startswith(SUCCESS_INFO_PREFIXES)
@@ -180,10 +186,45 @@ class ReturnThresholdSuccess(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
-def with_success(env: gym.Env, success_return: float | None = None) -> gym.Env:
-    """``env`` with a success signal in ``info["success"]``: the task's own (PointMaze, AntMaze) when
-    ``success_return`` is None, else "episode return >= success_return" (which then replaces the task's
-    own). Raises a ValueError when the task has no success signal and no threshold is given."""
+class InfoKeySuccess(gym.Wrapper):
+    """Success read from the task's own step info under another key (Gymnasium-Robotics Fetch:
+    ``"is_success"``): ``info["success"]`` = whether ``info[key]`` was true at some step of the episode so far.
+    A step whose info lacks ``key`` raises a ValueError naming the key and the env."""
+
+    def __init__(self, env: gym.Env, key: str):
+        super().__init__(env)
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"success_key must be a non-empty string, got {key!r}")
+        self.key, self.succeeded = key, False
+
+    def reset(self, **kwargs):
+        self.succeeded = False
+        return self.env.reset(**kwargs)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.succeeded = self.succeeded or bool(info_success(info, self.key, self.env))
+        return obs, reward, terminated, truncated, dict(info, success=self.succeeded)
+
+
+def info_success(info: dict, key: str, env: gym.Env | None = None) -> bool:
+    """``info[key]`` as a bool; a ValueError naming the key, the env and the keys it does report when absent."""
+    if key not in info:
+        name = env.spec.id if env is not None and env.spec is not None else "the environment"
+        raise ValueError(f"success_key {key!r}: {name} reports no info[{key!r}] (its step info has "
+                         f"{sorted(info) or 'no keys'}); set env.success_key to one of those, or leave it unset")
+    return bool(np.asarray(info[key]).any())
+
+
+def with_success(env: gym.Env, success_return: float | None = None, success_key: str | None = None) -> gym.Env:
+    """``env`` with a success signal in ``info["success"]``: the task's own (PointMaze, AntMaze, Meta-World) when
+    both arguments are None; "``info[success_key]`` was true at some step" with ``success_key``; else "episode
+    return >= success_return" (which then replaces the task's own). Raises a ValueError when the task has no
+    success signal and neither is given, or when both are."""
+    if success_return is not None and success_key is not None:
+        raise ValueError("give success_return or success_key, not both (one definition of success)")
+    if success_key is not None:
+        return InfoKeySuccess(env, success_key)
     if success_return is not None:
         return ReturnThresholdSuccess(env, success_return)
     if not reports_success(env):

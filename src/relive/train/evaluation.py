@@ -5,21 +5,32 @@ from __future__ import annotations
 import numpy as np
 
 from relive.data.scores import normalized_score  # noqa: F401  (re-exported for the trainer)
-from relive.train.envs import one_row
+from relive.train.envs import info_success, one_row
 from relive.types import unpack_acted
 
 
 def evaluate(env, agent, episodes: int, seed: int | None) -> np.ndarray:
     """Returns of ``episodes`` deterministic episodes, seeded ``seed, seed + 1, ...`` (repeatable); ``seed=None``:
     unseeded resets, continuing the env's random stream (fresh start states, as SB3's ``evaluate_policy``)."""
-    returns = []
+    return evaluate_episodes(env, agent, episodes, seed)[0]
+
+
+def evaluate_episodes(env, agent, episodes: int, seed: int | None,
+                      success_key: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(returns, successes) of :func:`evaluate`'s episodes; with ``success_key`` an episode succeeded when
+    ``info[success_key]`` was true at some step of it (Meta-World's and the mazes' ``"success"``, Fetch's
+    ``"is_success"``), else successes is None."""
+    returns, successes = [], []
     for i in range(episodes):
         obs, _ = env.reset(seed=None if seed is None else int(seed) + i)
-        total, done = 0.0, False
+        total, done, succeeded = 0.0, False, False
         while not done:
             action = unpack_acted(agent.act(one_row(obs), explore=False))[0][0]
-            obs, reward, terminated, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, info = env.step(action)
             total += float(reward)
+            if success_key is not None:
+                succeeded = info_success(info, success_key, env) or succeeded
             done = terminated or truncated
         returns.append(total)
-    return np.asarray(returns)
+        successes.append(succeeded)
+    return np.asarray(returns), (np.asarray(successes, bool) if success_key is not None else None)

@@ -49,7 +49,7 @@ from relive.train import hooks as H
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config, save_checkpoint
 from relive.train.collector import Collector, VectorCollector
 from relive.train.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
-from relive.train.evaluation import evaluate, normalized_score
+from relive.train.evaluation import evaluate_episodes, normalized_score
 from relive.train.logging import RunLogger
 
 STREAMS = ("agent", "buffer", "sampler", "warmup", "env", "eval")  # one SeedSequence child each, in this order
@@ -704,7 +704,8 @@ def due_evaluation(run: Run) -> dict | None:
 def evaluation(run: Run) -> dict:
     st, rc = run.state, run.cfg.run
     seed = None if rc.eval_fresh_starts else run.eval_seed  # None: new start states (the stream continues)
-    returns = evaluate(run.eval_env, run.agent, rc.eval_episodes, seed=seed)
+    returns, successes = evaluate_episodes(run.eval_env, run.agent, rc.eval_episodes, seed=seed,
+                                           success_key=run.cfg.env.success_key)
     mean = float(returns.mean())
     st.best_return = max(st.best_return, mean)
     frac = float(st.online_share_sum) / st.online_share_batches if st.online_share_batches else math.nan
@@ -712,7 +713,9 @@ def evaluation(run: Run) -> dict:
            "eval/return_std": float(returns.std()),
            "eval/normalized_score": normalized_score(mean, st.ref_min, st.ref_max),
            "replay/online_fraction": frac, "time/seconds": time.perf_counter() - run.start}
-    if run.cfg.env.success_return is not None:  # goal tasks (return 1 on success) or a return threshold (PLD)
+    if successes is not None:  # the task's own success flag (env.success_key: Meta-World, the mazes, Fetch)
+        row["eval/success_rate"] = float(np.mean(successes))
+    elif run.cfg.env.success_return is not None:  # goal tasks (return 1 on success) or a return threshold (PLD)
         row["eval/success_rate"] = float(np.mean(returns >= run.cfg.env.success_return))
     run.logger.evaluation(row)
     if rc.save_agent_snapshots:
