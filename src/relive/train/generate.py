@@ -35,7 +35,7 @@ TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d
          "pointmaze-medium-v3": "PointMaze_Medium-v3"}
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert", "scripted")
 MAZE_TASKS = ("pointmaze-umaze-v3", "pointmaze-medium-v3")  # levels: random, scripted (waypoint controller)
-# pixel tasks (image + state observations, ``relive.train.pixel_envs``): the policies of their levels are the
+# pixel tasks (image + state observations, ``relive.pixel_envs``): the policies of their levels are the
 # state-based task's (the same dynamics), rolled out in the pixel env from its true state; no medium-replay
 # (that run's replay holds state observations, not images)
 TASKS["pixel-pendulum-v0"] = "PixelPendulum-v0"
@@ -116,8 +116,8 @@ def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progres
 
 def _load_agent(run_dir: Path, snapshot: str):
     from relive.config import load_config
+    from relive.envs import env_spec, make_env
     from relive.replay.checkpoint import load_tree
-    from relive.train.envs import env_spec, make_env
     from relive.train.trainer import build_agent
 
     cfg = load_config(run_dir / "config.json")
@@ -201,7 +201,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     def policy_rows(agent_name: str, n: int, s: int) -> dict:
         """A snapshot's stochastic rollout, kept in the run directory (.npz) so that medium-expert reuses the
         medium and expert rows instead of collecting them again."""
-        from relive.train.collector import load_dataset, save_dataset
+        from relive.data.npz_io import load_dataset, save_dataset
 
         path = run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{s}-steps{n}.npz"
         if source:  # image rows: not cached (.npz columns are flat arrays; regenerating takes seconds)
@@ -230,7 +230,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         rows = random_rows
     elif level == "scripted":
         from relive.data.maze import waypoint_policy
-        from relive.train.envs import make_env
+        from relive.envs import make_env
 
         policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
         rows = collect_dataset(env_id, steps, seed=seed, policy=policy, progress=label)
