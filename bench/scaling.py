@@ -43,7 +43,7 @@ def load_average() -> float:
 def make_agent(env_id: str):
     from relive.agents.sac import SACConfig
     from relive.config import ExperimentConfig
-    from relive.train.envs import env_spec, make_env
+    from relive.envs import env_spec, make_env
     from relive.train.trainer import build_agent
 
     cfg = ExperimentConfig(agent=SACConfig())
@@ -56,8 +56,8 @@ def make_agent(env_id: str):
 def local_rate(env_id: str, mode: str, n: int, steps: int) -> float:
     import torch
 
+    from relive.envs import make_env, make_vector_env
     from relive.train.collector import Collector, VectorCollector
-    from relive.train.envs import make_env, make_vector_env
 
     torch.set_num_threads(1)
     agent, spec = make_agent(env_id)

@@ -23,10 +23,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from relive.envs import env_spec
 from relive.presets import get_preset
 from relive.registry import agent_entry
 from relive.replay import ARBSampler, MixtureSampler, PrioritizedSampler, ReplayBuffer
-from relive.train.envs import env_spec
 from relive.types import unpack_acted
 
 sys.path.insert(0, str(Path(__file__).parent))

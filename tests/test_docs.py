@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from relive.cli import build_parser
-from relive.data.generate import LEVELS, MAZE_TASKS, TASKS
 from relive.experiments.grid import find_grid
 from relive.presets import PRESETS
 from relive.registry import AGENTS, REPLAYS, load_builtins
+from relive.train.generate import LEVELS, MAZE_TASKS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from relive import hooks as H
 from relive.agents import networks as nets
 from relive.cli import main
 from relive.registry import register_agent, register_replay
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler, register_sampler
 from relive.replay.checkpoint import load_tree
 from relive.replay.samplers.base import Draw
-from relive.train import hooks as H
 from relive.types import Acted, ColumnDecl, UpdateResult
 
 # -- a toy sampler: uniform over even slots, publishing a hint ---------------------------------------------
@@ -280,8 +280,8 @@ def test_hints_pass_through_a_plain_buffer_a_mixture_and_to_torch():
 
 
 def test_declared_columns_must_match_what_act_returns():
+    from relive.envs import env_spec, make_env
     from relive.train.collector import Collector
-    from relive.train.envs import env_spec, make_env
 
     env = make_env("Pendulum-v1", max_episode_steps=5)
     decl = (ColumnDecl("mu", (1,)),)
@@ -299,7 +299,8 @@ def test_declared_columns_must_match_what_act_returns():
 
 
 def test_a_dataset_lacking_a_required_column_is_refused_naming_it(tmp_path, monkeypatch):
-    from relive.train.collector import collect_dataset, save_dataset
+    from relive.data.npz_io import save_dataset
+    from relive.train.collector import collect_dataset
 
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 100, seed=0))
     monkeypatch.setattr(ToyAgent, "stored_columns", lambda self: (ColumnDecl("toy_mean", (1,), offline="required"),))

@@ -15,7 +15,7 @@ import sys
 
 COMMAND_MODULES = (
     "relive.train.cli",  # train, presets, demo
-    "relive.data.cli",  # data make / list / info
+    "relive.train.data_cli",  # data make / list / info
     "relive.experiments.cli",  # bench run / report
     "relive.agents.cli",  # bc, pld distill
 )

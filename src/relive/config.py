@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from relive.agents.sac import SACConfig
 from relive.files import write_text_atomic
 from relive.registry import agent_entry, field_docs, replay_entry
 
@@ -221,7 +220,7 @@ class ReplayConfig:
 class ExperimentConfig:
     preset: str = "sac"  # the preset this configuration started from (`relive presets`)
     agent_kind: str = "sac"  # a registered agent (`relive presets --show agents`)
-    agent: Any = field(default_factory=SACConfig)  # the agent's own config dataclass
+    agent: Any = field(default_factory=lambda: agent_entry("sac").config_cls())  # the agent's own config dataclass
     run: RunConfig = field(default_factory=RunConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)

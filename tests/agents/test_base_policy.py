@@ -12,8 +12,8 @@ import torch
 from relive.agents.base_policy import BasePolicy, UntrustedCodeError, load_base_policy, save_mlp_safetensors
 from relive.agents.bc import BCConfig, new_policy, save_bc_policy
 from relive.agents.sac import SAC, SACConfig
+from relive.envs import EnvSpec
 from relive.replay.checkpoint import save_tree
-from relive.train.envs import EnvSpec
 
 OBS, ACT = 4, 2
 

@@ -157,8 +157,9 @@ def test_bad_rows_get_clear_errors():
 def test_cli_bc_on_a_tiny_npz(tmp_path, capsys):
     from relive.agents.base_policy import load_base_policy
     from relive.cli import main
-    from relive.train.collector import collect_dataset, save_dataset
-    from relive.train.envs import env_spec, make_env
+    from relive.data.npz_io import save_dataset
+    from relive.envs import env_spec, make_env
+    from relive.train.collector import collect_dataset
 
     rows = collect_dataset("Pendulum-v1", 400, seed=0)  # two episodes of uniform actions
     path = save_dataset(tmp_path / "tiny.npz", rows, env_id="Pendulum-v1")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from relive.agents.encoders import concat_keys, flat_obs_batch, flat_obs_dim
+from relive.agents.encoders import flat_obs_batch, flat_obs_dim
+from relive.agents.networks import concat_keys
 from relive.replay import ReplayBuffer
 from tests.agents.factory import KINDS, batch, make
 
@@ -241,7 +242,7 @@ def test_flat_only_agents_refuse_dict_observations_naming_the_alternative(tmp_pa
     from relive.agents.base_policy import load_base_policy
     from relive.agents.ddpg import DDPG, DDPGConfig
     from relive.agents.vracer import VRACER, VRACERConfig
-    from relive.train.envs import EnvSpec
+    from relive.envs import EnvSpec
 
     spec = EnvSpec("PixelPendulum-v0", {"image": ((3, 24, 24), np.uint8), "state": ((1,), np.float32)}, False, (1,),
                    0, np.array([-2.0], np.float32), np.array([2.0], np.float32), 200)

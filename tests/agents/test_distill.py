@@ -13,7 +13,7 @@ import torch
 
 from relive.agents.bc import BCConfig, load_bc_policy, new_policy, save_bc_policy
 from relive.agents.distill import distill, hybrid_rollouts, successful_rows
-from relive.train.envs import (
+from relive.envs import (
     ReturnThresholdSuccess,
     episode_success,
     make_env,
@@ -70,7 +70,7 @@ def full_speed(obs, base_action):
 
 def test_hybrid_rollouts_switch_at_t_base_and_success_follows_the_closed_form(tmp_path):
     from relive.agents.base_policy import load_base_policy
-    from relive.train.envs import env_spec
+    from relive.envs import env_spec
 
     env = make_env("LineGoal-v0")
     base = load_base_policy(idle_base(tmp_path), env_spec(env))
@@ -207,7 +207,7 @@ def test_collect_keeps_the_base_policys_successful_episodes_as_a_dataset(tmp_pat
     """PLD's D_offline: the base alone, successes only, saved as a relive .npz (and never overwritten)."""
     from relive.agents.distill import collect_successes
     from relive.cli import main
-    from relive.train.collector import load_dataset
+    from relive.data.npz_io import load_dataset
 
     with pytest.raises(ValueError, match="succeeded in none of 4 episodes"):
         collect_successes(idle_base(tmp_path), "LineGoal-v0", 4, tmp_path / "none.npz")
@@ -233,7 +233,7 @@ def test_cli_distill_keeps_the_runs_time_limit_and_base_and_never_replaces_out_s
     unless --allow-other-base; an existing --out is refused unless --overwrite (which replaces it whole)."""
     from relive.agents.base_policy import load_base_policy
     from relive.cli import main
-    from relive.train.envs import env_spec
+    from relive.envs import env_spec
 
     base_dir = idle_base(tmp_path)
     digest = load_base_policy(base_dir, env_spec(make_env("LineGoal-v0"))).digest()

@@ -68,7 +68,7 @@ def test_an_optimizer_state_of_another_architecture_is_refused_before_anything_i
 def test_base_policy_api_inputs_get_one_clear_error(tmp_path):
     from relive.agents.base_policy import load_base_policy
     from relive.agents.bc import BCConfig, new_policy, save_bc_policy
-    from relive.train.envs import EnvSpec
+    from relive.envs import EnvSpec
 
     spec = EnvSpec("Toy-v0", (4,), False, (2,), 0, -np.ones(2, np.float32), np.ones(2, np.float32), 20)
     save_bc_policy(tmp_path / "bc", new_policy(4, 2, [-1, -1], [1, 1], BCConfig(hidden=(8,)), 0), {})

@@ -10,6 +10,7 @@ import torch
 from relive.agents import networks as nets
 from relive.agents import refer
 from relive.agents.ddpg import DDPG, DDPGConfig
+from relive.replay import refer_schedule
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.types import Acted, Batch, SampleInfo
 
@@ -79,39 +80,39 @@ def test_tanh_gaussian_rho_is_the_ratio_of_squashed_densities():
 def test_far_predicate_at_the_boundaries():
     c = 4.0
     rho = np.array([0.25, np.nextafter(0.25, 1), 1.0, np.nextafter(4.0, 0), 4.0, 100.0, 1e-3])
-    np.testing.assert_array_equal(refer.is_far(rho, c), [True, False, False, False, True, True, True])
-    assert refer.is_far(torch.tensor([4.0, 1.0]), c).tolist() == [True, False]  # tensors too
+    np.testing.assert_array_equal(refer_schedule.is_far(rho, c), [True, False, False, False, True, True, True])
+    assert refer_schedule.is_far(torch.tensor([4.0, 1.0]), c).tolist() == [True, False]  # tensors too
     for c_off in (1.0, 0.5):  # c_max <= 1: ReF-ER is off, nothing is far
-        assert not refer.is_far(rho, c_off).any()
+        assert not refer_schedule.is_far(rho, c_off).any()
 
 
 def test_annealing_schedules_follow_eq_13():
-    assert refer.c_max_at(0, 4.0, 5e-7) == 5.0
-    assert refer.c_max_at(2_000_000, 4.0, 5e-7) == pytest.approx(3.0)
-    assert refer.c_max_at(10_000_000, 4.0, 5e-7) == pytest.approx(1 + 4 / 6)
-    assert refer.annealed_lr(1e-4, 0, 5e-7) == 1e-4
-    assert refer.annealed_lr(1e-4, 2_000_000, 5e-7) == pytest.approx(5e-5)
-    assert refer.smarties_eta(256, 2**18, 1000) == pytest.approx(0.1 * 256 / 2**18)
+    assert refer_schedule.c_max_at(0, 4.0, 5e-7) == 5.0
+    assert refer_schedule.c_max_at(2_000_000, 4.0, 5e-7) == pytest.approx(3.0)
+    assert refer_schedule.c_max_at(10_000_000, 4.0, 5e-7) == pytest.approx(1 + 4 / 6)
+    assert refer_schedule.annealed_lr(1e-4, 0, 5e-7) == 1e-4
+    assert refer_schedule.annealed_lr(1e-4, 2_000_000, 5e-7) == pytest.approx(5e-5)
+    assert refer_schedule.smarties_eta(256, 2**18, 1000) == pytest.approx(0.1 * 256 / 2**18)
 
 
 def test_beta_fixed_points():
     """Far fraction held above D: beta decays geometrically to 0; below: 1 - beta decays geometrically."""
     eta, beta = 0.01, 0.7
     for n in range(1, 200):
-        beta = refer.beta_step(beta, far_fraction=0.3, D=0.1, eta=eta)
+        beta = refer_schedule.beta_step(beta, far_fraction=0.3, D=0.1, eta=eta)
         assert beta == pytest.approx(0.7 * (1 - eta) ** n, rel=1e-12)
     beta = 0.7
     for n in range(1, 200):
-        beta = refer.beta_step(beta, far_fraction=0.05, D=0.1, eta=eta)
+        beta = refer_schedule.beta_step(beta, far_fraction=0.05, D=0.1, eta=eta)
         assert 1 - beta == pytest.approx(0.3 * (1 - eta) ** n, rel=1e-9)
-    assert refer.beta_step(1.0, 0.0, 0.1, eta) == 1.0 and refer.beta_step(0.0, 0.5, 0.1, eta) == 0.0
+    assert refer_schedule.beta_step(1.0, 0.0, 0.1, eta) == 1.0 and refer_schedule.beta_step(0.0, 0.5, 0.1, eta) == 0.0
     # smarties' clamped steps: (1 - min(eta, beta)) beta [+ min(eta, 1 - beta)], inside [0, 1] for any eta
-    assert refer.beta_step(1e-4, 0.5, 0.1, 0.5, clamp=True) == pytest.approx((1 - 1e-4) * 1e-4)
-    assert refer.beta_step(0.9, 0.0, 0.1, 0.5, clamp=True) == pytest.approx(0.5 * 0.9 + 0.1)
+    assert refer_schedule.beta_step(1e-4, 0.5, 0.1, 0.5, clamp=True) == pytest.approx((1 - 1e-4) * 1e-4)
+    assert refer_schedule.beta_step(0.9, 0.0, 0.1, 0.5, clamp=True) == pytest.approx(0.5 * 0.9 + 0.1)
     for b0, eta_ in ((0.999, 1.0), (0.5, 1.0), (1e-6, 0.9)):
         for frac in (0.0, 0.5):
-            assert 0.0 <= refer.beta_step(b0, frac, 0.1, eta_, clamp=True) <= 1.0
-    assert refer.beta_step(1e-4, 0.0, 0.1, 1e-3, clamp=True) == pytest.approx((1 - 1e-4) * 1e-4 + 1e-3)
+            assert 0.0 <= refer_schedule.beta_step(b0, frac, 0.1, eta_, clamp=True) <= 1.0
+    assert refer_schedule.beta_step(1e-4, 0.0, 0.1, 1e-3, clamp=True) == pytest.approx((1 - 1e-4) * 1e-4 + 1e-3)
 
 
 # -- DDPG -------------------------------------------------------------------------------------------------
@@ -473,8 +474,8 @@ def _run_loop(sampler, steps=300, seed=0, agent_cls=DDPG, config=None):
     hints -> ``update``; signals -> ``buffer.update``; the sampler's EveryGradSteps hooks before sampling."""
     import gymnasium as gym
 
+    from relive.hooks import EveryGradSteps, LoopContext, collect_hooks, of_type
     from relive.replay import ReplayBuffer
-    from relive.train.hooks import EveryGradSteps, LoopContext, collect_hooks, of_type
     from relive.types import unpack_acted
 
     env = gym.make("Pendulum-v1")
@@ -537,7 +538,7 @@ def test_behaviour_kl_metric_is_the_mean_kl_over_rows_with_a_record():
 
 
 def is_far_fraction(rho, c_max):
-    return float(refer.is_far(rho, c_max).mean())
+    return float(refer_schedule.is_far(rho, c_max).mean())
 
 
 def test_ddpg_with_per_uses_td_errors_and_sac_refer_runs_the_loop():

@@ -11,10 +11,10 @@ import torch
 
 from relive.agents import networks as nets
 from relive.agents.residual_sac import ResidualSAC, ResidualSACConfig, beta_at, load_residual
+from relive.envs import EnvSpec
+from relive.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
-from relive.train.envs import EnvSpec
-from relive.train.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.types import Acted, Batch, SampleInfo, unpack_acted
 from tests.agents.factory import ACT, HIGH, LOW, OBS, SMALL, B
 
@@ -701,8 +701,8 @@ def test_manual_loop_serves_hooks_pretrains_offline_and_never_stores_probing_ste
     (``OnPhase("offline")``: Cal-QL critic steps), then online episodes (``OnEpisodeStart`` before each) where the
     rows stored are exactly the non-probing steps, every batch is half offline, and the records are stored."""
     from relive.data.loaders import fill_offline
+    from relive.hooks import LoopContext, collect_hooks, of_type
     from relive.replay.samplers.mixture import MixtureSampler
-    from relive.train.hooks import LoopContext, collect_hooks, of_type
 
     rng = np.random.default_rng(0)
     env = Reach1D()
@@ -781,8 +781,8 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
     import types
 
     from relive.cli import main
+    from relive.envs import env_spec, make_env
     from relive.replay.checkpoint import load_tree
-    from relive.train.envs import env_spec, make_env
 
     base = torch.nn.Linear(3, 1)
     with torch.no_grad():
@@ -838,8 +838,9 @@ def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
     import types
 
     from relive.cli import build_parser
+    from relive.data.npz_io import save_dataset
     from relive.train.cli import config_from_args
-    from relive.train.collector import collect_dataset, save_dataset
+    from relive.train.collector import collect_dataset
     from relive.train.trainer import train
 
     fake = types.ModuleType("relive.agents.base_policy")
@@ -988,7 +989,7 @@ def test_a_state_trained_on_another_base_is_refused_unless_allowed(tmp_path):
     """Issue 28 item 7: the agent records its base's digest (BasePolicy.digest()) in its state; loading that state
     with a base of another digest is refused unless allow_other_base; a plain callable cannot say (no check)."""
     from relive.agents.base_policy import load_base_policy
-    from relive.train.envs import env_spec, make_env
+    from relive.envs import env_spec, make_env
 
     spec = env_spec(make_env("Pendulum-v1"))
     base_a, base_b = (load_base_policy(_bc_base(tmp_path / name, seed), spec) for name, seed in (("a", 0), ("b", 1)))

@@ -11,11 +11,11 @@ import pytest
 import torch
 from scipy.stats import norm
 
-from relive.agents.refer import is_far
 from relive.agents.vracer import Q_RET_UNSET, VRACER, VRACERConfig, clipped_gaussian_log_prob, retrace_targets
+from relive.hooks import EveryGradSteps, OnEpisodeEnd
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
-from relive.train.hooks import EveryGradSteps, OnEpisodeEnd
+from relive.replay.refer_schedule import is_far
 from relive.types import Acted, Batch, SampleInfo
 
 torch.set_num_threads(1)
@@ -372,8 +372,8 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
 
 
 def test_registered_and_built_from_an_env_spec():
+    from relive.envs import EnvSpec
     from relive.registry import agent_entry
-    from relive.train.envs import EnvSpec
 
     entry = agent_entry("vracer")
     assert entry.config_cls is VRACERConfig

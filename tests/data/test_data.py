@@ -143,7 +143,7 @@ def test_trainer_reads_a_minari_dataset(tmp_path, pendulum_rows):
 
 def test_maze_shortest_path_and_scripted_collector_reach_the_goal():
     from relive.data.maze import shortest_path, waypoint_policy
-    from relive.train.envs import make_env
+    from relive.envs import make_env
 
     free = np.array([[0, 0, 0, 0, 0], [0, 1, 1, 1, 0], [0, 0, 0, 1, 0], [0, 1, 1, 1, 0], [0, 0, 0, 0, 0]], bool)
     assert shortest_path(free, (1, 1), (3, 1)) == [(1, 1), (1, 2), (1, 3), (2, 3), (3, 3), (3, 2), (3, 1)]
@@ -158,7 +158,7 @@ def test_maze_shortest_path_and_scripted_collector_reach_the_goal():
 
 
 def test_make_dataset_levels_from_one_training_run(tmp_path):
-    from relive.data.generate import make_dataset
+    from relive.train.generate import make_dataset
 
     kw = dict(steps=400, seed=0, root=tmp_path / "minari", out=tmp_path, expert_train_steps=400, progress=False)
     summaries = {level: make_dataset("pendulum-v1", level, **kw)[1]
@@ -223,8 +223,8 @@ def test_make_dataset_levels_from_one_training_run(tmp_path):
 def test_maze_references_do_not_depend_on_the_order_the_levels_were_made(tmp_path):
     """The scripted level (the maze's R_expert) writes the task's references; the random level reads them,
     whether it was made before or after (and reports none while no scripted level exists)."""
-    from relive.data.cli import describe
-    from relive.data.generate import make_dataset
+    from relive.train.data_cli import describe
+    from relive.train.generate import make_dataset
 
     refs = {}
     for order in (("random", "scripted"), ("scripted", "random")):
@@ -241,7 +241,7 @@ def test_maze_references_do_not_depend_on_the_order_the_levels_were_made(tmp_pat
 
 
 def test_random_dataset_is_uniform_and_deterministic():
-    from relive.data.generate import random_dataset
+    from relive.train.generate import random_dataset
 
     a, b = random_dataset("Pendulum-v1", 300, seed=3), random_dataset("Pendulum-v1", 300, seed=3)
     for k in a:
@@ -319,7 +319,7 @@ def test_d4rl_bad_values(tmp_path, pendulum_rows, key, value, match):
 
 
 def test_loader_rejects_mismatched_spaces_and_sources(tmp_path, pendulum_rows):
-    from relive.train.collector import save_dataset
+    from relive.data.npz_io import save_dataset
 
     wide = {k: v.copy() for k, v in pendulum_rows.items()}
     wide["action"] = np.repeat(wide["action"], 2, axis=1)
@@ -341,7 +341,7 @@ def test_data_cli_list_info_and_report_keep_hand_written_notes(tmp_path, pendulu
     import json
 
     from relive.cli import main
-    from relive.data.cli import NOTES_MARKER
+    from relive.train.data_cli import NOTES_MARKER
 
     root = tmp_path / "minari"
     write_minari("test/pendulum/tiny-v0", pendulum_rows, "Pendulum-v1", root=root, ref_min_score=-1500.0,
@@ -373,7 +373,7 @@ def test_data_report_defaults_outside_docs_and_the_committed_notes_survive(tmp_p
     from pathlib import Path
 
     from relive.cli import build_parser, main
-    from relive.data.cli import NOTES_MARKER
+    from relive.train.data_cli import NOTES_MARKER
 
     repo = Path(__file__).resolve().parents[2]
     out = build_parser().parse_args(["data", "report"]).out

@@ -71,8 +71,8 @@ DID = "relive/pendulum-v1/random-v0"
 
 
 def test_make_keeps_an_existing_dataset_unless_overwrite(tmp_path, pendulum_rows):
-    from relive.data.generate import make_dataset
     from relive.data.minari_io import read_minari, write_minari
+    from relive.train.generate import make_dataset
 
     root = tmp_path / "minari"
     write_minari(DID, pendulum_rows, "Pendulum-v1", root=root)
@@ -139,7 +139,7 @@ def test_loading_a_broken_dataset_names_the_file(tmp_path, pendulum_rows):
 
 @pytest.mark.parametrize("steps", [0, -10, 2.5, True])
 def test_make_dataset_refuses_non_positive_steps(tmp_path, steps):
-    from relive.data.generate import make_dataset
+    from relive.train.generate import make_dataset
 
     with pytest.raises(ValueError, match="steps must be a positive integer"):
         make_dataset("pendulum-v1", "random", steps=steps, root=tmp_path / "m", out=tmp_path, progress=False)

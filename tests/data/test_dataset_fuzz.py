@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from relive.data.d4rl_io import write_d4rl_hdf5
 from relive.data.loaders import load_rows
 from relive.data.minari_io import write_minari
-from relive.train.collector import collect_dataset, save_dataset
+from relive.data.npz_io import save_dataset
+from relive.train.collector import collect_dataset
 
 # FUZZ_N=500 explores further (random, not derandomized); the suite runs 25 fixed examples per case
 FUZZ_N = int(os.environ.get("FUZZ_N", "0"))

@@ -17,7 +17,8 @@ import pytest
 from relive.data.d4rl_io import read_d4rl_hdf5, write_d4rl_hdf5
 from relive.data.loaders import load_rows
 from relive.data.minari_io import read_minari, write_minari
-from relive.train.collector import collect_dataset, load_dataset, save_dataset
+from relive.data.npz_io import load_dataset, save_dataset
+from relive.train.collector import collect_dataset
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Meta-World tasks (relive.train.metaworld_envs) against the real metaworld package. metaworld pins mujoco 3.3.0,
+"""Meta-World tasks (relive.metaworld_envs) against the real metaworld package. metaworld pins mujoco 3.3.0,
 so these run in their own venv: `make test-metaworld` (skipped in the main suite, where metaworld is absent)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("metaworld")
 
-from relive.train.envs import make_env, reports_success  # noqa: E402
-from relive.train.metaworld_envs import scripted_policy  # noqa: E402
+from relive.envs import make_env, reports_success  # noqa: E402
+from relive.metaworld_envs import scripted_policy  # noqa: E402
 
 
 def rollout(env, policy, seed):

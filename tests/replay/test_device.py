@@ -349,7 +349,7 @@ def test_sac_trains_on_dict_observations_from_a_device_buffer():
                     terminated=np.zeros(n, bool), truncated=np.zeros(n, bool)))
     sac = SAC(3, 2, -np.ones(2), np.ones(2), SACConfig(hidden=(16, 16), encoder="flat"), seed=0)
     batch = buf.sample(16)
-    from relive.agents.encoders import concat_keys
+    from relive.agents.networks import concat_keys
 
     flat = concat_keys(batch.obs)  # on the device's tensors, not through NumPy (which fails for CUDA tensors)
     assert torch.is_tensor(flat) and flat.shape == (16, 3) and flat.dtype == torch.float32

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from relive.agents.ddpg import DDPG, DDPGConfig
-from relive.agents.refer import c_max_at, is_far
+from relive.hooks import EveryGradSteps
 from relive.registry import ReplayBuild, replay_entry
 from relive.replay import MixtureSampler, ReplayBuffer, UniformSampler
+from relive.replay.refer_schedule import c_max_at, is_far
 from relive.replay.samplers.refer import ReFERConfig, ReFEROnlineConfig, ReFERSampler
-from relive.train.hooks import EveryGradSteps
 from relive.types import unpack_acted
 from tests.replay.adaptive_helpers import check_frequencies_with_power
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as hst
 
 from relive.replay import ARBSampler, MixtureSampler, ReaPERSampler, ReplayBuffer, UniformSampler
 from relive.replay._tree_kernels import AVAILABLE
-from relive.train.hooks import write_returns_to_go
+from relive.replay.returns import write_returns_to_go
 from tests.replay.test_reaper import ALPHA, BETA, EPS, OMEGA, Model
 
 KERNELS = [False, True] if AVAILABLE else [False]

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from relive.train.envs import make_env
+from relive.envs import make_env
 
 
 def test_an_env_id_naming_a_module_is_refused_and_the_module_never_imported(tmp_path, monkeypatch):

@@ -10,11 +10,12 @@ import torch
 
 from relive.cli import build_parser, main
 from relive.config import load_config
+from relive.data.npz_io import save_dataset
+from relive.envs import make_env
 from relive.replay import ReaPERSampler, ReplayBuffer
 from relive.replay.checkpoint import load_tree
 from relive.train.cli import config_from_args
-from relive.train.collector import collect_dataset, save_dataset
-from relive.train.envs import make_env
+from relive.train.collector import collect_dataset
 from relive.train.evaluation import evaluate
 from relive.train.trainer import build, collect, stored_rows, train
 from tests.train.test_trainer import TINY, SimulatedKill, _logs_without_times, assert_same_agent, kill_at

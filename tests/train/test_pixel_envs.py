@@ -8,8 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from relive.train.envs import env_spec, has_image_keys, make_env
-from relive.train.pixel_envs import pendulum_image
+from relive.envs import env_spec, has_image_keys, make_env
+from relive.pixel_envs import pendulum_image
 
 
 def test_observation_space_and_spec():
@@ -72,7 +72,7 @@ def test_other_dict_spaces_are_still_flattened():
 
 @pytest.fixture(scope="module")
 def tiny_dataset(tmp_path_factory):
-    from relive.data.generate import make_dataset
+    from relive.train.generate import make_dataset
 
     root = tmp_path_factory.mktemp("minari")
     did, summary = make_dataset("pixel-pendulum-v0", "random", steps=400, seed=0, root=root,
@@ -92,7 +92,7 @@ def test_generated_dataset_keeps_images(tiny_dataset):
 
 
 def test_medium_replay_is_refused_for_a_pixel_task(tmp_path):
-    from relive.data.generate import make_dataset
+    from relive.train.generate import make_dataset
 
     with pytest.raises(ValueError, match="no medium-replay level"):
         make_dataset("pixel-pendulum-v0", "medium-replay", root=tmp_path, out=tmp_path, progress=False)
@@ -139,8 +139,8 @@ def test_residual_sac_refuses_image_observations():
 
 
 def test_vector_collector_stores_dict_rows_with_the_true_final_observation():
+    from relive.envs import make_vector_env, random_actions
     from relive.train.collector import VectorCollector
-    from relive.train.envs import make_vector_env, random_actions
 
     envs = make_vector_env("PixelPendulum-v0", 2, max_episode_steps=5)
     spec = env_spec(make_env("PixelPendulum-v0", 5))

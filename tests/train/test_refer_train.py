@@ -67,7 +67,8 @@ def test_a_killed_ddpg_refer_run_resumes_exactly(tmp_path):
 def test_offline_data_without_behaviour_records(tmp_path):
     """A dataset has no behaviour record (the agent's columns are filled with 0): ReF-ER over the whole buffer refuses
     it, naming the fix; ReF-ER on the online part of a 50/50 mixture runs (offline rows replayed as plain DDPG)."""
-    from relive.train.collector import collect_dataset, save_dataset
+    from relive.data.npz_io import save_dataset
+    from relive.train.collector import collect_dataset
 
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
     args = ["ddpg_refer", *REFER, "--dataset", str(data), "--offline-steps", "20"]

@@ -44,7 +44,7 @@ class SeqToyAgent:
         return {"length": self.cfg.length, "at_episode_end": self.cfg.at_episode_end}
 
     def loop_hooks(self, ctx):
-        from relive.train.hooks import OnEpisodeStart
+        from relive.hooks import OnEpisodeStart
 
         return [OnEpisodeStart(self._reset)]
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from relive.config import EnvConfig
-from relive.train.envs import InfoKeySuccess, reports_success, with_success
+from relive.envs import InfoKeySuccess, reports_success, with_success
 from relive.train.evaluation import evaluate_episodes
 
 

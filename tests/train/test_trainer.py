@@ -10,12 +10,13 @@ import pytest
 
 from relive.cli import build_parser, main
 from relive.config import load_config
+from relive.data.npz_io import save_dataset
+from relive.envs import env_spec, make_env
 from relive.replay import ReplayBuffer
 from relive.replay.checkpoint import load_tree
+from relive.replay.returns import returns_to_go, write_returns_to_go
 from relive.train.cli import config_from_args
-from relive.train.collector import Collector, collect_dataset, returns_to_go, save_dataset
-from relive.train.envs import env_spec, make_env
-from relive.train.hooks import write_returns_to_go
+from relive.train.collector import Collector, collect_dataset
 from relive.train.trainer import build_agent, train
 
 TINY = ["--set", "agent.hidden=[16,16]", "--batch-size", "32", "--eval-episodes", "1", "--no-progress"]

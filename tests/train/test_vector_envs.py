@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from relive.cli import main
+from relive.envs import env_spec, make_env, make_vector_env
 from relive.replay.checkpoint import load_tree
 from relive.train.collector import VectorCollector
-from relive.train.envs import env_spec, make_env, make_vector_env
 from relive.train.trainer import train
 from tests.train.test_trainer import TINY, SimulatedKill, cfg_for, kill_at
 
@@ -98,7 +98,7 @@ def test_calql_with_async_envs_gets_returns_to_go_per_env(tmp_path):
           "--vector-mode", "async", "--set", "env.max_episode_steps=50", "--set", "agent.cql_n_actions=2",
           "--eval-every", "440", "--run-dir", str(run), "--set", "run.save_final_buffer=true", *TINY])
     from relive.replay import ReplayBuffer
-    from relive.train.collector import returns_to_go
+    from relive.replay.returns import returns_to_go
 
     st = ReplayBuffer.load(run / "buffer_final").storage
     view = st.episodes.live()
@@ -141,7 +141,7 @@ def test_an_episode_hook_for_one_env_refuses_several_envs(tmp_path):
     """A component whose OnEpisodeStart hook is not per env (its state is one env's) refuses num_envs > 1; the
     built-in agents' hooks are per env."""
     from relive.config import EnvConfig, ExperimentConfig
-    from relive.train.hooks import OnEpisodeStart
+    from relive.hooks import OnEpisodeStart
     from relive.train.trainer import _check_num_envs
 
     class OneEnvNoise:

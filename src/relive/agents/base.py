@@ -7,7 +7,7 @@ Required: ``from_spec`` (a classmethod, used by the registry: ``@register_agent(
 
 - ``stored_columns() -> tuple[ColumnDecl, ...]``: per-row columns to store beside the core ones (a behaviour
   record written from ``act``'s :class:`~relive.types.Acted`, or a column a hook fills, like ``mc_return``);
-- ``loop_hooks(ctx) -> list``: what the agent needs from the training loop (``relive.train.hooks``);
+- ``loop_hooks(ctx) -> list``: what the agent needs from the training loop (``relive.hooks``);
 - ``score_fn(mode) -> score(obs, action)``: per-row on-policyness of stored actions, for samplers that re-score
   rows with the policy (ARB);
 - ``sequence_spec() -> dict | None``: train on contiguous slices instead of rows (a recurrent or chunked-action

@@ -121,7 +121,7 @@ def _eval_mode(module: nn.Module) -> nn.Module:
 # -- loading ----------------------------------------------------------------------------------------------------
 def load_base_policy(path: str | Path, spec, device: str = "cpu", *, trusted: bool = False) -> BasePolicy:
     """The frozen base policy stored at ``path`` (see the module docstring for the formats), checked against
-    ``spec`` (a ``relive.train.envs.EnvSpec``): observation size, the action shape of one call, finite weights
+    ``spec`` (a ``relive.envs.EnvSpec``): observation size, the action shape of one call, finite weights
     and a finite action. ``trusted``: also read formats that can run code when loaded (TorchScript,
     ``torch.export``); without it such a file is refused (:class:`UntrustedCodeError`) before it is opened."""
     if getattr(spec, "discrete", False):

@@ -273,7 +273,7 @@ def evaluate_policy(policy, env_id: str, episodes: int, seed: int, success_retur
     """Roll ``policy(obs [1, obs_dim]) -> action [1, A]`` for ``episodes`` episodes (reset seeds ``seed,
     seed + 1, ...``): mean return, and success rate when the task has a success signal (or ``success_return``
     is given; else ``success_rate`` is None)."""
-    from relive.train.envs import episode_success, make_env, reports_success, with_success
+    from relive.envs import episode_success, make_env, reports_success, with_success
 
     env = make_env(env_id, max_episode_steps)
     has_success = success_return is not None or reports_success(env)

@@ -135,7 +135,7 @@ def run_bc(args: argparse.Namespace) -> int:
         train_bc,
     )
     from relive.data.loaders import load_rows
-    from relive.train.envs import env_spec, make_env
+    from relive.envs import env_spec, make_env
 
     torch.set_num_threads(args.threads)
     refuse_existing_out(args.out, args.overwrite)  # before any work

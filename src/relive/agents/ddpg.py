@@ -148,7 +148,7 @@ class DDPG:
 
     @classmethod
     def from_spec(cls, spec, config: DDPGConfig, seed, device: str = "cpu") -> DDPG:
-        """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
+        """Build for an environment (``relive.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
         return cls(nets.vector_obs_dim(spec, "DDPG"), spec.action_shape[0], spec.action_low, spec.action_high, config,
@@ -195,7 +195,7 @@ class DDPG:
             self.ou_state[env] = 0.0
 
     def loop_hooks(self, ctx) -> list:
-        from relive.train.hooks import OnEpisodeStart
+        from relive.hooks import OnEpisodeStart
 
         return [OnEpisodeStart(self.reset_noise, per_env=True)] if self.cfg.exploration_noise == "ou" else []
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from relive.agents import networks as nets
+from relive.agents.ddqn_batched import BatchedDDQN
 from relive.agents.encoders import flat_obs_batch
 from relive.registry import register_agent
 from relive.types import Batch, TensorMetrics, UpdateResult
@@ -68,6 +69,7 @@ class DDQNConfig:
 class DDQN:
     """Double DQN agent for discrete actions (see the module docstring)."""
 
+    seed_batcher = BatchedDDQN  # S seeds' agents updated as one (relive.train.seed_batch: relive train --seeds)
     acting_modules = ("q",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
     acting_clock = "num_act_steps"  # the exploring env steps epsilon follows (N per act call with N envs, as SB3's
     # and CleanRL's total-timestep schedules); with Ray collectors the learner keeps it at its env steps received
@@ -75,7 +77,7 @@ class DDQN:
 
     @classmethod
     def from_spec(cls, spec, config, seed, device: str = "cpu"):
-        """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
+        """Build for an environment (``relive.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if not spec.discrete:
             raise ValueError(f"ddqn needs a discrete action space; {spec.id} has a continuous one")
         return cls(nets.vector_obs_dim(spec, "DDQN"), spec.num_actions, config, seed=nets.seed_int(seed),

@@ -25,15 +25,19 @@ ordinary single-seed format.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from relive.agents import networks as nets
-from relive.agents.ddqn import DDQN
 from relive.agents.encoders import flat_obs_batch
 from relive.types import Batch, UpdateResult
+
+if TYPE_CHECKING:  # (ddqn.py imports this module: DDQN declares ``seed_batcher = BatchedDDQN``)
+    from relive.agents.ddqn import DDQN
 
 
 def _linears(module: nn.Sequential) -> list[nn.Linear]:
@@ -51,7 +55,7 @@ class BatchedDDQN:
             raise ValueError("BatchedDDQN needs at least one DDQN agent")
         first = agents[0]
         for a in agents:
-            if not isinstance(a, DDQN):
+            if getattr(type(a), "seed_batcher", None) is not BatchedDDQN:  # a DDQN (or a subclass)
                 raise ValueError(f"BatchedDDQN stacks DDQN agents, got {type(a).__name__}")
             if (a.cfg, a.obs_dim, a.num_actions, a.device) != (first.cfg, first.obs_dim, first.num_actions,
                                                                  first.device):

@@ -6,7 +6,7 @@ folded back into the base policy.
    residual callable returns the executed action, e.g. clip(a_base + beta * delta_a)). Starting the
    residual at random times covers the states the base itself visits (the probing idea of spec §9, here for
    the data).
-2. Keep the successful episodes (``info["success"]`` at their last step; ``relive.train.envs.with_success``).
+2. Keep the successful episodes (``info["success"]`` at their last step; ``relive.envs.with_success``).
 3. Fine-tune the base by behaviour cloning on the executed actions of those episodes
    (``relive.agents.bc.fine_tune``, MSE) -> a new base policy directory.
 Repeating with the new base is the paper's data flywheel.
@@ -32,7 +32,7 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
     seed + 1, ...``, T_base ~ U{0..horizon} from ``np.random.default_rng(seed)``; ``horizon`` defaults to the
     env's time limit. Each episode: its rows (``COLUMNS`` + ``base_action``), ``t_base``, ``success``,
     ``return``."""
-    from relive.train.envs import episode_success
+    from relive.envs import episode_success
 
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
@@ -74,8 +74,8 @@ def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out
     Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set.
     ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``)."""
     from relive.agents.base_policy import load_base_policy
-    from relive.train.collector import save_dataset
-    from relive.train.envs import env_spec, make_env, with_success
+    from relive.data.npz_io import save_dataset
+    from relive.envs import env_spec, make_env, with_success
 
     out = Path(out)
     if out.exists():
@@ -131,7 +131,7 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
         save_bc_policy,
         train_bc,
     )
-    from relive.train.envs import env_spec, make_env, with_success
+    from relive.envs import env_spec, make_env, with_success
 
     refuse_existing_out(out, overwrite)
     env = with_success(make_env(env_id, max_episode_steps), success_return)

@@ -20,23 +20,8 @@ import torch
 from torch import nn
 
 from relive.agents import networks as nets
+from relive.agents.networks import concat_keys
 from relive.types import Batch
-
-
-def concat_keys(obs: Mapping) -> np.ndarray:
-    """[N, D] float32: the keys of a dict observation ([N, ...] each), each flattened, concatenated in sorted key
-    order (torch tensors -- a batch from a device buffer -- are concatenated on their device)."""
-    if not obs:
-        raise ValueError("a dict observation needs at least one key")
-    on_device = all(torch.is_tensor(v) for v in obs.values())  # a device batch: concatenated where it is
-    parts = [obs[k] if on_device else np.asarray(obs[k]) for k in sorted(obs)]
-    n = parts[0].shape[0] if parts[0].ndim else 1
-    for k, p in zip(sorted(obs), parts, strict=True):
-        if (p.shape[0] if p.ndim else 1) != n:
-            raise ValueError(f"observation key {k!r} has {p.shape[0] if p.ndim else 1} rows, the first key has {n}")
-    if on_device:
-        return torch.cat([p.reshape(n, -1).to(torch.float32) for p in parts], dim=1)
-    return np.concatenate([p.reshape(n, -1).astype(np.float32, copy=False) for p in parts], axis=1)
 
 
 def flat_obs(obs):

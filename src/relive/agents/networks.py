@@ -404,32 +404,6 @@ def weighted_mean(per_sample: torch.Tensor, is_weight: torch.Tensor) -> torch.Te
     return (is_weight * per_sample).mean()
 
 
-# -- process settings -------------------------------------------------------------------------------
-MMAP_THRESHOLD_BYTES = 64 << 20  # allocations below this come from the heap, not from fresh mmap'ed pages
-TRIM_THRESHOLD_BYTES = 256 << 20  # freed heap memory kept for reuse up to this much
-
-
-def retain_freed_memory() -> bool:
-    """Let glibc's malloc keep freed memory for reuse (``mallopt`` M_MMAP_THRESHOLD = 64 MiB, M_TRIM_THRESHOLD =
-    256 MiB) instead of returning it to the kernel. PyTorch's CPU allocator is plain malloc: every update
-    allocates and frees activations of a few MB ([10, 256, 256] floats for a ten-member critic layer), and by
-    default each of them comes back as fresh pages whose first touch faults and zero-fills them -- ~2,500 page
-    faults and ~8 ms of kernel time per ten-critic update on a 2-core EPYC (a third of what the non-matmul
-    work costs). A process setting: the trainer applies it to its own process, like its torch thread count.
-    No-op (False) where glibc is not the C library."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3  # glibc malloc.h
-    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES)) and bool(mallopt(m_trim_threshold,
-                                                                                  TRIM_THRESHOLD_BYTES))
-
-
 # -- pickle-free state ------------------------------------------------------------------------------
 def module_state(module: nn.Module) -> dict[str, np.ndarray]:
     return {k.replace(".", "__"): v.detach().cpu().numpy().copy() for k, v in module.state_dict().items()}
@@ -515,13 +489,27 @@ def load_generator_state(gen: torch.Generator, state) -> None:
     gen.set_state(torch.as_tensor(saved))
 
 
+def concat_keys(obs: Mapping) -> np.ndarray:
+    """[N, D] float32: the keys of a dict observation ([N, ...] each), each flattened, concatenated in sorted key
+    order (torch tensors -- a batch from a device buffer -- are concatenated on their device)."""
+    if not obs:
+        raise ValueError("a dict observation needs at least one key")
+    on_device = all(torch.is_tensor(v) for v in obs.values())  # a device batch: concatenated where it is
+    parts = [obs[k] if on_device else np.asarray(obs[k]) for k in sorted(obs)]
+    n = parts[0].shape[0] if parts[0].ndim else 1
+    for k, p in zip(sorted(obs), parts, strict=True):
+        if (p.shape[0] if p.ndim else 1) != n:
+            raise ValueError(f"observation key {k!r} has {p.shape[0] if p.ndim else 1} rows, the first key has {n}")
+    if on_device:
+        return torch.cat([p.reshape(n, -1).to(torch.float32) for p in parts], dim=1)
+    return np.concatenate([p.reshape(n, -1).astype(np.float32, copy=False) for p in parts], axis=1)
+
+
 def as_obs_tensor(obs, obs_dim: int, device: torch.device) -> tuple[torch.Tensor, bool]:
     """[N, obs_dim] float32 tensor from array-like observations; a single [obs_dim] observation is accepted
     and flagged so that ``act`` can return a single action. Dict observations are concatenated
-    (``relive.agents.encoders.concat_keys``: the default encoder seam); they need the batch axis ([N, ...] per key)."""
+    (:func:`concat_keys`: the default encoder seam); they need the batch axis ([N, ...] per key)."""
     if isinstance(obs, Mapping):
-        from relive.agents.encoders import concat_keys
-
         obs = concat_keys(obs)
     o = torch.as_tensor(np.asarray(obs, dtype=np.float32), device=device)
     single = o.dim() == 1

@@ -1,5 +1,6 @@
 """ReF-ER, Remember and Forget Experience Replay (Novati & Koumoutsakos, ICML 2019, arXiv 1807.05827): the math,
-as pure functions (torch for what the agents differentiate, plain floats for the schedules).
+as pure functions: here torch for what the agents differentiate; the schedules (beta, c_max, eta) and the far-policy
+rule, plain floats read by the sampler too, in :mod:`relive.replay.refer_schedule`.
 
 Equation numbers refer to the ICML paper:
 
@@ -31,11 +32,9 @@ from collections.abc import Callable
 
 import torch
 
-BEHAVIOUR_COLUMNS = ("mu_mean", "mu_std")  # the stored behaviour record of every row ReF-ER covers
-ALL_SOURCES = -1  # the ``refer_source`` hint of a sampler that covers offline and online rows
-LOG_RHO_CLIP = 7.0  # |log rho| is clipped here before exponentiation (smarties Continuous_policy.h)
+from relive.replay.refer_schedule import ALL_SOURCES, BEHAVIOUR_COLUMNS, LOG_RHO_CLIP, is_far
+
 KL_DIRECTIONS = ("mu_pi", "pi_mu")  # paper's D_KL(mu || pi) / smarties' D_KL(pi || mu)
-BETA_SCHEDULES = ("paper", "smarties")
 
 
 # -- importance weights ---------------------------------------------------------------------------------
@@ -64,15 +63,6 @@ def tanh_gaussian_log_rho(pi_mean, pi_std, mu_mean, mu_std, action, center, scal
     u = atanh((a - center) / scale) (clamped to |y| <= 1 - eps as in ``TanhGaussianActor.log_prob``): [B]."""
     u = torch.atanh(((action - center) / scale).clamp(-1 + eps, 1 - eps))
     return gaussian_log_rho(pi_mean, pi_std, mu_mean, mu_std, u)
-
-
-def is_far(rho, c_max: float):
-    """The far-policy predicate (Sec. 3): rho outside the open interval (1/c_max, c_max). With c_max <= 1 the
-    interval is empty, but ReF-ER is then off and nothing is far (smarties ``isFarPolicy``). Works on NumPy arrays
-    and tensors alike; rho at exactly c_max or 1/c_max is far."""
-    if c_max <= 1.0:
-        return rho < -math.inf  # all False, same type and shape as rho
-    return (rho <= 1.0 / c_max) | (rho >= c_max)
 
 
 def batch_rows(b, log_rho_fn: Callable, rule1: bool = True):
@@ -122,34 +112,6 @@ def refer_kl(mu_mean, mu_std, pi_mean, pi_std, direction: str = "mu_pi") -> torc
     if direction == "pi_mu":
         return gaussian_kl(pi_mean, pi_std, mu_mean, mu_std)
     raise ValueError(f"KL direction must be one of {KL_DIRECTIONS}, got {direction!r}")
-
-
-# -- schedules ------------------------------------------------------------------------------------------
-def c_max_at(t: int, C: float, A: float) -> float:
-    """c_max(t) = 1 + C / (1 + A t) (Eq. 13), t = gradient steps taken."""
-    return 1.0 + C / (1.0 + A * t)
-
-
-def annealed_lr(lr: float, t: int, A: float) -> float:
-    """eta(t) = eta / (1 + A t) (Eq. 13): the networks' learning rate anneals with c_max."""
-    return lr / (1.0 + A * t)
-
-
-def beta_step(beta: float, far_fraction: float, D: float, eta: float, clamp: bool = False) -> float:
-    """One fixed-point step of Eq. 12: beta <- (1 - eta) beta if n_far / N > D, else (1 - eta) beta + eta.
-
-    ``clamp=True`` is smarties' form: the step is min(eta, beta) down and min(eta, 1 - beta) up, i.e.
-    (1 - min(eta, beta)) beta [+ min(eta, 1 - beta)], which keeps beta in [0, 1] for any eta."""
-    if clamp:
-        shrunk = (1.0 - min(eta, beta)) * beta
-        return shrunk if far_fraction > D else shrunk + min(eta, 1.0 - beta)
-    return (1.0 - eta) * beta if far_fraction > D else (1.0 - eta) * beta + eta
-
-
-def smarties_eta(batch_size: int, capacity: int, num_stored: int) -> float:
-    """smarties' step size for beta: 0.1 B / max(N_max, N) (~1e-4 for B = 256, N = 2^18, "to match the
-    learning rate chosen in the original paper")."""
-    return 0.1 * batch_size / max(capacity, num_stored, 1)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

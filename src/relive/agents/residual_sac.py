@@ -55,8 +55,9 @@ from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.encoders import flat_obs_batch
 from relive.agents.sac import _step
+from relive.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.registry import register_agent
-from relive.train.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase, write_returns_to_go
+from relive.replay.returns import write_returns_to_go
 from relive.types import Acted, Batch, ColumnDecl, TensorMetrics, UpdateResult
 
 BETA_SCHEDULES = ("constant", "linear", "stepwise")
@@ -632,8 +633,8 @@ def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     from pathlib import Path
 
     from relive.config import load_config
+    from relive.envs import env_spec, make_env
     from relive.replay.checkpoint import load_tree
-    from relive.train.envs import env_spec, make_env
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file() or not (run_dir / "agent_final" / "MANIFEST.json").is_file():

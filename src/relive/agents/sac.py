@@ -149,7 +149,7 @@ class SAC:
 
     @classmethod
     def from_spec(cls, spec, config, seed, device: str = "cpu"):
-        """Build for an environment (``relive.train.envs.EnvSpec``); ``seed``: int or SeedSequence."""
+        """Build for an environment (``relive.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
         if isinstance(spec.obs_shape, Mapping):  # dict observations (an image task): concatenated, or a CNN

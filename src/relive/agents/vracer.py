@@ -80,8 +80,9 @@ from torch import nn
 from relive.agents import networks as nets
 from relive.agents import refer
 from relive.agents.encoders import flat_obs, flat_obs_batch
+from relive.hooks import EveryGradSteps, OnEpisodeEnd
 from relive.registry import register_agent
-from relive.train.hooks import EveryGradSteps, OnEpisodeEnd
+from relive.replay import refer_schedule
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
 ACTIVATIONS = {"tanh": nn.Tanh, "softsign": nn.Softsign}
@@ -369,7 +370,7 @@ class VRACER:
         publishes one (``lr_scale`` hint, its own A and t), else this agent's ``lr_anneal`` and step count."""
         if hints and "lr_scale" in hints:
             return self.cfg.lr * float(hints["lr_scale"])
-        return refer.annealed_lr(self.cfg.lr, self.num_grad_steps, self.cfg.lr_anneal)
+        return refer_schedule.annealed_lr(self.cfg.lr, self.num_grad_steps, self.cfg.lr_anneal)
 
     def refer_view(self, b: Batch) -> tuple[float, float, torch.Tensor]:
         """(c_max, beta, covered [B]) from the ReF-ER sampler's hints (``relive.replay.samplers.refer``);
@@ -381,8 +382,8 @@ class VRACER:
             return math.inf, 1.0, ones
         c_max = float(hints["c_max"]) if self.cfg.refer_rule1 else math.inf
         beta = float(hints["beta"]) if self.cfg.refer_rule2 else 1.0
-        source = int(hints.get("refer_source", refer.ALL_SOURCES))
-        covered = ones if source == refer.ALL_SOURCES else torch.as_tensor(
+        source = int(hints.get("refer_source", refer_schedule.ALL_SOURCES))
+        covered = ones if source == refer_schedule.ALL_SOURCES else torch.as_tensor(
             b.info.source == source, device=self.device).float()
         return c_max, beta, covered
 
@@ -397,7 +398,7 @@ class VRACER:
         with torch.no_grad():
             log_mu = self.net.log_prob(b.mu_mean, b.mu_std, b.action)
             rho = torch.exp(refer.clipped_log_rho(log_pi, log_mu))  # 1.
-            near = ~(refer.is_far(rho, c_max) & (covered > 0))  # 2. Rule 1
+            near = ~(refer_schedule.is_far(rho, c_max) & (covered > 0))  # 2. Rule 1
             q_ret = b.q_ret.to(v.dtype)
             unset = q_ret <= 0.5 * Q_RET_UNSET
             if bool(unset.any()):  # no stored target yet: one-step r + gamma (1 - terminated) V(s')

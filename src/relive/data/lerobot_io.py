@@ -869,35 +869,3 @@ def buffer_rows(buffer, source: str = "online") -> dict:
         raise ValueError(f"the buffer holds no {source} rows")
     # (read, not columns: with dedup_next_obs there is no next_obs column)
     return {k: st.read(k, slots) for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
-
-
-def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dict]:
-    """Rows and metadata from a run directory (its ``buffer_final/``, else its last checkpoint's buffer), a saved
-    replay buffer directory (``ReplayBuffer.save``), or any dataset ``load_rows`` reads (all its rows)."""
-    from relive.replay.buffer import HOST, ReplayBuffer
-
-    p = Path(source)
-    meta: dict = {"source": str(p)}
-    if (p / "config.json").is_file():
-        try:
-            meta["env_id"] = json.loads((p / "config.json").read_text())["env"]["id"]
-        except (ValueError, KeyError, TypeError):
-            pass
-    if (p / "buffer_final").is_dir():
-        return buffer_rows(ReplayBuffer.load(p / "buffer_final", device=HOST), rows), meta
-    from relive.train.checkpoint import has_checkpoint, load_checkpoint
-
-    if has_checkpoint(p):
-        from relive.config import load_config
-        from relive.train.trainer import run_offline_rows
-
-        state = load_checkpoint(p)["buffer"]
-        offline = run_offline_rows(load_config(p / "config.json"), state, p) if (p / "config.json").is_file() else None
-        return buffer_rows(ReplayBuffer.from_state_dict(state, offline_rows=offline, device=HOST), rows), meta
-    if (p / "MANIFEST.json").is_file():
-        return buffer_rows(ReplayBuffer.load(p, device=HOST), rows), meta
-    from relive.data.loaders import load_rows
-
-    data, dmeta = load_rows(p)
-    return data, meta | {k: dmeta.get(k) for k in ("env_id", "ref_min_return", "ref_max_return") if dmeta.get(k)}
-

@@ -14,14 +14,14 @@ import numpy as np
 
 from relive.data.columns import check_columns, check_env_spaces
 from relive.data.lerobot_io import is_lerobot_dir
-from relive.train.collector import returns_to_go
+from relive.replay.returns import returns_to_go
 
 
 def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | None = None) -> tuple[dict, dict]:
     """Columns + metadata of a dataset; with ``env_id``, shapes and action bounds are checked against it."""
     p = Path(source)
     if p.suffix == ".npz":
-        from relive.train.collector import load_dataset
+        from relive.data.npz_io import load_dataset
 
         rows, meta = load_dataset(p)
     elif p.suffix in (".hdf5", ".h5"):
@@ -48,11 +48,11 @@ def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | 
 
 
 def _keeps_dict_obs(env_id: str | None) -> bool:
-    """Whether ``env_id``'s observations stay dicts (image tasks: ``relive.train.envs.has_image_keys``), so a
+    """Whether ``env_id``'s observations stay dicts (image tasks: ``relive.envs.has_image_keys``), so a
     Minari dataset of it is read key by key instead of flattened."""
     if not env_id:
         return False
-    from relive.train.envs import has_image_keys, make_env
+    from relive.envs import has_image_keys, make_env
 
     env = make_env(env_id)
     try:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from relive.experiments.grid import Grid, RunSpec
 from relive.files import DirectoryLock, LockedError
+from relive.train.seed_batch import batchable_agents
 
 FINISHED = "summary.json"
 CRASHED = "crash.json"
@@ -215,12 +216,11 @@ def _seed_batches(todo: list[RunSpec], root: Path, seed_batch: int) -> list[list
         raise ValueError(f"--seed-batch must be >= 1, got {seed_batch}")
     if seed_batch == 1:
         return [[s] for s in todo]
-    from relive.train.seed_batch import SUPPORTED
-
-    presets = sorted({s.preset for s in todo} - set(SUPPORTED))
+    batchable = batchable_agents()
+    presets = sorted({s.preset for s in todo} - set(batchable))
     if presets:
         raise ValueError(f"--seed-batch {seed_batch}: seeds batched in one process support the presets "
-                         f"{list(SUPPORTED)}; this grid's unfinished runs use {presets} (run it without --seed-batch)")
+                         f"{batchable}; this grid's unfinished runs use {presets} (run it without --seed-batch)")
     jobs, groups = [], {}
     for s in todo:
         if (run_dir_of(root, s) / "config.json").exists():

@@ -39,52 +39,15 @@ from relive.replay.samplers.base import MAX_PRIORITY, Sampler
 from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.per import PrioritizedSampler
 from relive.replay.samplers.uniform import UniformSampler
+from relive.replay.torch_column import TorchColumn, torch_dtype
 
 ARITY = 8
-
-
-def torch_dtype(dtype: np.dtype):
-    return torch.from_numpy(np.zeros(0, dtype=np.dtype(dtype))).dtype
 
 
 class DeviceDraw(NamedTuple):
     indices: object  # int64 tensor [B] on the device
     probability: object  # float64 tensor [B]
     is_weight: object  # float32 tensor [B]
-
-
-class TorchColumn:
-    """One column of a ``backend="torch"`` storage: a tensor on ``device`` (``.tensor``) behind the few NumPy-style
-    operations the host-side storage code uses (slice / index writes from arrays, ``take`` and slice reads that
-    return NumPy copies). Host reads are for cold paths (checkpoints, hashes); batches gather ``.tensor``."""
-
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype, device):
-        self.dtype = np.dtype(dtype)
-        self.shape = tuple(shape)
-        self.tensor = torch.zeros(self.shape, dtype=torch_dtype(self.dtype), device=device)
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def _key(self, key):
-        if isinstance(key, np.ndarray | list):
-            return torch.as_tensor(np.asarray(key, np.int64), device=self.tensor.device)
-        if isinstance(key, np.integer):
-            return int(key)
-        return key
-
-    def __getitem__(self, key) -> np.ndarray:
-        out = self.tensor[self._key(key)]
-        return out.numpy().copy() if out.device.type == "cpu" else out.cpu().numpy()  # (a CPU view: copied)
-
-    def __setitem__(self, key, value) -> None:
-        value = np.asarray(value, dtype=self.dtype)
-        self.tensor[self._key(key)] = torch.as_tensor(value, device=self.tensor.device)
-
-    def take(self, indices, axis: int = 0) -> np.ndarray:
-        if axis != 0:
-            raise ValueError("TorchColumn.take reads rows (axis=0)")
-        return self[np.asarray(indices, np.int64)]
 
 
 # -- the tree -------------------------------------------------------------------------------------------------

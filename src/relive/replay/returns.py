@@ -1,4 +1,5 @@
-"""Sample-time views over episodes: n-step returns and contiguous slices (sequences), from the episode index.
+"""Sample-time views over episodes: n-step returns and contiguous slices (sequences), from the episode index; and
+Monte-Carlo returns-to-go of whole episodes (:func:`returns_to_go`, :func:`write_returns_to_go`).
 
 Both work on the storage's public surface (``meta["episode_id"]``, ``episodes.end_of``, ``position_of``,
 ``online_slot``) and are vectorized over the batch: no Python loop per row (n-step returns take one pass over the
@@ -118,5 +119,30 @@ def max_rows_left(storage) -> int:
     return int(view.length.max()) if len(view) else 0
 
 
+# -- Monte-Carlo returns-to-go (Cal-QL's mc_return column) -------------------------------------------
+def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.ndarray, gamma: float) -> np.ndarray:
+    """Discounted Monte-Carlo return-to-go G_t = r_t + gamma (1 - end_t) G_{t+1}, restarting at every episode
+    end. A time-limit truncation ends the sum there (no bootstrap: the data has no value estimate), so
+    truncated episodes get a truncated return, as CORL and the official Cal-QL compute it."""
+    reward = np.asarray(reward, np.float64)
+    end = np.asarray(episode_end, bool) | np.asarray(terminated, bool)
+    out = np.zeros_like(reward)
+    g = 0.0
+    for t in range(reward.size - 1, -1, -1):  # one pass per dataset/episode, not on a hot path
+        g = reward[t] + (0.0 if end[t] else gamma * g)
+        out[t] = g
+    return out.astype(np.float32)
+
+
+def write_returns_to_go(buffer, slots: np.ndarray, gamma: float, column: str) -> None:
+    """Write the discounted Monte-Carlo returns-to-go of one finished episode (its stored rows ``slots``, in time
+    order) into ``column`` (a truncated episode's sum stops at its last row; see :func:`returns_to_go`)."""
+    reward = buffer.storage.columns["reward"][slots]
+    term = buffer.storage.columns["terminated"][slots]
+    end = np.zeros(slots.size, bool)
+    end[-1] = True
+    buffer.set_column(column, slots, returns_to_go(reward, end, term, gamma))
+
+
 __all__ = ["NStep", "n_step_returns", "slices", "slice_fits", "check_n_step", "check_gamma", "max_rows_left",
-           "MAX_N_STEP"]
+           "MAX_N_STEP", "returns_to_go", "write_returns_to_go"]

@@ -193,8 +193,8 @@ class Storage:
     def _allocate(self, name: str, spec: ColumnSpec) -> np.ndarray:
         if self.backend == "ram":
             return np.zeros((self.capacity, *spec.shape), dtype=spec.dtype)
-        if self.backend == "torch":  # a tensor on the device behind a NumPy-style API (relive.replay.device)
-            from relive.replay.device import TorchColumn
+        if self.backend == "torch":  # a tensor on the device behind a NumPy-style API
+            from relive.replay.torch_column import TorchColumn  # (torch: imported only for this backend)
 
             return TorchColumn((self.capacity, *spec.shape), spec.dtype, self.device)
         path = self.directory / f"{name}.npy"

@@ -1,4 +1,4 @@
-"""Stepping an environment with a policy into replay rows, Monte-Carlo returns-to-go, and small datasets.
+"""Stepping an environment with a policy into replay rows, and datasets collected that way (``collect_dataset``;
 
 ``Collector`` keeps the current episode between calls so the trainer can collect in chunks. On truncation
 (time limit) the stored ``next_obs`` is the true final observation, so the critic bootstraps from it
@@ -12,11 +12,9 @@ already returns the next episode's first observation, and the stored ``next_obs`
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from relive.train.envs import EnvSpec, make_env, num_obs, one_row, random_actions, stack_obs
+from relive.envs import EnvSpec, make_env, num_obs, one_row, random_actions, stack_obs
 
 
 class Collector:
@@ -235,26 +233,13 @@ class VectorCollector:
         self.envs.close()
 
 
-def returns_to_go(reward: np.ndarray, episode_end: np.ndarray, terminated: np.ndarray, gamma: float) -> np.ndarray:
-    """Discounted Monte-Carlo return-to-go G_t = r_t + gamma (1 - end_t) G_{t+1}, restarting at every episode
-    end. A time-limit truncation ends the sum there (no bootstrap: the data has no value estimate), so
-    truncated episodes get a truncated return, as CORL and the official Cal-QL compute it."""
-    reward = np.asarray(reward, np.float64)
-    end = np.asarray(episode_end, bool) | np.asarray(terminated, bool)
-    out = np.zeros_like(reward)
-    g = 0.0
-    for t in range(reward.size - 1, -1, -1):  # one pass per dataset/episode, not on a hot path
-        g = reward[t] + (0.0 if end[t] else gamma * g)
-        out[t] = g
-    return out.astype(np.float32)
-
 
 def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_episode_steps: int | None = None,
                     progress: str | None = None, policy_from_env=None) -> dict:
     """Rows of ``num_steps`` env steps with ``policy`` (uniform random actions when None); the last
     episode is cut as truncated so the dataset holds whole episodes. ``progress``: a label for a progress bar.
     ``policy_from_env(env) -> policy``: a policy that reads the env itself (a state policy driving a pixel task)."""
-    from relive.train.envs import env_spec
+    from relive.envs import env_spec
 
     env = make_env(env_id, max_episode_steps)
     if policy_from_env is not None:
@@ -297,74 +282,3 @@ def _concat(parts: list):
     if isinstance(parts[0], dict):
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return np.concatenate(parts)
-
-
-def save_dataset(path: str | Path, rows: dict, **meta) -> Path:
-    """A dataset as one .npz of columns (no pickle); ``meta`` values are stored as 0-d arrays."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **rows, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
-    return path
-
-
-def load_dataset(path: str | Path) -> tuple[dict, dict]:
-    """Columns and metadata of a ``save_dataset`` .npz. Read member by member with the checks of
-    docs/guarantees.md ("Datasets"): no pickles (object arrays refused), each member's declared shape within the
-    bytes the archive really holds (a deflated member expands at most ``MAX_COMPRESSION_RATIO`` times) and the
-    whole within memory, before anything is allocated; every problem one ``ValueError`` naming the file."""
-    import zipfile
-
-    from relive.data.trust import MAX_COMPRESSION_RATIO, SLACK_BYTES, check_allocation, one_line
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"dataset {path} does not exist")
-    size = path.stat().st_size
-    arrays, total = {}, 0
-    try:
-        with zipfile.ZipFile(path) as z:
-            members = [i for i in z.infolist() if not i.is_dir()]
-            for info in members:
-                name = info.filename.removesuffix(".npy")
-                if info.compress_size > size:
-                    raise ValueError(f"dataset {path}: member {info.filename!r} declares {info.compress_size} "
-                                     f"bytes, more than the {size}-byte file")
-                ratio = 1 if info.compress_type == zipfile.ZIP_STORED else MAX_COMPRESSION_RATIO
-                with z.open(info) as fp:
-                    version = np.lib.format.read_magic(fp)
-                    if version not in ((1, 0), (2, 0)):
-                        raise ValueError(f"dataset {path}: member {info.filename!r} is .npy format {version}; "
-                                         "1.0 and 2.0 are read")
-                    header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                              else np.lib.format.read_array_header_2_0)
-                    shape, _, dtype = header(fp)
-                    if dtype.hasobject:
-                        raise ValueError(f"dataset {path}: member {info.filename!r} holds Python objects (pickles "
-                                         "are never loaded)")
-                    nbytes = int(np.prod(shape, dtype=object)) * dtype.itemsize if shape else dtype.itemsize
-                    if nbytes > info.file_size or nbytes > info.compress_size * ratio + SLACK_BYTES:
-                        raise ValueError(f"dataset {path}: member {info.filename!r} declares shape {shape} "
-                                         f"({nbytes} bytes) but holds {info.file_size} bytes; refused before "
-                                         "allocating")
-                    total += nbytes
-                    check_allocation(total, f"dataset {path}", "its arrays")
-                with z.open(info) as fp:
-                    arrays[name] = np.lib.format.read_array(fp, allow_pickle=False)
-    except ValueError as e:
-        if str(path) in str(e):
-            raise
-        raise ValueError(f"dataset {path}: not a readable .npz of arrays ({one_line(e)})") from None
-    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, RuntimeError,
-            KeyError, TypeError, IndexError) as e:  # zipfile and numpy's errors on a damaged file do not name it
-        raise ValueError(f"dataset {path}: not a readable .npz of arrays ({one_line(e)})") from None
-    rows = {k: v for k, v in arrays.items() if not k.startswith("meta_")}
-    meta = {}
-    for k, v in arrays.items():
-        if k.startswith("meta_"):
-            if v.size != 1:
-                raise ValueError(f"dataset {path}: metadata {k!r} has {v.size} values, expected one")
-            meta[k[5:]] = v.item()
-    missing = {"obs", "action", "reward", "next_obs", "terminated", "truncated"} - set(rows)
-    if missing:
-        raise ValueError(f"dataset {path} lacks column(s) {sorted(missing)}")
-    return rows, meta

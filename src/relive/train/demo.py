@@ -18,8 +18,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from relive.config import override
+from relive.data.npz_io import save_dataset
 from relive.presets import get_preset
-from relive.train.collector import collect_dataset, save_dataset
+from relive.train.collector import collect_dataset
 from relive.train.trainer import train
 
 VARIANTS = {"uniform over offline + online": "uniform", "symmetric 50/50 (RLPD)": "symmetric",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.data.scores import normalized_score  # noqa: F401  (re-exported for the trainer)
-from relive.train.envs import info_success, one_row
+from relive.envs import info_success, one_row
 from relive.types import unpack_acted
 
 

@@ -43,15 +43,18 @@ Ray is imported lazily: relive imports without it; ``--collectors`` without Ray 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import os
-import time
-from pathlib import Path
 
 import numpy as np
+import torch
 
-from relive.files import write_text_atomic
+from relive import hooks as H
+from relive.agents import networks as nets
+from relive.config import config_from_dict
+from relive.envs import env_spec, make_env, make_vector_env
+from relive.envs import random_actions as uniform
+from relive.registry import agent_entry
+from relive.train.collector import Collector, VectorCollector
 
 RAY_MISSING = "--collectors needs Ray, which is not installed: pip install 'relive[ray]'"
 
@@ -76,10 +79,6 @@ def acting_state(agent) -> dict:
     """What a collector's copy needs to act: the modules the agent names in ``acting_modules`` (default: every
     ``torch.nn.Module`` attribute), as NumPy arrays, and the value of its ``acting_clock`` counter if it names one
     (an exploration schedule that counts the env steps acted for, e.g. DDQN's epsilon)."""
-    import torch
-
-    from relive.agents import networks as nets
-
     names = getattr(agent, "acting_modules", None) or [k for k, v in vars(agent).items()
                                                        if isinstance(v, torch.nn.Module)]
     state = {"modules": {name: nets.module_state(getattr(agent, name)) for name in names}}
@@ -90,8 +89,6 @@ def acting_state(agent) -> dict:
 
 
 def load_acting_state(agent, state: dict) -> None:
-    from relive.agents import networks as nets
-
     for name, module_state in state["modules"].items():
         nets.load_module_state(getattr(agent, name), module_state)
     if "clock" in state:
@@ -132,14 +129,6 @@ class CollectorWorker:
     ``SeedSequence([seed, index, incarnation])``; ``collect`` returns one chunk per request."""
 
     def __init__(self, cfg_dict: dict, index: int, incarnation: int, next_chunk_id: int, seed: int):
-        import torch
-
-        from relive.config import config_from_dict
-        from relive.train import hooks as H
-        from relive.train.collector import Collector, VectorCollector
-        from relive.train.envs import env_spec, make_env, make_vector_env
-        from relive.train.trainer import build_agent
-
         torch.set_num_threads(1)
         cfg = config_from_dict(cfg_dict)
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device="cpu"))
@@ -150,7 +139,8 @@ class CollectorWorker:
         env = one if n == 1 else make_vector_env(cfg.env.id, n, cfg.env.vector_mode, cfg.env.max_episode_steps)
         if n > 1:
             one.close()
-        self.agent = build_agent(cfg, self.spec, agent_seed)
+        # (trainer.build_agent's rule, with this collector's own seed: the trainer imports this module)
+        self.agent = agent_entry(cfg.agent_kind).target.from_spec(self.spec, cfg.agent, agent_seed, cfg.run.device)
         columns = tuple(getattr(self.agent, "stored_columns", tuple)())
         self.collector = (Collector if n == 1 else VectorCollector)(
             env, self.spec, int(env_seed.generate_state(1)[0] % 2**31), record_columns=columns)
@@ -163,8 +153,6 @@ class CollectorWorker:
     def collect(self, n: int, weights: list, version: int, random_actions: bool) -> dict:
         """``n`` env steps (a multiple of the env count); ``weights``: ``[ObjectRef]`` of the published acting
         state (in a list, so Ray hands over the reference and the copy pulls it only when ``version`` changed)."""
-        from relive.train.envs import random_actions as uniform
-
         if version != self.version and weights and weights[0] is not None:
             import ray
 
@@ -347,114 +335,7 @@ class RayCollectors:
         self.resumed = True  # the trainer ends every stream's open episode
 
 
-# -- the online phase with collectors -------------------------------------------------------------------------
-def online_phase(run) -> dict:
-    """The trainer's online phase with Ray collectors: requests, chunks and gradient steps interleaved under the
-    rate limiter; evaluation, logging and checkpoints on the same cadences as ``trainer.online_phase``."""
-    from relive.train import trainer as T
-
-    st, s, rc, cc = run.state, run.cfg.schedule, run.cfg.run, run.cfg.collectors
-    pool: RayCollectors = run.collector
-    if st.online_start_grad_step < 0:
-        st.online_start_grad_step = st.grad_steps
-    T._enter_phase(run, "online")
-    ratio = (s.grad_steps_per_chunk, s.env_steps_per_chunk) if s.grad_steps_per_chunk else (s.utd_ratio, 1)
-    limiter = pool.limiter = RateLimiter(ratio, s.num_warmup_env_steps, cc.max_lag)
-    # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/base.py)
-    limiter.inserts, limiter.samples = T.stored_env_steps(run), getattr(pool, "resume_samples", 0)
-    log = _chunk_log(run.run_dir / "chunks.jsonl", pool.log_lines)
-    random_below = s.num_warmup_env_steps if s.warmup_policy == "random" else 0
-    pool.publish(run.agent, st.grad_steps)
-    lags: list[int] = []
-    phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
-
-    def cadences() -> dict | None:
-        """Evaluation and checkpoint when due (after every stored chunk, as after every chunk without Ray); the
-        evaluation row when ``run.stop_at_return`` ends the run."""
-        if st.env_steps >= s.num_online_env_steps:
-            return None
-        stop = T.due_evaluation(run)
-        if stop is not None:
-            return stop
-        if st.env_steps >= st.next_ckpt:
-            st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
-            log.flush()
-            T.checkpoint(run)
-        return None
-
-    try:
-        pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)  # (actors start during evaluation)
-        stop = cadences()
-        while stop is None:
-            pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)
-            budget = limiter.sample_budget()
-            if not budget and not pool.in_flight:
-                if st.env_steps >= s.num_online_env_steps:
-                    break
-                raise RuntimeError(f"rate limiter: no request allowed and nothing to update at env step "
-                                   f"{st.env_steps} (collectors.max_lag_env_steps = {cc.max_lag})")
-            for kind, payload in pool.poll(block=not budget):
-                if kind == "lost":
-                    T.close_streams(run, pool.streams_of(payload))
-                    pool.log_lines += _write(log, {"lost": payload, "incarnation": int(pool.incarnation[payload]) - 1,
-                                                   "env_steps_total": st.env_steps})
-                    run.logger.print(f"collector {payload} died: restarted; its open episodes end as truncated")
-                    continue
-                _ingest(run, pool, payload)
-                limiter.inserts = T.stored_env_steps(run)
-                lags.append(st.grad_steps - payload["policy_version"])
-                pool.log_lines += _write(log, {k: payload[k] for k in ("collector", "incarnation", "chunk_id", "pid",
-                                                                         "policy_version", "env_steps")}
-                                         | {"rows": [len(r["reward"]) for _, r in payload["streams"]],
-                                            "env_steps_total": st.env_steps})
-                if run.on_step is not None:
-                    run.on_step(st.env_steps, st.grad_steps)
-                stop = cadences()
-                if stop is not None:
-                    break
-            if budget and stop is None:
-                T.gradient_step(run, "online")
-                limiter.samples += 1
-                if limiter.samples % cc.sync_weights_every_grad_steps == 0:
-                    pool.publish(run.agent, st.grad_steps)
-            elapsed = max(time.perf_counter() - phase_start, 1e-9)
-            env_rate, grad_rate = (st.env_steps - phase_env) / elapsed, (st.grad_steps - phase_grad) / elapsed
-            if st.env_steps >= st.next_log and st.env_steps > 0:
-                T._log_online(run, env_rate, grad_rate, {
-                    "collect/policy_lag_grad_steps": float(np.mean(lags)) if lags else math.nan,
-                    "collect/num_collector_restarts": float(pool.num_restarts)})
-                lags = []
-            run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
-    finally:
-        log.close()
-    return stop if stop is not None else T.evaluation(run)
-
-
 def _node() -> str:
     import socket
 
     return socket.gethostname()
-
-
-def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
-    from relive.train import trainer as T
-
-    T.store_chunks(run, chunk["streams"], stream_offset=chunk["collector"] * pool.envs_per_collector)
-    run.state.env_steps += chunk["env_steps"]
-    clock = getattr(run.agent, "acting_clock", None)
-    if clock:  # the learner never acts: its clock is the env steps all collectors took
-        setattr(run.agent, clock, run.state.env_steps)
-    pool.finished_returns += chunk["finished_returns"]
-    pool.num_unstored_steps += chunk["num_unstored_steps"]
-
-
-def _chunk_log(path: Path, keep_lines: int):
-    """``chunks.jsonl`` cut back to the first ``keep_lines`` lines (those before the checkpoint resumed from)."""
-    lines = path.read_text().splitlines(keepends=True)[:keep_lines] if path.exists() else []
-    write_text_atomic(path, "".join(lines))
-    return path.open("a", buffering=1)  # (line-buffered: the file shows what the learner has received)
-
-
-def _write(log, record: dict) -> int:
-    log.write(json.dumps(record) + "\n")
-    return 1

@@ -10,35 +10,41 @@ others go on. Acting and evaluation use each seed's own single agent, whose Q-ne
 batched weights before it acts after an update. Env stepping and evaluation are Python and take turns under the
 GIL; the batched update (torch) is where the time is saved: S small networks for about the operator count of one.
 
-Supported: DDQN (the ReaPER reproduction's agent). Not supported: resuming a batched run (a batched run that
-stops is run again from scratch; its seeds' run directories are left as a stopped single run leaves them).
+Supported: the agents that declare a ``seed_batcher`` (DDQN, the ReaPER reproduction's agent). Not supported:
+resuming a batched run (a batched run that stops is run again from scratch; its seeds' run directories are left as a
+stopped single run leaves them).
 """
 
 from __future__ import annotations
 
 import threading
 
-from relive.agents.ddqn import DDQN
-from relive.agents.ddqn_batched import BatchedDDQN
+from relive.registry import AGENTS, agent_entry, load_builtins
 
-SUPPORTED = ("ddqn",)
+
+def batchable_agents() -> list[str]:
+    """The registered agents that declare a ``seed_batcher``: a class built from S single agents of one
+    configuration (``seed_batcher(agents)``) whose ``update(batches)`` updates them as one (DDQN's BatchedDDQN)."""
+    load_builtins()
+    return sorted(name for name, entry in AGENTS.items() if getattr(entry.target, "seed_batcher", None))
 
 
 class _Coordinator:
     """Pairs the k-th update of every live seed into one batched update (a condition-variable barrier)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, seed_batcher: type):
         self.cond = threading.Condition()
-        self.agents: dict[int, DDQN] = {}
+        self.seed_batcher = seed_batcher  # the agent's declared class: seed_batcher(agents).update(batches)
+        self.agents: dict[int, object] = {}
         self.live = set(range(n))
         self.pending: dict[int, object] = {}
         self.results: dict[int, object] = {}
-        self.batched: BatchedDDQN | None = None
+        self.batched = None  # the seed_batcher over the live seeds, built at the first complete round
         self.order: list[int] = []  # seed index of each position of self.batched
         self.stale_weights: set[int] = set()  # seeds whose single agent's Q-network lags the batched weights
         self.stale_all: set[int] = set()  # ... whose target network / Adam state / counters lag
 
-    def register(self, i: int, agent: DDQN) -> None:
+    def register(self, i: int, agent) -> None:
         with self.cond:
             self.agents[i] = agent
             self.cond.notify_all()
@@ -85,7 +91,7 @@ class _Coordinator:
         try:
             if self.batched is None:
                 self.order = sorted(self.live)
-                self.batched = BatchedDDQN([self.agents[j] for j in self.order])
+                self.batched = self.seed_batcher([self.agents[j] for j in self.order])
             results = self.batched.update([self.pending[j] for j in self.order])
             out = dict(zip(self.order, results, strict=True))
         except BaseException as e:  # every waiting seed gets the error instead of waiting for ever
@@ -98,9 +104,9 @@ class _Coordinator:
 
 
 class _SeedProxy:
-    """Seed i's agent inside a batched run: its single DDQN for everything but ``update``."""
+    """Seed i's agent inside a batched run: its single agent for everything but ``update``."""
 
-    def __init__(self, agent: DDQN, index: int, coordinator: _Coordinator):
+    def __init__(self, agent, index: int, coordinator: _Coordinator):
         self._agent, self._i, self._c = agent, index, coordinator
         coordinator.register(index, agent)
 
@@ -124,8 +130,8 @@ def check_batchable(cfgs) -> None:
     if not cfgs:
         raise ValueError("train_seeds needs at least one configuration")
     kinds = {c.agent_kind for c in cfgs}
-    if kinds - set(SUPPORTED):
-        raise ValueError(f"seeds batched in one process support the agents {list(SUPPORTED)}; got {sorted(kinds)} "
+    if kinds - set(batchable_agents()):
+        raise ValueError(f"seeds batched in one process support the agents {batchable_agents()}; got {sorted(kinds)} "
                          "(run the seeds as separate runs)")
     if len({c.run.seed for c in cfgs}) != len(cfgs):
         raise ValueError(f"the batched seeds must differ, got {[c.run.seed for c in cfgs]}")
@@ -146,7 +152,7 @@ def train_seeds(cfgs) -> list:
     from relive.train.trainer import train
 
     check_batchable(cfgs)
-    coordinator = _Coordinator(len(cfgs))
+    coordinator = _Coordinator(len(cfgs), agent_entry(cfgs[0].agent_kind).target.seed_batcher)
     out: list = [None] * len(cfgs)
 
     def one(i: int) -> None:

@@ -10,10 +10,10 @@ probing) counts for the env-step budget (``schedule.num_online_env_steps``, eval
 is not data and earns no gradient step (``grad_steps_earned``); summary.json states executed, stored and unstored.
 Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the first interval with
 ``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
-What a method needs from the loop it declares (``relive.train.hooks``); this file names no method. With
+What a method needs from the loop it declares (``relive.hooks``); this file names no method. With
 ``env.num_envs = N > 1`` a Gymnasium vector env is stepped instead (one policy call per step for all N; env i's rows
 are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N). With ``collectors.num = N > 0``
-the online phase is ``ray_collectors.online_phase``: N Ray actors step the envs and ship chunks of rows, and a rate
+the online phase is ``_ray_online_phase``: N Ray actors step the envs and ship chunks of rows, and a rate
 limiter keeps the update-to-data ratio (same hooks, evaluations and checkpoints; see that module).
 
 Every component has its own random stream from ``SeedSequence(run.seed).spawn``. Checkpoints are the components'
@@ -38,19 +38,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from relive.agents import networks as nets
+from relive import hooks as H
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
+from relive.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
 from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
-from relive.train import hooks as H
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config, save_checkpoint
 from relive.train.collector import Collector, VectorCollector
-from relive.train.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
 from relive.train.evaluation import evaluate_episodes, normalized_score
 from relive.train.logging import RunLogger
+from relive.train.process import retain_freed_memory
+from relive.train.ray_collectors import RateLimiter, RayCollectors, check_agent
 
 STREAMS = ("agent", "buffer", "sampler", "warmup", "env", "eval")  # one SeedSequence child each, in this order
 
@@ -331,7 +332,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if allow_other_base and not hasattr(agent_entry(cfg.agent_kind).target, "allow_other_base"):
         raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
     torch.set_num_threads(cfg.run.num_threads)
-    nets.retain_freed_memory()  # no page faults on every update's activations (see the function)
+    retain_freed_memory()  # no page faults on every update's activations (see the function)
     eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
     num_envs, remote = cfg.env.num_envs, cfg.collectors.num > 0
     env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else make_vector_env(
@@ -368,9 +369,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
             raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
         with _must_fit(f"run.init_from: {init}", "its agent does not fit this run's agent", ValueError, RuntimeError):
             agent.load_state_dict(load_tree(init, kind="agent"))
-    if remote:  # Ray collectors step the envs (relive.train.ray_collectors); Ray itself is imported only here
-        from relive.train.ray_collectors import RayCollectors, check_agent
-
+    if remote:  # Ray collectors step the envs (relive.train.ray_collectors, which imports Ray only now)
         check_agent(agent)
         collector = RayCollectors(cfg, _int(seeds["env"]))
     else:
@@ -604,11 +603,9 @@ def offline_phase(run: Run) -> None:
 # -- online phase --------------------------------------------------------------------------------------------
 def online_phase(run: Run) -> dict:
     """Collect in chunks, update after each; evaluate, log and checkpoint on their cadences. Returns the last
-    evaluation row. With Ray collectors (``collectors.num > 0``): ``ray_collectors.online_phase``."""
+    evaluation row. With Ray collectors (``collectors.num > 0``): :func:`_ray_online_phase`."""
     if run.cfg.collectors.num:
-        from relive.train import ray_collectors
-
-        return ray_collectors.online_phase(run)
+        return _ray_online_phase(run)
     st, s, rc = run.state, run.cfg.schedule, run.cfg.run
     if st.online_start_grad_step < 0:
         st.online_start_grad_step = st.grad_steps
@@ -632,6 +629,110 @@ def online_phase(run: Run) -> dict:
             _log_online(run, env_rate, grad_rate)
         run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
     return evaluation(run)
+
+
+# -- the online phase with Ray collectors (relive.train.ray_collectors) ---------------------------------------
+def _ray_online_phase(run: Run) -> dict:
+    """The trainer's online phase with Ray collectors: requests, chunks and gradient steps interleaved under the
+    rate limiter; evaluation, logging and checkpoints on the same cadences as :func:`online_phase`."""
+    st, s, rc, cc = run.state, run.cfg.schedule, run.cfg.run, run.cfg.collectors
+    pool: RayCollectors = run.collector
+    if st.online_start_grad_step < 0:
+        st.online_start_grad_step = st.grad_steps
+    _enter_phase(run, "online")
+    ratio = (s.grad_steps_per_chunk, s.env_steps_per_chunk) if s.grad_steps_per_chunk else (s.utd_ratio, 1)
+    limiter = pool.limiter = RateLimiter(ratio, s.num_warmup_env_steps, cc.max_lag)
+    # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/base.py)
+    limiter.inserts, limiter.samples = stored_env_steps(run), getattr(pool, "resume_samples", 0)
+    log = _chunk_log(run.run_dir / "chunks.jsonl", pool.log_lines)
+    random_below = s.num_warmup_env_steps if s.warmup_policy == "random" else 0
+    pool.publish(run.agent, st.grad_steps)
+    lags: list[int] = []
+    phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
+
+    def cadences() -> dict | None:
+        """Evaluation and checkpoint when due (after every stored chunk, as after every chunk without Ray); the
+        evaluation row when ``run.stop_at_return`` ends the run."""
+        if st.env_steps >= s.num_online_env_steps:
+            return None
+        stop = due_evaluation(run)
+        if stop is not None:
+            return stop
+        if st.env_steps >= st.next_ckpt:
+            st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
+            log.flush()
+            checkpoint(run)
+        return None
+
+    try:
+        pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)  # (actors start during evaluation)
+        stop = cadences()
+        while stop is None:
+            pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)
+            budget = limiter.sample_budget()
+            if not budget and not pool.in_flight:
+                if st.env_steps >= s.num_online_env_steps:
+                    break
+                raise RuntimeError(f"rate limiter: no request allowed and nothing to update at env step "
+                                   f"{st.env_steps} (collectors.max_lag_env_steps = {cc.max_lag})")
+            for kind, payload in pool.poll(block=not budget):
+                if kind == "lost":
+                    close_streams(run, pool.streams_of(payload))
+                    pool.log_lines += _write(log, {"lost": payload, "incarnation": int(pool.incarnation[payload]) - 1,
+                                                   "env_steps_total": st.env_steps})
+                    run.logger.print(f"collector {payload} died: restarted; its open episodes end as truncated")
+                    continue
+                _ingest(run, pool, payload)
+                limiter.inserts = stored_env_steps(run)
+                lags.append(st.grad_steps - payload["policy_version"])
+                pool.log_lines += _write(log, {k: payload[k] for k in ("collector", "incarnation", "chunk_id", "pid",
+                                                                         "policy_version", "env_steps")}
+                                         | {"rows": [len(r["reward"]) for _, r in payload["streams"]],
+                                            "env_steps_total": st.env_steps})
+                if run.on_step is not None:
+                    run.on_step(st.env_steps, st.grad_steps)
+                stop = cadences()
+                if stop is not None:
+                    break
+            if budget and stop is None:
+                gradient_step(run, "online")
+                limiter.samples += 1
+                if limiter.samples % cc.sync_weights_every_grad_steps == 0:
+                    pool.publish(run.agent, st.grad_steps)
+            elapsed = max(time.perf_counter() - phase_start, 1e-9)
+            env_rate, grad_rate = (st.env_steps - phase_env) / elapsed, (st.grad_steps - phase_grad) / elapsed
+            if st.env_steps >= st.next_log and st.env_steps > 0:
+                _log_online(run, env_rate, grad_rate, {
+                    "collect/policy_lag_grad_steps": float(np.mean(lags)) if lags else math.nan,
+                    "collect/num_collector_restarts": float(pool.num_restarts)})
+                lags = []
+            run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
+    finally:
+        log.close()
+    return stop if stop is not None else evaluation(run)
+
+
+def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
+    store_chunks(run, chunk["streams"], stream_offset=chunk["collector"] * pool.envs_per_collector)
+    run.state.env_steps += chunk["env_steps"]
+    clock = getattr(run.agent, "acting_clock", None)
+    if clock:  # the learner never acts: its clock is the env steps all collectors took
+        setattr(run.agent, clock, run.state.env_steps)
+    pool.finished_returns += chunk["finished_returns"]
+    pool.num_unstored_steps += chunk["num_unstored_steps"]
+
+
+def _chunk_log(path: Path, keep_lines: int):
+    """``chunks.jsonl`` cut back to the first ``keep_lines`` lines (those before the checkpoint resumed from)."""
+    lines = path.read_text().splitlines(keepends=True)[:keep_lines] if path.exists() else []
+    write_text_atomic(path, "".join(lines))
+    return path.open("a", buffering=1)  # (line-buffered: the file shows what the learner has received)
+
+
+def _write(log, record: dict) -> int:
+    log.write(json.dumps(record) + "\n")
+    return 1
+
 
 
 def stored_env_steps(run: Run) -> int:

@@ -132,7 +132,7 @@ class ARBSampler(Sampler):
         """ARB Alg. 1 step b: re-score every row with the current policy every ``refresh_every_grad_steps``
         online gradient steps, before sampling (the offline phase is the base algorithm's own); the amortized
         mode re-scores its slice on every gradient step."""
-        from relive.train.hooks import EveryGradSteps
+        from relive.hooks import EveryGradSteps
 
         score = getattr(ctx.agent, "score_fn", None)
         if score is None:

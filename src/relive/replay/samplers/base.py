@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from relive.replay._state import MAX_COUNTER, state_array, state_field, state_float, state_int  # noqa: F401
+from relive.replay.storage import StorageView
 from relive.types import SOURCE_NAMES
 
 #: largest priority base a sampler stores: |td_error| + eps and raw ``priority`` signals are clamped to it, so that
@@ -67,8 +68,6 @@ class Sampler:
     def bind(self, storage, source: int | None = None) -> None:
         """Attach to ``storage`` (read through a :class:`~relive.replay.storage.StorageView`: samplers never write
         rows); ``source`` restricts the sampler to offline (0) or online (1) rows."""
-        from relive.replay.storage import StorageView
-
         self.storage = storage if isinstance(storage, StorageView) else StorageView(storage)
         self.source = source
 

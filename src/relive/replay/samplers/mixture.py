@@ -111,7 +111,7 @@ class MixtureSampler(Sampler):
         return out
 
     def loop_hooks(self, ctx) -> list:
-        from relive.train.hooks import collect_hooks
+        from relive.hooks import collect_hooks
 
         return collect_hooks(ctx, self.offline, self.online)
 

@@ -67,7 +67,8 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from relive.agents.refer import (
+from relive.registry import ReplayBuild, register_replay
+from relive.replay.refer_schedule import (
     ALL_SOURCES,
     BEHAVIOUR_COLUMNS,
     BETA_SCHEDULES,
@@ -78,7 +79,6 @@ from relive.agents.refer import (
     is_far,
     smarties_eta,
 )
-from relive.registry import ReplayBuild, register_replay
 from relive.replay.samplers import register_sampler
 from relive.replay.samplers.base import Draw, Sampler, state_array, state_float, state_int
 from relive.replay.samplers.uniform import UniformSampler
@@ -280,7 +280,7 @@ class ReFERSampler(UniformSampler):
     def loop_hooks(self, ctx) -> list:
         """The periodic pass (``recount``) every ``recount_every_grad_steps`` gradient steps of either phase, with
         the agent's ``refer_log_rho``."""
-        from relive.train.hooks import EveryGradSteps
+        from relive.hooks import EveryGradSteps
 
         if not self.recount_every_grad_steps:
             return []

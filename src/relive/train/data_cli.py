@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from relive.cli import positive_int
-from relive.data.generate import BUDGETS, LEVELS, TASKS
+import numpy as np
+
+from relive.cli import positive_int, refuse_overwrite, write_generated
+from relive.config import load_config
+from relive.data.columns import split_episodes
+from relive.data.lerobot_io import buffer_rows, write_lerobot
+from relive.data.loaders import load_rows
+from relive.data.minari_io import default_root, list_local, read_minari
+from relive.data.scores import d4rl_reference, normalized_score
+from relive.replay.buffer import HOST, ReplayBuffer
+from relive.train.checkpoint import has_checkpoint, load_checkpoint
+from relive.train.generate import BUDGETS, LEVELS, TASKS, make_dataset
 
 
 def add_parsers(subparsers) -> None:
@@ -67,8 +78,6 @@ def add_parsers(subparsers) -> None:
 
 
 def _make(args: argparse.Namespace) -> int:
-    from relive.data.generate import make_dataset
-
     did, summary = make_dataset(args.task, args.level, steps=args.steps, seed=args.seed, root=args.root,
                                 out=args.out, expert_train_steps=args.expert_train_steps,
                                 progress=not args.no_progress, overwrite=args.overwrite, noise=args.noise)
@@ -78,8 +87,6 @@ def _make(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from relive.data.minari_io import default_root, list_local
-
     found = list_local(args.root)
     print("\n".join(found) if found else f"no datasets under {args.root or default_root()}")
     return 0
@@ -87,14 +94,6 @@ def _list(args: argparse.Namespace) -> int:
 
 def describe(dataset: str, root=None) -> dict:
     """Size, returns and normalized scores (relive's references and D4RL's where published) of a dataset."""
-    from pathlib import Path
-
-    import numpy as np
-
-    from relive.data.columns import split_episodes
-    from relive.data.minari_io import read_minari
-    from relive.data.scores import d4rl_reference, normalized_score
-
     rows, meta = read_minari(dataset, root)
     returns = np.array([rows["reward"][sl].sum() for sl in split_episodes(rows)])
     files = Path(meta["path"]).rglob("*") if meta.get("path") else ()
@@ -115,9 +114,6 @@ NOTES_MARKER = "<!-- notes below are kept by `relive data report` -->"
 
 
 def _report(args: argparse.Namespace) -> int:
-    from relive.cli import refuse_overwrite, write_generated
-    from relive.data.minari_io import default_root, list_local
-
     refuse_overwrite(args.out, args.overwrite)  # before reading every dataset
 
     def fmt(x, d=1):
@@ -145,8 +141,6 @@ def _report(args: argparse.Namespace) -> int:
         g = d.get("generated", {})
         # (the expert's return: for datasets made before references.json, which describe reads, existed)
         ref_max = d["ref_max_return"] if d["ref_max_return"] is not None else experts.get(did.rsplit("/", 1)[0])
-        from relive.data.scores import normalized_score
-
         score = normalized_score(d["return_mean"], d["ref_min_return"], ref_max)
         if "train_steps" in g:
             how = f"SAC run of {g['train_steps']:,} steps; medium = snapshot at {g['medium_snapshot_step']:,}"
@@ -167,10 +161,32 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_lerobot(args: argparse.Namespace) -> int:
-    from relive.data.columns import split_episodes
-    from relive.data.lerobot_io import load_experience, write_lerobot
 
+def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dict]:
+    """Rows and metadata from a run directory (its ``buffer_final/``, else its last checkpoint's buffer), a saved
+    replay buffer directory (``ReplayBuffer.save``), or any dataset ``load_rows`` reads (all its rows)."""
+    p = Path(source)
+    meta: dict = {"source": str(p)}
+    if (p / "config.json").is_file():
+        try:
+            meta["env_id"] = json.loads((p / "config.json").read_text())["env"]["id"]
+        except (ValueError, KeyError, TypeError):
+            pass
+    if (p / "buffer_final").is_dir():
+        return buffer_rows(ReplayBuffer.load(p / "buffer_final", device=HOST), rows), meta
+    if has_checkpoint(p):
+        from relive.train.trainer import run_offline_rows  # (gymnasium, optional: only for a run checkpoint)
+
+        state = load_checkpoint(p)["buffer"]
+        offline = run_offline_rows(load_config(p / "config.json"), state, p) if (p / "config.json").is_file() else None
+        return buffer_rows(ReplayBuffer.from_state_dict(state, offline_rows=offline, device=HOST), rows), meta
+    if (p / "MANIFEST.json").is_file():
+        return buffer_rows(ReplayBuffer.load(p, device=HOST), rows), meta
+    data, dmeta = load_rows(p)
+    return data, meta | {k: dmeta.get(k) for k in ("env_id", "ref_min_return", "ref_max_return") if dmeta.get(k)}
+
+
+def _export_lerobot(args: argparse.Namespace) -> int:
     rows, meta = load_experience(args.source, args.rows)
     env_id = meta.get("env_id")
     out = write_lerobot(args.out, rows, fps=args.fps, task=args.task, robot_type=env_id, env_id=env_id,
@@ -179,3 +195,4 @@ def _export_lerobot(args: argparse.Namespace) -> int:
                         overwrite=args.overwrite, images=args.images)
     print(f"wrote {out}: {len(rows['reward']):,} frames, {len(split_episodes(rows))} episodes (LeRobot v3.0)")
     return 0
+

@@ -21,11 +21,11 @@ class EnvSpec:
 
 
 ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")
-METAWORLD_PREFIX = "MetaWorld/"  # relive.train.metaworld_envs
+METAWORLD_PREFIX = "MetaWorld/"  # relive.metaworld_envs
 
 
 def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
-    """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.train.pixel_envs``) are
+    """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.pixel_envs``) are
     registered on demand. Dict observations are flattened into one Box (goal-conditioned tasks: achieved_goal,
     desired_goal, observation) unless they hold an image key (:func:`has_image_keys`), which keeps them dicts."""
     check_env_id(env_id)
@@ -38,11 +38,11 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
         gym.register_envs(gymnasium_robotics)
         kwargs["continuing_task"] = False  # an episode ends when the goal is reached
     if env_id.startswith("Pixel"):
-        from relive.train.pixel_envs import register_pixel_envs
+        from relive.pixel_envs import register_pixel_envs
 
         register_pixel_envs()
     if env_id.startswith(METAWORLD_PREFIX):  # registered on demand: metaworld is an optional dependency
-        from relive.train.metaworld_envs import register_metaworld_envs, task_of
+        from relive.metaworld_envs import register_metaworld_envs, task_of
 
         task_of(env_id)  # an unknown task: a ValueError listing the known ones
         register_metaworld_envs()
@@ -240,6 +240,6 @@ def episode_success(info: dict, env: gym.Env | None = None) -> bool:
     :func:`with_success`). A ValueError names the env when the info carries no success flag."""
     if "success" not in info:
         name = env.spec.id if env is not None and env.spec is not None else "this environment"
-        raise ValueError(f"{name} reports no info['success']; wrap it with relive.train.envs.with_success(env, "
+        raise ValueError(f"{name} reports no info['success']; wrap it with relive.envs.with_success(env, "
                          "success_return=...) to define success as episode return >= a threshold")
     return bool(info["success"])

@@ -16,7 +16,7 @@ pins mujoco 3.3.0 while relive's main venv has mujoco 4) with
 - a 200-step time limit (Meta-World's own is 500; the scripted experts succeed in 50-90 steps).
 
 ``info["success"]`` is on every step, so evaluations, ``relive pld collect`` and ``relive bc`` read success from it
-(:func:`relive.train.envs.reports_success`). :func:`scripted_policy` gives Meta-World's hand-written expert for a
+(:func:`relive.envs.reports_success`). :func:`scripted_policy` gives Meta-World's hand-written expert for a
 task (for the ``scripted`` and ``noisy-scripted`` dataset levels, ``relive data make metaworld-<task> ...``).
 """
 
@@ -102,7 +102,7 @@ def register_metaworld_envs() -> None:
     for name in task_names():
         env_id = PREFIX + name
         if env_id not in gym.registry:
-            gym.register(env_id, entry_point="relive.train.metaworld_envs:make_metaworld", kwargs={"task": name},
+            gym.register(env_id, entry_point="relive.metaworld_envs:make_metaworld", kwargs={"task": name},
                          max_episode_steps=MAX_EPISODE_STEPS)
 
 

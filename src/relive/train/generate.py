@@ -35,12 +35,12 @@ TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d
          "pointmaze-medium-v3": "PointMaze_Medium-v3"}
 LEVELS = ("random", "medium", "medium-replay", "expert", "medium-expert", "scripted", "noisy-scripted")
 MAZE_TASKS = ("pointmaze-umaze-v3", "pointmaze-medium-v3")  # levels: random, scripted (waypoint controller)
-# Meta-World manipulation (``metaworld-<task>``, e.g. metaworld-pick-place-v3; ``relive.train.metaworld_envs``,
+# Meta-World manipulation (``metaworld-<task>``, e.g. metaworld-pick-place-v3; ``relive.metaworld_envs``,
 # its own venv): levels random, scripted (Meta-World's hand-written expert) and noisy-scripted (the expert with
 # Gaussian action noise of std ``noise``: near-miss failures, the base regime of PLD)
 METAWORLD = "metaworld-"
 SCRIPTED_NOISE = 0.5  # noisy-scripted's default action-noise std (actions in [-1, 1])
-# pixel tasks (image + state observations, ``relive.train.pixel_envs``): the policies of their levels are the
+# pixel tasks (image + state observations, ``relive.pixel_envs``): the policies of their levels are the
 # state-based task's (the same dynamics), rolled out in the pixel env from its true state; no medium-replay
 # (that run's replay holds state observations, not images)
 TASKS["pixel-pendulum-v0"] = "PixelPendulum-v0"
@@ -64,7 +64,7 @@ BUDGETS = {"pendulum-v1": Budget(20_000, 15_000), "hopper-v5": Budget(100_000, 1
 def task_env(task: str) -> str:
     key = task.lower()
     if key.startswith(METAWORLD) and len(key) > len(METAWORLD):
-        from relive.train.metaworld_envs import PREFIX, task_of
+        from relive.metaworld_envs import PREFIX, task_of
 
         return PREFIX + task_of(key[len(METAWORLD):])  # a ValueError names the known tasks
     if key not in TASKS:
@@ -90,14 +90,14 @@ def scripted_rows(task: str, env_id: str, steps: int, seed: int, noise: float, p
     """``steps`` rows of the task's scripted controller: the mazes' waypoint controller, Meta-World's expert
     (with Gaussian action noise of std ``noise``)."""
     from relive.train.collector import collect_dataset
-    from relive.train.envs import make_env
+    from relive.envs import make_env
 
     if task.lower() in MAZE_TASKS:
         from relive.data.maze import waypoint_policy
 
         policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
     else:
-        from relive.train.metaworld_envs import scripted_policy
+        from relive.metaworld_envs import scripted_policy
 
         policy = scripted_policy(env_id, noise, np.random.default_rng(seed + 3))
     return collect_dataset(env_id, steps, seed=seed, policy=policy, progress=progress)
@@ -156,8 +156,8 @@ def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progres
 
 def _load_agent(run_dir: Path, snapshot: str):
     from relive.config import load_config
+    from relive.envs import env_spec, make_env
     from relive.replay.checkpoint import load_tree
-    from relive.train.envs import env_spec, make_env
     from relive.train.trainer import build_agent
 
     cfg = load_config(run_dir / "config.json")
@@ -248,7 +248,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     def policy_rows(agent_name: str, n: int, s: int) -> dict:
         """A snapshot's stochastic rollout, kept in the run directory (.npz) so that medium-expert reuses the
         medium and expert rows instead of collecting them again."""
-        from relive.train.collector import load_dataset, save_dataset
+        from relive.data.npz_io import load_dataset, save_dataset
 
         path = run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{s}-steps{n}.npz"
         if source:  # image rows: not cached (.npz columns are flat arrays; regenerating takes seconds)

@@ -14,7 +14,7 @@ observed as ``{"image": uint8 [3, S, S], "state": float32 [1]}``:
   frames, would triple the image and the conv work for what one number says).
 
 Seeding, ``np_random`` and the time limit are Pendulum-v1's (the wrapper adds no randomness): the same seed
-gives the same images. ``relive.train.envs.make_env`` registers the pixel tasks on demand; for a plain
+gives the same images. ``relive.envs.make_env`` registers the pixel tasks on demand; for a plain
 ``gym.make("PixelPendulum-v0")`` call :func:`register_pixel_envs` first.
 """
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 
-PIXEL_ENVS = {"PixelPendulum-v0": "relive.train.pixel_envs:make_pixel_pendulum"}
+PIXEL_ENVS = {"PixelPendulum-v0": "relive.pixel_envs:make_pixel_pendulum"}
 ROD_RGB = np.array([204, 77, 77], np.uint8)  # Gymnasium's Pendulum rod colour
 ROD_LENGTH, ROD_WIDTH, PIVOT_RADIUS = 0.42, 0.07, 0.06  # fractions of the image side
 

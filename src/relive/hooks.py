@@ -90,15 +90,3 @@ def episode_start_fns(hooks: list) -> list[Callable[[int], Any]]:
     """The ``OnEpisodeStart`` hooks as ``fn(env index)`` callables (a hook without ``per_env`` ignores the index:
     the loop allows it only with one env)."""
     return [h.fn if h.per_env else (lambda env, f=h.fn: f()) for h in of_type(hooks, OnEpisodeStart)]
-
-
-def write_returns_to_go(buffer, slots: np.ndarray, gamma: float, column: str) -> None:
-    """Write the discounted Monte-Carlo returns-to-go of one finished episode (its stored rows ``slots``, in time
-    order) into ``column`` (a truncated episode's sum stops at its last row; see ``collector.returns_to_go``)."""
-    from relive.train.collector import returns_to_go
-
-    reward = buffer.storage.columns["reward"][slots]
-    term = buffer.storage.columns["terminated"][slots]
-    end = np.zeros(slots.size, bool)
-    end[-1] = True
-    buffer.set_column(column, slots, returns_to_go(reward, end, term, gamma))
