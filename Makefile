@@ -26,7 +26,9 @@ $(VENV)/.stamp-bench: pyproject.toml constraints.txt | $(PY)
 	$(PIPC) -e ".[train,bench,experiments]"
 	touch $@
 
+# lint-imports: the floors of pyproject.toml's [tool.importlinter] (imports point down, no cycles; docs/extending.md)
 test: $(VENV)/.stamp-test
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -m "not slow"
 
 test-all: $(VENV)/.stamp-test
