@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
+from relive.pixel_envs import register_pixel_envs
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -37,8 +39,6 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
         gym.register_envs(gymnasium_robotics)
         kwargs["continuing_task"] = False  # an episode ends when the goal is reached
     if env_id.startswith("Pixel"):
-        from relive.pixel_envs import register_pixel_envs
-
         register_pixel_envs()
     try:
         env = gym.make(env_id, **kwargs)

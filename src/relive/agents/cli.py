@@ -6,7 +6,19 @@ import argparse
 import json
 from pathlib import Path
 
+from relive.agents.bc import (
+    BCConfig,
+    config_dict,
+    evaluate_policy,
+    refuse_existing_out,
+    save_bc_policy,
+    select_episodes,
+    train_bc,
+)
+from relive.agents.distill import collect_successes, distill
 from relive.cli import non_negative_int, positive_float, positive_int
+from relive.data.columns import split_episodes
+from relive.data.loaders import load_rows
 
 TRUST_CODE_HELP = ("also read a base policy in a format that can run code when loaded (TorchScript .pt / .pth / .ts / "
                    ".jit, torch.export .pt2): only for files you trust (docs/guarantees.md)")
@@ -92,8 +104,6 @@ def add_parsers(subparsers) -> None:
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    from relive.agents.distill import collect_successes
-
     if not args.out.endswith(".npz"):
         raise ValueError(f"--out must be a .npz file, got {args.out!r}")
     stats = collect_successes(args.base, args.env, args.episodes, args.out, seed=args.seed,
@@ -125,17 +135,7 @@ def run_bc(args: argparse.Namespace) -> int:
     import numpy as np
     import torch
 
-    from relive.agents.bc import (
-        BCConfig,
-        config_dict,
-        evaluate_policy,
-        refuse_existing_out,
-        save_bc_policy,
-        select_episodes,
-        train_bc,
-    )
-    from relive.data.loaders import load_rows
-    from relive.envs import env_spec, make_env
+    from relive.envs import env_spec, make_env  # (gymnasium, optional: imported only where an env is made)
 
     torch.set_num_threads(args.threads)
     refuse_existing_out(args.out, args.overwrite)  # before any work
@@ -148,7 +148,6 @@ def run_bc(args: argparse.Namespace) -> int:
     env_id = args.env or meta.get("env_id") or None
     n_all = len(rows["obs"])
     rows = select_episodes(rows, args.episodes, args.successful_only, args.success_return, args.skip_episodes)
-    from relive.data.columns import split_episodes
 
     n_episodes = len(split_episodes(rows))
     if env_id:
@@ -211,9 +210,6 @@ def run_distill(args: argparse.Namespace) -> int:
     import importlib
 
     import torch
-
-    from relive.agents.bc import refuse_existing_out
-    from relive.agents.distill import distill
 
     torch.set_num_threads(args.threads)
     refuse_existing_out(args.out, args.overwrite)  # before any work

@@ -71,7 +71,9 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, split_episodes
+from relive.data.minari_io import _fsync_tree, _swap_into_place
 from relive.data.trust import check_allocation, format_template, inside, one_line, read_json_object
+from relive.types import OFFLINE, ONLINE
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -620,8 +622,6 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     once the new dataset is complete)."""
     pa, pq = _pyarrow()
 
-    from relive.data.minari_io import _fsync_tree, _swap_into_place
-
     target = Path(path)
     if target.exists() and not overwrite:
         raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -857,8 +857,6 @@ def buffer_rows(buffer, source: str = "online") -> dict:
     """The rows of a replay buffer (``source``: "online", "offline" or "all"), episode by episode in time order.
     An online episode whose first rows the ring overwrote starts at its first stored row; the last, unfinished
     episode is included (it reads back as truncated)."""
-    from relive.types import OFFLINE, ONLINE
-
     sources = {"online": ONLINE, "offline": OFFLINE, "all": None}
     if source not in sources:
         raise ValueError(f"source must be one of {sorted(sources)}, got {source!r}")

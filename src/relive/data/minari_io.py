@@ -83,7 +83,7 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
     try:
         with _root(staging), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is set to None.*")  # author / permalink nags
-            from relive.envs import make_env
+            from relive.envs import make_env  # (gymnasium, optional: imported only where an env is made)
 
             env = make_env(env_id)  # the spaces as relive sees them (goal-conditioned dicts are flattened)
             obs_space = env.observation_space if not isinstance(rows["obs"], dict) else _dict_space(obs_all)

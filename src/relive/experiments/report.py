@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.cli import refuse_overwrite, write_generated
 from relive.experiments.grid import Grid
 from relive.experiments.runner import CRASHED, FINISHED, run_dir_of
 
@@ -192,8 +193,6 @@ def report_path(grid: Grid, out_dir: str | Path) -> Path:
 def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2000, overwrite: bool = False) -> Path:
     """Write ``<out_dir>/<grid>.md`` and PNG plots beside it; returns the Markdown path. An existing report is
     replaced only with ``overwrite``; notes below its ``NOTES_MARKER`` line are kept."""
-    from relive.cli import refuse_overwrite, write_generated
-
     refuse_overwrite(report_path(grid, out_dir), overwrite)  # before any plot is written over
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

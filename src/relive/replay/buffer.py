@@ -54,7 +54,7 @@ class ReplayBuffer:
                                dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device)
         self.sampler = sampler if sampler is not None else UniformSampler()
         if backend == "torch":  # (torch is imported only for a device buffer)
-            from relive.replay.device import to_device_sampler
+            from relive.replay.device import to_device_sampler  # (torch: imported only for a device buffer)
 
             self.sampler = to_device_sampler(self.sampler)
         if self.sampler.storage is not None:
@@ -493,7 +493,7 @@ class ReplayBuffer:
         buf.storage.load_state_dict(state["storage"])
         buf.sampler = sampler_from_config(cfg["sampler"])
         if buf.storage.backend == "torch":
-            from relive.replay.device import to_device_sampler
+            from relive.replay.device import to_device_sampler  # (torch: imported only for a device buffer)
 
             buf.sampler = to_device_sampler(buf.sampler)
         buf.sampler.bind(buf.storage)

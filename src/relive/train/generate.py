@@ -27,8 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.config import load_config, override
+from relive.data.columns import split_episodes
+from relive.data.maze import waypoint_policy
 from relive.data.minari_io import default_root, write_minari, write_task_references
+from relive.data.npz_io import load_dataset, save_dataset
 from relive.data.scores import d4rl_reference
+from relive.presets import get_preset
+from relive.replay.buffer import HOST, ReplayBuffer
+from relive.replay.checkpoint import load_tree
 
 TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d-v5": "Walker2d-v5",
          "pendulum-v1": "Pendulum-v1", "pointmaze-umaze-v3": "PointMaze_UMaze-v3",
@@ -70,6 +77,7 @@ def dataset_id(task: str, level: str) -> str:
 def random_dataset(env_id: str, num_steps: int, seed: int, progress: str | None = None) -> dict:
     """``num_steps`` rows of uniform-random actions on ``env_id`` (the ``random`` level): whole episodes, the
     last one cut as truncated; the same rows for the same seed."""
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.collector import collect_dataset
 
     return collect_dataset(env_id, num_steps, seed=seed, progress=progress)
@@ -94,8 +102,7 @@ def _cached_reference(path: Path, key: str, compute=None) -> float | None:
 
 def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progress: bool) -> Path:
     """Train (or reuse) the task's SAC run, keeping the agent of every evaluation and the final buffer."""
-    from relive.config import override
-    from relive.presets import get_preset
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.trainer import train
 
     if (run_dir / "summary.json").exists():
@@ -115,9 +122,8 @@ def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progres
 
 
 def _load_agent(run_dir: Path, snapshot: str):
-    from relive.config import load_config
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.envs import env_spec, make_env
-    from relive.replay.checkpoint import load_tree
     from relive.train.trainer import build_agent
 
     cfg = load_config(run_dir / "config.json")
@@ -153,8 +159,6 @@ def _medium_snapshot(run_dir: Path, expert_step: int, ref_min: float, ref_max: f
 
 
 def _episode_returns(rows: dict) -> np.ndarray:
-    from relive.data.columns import split_episodes
-
     return np.array([float(np.sum(rows["reward"][sl])) for sl in split_episodes(rows)])
 
 
@@ -164,6 +168,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     """Generate one level and write it as a Minari dataset; returns (dataset id, summary). An existing dataset
     of that id is kept unless ``overwrite`` (checked before any work); the new one is written beside it and
     swapped in atomically once complete (see ``write_minari``)."""
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.collector import _concat, collect_dataset
 
     if level not in LEVELS:
@@ -201,8 +206,6 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     def policy_rows(agent_name: str, n: int, s: int) -> dict:
         """A snapshot's stochastic rollout, kept in the run directory (.npz) so that medium-expert reuses the
         medium and expert rows instead of collecting them again."""
-        from relive.data.npz_io import load_dataset, save_dataset
-
         path = run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{s}-steps{n}.npz"
         if source:  # image rows: not cached (.npz columns are flat arrays; regenerating takes seconds)
             return rollout(_load_agent(run_dir, agent_name), n, s)
@@ -229,7 +232,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         # the task's references.json, which the levels that know R_expert write (read_minari)
         rows = random_rows
     elif level == "scripted":
-        from relive.data.maze import waypoint_policy
+        # (gymnasium, optional: `relive --help` imports this module)
         from relive.envs import make_env
 
         policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
@@ -252,8 +255,6 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         if expert_rows is not None:
             parts.append(expert_rows)
         if level == "medium-replay":
-            from relive.replay.buffer import HOST, ReplayBuffer
-
             st = ReplayBuffer.load(run_dir / "buffer_final", device=HOST).storage
             lo = st.num_offline  # online rows in the order they were written (the ring never wrapped)
             hi = lo + min(med_step, st.num_online)
