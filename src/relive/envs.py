@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -81,9 +82,7 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_
     episode returns the next episode's first observation, and the true final observation in
     ``info["final_obs"]`` -- so every step is a transition and a truncation's bootstrap target is never the reset
     observation (:class:`relive.train.collector.VectorCollector`)."""
-    from functools import partial
-
-    from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+    from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv  # (only for vector envs)
 
     if mode not in VECTOR_MODES:
         raise ValueError(f"vector mode must be one of {VECTOR_MODES}, got {mode!r}")

@@ -300,7 +300,7 @@ def save_mlp_safetensors(policy, path: str | Path) -> Path:
     ``net.<i>.bias`` of Linear -> ReLU -> ... -> Linear, ``obs_mean``, ``obs_std``, ``scale``, ``center``) and
     ``<path>.json`` (``{"format": "relive-mlp", "obs_dim", "action_dim", "hidden", "action_low",
     "action_high"}``). Any MLP with that layout loads: ``obs_mean`` / ``obs_std`` may be left out (0 / 1)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # (optional: the safetensors package)
 
     path = Path(path).with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,6 +25,8 @@ Example::
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -217,9 +219,6 @@ def save_bc_policy(out: str | Path, policy: SquashedMLP, info: dict | None = Non
     (``info``: dataset, settings, losses...). Returns ``out``. An existing ``out`` is refused unless
     ``overwrite``; then the new directory is written beside it and moved into its place once complete (nothing
     of the old one is left in it)."""
-    import os
-    import shutil
-
     out = Path(out)
     refuse_existing_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)

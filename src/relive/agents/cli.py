@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from relive.agents.bc import (
     BCConfig,
@@ -115,10 +120,9 @@ def run_collect(args: argparse.Namespace) -> int:
 
 def _progress(enabled: bool, total: int, label: str):
     """(callback(i), context manager) of a rich progress bar, or no-ops."""
-    import contextlib
-
     if not enabled or total <= 0:
         return None, contextlib.nullcontext()
+    # (only when a progress bar is shown)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
@@ -132,9 +136,6 @@ def _progress(enabled: bool, total: int, label: str):
 
 
 def run_bc(args: argparse.Namespace) -> int:
-    import numpy as np
-    import torch
-
     from relive.envs import env_spec, make_env  # (gymnasium, optional: imported only where an env is made)
 
     torch.set_num_threads(args.threads)
@@ -207,10 +208,6 @@ def _run_settings(run_dir: Path) -> dict:
 
 
 def run_distill(args: argparse.Namespace) -> int:
-    import importlib
-
-    import torch
-
     torch.set_num_threads(args.threads)
     refuse_existing_out(args.out, args.overwrite)  # before any work
     run_dir = Path(args.run)

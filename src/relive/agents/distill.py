@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from relive.agents.base_policy import load_base_policy
 from relive.agents.bc import (
@@ -169,8 +170,6 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
              "loss_last100": float(losses[-100:].mean()) if len(losses) else None,
              "t_base": [e["t_base"] for e in episodes], "episode_successes": [bool(e["success"]) for e in episodes]}
     if eval_episodes > 0:
-        import torch
-
         def act(module):
             return lambda o: module(torch.as_tensor(o, dtype=torch.float32)).detach().numpy()
 

@@ -47,6 +47,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -632,8 +633,6 @@ def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     run's final beta). The base policy is not loaded: the caller passes its actions; the callable's ``base_sha256``
     is the digest of the base the run trained on ("" when unknown), which ``relive.agents.distill.distill`` checks
     against the base it is given."""
-    from pathlib import Path
-
     from relive.envs import env_spec, make_env  # (gymnasium, optional: imported only where an env is made)
 
     run_dir = Path(run_dir)

@@ -62,6 +62,7 @@ truncated.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import tempfile
@@ -391,9 +392,7 @@ def _image_layout(ft: dict, name: str, where) -> tuple[int, int, int, bool]:
 def _image_column(col, ft: dict, name: str, file: Path) -> np.ndarray:
     """An "image" feature's parquet column (structs of encoded PNG / JPEG bytes, the ``datasets.Image`` storage)
     decoded to uint8 [N, C, H, W]."""
-    import io
-
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # (Pillow, optional: relive[data])
 
     c, h, w, _ = _image_layout(ft, name, file)
     out = np.empty((len(col), c, h, w), np.uint8)
@@ -771,9 +770,7 @@ def _obs_columns(rows: dict, n: int, images: str, where) -> tuple[dict, dict, li
 
 def _image_arrow(v: np.ndarray):
     """uint8 [N, C, H, W] as LeRobot's "image" column: structs {bytes: PNG, path: null} (``datasets.Image``)."""
-    import io
-
-    from PIL import Image
+    from PIL import Image  # (Pillow, optional: relive[data])
 
     pa, _ = _pyarrow()
 

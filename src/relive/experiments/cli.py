@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from relive.cli import positive_float, positive_int, refuse_overwrite
@@ -52,12 +53,8 @@ def add_parsers(subparsers) -> None:
 def _grid(args):
     grid = load_grid(args.grid)
     if getattr(args, "seeds", None):
-        from dataclasses import replace
-
         grid = replace(grid, seeds=grid.seeds[: args.seeds])
     if getattr(args, "tasks", None):
-        from dataclasses import replace
-
         known = set(grid.tasks) | {t for v in grid.variants for t in v.tasks}
         unknown = sorted(set(args.tasks) - known)
         if unknown:

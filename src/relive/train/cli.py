@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import math
+import textwrap
 
 from relive.cli import build_parser, non_negative_int, positive_int
 from relive.config import MAX_NUM_ENVS, describe, override
@@ -199,8 +202,6 @@ def utd_settings(cfg, utd: int) -> list[str]:
 
 
 def _json(value) -> str:
-    import json
-
     return json.dumps(value)
 
 
@@ -226,8 +227,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace) -> int:
     """``--seeds 0,1,2``: the seeds in one process (relive.train.seed_batch); exit 1 if any of them failed."""
-    import copy
-
     if args.resume or args.seed is not None:
         raise ValueError("--seeds trains new runs of the listed seeds: it does not combine with --resume or --seed")
     if getattr(args, "allow_other_base", False):  # (seed batching loads no state of another base)
@@ -258,7 +257,6 @@ def run_presets(args: argparse.Namespace) -> int:
     name = args.show or args.name
     if name:
         return show(name, as_json=args.json)
-    import textwrap
 
     width = max(map(len, PRESETS)) + 2
     for name, fn in PRESETS.items():
@@ -274,8 +272,6 @@ def run_presets(args: argparse.Namespace) -> int:
 
 def show(name: str, as_json: bool = False) -> int:
     """Print a preset's full configuration, or a registered replay's / agent's options, each with its doc."""
-    import json
-
     load_builtins()
     if name in ("replays", "agents"):
         table = REPLAYS if name == "replays" else AGENTS

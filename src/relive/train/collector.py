@@ -245,7 +245,7 @@ def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_epi
     act = policy if policy is not None else (lambda obs: random_actions(spec, num_obs(obs), rng))
     chunks = [min(10_000, num_steps - i) for i in range(0, num_steps, 10_000)]
     if progress:
-        from rich.progress import track
+        from rich.progress import track  # (only when a progress bar is shown)
 
         chunks = track(chunks, description=f"{progress} ({num_steps:,} steps)")
     parts = [collector.step(act, k) for k in chunks]

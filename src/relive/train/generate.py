@@ -22,6 +22,9 @@ dataset reports do not depend on which level was made first.
 
 from __future__ import annotations
 
+import csv
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +89,6 @@ def random_dataset(env_id: str, num_steps: int, seed: int, progress: str | None 
 def _cached_reference(path: Path, key: str, compute=None) -> float | None:
     """A reference return stored under ``key`` in the JSON file ``path``; computed and stored on a miss
     (or None on a miss without ``compute``)."""
-    import json
-
     cache = json.loads(path.read_text()) if path.is_file() else {}
     if key not in cache:
         if compute is None:
@@ -108,8 +109,6 @@ def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progres
     if (run_dir / "summary.json").exists():
         return run_dir
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
     cfg = override(get_preset("sac"), [
         f'env.id="{task_env(task)}"', f"run.seed={seed}", f'run.run_dir="{run_dir}"',
@@ -133,8 +132,6 @@ def _load_agent(run_dir: Path, snapshot: str):
 
 
 def _evaluations(run_dir: Path) -> list[tuple[int, float]]:
-    import csv
-
     with open(run_dir / "eval.csv", newline="") as f:
         return [(int(float(r["env_step"])), float(r["eval/return_mean"])) for r in csv.DictReader(f)]
 
