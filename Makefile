@@ -26,7 +26,7 @@ $(VENV)/.stamp-bench: pyproject.toml constraints.txt | $(PY)
 	$(PIPC) -e ".[train,bench,experiments]"
 	touch $@
 
-# Meta-World (PLD's manipulation grid, relive.train.metaworld_envs) in a venv of its own: metaworld 3.1.1 pins
+# Meta-World (PLD's manipulation grid, relive.metaworld_envs) in a venv of its own: metaworld 3.1.1 pins
 # mujoco 3.3.0, the main venv has mujoco 4
 MWVENV ?= .venv-metaworld
 $(MWVENV)/.stamp: pyproject.toml constraints.txt
@@ -37,7 +37,9 @@ $(MWVENV)/.stamp: pyproject.toml constraints.txt
 test-metaworld: $(MWVENV)/.stamp
 	$(MWVENV)/bin/python -m pytest tests/metaworld
 
+# lint-imports: the floors of pyproject.toml's [tool.importlinter] (imports point down, no cycles; docs/extending.md)
 test: $(VENV)/.stamp-test
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -m "not slow"
 
 test-all: $(VENV)/.stamp-test

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from pathlib import Path
 
 COMMAND_MODULES = (
     "relive.train.cli",  # train, presets, demo
@@ -73,8 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
 def refuse_overwrite(path, overwrite: bool) -> None:
     """Tools do not rewrite existing files (tracked docs above all) unless asked: a ValueError naming
     ``--overwrite`` when ``path`` exists and ``overwrite`` is false."""
-    from pathlib import Path
-
     if Path(path).exists() and not overwrite:
         raise ValueError(f"{path} exists; pass --overwrite to replace it (notes below its marker line are kept)")
 
@@ -82,8 +81,6 @@ def refuse_overwrite(path, overwrite: bool) -> None:
 def write_generated(path, text: str, marker: str, overwrite: bool = False) -> None:
     """Write a generated Markdown file ending in ``marker``; refused over an existing file unless ``overwrite``
     (``refuse_overwrite``). Hand-written notes below ``marker`` in the old file are kept below it."""
-    from pathlib import Path
-
     path = Path(path)
     refuse_overwrite(path, overwrite)
     old = path.read_text() if path.is_file() else ""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from relive.files import write_text_atomic
-from relive.registry import agent_entry, field_docs, replay_entry
+from relive.registry import REPLAYS, agent_entry, field_docs, replay_entry
 
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 
@@ -451,7 +451,6 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, options=opts))
         if len(parts) == 2 and parts[1] in _OLD_REPLAY_FIELDS:
             new = _OLD_REPLAY_FIELDS[parts[1]]
-            from relive.registry import REPLAYS
 
             having = [n for n, e in sorted(REPLAYS.items())
                       if new in {f.name for f in dataclasses.fields(e.config_cls)}]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
+
+from relive.pixel_envs import register_pixel_envs
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,6 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
         gym.register_envs(gymnasium_robotics)
         kwargs["continuing_task"] = False  # an episode ends when the goal is reached
     if env_id.startswith("Pixel"):
-        from relive.pixel_envs import register_pixel_envs
-
         register_pixel_envs()
     if env_id.startswith(METAWORLD_PREFIX):  # registered on demand: metaworld is an optional dependency
         from relive.metaworld_envs import register_metaworld_envs, task_of
@@ -87,9 +88,7 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_
     episode returns the next episode's first observation, and the true final observation in
     ``info["final_obs"]`` -- so every step is a transition and a truncation's bootstrap target is never the reset
     observation (:class:`relive.train.collector.VectorCollector`)."""
-    from functools import partial
-
-    from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
+    from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv  # (only for vector envs)
 
     if mode not in VECTOR_MODES:
         raise ValueError(f"vector mode must be one of {VECTOR_MODES}, got {mode!r}")

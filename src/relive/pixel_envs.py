@@ -67,7 +67,7 @@ class PixelPendulum(gym.ObservationWrapper):
 
 
 def make_pixel_pendulum(size: int = 24, render_mode: str | None = None) -> gym.Env:
-    from gymnasium.envs.classic_control.pendulum import PendulumEnv
+    from gymnasium.envs.classic_control.pendulum import PendulumEnv  # (only when a pixel task is made)
 
     return PixelPendulum(PendulumEnv(render_mode=render_mode), size)
 

@@ -30,7 +30,7 @@ def chisquare_pvalue(indices: np.ndarray, probabilities: np.ndarray, min_expecte
 
     Cells with an expected count below ``min_expected`` are pooled into one cell so that the test stays
     valid; a draw from a zero-probability cell gives p = 0."""
-    from scipy.stats import chisquare
+    from scipy.stats import chisquare  # (slow to import: only for the test statistic)
 
     probabilities = np.asarray(probabilities, dtype=np.float64)
     counts = np.bincount(np.asarray(indices), minlength=probabilities.size).astype(np.float64)

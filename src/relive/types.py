@@ -79,7 +79,7 @@ class Batch:
         """Torch tensors on ``device`` (zero-copy on CPU); float columns cast to ``dtype`` when given.
         ``terminated`` / ``truncated`` become float32 so that ``1 - terminated`` works in targets. The
         ``info`` record stays NumPy except ``is_weight``, which becomes a float32 tensor."""
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         def conv(x, is_flag=False):
             t = torch.as_tensor(x, device=device)
@@ -149,7 +149,7 @@ class TensorMetrics(Mapping):
 
     def _read(self) -> dict[str, float]:
         if self._floats is None:
-            import torch
+            import torch  # (torch: `import relive.replay` does not load it)
 
             keys = [k for k, v in self._values.items() if torch.is_tensor(v)]
             floats = {k: float(v) for k, v in self._values.items() if not torch.is_tensor(v)}

@@ -58,6 +58,7 @@ def test_unknown_tasks_and_bad_noise_are_refused():
 def test_data_make_writes_the_noisy_scripted_level(tmp_path):
     pytest.importorskip("minari")
     from relive.data.generate import make_dataset
+
     from relive.data.loaders import load_rows
 
     did, summary = make_dataset("metaworld-reach-v3", "noisy-scripted", steps=600, seed=0, root=tmp_path / "m",

@@ -38,7 +38,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from relive.agents import bc
 from relive.agents import networks as nets
+from relive.agents.bc import SquashedMLP
+from relive.agents.ddpg import DeterministicActor
+from relive.config import load_config
+from relive.replay.checkpoint import CheckpointError, load_tree
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
 EXPORT_SUFFIX = ".pt2"
@@ -218,8 +223,6 @@ def _manifest_kind(p: Path) -> str | None:
 
 
 def _load_directory(p: Path) -> tuple[nn.Module, str]:
-    from relive.agents import bc
-
     if _manifest_kind(p) == bc.KIND or _manifest_kind(p / bc.POLICY_DIR) == bc.KIND:
         return bc.load_bc_policy(p), "behaviour-cloning MLP"
     if _manifest_kind(p) == "agent":
@@ -237,8 +240,6 @@ def _load_directory(p: Path) -> tuple[nn.Module, str]:
 
 def _run_config(agent_dir: Path):
     """The config.json of the run an agent directory belongs to (agent_final/ or snapshots/agent_N/), or None."""
-    from relive.config import load_config
-
     for run in (agent_dir.parent, agent_dir.parent.parent):
         if (run / "config.json").is_file():
             try:
@@ -252,8 +253,6 @@ def _run_config(agent_dir: Path):
 def _load_agent(agent_dir: Path) -> tuple[nn.Module, str]:
     """The deterministic action of a saved agent's actor: a SAC-family ``TanhGaussianActor`` (weights
     ``trunk__*``: center + scale * tanh(mu(s))) or DDPG's ``DeterministicActor`` (weights ``net__*``)."""
-    from relive.replay.checkpoint import CheckpointError, load_tree
-
     try:
         state = load_tree(agent_dir, kind="agent")
     except CheckpointError as e:
@@ -285,8 +284,6 @@ def _load_agent(agent_dir: Path) -> tuple[nn.Module, str]:
             actor = nets.TanhGaussianActor(obs_dim, out_dim // 2, hidden, low, high)
             module, kind = _ActorMean(actor), "SAC actor (deterministic mean)"
         else:
-            from relive.agents.ddpg import DeterministicActor
-
             actor = module = DeterministicActor(obs_dim, out_dim, hidden, low, high)
             kind = "DDPG actor"
     try:
@@ -303,7 +300,7 @@ def save_mlp_safetensors(policy, path: str | Path) -> Path:
     ``net.<i>.bias`` of Linear -> ReLU -> ... -> Linear, ``obs_mean``, ``obs_std``, ``scale``, ``center``) and
     ``<path>.json`` (``{"format": "relive-mlp", "obs_dim", "action_dim", "hidden", "action_low",
     "action_high"}``). Any MLP with that layout loads: ``obs_mean`` / ``obs_std`` may be left out (0 / 1)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # (optional: the safetensors package)
 
     path = Path(path).with_suffix(".safetensors")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -316,8 +313,6 @@ def _load_safetensors(path: Path) -> nn.Module:
     """The MLP of ``path`` (safetensors) + its JSON description: the description is checked against the tensor
     shapes in the file's header before the module is allocated (a description cannot make relive allocate more
     than the file holds)."""
-    from relive.agents.bc import SquashedMLP
-
     desc = path.with_suffix(".json")
     if not desc.is_file():
         raise ValueError(f"base policy {path}: the JSON description {desc.name} (obs_dim, action_dim, hidden, "

@@ -25,6 +25,8 @@ Example::
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from torch import nn
 
 from relive.agents import networks as nets
 from relive.data.columns import split_episodes
+from relive.replay.checkpoint import load_tree, save_tree
 
 KIND = "bc_policy"
 POLICY_DIR = "policy"  # inside a `relive bc --out DIR` directory
@@ -216,11 +219,6 @@ def save_bc_policy(out: str | Path, policy: SquashedMLP, info: dict | None = Non
     (``info``: dataset, settings, losses...). Returns ``out``. An existing ``out`` is refused unless
     ``overwrite``; then the new directory is written beside it and moved into its place once complete (nothing
     of the old one is left in it)."""
-    import os
-    import shutil
-
-    from relive.replay.checkpoint import save_tree
-
     out = Path(out)
     refuse_existing_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -248,8 +246,6 @@ def save_bc_policy(out: str | Path, policy: SquashedMLP, info: dict | None = Non
 
 def load_bc_policy(path: str | Path) -> SquashedMLP:
     """The policy of a ``relive bc`` directory (or of its ``policy`` checkpoint), in eval mode."""
-    from relive.replay.checkpoint import load_tree
-
     path = Path(path)
     if (path / POLICY_DIR / "MANIFEST.json").is_file():
         path = path / POLICY_DIR
@@ -273,6 +269,7 @@ def evaluate_policy(policy, env_id: str, episodes: int, seed: int, success_retur
     """Roll ``policy(obs [1, obs_dim]) -> action [1, A]`` for ``episodes`` episodes (reset seeds ``seed,
     seed + 1, ...``): mean return, and success rate when the task has a success signal (or ``success_return``
     is given; else ``success_rate`` is None)."""
+    # (gymnasium, optional: imported only where an env is made)
     from relive.envs import episode_success, make_env, reports_success, with_success
 
     env = make_env(env_id, max_episode_steps)

@@ -42,7 +42,9 @@ import torch
 
 from relive.agents import networks as nets
 from relive.agents.sac import SAC, SACConfig, _step
+from relive.hooks import OnEpisodeEnd, OnPhase
 from relive.registry import register_agent
+from relive.replay.returns import write_returns_to_go
 from relive.types import Batch, ColumnDecl, UpdateResult
 
 
@@ -114,9 +116,6 @@ class CalQL(SAC):
     def loop_hooks(self, ctx) -> list:
         """The offline -> online switch (``set_online``), and true returns-to-go of every finished online
         episode written into ``mc_return`` (official Cal-QL)."""
-        from relive.hooks import OnEpisodeEnd, OnPhase
-        from relive.replay.returns import write_returns_to_go
-
         return [OnPhase(lambda phase: self.set_online(phase == "online")),
                 OnEpisodeEnd(lambda slots: write_returns_to_go(ctx.buffer, slots, ctx.gamma, "mc_return"))]
 

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import json
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from relive.agents.bc import (
+    BCConfig,
+    config_dict,
+    evaluate_policy,
+    refuse_existing_out,
+    save_bc_policy,
+    select_episodes,
+    train_bc,
+)
+from relive.agents.distill import collect_successes, distill
 from relive.cli import non_negative_int, positive_float, positive_int
+from relive.data.columns import split_episodes
+from relive.data.loaders import load_rows
 
 TRUST_CODE_HELP = ("also read a base policy in a format that can run code when loaded (TorchScript .pt / .pth / .ts / "
                    ".jit, torch.export .pt2): only for files you trust (docs/guarantees.md)")
@@ -92,8 +109,6 @@ def add_parsers(subparsers) -> None:
 
 
 def run_collect(args: argparse.Namespace) -> int:
-    from relive.agents.distill import collect_successes
-
     if not args.out.endswith(".npz"):
         raise ValueError(f"--out must be a .npz file, got {args.out!r}")
     stats = collect_successes(args.base, args.env, args.episodes, args.out, seed=args.seed,
@@ -105,10 +120,9 @@ def run_collect(args: argparse.Namespace) -> int:
 
 def _progress(enabled: bool, total: int, label: str):
     """(callback(i), context manager) of a rich progress bar, or no-ops."""
-    import contextlib
-
     if not enabled or total <= 0:
         return None, contextlib.nullcontext()
+    # (only when a progress bar is shown)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
@@ -122,20 +136,7 @@ def _progress(enabled: bool, total: int, label: str):
 
 
 def run_bc(args: argparse.Namespace) -> int:
-    import numpy as np
-    import torch
-
-    from relive.agents.bc import (
-        BCConfig,
-        config_dict,
-        evaluate_policy,
-        refuse_existing_out,
-        save_bc_policy,
-        select_episodes,
-        train_bc,
-    )
-    from relive.data.loaders import load_rows
-    from relive.envs import env_spec, make_env
+    from relive.envs import env_spec, make_env  # (gymnasium, optional: imported only where an env is made)
 
     torch.set_num_threads(args.threads)
     refuse_existing_out(args.out, args.overwrite)  # before any work
@@ -148,7 +149,6 @@ def run_bc(args: argparse.Namespace) -> int:
     env_id = args.env or meta.get("env_id") or None
     n_all = len(rows["obs"])
     rows = select_episodes(rows, args.episodes, args.successful_only, args.success_return, args.skip_episodes)
-    from relive.data.columns import split_episodes
 
     n_episodes = len(split_episodes(rows))
     if env_id:
@@ -208,13 +208,6 @@ def _run_settings(run_dir: Path) -> dict:
 
 
 def run_distill(args: argparse.Namespace) -> int:
-    import importlib
-
-    import torch
-
-    from relive.agents.bc import refuse_existing_out
-    from relive.agents.distill import distill
-
     torch.set_num_threads(args.threads)
     refuse_existing_out(args.out, args.overwrite)  # before any work
     run_dir = Path(args.run)

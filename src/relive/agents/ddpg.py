@@ -46,6 +46,7 @@ from torch import nn
 from relive.agents import networks as nets
 from relive.agents import refer
 from relive.agents.encoders import flat_obs, flat_obs_batch
+from relive.hooks import OnEpisodeStart
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
@@ -195,8 +196,6 @@ class DDPG:
             self.ou_state[env] = 0.0
 
     def loop_hooks(self, ctx) -> list:
-        from relive.hooks import OnEpisodeStart
-
         return [OnEpisodeStart(self.reset_noise, per_env=True)] if self.cfg.exploration_noise == "ou" else []
 
     # -- ReF-ER ----------------------------------------------------------------------------------------

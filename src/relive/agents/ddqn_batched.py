@@ -25,8 +25,6 @@ ordinary single-seed format.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -35,9 +33,6 @@ from torch import nn
 from relive.agents import networks as nets
 from relive.agents.encoders import flat_obs_batch
 from relive.types import Batch, UpdateResult
-
-if TYPE_CHECKING:  # (ddqn.py imports this module: DDQN declares ``seed_batcher = BatchedDDQN``)
-    from relive.agents.ddqn import DDQN
 
 
 def _linears(module: nn.Sequential) -> list[nn.Linear]:
@@ -50,7 +45,7 @@ def _linears(module: nn.Sequential) -> list[nn.Linear]:
 class BatchedDDQN:
     """S Double DQN agents of one configuration trained as one (see the module docstring)."""
 
-    def __init__(self, agents: list[DDQN]):
+    def __init__(self, agents: list):  # DDQN agents (ddqn.py imports this module: DDQN.seed_batcher)
         if not agents:
             raise ValueError("BatchedDDQN needs at least one DDQN agent")
         first = agents[0]
@@ -147,7 +142,7 @@ class BatchedDDQN:
                 for i in range(self.num_seeds)]
 
     # -- seeds leaving, state --------------------------------------------------------------------------
-    def drop(self, index: int) -> DDQN:
+    def drop(self, index: int):
         """Remove seed ``index`` (its run has stopped): its state is written back into its single agent, which is
         returned; the other seeds continue exactly as before."""
         self.sync()

@@ -23,6 +23,19 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from relive.agents.base_policy import load_base_policy
+from relive.agents.bc import (
+    BCConfig,
+    SquashedMLP,
+    evaluate_policy,
+    fine_tune,
+    refuse_existing_out,
+    save_bc_policy,
+    train_bc,
+)
+from relive.data.npz_io import save_dataset
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
@@ -32,7 +45,7 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
     seed + 1, ...``, T_base ~ U{0..horizon} from ``np.random.default_rng(seed)``; ``horizon`` defaults to the
     env's time limit. Each episode: its rows (``COLUMNS`` + ``base_action``), ``t_base``, ``success``,
     ``return``."""
-    from relive.envs import episode_success
+    from relive.envs import episode_success  # (gymnasium, optional: imported only where an env is made)
 
     if num_episodes < 1:
         raise ValueError(f"num_episodes must be >= 1, got {num_episodes}")
@@ -73,8 +86,7 @@ def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out
     ``.npz`` dataset at ``out`` (``--dataset`` of a residual run; returns-to-go are computed when it is loaded).
     Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set.
     ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``)."""
-    from relive.agents.base_policy import load_base_policy
-    from relive.data.npz_io import save_dataset
+    # (gymnasium, optional: imported only where an env is made)
     from relive.envs import env_spec, make_env, with_success
 
     out = Path(out)
@@ -121,16 +133,7 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
     existing ``out`` is refused unless ``overwrite`` (both before any rollout). ``trusted``: the base may be a
     format that can run code (TorchScript,
     torch.export; see ``relive.agents.base_policy.load_base_policy``)."""
-    from relive.agents.base_policy import load_base_policy
-    from relive.agents.bc import (
-        BCConfig,
-        SquashedMLP,
-        evaluate_policy,
-        fine_tune,
-        refuse_existing_out,
-        save_bc_policy,
-        train_bc,
-    )
+    # (gymnasium, optional: imported only where an env is made)
     from relive.envs import env_spec, make_env, with_success
 
     refuse_existing_out(out, overwrite)
@@ -167,8 +170,6 @@ def distill(base_path: str | Path, residual, env_id: str, num_episodes: int, out
              "loss_last100": float(losses[-100:].mean()) if len(losses) else None,
              "t_base": [e["t_base"] for e in episodes], "episode_successes": [bool(e["success"]) for e in episodes]}
     if eval_episodes > 0:
-        import torch
-
         def act(module):
             return lambda o: module(torch.as_tensor(o, dtype=torch.float32)).detach().numpy()
 

@@ -7,7 +7,9 @@ reads or advances the global torch RNG.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -479,9 +481,6 @@ def load_generator_state(gen: torch.Generator, state) -> None:
     saved bytes (a fresh stream, the same for the same checkpoint), with a warning."""
     saved = np.asarray(state, dtype=np.uint8).reshape(-1)
     if saved.size != gen.get_state().numel():
-        import hashlib
-        import warnings
-
         gen.manual_seed(int.from_bytes(hashlib.sha256(saved.tobytes()).digest()[:8], "little") >> 1)
         warnings.warn(f"a generator state of {saved.size} bytes (another device type's) loaded on {gen.device}: "
                       "seeded from it instead (the random stream differs from an uninterrupted run's)", stacklevel=2)

@@ -47,6 +47,7 @@ import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -55,8 +56,10 @@ from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.encoders import flat_obs_batch
 from relive.agents.sac import _step
+from relive.config import load_config
 from relive.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.registry import register_agent
+from relive.replay.checkpoint import load_tree
 from relive.replay.returns import write_returns_to_go
 from relive.types import Acted, Batch, ColumnDecl, TensorMetrics, UpdateResult
 
@@ -630,11 +633,7 @@ def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     run's final beta). The base policy is not loaded: the caller passes its actions; the callable's ``base_sha256``
     is the digest of the base the run trained on ("" when unknown), which ``relive.agents.distill.distill`` checks
     against the base it is given."""
-    from pathlib import Path
-
-    from relive.config import load_config
-    from relive.envs import env_spec, make_env
-    from relive.replay.checkpoint import load_tree
+    from relive.envs import env_spec, make_env  # (gymnasium, optional: imported only where an env is made)
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.json").is_file() or not (run_dir / "agent_final" / "MANIFEST.json").is_file():

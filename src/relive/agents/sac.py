@@ -43,7 +43,7 @@ import torch
 
 from relive.agents import encoders as enc
 from relive.agents import networks as nets
-from relive.agents.encoders import flat_obs_batch
+from relive.agents.encoders import flat_obs_batch, flat_obs_dim
 from relive.agents.scoring import log_prob_score, standardized_score
 from relive.registry import register_agent
 from relive.types import Batch, TensorMetrics, UpdateResult
@@ -153,7 +153,6 @@ class SAC:
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
         if isinstance(spec.obs_shape, Mapping):  # dict observations (an image task): concatenated, or a CNN
-            from relive.agents.encoders import flat_obs_dim
 
             if config.encoder == "flat" and enc.image_keys(spec.obs_shape):
                 raise ValueError(f"{spec.id} has image observations ({enc.image_keys(spec.obs_shape)}); train with "

@@ -1,1 +1,2 @@
-"""Offline datasets: D4RL-style generation, Minari and D4RL-HDF5 I/O, loaders, normalized scores."""
+"""Offline datasets: Minari, D4RL-HDF5, LeRobot and .npz I/O, loaders and their checks, normalized scores (generating
+D4RL-style levels trains an expert: ``relive.train.generate``)."""

@@ -70,7 +70,7 @@ def split_episodes(rows: dict) -> list[slice]:
 
 def check_env_spaces(rows: dict, env_id: str, where: str) -> None:
     """Observation and action shapes (and action bounds) must match the environment's spaces."""
-    from relive.envs import env_spec, make_env
+    from relive.envs import env_spec, make_env  # (gymnasium, optional: imported only where an env is made)
 
     env = make_env(env_id)
     spec = env_spec(env)

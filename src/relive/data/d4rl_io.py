@@ -17,7 +17,7 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
     Without ``next_observations`` the next observation of row t is observations[t + 1]; the last row of every
     episode then has no known next observation and is dropped, as ``d4rl.qlearning_dataset`` does (the count
     is reported in the metadata and warned about)."""
-    import h5py
+    import h5py  # (optional: relive[data])
 
     path = Path(path)
     if not path.is_file():
@@ -113,7 +113,7 @@ def _flags(arr: np.ndarray, name: str, path: Path) -> np.ndarray:
 
 def write_d4rl_hdf5(path: str | Path, rows: dict, with_next_observations: bool = True) -> Path:
     """Write relive columns in the D4RL layout (for interoperability and tests)."""
-    import h5py
+    import h5py  # (optional: relive[data])
 
     path = Path(path)
     with h5py.File(path, "w") as f:

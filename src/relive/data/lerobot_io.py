@@ -62,6 +62,7 @@ truncated.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import tempfile
@@ -71,7 +72,9 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, split_episodes
+from relive.data.minari_io import _fsync_tree, _swap_into_place
 from relive.data.trust import check_allocation, format_template, inside, one_line, read_json_object
+from relive.types import OFFLINE, ONLINE
 
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
@@ -389,9 +392,7 @@ def _image_layout(ft: dict, name: str, where) -> tuple[int, int, int, bool]:
 def _image_column(col, ft: dict, name: str, file: Path) -> np.ndarray:
     """An "image" feature's parquet column (structs of encoded PNG / JPEG bytes, the ``datasets.Image`` storage)
     decoded to uint8 [N, C, H, W]."""
-    import io
-
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # (Pillow, optional: relive[data])
 
     c, h, w, _ = _image_layout(ft, name, file)
     out = np.empty((len(col), c, h, w), np.uint8)
@@ -620,8 +621,6 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     once the new dataset is complete)."""
     pa, pq = _pyarrow()
 
-    from relive.data.minari_io import _fsync_tree, _swap_into_place
-
     target = Path(path)
     if target.exists() and not overwrite:
         raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
@@ -771,9 +770,7 @@ def _obs_columns(rows: dict, n: int, images: str, where) -> tuple[dict, dict, li
 
 def _image_arrow(v: np.ndarray):
     """uint8 [N, C, H, W] as LeRobot's "image" column: structs {bytes: PNG, path: null} (``datasets.Image``)."""
-    import io
-
-    from PIL import Image
+    from PIL import Image  # (Pillow, optional: relive[data])
 
     pa, _ = _pyarrow()
 
@@ -857,8 +854,6 @@ def buffer_rows(buffer, source: str = "online") -> dict:
     """The rows of a replay buffer (``source``: "online", "offline" or "all"), episode by episode in time order.
     An online episode whose first rows the ring overwrote starts at its first stored row; the last, unfinished
     episode is included (it reads back as truncated)."""
-    from relive.types import OFFLINE, ONLINE
-
     sources = {"online": ONLINE, "offline": OFFLINE, "all": None}
     if source not in sources:
         raise ValueError(f"source must be one of {sorted(sources)}, got {source!r}")

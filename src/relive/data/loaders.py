@@ -13,7 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, check_env_spaces
-from relive.data.lerobot_io import is_lerobot_dir
+from relive.data.d4rl_io import read_d4rl_hdf5
+from relive.data.lerobot_io import is_lerobot_dir, read_lerobot
+from relive.data.minari_io import read_minari
+from relive.data.npz_io import load_dataset
 from relive.replay.returns import returns_to_go
 
 
@@ -21,22 +24,14 @@ def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | 
     """Columns + metadata of a dataset; with ``env_id``, shapes and action bounds are checked against it."""
     p = Path(source)
     if p.suffix == ".npz":
-        from relive.data.npz_io import load_dataset
-
         rows, meta = load_dataset(p)
     elif p.suffix in (".hdf5", ".h5"):
-        from relive.data.d4rl_io import read_d4rl_hdf5
-
         rows, meta = read_d4rl_hdf5(p)
     elif is_lerobot_dir(p):
-        from relive.data.lerobot_io import read_lerobot
-
         rows, meta = read_lerobot(p)
         if env_id and meta.get("env_id") and meta["env_id"] != env_id:
             raise ValueError(f"dataset {source} was recorded on {meta['env_id']}, not {env_id}")
     else:
-        from relive.data.minari_io import read_minari
-
         rows, meta = read_minari(source, root, flatten=not _keeps_dict_obs(env_id))
         if env_id and meta.get("env_id") and meta["env_id"] != env_id:
             raise ValueError(f"dataset {source} was recorded on {meta['env_id']}, not {env_id}")
@@ -52,6 +47,7 @@ def _keeps_dict_obs(env_id: str | None) -> bool:
     Minari dataset of it is read key by key instead of flattened."""
     if not env_id:
         return False
+    # (gymnasium, optional: imported only where an env is made)
     from relive.envs import has_image_keys, make_env
 
     env = make_env(env_id)

@@ -7,6 +7,8 @@ Datasets live under a root directory (default ``data/minari`` in the working dir
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import io
 import json
 import os
 import shutil
@@ -51,7 +53,7 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
     moved into place in one rename; an existing dataset of the same id is refused unless ``overwrite``, and
     then swapped out atomically (Linux ``renameat2(RENAME_EXCHANGE)``) only once the new one is complete: a
     process killed at any moment leaves the old dataset or the new one, never a partial one."""
-    import minari
+    import minari  # (optional: relive[data])
     from minari.data_collector import EpisodeBuffer
 
     root = Path(root) if root is not None else default_root()
@@ -83,7 +85,7 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
     try:
         with _root(staging), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is set to None.*")  # author / permalink nags
-            from relive.envs import make_env
+            from relive.envs import make_env  # (gymnasium, optional: imported only where an env is made)
 
             env = make_env(env_id)  # the spaces as relive sees them (goal-conditioned dicts are flattened)
             obs_space = env.observation_space if not isinstance(rows["obs"], dict) else _dict_space(obs_all)
@@ -113,7 +115,7 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
 
 def _dict_space(parts: dict[str, np.ndarray]):
     """A Dict of Boxes for dict observation columns: uint8 keys in [0, 255], others unbounded."""
-    import gymnasium as gym
+    import gymnasium as gym  # (gymnasium, optional: relive[envs])
 
     def box(a):
         if a.dtype.kind in "iu":
@@ -143,8 +145,6 @@ def _swap_into_place(staged: Path, target: Path) -> None:
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically exchange two paths (Linux renameat2 with RENAME_EXCHANGE); False where unsupported."""
     try:
-        import ctypes
-
         renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return False
@@ -181,7 +181,7 @@ def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten:
     A Dict observation space is flattened into one array per row by default (keys in the space's order, as relive's
     envs flatten it); ``flatten=False`` keeps ``obs`` / ``next_obs`` as dicts key -> array, each key with its own
     shape and dtype (for ``ReplayBuffer(obs_shape={key: (shape, dtype), ...})``)."""
-    import minari
+    import minari  # (optional: relive[data])
 
     dataset_id, data_dir, root = _locate(dataset, root)
     files = ", ".join(str(p) for p in sorted(data_dir.glob("*")) if p.name != "metadata.json") or str(data_dir)
@@ -282,7 +282,7 @@ def _flat_keys(space, dataset_id: str) -> list[str] | None:
     """None for a Box space; for a Dict of Boxes (goal-conditioned tasks such as Minari's D4RL PointMaze and
     AntMaze data) the keys in the space's order, which is the order gymnasium's FlattenObservation (and so
     relive's ``make_env``) concatenates them in: achieved_goal, desired_goal, observation."""
-    import gymnasium as gym
+    import gymnasium as gym  # (gymnasium, optional: relive[envs])
 
     if isinstance(space, gym.spaces.Box):
         return None
@@ -396,9 +396,7 @@ def _image_paths(space, prefix: str) -> list[tuple[str, tuple[int, int]]]:
 def _check_jpeg_sizes(f, path: Path, spaces: dict) -> None:
     """Minari decodes JPEG-encoded images into an array shaped by each episode's first image: every encoded image's
     size is read from its header and must be its space's, before minari decodes any."""
-    import io
-
-    import h5py
+    import h5py  # (h5py, Pillow: optional, relive[data])
     from PIL import Image, UnidentifiedImageError
 
     images = [p for key, space in spaces.items() for p in _image_paths(space, key)]

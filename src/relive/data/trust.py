@@ -101,7 +101,7 @@ def read_json_object(path: str | Path) -> dict:
 def open_hdf5(path: str | Path):
     """``h5py.File(path, "r")`` checked by :func:`check_hdf5` before the caller reads anything (closed again on a
     refusal); an unreadable file is one ValueError naming it."""
-    import h5py
+    import h5py  # (optional: relive[data])
 
     try:
         f = h5py.File(path, "r")
@@ -120,7 +120,7 @@ def check_hdf5(f, path: str | Path) -> None:
     storage, no virtual datasets (each fills data from another file); every dataset's declared size within what
     its stored bytes can hold (its storage inside the file, expanded at most ``MAX_COMPRESSION_RATIO`` times by
     its filters, exactly once without filters); the whole within this machine's memory."""
-    import h5py
+    import h5py  # (optional: relive[data])
 
     path = Path(path)
     file_size = path.stat().st_size

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
-from relive.cli import positive_float, positive_int
+from relive.cli import positive_float, positive_int, refuse_overwrite
 from relive.experiments.grid import GRID_DIR, load_grid
+from relive.experiments.report import make_report, report_path
+from relive.experiments.runner import run_grid
 
 
 def add_parsers(subparsers) -> None:
@@ -50,12 +53,8 @@ def add_parsers(subparsers) -> None:
 def _grid(args):
     grid = load_grid(args.grid)
     if getattr(args, "seeds", None):
-        from dataclasses import replace
-
         grid = replace(grid, seeds=grid.seeds[: args.seeds])
     if getattr(args, "tasks", None):
-        from dataclasses import replace
-
         known = set(grid.tasks) | {t for v in grid.variants for t in v.tasks}
         unknown = sorted(set(args.tasks) - known)
         if unknown:
@@ -65,12 +64,8 @@ def _grid(args):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from relive.experiments.runner import run_grid
-
     grid = _grid(args)
     if args.report:  # refused before hours of runs, not after
-        from relive.cli import refuse_overwrite
-        from relive.experiments.report import report_path
 
         refuse_overwrite(report_path(load_grid(args.grid), args.out), args.overwrite)
     outcomes = run_grid(grid, args.root, workers=args.workers, threads_per_run=args.threads_per_run,
@@ -86,8 +81,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from relive.experiments.report import make_report
-
     md = make_report(load_grid(args.grid), args.root, args.out, reps=args.reps, overwrite=args.overwrite)
     print(f"report written to {md}")
     return 0

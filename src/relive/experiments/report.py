@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.cli import refuse_overwrite, write_generated
 from relive.experiments.grid import Grid
 from relive.experiments.runner import CRASHED, FINISHED, run_dir_of
 
@@ -122,7 +123,7 @@ def collect(grid: Grid, root: str | Path) -> tuple[list[RunData], list[str], lis
 
 def iqm_with_ci(scores_by_label: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, tuple]:
     """IQM and stratified-bootstrap 95% CI per label; scores are [num_runs, num_tasks] arrays."""
-    from rliable import library as rly
+    from rliable import library as rly  # (optional: relive[experiments])
     from rliable import metrics
 
     np.random.seed(seed)  # noqa: NPY002 - rliable's bootstrap draws from numpy's global generator
@@ -138,7 +139,7 @@ def steps_to_threshold(steps: np.ndarray, scores: np.ndarray, threshold: float) 
 
 
 def _mann_whitney(a: np.ndarray, b: np.ndarray) -> str:
-    from scipy.stats import mannwhitneyu
+    from scipy.stats import mannwhitneyu  # (slow to import: only for the test statistic)
 
     if len(a) < 2 or len(b) < 2:
         return "n/a"
@@ -150,7 +151,7 @@ def paired_change(base: dict, other: dict, reps: int = 2000, seed: int = 0) -> d
     mean(other) / mean(base) - 1 with a percentile bootstrap CI (seeds resampled with replacement) and a two-sided
     Wilcoxon signed-rank p (ties, e.g. both runs stopping at the same evaluation, dropped: scipy's default); and the
     seeds only one of the two reached."""
-    from scipy.stats import wilcoxon
+    from scipy.stats import wilcoxon  # (slow to import: only for the test statistic)
 
     seeds = sorted(set(base) & set(other))
     a = np.array([base[s] for s in seeds], float)
@@ -192,8 +193,6 @@ def report_path(grid: Grid, out_dir: str | Path) -> Path:
 def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2000, overwrite: bool = False) -> Path:
     """Write ``<out_dir>/<grid>.md`` and PNG plots beside it; returns the Markdown path. An existing report is
     replaced only with ``overwrite``; notes below its ``NOTES_MARKER`` line are kept."""
-    from relive.cli import refuse_overwrite, write_generated
-
     refuse_overwrite(report_path(grid, out_dir), overwrite)  # before any plot is written over
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -418,10 +417,10 @@ def align_curves(series: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarra
 
 def plot_curves(grid, by, labels, tasks, path: Path, ylabel: str, column: str | None = None,
                 title: str | None = None, log_y: bool = False) -> Path:
-    import matplotlib
+    import matplotlib  # (slow to import: only to plot)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (slow to import: only to plot)
 
     fig, axes = plt.subplots(1, len(tasks), figsize=(max(6.5, 4.2 * len(tasks)), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):

@@ -248,6 +248,7 @@ def status_line(out: RunOutcome) -> str:
 
 
 def _progress(enabled: bool):
+    # (only when a progress bar is shown)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

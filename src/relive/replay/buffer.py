@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -54,7 +55,7 @@ class ReplayBuffer:
                                dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device)
         self.sampler = sampler if sampler is not None else UniformSampler()
         if backend == "torch":  # (torch is imported only for a device buffer)
-            from relive.replay.device import to_device_sampler
+            from relive.replay.device import to_device_sampler  # (torch: imported only for a device buffer)
 
             self.sampler = to_device_sampler(self.sampler)
         if self.sampler.storage is not None:
@@ -71,7 +72,7 @@ class ReplayBuffer:
         self.on_device = self.storage.backend == "torch"
         if not self.on_device:
             return
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         dev = self.storage.device
         self.torch_rng = torch.Generator(device=dev).manual_seed(self.seed)
@@ -169,7 +170,7 @@ class ReplayBuffer:
 
     def _sample_device(self, batch_size: int) -> Batch:
         """A batch drawn and gathered on the device: every column and ``info`` field a tensor there."""
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         draw = self.sampler.sample_device(batch_size, self.torch_rng)
         st = self.storage
@@ -343,7 +344,7 @@ class ReplayBuffer:
         (generation changed) and a row whose signal is not finite (or a negative ``priority``) keeps its priority;
         both are counted on the device and reach ``num_stale`` / ``num_invalid`` when ``stats`` reads them (a
         host check would stop the device once per batch). The report's counts are 0-d tensors."""
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         dev = self.storage.device
         if not any(info.indices is t for t in self._drawn_t):  # not this buffer's draw: the host rule (one sync)
@@ -384,8 +385,6 @@ class ReplayBuffer:
         self.num_stale += stale
         self.num_invalid += invalid
         if invalid:
-            import warnings
-
             warnings.warn(f"{invalid} replay update rows had a non-finite signal (or a negative priority) and kept "
                           f"their priority ({self.num_invalid} so far): check the agent's TD errors", stacklevel=3)
 
@@ -493,7 +492,7 @@ class ReplayBuffer:
         buf.storage.load_state_dict(state["storage"])
         buf.sampler = sampler_from_config(cfg["sampler"])
         if buf.storage.backend == "torch":
-            from relive.replay.device import to_device_sampler
+            from relive.replay.device import to_device_sampler  # (torch: imported only for a device buffer)
 
             buf.sampler = to_device_sampler(buf.sampler)
         buf.sampler.bind(buf.storage)
@@ -509,7 +508,7 @@ class ReplayBuffer:
             dev = state.get("device", {})
             buf.num_invalid = int(dev.get("num_invalid", 0))
             if dev.get("torch_rng_device") == buf.storage.device.type:  # (a generator's state is per device type)
-                import torch
+                import torch  # (torch: `import relive.replay` does not load it)
 
                 buf.torch_rng.set_state(torch.as_tensor(np.asarray(dev["torch_rng"], np.uint8)))
             else:  # saved on the host or another device type: a fresh stream, derived from the seed and the clock

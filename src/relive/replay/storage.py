@@ -154,7 +154,7 @@ class Storage:
         self.device = None
         self._gen_t = None  # backend "torch": the generation stamps on the device too (stale checks there)
         if backend == "torch":
-            import torch
+            import torch  # (torch: `import relive.replay` does not load it)
 
             self.device = torch.device("cpu" if device is None else device)
             self._gen_t = torch.zeros(self.capacity, dtype=torch.int64, device=self.device)

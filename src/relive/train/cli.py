@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import math
+import textwrap
 
-from relive.cli import non_negative_int, positive_int
+from relive.cli import build_parser, non_negative_int, positive_int
 from relive.config import MAX_NUM_ENVS, describe, override
 from relive.presets import PRESETS, get_preset
 from relive.registry import AGENTS, REPLAYS, load_builtins
+from relive.train.seed_batch import train_seeds
 
 
 def add_parsers(subparsers) -> None:
@@ -147,7 +151,7 @@ def _flag_setting(flag: str, value) -> str:
 def resume_settings(args: argparse.Namespace) -> list[str]:
     """``--resume RUN_DIR`` with where / how the run goes on (--device, --replay-device, --threads, --no-progress,
     or ``--set`` of those settings); any other option is refused by name instead of being ignored."""
-    from relive.cli import build_parser
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.trainer import RESUME_SETTINGS
 
     defaults = vars(build_parser().parse_args(["train", "--resume", "RUN_DIR"]))
@@ -198,12 +202,11 @@ def utd_settings(cfg, utd: int) -> list[str]:
 
 
 def _json(value) -> str:
-    import json
-
     return json.dumps(value)
 
 
 def run_train(args: argparse.Namespace) -> int:
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.trainer import train
 
     if getattr(args, "seeds", None):
@@ -224,10 +227,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _train_seeds(args: argparse.Namespace) -> int:
     """``--seeds 0,1,2``: the seeds in one process (relive.train.seed_batch); exit 1 if any of them failed."""
-    import copy
-
-    from relive.train.seed_batch import train_seeds
-
     if args.resume or args.seed is not None:
         raise ValueError("--seeds trains new runs of the listed seeds: it does not combine with --resume or --seed")
     if getattr(args, "allow_other_base", False):  # (seed batching loads no state of another base)
@@ -258,7 +257,6 @@ def run_presets(args: argparse.Namespace) -> int:
     name = args.show or args.name
     if name:
         return show(name, as_json=args.json)
-    import textwrap
 
     width = max(map(len, PRESETS)) + 2
     for name, fn in PRESETS.items():
@@ -274,8 +272,6 @@ def run_presets(args: argparse.Namespace) -> int:
 
 def show(name: str, as_json: bool = False) -> int:
     """Print a preset's full configuration, or a registered replay's / agent's options, each with its doc."""
-    import json
-
     load_builtins()
     if name in ("replays", "agents"):
         table = REPLAYS if name == "replays" else AGENTS
@@ -313,7 +309,7 @@ def show(name: str, as_json: bool = False) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from relive.train.demo import demo
+    from relive.train.demo import demo  # (gymnasium, optional: `relive --help` imports this module)
 
     demo(args.out, seed=args.seed, quick=args.quick, workers=args.workers)
     return 0

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from relive.envs import EnvSpec, make_env, num_obs, one_row, random_actions, stack_obs
+from relive.envs import EnvSpec, env_spec, make_env, num_obs, one_row, random_actions, stack_obs
+from relive.types import unpack_acted
 
 
 class Collector:
@@ -58,8 +59,6 @@ class Collector:
     def step(self, policy, n: int) -> dict:
         """Run ``n`` env steps with ``policy``; return the stored rows (core columns + records), which may be
         fewer than ``n``."""
-        from relive.types import unpack_acted
-
         names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
         rows = {k: [] for k in names}
         records: list[dict] = []
@@ -168,8 +167,6 @@ class VectorCollector:
 
     def step_streams(self, policy, n: int) -> tuple[list[tuple[int, dict]], int]:
         """ceil(n / num_envs) vector steps; returns ``([(env index = stream, stored rows)], env steps executed)``."""
-        from relive.types import unpack_acted
-
         N = self.num_envs
         steps = -(-int(n) // N)
         names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
@@ -239,8 +236,6 @@ def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_epi
     """Rows of ``num_steps`` env steps with ``policy`` (uniform random actions when None); the last
     episode is cut as truncated so the dataset holds whole episodes. ``progress``: a label for a progress bar.
     ``policy_from_env(env) -> policy``: a policy that reads the env itself (a state policy driving a pixel task)."""
-    from relive.envs import env_spec
-
     env = make_env(env_id, max_episode_steps)
     if policy_from_env is not None:
         policy = policy_from_env(env)
@@ -250,7 +245,7 @@ def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_epi
     act = policy if policy is not None else (lambda obs: random_actions(spec, num_obs(obs), rng))
     chunks = [min(10_000, num_steps - i) for i in range(0, num_steps, 10_000)]
     if progress:
-        from rich.progress import track
+        from rich.progress import track  # (only when a progress bar is shown)
 
         chunks = track(chunks, description=f"{progress} ({num_steps:,} steps)")
     parts = [collector.step(act, k) for k in chunks]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import multiprocessing
 import os
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -75,7 +76,6 @@ def demo(out: str | Path = "runs/demo", seed: int = 0, quick: bool = False, work
             print(f"[demo] {label}: already finished in {run_dir}, reusing it", flush=True)
             continue
         if run_dir.exists():  # an unfinished demo run of ours: start it again
-            import shutil
 
             shutil.rmtree(run_dir)
         todo[label] = _run_config(VARIANTS[label], data_path, run_dir, seed, b, quick)
@@ -109,10 +109,10 @@ def demo(out: str | Path = "runs/demo", seed: int = 0, quick: bool = False, work
 
 
 def plot_runs(runs: dict[str, Path], path: Path) -> Path:
-    import matplotlib
+    import matplotlib  # (slow to import: only to plot)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (slow to import: only to plot)
 
     fig, (ax_ret, ax_frac) = plt.subplots(1, 2, figsize=(11, 4))
     for label, run_dir in runs.items():

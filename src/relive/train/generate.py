@@ -22,13 +22,23 @@ dataset reports do not depend on which level was made first.
 
 from __future__ import annotations
 
+import csv
+import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from relive.config import load_config, override
+from relive.data.columns import split_episodes
+from relive.data.maze import waypoint_policy
 from relive.data.minari_io import default_root, write_minari, write_task_references
+from relive.data.npz_io import load_dataset, save_dataset
 from relive.data.scores import d4rl_reference
+from relive.presets import get_preset
+from relive.replay.buffer import HOST, ReplayBuffer
+from relive.replay.checkpoint import load_tree
 
 TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d-v5": "Walker2d-v5",
          "pendulum-v1": "Pendulum-v1", "pointmaze-umaze-v3": "PointMaze_UMaze-v3",
@@ -64,7 +74,7 @@ BUDGETS = {"pendulum-v1": Budget(20_000, 15_000), "hopper-v5": Budget(100_000, 1
 def task_env(task: str) -> str:
     key = task.lower()
     if key.startswith(METAWORLD) and len(key) > len(METAWORLD):
-        from relive.metaworld_envs import PREFIX, task_of
+        from relive.metaworld_envs import PREFIX, task_of  # (gymnasium and metaworld: optional)
 
         return PREFIX + task_of(key[len(METAWORLD):])  # a ValueError names the known tasks
     if key not in TASKS:
@@ -89,12 +99,11 @@ def _scripted_levels(task: str) -> tuple[str, ...] | None:
 def scripted_rows(task: str, env_id: str, steps: int, seed: int, noise: float, progress: str | None) -> dict:
     """``steps`` rows of the task's scripted controller: the mazes' waypoint controller, Meta-World's expert
     (with Gaussian action noise of std ``noise``)."""
-    from relive.train.collector import collect_dataset
+    # (gymnasium and metaworld, optional: `relive --help` imports this module)
     from relive.envs import make_env
+    from relive.train.collector import collect_dataset
 
     if task.lower() in MAZE_TASKS:
-        from relive.data.maze import waypoint_policy
-
         policy = waypoint_policy(make_env(env_id), np.random.default_rng(seed + 3))
     else:
         from relive.metaworld_envs import scripted_policy
@@ -110,6 +119,7 @@ def dataset_id(task: str, level: str) -> str:
 def random_dataset(env_id: str, num_steps: int, seed: int, progress: str | None = None) -> dict:
     """``num_steps`` rows of uniform-random actions on ``env_id`` (the ``random`` level): whole episodes, the
     last one cut as truncated; the same rows for the same seed."""
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.collector import collect_dataset
 
     return collect_dataset(env_id, num_steps, seed=seed, progress=progress)
@@ -118,8 +128,6 @@ def random_dataset(env_id: str, num_steps: int, seed: int, progress: str | None 
 def _cached_reference(path: Path, key: str, compute=None) -> float | None:
     """A reference return stored under ``key`` in the JSON file ``path``; computed and stored on a miss
     (or None on a miss without ``compute``)."""
-    import json
-
     cache = json.loads(path.read_text()) if path.is_file() else {}
     if key not in cache:
         if compute is None:
@@ -134,15 +142,12 @@ def _cached_reference(path: Path, key: str, compute=None) -> float | None:
 
 def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progress: bool) -> Path:
     """Train (or reuse) the task's SAC run, keeping the agent of every evaluation and the final buffer."""
-    from relive.config import override
-    from relive.presets import get_preset
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.trainer import train
 
     if (run_dir / "summary.json").exists():
         return run_dir
     if run_dir.exists():
-        import shutil
-
         shutil.rmtree(run_dir)
     cfg = override(get_preset("sac"), [
         f'env.id="{task_env(task)}"', f"run.seed={seed}", f'run.run_dir="{run_dir}"',
@@ -155,9 +160,8 @@ def _training_run(task: str, train_steps: int, seed: int, run_dir: Path, progres
 
 
 def _load_agent(run_dir: Path, snapshot: str):
-    from relive.config import load_config
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.envs import env_spec, make_env
-    from relive.replay.checkpoint import load_tree
     from relive.train.trainer import build_agent
 
     cfg = load_config(run_dir / "config.json")
@@ -167,8 +171,6 @@ def _load_agent(run_dir: Path, snapshot: str):
 
 
 def _evaluations(run_dir: Path) -> list[tuple[int, float]]:
-    import csv
-
     with open(run_dir / "eval.csv", newline="") as f:
         return [(int(float(r["env_step"])), float(r["eval/return_mean"])) for r in csv.DictReader(f)]
 
@@ -193,8 +195,6 @@ def _medium_snapshot(run_dir: Path, expert_step: int, ref_min: float, ref_max: f
 
 
 def _episode_returns(rows: dict) -> np.ndarray:
-    from relive.data.columns import split_episodes
-
     return np.array([float(np.sum(rows["reward"][sl])) for sl in split_episodes(rows)])
 
 
@@ -205,6 +205,7 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     of that id is kept unless ``overwrite`` (checked before any work); the new one is written beside it and
     swapped in atomically once complete (see ``write_minari``). ``noise``: the action-noise std of the
     noisy-scripted level (default ``SCRIPTED_NOISE``)."""
+    # (gymnasium, optional: `relive --help` imports this module)
     from relive.train.collector import _concat, collect_dataset
 
     if level not in LEVELS:
@@ -248,8 +249,6 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     def policy_rows(agent_name: str, n: int, s: int) -> dict:
         """A snapshot's stochastic rollout, kept in the run directory (.npz) so that medium-expert reuses the
         medium and expert rows instead of collecting them again."""
-        from relive.data.npz_io import load_dataset, save_dataset
-
         path = run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{s}-steps{n}.npz"
         if source:  # image rows: not cached (.npz columns are flat arrays; regenerating takes seconds)
             return rollout(_load_agent(run_dir, agent_name), n, s)
@@ -298,8 +297,6 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         if expert_rows is not None:
             parts.append(expert_rows)
         if level == "medium-replay":
-            from relive.replay.buffer import HOST, ReplayBuffer
-
             st = ReplayBuffer.load(run_dir / "buffer_final", device=HOST).storage
             lo = st.num_offline  # online rows in the order they were written (the ring never wrapped)
             hi = lo + min(med_step, st.num_online)

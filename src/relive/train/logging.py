@@ -27,6 +27,7 @@ class RunLogger:
         self._eval_fields: list[str] | None = None
         self._bar = None
         if progress:
+            # (only when a progress bar is shown)
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(bar_width=16), MofNCompleteColumn(),

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 
 import numpy as np
 import torch
@@ -154,7 +155,7 @@ class CollectorWorker:
         """``n`` env steps (a multiple of the env count); ``weights``: ``[ObjectRef]`` of the published acting
         state (in a list, so Ray hands over the reference and the copy pulls it only when ``version`` changed)."""
         if version != self.version and weights and weights[0] is not None:
-            import ray
+            import ray  # (optional: relive[ray])
 
             load_acting_state(self.agent, ray.get(weights[0]))
             self.version = int(version)
@@ -336,6 +337,4 @@ class RayCollectors:
 
 
 def _node() -> str:
-    import socket
-
     return socket.gethostname()

@@ -149,6 +149,7 @@ def check_batchable(cfgs) -> None:
 def train_seeds(cfgs) -> list:
     """Train the seeds ``cfgs`` (one ExperimentConfig per seed, each with its ``run.run_dir``) in one process;
     returns each seed's RunSummary (or the exception its run raised), in order."""
+    # (gymnasium, optional: the grid runner imports this module)
     from relive.train.trainer import train
 
     check_batchable(cfgs)

@@ -40,6 +40,7 @@ import torch
 
 from relive import hooks as H
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
+from relive.data.loaders import fill_offline, load_rows
 from relive.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
 from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.registry import ReplayBuild, agent_entry, replay_entry
@@ -449,8 +450,6 @@ def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
 
 
 def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState) -> None:
-    from relive.data.loaders import fill_offline, load_rows
-
     rows, meta = load_rows(cfg.data.dataset, env_id=cfg.env.id)
     n = len(rows["reward"])
     for c in columns:
@@ -476,8 +475,6 @@ def run_offline_rows(cfg: ExperimentConfig, buffer_state: dict, where):
     config's dataset loaded again (``stored_rows``), and the extra columns (``mc_return``, behaviour records), which
     the checkpoint copies whole, taken from the checkpoint. The hash check there refuses a changed dataset."""
     def rows(dataset_id: str) -> dict:
-        from relive.data.loaders import load_rows
-
         if str(cfg.data.dataset) != dataset_id:
             raise ValueError(f"{where}: its checkpoint refers to offline dataset {dataset_id!r}, its config names "
                              f"{cfg.data.dataset!r}")

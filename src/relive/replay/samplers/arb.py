@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from relive.hooks import EveryGradSteps
 from relive.registry import ReplayBuild, register_replay
 from relive.replay import _tree_kernels as kernels
 from relive.replay.samplers.base import Draw, Sampler, check_number, state_array, state_float, state_int
@@ -132,8 +133,6 @@ class ARBSampler(Sampler):
         """ARB Alg. 1 step b: re-score every row with the current policy every ``refresh_every_grad_steps``
         online gradient steps, before sampling (the offline phase is the base algorithm's own); the amortized
         mode re-scores its slice on every gradient step."""
-        from relive.hooks import EveryGradSteps
-
         score = getattr(ctx.agent, "score_fn", None)
         if score is None:
             name = getattr(ctx.config, "agent_kind", type(ctx.agent).__name__)

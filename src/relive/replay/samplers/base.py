@@ -183,3 +183,27 @@ class Sampler:
 
     def _domain_name(self) -> str:
         return SOURCE_NAMES[self.source] if self.source is not None else ""
+
+
+# -- samplers by class name, for checkpoints (the package adds the built-in ones) -------------------------------------
+SAMPLERS: dict[str, type[Sampler]] = {}
+
+
+def register_sampler(cls: type[Sampler]) -> type[Sampler]:
+    """Make a sampler class loadable from checkpoints by its class name."""
+    SAMPLERS[cls.__name__] = cls
+    return cls
+
+
+def sampler_config(sampler: Sampler) -> dict:
+    """``checkpoint_name``: the class a sampler is saved as (a device sampler saves as its host twin, so its
+    checkpoints load on either backend)."""
+    return {"type": getattr(sampler, "checkpoint_name", type(sampler).__name__), "params": sampler.config()}
+
+
+def sampler_from_config(cfg: dict) -> Sampler:
+    try:
+        cls = SAMPLERS[cfg["type"]]
+    except KeyError:
+        raise ValueError(f"unknown sampler type {cfg.get('type')!r}; known: {sorted(SAMPLERS)}") from None
+    return cls.from_config(cfg["params"])

@@ -73,7 +73,7 @@ class BERBSampler(Sampler):
         if source is not None:
             raise ValueError("BERBSampler weighs offline against online rows; it cannot be restricted to one source")
         super().bind(storage, source)
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
         from torch import nn
 
         self.tree = SumTree(storage.capacity)
@@ -96,7 +96,7 @@ class BERBSampler(Sampler):
     # -- density ratio ---------------------------------------------------------------------------------
     def ratio(self, slots: np.ndarray):
         """w(s, a) >= 0 of stored rows (a ReLU on the output), as a torch tensor [n] (with autograd)."""
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         cols = self.storage.columns
         n = len(slots)
@@ -119,7 +119,7 @@ class BERBSampler(Sampler):
     def _step(self, slots: np.ndarray | None) -> tuple[bool, np.ndarray | None]:
         """One density-ratio step (False while a source is empty); with ``slots``, first their priorities
         [p_i] from the network before this step, as the reference code orders it."""
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         batches = self._ratio_batches()
         if batches is None:
@@ -156,7 +156,7 @@ class BERBSampler(Sampler):
 
     def priority(self, slots: np.ndarray) -> np.ndarray:
         """[p_i] for stored rows with the current network and the last offline batch's normalizer."""
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         with torch.no_grad():
             w = self.ratio(slots).double()
@@ -216,7 +216,7 @@ class BERBSampler(Sampler):
             "last_ratio_loss": self.last_ratio_loss, "seen_online": self.seen_online}
 
     def load_state_dict(self, state: dict) -> None:
-        import torch
+        import torch  # (torch: `import relive.replay` does not load it)
 
         super().load_state_dict(state)
         owner = self._owner()

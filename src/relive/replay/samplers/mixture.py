@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from relive.hooks import collect_hooks
 from relive.registry import ReplayBuild, register_replay
-from relive.replay.samplers.base import Draw, Sampler, check_number, state_field
+from relive.replay.samplers.base import Draw, Sampler, check_number, sampler_config, sampler_from_config, state_field
+from relive.replay.samplers.per import PrioritizedSampler
 from relive.replay.samplers.uniform import UniformSampler
 from relive.types import OFFLINE, ONLINE
 
@@ -111,8 +113,6 @@ class MixtureSampler(Sampler):
         return out
 
     def loop_hooks(self, ctx) -> list:
-        from relive.hooks import collect_hooks
-
         return collect_hooks(ctx, self.offline, self.online)
 
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
@@ -140,15 +140,11 @@ class MixtureSampler(Sampler):
         return out
 
     def config(self) -> dict:
-        from relive.replay.samplers import sampler_config
-
         return {"offline": sampler_config(self.offline), "online": sampler_config(self.online),
                 "offline_fraction": self.offline_fraction}
 
     @classmethod
     def from_config(cls, cfg: dict) -> MixtureSampler:
-        from relive.replay.samplers import sampler_from_config
-
         return cls(sampler_from_config(cfg["offline"]), sampler_from_config(cfg["online"]),
                    cfg["offline_fraction"])
 
@@ -195,8 +191,6 @@ def build_symmetric(options: SymmetricConfig, ctx: ReplayBuild) -> MixtureSample
 @register_replay("symmetric_per", SymmetricPERConfig)
 def build_symmetric_per(options: SymmetricPERConfig, ctx: ReplayBuild) -> MixtureSampler:
     """symmetric split, uniform offline, PER online"""
-    from relive.replay.samplers.per import PrioritizedSampler
-
     per = PrioritizedSampler(options.priority_exponent, options.is_exponent, options.is_exponent_final,
                              is_anneal_samples=ctx.total_grad_steps)
     return MixtureSampler(UniformSampler(), per, offline_fraction=options.offline_fraction)

@@ -67,6 +67,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from relive.hooks import EveryGradSteps
 from relive.registry import ReplayBuild, register_replay
 from relive.replay.refer_schedule import (
     ALL_SOURCES,
@@ -79,8 +80,8 @@ from relive.replay.refer_schedule import (
     is_far,
     smarties_eta,
 )
-from relive.replay.samplers import register_sampler
-from relive.replay.samplers.base import Draw, Sampler, state_array, state_float, state_int
+from relive.replay.samplers.base import Draw, Sampler, register_sampler, state_array, state_float, state_int
+from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.uniform import UniformSampler
 
 FAR_ESTIMATORS = ("stale", "recount")  # n_far from each row's last computed rho (the paper) / periodic exact recount
@@ -280,8 +281,6 @@ class ReFERSampler(UniformSampler):
     def loop_hooks(self, ctx) -> list:
         """The periodic pass (``recount``) every ``recount_every_grad_steps`` gradient steps of either phase, with
         the agent's ``refer_log_rho``."""
-        from relive.hooks import EveryGradSteps
-
         if not self.recount_every_grad_steps:
             return []
         fn = getattr(ctx.agent, "refer_log_rho", None)
@@ -350,7 +349,5 @@ def build_refer(options: ReFERConfig, ctx: ReplayBuild) -> Sampler:
 @register_replay("refer_online", ReFEROnlineConfig)
 def build_refer_online(options: ReFEROnlineConfig, ctx: ReplayBuild) -> Sampler:
     """ReF-ER on the online part of an exact offline/online split, uniform offline rows"""
-    from relive.replay.samplers.mixture import MixtureSampler
-
     return MixtureSampler(UniformSampler(), ReFERSampler(**options.sampler_kwargs()),
                           offline_fraction=options.offline_fraction)
