@@ -429,7 +429,7 @@ def test_scripted_levels_are_refused_where_no_controller_exists_and_noise_only_o
     number >= 0; both refused before any collection (nothing is written)."""
     import importlib.util
 
-    from relive.data.generate import make_dataset
+    from relive.train.generate import make_dataset
 
     kw = {"steps": 100, "root": tmp_path / "m", "out": tmp_path / "o", "progress": False}
     for task in ("pendulum-v1", "pointmaze-umaze-v3"):

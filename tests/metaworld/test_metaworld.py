@@ -57,7 +57,7 @@ def test_unknown_tasks_and_bad_noise_are_refused():
 
 def test_data_make_writes_the_noisy_scripted_level(tmp_path):
     pytest.importorskip("minari")
-    from relive.data.generate import make_dataset
+    from relive.train.generate import make_dataset
 
     from relive.data.loaders import load_rows
 
