@@ -130,12 +130,15 @@ def _check_names(argv: list[str], where: str) -> None:
         if a.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
             opts[a] = argv[i + 1]
     tasks = set(TASKS) | set(MAZE_TASKS)
+
+    def known(task: str) -> bool:  # Meta-World's tasks are named by metaworld (its own venv): the pattern only
+        return task.lower() in tasks or re.fullmatch(r"metaworld-[a-z]+(-[a-z]+)*-v3", task.lower()) is not None
     if cmd == "train" and "--resume" not in opts:
         assert pos and pos[0] in PRESETS, f"{where}: unknown preset in {argv}"
     if cmd == "bench" and argv[1] in ("run", "report"):
         find_grid(argv[2])  # raises on an unknown grid
     if cmd == "data" and argv[1] == "make":
-        assert argv[2].lower() in tasks, f"{where}: unknown task {argv[2]!r}"
+        assert known(argv[2]), f"{where}: unknown task {argv[2]!r}"
         assert argv[3] in LEVELS, f"{where}: unknown level {argv[3]!r}"
     if cmd == "presets" and ("--show" in opts or len(pos) > 0):
         name = opts.get("--show", pos[0] if pos else None)
@@ -145,7 +148,7 @@ def _check_names(argv: list[str], where: str) -> None:
     ds = opts.get("--dataset", "")
     m = re.fullmatch(r"relive/([\w.-]+)/([\w-]+)-v0", ds)
     if m:
-        assert m.group(1) in tasks, f"{where}: unknown task in dataset {ds!r}"
+        assert known(m.group(1)), f"{where}: unknown task in dataset {ds!r}"
         assert m.group(2) in LEVELS, f"{where}: unknown level in dataset {ds!r}"
 
 
