@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from relive.agents import networks as nets
-from relive.agents.sac import SAC, SACConfig, _step
+from relive.agents.sac import SAC, SACConfig
 from relive.registry import register_agent
 from relive.types import Batch, ColumnDecl, UpdateResult
 
@@ -233,13 +233,13 @@ class CalQL(SAC):
             penalty = cfg.cql_alpha * gap
         td = self.td_loss(q, y)
         critic_loss = nets.weighted_mean(td + penalty.mean(dim=0), w)
-        _step(self.critic_opt, critic_loss)
+        nets.optimize(self.critic_opt, critic_loss)
         self.num_critic_steps += 1
         weighted_gap = nets.weighted_mean(gap.detach().mean(dim=0), w)
         # 2. Lagrange dual step: alpha' ascends on alpha_cql (gap - target gap)
         if cfg.lagrange:
             prime = self.log_alpha_prime.exp().clamp(0.0, 1e6)
-            _step(self.alpha_prime_opt, -prime * cfg.cql_alpha * (weighted_gap - cfg.target_action_gap))
+            nets.optimize(self.alpha_prime_opt, -prime * cfg.cql_alpha * (weighted_gap - cfg.target_action_gap))
             metrics["train/alpha_prime"] = self.alpha_prime
         # 3. target critics (Polyak)
         nets.polyak(self.target_critic, self.critic, cfg.tau)

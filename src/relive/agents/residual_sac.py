@@ -54,7 +54,6 @@ import torch
 from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.encoders import flat_obs_batch
-from relive.agents.sac import _step
 from relive.registry import register_agent
 from relive.train.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase, write_returns_to_go
 from relive.types import Acted, Batch, ColumnDecl, TensorMetrics, UpdateResult
@@ -516,7 +515,7 @@ class ResidualSAC:
             self.num_actor_steps += 1
             metrics |= {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
             if self.cfg.learn_temperature:
-                _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))  # (18)-(19)
+                nets.optimize(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))  # (18)-(19)
             metrics["train/alpha"] = self.alpha.item()
         return UpdateResult(metrics, nets.signals_out(batch, td_error=q.mean(dim=0) - y))
 

@@ -297,7 +297,7 @@ class SAC:
         y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy, self._discount(b))
         q = self.critic(b.obs, b.action)  # [E, B]
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w)
-        _step(self.critic_opt, critic_loss)
+        nets.optimize(self.critic_opt, critic_loss)
         self.num_critic_steps += 1
         # 2. target critics (Polyak averaging, SAC Alg. 1)
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)
@@ -351,7 +351,7 @@ class SAC:
         self.critic.requires_grad_(False)
         per_sample, logp = self.actor_loss(b.obs, mean, log_std)
         actor_loss = nets.weighted_mean(per_sample, w)
-        _step(self.actor_opt, actor_loss)
+        nets.optimize(self.actor_opt, actor_loss)
         self.critic.requires_grad_(True)
         self.num_actor_steps += 1
         logp = logp.detach()
@@ -455,6 +455,3 @@ class SAC:
         self.num_critic_steps = int(state["counters"]["num_critic_steps"])
         self.num_actor_steps = int(state["counters"]["num_actor_steps"])
 
-
-def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    nets.optimize(opt, loss)

@@ -34,7 +34,7 @@ import torch
 from relive.agents import networks as nets
 from relive.agents import refer
 from relive.agents.encoders import flat_obs
-from relive.agents.sac import SAC, SACConfig, _step
+from relive.agents.sac import SAC, SACConfig
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
@@ -122,7 +122,7 @@ class SACReFER(SAC):
         q = self.critic(b.obs, b.action)
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w * near)
         if (w * near).any():
-            _step(self.critic_opt, critic_loss)
+            nets.optimize(self.critic_opt, critic_loss)
         self.num_critic_steps += 1
         # 2. target critics
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)
@@ -155,11 +155,11 @@ class SACReFER(SAC):
             metrics["train/refer_kl"] = kl.mean().item()
         actor_loss = loss.mean()
         if near.any() or beta < 1.0:
-            _step(self.actor_opt, actor_loss)
+            nets.optimize(self.actor_opt, actor_loss)
         self.critic.requires_grad_(True)
         self.num_actor_steps += 1
         metrics |= {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
         if self.cfg.learn_temperature:
-            _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))
+            nets.optimize(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))
         metrics["train/alpha"] = self.alpha.item()
         return metrics
