@@ -58,9 +58,15 @@ class SACReFER(SAC):
     """SAC whose update applies ReF-ER's Rules 1 and 2 when the batch carries ReF-ER hints (see the module)."""
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
-                 config: SACReFERConfig | None = None, seed: int = 0, device: str = "cpu"):
+                 config: SACReFERConfig | None = None, seed: int = 0, device: str = "cpu", obs_spec=None):
+        """``obs_spec`` (SAC.from_spec passes it for dict observations): taken as the concatenation of the keys;
+        the CNN encoder (``agent.encoder``) is refused: acting and the recount read flat observations."""
         super().__init__(obs_dim, action_dim, action_low, action_high,
-                         config if config is not None else SACReFERConfig(), seed, device)
+                         config if config is not None else SACReFERConfig(), seed, device, obs_spec)
+        if self.obs_spec is not None:
+            raise ValueError(f"sac_refer takes dict observations as the concatenation of their keys (agent.encoder = "
+                             f"'flat'), not through the CNN encoder (agent.encoder = {self.cfg.encoder!r}); use sac, "
+                             f"rlpd or calql for image observations")
 
     # -- acting: the pre-squash behaviour is stored with every row ---------------------------------------
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
