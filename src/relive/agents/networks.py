@@ -544,6 +544,7 @@ def vector_obs_dim(spec, owner: str) -> int:
     key -> shape) are refused naming the agents that take them through an encoder."""
     if isinstance(spec.obs_shape, Mapping):
         raise ValueError(f"{owner} takes flat vector observations; {getattr(spec, 'id', 'this env')} has dict "
-                         f"observations (keys {', '.join(spec.obs_shape)}). SAC, RLPD, Cal-QL and residual SAC take "
-                         "dict observations (agent.encoder); or flatten them with gymnasium's FlattenObservation")
+                         f"observations (keys {', '.join(spec.obs_shape)}). SAC, RLPD and Cal-QL take "
+                         "dict observations (agent.encoder), SAC + ReF-ER as their concatenation; or flatten them with "
+                         "gymnasium's FlattenObservation")
     return int(np.prod(spec.obs_shape))
