@@ -30,7 +30,7 @@ REGISTERED: dict[str, tuple[str, ...]] = {
     "ddqn": ("ddqn",),
     "ddpg": ("ddpg", "ddpg_refer"),
     "sac_refer": ("sac_refer",),
-    "vracer": ("vracer",),
+    "vracer": ("vracer", "vracer_refer"),
     "residual_sac": ("residual_sac", "residual_sac_pretrain"),
 }
 KINDS = [k for kinds in REGISTERED.values() for k in kinds]
@@ -40,12 +40,13 @@ CONTINUOUS = [k for k in KINDS if k not in DISCRETE]
 # the kinds whose batches carry a ReF-ER sampler's hints (c_max so large that no row is far: Rule 2 and the rho
 # signal are exercised, Rule 1's masks are tested in test_refer.py)
 REFER_HINTS = {"c_max": 1e6, "beta": 0.6, "lr_scale": 1.0, "refer_source": -1}
-HINTED = ("ddpg_refer", "sac_refer")
+HINTED = ("ddpg_refer", "sac_refer", "vracer_refer")
 # the per-sample signals each kind's update promises (what the samplers read: PER td_error, ARB log_likelihood,
 # ReF-ER rho)
 SIGNALS = {k: {"td_error", "log_likelihood"} for k in ("sac", "rlpd", "calql", "calql_lagrange", "calql_corl")} | {
     "ddqn": {"td_error"}, "ddpg": {"td_error"}, "ddpg_refer": {"td_error", "rho"},
     "sac_refer": {"td_error", "log_likelihood", "rho"}, "vracer": {"rho", "td_error"},
+    "vracer_refer": {"rho", "td_error"},
     "residual_sac": {"td_error"}, "residual_sac_pretrain": {"td_error"}}
 
 
@@ -86,7 +87,7 @@ def make(kind: str, seed: int = 0, **overrides):
         return DDPG(OBS, ACT, LOW, HIGH, DDPGConfig(**(SMALL | overrides)), seed=seed)
     if kind == "sac_refer":
         return SACReFER(OBS, ACT, LOW, HIGH, SACReFERConfig(**(SMALL | overrides)), seed=seed)
-    if kind == "vracer":
+    if kind in ("vracer", "vracer_refer"):
         return VRACER(OBS, ACT, LOW, HIGH, VRACERConfig(**(SMALL | overrides)), seed=seed)
     if kind in ("residual_sac", "residual_sac_pretrain"):  # no base-only warm-up, no probing: every step acts
         cfg = ResidualSACConfig(**(dict(SMALL, warmup=0, probe_max_steps=0, cql_n_actions=3) | overrides))

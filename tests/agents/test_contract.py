@@ -52,6 +52,15 @@ CONTRACT = [k for name in builtin_agents() for k in REGISTERED.get(name, (f"miss
 SCORED = [k for k in CONTRACT if k in AGENT_OF and hasattr(AGENTS[AGENT_OF[k]].target, "score_fn")]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny networks on a shared machine: one thread is faster and does not contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=CONTRACT)
 def kind(request):
     if request.param.startswith("missing:"):
@@ -158,7 +167,7 @@ def test_zero_is_weight_rows_do_not_influence_the_update(kind):
 
 # the network the TD / value regression trains, its optimizer, and the config that turns gradient clipping off
 TD_NET = {"ddqn": ("q", "opt", {"max_grad_norm": None}), "vracer": ("net", "opt", {}),
-          "residual_sac": ("critic", "critic_opt", {"grad_clip_norm": 0.0}),
+          "vracer_refer": ("net", "opt", {}), "residual_sac": ("critic", "critic_opt", {"grad_clip_norm": 0.0}),
           "residual_sac_pretrain": ("critic", "critic_opt", {"grad_clip_norm": 0.0})}
 
 
@@ -295,17 +304,27 @@ def test_a_copy_acts_as_the_learner_from_the_acting_state_or_the_agent_says_why_
     check_agent(learner)
     for step in range(2):  # the learner's weights move away from the copy's
         learner.update(batch(kind, seed=step))
-    clock = getattr(learner, "acting_clock", None)
-    if clock:
-        setattr(learner, clock, 1234)
+    # 10,000 exploring steps: whatever act() advances (DDQN: epsilon's clock, decayed to eps_end) has moved
+    learner.act(np.random.default_rng(6).normal(size=(10_000, OBS)).astype(np.float32), explore=True)
     copy = make(kind, seed=7)
     state = acting_state(learner)
     assert all(isinstance(v, np.ndarray) for m in state["modules"].values() for v in m.values())  # plain arrays
     load_acting_state(copy, state)
+    clock = getattr(learner, "acting_clock", None)
     if clock:
-        assert getattr(copy, clock) == 1234
-    obs = np.random.default_rng(5).normal(size=(8, OBS)).astype(np.float32)
+        assert getattr(copy, clock) == getattr(learner, clock) == 10_000
+    obs = np.random.default_rng(5).normal(size=(64, OBS)).astype(np.float32)
     (a1, rec1, _), (a2, rec2, _) = (unpack_acted(x.act(obs, explore=False)) for x in (learner, copy))
+    np.testing.assert_array_equal(a1, a2)
+    _same_tree(dict(rec1), dict(rec2))
+    # exploring too: with the copy's random streams set to the learner's (a collector has its own), the acting
+    # state is all that exploration reads (weights, and the clock of a schedule)
+    for name, value in vars(learner).items():
+        if isinstance(value, torch.Generator):
+            getattr(copy, name).set_state(value.get_state())
+        elif isinstance(value, np.random.Generator):
+            getattr(copy, name).bit_generator.state = value.bit_generator.state
+    (a1, rec1, _), (a2, rec2, _) = (unpack_acted(x.act(obs, explore=True)) for x in (learner, copy))
     np.testing.assert_array_equal(a1, a2)
     _same_tree(dict(rec1), dict(rec2))
 
