@@ -515,6 +515,31 @@ def load_generator_state(gen: torch.Generator, state) -> None:
     gen.set_state(torch.as_tensor(saved))
 
 
+# the learned state of a soft actor-critic (SAC and its variants, residual SAC): attribute -> state key, in order
+SOFT_ACTOR_CRITIC_MODULES = ("actor", "critic", "target_critic")
+SOFT_ACTOR_CRITIC_OPTIMIZERS = ("actor_opt", "critic_opt", "alpha_opt")
+
+
+def soft_actor_critic_state(agent) -> dict:
+    """What every soft actor-critic saves: its actor, critic and target critic, log alpha, the three optimizers
+    and the generator (NumPy), from the attributes of those names. The agent adds its counters and the rest."""
+    return {name: module_state(getattr(agent, name)) for name in SOFT_ACTOR_CRITIC_MODULES} | {
+        "log_alpha": agent.log_alpha.detach().cpu().numpy().copy()} | {
+        name: optimizer_state(getattr(agent, name)) for name in SOFT_ACTOR_CRITIC_OPTIMIZERS} | {
+        "generator": generator_state(agent.gen)}
+
+
+def load_soft_actor_critic_state(agent, state: dict) -> None:
+    """Set what :func:`soft_actor_critic_state` saved."""
+    for name in SOFT_ACTOR_CRITIC_MODULES:
+        load_module_state(getattr(agent, name), state[name])
+    with torch.no_grad():
+        agent.log_alpha.copy_(torch.as_tensor(np.asarray(state["log_alpha"])))
+    for name in SOFT_ACTOR_CRITIC_OPTIMIZERS:
+        load_optimizer_state(getattr(agent, name), state[name])
+    load_generator_state(agent.gen, state["generator"])
+
+
 def as_obs_tensor(obs, obs_dim: int, device: torch.device) -> tuple[torch.Tensor, bool]:
     """[N, obs_dim] float32 tensor from array-like observations; a single [obs_dim] observation is accepted
     and flagged so that ``act`` can return a single action. Dict observations are concatenated

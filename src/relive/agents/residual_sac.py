@@ -569,15 +569,7 @@ class ResidualSAC:
     def state_dict(self) -> dict:
         """Networks, targets, log alpha, optimizers, both generators, clocks, phase and the probing state
         (NumPy / JSON). The base policy is not part of it (it is frozen and comes from ``config.base_policy``)."""
-        return {
-            "actor": nets.module_state(self.actor),
-            "critic": nets.module_state(self.critic),
-            "target_critic": nets.module_state(self.target_critic),
-            "log_alpha": self.log_alpha.detach().cpu().numpy().copy(),
-            "actor_opt": nets.optimizer_state(self.actor_opt),
-            "critic_opt": nets.optimizer_state(self.critic_opt),
-            "alpha_opt": nets.optimizer_state(self.alpha_opt),
-            "generator": nets.generator_state(self.gen),
+        return nets.soft_actor_critic_state(self) | {  # actor, critics, log alpha, optimizers, generator: SAC's
             "rng": self.rng.bit_generator.state,
             "phase": self.phase,
             "counters": {name: getattr(self, name) for name in _COUNTERS},
@@ -595,15 +587,7 @@ class ResidualSAC:
                              f"base policy installed now ({self.cfg.base_policy or 'set_base_policy'}) has "
                              f"{self.base_sha256[:16]}...: a residual corrects the base it was trained on. Use "
                              f"that base, or pass --allow-other-base (allow_other_base=True) to go on with this one")
-        nets.load_module_state(self.actor, state["actor"])
-        nets.load_module_state(self.critic, state["critic"])
-        nets.load_module_state(self.target_critic, state["target_critic"])
-        with torch.no_grad():
-            self.log_alpha.copy_(torch.as_tensor(np.asarray(state["log_alpha"])))
-        nets.load_optimizer_state(self.actor_opt, state["actor_opt"])
-        nets.load_optimizer_state(self.critic_opt, state["critic_opt"])
-        nets.load_optimizer_state(self.alpha_opt, state["alpha_opt"])
-        nets.load_generator_state(self.gen, state["generator"])
+        nets.load_soft_actor_critic_state(self, state)
         self.rng.bit_generator.state = state["rng"]
         self.phase = str(state["phase"])
         for name in _COUNTERS:

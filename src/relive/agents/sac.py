@@ -436,28 +436,11 @@ class SAC:
     # -- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Parameters, target parameters, log alpha, optimizer states, RNG and counters (NumPy / JSON)."""
-        return {
-            "actor": nets.module_state(self.actor),
-            "critic": nets.module_state(self.critic),
-            "target_critic": nets.module_state(self.target_critic),
-            "log_alpha": self.log_alpha.detach().cpu().numpy().copy(),
-            "actor_opt": nets.optimizer_state(self.actor_opt),
-            "critic_opt": nets.optimizer_state(self.critic_opt),
-            "alpha_opt": nets.optimizer_state(self.alpha_opt),
-            "generator": nets.generator_state(self.gen),
-            "counters": {"num_critic_steps": self.num_critic_steps, "num_actor_steps": self.num_actor_steps},
-        }
+        return nets.soft_actor_critic_state(self) | {
+            "counters": {"num_critic_steps": self.num_critic_steps, "num_actor_steps": self.num_actor_steps}}
 
     def load_state_dict(self, state: dict) -> None:
-        nets.load_module_state(self.actor, state["actor"])
-        nets.load_module_state(self.critic, state["critic"])
-        nets.load_module_state(self.target_critic, state["target_critic"])
-        with torch.no_grad():
-            self.log_alpha.copy_(torch.as_tensor(np.asarray(state["log_alpha"])))
-        nets.load_optimizer_state(self.actor_opt, state["actor_opt"])
-        nets.load_optimizer_state(self.critic_opt, state["critic_opt"])
-        nets.load_optimizer_state(self.alpha_opt, state["alpha_opt"])
-        nets.load_generator_state(self.gen, state["generator"])
+        nets.load_soft_actor_critic_state(self, state)
         self.num_critic_steps = int(state["counters"]["num_critic_steps"])
         self.num_actor_steps = int(state["counters"]["num_actor_steps"])
 
