@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 
 from relive.agents import networks as nets
-from relive.agents.sac import _step
 from relive.types import TensorMetrics
 from tests.agents.factory import B, batch, flat_params, make
 
@@ -71,7 +70,7 @@ def reference_sac_update(agent, b):
         y = b.reward + cfg.gamma * (1.0 - b.terminated) * v_next
     q = plain_critic(agent.critic, b.obs, b.action)
     critic_loss = nets.weighted_mean(((q - y) ** 2).mean(0), w)
-    _step(agent.critic_opt, critic_loss)
+    nets.optimize(agent.critic_opt, critic_loss)
     agent.num_critic_steps += 1
     nets.polyak(agent.target_critic, agent.critic, cfg.tau)
     metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(),
@@ -90,10 +89,10 @@ def reference_actor_steps(agent, b) -> dict:
     qa = plain_critic(agent.critic, b.obs, a)
     qa = qa.min(0).values if agent.cfg.actor_q_reduce == "min" else qa.mean(0)
     actor_loss = nets.weighted_mean(agent.alpha * logp - qa, w)
-    _step(agent.actor_opt, actor_loss)
+    nets.optimize(agent.actor_opt, actor_loss)
     agent.critic.requires_grad_(True)
     metrics = {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
-    _step(agent.alpha_opt, nets.weighted_mean(agent.temperature_loss(logp), w))
+    nets.optimize(agent.alpha_opt, nets.weighted_mean(agent.temperature_loss(logp), w))
     return metrics | {"train/alpha": agent.alpha.item()}
 
 
@@ -123,7 +122,7 @@ def reference_calql_update(agent, b):
     gap = torch.logsumexp(cat, -1) - q
     td = ((q - y) ** 2).mean(0)
     critic_loss = nets.weighted_mean(td + cfg.cql_alpha * gap.mean(0), w)
-    _step(agent.critic_opt, critic_loss)
+    nets.optimize(agent.critic_opt, critic_loss)
     agent.num_critic_steps += 1
     nets.polyak(agent.target_critic, agent.critic, cfg.tau)
     metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(),

@@ -57,9 +57,8 @@ def test_unknown_tasks_and_bad_noise_are_refused():
 
 def test_data_make_writes_the_noisy_scripted_level(tmp_path):
     pytest.importorskip("minari")
-    from relive.train.generate import make_dataset
-
     from relive.data.loaders import load_rows
+    from relive.train.generate import make_dataset
 
     did, summary = make_dataset("metaworld-reach-v3", "noisy-scripted", steps=600, seed=0, root=tmp_path / "m",
                                 out=tmp_path / "d", progress=False, noise=0.3)

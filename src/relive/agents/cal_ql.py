@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from relive.agents import networks as nets
-from relive.agents.sac import SAC, SACConfig, _step
+from relive.agents.sac import SAC, SACConfig
 from relive.hooks import OnEpisodeEnd, OnPhase
 from relive.registry import register_agent
 from relive.replay.returns import write_returns_to_go
@@ -205,22 +205,28 @@ class CalQL(SAC):
                        importance_sample=cfg.cql_importance_sample, log_uniform=log_uniform,
                        pi_logp=pi_logp.view(1, batch_size, n), next_logp=next_logp.view(1, batch_size, n))
 
-    # -- the update ------------------------------------------------------------------------------------
+    # -- the update: SAC's (relive.agents.sac.SAC.update) with this critic step ------------------------------
     def update(self, batch: Batch, update_actor: bool | None = None) -> UpdateResult:
+        """SAC's update (target, critic step, Polyak, policy and temperature: Cal-QL Alg. 1 l.3-4) whose critic
+        step is :meth:`critic_step`: the TD loss plus the calibrated conservative penalty."""
         if "mc_return" not in batch.extras:
             raise ValueError("Cal-QL needs an 'mc_return' column (returns-to-go): build the buffer with "
                              "extra_columns={'mc_return': ()} and load the data with its returns-to-go")
-        b = self._to_torch(batch)
-        w = b.info.is_weight
-        cfg = self.cfg
-        n, batch_size = cfg.cql_n_actions, b.obs.shape[0]
-        update_actor = self._actor_due(update_actor)
-        with torch.no_grad():  # the policy before any step at s' and s, one forward pass (the actor does not
-            mean, log_std = self.actor(torch.cat([b.next_obs, b.obs]))  # change before its own step)
-        next_policy, policy = (mean[:batch_size], log_std[:batch_size]), (mean[batch_size:], log_std[batch_size:])
+        return super().update(batch, update_actor)
 
-        # 1. critic step: TD loss + calibrated conservative penalty (Cal-QL Alg. 1 l.3)
-        y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy, self._discount(b))
+    @torch.no_grad()
+    def _policy_before_step(self, b: Batch, update_actor: bool):
+        """The policy before any step at s' and s, one forward pass over [s'; s] (the penalty's actions need both;
+        the actor does not change before its own step)."""
+        n = b.next_obs.shape[0]
+        mean, log_std = self.actor(torch.cat([b.next_obs, b.obs]))
+        return (mean[:n], log_std[:n]), (mean[n:], log_std[n:])
+
+    def critic_step(self, b: Batch, y: torch.Tensor, policy=None, next_policy=None) -> tuple[dict, torch.Tensor]:
+        """TD loss + alpha_cql (alpha') calibrated conservative gap, one critic step (Cal-QL Alg. 1 l.3), then with
+        ``lagrange`` the dual step on alpha'. (metrics, Q(s, a) [E, B] before the step)."""
+        cfg, w = self.cfg, b.info.is_weight
+        n, batch_size = cfg.cql_n_actions, b.obs.shape[0]
         ood_a, pi_logp, next_logp = self.ood_actions(b, policy, next_policy)
         obs_rep = b.obs.repeat_interleave(n, dim=0)  # [B n, O]
         # Q(s, a) and the 3n sampled actions' values at s: one pass of the same critic ([E, B + 3 B n])
@@ -233,22 +239,16 @@ class CalQL(SAC):
             penalty = cfg.cql_alpha * gap
         td = self.td_loss(q, y)
         critic_loss = nets.weighted_mean(td + penalty.mean(dim=0), w)
-        _step(self.critic_opt, critic_loss)
-        self.num_critic_steps += 1
+        nets.optimize(self.critic_opt, critic_loss)
         weighted_gap = nets.weighted_mean(gap.detach().mean(dim=0), w)
-        # 2. Lagrange dual step: alpha' ascends on alpha_cql (gap - target gap)
-        if cfg.lagrange:
+        if cfg.lagrange:  # Lagrange dual step: alpha' ascends on alpha_cql (gap - target gap)
             prime = self.log_alpha_prime.exp().clamp(0.0, 1e6)
-            _step(self.alpha_prime_opt, -prime * cfg.cql_alpha * (weighted_gap - cfg.target_action_gap))
+            nets.optimize(self.alpha_prime_opt, -prime * cfg.cql_alpha * (weighted_gap - cfg.target_action_gap))
             metrics["train/alpha_prime"] = self.alpha_prime
-        # 3. target critics (Polyak)
-        nets.polyak(self.target_critic, self.critic, cfg.tau)
         metrics |= {"train/critic_loss": critic_loss.detach(), "train/td_loss": nets.weighted_mean(td.detach(), w),
                     "train/cql_gap": weighted_gap, "train/q_mean": q.detach().mean(),
                     "train/target_mean": y.mean(), "train/calibrating": float(self.calibrating)}
-        # 4-5. policy and temperature: SAC's (Cal-QL Alg. 1 l.4)
-        actor_metrics, log_likelihood = self._actor_steps(b, update_actor, None if update_actor else policy)
-        return self._result(metrics | actor_metrics, q, y, log_likelihood, batch)
+        return metrics, q
 
     # -- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -504,6 +504,31 @@ def concat_keys(obs: Mapping) -> np.ndarray:
     return np.concatenate([p.reshape(n, -1).astype(np.float32, copy=False) for p in parts], axis=1)
 
 
+# the learned state of a soft actor-critic (SAC and its variants, residual SAC): attribute -> state key, in order
+SOFT_ACTOR_CRITIC_MODULES = ("actor", "critic", "target_critic")
+SOFT_ACTOR_CRITIC_OPTIMIZERS = ("actor_opt", "critic_opt", "alpha_opt")
+
+
+def soft_actor_critic_state(agent) -> dict:
+    """What every soft actor-critic saves: its actor, critic and target critic, log alpha, the three optimizers
+    and the generator (NumPy), from the attributes of those names. The agent adds its counters and the rest."""
+    return {name: module_state(getattr(agent, name)) for name in SOFT_ACTOR_CRITIC_MODULES} | {
+        "log_alpha": agent.log_alpha.detach().cpu().numpy().copy()} | {
+        name: optimizer_state(getattr(agent, name)) for name in SOFT_ACTOR_CRITIC_OPTIMIZERS} | {
+        "generator": generator_state(agent.gen)}
+
+
+def load_soft_actor_critic_state(agent, state: dict) -> None:
+    """Set what :func:`soft_actor_critic_state` saved."""
+    for name in SOFT_ACTOR_CRITIC_MODULES:
+        load_module_state(getattr(agent, name), state[name])
+    with torch.no_grad():
+        agent.log_alpha.copy_(torch.as_tensor(np.asarray(state["log_alpha"])))
+    for name in SOFT_ACTOR_CRITIC_OPTIMIZERS:
+        load_optimizer_state(getattr(agent, name), state[name])
+    load_generator_state(agent.gen, state["generator"])
+
+
 def as_obs_tensor(obs, obs_dim: int, device: torch.device) -> tuple[torch.Tensor, bool]:
     """[N, obs_dim] float32 tensor from array-like observations; a single [obs_dim] observation is accepted
     and flagged so that ``act`` can return a single action. Dict observations are concatenated
@@ -531,6 +556,7 @@ def vector_obs_dim(spec, owner: str) -> int:
     key -> shape) are refused naming the agents that take them through an encoder."""
     if isinstance(spec.obs_shape, Mapping):
         raise ValueError(f"{owner} takes flat vector observations; {getattr(spec, 'id', 'this env')} has dict "
-                         f"observations (keys {', '.join(spec.obs_shape)}). SAC, RLPD, Cal-QL and residual SAC take "
-                         "dict observations (agent.encoder); or flatten them with gymnasium's FlattenObservation")
+                         f"observations (keys {', '.join(spec.obs_shape)}). SAC, RLPD and Cal-QL take "
+                         "dict observations (agent.encoder), SAC + ReF-ER as their concatenation; or flatten them with "
+                         "gymnasium's FlattenObservation")
     return int(np.prod(spec.obs_shape))

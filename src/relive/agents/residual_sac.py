@@ -55,7 +55,6 @@ import torch
 from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.encoders import flat_obs_batch
-from relive.agents.sac import _step
 from relive.config import load_config
 from relive.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.registry import register_agent
@@ -520,7 +519,7 @@ class ResidualSAC:
             self.num_actor_steps += 1
             metrics |= {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
             if self.cfg.learn_temperature:
-                _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))  # (18)-(19)
+                nets.optimize(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))  # (18)-(19)
             metrics["train/alpha"] = self.alpha.item()
         return UpdateResult(metrics, nets.signals_out(batch, td_error=q.mean(dim=0) - y))
 
@@ -574,15 +573,7 @@ class ResidualSAC:
     def state_dict(self) -> dict:
         """Networks, targets, log alpha, optimizers, both generators, clocks, phase and the probing state
         (NumPy / JSON). The base policy is not part of it (it is frozen and comes from ``config.base_policy``)."""
-        return {
-            "actor": nets.module_state(self.actor),
-            "critic": nets.module_state(self.critic),
-            "target_critic": nets.module_state(self.target_critic),
-            "log_alpha": self.log_alpha.detach().cpu().numpy().copy(),
-            "actor_opt": nets.optimizer_state(self.actor_opt),
-            "critic_opt": nets.optimizer_state(self.critic_opt),
-            "alpha_opt": nets.optimizer_state(self.alpha_opt),
-            "generator": nets.generator_state(self.gen),
+        return nets.soft_actor_critic_state(self) | {  # actor, critics, log alpha, optimizers, generator: SAC's
             "rng": self.rng.bit_generator.state,
             "phase": self.phase,
             "counters": {name: getattr(self, name) for name in _COUNTERS},
@@ -600,15 +591,7 @@ class ResidualSAC:
                              f"base policy installed now ({self.cfg.base_policy or 'set_base_policy'}) has "
                              f"{self.base_sha256[:16]}...: a residual corrects the base it was trained on. Use "
                              f"that base, or pass --allow-other-base (allow_other_base=True) to go on with this one")
-        nets.load_module_state(self.actor, state["actor"])
-        nets.load_module_state(self.critic, state["critic"])
-        nets.load_module_state(self.target_critic, state["target_critic"])
-        with torch.no_grad():
-            self.log_alpha.copy_(torch.as_tensor(np.asarray(state["log_alpha"])))
-        nets.load_optimizer_state(self.actor_opt, state["actor_opt"])
-        nets.load_optimizer_state(self.critic_opt, state["critic_opt"])
-        nets.load_optimizer_state(self.alpha_opt, state["alpha_opt"])
-        nets.load_generator_state(self.gen, state["generator"])
+        nets.load_soft_actor_critic_state(self, state)
         self.rng.bit_generator.state = state["rng"]
         self.phase = str(state["phase"])
         for name in _COUNTERS:

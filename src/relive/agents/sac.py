@@ -288,23 +288,29 @@ class SAC:
         """One critic step and, every ``actor_every`` critic steps (or when ``update_actor`` says so), one
         actor and temperature step."""
         b = self._to_torch(batch)
-        w = b.info.is_weight
         update_actor = self._actor_due(update_actor)
         next_policy, policy = self._policy_before_step(b, update_actor)
 
         # 1. soft Q step (Eq. 3, 5): all members regress on the same subset-min target
         y = self.critic_target(b.reward, b.next_obs, b.terminated, next_policy, self._discount(b))
-        q = self.critic(b.obs, b.action)  # [E, B]
-        critic_loss = nets.weighted_mean(self.td_loss(q, y), w)
-        _step(self.critic_opt, critic_loss)
+        metrics, q = self.critic_step(b, y, policy, next_policy)
         self.num_critic_steps += 1
         # 2. target critics (Polyak averaging, SAC Alg. 1)
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)
-        metrics = {"train/critic_loss": critic_loss.detach(), "train/q_mean": q.detach().mean(),
-                   "train/target_mean": y.mean()}
         # 3-4. policy (Eq. 9) and temperature (Eq. 18)
-        actor_metrics, log_likelihood = self._actor_steps(b, update_actor, policy)
+        actor_metrics, log_likelihood = self._actor_steps(b, update_actor, None if update_actor else policy)
         return self._result(metrics | actor_metrics, q, y, log_likelihood, batch)
+
+    def critic_step(self, b: Batch, y: torch.Tensor, policy=None, next_policy=None) -> tuple[dict, torch.Tensor]:
+        """The critic's loss on a torch batch with targets ``y`` [B] and its optimizer step: SAC's weighted TD
+        regression (Eq. 5). Returns (metrics, Q(s, a) [E, B] before the step). ``policy`` / ``next_policy``: the
+        actor's (mean, log_std) at s / s' before any step, where :meth:`_policy_before_step` computed them (a
+        variant's penalty may use them: Cal-QL overrides this method with its calibrated conservative gap)."""
+        q = self.critic(b.obs, b.action)  # [E, B]
+        critic_loss = nets.weighted_mean(self.td_loss(q, y), b.info.is_weight)
+        nets.optimize(self.critic_opt, critic_loss)
+        return {"train/critic_loss": critic_loss.detach(), "train/q_mean": q.detach().mean(),
+                "train/target_mean": y.mean()}, q
 
     def _discount(self, b: Batch):
         """The batch's n-step discount (None: one-step, gamma (1 - terminated)); see ``nets.td_discount``."""
@@ -350,7 +356,7 @@ class SAC:
         self.critic.requires_grad_(False)
         per_sample, logp = self.actor_loss(b.obs, mean, log_std)
         actor_loss = nets.weighted_mean(per_sample, w)
-        _step(self.actor_opt, actor_loss)
+        nets.optimize(self.actor_opt, actor_loss)
         self.critic.requires_grad_(True)
         self.num_actor_steps += 1
         logp = logp.detach()
@@ -429,31 +435,11 @@ class SAC:
     # -- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Parameters, target parameters, log alpha, optimizer states, RNG and counters (NumPy / JSON)."""
-        return {
-            "actor": nets.module_state(self.actor),
-            "critic": nets.module_state(self.critic),
-            "target_critic": nets.module_state(self.target_critic),
-            "log_alpha": self.log_alpha.detach().cpu().numpy().copy(),
-            "actor_opt": nets.optimizer_state(self.actor_opt),
-            "critic_opt": nets.optimizer_state(self.critic_opt),
-            "alpha_opt": nets.optimizer_state(self.alpha_opt),
-            "generator": nets.generator_state(self.gen),
-            "counters": {"num_critic_steps": self.num_critic_steps, "num_actor_steps": self.num_actor_steps},
-        }
+        return nets.soft_actor_critic_state(self) | {
+            "counters": {"num_critic_steps": self.num_critic_steps, "num_actor_steps": self.num_actor_steps}}
 
     def load_state_dict(self, state: dict) -> None:
-        nets.load_module_state(self.actor, state["actor"])
-        nets.load_module_state(self.critic, state["critic"])
-        nets.load_module_state(self.target_critic, state["target_critic"])
-        with torch.no_grad():
-            self.log_alpha.copy_(torch.as_tensor(np.asarray(state["log_alpha"])))
-        nets.load_optimizer_state(self.actor_opt, state["actor_opt"])
-        nets.load_optimizer_state(self.critic_opt, state["critic_opt"])
-        nets.load_optimizer_state(self.alpha_opt, state["alpha_opt"])
-        nets.load_generator_state(self.gen, state["generator"])
+        nets.load_soft_actor_critic_state(self, state)
         self.num_critic_steps = int(state["counters"]["num_critic_steps"])
         self.num_actor_steps = int(state["counters"]["num_actor_steps"])
 
-
-def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    nets.optimize(opt, loss)

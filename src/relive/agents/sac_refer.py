@@ -34,7 +34,7 @@ import torch
 from relive.agents import networks as nets
 from relive.agents import refer
 from relive.agents.encoders import flat_obs
-from relive.agents.sac import SAC, SACConfig, _step
+from relive.agents.sac import SAC, SACConfig
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
@@ -58,9 +58,15 @@ class SACReFER(SAC):
     """SAC whose update applies ReF-ER's Rules 1 and 2 when the batch carries ReF-ER hints (see the module)."""
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
-                 config: SACReFERConfig | None = None, seed: int = 0, device: str = "cpu"):
+                 config: SACReFERConfig | None = None, seed: int = 0, device: str = "cpu", obs_spec=None):
+        """``obs_spec`` (SAC.from_spec passes it for dict observations): taken as the concatenation of the keys;
+        the CNN encoder (``agent.encoder``) is refused: acting and the recount read flat observations."""
         super().__init__(obs_dim, action_dim, action_low, action_high,
-                         config if config is not None else SACReFERConfig(), seed, device)
+                         config if config is not None else SACReFERConfig(), seed, device, obs_spec)
+        if self.obs_spec is not None:
+            raise ValueError(f"sac_refer takes dict observations as the concatenation of their keys (agent.encoder = "
+                             f"'flat'), not through the CNN encoder (agent.encoder = {self.cfg.encoder!r}); use sac, "
+                             f"rlpd or calql for image observations")
 
     # -- acting: the pre-squash behaviour is stored with every row ---------------------------------------
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
@@ -122,7 +128,7 @@ class SACReFER(SAC):
         q = self.critic(b.obs, b.action)
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w * near)
         if (w * near).any():
-            _step(self.critic_opt, critic_loss)
+            nets.optimize(self.critic_opt, critic_loss)
         self.num_critic_steps += 1
         # 2. target critics
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)
@@ -155,11 +161,11 @@ class SACReFER(SAC):
             metrics["train/refer_kl"] = kl.mean().item()
         actor_loss = loss.mean()
         if near.any() or beta < 1.0:
-            _step(self.actor_opt, actor_loss)
+            nets.optimize(self.actor_opt, actor_loss)
         self.critic.requires_grad_(True)
         self.num_actor_steps += 1
         metrics |= {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
         if self.cfg.learn_temperature:
-            _step(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))
+            nets.optimize(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))
         metrics["train/alpha"] = self.alpha.item()
         return metrics

@@ -416,7 +416,12 @@ class VRACER:
 
     def update(self, batch: Batch) -> UpdateResult:
         nets.td_discount(batch, 1, "V-RACER")  # (refuses an n-step batch: rewards must be one-step)
-        b = flat_obs_batch(batch).to_torch(self.device, torch.float32)  # dict obs: keys concatenated
+        flat = flat_obs_batch(batch)  # dict obs: keys concatenated
+        for name, width in (("obs", self.obs_dim), ("action", self.action_dim)):
+            x = getattr(flat, name)
+            if x.ndim != 2 or x.shape[1] != width:
+                raise ValueError(f"batch.{name} must have shape [B, {width}], got {tuple(x.shape)}")
+        b = flat.to_torch(self.device, torch.float32)
         if not bool((b.mu_std > 0).all()):
             row = int(torch.nonzero(~(b.mu_std > 0))[0, 0])
             raise ValueError(f"batch row {row} (slot {int(batch.info.indices[row])}): the behaviour std mu_std must "
