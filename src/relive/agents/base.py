@@ -89,4 +89,7 @@ OPTIONAL_CAPABILITIES: dict[str, str] = {
     "allow_other_base": "allow_other_base: bool (class attribute, False): the agent checks a frozen base policy's "
                         "digest on load_state_dict; the trainer sets it True for --allow-other-base and refuses that "
                         "flag for an agent without the attribute.",
+    "seed_batcher": "seed_batcher: type (class attribute): a class built from S agents of one configuration "
+                    "(seed_batcher(agents)) whose update(batches) updates them as one (DDQN's BatchedDDQN); read by "
+                    "relive.train.seed_batch (relive bench run --seed-batch S). Default: no seed batching.",
 }
