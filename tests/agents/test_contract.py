@@ -52,13 +52,7 @@ CONTRACT = [k for name in builtin_agents() for k in REGISTERED.get(name, (f"miss
 SCORED = [k for k in CONTRACT if k in AGENT_OF and hasattr(AGENTS[AGENT_OF[k]].target, "score_fn")]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny networks on a shared machine: one thread is faster and does not contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/agents/conftest.py
 
 
 @pytest.fixture(params=CONTRACT)

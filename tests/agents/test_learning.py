@@ -9,13 +9,7 @@ from relive.agents.ddqn import DDQN, DDQNConfig
 from relive.agents.sac import SAC, SACConfig
 from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/agents/conftest.py
 
 
 def bandit_rows(n: int, rng: np.random.Generator, low: float = -1.0, high: float = 1.0) -> dict:

@@ -21,13 +21,7 @@ from tests.agents.factory import ACT, HIGH, LOW, OBS, SMALL, B
 HALF = (HIGH - LOW) / 2
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small networks on a shared machine: one thread is faster and does not contend."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/agents/conftest.py
 
 
 class LinearBase(torch.nn.Module):
