@@ -387,3 +387,14 @@ def test_a_run_interrupted_before_its_first_checkpoint_is_restarted_not_refused(
     out = execute(spec, tmp_path)
     assert out.status == "finished", (d / "crash.json").read_text() if (d / "crash.json").exists() else ""
     assert "has no checkpoint yet: starting it from the beginning" in (d / "stdout.log").read_text()
+
+
+def test_a_report_without_rliable_says_how_to_install_it(monkeypatch):
+    """(The Meta-World venv has no rliable: the report stopped with a bare ModuleNotFoundError.)"""
+    import sys
+
+    from relive.experiments.report import iqm_with_ci
+
+    monkeypatch.setitem(sys.modules, "rliable", None)
+    with pytest.raises(ValueError, match=r"pip install 'relive\[experiments\]'"):
+        iqm_with_ci({"a": np.ones((3, 1))})

@@ -123,8 +123,12 @@ def collect(grid: Grid, root: str | Path) -> tuple[list[RunData], list[str], lis
 
 def iqm_with_ci(scores_by_label: dict[str, np.ndarray], reps: int = 2000, seed: int = 0) -> dict[str, tuple]:
     """IQM and stratified-bootstrap 95% CI per label; scores are [num_runs, num_tasks] arrays."""
-    from rliable import library as rly  # (optional: relive[experiments])
-    from rliable import metrics
+    try:
+        from rliable import library as rly  # (optional: relive[experiments])
+        from rliable import metrics
+    except ImportError as e:
+        raise ValueError("reports need rliable (bootstrap confidence intervals): pip install 'relive[experiments]'"
+                         ) from e
 
     np.random.seed(seed)  # noqa: NPY002 - rliable's bootstrap draws from numpy's global generator
     point, ci = rly.get_interval_estimates(
