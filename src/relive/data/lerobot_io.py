@@ -67,6 +67,7 @@ import json
 import shutil
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,65 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
         raise ValueError(f"LeRobot dataset directory {root} does not exist")
     info = _read_info(root)
     version, features = info["codebase_version"], info["features"]
+    sel = _select_features(root, features, obs_keys, cameras)
+    cols, ep, frame, starts, lengths = _episodes_in_order(root, info, _read_frames(root, pq, info, sel))
+    n = ep.size
+    last = np.zeros(n, bool)
+    last[starts + lengths - 1] = True
+    for k in sel.videos:
+        cols[k] = _read_video(root, info, k, ep[starts], starts, lengths, cols["timestamp"].reshape(n))
+    obs, next_obs, next_note = _observations(root, cols, sel, last)
+    act_ft = features["action"]
+    action = cols["action"]
+    if np.dtype(act_ft["dtype"]).kind in "iu" and tuple(act_ft["shape"]) == (1,):
+        action = action.reshape(n).astype(np.int64)  # a discrete action
+    else:
+        action = action.astype(np.float32)
+    meta = {"format": "lerobot", "path": str(root.resolve()), "codebase_version": version, "fps": info.get("fps"),
+            "robot_type": info.get("robot_type"), "total_episodes": int(starts.size), "total_steps": int(n),
+            "observation_keys": [[k, list(features[k]["shape"])] for k in sel.obs_keys],
+            "obs_key_of_feature": (dict(zip(sel.obs_keys, _obs_key_names(root, sel.obs_keys), strict=True))
+                                   if sel.decode else None),
+            "skipped_features": sel.skipped, "next_obs": next_note, "env_id": None,
+            "ref_min_return": None, "ref_max_return": None}
+    if "next.reward" in cols:
+        reward = cols["next.reward"].reshape(n).astype(np.float32)
+        meta["reward"] = "next.reward"
+    else:
+        reward = np.zeros(n, np.float32)
+        meta["reward"] = "absent: zeros"
+        warnings.warn(f"{root}: no next.reward feature; rewards are zeros", stacklevel=2)
+    terminated, meta["episode_end"] = _terminated(root, cols, episode_end, last, ep, frame, starts, lengths)
+    truncated = last & ~terminated
+    if sel.skipped:
+        warnings.warn(f"{root}: image/video features {sorted(sel.skipped)} are skipped (not decoded)", stacklevel=2)
+    extra = root / RELIVE_META
+    if extra.is_file():
+        extra = inside(root, RELIVE_META, "metadata file")
+        meta["relive"] = read_json_object(extra)
+        for key in ("env_id", "ref_min_return", "ref_max_return"):
+            meta[key] = meta["relive"].get(key)
+    rows = dict(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,
+                truncated=truncated)
+    check_columns(rows, f"LeRobot dataset {root}")
+    return rows, meta
+
+
+@dataclass(frozen=True)
+class _Selection:
+    """Which features of ``meta/info.json`` a read takes, and how."""
+    obs_keys: list[str]  # the observation features read, in order
+    camera: set[str]  # every image and video feature
+    decode: bool  # cameras are decoded: dict observations
+    skipped: dict[str, str]  # camera feature -> why it is not read
+    next_keys: list[str]  # next.<k> for every observation feature k
+    has_next: list[str]  # those of next_keys that the dataset has
+    images: list[str]  # observation features of dtype "image" (parquet structs)
+    videos: list[str]  # observation features of dtype "video" (mp4 files)
+    wanted: list[str]  # the parquet columns to read
+
+
+def _select_features(root: Path, features: dict, obs_keys: list[str] | None, cameras: str) -> _Selection:
     camera = {k for k, ft in features.items() if ft["dtype"] in ("image", "video")}
     observed = [k for k in features if k.startswith("observation.") or k == "observation"]
     decode = cameras == "decode" and any(k in camera for k in (obs_keys if obs_keys is not None else observed))
@@ -157,13 +217,18 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
     wanted = [*(k for k in obs_keys if k not in videos), "action", *has_next,
               *(k for k in ("next.reward", "next.done") if k in vector), "episode_index", "frame_index",
               *(["timestamp"] if videos else [])]
+    return _Selection(obs_keys, camera, decode, skipped, next_keys, has_next, images, videos, wanted)
 
+
+def _read_frames(root: Path, pq, info: dict, sel: _Selection) -> dict[str, np.ndarray]:
+    """The wanted columns of every data file, concatenated in file order; sizes checked before reading."""
+    features = info["features"]
     files = sorted((root / "data").glob("*/*.parquet"))
     if not files:
         raise ValueError(f"{root}: no parquet files under data/ (expected data/chunk-XXX/*.parquet)")
     files = [inside(root, f.relative_to(root), "data file") for f in files]
-    row_bytes = sum(_feature_bytes(features[k]) if k in features else 8 for k in wanted)
-    row_bytes += sum(_feature_bytes(features[k]) for k in videos)
+    row_bytes = sum(_feature_bytes(features[k]) if k in features else 8 for k in sel.wanted)
+    row_bytes += sum(_feature_bytes(features[k]) for k in sel.videos)
     declared = 0
     for f in files:
         declared += _parquet_rows(f)
@@ -172,23 +237,28 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
     if info.get("total_frames") not in (None, declared):
         raise ValueError(f"{root}: meta/info.json says total_frames = {info['total_frames']} but the parquet files "
                          f"hold {declared} frames")
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in wanted}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in sel.wanted}
     for f in files:
         try:
             names = pq.read_schema(f).names
-            table = pq.read_table(f, columns=[k for k in wanted if k in names])
+            table = pq.read_table(f, columns=[k for k in sel.wanted if k in names])
         except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
             raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
-        missing = [k for k in wanted if k not in names]
+        missing = [k for k in sel.wanted if k not in names]
         if missing:
             raise ValueError(f"{f}: column(s) {missing} declared in meta/info.json are missing")
-        for k in wanted:
-            if k in images:
+        for k in sel.wanted:
+            if k in sel.images:
                 parts[k].append(_image_column(table.column(k), features[k], k, f))
                 continue
             shape = tuple(features[k]["shape"]) if k in features else (1,)
             parts[k].append(_column(table.column(k), shape, k, f))
-    cols = {k: np.concatenate(v) for k, v in parts.items()}
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _episodes_in_order(root: Path, info: dict, cols: dict[str, np.ndarray]):
+    """``cols`` sorted by episode, then frame; with each row's episode and frame index and each episode's start row
+    and length. Every episode's frames must be 0, 1, ... and its length the one the metadata declares."""
     ep = cols["episode_index"].reshape(-1).astype(np.int64)
     frame = cols["frame_index"].reshape(-1).astype(np.int64)
     order = np.lexsort((frame, ep))  # episodes in index order, frames in time order
@@ -202,83 +272,55 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
         i = int(np.flatnonzero(frame != expected)[0])
         raise ValueError(f"{root}: episode {ep[i]} has frame_index {frame[i]} where {expected[i]} was expected "
                          "(frames missing or duplicated)")
-    _check_episode_lengths(root, version, dict(zip(ep[starts].tolist(), lengths.tolist(), strict=True)))
+    _check_episode_lengths(root, info["codebase_version"], dict(zip(ep[starts].tolist(), lengths.tolist(),
+                                                                    strict=True)))
     if info.get("total_frames") not in (None, n):
         raise ValueError(f"{root}: meta/info.json says total_frames = {info['total_frames']} but the parquet files "
                          f"hold {n} frames")
+    return cols, ep, frame, starts, lengths
 
-    last = np.zeros(n, bool)
-    last[starts + lengths - 1] = True
-    for k in videos:
-        cols[k] = _read_video(root, info, k, ep[starts], starts, lengths, cols["timestamp"].reshape(n))
 
-    def following(x: np.ndarray) -> np.ndarray:  # the next frame of the episode; at its last frame, itself
-        out = np.empty_like(x)
-        out[:-1] = x[1:]
-        out[last] = x[last]
-        return out
+def _following(x: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The next frame of the episode; at its last frame, itself."""
+    out = np.empty_like(x)
+    out[:-1] = x[1:]
+    out[last] = x[last]
+    return out
 
-    if decode:  # dict observations: one key per feature, images [C, H, W] uint8, vectors float32 as shaped
-        keys = _obs_key_names(root, obs_keys)
+
+def _observations(root: Path, cols: dict[str, np.ndarray], sel: _Selection, last: np.ndarray):
+    """``(obs, next_obs, how next_obs was made)``: dict observations when cameras are decoded (one key per
+    feature, images [C, H, W] uint8, vectors float32 as shaped), else one flat float32 vector per frame."""
+    if sel.decode:
         obs, next_obs = {}, {}
-        for k, key in zip(obs_keys, keys, strict=True):
-            obs[key] = cols[k] if k in camera else cols[k].astype(np.float32)
+        for k, key in zip(sel.obs_keys, _obs_key_names(root, sel.obs_keys), strict=True):
+            obs[key] = cols[k] if k in sel.camera else cols[k].astype(np.float32)
             nk = f"next.{k}"
-            next_obs[key] = cols[nk].astype(np.float32) if nk in has_next else following(obs[key])
-        next_note = (f"features {has_next} where present; other keys: the next frame of the episode, an "
-                     "episode's last frame its own observation")
-    else:
-        obs = np.concatenate([cols[k].reshape(n, -1) for k in obs_keys], axis=1).astype(np.float32)
-        if len(has_next) == len(next_keys):
-            next_obs = np.concatenate([cols[k].reshape(n, -1) for k in next_keys], axis=1).astype(np.float32)
-            next_note = f"features {next_keys}"
-        else:
-            next_obs = following(obs)
-            next_note = "the next frame of the episode; an episode's last frame: its own observation"
-    act_ft = features["action"]
-    action = cols["action"]
-    if np.dtype(act_ft["dtype"]).kind in "iu" and tuple(act_ft["shape"]) == (1,):
-        action = action.reshape(n).astype(np.int64)  # a discrete action
-    else:
-        action = action.astype(np.float32)
-    meta = {"format": "lerobot", "path": str(root.resolve()), "codebase_version": version, "fps": info.get("fps"),
-            "robot_type": info.get("robot_type"), "total_episodes": int(starts.size), "total_steps": int(n),
-            "observation_keys": [[k, list(features[k]["shape"])] for k in obs_keys],
-            "obs_key_of_feature": dict(zip(obs_keys, _obs_key_names(root, obs_keys), strict=True)) if decode else None,
-            "skipped_features": skipped, "next_obs": next_note, "env_id": None,
-            "ref_min_return": None, "ref_max_return": None}
-    if "next.reward" in cols:
-        reward = cols["next.reward"].reshape(n).astype(np.float32)
-        meta["reward"] = "next.reward"
-    else:
-        reward = np.zeros(n, np.float32)
-        meta["reward"] = "absent: zeros"
-        warnings.warn(f"{root}: no next.reward feature; rewards are zeros", stacklevel=2)
+            next_obs[key] = cols[nk].astype(np.float32) if nk in sel.has_next else _following(obs[key], last)
+        return obs, next_obs, (f"features {sel.has_next} where present; other keys: the next frame of the episode, "
+                               "an episode's last frame its own observation")
+    n = last.size
+    obs = np.concatenate([cols[k].reshape(n, -1) for k in sel.obs_keys], axis=1).astype(np.float32)
+    if len(sel.has_next) == len(sel.next_keys):
+        next_obs = np.concatenate([cols[k].reshape(n, -1) for k in sel.next_keys], axis=1).astype(np.float32)
+        return obs, next_obs, f"features {sel.next_keys}"
+    return obs, _following(obs, last), "the next frame of the episode; an episode's last frame: its own observation"
+
+
+def _terminated(root: Path, cols: dict[str, np.ndarray], episode_end: str, last: np.ndarray, ep: np.ndarray,
+                frame: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, str]:
+    """Which episode ends are terminal (the rest of the last frames are truncations), and the rule used."""
+    n = last.size
     done = cols["next.done"].reshape(n).astype(bool) if "next.done" in cols else np.zeros(n, bool)
     if (done & ~last).any():
         i = int(np.flatnonzero(done & ~last)[0])
         raise ValueError(f"{root}: next.done is true at frame {frame[i]} of episode {ep[i]}, before its last frame "
                          f"{lengths[np.searchsorted(starts, i, 'right') - 1] - 1}")
     if episode_end == "auto":
-        terminated = done & last
-        meta["episode_end"] = ("last frame: terminated where next.done, else truncated" if "next.done" in cols
-                               else "last frame: truncated (no next.done feature)")
-    else:
-        terminated = last.copy() if episode_end == "terminated" else np.zeros(n, bool)
-        meta["episode_end"] = f"last frame: {episode_end} (episode_end={episode_end!r})"
-    truncated = last & ~terminated
-    if skipped:
-        warnings.warn(f"{root}: image/video features {sorted(skipped)} are skipped (not decoded)", stacklevel=2)
-    extra = root / RELIVE_META
-    if extra.is_file():
-        extra = inside(root, RELIVE_META, "metadata file")
-        meta["relive"] = read_json_object(extra)
-        for key in ("env_id", "ref_min_return", "ref_max_return"):
-            meta[key] = meta["relive"].get(key)
-    rows = dict(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,
-                truncated=truncated)
-    check_columns(rows, f"LeRobot dataset {root}")
-    return rows, meta
+        return done & last, ("last frame: terminated where next.done, else truncated" if "next.done" in cols
+                             else "last frame: truncated (no next.done feature)")
+    terminated = last.copy() if episode_end == "terminated" else np.zeros(n, bool)
+    return terminated, f"last frame: {episode_end} (episode_end={episode_end!r})"
 
 
 def _read_info(root: Path) -> dict:
