@@ -80,6 +80,7 @@ from relive.types import OFFLINE, ONLINE
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"  # one mp4 per episode
 CHUNKS_SIZE = 1000  # files per chunk directory (LeRobot's DEFAULT_CHUNK_SIZE)
 DATA_FILE_MB = 100  # LeRobot's DEFAULT_DATA_FILE_SIZE_IN_MB: a new data file starts past this
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -673,6 +674,56 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     n = check_columns(rows, f"rows for {target}")
     if n == 0:
         raise ValueError(f"rows for {target}: no rows to write")
+    lengths = np.array([s.stop - s.start for s in split_episodes(rows)], np.int64)
+    values, features, cameras = _frame_columns(rows, n, lengths, fps, images, target)
+    in_parquet = {k: v for k, v in values.items() if features[k]["dtype"] != "video"}
+    table = pa.table({k: _image_arrow(v) if features[k]["dtype"] == "image" else _arrow(v)
+                      for k, v in in_parquet.items()})
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target.parent))
+    try:
+        file_of_episode = _write_data_files(pq, staging, table, lengths)
+        num_episodes, bounds = lengths.size, np.r_[0, np.cumsum(lengths)]
+        episodes = {"episode_index": np.arange(num_episodes, dtype=np.int64),
+                    "tasks": pa.array([[task]] * num_episodes, pa.list_(pa.string())), "length": lengths,
+                    "data/chunk_index": np.array([c for c, _ in file_of_episode], np.int64),
+                    "data/file_index": np.array([f for _, f in file_of_episode], np.int64),
+                    "dataset_from_index": bounds[:-1].astype(np.int64), "dataset_to_index": bounds[1:].astype(np.int64)}
+        for key in cameras if images == "video" else ():
+            episodes |= _write_videos(staging, key, values[key], lengths, fps)
+        episodes |= _episode_stats(pa, values, cameras, bounds)
+        episodes["meta/episodes/chunk_index"] = np.zeros(num_episodes, np.int64)
+        episodes["meta/episodes/file_index"] = np.zeros(num_episodes, np.int64)
+        ep_path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
+        ep_path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in episodes.items()}),
+                       ep_path)
+        _write_tasks(staging / "meta" / "tasks.parquet", [task])
+        stats = {k: {s: v.tolist() for s, v in _feature_stats(arr, k in cameras).items()} for k, arr in values.items()}
+        (staging / "meta" / "stats.json").write_text(json.dumps(stats, indent=1))
+        info = {"codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": num_episodes,
+                "total_frames": n, "total_tasks": 1, "chunks_size": CHUNKS_SIZE,
+                "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": 200, "fps": fps,
+                "splits": {"train": f"0:{num_episodes}"}, "data_path": DATA_PATH,
+                "video_path": VIDEO_PATH if cameras and images == "video" else None,
+                "features": features}
+        (staging / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+        relive = {"writer": "relive", "env_id": env_id, **(extra_metadata or {})}
+        (staging / RELIVE_META).write_text(json.dumps(relive, indent=1, allow_nan=True, default=str))
+        _fsync_tree(staging)
+        if target.exists() and not overwrite:  # made meanwhile by another process
+            raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
+        _swap_into_place(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
+    return target.resolve()
+
+
+def _frame_columns(rows: dict, n: int, lengths: np.ndarray, fps: int, images: str,
+                   where) -> tuple[dict, dict, list[str]]:
+    """Every frame's values by feature name (observations, action, reward, done, next observations, the default
+    features), their ``info.json`` features in the same order, and the camera keys."""
     act = np.asarray(rows["action"])
     if act.ndim == 1 and act.dtype.kind in "iu":  # discrete: an int64 (1,) feature
         action, act_ft = act.astype(np.int64), {"dtype": "int64", "shape": [1], "names": None}
@@ -680,11 +731,9 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
         action = act.astype(np.float32).reshape(n, -1)
         act_ft = {"dtype": "float32", "shape": [action.shape[1]],
                   "names": [f"action_{i}" for i in range(action.shape[1])]}
-    slices = split_episodes(rows)
-    lengths = np.array([s.stop - s.start for s in slices], np.int64)
-    episode_index = np.repeat(np.arange(len(slices), dtype=np.int64), lengths)
+    episode_index = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
     frame_index = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    obs_values, obs_features, cameras = _obs_columns(rows, n, images, target)
+    obs_values, obs_features, cameras = _obs_columns(rows, n, images, where)
     values = {
         **{k: v for k, v in obs_values.items() if not k.startswith("next.")}, "action": action,
         "next.reward": np.asarray(rows["reward"], np.float32),
@@ -703,81 +752,56 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     for ft in features.values():
         if ft["dtype"] != "video":
             ft["fps"] = fps  # (v3.0 records it per non-video feature)
-    in_parquet = {k: v for k, v in values.items() if features[k]["dtype"] != "video"}
-    table = pa.table({k: _image_arrow(v) if features[k]["dtype"] == "image" else _arrow(v)
-                      for k, v in in_parquet.items()})
+    return values, features, cameras
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target.parent))
-    try:
-        # data files: whole episodes, one row group each, a new file past DATA_FILE_MB
-        bytes_per_row = table.nbytes / n
-        chunk, file, rows_in_file = 0, 0, 0
-        file_of_episode, writer = [], None
-        bounds = np.r_[0, np.cumsum(lengths)]
-        for e, length in enumerate(lengths.tolist()):
-            if writer is not None and (rows_in_file + length) * bytes_per_row > DATA_FILE_MB * 2**20:
-                writer.close()
-                writer, rows_in_file = None, 0
-                chunk, file = (chunk + 1, 0) if file == CHUNKS_SIZE - 1 else (chunk, file + 1)
-            if writer is None:
-                out = staging / DATA_PATH.format(chunk_index=chunk, file_index=file)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                writer = pq.ParquetWriter(out, table.schema, compression="snappy")
-            writer.write_table(table.slice(int(bounds[e]), length))
-            rows_in_file += length
-            file_of_episode.append((chunk, file))
-        writer.close()
-        # episodes metadata, with per-episode stats
-        episodes = {"episode_index": np.arange(len(slices), dtype=np.int64),
-                    "tasks": pa.array([[task]] * len(slices), pa.list_(pa.string())), "length": lengths,
-                    "data/chunk_index": np.array([c for c, _ in file_of_episode], np.int64),
-                    "data/file_index": np.array([f for _, f in file_of_episode], np.int64),
-                    "dataset_from_index": bounds[:-1].astype(np.int64), "dataset_to_index": bounds[1:].astype(np.int64)}
-        # videos: one mp4 per episode (file_index = episode within its chunk), from_timestamp 0
-        video_path = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-        for key in cameras if images == "video" else ():
-            for e in range(len(slices)):
-                out = staging / video_path.format(video_key=key, chunk_index=e // CHUNKS_SIZE,
-                                                  file_index=e % CHUNKS_SIZE)
-                _write_video(out, values[key][bounds[e]:bounds[e + 1]], fps)
-            episodes[f"videos/{key}/chunk_index"] = np.arange(len(slices), dtype=np.int64) // CHUNKS_SIZE
-            episodes[f"videos/{key}/file_index"] = np.arange(len(slices), dtype=np.int64) % CHUNKS_SIZE
-            episodes[f"videos/{key}/from_timestamp"] = np.zeros(len(slices))
-            episodes[f"videos/{key}/to_timestamp"] = lengths / fps
-        per_episode = [{k: _feature_stats(v[bounds[e]:bounds[e + 1]], k in cameras) for k, v in values.items()}
-                       for e in range(len(slices))]
-        for k in values:
-            for stat in per_episode[0][k]:
-                kind = pa.int64() if stat == "count" else pa.float64()
-                if k in cameras and stat != "count":  # [C, 1, 1] per episode
-                    kind = pa.list_(pa.list_(kind))
-                episodes[f"stats/{k}/{stat}"] = pa.array([s[k][stat].tolist() for s in per_episode], pa.list_(kind))
-        episodes["meta/episodes/chunk_index"] = np.zeros(len(slices), np.int64)
-        episodes["meta/episodes/file_index"] = np.zeros(len(slices), np.int64)
-        ep_path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
-        ep_path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in episodes.items()}),
-                       ep_path)
-        _write_tasks(staging / "meta" / "tasks.parquet", [task])
-        stats = {k: {s: v.tolist() for s, v in _feature_stats(arr, k in cameras).items()} for k, arr in values.items()}
-        (staging / "meta" / "stats.json").write_text(json.dumps(stats, indent=1))
-        info = {"codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": len(slices),
-                "total_frames": n, "total_tasks": 1, "chunks_size": CHUNKS_SIZE,
-                "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": 200, "fps": fps,
-                "splits": {"train": f"0:{len(slices)}"}, "data_path": DATA_PATH,
-                "video_path": video_path if cameras and images == "video" else None,
-                "features": features}
-        (staging / "meta" / "info.json").write_text(json.dumps(info, indent=4))
-        relive = {"writer": "relive", "env_id": env_id, **(extra_metadata or {})}
-        (staging / RELIVE_META).write_text(json.dumps(relive, indent=1, allow_nan=True, default=str))
-        _fsync_tree(staging)
-        if target.exists() and not overwrite:  # made meanwhile by another process
-            raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
-        _swap_into_place(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
-    return target.resolve()
+
+def _write_data_files(pq, staging: Path, table, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """The data files: whole episodes, one row group each, a new file past DATA_FILE_MB (a new chunk directory
+    every CHUNKS_SIZE files); returns each episode's (chunk, file) index."""
+    bytes_per_row = table.nbytes / table.num_rows
+    chunk, file, rows_in_file = 0, 0, 0
+    file_of_episode, writer = [], None
+    bounds = np.r_[0, np.cumsum(lengths)]
+    for e, length in enumerate(lengths.tolist()):
+        if writer is not None and (rows_in_file + length) * bytes_per_row > DATA_FILE_MB * 2**20:
+            writer.close()
+            writer, rows_in_file = None, 0
+            chunk, file = (chunk + 1, 0) if file == CHUNKS_SIZE - 1 else (chunk, file + 1)
+        if writer is None:
+            out = staging / DATA_PATH.format(chunk_index=chunk, file_index=file)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            writer = pq.ParquetWriter(out, table.schema, compression="snappy")
+        writer.write_table(table.slice(int(bounds[e]), length))
+        rows_in_file += length
+        file_of_episode.append((chunk, file))
+    writer.close()
+    return file_of_episode
+
+
+def _write_videos(staging: Path, key: str, frames: np.ndarray, lengths: np.ndarray, fps: int) -> dict:
+    """One mp4 per episode of camera ``key`` (file_index = episode within its chunk, from_timestamp 0); returns the
+    episodes-metadata columns that locate them."""
+    bounds = np.r_[0, np.cumsum(lengths)]
+    for e in range(lengths.size):
+        out = staging / VIDEO_PATH.format(video_key=key, chunk_index=e // CHUNKS_SIZE, file_index=e % CHUNKS_SIZE)
+        _write_video(out, frames[bounds[e]:bounds[e + 1]], fps)
+    episode = np.arange(lengths.size, dtype=np.int64)
+    return {f"videos/{key}/chunk_index": episode // CHUNKS_SIZE, f"videos/{key}/file_index": episode % CHUNKS_SIZE,
+            f"videos/{key}/from_timestamp": np.zeros(lengths.size), f"videos/{key}/to_timestamp": lengths / fps}
+
+
+def _episode_stats(pa, values: dict, cameras: list[str], bounds: np.ndarray) -> dict:
+    """The episodes-metadata columns ``stats/<feature>/<stat>``: each feature's stats per episode."""
+    per_episode = [{k: _feature_stats(v[bounds[e]:bounds[e + 1]], k in cameras) for k, v in values.items()}
+                   for e in range(bounds.size - 1)]
+    columns = {}
+    for k in values:
+        for stat in per_episode[0][k]:
+            kind = pa.int64() if stat == "count" else pa.float64()
+            if k in cameras and stat != "count":  # [C, 1, 1] per episode
+                kind = pa.list_(pa.list_(kind))
+            columns[f"stats/{k}/{stat}"] = pa.array([s[k][stat].tolist() for s in per_episode], pa.list_(kind))
+    return columns
 
 
 def _obs_columns(rows: dict, n: int, images: str, where) -> tuple[dict, dict, list[str]]:
