@@ -86,6 +86,33 @@ def _spec(value, default_dtype=np.float32) -> ColumnSpec:
     return ColumnSpec(shape, np.dtype(dtype))
 
 
+def _obs_layout(obs_shape, obs_dtype) -> tuple[tuple[str, ...] | None, ColumnSpec | dict[str, ColumnSpec],
+                                                 dict[str, ColumnSpec]]:
+    """Observations: one column per key ("obs" for a flat Box; "obs.<key>" for each key of a dict space).
+    Returns (the dict keys or None, the observation spec(s), the physical obs columns)."""
+    if not isinstance(obs_shape, Mapping):
+        obs_spec = _spec(obs_shape, obs_dtype)
+        return None, obs_spec, {"obs": obs_spec}
+    if not obs_shape:
+        raise ValueError("dict observations need at least one key")
+    for key in obs_shape:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
+                             "a column, a checkpoint file and a Batch entry")
+    obs_spec = {k: _spec(v, obs_dtype) for k, v in obs_shape.items()}
+    return tuple(obs_shape), obs_spec, {f"obs.{k}": spec for k, spec in obs_spec.items()}
+
+
+def _check_backend(backend: str, device, directory) -> None:
+    if backend not in ("ram", "memmap", "torch"):
+        raise ValueError(f"backend must be 'ram', 'memmap' or 'torch', got {backend!r}")
+    if device is not None and backend != "torch":
+        raise ValueError(f"device={device!r} needs backend='torch' (the NumPy backends live in host memory)")
+    if backend == "memmap" and directory is None:
+        raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
+                         "create its column files in")
+
+
 class Storage:
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
@@ -95,21 +122,7 @@ class Storage:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         self.capacity = int(capacity)
         action_shape = (action_shape,) if isinstance(action_shape, int) else tuple(action_shape)
-        # observations: one column per key ("obs" for a flat Box; "obs.<key>" for each key of a dict space)
-        if isinstance(obs_shape, Mapping):
-            if not obs_shape:
-                raise ValueError("dict observations need at least one key")
-            for key in obs_shape:
-                if not isinstance(key, str) or not key.isidentifier():
-                    raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
-                                     "a column, a checkpoint file and a Batch entry")
-            self.obs_keys: tuple[str, ...] | None = tuple(obs_shape)
-            self.obs_spec: ColumnSpec | dict[str, ColumnSpec] = {k: _spec(v, obs_dtype) for k, v in obs_shape.items()}
-            obs_cols = {f"obs.{k}": spec for k, spec in self.obs_spec.items()}
-        else:
-            self.obs_keys = None
-            self.obs_spec = _spec(obs_shape, obs_dtype)
-            obs_cols = {"obs": self.obs_spec}
+        self.obs_keys, self.obs_spec, obs_cols = _obs_layout(obs_shape, obs_dtype)
         if backend == "torch":
             if dedup_next_obs:
                 raise ValueError("backend='torch' stores next_obs explicitly (dedup_next_obs=False): a device batch "
@@ -125,27 +138,8 @@ class Storage:
             self.specs |= {"next_" + n: spec for n, spec in obs_cols.items()}
         self.specs |= {"terminated": ColumnSpec((), np.dtype(np.bool_)),
                        "truncated": ColumnSpec((), np.dtype(np.bool_))}
-        extra = []
-        for name, value in (extra_columns or {}).items():
-            if not isinstance(name, str) or not name.isidentifier():
-                raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
-                                 "'mc_return'): it names a checkpoint file and a Batch field")
-            if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
-                raise ValueError(f"extra column {name!r} clashes with a built-in column")
-            if name in RESERVED_COLUMN_NAMES:
-                raise ValueError(f"extra column {name!r} would be hidden: batch.{name} is a field of every Batch or "
-                                 "its SampleInfo (discount, mask, info, extras, indices, is_weight, ...); pick "
-                                 "another name")
-            self.specs[name] = _spec(value)
-            extra.append(name)
-        self.extra_names = tuple(extra)
-        if backend not in ("ram", "memmap", "torch"):
-            raise ValueError(f"backend must be 'ram', 'memmap' or 'torch', got {backend!r}")
-        if device is not None and backend != "torch":
-            raise ValueError(f"device={device!r} needs backend='torch' (the NumPy backends live in host memory)")
-        if backend == "memmap" and directory is None:
-            raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
-                             "create its column files in")
+        self.extra_names = self._add_extra_columns(extra_columns or {})
+        _check_backend(backend, device, directory)
         self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
         obs_spec = self.obs_spec if self.obs_keys is None else None
         self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
@@ -166,17 +160,7 @@ class Storage:
         self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
         self._lock: DirectoryLock | None = None
         self._created: list[Path] = []
-        if backend == "memmap":
-            self._open_memmap_directory()
-            try:
-                self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
-            except BaseException:
-                for path in self._created:  # a refused buffer leaves no column file behind
-                    path.unlink(missing_ok=True)
-                self._lock.release()
-                raise
-        else:
-            self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
+        self.columns = self._allocate_columns()
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
@@ -189,6 +173,36 @@ class Storage:
         self._qmap: np.ndarray | None = None  # several streams: [lane, t % width] -> slot (_rebuild_lane_map)
         if self.dedup_next_obs:
             self._nx = _NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
+
+    def _add_extra_columns(self, extra_columns: Mapping) -> tuple[str, ...]:
+        """Declare the optional columns (``mc_return``, behaviour-policy records, ...) after the built-in ones;
+        returns their names."""
+        for name, value in extra_columns.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
+                                 "'mc_return'): it names a checkpoint file and a Batch field")
+            if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
+                raise ValueError(f"extra column {name!r} clashes with a built-in column")
+            if name in RESERVED_COLUMN_NAMES:
+                raise ValueError(f"extra column {name!r} would be hidden: batch.{name} is a field of every Batch or "
+                                 "its SampleInfo (discount, mask, info, extras, indices, is_weight, ...); pick "
+                                 "another name")
+            self.specs[name] = _spec(value)
+        return tuple(extra_columns)
+
+    def _allocate_columns(self) -> dict[str, np.ndarray]:
+        """Every column, allocated by the backend (memmap: in the directory, held by this buffer; a refused buffer
+        leaves no column file behind)."""
+        if self.backend != "memmap":
+            return {n: self._allocate(n, s) for n, s in self.specs.items()}
+        self._open_memmap_directory()
+        try:
+            return {n: self._allocate(n, s) for n, s in self.specs.items()}
+        except BaseException:
+            for path in self._created:
+                path.unlink(missing_ok=True)
+            self._lock.release()
+            raise
 
     def _allocate(self, name: str, spec: ColumnSpec) -> np.ndarray:
         if self.backend == "ram":
