@@ -476,29 +476,7 @@ class Storage:
             if source == ONLINE and stream not in self._lane_of:
                 _check_stream(stream)
             return np.zeros(0, np.int64)
-        if source == OFFLINE:
-            if self.num_online_written:
-                raise ValueError("offline rows must be added before any online row (the offline part is a "
-                                 "frozen prefix of the storage)")
-            if self.num_offline + n > self.capacity:
-                raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
-                                 f"({self.num_offline} stored + {n} new rows)")
-            start = first = self.num_offline
-            skip = lane = 0
-        else:
-            ring = self.online_capacity
-            if ring <= 0:
-                raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
-                                 "build the buffer with a larger capacity")
-            lane = self._lane(stream)
-            clock = self.num_online_written
-            start = (lane << LANE_BITS) + self.lane_written[lane]  # the rows' logical positions start here
-            skip = max(0, n - ring)  # earlier rows of the batch would be overwritten at once
-            first = self.num_offline + (clock + skip) % ring
-            if self._pos is not None:
-                bounds = self._evicted_by(clock, n)  # read the old rows' positions before they are overwritten
-                if skip:
-                    bounds[lane] = max(bounds.get(lane, 0), start + skip)
+        start, first, skip, lane, bounds = self._place(source, n, stream)
         kept = n - skip
         # the kept rows land in at most two runs of consecutive slots (two when the ring wraps): slice writes
         split = min(kept, self.capacity - first)
@@ -512,45 +490,84 @@ class Storage:
         if self.dedup_next_obs:
             explicit = self._dedup_before_write(-1 if source == OFFLINE else lane, rows, end, slots, skip)
         episode_id, step = self.episodes.append(source, start, end)
-        columns, meta = self.columns, self.meta
         for dst_lo, lo, hi in ((first, 0, split), (self.num_offline, split, kept)):
-            if hi <= lo:
-                continue
-            dst = slice(dst_lo, dst_lo + hi - lo)
-            src = slice(skip + lo, skip + hi)
-            for name, col in columns.items():
-                col[dst] = rows[name][src]
-            meta["episode_id"][dst] = episode_id[src]
-            meta["step_in_episode"][dst] = step[src]
-            meta["source"][dst] = source
-            meta["generation"][dst] += 1
-            if self._gen_t is not None:
-                self._gen_t[dst] += 1
-            if source == ONLINE:
-                meta["stream"][dst] = stream
+            if hi > lo:
+                self._copy_rows(rows, slice(dst_lo, dst_lo + hi - lo), slice(skip + lo, skip + hi), episode_id, step,
+                                source, stream)
         if self.dedup_next_obs:
             self._nx.put(slots[explicit], {nn: rows[nn][skip:][explicit] for nn in self._next_names})
-            self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]), int(meta["generation"][slots[-1]]))
+            self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]),
+                                                                 int(self.meta["generation"][slots[-1]]))
         if source == OFFLINE:
             self.num_offline += n
         else:
-            self.num_online_written += n
-            self.lane_written[lane] += n
-            if self._pos is None:
-                self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
-            else:
-                positions = start + skip + np.arange(kept, dtype=np.int64)
-                window = start + n - max(int(self.episodes.lane_evicted[lane]), bounds.get(lane, 0))
-                if window > self._qmap.shape[1]:  # this lane's stored run outgrows the map's width
-                    self._rebuild_lane_map(window, clock)
-                self._pos[slots] = positions
-                self._qmap[lane, (positions & LANE_MASK) % self._qmap.shape[1]] = slots
-                self.episodes.evict_lanes(bounds)
+            self._advance_online(lane, n, start, skip, slots, bounds)
         if skip:
             full = np.full(n, -1, dtype=np.int64)
             full[skip:] = slots
             return full
         return slots
+
+    def _place(self, source: int, n: int, stream: int) -> tuple[int, int, int, int, dict[int, int] | None]:
+        """Where a write of ``n`` rows lands, checked before anything changes: (the rows' first logical position, the
+        first slot, rows skipped (an online batch longer than the ring: its earlier rows would be overwritten at
+        once), the stream's lane, and with several streams the eviction bounds per lane (else None))."""
+        if source == OFFLINE:
+            if self.num_online_written:
+                raise ValueError("offline rows must be added before any online row (the offline part is a "
+                                 "frozen prefix of the storage)")
+            if self.num_offline + n > self.capacity:
+                raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
+                                 f"({self.num_offline} stored + {n} new rows)")
+            return self.num_offline, self.num_offline, 0, 0, None
+        ring = self.online_capacity
+        if ring <= 0:
+            raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
+                             "build the buffer with a larger capacity")
+        lane = self._lane(stream)
+        clock = self.num_online_written
+        start = (lane << LANE_BITS) + self.lane_written[lane]  # the rows' logical positions start here
+        skip = max(0, n - ring)  # earlier rows of the batch would be overwritten at once
+        first = self.num_offline + (clock + skip) % ring
+        bounds = None
+        if self._pos is not None:
+            bounds = self._evicted_by(clock, n)  # read the old rows' positions before they are overwritten
+            if skip:
+                bounds[lane] = max(bounds.get(lane, 0), start + skip)
+        return start, first, skip, lane, bounds
+
+    def _copy_rows(self, rows: dict, dst: slice, src: slice, episode_id: np.ndarray, step: np.ndarray, source: int,
+                   stream: int) -> None:
+        """Rows ``src`` of a write into the consecutive slots ``dst``, with their bookkeeping (a new generation)."""
+        meta = self.meta
+        for name, col in self.columns.items():
+            col[dst] = rows[name][src]
+        meta["episode_id"][dst] = episode_id[src]
+        meta["step_in_episode"][dst] = step[src]
+        meta["source"][dst] = source
+        meta["generation"][dst] += 1
+        if self._gen_t is not None:
+            self._gen_t[dst] += 1
+        if source == ONLINE:
+            meta["stream"][dst] = stream
+
+    def _advance_online(self, lane: int, n: int, start: int, skip: int, slots: np.ndarray,
+                        bounds: dict[int, int] | None) -> None:
+        """After an online write: the clocks, the episodes whose rows were overwritten, and with several streams
+        the per-lane position maps."""
+        clock = self.num_online_written  # (before this write)
+        self.num_online_written += n
+        self.lane_written[lane] += n
+        if self._pos is None:
+            self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
+            return
+        positions = start + skip + np.arange(slots.size, dtype=np.int64)
+        window = start + n - max(int(self.episodes.lane_evicted[lane]), bounds.get(lane, 0))
+        if window > self._qmap.shape[1]:  # this lane's stored run outgrows the map's width
+            self._rebuild_lane_map(window, clock)
+        self._pos[slots] = positions
+        self._qmap[lane, (positions & LANE_MASK) % self._qmap.shape[1]] = slots
+        self.episodes.evict_lanes(bounds)
 
     def _dedup_before_write(self, tail_key: int, rows: dict, end: np.ndarray, slots: np.ndarray,
                             skip: int) -> np.ndarray:
