@@ -858,6 +858,26 @@ class Storage:
             raise ValueError(f"{owner} is not a mapping")
         if "offline_ref" in state:  # the offline rows were written again by the caller (checked against the hash)
             self.check_offline_reference(state["offline_ref"])
+        streams = self._load_counters(state, owner)
+        size = self.size
+        if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
+            self._check_memmap_files(state["memmap"])
+        else:
+            self._load_columns(state, owner, size)
+        self._load_meta(state, owner, size)
+        if self._gen_t is not None:
+            self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
+        if self.dedup_next_obs:
+            self._nx.load_state_dict(state_field(state, "next_obs_store", owner), size)
+        self.episodes.load_state_dict(state_field(state, "episodes", owner))
+        self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
+        if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
+            self._load_lane_maps(streams, owner, size)
+        self._check_rows_and_episodes()
+
+    def _load_counters(self, state: Mapping, owner: str) -> Mapping | None:
+        """The row counters and the streams' lanes of a state; returns its ``streams`` field (None in a checkpoint
+        from before streams)."""
         num_offline = state_int(state, "num_offline", owner, high=self.capacity)
         num_online_written = state_int(state, "num_online_written", owner, high=LANE_MASK)
         if num_online_written and num_offline >= self.capacity:
@@ -879,29 +899,34 @@ class Storage:
         self.lanes, self.lane_written = [int(x) for x in lanes], [int(x) for x in written]
         self._lane_of = {s: i for i, s in enumerate(self.lanes)}
         self._pos = self._qmap = None
-        size = self.size
-        if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
-            if self.backend != "memmap":
-                raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
-                                 f"says backend {self.backend!r}")
-            marker = _read_json(self.directory / MEMMAP_STATE)
-            token = state["memmap"].get("token") if isinstance(state["memmap"], Mapping) else None
-            if not isinstance(token, str) or marker.get("token") != token:
-                raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
-                                 "(rows written since, or by another run): the rows it refers to are gone. Resume "
-                                 "from the checkpoint saved last, or save with a RAM buffer to copy rows")
-            self._memmap_token = token
-            recorded = marker.get("directory")
-            if isinstance(recorded, str) and recorded != str(self.directory):
-                warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
-                              f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
-                              stacklevel=2)
-                _write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
-                                                                      "checkpoints": []})
+        return streams
+
+    def _check_memmap_files(self, saved) -> None:
+        """A state that refers to this buffer's memmap column files: they must be unchanged since its save (the token
+        in MEMMAP_STATE); a copied or moved directory is adopted as this buffer's own."""
+        if self.backend != "memmap":
+            raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
+                             f"says backend {self.backend!r}")
+        marker = _read_json(self.directory / MEMMAP_STATE)
+        token = saved.get("token") if isinstance(saved, Mapping) else None
+        if not isinstance(token, str) or marker.get("token") != token:
+            raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
+                             "(rows written since, or by another run): the rows it refers to are gone. Resume "
+                             "from the checkpoint saved last, or save with a RAM buffer to copy rows")
+        self._memmap_token = token
+        recorded = marker.get("directory")
+        if isinstance(recorded, str) and recorded != str(self.directory):
+            warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
+                          f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
+                          stacklevel=3)  # (the caller of load_state_dict)
+            _write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
+                                                                  "checkpoints": []})
+
+    def _load_columns(self, state: Mapping, owner: str, size: int) -> None:
+        """The saved rows into the columns, checked like a write (shape, dtype, finite); a referenced offline part
+        (``offline_ref``) was written again by the caller, so only the rows after it are copied."""
         lo = int(state["offline_ref"]["num_offline"]) if "offline_ref" in state else 0
         for name, arr in self.columns.items():
-            if "memmap" in state:
-                break
             first = 0 if name in self.extra_names else lo  # extra columns are always copied whole
             src = np.asarray(state_field(state_field(state, "columns", owner), name, f"{owner} columns"))
             if src.shape != (size - first, *arr.shape[1:]) or src.dtype != arr.dtype:
@@ -913,11 +938,14 @@ class Storage:
                 raise ValueError(f"checkpoint column {name!r} row {first + row}: value is not finite (a write would "
                                  "have refused it)")
             arr[first:size] = src
-        # a referenced offline part's bookkeeping comes from writing its rows again (checked against the saved hash);
-        # checkpoints before 2026-11-26 hold it whole
-        meta_lo = lo if "offline_ref" in state and "meta_sha256" in state["offline_ref"] else 0
-        if meta_lo and self._meta_sha256(meta_lo) != state["offline_ref"]["meta_sha256"]:
-            raise ValueError(f"offline dataset {state['offline_ref']['dataset_id']!r}: its rows hash as saved, but the "
+
+    def _load_meta(self, state: Mapping, owner: str, size: int) -> None:
+        """The per-row bookkeeping. A referenced offline part's comes from writing its rows again (checked against
+        the saved hash); checkpoints before 2026-11-26 hold it whole."""
+        ref = state.get("offline_ref")
+        meta_lo = int(ref["num_offline"]) if ref is not None and "meta_sha256" in ref else 0
+        if meta_lo and self._meta_sha256(meta_lo) != ref["meta_sha256"]:
+            raise ValueError(f"offline dataset {ref['dataset_id']!r}: its rows hash as saved, but the "
                              "episode bookkeeping rebuilt from them differs from the checkpoint's (rows written in "
                              "different add_offline calls?); load the checkpoint with the rows added as they were")
         meta = state_field(state, "meta", owner)
@@ -928,25 +956,21 @@ class Storage:
                 arr[meta_lo:size] = 0
             else:
                 state_field(meta, name, f"{owner} meta")  # raises, naming it
-        if self._gen_t is not None:
-            self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
-        if self.dedup_next_obs:
-            self._nx.load_state_dict(state_field(state, "next_obs_store", owner), size)
-        self.episodes.load_state_dict(state_field(state, "episodes", owner))
-        self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
-        if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
-            online = np.arange(self.num_offline, size, dtype=np.int64)
-            pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
-            lane, t = pos >> LANE_BITS, pos & LANE_MASK
-            if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
-                raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
-            self._pos = np.zeros(self.capacity, np.int64)
-            self._pos[online] = pos
-            self._qmap = np.zeros((len(self.lanes), 0), np.int64)
-            ends = np.asarray(self.lane_written, np.int64) + (np.arange(len(self.lanes), dtype=np.int64) << LANE_BITS)
-            window = ends - self.episodes.lane_evicted[: len(self.lanes)]
-            self._rebuild_lane_map(int(window.max(initial=1)))
-        self._check_rows_and_episodes()
+
+    def _load_lane_maps(self, streams: Mapping, owner: str, size: int) -> None:
+        """Several streams: the online rows' logical positions (checked against their streams' clocks) and the
+        per-lane maps rebuilt from them."""
+        online = np.arange(self.num_offline, size, dtype=np.int64)
+        pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
+        lane, t = pos >> LANE_BITS, pos & LANE_MASK
+        if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
+            raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
+        self._pos = np.zeros(self.capacity, np.int64)
+        self._pos[online] = pos
+        self._qmap = np.zeros((len(self.lanes), 0), np.int64)
+        ends = np.asarray(self.lane_written, np.int64) + (np.arange(len(self.lanes), dtype=np.int64) << LANE_BITS)
+        window = ends - self.episodes.lane_evicted[: len(self.lanes)]
+        self._rebuild_lane_map(int(window.max(initial=1)))
 
     def _check_rows_and_episodes(self) -> None:
         """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode
