@@ -302,8 +302,6 @@ def _policy_level(req: _Request, ref_min: float) -> tuple[dict, float, dict]:
     """(rows, R_expert, summary extras) of a level made from one SAC run's snapshots: medium (the snapshot nearest
     to halfway between R_random and R_expert), expert (the best), medium-expert (both), medium-replay (the run's
     online rows up to the medium snapshot). R_expert is cached in the run's directory."""
-    from relive.train.collector import _concat  # (gymnasium, optional: `relive --help` imports this module)
-
     level, steps, seed, run_dir = req.level, req.steps, req.seed, req.run_dir
     _training_run(req.source or req.task, req.train_steps, seed, run_dir, req.progress)
     expert_agent, expert_step, expert_eval = _expert_snapshot(run_dir)
@@ -328,8 +326,18 @@ def _policy_level(req: _Request, ref_min: float) -> tuple[dict, float, dict]:
         parts.append(_policy_rows(req, f"snapshots/agent_{med_step}", steps, seed + 1))
     if expert_rows is not None:
         parts.append(expert_rows)
-    rows = parts[0] if len(parts) == 1 else {k: _concat([p[k] for p in parts]) for k in parts[0]}
-    return rows, ref_max, extra
+    return parts[0] if len(parts) == 1 else _concat_rows(parts), ref_max, extra
+
+
+def _concat_rows(parts: list[dict]) -> dict:
+    """Row dicts one after the other."""
+    out = {}
+    for k, first in parts[0].items():
+        if isinstance(first, dict):  # dict observations: key by key
+            out[k] = {o: np.concatenate([p[k][o] for p in parts]) for o in first}
+        else:
+            out[k] = np.concatenate([p[k] for p in parts])
+    return out
 
 
 def _policy_rows(req: _Request, agent_name: str, n: int, seed: int) -> dict:
