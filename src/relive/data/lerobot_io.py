@@ -67,6 +67,7 @@ import json
 import shutil
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +80,7 @@ from relive.types import OFFLINE, ONLINE
 CODEBASE_VERSION = "v3.0"
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 EPISODES_PATH = "meta/episodes/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
+VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"  # one mp4 per episode
 CHUNKS_SIZE = 1000  # files per chunk directory (LeRobot's DEFAULT_CHUNK_SIZE)
 DATA_FILE_MB = 100  # LeRobot's DEFAULT_DATA_FILE_SIZE_IN_MB: a new data file starts past this
 DEFAULT_FEATURES = ("timestamp", "frame_index", "episode_index", "index", "task_index")
@@ -131,6 +133,65 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
         raise ValueError(f"LeRobot dataset directory {root} does not exist")
     info = _read_info(root)
     version, features = info["codebase_version"], info["features"]
+    sel = _select_features(root, features, obs_keys, cameras)
+    cols, ep, frame, starts, lengths = _episodes_in_order(root, info, _read_frames(root, pq, info, sel))
+    n = ep.size
+    last = np.zeros(n, bool)
+    last[starts + lengths - 1] = True
+    for k in sel.videos:
+        cols[k] = _read_video(root, info, k, ep[starts], starts, lengths, cols["timestamp"].reshape(n))
+    obs, next_obs, next_note = _observations(root, cols, sel, last)
+    act_ft = features["action"]
+    action = cols["action"]
+    if np.dtype(act_ft["dtype"]).kind in "iu" and tuple(act_ft["shape"]) == (1,):
+        action = action.reshape(n).astype(np.int64)  # a discrete action
+    else:
+        action = action.astype(np.float32)
+    meta = {"format": "lerobot", "path": str(root.resolve()), "codebase_version": version, "fps": info.get("fps"),
+            "robot_type": info.get("robot_type"), "total_episodes": int(starts.size), "total_steps": int(n),
+            "observation_keys": [[k, list(features[k]["shape"])] for k in sel.obs_keys],
+            "obs_key_of_feature": (dict(zip(sel.obs_keys, _obs_key_names(root, sel.obs_keys), strict=True))
+                                   if sel.decode else None),
+            "skipped_features": sel.skipped, "next_obs": next_note, "env_id": None,
+            "ref_min_return": None, "ref_max_return": None}
+    if "next.reward" in cols:
+        reward = cols["next.reward"].reshape(n).astype(np.float32)
+        meta["reward"] = "next.reward"
+    else:
+        reward = np.zeros(n, np.float32)
+        meta["reward"] = "absent: zeros"
+        warnings.warn(f"{root}: no next.reward feature; rewards are zeros", stacklevel=2)
+    terminated, meta["episode_end"] = _terminated(root, cols, episode_end, last, ep, frame, starts, lengths)
+    truncated = last & ~terminated
+    if sel.skipped:
+        warnings.warn(f"{root}: image/video features {sorted(sel.skipped)} are skipped (not decoded)", stacklevel=2)
+    extra = root / RELIVE_META
+    if extra.is_file():
+        extra = inside(root, RELIVE_META, "metadata file")
+        meta["relive"] = read_json_object(extra)
+        for key in ("env_id", "ref_min_return", "ref_max_return"):
+            meta[key] = meta["relive"].get(key)
+    rows = dict(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,
+                truncated=truncated)
+    check_columns(rows, f"LeRobot dataset {root}")
+    return rows, meta
+
+
+@dataclass(frozen=True)
+class _Selection:
+    """Which features of ``meta/info.json`` a read takes, and how."""
+    obs_keys: list[str]  # the observation features read, in order
+    camera: set[str]  # every image and video feature
+    decode: bool  # cameras are decoded: dict observations
+    skipped: dict[str, str]  # camera feature -> why it is not read
+    next_keys: list[str]  # next.<k> for every observation feature k
+    has_next: list[str]  # those of next_keys that the dataset has
+    images: list[str]  # observation features of dtype "image" (parquet structs)
+    videos: list[str]  # observation features of dtype "video" (mp4 files)
+    wanted: list[str]  # the parquet columns to read
+
+
+def _select_features(root: Path, features: dict, obs_keys: list[str] | None, cameras: str) -> _Selection:
     camera = {k for k, ft in features.items() if ft["dtype"] in ("image", "video")}
     observed = [k for k in features if k.startswith("observation.") or k == "observation"]
     decode = cameras == "decode" and any(k in camera for k in (obs_keys if obs_keys is not None else observed))
@@ -157,13 +218,18 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
     wanted = [*(k for k in obs_keys if k not in videos), "action", *has_next,
               *(k for k in ("next.reward", "next.done") if k in vector), "episode_index", "frame_index",
               *(["timestamp"] if videos else [])]
+    return _Selection(obs_keys, camera, decode, skipped, next_keys, has_next, images, videos, wanted)
 
+
+def _read_frames(root: Path, pq, info: dict, sel: _Selection) -> dict[str, np.ndarray]:
+    """The wanted columns of every data file, concatenated in file order; sizes checked before reading."""
+    features = info["features"]
     files = sorted((root / "data").glob("*/*.parquet"))
     if not files:
         raise ValueError(f"{root}: no parquet files under data/ (expected data/chunk-XXX/*.parquet)")
     files = [inside(root, f.relative_to(root), "data file") for f in files]
-    row_bytes = sum(_feature_bytes(features[k]) if k in features else 8 for k in wanted)
-    row_bytes += sum(_feature_bytes(features[k]) for k in videos)
+    row_bytes = sum(_feature_bytes(features[k]) if k in features else 8 for k in sel.wanted)
+    row_bytes += sum(_feature_bytes(features[k]) for k in sel.videos)
     declared = 0
     for f in files:
         declared += _parquet_rows(f)
@@ -172,23 +238,28 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
     if info.get("total_frames") not in (None, declared):
         raise ValueError(f"{root}: meta/info.json says total_frames = {info['total_frames']} but the parquet files "
                          f"hold {declared} frames")
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in wanted}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in sel.wanted}
     for f in files:
         try:
             names = pq.read_schema(f).names
-            table = pq.read_table(f, columns=[k for k in wanted if k in names])
+            table = pq.read_table(f, columns=[k for k in sel.wanted if k in names])
         except Exception as e:  # pyarrow's errors on a truncated or corrupted file do not name it
             raise ValueError(f"{f}: not a readable parquet file ({one_line(e)})") from None
-        missing = [k for k in wanted if k not in names]
+        missing = [k for k in sel.wanted if k not in names]
         if missing:
             raise ValueError(f"{f}: column(s) {missing} declared in meta/info.json are missing")
-        for k in wanted:
-            if k in images:
+        for k in sel.wanted:
+            if k in sel.images:
                 parts[k].append(_image_column(table.column(k), features[k], k, f))
                 continue
             shape = tuple(features[k]["shape"]) if k in features else (1,)
             parts[k].append(_column(table.column(k), shape, k, f))
-    cols = {k: np.concatenate(v) for k, v in parts.items()}
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def _episodes_in_order(root: Path, info: dict, cols: dict[str, np.ndarray]):
+    """``cols`` sorted by episode, then frame; with each row's episode and frame index and each episode's start row
+    and length. Every episode's frames must be 0, 1, ... and its length the one the metadata declares."""
     ep = cols["episode_index"].reshape(-1).astype(np.int64)
     frame = cols["frame_index"].reshape(-1).astype(np.int64)
     order = np.lexsort((frame, ep))  # episodes in index order, frames in time order
@@ -202,83 +273,55 @@ def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple
         i = int(np.flatnonzero(frame != expected)[0])
         raise ValueError(f"{root}: episode {ep[i]} has frame_index {frame[i]} where {expected[i]} was expected "
                          "(frames missing or duplicated)")
-    _check_episode_lengths(root, version, dict(zip(ep[starts].tolist(), lengths.tolist(), strict=True)))
+    _check_episode_lengths(root, info["codebase_version"], dict(zip(ep[starts].tolist(), lengths.tolist(),
+                                                                    strict=True)))
     if info.get("total_frames") not in (None, n):
         raise ValueError(f"{root}: meta/info.json says total_frames = {info['total_frames']} but the parquet files "
                          f"hold {n} frames")
+    return cols, ep, frame, starts, lengths
 
-    last = np.zeros(n, bool)
-    last[starts + lengths - 1] = True
-    for k in videos:
-        cols[k] = _read_video(root, info, k, ep[starts], starts, lengths, cols["timestamp"].reshape(n))
 
-    def following(x: np.ndarray) -> np.ndarray:  # the next frame of the episode; at its last frame, itself
-        out = np.empty_like(x)
-        out[:-1] = x[1:]
-        out[last] = x[last]
-        return out
+def _following(x: np.ndarray, last: np.ndarray) -> np.ndarray:
+    """The next frame of the episode; at its last frame, itself."""
+    out = np.empty_like(x)
+    out[:-1] = x[1:]
+    out[last] = x[last]
+    return out
 
-    if decode:  # dict observations: one key per feature, images [C, H, W] uint8, vectors float32 as shaped
-        keys = _obs_key_names(root, obs_keys)
+
+def _observations(root: Path, cols: dict[str, np.ndarray], sel: _Selection, last: np.ndarray):
+    """``(obs, next_obs, how next_obs was made)``: dict observations when cameras are decoded (one key per
+    feature, images [C, H, W] uint8, vectors float32 as shaped), else one flat float32 vector per frame."""
+    if sel.decode:
         obs, next_obs = {}, {}
-        for k, key in zip(obs_keys, keys, strict=True):
-            obs[key] = cols[k] if k in camera else cols[k].astype(np.float32)
+        for k, key in zip(sel.obs_keys, _obs_key_names(root, sel.obs_keys), strict=True):
+            obs[key] = cols[k] if k in sel.camera else cols[k].astype(np.float32)
             nk = f"next.{k}"
-            next_obs[key] = cols[nk].astype(np.float32) if nk in has_next else following(obs[key])
-        next_note = (f"features {has_next} where present; other keys: the next frame of the episode, an "
-                     "episode's last frame its own observation")
-    else:
-        obs = np.concatenate([cols[k].reshape(n, -1) for k in obs_keys], axis=1).astype(np.float32)
-        if len(has_next) == len(next_keys):
-            next_obs = np.concatenate([cols[k].reshape(n, -1) for k in next_keys], axis=1).astype(np.float32)
-            next_note = f"features {next_keys}"
-        else:
-            next_obs = following(obs)
-            next_note = "the next frame of the episode; an episode's last frame: its own observation"
-    act_ft = features["action"]
-    action = cols["action"]
-    if np.dtype(act_ft["dtype"]).kind in "iu" and tuple(act_ft["shape"]) == (1,):
-        action = action.reshape(n).astype(np.int64)  # a discrete action
-    else:
-        action = action.astype(np.float32)
-    meta = {"format": "lerobot", "path": str(root.resolve()), "codebase_version": version, "fps": info.get("fps"),
-            "robot_type": info.get("robot_type"), "total_episodes": int(starts.size), "total_steps": int(n),
-            "observation_keys": [[k, list(features[k]["shape"])] for k in obs_keys],
-            "obs_key_of_feature": dict(zip(obs_keys, _obs_key_names(root, obs_keys), strict=True)) if decode else None,
-            "skipped_features": skipped, "next_obs": next_note, "env_id": None,
-            "ref_min_return": None, "ref_max_return": None}
-    if "next.reward" in cols:
-        reward = cols["next.reward"].reshape(n).astype(np.float32)
-        meta["reward"] = "next.reward"
-    else:
-        reward = np.zeros(n, np.float32)
-        meta["reward"] = "absent: zeros"
-        warnings.warn(f"{root}: no next.reward feature; rewards are zeros", stacklevel=2)
+            next_obs[key] = cols[nk].astype(np.float32) if nk in sel.has_next else _following(obs[key], last)
+        return obs, next_obs, (f"features {sel.has_next} where present; other keys: the next frame of the episode, "
+                               "an episode's last frame its own observation")
+    n = last.size
+    obs = np.concatenate([cols[k].reshape(n, -1) for k in sel.obs_keys], axis=1).astype(np.float32)
+    if len(sel.has_next) == len(sel.next_keys):
+        next_obs = np.concatenate([cols[k].reshape(n, -1) for k in sel.next_keys], axis=1).astype(np.float32)
+        return obs, next_obs, f"features {sel.next_keys}"
+    return obs, _following(obs, last), "the next frame of the episode; an episode's last frame: its own observation"
+
+
+def _terminated(root: Path, cols: dict[str, np.ndarray], episode_end: str, last: np.ndarray, ep: np.ndarray,
+                frame: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, str]:
+    """Which episode ends are terminal (the rest of the last frames are truncations), and the rule used."""
+    n = last.size
     done = cols["next.done"].reshape(n).astype(bool) if "next.done" in cols else np.zeros(n, bool)
     if (done & ~last).any():
         i = int(np.flatnonzero(done & ~last)[0])
         raise ValueError(f"{root}: next.done is true at frame {frame[i]} of episode {ep[i]}, before its last frame "
                          f"{lengths[np.searchsorted(starts, i, 'right') - 1] - 1}")
     if episode_end == "auto":
-        terminated = done & last
-        meta["episode_end"] = ("last frame: terminated where next.done, else truncated" if "next.done" in cols
-                               else "last frame: truncated (no next.done feature)")
-    else:
-        terminated = last.copy() if episode_end == "terminated" else np.zeros(n, bool)
-        meta["episode_end"] = f"last frame: {episode_end} (episode_end={episode_end!r})"
-    truncated = last & ~terminated
-    if skipped:
-        warnings.warn(f"{root}: image/video features {sorted(skipped)} are skipped (not decoded)", stacklevel=2)
-    extra = root / RELIVE_META
-    if extra.is_file():
-        extra = inside(root, RELIVE_META, "metadata file")
-        meta["relive"] = read_json_object(extra)
-        for key in ("env_id", "ref_min_return", "ref_max_return"):
-            meta[key] = meta["relive"].get(key)
-    rows = dict(obs=obs, action=action, reward=reward, next_obs=next_obs, terminated=terminated,
-                truncated=truncated)
-    check_columns(rows, f"LeRobot dataset {root}")
-    return rows, meta
+        return done & last, ("last frame: terminated where next.done, else truncated" if "next.done" in cols
+                             else "last frame: truncated (no next.done feature)")
+    terminated = last.copy() if episode_end == "terminated" else np.zeros(n, bool)
+    return terminated, f"last frame: {episode_end} (episode_end={episode_end!r})"
 
 
 def _read_info(root: Path) -> dict:
@@ -631,6 +674,56 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     n = check_columns(rows, f"rows for {target}")
     if n == 0:
         raise ValueError(f"rows for {target}: no rows to write")
+    lengths = np.array([s.stop - s.start for s in split_episodes(rows)], np.int64)
+    values, features, cameras = _frame_columns(rows, n, lengths, fps, images, target)
+    in_parquet = {k: v for k, v in values.items() if features[k]["dtype"] != "video"}
+    table = pa.table({k: _image_arrow(v) if features[k]["dtype"] == "image" else _arrow(v)
+                      for k, v in in_parquet.items()})
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target.parent))
+    try:
+        file_of_episode = _write_data_files(pq, staging, table, lengths)
+        num_episodes, bounds = lengths.size, np.r_[0, np.cumsum(lengths)]
+        episodes = {"episode_index": np.arange(num_episodes, dtype=np.int64),
+                    "tasks": pa.array([[task]] * num_episodes, pa.list_(pa.string())), "length": lengths,
+                    "data/chunk_index": np.array([c for c, _ in file_of_episode], np.int64),
+                    "data/file_index": np.array([f for _, f in file_of_episode], np.int64),
+                    "dataset_from_index": bounds[:-1].astype(np.int64), "dataset_to_index": bounds[1:].astype(np.int64)}
+        for key in cameras if images == "video" else ():
+            episodes |= _write_videos(staging, key, values[key], lengths, fps)
+        episodes |= _episode_stats(pa, values, cameras, bounds)
+        episodes["meta/episodes/chunk_index"] = np.zeros(num_episodes, np.int64)
+        episodes["meta/episodes/file_index"] = np.zeros(num_episodes, np.int64)
+        ep_path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
+        ep_path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in episodes.items()}),
+                       ep_path)
+        _write_tasks(staging / "meta" / "tasks.parquet", [task])
+        stats = {k: {s: v.tolist() for s, v in _feature_stats(arr, k in cameras).items()} for k, arr in values.items()}
+        (staging / "meta" / "stats.json").write_text(json.dumps(stats, indent=1))
+        info = {"codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": num_episodes,
+                "total_frames": n, "total_tasks": 1, "chunks_size": CHUNKS_SIZE,
+                "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": 200, "fps": fps,
+                "splits": {"train": f"0:{num_episodes}"}, "data_path": DATA_PATH,
+                "video_path": VIDEO_PATH if cameras and images == "video" else None,
+                "features": features}
+        (staging / "meta" / "info.json").write_text(json.dumps(info, indent=4))
+        relive = {"writer": "relive", "env_id": env_id, **(extra_metadata or {})}
+        (staging / RELIVE_META).write_text(json.dumps(relive, indent=1, allow_nan=True, default=str))
+        _fsync_tree(staging)
+        if target.exists() and not overwrite:  # made meanwhile by another process
+            raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
+        _swap_into_place(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
+    return target.resolve()
+
+
+def _frame_columns(rows: dict, n: int, lengths: np.ndarray, fps: int, images: str,
+                   where) -> tuple[dict, dict, list[str]]:
+    """Every frame's values by feature name (observations, action, reward, done, next observations, the default
+    features), their ``info.json`` features in the same order, and the camera keys."""
     act = np.asarray(rows["action"])
     if act.ndim == 1 and act.dtype.kind in "iu":  # discrete: an int64 (1,) feature
         action, act_ft = act.astype(np.int64), {"dtype": "int64", "shape": [1], "names": None}
@@ -638,11 +731,9 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
         action = act.astype(np.float32).reshape(n, -1)
         act_ft = {"dtype": "float32", "shape": [action.shape[1]],
                   "names": [f"action_{i}" for i in range(action.shape[1])]}
-    slices = split_episodes(rows)
-    lengths = np.array([s.stop - s.start for s in slices], np.int64)
-    episode_index = np.repeat(np.arange(len(slices), dtype=np.int64), lengths)
+    episode_index = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
     frame_index = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    obs_values, obs_features, cameras = _obs_columns(rows, n, images, target)
+    obs_values, obs_features, cameras = _obs_columns(rows, n, images, where)
     values = {
         **{k: v for k, v in obs_values.items() if not k.startswith("next.")}, "action": action,
         "next.reward": np.asarray(rows["reward"], np.float32),
@@ -661,81 +752,56 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
     for ft in features.values():
         if ft["dtype"] != "video":
             ft["fps"] = fps  # (v3.0 records it per non-video feature)
-    in_parquet = {k: v for k, v in values.items() if features[k]["dtype"] != "video"}
-    table = pa.table({k: _image_arrow(v) if features[k]["dtype"] == "image" else _arrow(v)
-                      for k, v in in_parquet.items()})
+    return values, features, cameras
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=target.parent))
-    try:
-        # data files: whole episodes, one row group each, a new file past DATA_FILE_MB
-        bytes_per_row = table.nbytes / n
-        chunk, file, rows_in_file = 0, 0, 0
-        file_of_episode, writer = [], None
-        bounds = np.r_[0, np.cumsum(lengths)]
-        for e, length in enumerate(lengths.tolist()):
-            if writer is not None and (rows_in_file + length) * bytes_per_row > DATA_FILE_MB * 2**20:
-                writer.close()
-                writer, rows_in_file = None, 0
-                chunk, file = (chunk + 1, 0) if file == CHUNKS_SIZE - 1 else (chunk, file + 1)
-            if writer is None:
-                out = staging / DATA_PATH.format(chunk_index=chunk, file_index=file)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                writer = pq.ParquetWriter(out, table.schema, compression="snappy")
-            writer.write_table(table.slice(int(bounds[e]), length))
-            rows_in_file += length
-            file_of_episode.append((chunk, file))
-        writer.close()
-        # episodes metadata, with per-episode stats
-        episodes = {"episode_index": np.arange(len(slices), dtype=np.int64),
-                    "tasks": pa.array([[task]] * len(slices), pa.list_(pa.string())), "length": lengths,
-                    "data/chunk_index": np.array([c for c, _ in file_of_episode], np.int64),
-                    "data/file_index": np.array([f for _, f in file_of_episode], np.int64),
-                    "dataset_from_index": bounds[:-1].astype(np.int64), "dataset_to_index": bounds[1:].astype(np.int64)}
-        # videos: one mp4 per episode (file_index = episode within its chunk), from_timestamp 0
-        video_path = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
-        for key in cameras if images == "video" else ():
-            for e in range(len(slices)):
-                out = staging / video_path.format(video_key=key, chunk_index=e // CHUNKS_SIZE,
-                                                  file_index=e % CHUNKS_SIZE)
-                _write_video(out, values[key][bounds[e]:bounds[e + 1]], fps)
-            episodes[f"videos/{key}/chunk_index"] = np.arange(len(slices), dtype=np.int64) // CHUNKS_SIZE
-            episodes[f"videos/{key}/file_index"] = np.arange(len(slices), dtype=np.int64) % CHUNKS_SIZE
-            episodes[f"videos/{key}/from_timestamp"] = np.zeros(len(slices))
-            episodes[f"videos/{key}/to_timestamp"] = lengths / fps
-        per_episode = [{k: _feature_stats(v[bounds[e]:bounds[e + 1]], k in cameras) for k, v in values.items()}
-                       for e in range(len(slices))]
-        for k in values:
-            for stat in per_episode[0][k]:
-                kind = pa.int64() if stat == "count" else pa.float64()
-                if k in cameras and stat != "count":  # [C, 1, 1] per episode
-                    kind = pa.list_(pa.list_(kind))
-                episodes[f"stats/{k}/{stat}"] = pa.array([s[k][stat].tolist() for s in per_episode], pa.list_(kind))
-        episodes["meta/episodes/chunk_index"] = np.zeros(len(slices), np.int64)
-        episodes["meta/episodes/file_index"] = np.zeros(len(slices), np.int64)
-        ep_path = staging / EPISODES_PATH.format(chunk_index=0, file_index=0)
-        ep_path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({k: v if isinstance(v, pa.Array) else pa.array(v) for k, v in episodes.items()}),
-                       ep_path)
-        _write_tasks(staging / "meta" / "tasks.parquet", [task])
-        stats = {k: {s: v.tolist() for s, v in _feature_stats(arr, k in cameras).items()} for k, arr in values.items()}
-        (staging / "meta" / "stats.json").write_text(json.dumps(stats, indent=1))
-        info = {"codebase_version": CODEBASE_VERSION, "robot_type": robot_type, "total_episodes": len(slices),
-                "total_frames": n, "total_tasks": 1, "chunks_size": CHUNKS_SIZE,
-                "data_files_size_in_mb": DATA_FILE_MB, "video_files_size_in_mb": 200, "fps": fps,
-                "splits": {"train": f"0:{len(slices)}"}, "data_path": DATA_PATH,
-                "video_path": video_path if cameras and images == "video" else None,
-                "features": features}
-        (staging / "meta" / "info.json").write_text(json.dumps(info, indent=4))
-        relive = {"writer": "relive", "env_id": env_id, **(extra_metadata or {})}
-        (staging / RELIVE_META).write_text(json.dumps(relive, indent=1, allow_nan=True, default=str))
-        _fsync_tree(staging)
-        if target.exists() and not overwrite:  # made meanwhile by another process
-            raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
-        _swap_into_place(staging, target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
-    return target.resolve()
+
+def _write_data_files(pq, staging: Path, table, lengths: np.ndarray) -> list[tuple[int, int]]:
+    """The data files: whole episodes, one row group each, a new file past DATA_FILE_MB (a new chunk directory
+    every CHUNKS_SIZE files); returns each episode's (chunk, file) index."""
+    bytes_per_row = table.nbytes / table.num_rows
+    chunk, file, rows_in_file = 0, 0, 0
+    file_of_episode, writer = [], None
+    bounds = np.r_[0, np.cumsum(lengths)]
+    for e, length in enumerate(lengths.tolist()):
+        if writer is not None and (rows_in_file + length) * bytes_per_row > DATA_FILE_MB * 2**20:
+            writer.close()
+            writer, rows_in_file = None, 0
+            chunk, file = (chunk + 1, 0) if file == CHUNKS_SIZE - 1 else (chunk, file + 1)
+        if writer is None:
+            out = staging / DATA_PATH.format(chunk_index=chunk, file_index=file)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            writer = pq.ParquetWriter(out, table.schema, compression="snappy")
+        writer.write_table(table.slice(int(bounds[e]), length))
+        rows_in_file += length
+        file_of_episode.append((chunk, file))
+    writer.close()
+    return file_of_episode
+
+
+def _write_videos(staging: Path, key: str, frames: np.ndarray, lengths: np.ndarray, fps: int) -> dict:
+    """One mp4 per episode of camera ``key`` (file_index = episode within its chunk, from_timestamp 0); returns the
+    episodes-metadata columns that locate them."""
+    bounds = np.r_[0, np.cumsum(lengths)]
+    for e in range(lengths.size):
+        out = staging / VIDEO_PATH.format(video_key=key, chunk_index=e // CHUNKS_SIZE, file_index=e % CHUNKS_SIZE)
+        _write_video(out, frames[bounds[e]:bounds[e + 1]], fps)
+    episode = np.arange(lengths.size, dtype=np.int64)
+    return {f"videos/{key}/chunk_index": episode // CHUNKS_SIZE, f"videos/{key}/file_index": episode % CHUNKS_SIZE,
+            f"videos/{key}/from_timestamp": np.zeros(lengths.size), f"videos/{key}/to_timestamp": lengths / fps}
+
+
+def _episode_stats(pa, values: dict, cameras: list[str], bounds: np.ndarray) -> dict:
+    """The episodes-metadata columns ``stats/<feature>/<stat>``: each feature's stats per episode."""
+    per_episode = [{k: _feature_stats(v[bounds[e]:bounds[e + 1]], k in cameras) for k, v in values.items()}
+                   for e in range(bounds.size - 1)]
+    columns = {}
+    for k in values:
+        for stat in per_episode[0][k]:
+            kind = pa.int64() if stat == "count" else pa.float64()
+            if k in cameras and stat != "count":  # [C, 1, 1] per episode
+                kind = pa.list_(pa.list_(kind))
+            columns[f"stats/{k}/{stat}"] = pa.array([s[k][stat].tolist() for s in per_episode], pa.list_(kind))
+    return columns
 
 
 def _obs_columns(rows: dict, n: int, images: str, where) -> tuple[dict, dict, list[str]]:

@@ -201,194 +201,23 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data, crashed, missing = collect(grid, root)
-    labels = [v.label for v in grid.variants]
-    tasks = sorted({r.task for r in data}, key=lambda t: (grid.tasks + (t,)).index(t))
-    by = defaultdict(list)
-    for r in data:
-        by[(r.label, r.task)].append(r)
-    score_key = data[0].score_key if data else SCORE_KEYS[0]
-    online = {key: online_means(runs) for key, runs in by.items()}  # (label, task) -> mean online score per run
-    fractions = np.concatenate([r.curves[FRACTION_KEY] for r in data if FRACTION_KEY in r.curves] or [[]])
-    fractions = fractions[np.isfinite(fractions)]
-    mixed = bool(fractions.size) and not np.all(fractions == 1.0)  # pure online runs sample online rows only
-
+    t = _group(grid, data, reps)
     lines = [f"# {grid.name}", ""]
     if grid.description:
         lines += [grid.description.strip(), ""]
     lines += [f"Runs: {len(data)} finished, {len(crashed)} crashed, {len(missing)} missing "
-              f"(of {len(grid.runs())}). Score: `{score_key}`.", ""]
-
-    # -- offline -> online table ----------------------------------------------------------------------
-    lines += ["## First → final evaluation (mean ± std over seeds)", "",
-              "For offline-to-online runs the first evaluation is the score after the offline phase (CORL's "
-              "\"offline → online\").", "",
-              "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-    final = defaultdict(dict)  # label -> task -> array of final scores per seed
-    first_means = defaultdict(list)  # label -> mean first score per task
-    for task in tasks:
-        cells = []
-        for label in labels:
-            runs = by.get((label, task), [])
-            if not runs:
-                cells.append("—")
-                continue
-            first = np.array([r.scores[0] for r in runs])
-            last = np.array([r.scores[-1] for r in runs])
-            final[label][task] = last
-            cells.append(f"{_fmt(first.mean(), first.std())} → {_fmt(last.mean(), last.std())} (n={len(runs)})")
-            first_means[label].append(first.mean())
-        lines.append(f"| {task} | " + " | ".join(cells) + " |")
-    if score_key == SCORE_KEYS[0] and len(tasks) > 1:  # CORL's average row: normalized scores only
-        cells = [f"{np.mean(first_means[lab]):.1f} → {np.mean([final[lab][t].mean() for t in tasks]):.1f}"
-                 if all(t in final[lab] for t in tasks) else "—" for lab in labels]
-        lines.append("| **average** | " + " | ".join(cells) + " |")
-    lines.append("")
-
-    # -- learning speed: the mean over every online evaluation (area under the curve) -------------------
+              f"(of {len(grid.runs())}). Score: `{t.score_key}`.", ""]
+    lines += _first_final_table(t)
     if grid.report.get("auc", False):
-        lines += ["## Mean score over the online evaluations (area under the learning curve)", "",
-                  "The average of every evaluation after the first, per run; mean ± std over seeds. Separates "
-                  "variants that end at the same score but get there at different speeds.", "",
-                  "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-        for task in tasks:
-            cells = []
-            for label in labels:
-                auc = online.get((label, task), np.zeros(0))
-                cells.append(f"{_fmt(auc.mean(), auc.std())} (n={auc.size})" if auc.size else "—")
-            lines.append(f"| {task} | " + " | ".join(cells) + " |")
-        lines.append("")
-
-    # -- aggregate IQM ---------------------------------------------------------------------------------
-    complete = [lab for lab in labels if all(t in final[lab] for t in tasks) and tasks]
-    if complete and len(tasks) > 1 and score_key != SCORE_KEYS[0]:
-        # raw returns of different tasks live on different scales: an IQM across them means nothing
-        lines += ["## Final score: IQM over runs per task, 95% bootstrap CI", "",
-                  "Raw returns (no normalization references), so one IQM per task rather than across tasks.", "",
-                  "| variant | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
-        per_task = {t: iqm_with_ci({lab: final[lab][t][:, None] for lab in complete}, reps=reps)
-                    if min(len(final[lab][t]) for lab in complete) >= 2 else {} for t in tasks}
-        for lab in complete:
-            lines.append(f"| {lab} | " + " | ".join(
-                f"{per_task[t][lab][0]:.1f} [{per_task[t][lab][1]:.1f}, {per_task[t][lab][2]:.1f}]"
-                if lab in per_task[t] else "—" for t in tasks) + " |")
-        lines.append("")
-    elif complete:
-        # each variant with all of its own seeds (an ablation run on fewer seeds does not shrink the others)
-        n_of = {lab: min(len(final[lab][t]) for t in tasks) for lab in complete}
-        complete = [lab for lab in complete if n_of[lab] >= 2]
-        mat = {lab: np.stack([final[lab][t][:n_of[lab]] for t in tasks], axis=1) for lab in complete}
-        if complete:
-            iqm = iqm_with_ci(mat, reps=reps)
-            lines += ["## Aggregate final score: IQM over runs x tasks, 95% stratified-bootstrap CI", "",
-                      "| variant | runs per task | IQM | 95% CI |", "|---|---|---|---|"]
-            lines += [f"| {lab} | {n_of[lab]} | {iqm[lab][0]:.1f} | [{iqm[lab][1]:.1f}, {iqm[lab][2]:.1f}] |"
-                      for lab in complete]
-            lines.append("")
-
-    # -- one variant against each of the others (e.g. ARB vs the other replays) ---------------------------
-    focal = grid.report.get("compare")
-    if focal in labels:
-        lines += [f"## {focal} vs each other variant", "",
-                  f"Difference of the means ({focal} minus the other) of the final score and of the mean over the "
-                  "online evaluations, with two-sided Mann-Whitney U p-values over the runs.", "",
-                  "| task | vs | final score | mean over the online evaluations |", "|---|---|---|---|"]
-        for task in tasks:
-            if (focal, task) not in by:
-                continue
-            for other in labels:
-                if other == focal or (other, task) not in by:
-                    continue
-                cells = []
-                for a, b in ((final[focal][task], final[other][task]), (online[focal, task], online[other, task])):
-                    cells.append(f"{a.mean() - b.mean():+.2f} (p={_mann_whitney(a, b)})" if a.size and b.size
-                                 else "—")
-                lines.append(f"| {task} | {other} | " + " | ".join(cells) + " |")
-        lines.append("")
-
-    # -- the online share of sampled batches at the last evaluation (ARB's Figure 1 in numbers) -------------
-    if mixed:
-        shares = defaultdict(list)
-        for r in data:
-            f = r.curves.get(FRACTION_KEY)
-            if f is not None and f.size and np.isfinite(f[-1]):
-                shares[(r.label, r.task)].append(float(f[-1]))
-        lines += ["## Online share of sampled batches at the last evaluation", "",
-                  "Mean over seeds [smallest, largest].", "",
-                  "| task | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
-        for task in tasks:
-            cells = [f"{np.mean(v):.3f} [{min(v):.3f}, {max(v):.3f}]" if (v := shares.get((lab, task))) else "—"
-                     for lab in labels]
-            lines.append(f"| {task} | " + " | ".join(cells) + " |")
-        lines.append("")
-
-    # -- steps to threshold (ReaPER) -------------------------------------------------------------------
-    thresholds = grid.report.get("thresholds", {})
-    if thresholds:
-        base = grid.report.get("baseline", labels[0])
-        paper = grid.report.get("paper", {})
-        paired: dict[str, dict] = {}
-        lines += ["## Env steps to reach the threshold", "",
-                  "Mean ± SD over the runs that reach the threshold (the fraction that do in brackets); the change "
-                  f"in mean steps vs {base} with a two-sided Mann-Whitney U p-value over those runs.", "",
-                  "| task (threshold) | " + " | ".join(labels) + f" | steps vs {base} | paper |",
-                  "|---|" + "---|" * (len(labels) + 2)]
-        for task in tasks:
-            if task not in thresholds:
-                continue
-            cells, means, reached_by = [], {}, {}
-            for label in labels:
-                runs = by.get((label, task), [])
-                hits = np.array([steps_to_threshold(r.steps, r.scores, thresholds[task]) for r in runs])
-                reached = reached_by[label] = hits[np.isfinite(hits)]
-                means[label] = reached.mean() if reached.size else math.nan
-                sd = reached.std(ddof=1) if reached.size > 1 else math.nan
-                cells.append(f"{_fmt(means[label], sd, 0)} ({reached.size}/{len(runs)} reach)" if runs else "—")
-            reductions = ", ".join(
-                f"{lab}: {100 * (means[lab] / means[base] - 1):+.0f}% "
-                f"(p={_mann_whitney(reached_by[lab], reached_by[base])})"
-                for lab in labels if lab != base and np.isfinite(means.get(lab, math.nan))
-                and np.isfinite(means.get(base, math.nan)) and means[base] > 0)
-            lines.append(f"| {task} ({thresholds[task]}) | " + " | ".join(cells)
-                         + f" | {reductions or '—'} | {paper.get(task, '—')} |")
-            hits_by_seed = {label: {r.seed: steps_to_threshold(r.steps, r.scores, thresholds[task])
-                                    for r in by.get((label, task), [])} for label in labels}
-            paired[task] = {lab: paired_change(hits_by_seed[base], hits_by_seed[lab], reps=reps)
-                            for lab in labels if lab != base}
-        lines.append("")
-        if any(p["pairs"] for per_task in paired.values() for p in per_task.values()):
-            lines += ["Paired by seed (the variants of a seed share its initial network and environment seeds): over "
-                      "the seeds where both runs reach the threshold, the change in mean steps with a 95% bootstrap "
-                      "CI (seeds resampled) and a Wilcoxon signed-rank p; then how many seeds only one of the two "
-                      "reached.", "",
-                      f"| task | variant vs {base} | seeds (both reach) | change in mean steps [95% CI] "
-                      f"| Wilcoxon p | only {base} reaches | only the variant reaches |",
-                      "|---|---|---|---|---|---|---|"]
-            for task, per_task in paired.items():
-                for lab, p in per_task.items():
-                    if p["pairs"]:
-                        lines.append(f"| {task} | {lab} | {p['pairs']} | {100 * p['change']:+.0f}% "
-                                     f"[{100 * p['lo']:+.0f}%, {100 * p['hi']:+.0f}%] | {p['p']} | "
-                                     f"{p['only_base']} | {p['only_other']} |")
-            lines.append("")
-
-    # -- learning curves -------------------------------------------------------------------------------
-    if data:
-        png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_curves.png", score_key)
-        lines += [f"![learning curves]({png.name})", ""]
-        if mixed:
-            png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_online_fraction.png",
-                              FRACTION_KEY, column=FRACTION_KEY)
-            lines += [f"![online fraction]({png.name})", ""]
-    # -- extra figures from the grid's [[report.figure]] entries: a subset of variants, score or a column -----
-    for fig in grid.report.get("figure", []):
-        fig_labels = [lab for lab in fig.get("labels", labels) if lab in labels]
-        fig_tasks = [t for t in fig.get("tasks", tasks) if t in tasks]
-        column = fig.get("column")
-        if not fig_labels or not fig_tasks or not any(by.get((lab, t)) for lab in fig_labels for t in fig_tasks):
-            continue
-        png = plot_curves(grid, by, fig_labels, fig_tasks, out_dir / f"{grid.name}_{fig['name']}.png",
-                          column or score_key, column=column, title=fig.get("title"), log_y=fig.get("log_y", False))
-        lines += [f"### {fig.get('title', fig['name'])}", "", f"![{fig['name']}]({png.name})", ""]
+        lines += _online_mean_table(t)
+    lines += _iqm_table(t)
+    if grid.report.get("compare") in t.labels:
+        lines += _compare_table(t, grid.report["compare"])
+    if t.mixed:
+        lines += _online_share_table(t)
+    if grid.report.get("thresholds", {}):
+        lines += _threshold_tables(t, grid.report["thresholds"])
+    lines += _figures(t, out_dir)
     if crashed:
         lines += ["## Crashed runs", ""] + [f"- `{k}` (see its crash.json)" for k in crashed] + [""]
     if missing:
@@ -397,6 +226,228 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     md = report_path(grid, out_dir)
     write_generated(md, "\n".join(lines), NOTES_MARKER, overwrite)
     return md
+
+
+@dataclass
+class _Grouped:
+    """The finished runs as every section of a report reads them."""
+    grid: Grid
+    data: list[RunData]
+    labels: list[str]  # variants in the grid's order
+    tasks: list[str]  # tasks with a finished run, in the grid's order
+    by: dict[tuple[str, str], list[RunData]]  # (label, task) -> runs
+    score_key: str
+    final: dict[str, dict[str, np.ndarray]]  # label -> task -> final score per run
+    online: dict[tuple[str, str], np.ndarray]  # (label, task) -> mean online score per run
+    mixed: bool  # some runs sample offline rows too (pure online runs sample online rows only)
+    reps: int  # bootstrap resamples
+
+
+def _group(grid: Grid, data: list[RunData], reps: int) -> _Grouped:
+    by = defaultdict(list)
+    for r in data:
+        by[(r.label, r.task)].append(r)
+    final = defaultdict(dict)
+    for (label, task), runs in by.items():
+        final[label][task] = np.array([r.scores[-1] for r in runs])
+    fractions = np.concatenate([r.curves[FRACTION_KEY] for r in data if FRACTION_KEY in r.curves] or [[]])
+    fractions = fractions[np.isfinite(fractions)]
+    return _Grouped(
+        grid, data, labels=[v.label for v in grid.variants],
+        tasks=sorted({r.task for r in data}, key=lambda t: (grid.tasks + (t,)).index(t)), by=by,
+        score_key=data[0].score_key if data else SCORE_KEYS[0], final=final,
+        online={key: online_means(runs) for key, runs in by.items()},
+        mixed=bool(fractions.size) and not np.all(fractions == 1.0), reps=reps)
+
+
+def _first_final_table(t: _Grouped) -> list[str]:
+    """Per task and variant: first -> final evaluation (CORL's "offline -> online"), and CORL's average row."""
+    lines = ["## First → final evaluation (mean ± std over seeds)", "",
+             "For offline-to-online runs the first evaluation is the score after the offline phase (CORL's "
+             "\"offline → online\").", "",
+             "| task | " + " | ".join(t.labels) + " |", "|---|" + "---|" * len(t.labels)]
+    first_means = defaultdict(list)  # label -> mean first score per task
+    for task in t.tasks:
+        cells = []
+        for label in t.labels:
+            runs = t.by.get((label, task), [])
+            if not runs:
+                cells.append("—")
+                continue
+            first = np.array([r.scores[0] for r in runs])
+            last = t.final[label][task]
+            cells.append(f"{_fmt(first.mean(), first.std())} → {_fmt(last.mean(), last.std())} (n={len(runs)})")
+            first_means[label].append(first.mean())
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    if t.score_key == SCORE_KEYS[0] and len(t.tasks) > 1:  # CORL's average row: normalized scores only
+        cells = [f"{np.mean(first_means[lab]):.1f} → {np.mean([t.final[lab][task].mean() for task in t.tasks]):.1f}"
+                 if all(task in t.final[lab] for task in t.tasks) else "—" for lab in t.labels]
+        lines.append("| **average** | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _online_mean_table(t: _Grouped) -> list[str]:
+    """Learning speed: the mean over every online evaluation (area under the curve)."""
+    lines = ["## Mean score over the online evaluations (area under the learning curve)", "",
+             "The average of every evaluation after the first, per run; mean ± std over seeds. Separates "
+             "variants that end at the same score but get there at different speeds.", "",
+             "| task | " + " | ".join(t.labels) + " |", "|---|" + "---|" * len(t.labels)]
+    for task in t.tasks:
+        cells = []
+        for label in t.labels:
+            auc = t.online.get((label, task), np.zeros(0))
+            cells.append(f"{_fmt(auc.mean(), auc.std())} (n={auc.size})" if auc.size else "—")
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _iqm_table(t: _Grouped) -> list[str]:
+    """IQM of the final score with bootstrap CIs: across tasks for normalized scores, else one per task."""
+    final, tasks = t.final, t.tasks
+    complete = [lab for lab in t.labels if all(task in final[lab] for task in tasks) and tasks]
+    if complete and len(tasks) > 1 and t.score_key != SCORE_KEYS[0]:
+        # raw returns of different tasks live on different scales: an IQM across them means nothing
+        lines = ["## Final score: IQM over runs per task, 95% bootstrap CI", "",
+                 "Raw returns (no normalization references), so one IQM per task rather than across tasks.", "",
+                 "| variant | " + " | ".join(tasks) + " |", "|---|" + "---|" * len(tasks)]
+        per_task = {task: iqm_with_ci({lab: final[lab][task][:, None] for lab in complete}, reps=t.reps)
+                    if min(len(final[lab][task]) for lab in complete) >= 2 else {} for task in tasks}
+        for lab in complete:
+            lines.append(f"| {lab} | " + " | ".join(
+                f"{per_task[task][lab][0]:.1f} [{per_task[task][lab][1]:.1f}, {per_task[task][lab][2]:.1f}]"
+                if lab in per_task[task] else "—" for task in tasks) + " |")
+        return lines + [""]
+    if not complete:
+        return []
+    # each variant with all of its own seeds (an ablation run on fewer seeds does not shrink the others)
+    n_of = {lab: min(len(final[lab][task]) for task in tasks) for lab in complete}
+    complete = [lab for lab in complete if n_of[lab] >= 2]
+    if not complete:
+        return []
+    iqm = iqm_with_ci({lab: np.stack([final[lab][task][:n_of[lab]] for task in tasks], axis=1)
+                       for lab in complete}, reps=t.reps)
+    return (["## Aggregate final score: IQM over runs x tasks, 95% stratified-bootstrap CI", "",
+             "| variant | runs per task | IQM | 95% CI |", "|---|---|---|---|"]
+            + [f"| {lab} | {n_of[lab]} | {iqm[lab][0]:.1f} | [{iqm[lab][1]:.1f}, {iqm[lab][2]:.1f}] |"
+               for lab in complete] + [""])
+
+
+def _compare_table(t: _Grouped, focal: str) -> list[str]:
+    """One variant against each of the others (e.g. ARB vs the other replays)."""
+    lines = [f"## {focal} vs each other variant", "",
+             f"Difference of the means ({focal} minus the other) of the final score and of the mean over the "
+             "online evaluations, with two-sided Mann-Whitney U p-values over the runs.", "",
+             "| task | vs | final score | mean over the online evaluations |", "|---|---|---|---|"]
+    for task in t.tasks:
+        if (focal, task) not in t.by:
+            continue
+        for other in t.labels:
+            if other == focal or (other, task) not in t.by:
+                continue
+            cells = []
+            for a, b in ((t.final[focal][task], t.final[other][task]),
+                         (t.online[focal, task], t.online[other, task])):
+                cells.append(f"{a.mean() - b.mean():+.2f} (p={_mann_whitney(a, b)})" if a.size and b.size else "—")
+            lines.append(f"| {task} | {other} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _online_share_table(t: _Grouped) -> list[str]:
+    """The online share of sampled batches at the last evaluation (ARB's Figure 1 in numbers)."""
+    shares = defaultdict(list)
+    for r in t.data:
+        f = r.curves.get(FRACTION_KEY)
+        if f is not None and f.size and np.isfinite(f[-1]):
+            shares[(r.label, r.task)].append(float(f[-1]))
+    lines = ["## Online share of sampled batches at the last evaluation", "",
+             "Mean over seeds [smallest, largest].", "",
+             "| task | " + " | ".join(t.labels) + " |", "|---|" + "---|" * len(t.labels)]
+    for task in t.tasks:
+        cells = [f"{np.mean(v):.3f} [{min(v):.3f}, {max(v):.3f}]" if (v := shares.get((lab, task))) else "—"
+                 for lab in t.labels]
+        lines.append(f"| {task} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _threshold_tables(t: _Grouped, thresholds: dict) -> list[str]:
+    """Env steps to reach a score threshold (ReaPER's metric) per variant, then paired by seed vs the baseline."""
+    labels = t.labels
+    base = t.grid.report.get("baseline", labels[0])
+    paper = t.grid.report.get("paper", {})
+    paired: dict[str, dict] = {}
+    lines = ["## Env steps to reach the threshold", "",
+             "Mean ± SD over the runs that reach the threshold (the fraction that do in brackets); the change "
+             f"in mean steps vs {base} with a two-sided Mann-Whitney U p-value over those runs.", "",
+             "| task (threshold) | " + " | ".join(labels) + f" | steps vs {base} | paper |",
+             "|---|" + "---|" * (len(labels) + 2)]
+    for task in t.tasks:
+        if task not in thresholds:
+            continue
+        cells, means, reached_by = [], {}, {}
+        for label in labels:
+            runs = t.by.get((label, task), [])
+            hits = np.array([steps_to_threshold(r.steps, r.scores, thresholds[task]) for r in runs])
+            reached = reached_by[label] = hits[np.isfinite(hits)]
+            means[label] = reached.mean() if reached.size else math.nan
+            sd = reached.std(ddof=1) if reached.size > 1 else math.nan
+            cells.append(f"{_fmt(means[label], sd, 0)} ({reached.size}/{len(runs)} reach)" if runs else "—")
+        reductions = ", ".join(
+            f"{lab}: {100 * (means[lab] / means[base] - 1):+.0f}% "
+            f"(p={_mann_whitney(reached_by[lab], reached_by[base])})"
+            for lab in labels if lab != base and np.isfinite(means.get(lab, math.nan))
+            and np.isfinite(means.get(base, math.nan)) and means[base] > 0)
+        lines.append(f"| {task} ({thresholds[task]}) | " + " | ".join(cells)
+                     + f" | {reductions or '—'} | {paper.get(task, '—')} |")
+        hits_by_seed = {label: {r.seed: steps_to_threshold(r.steps, r.scores, thresholds[task])
+                                for r in t.by.get((label, task), [])} for label in labels}
+        paired[task] = {lab: paired_change(hits_by_seed[base], hits_by_seed[lab], reps=t.reps)
+                        for lab in labels if lab != base}
+    lines.append("")
+    if any(p["pairs"] for per_task in paired.values() for p in per_task.values()):
+        lines += _paired_threshold_table(paired, base)
+    return lines
+
+
+def _paired_threshold_table(paired: dict[str, dict], base: str) -> list[str]:
+    """``paired``: task -> variant -> ``paired_change`` against ``base``; rows where some seed pair both reached."""
+    lines = ["Paired by seed (the variants of a seed share its initial network and environment seeds): over "
+             "the seeds where both runs reach the threshold, the change in mean steps with a 95% bootstrap "
+             "CI (seeds resampled) and a Wilcoxon signed-rank p; then how many seeds only one of the two "
+             "reached.", "",
+             f"| task | variant vs {base} | seeds (both reach) | change in mean steps [95% CI] "
+             f"| Wilcoxon p | only {base} reaches | only the variant reaches |",
+             "|---|---|---|---|---|---|---|"]
+    for task, per_task in paired.items():
+        for lab, p in per_task.items():
+            if p["pairs"]:
+                lines.append(f"| {task} | {lab} | {p['pairs']} | {100 * p['change']:+.0f}% "
+                             f"[{100 * p['lo']:+.0f}%, {100 * p['hi']:+.0f}%] | {p['p']} | "
+                             f"{p['only_base']} | {p['only_other']} |")
+    return lines + [""]
+
+
+def _figures(t: _Grouped, out_dir: Path) -> list[str]:
+    """Learning curves (and the online fraction of mixed runs), then the grid's [[report.figure]] entries: a subset
+    of variants and tasks, the score or a column. Writes the PNGs; returns the Markdown that shows them."""
+    grid, by, labels, tasks = t.grid, t.by, t.labels, t.tasks
+    lines = []
+    if t.data:
+        png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_curves.png", t.score_key)
+        lines += [f"![learning curves]({png.name})", ""]
+        if t.mixed:
+            png = plot_curves(grid, by, labels, tasks, out_dir / f"{grid.name}_online_fraction.png",
+                              FRACTION_KEY, column=FRACTION_KEY)
+            lines += [f"![online fraction]({png.name})", ""]
+    for fig in grid.report.get("figure", []):
+        fig_labels = [lab for lab in fig.get("labels", labels) if lab in labels]
+        fig_tasks = [task for task in fig.get("tasks", tasks) if task in tasks]
+        column = fig.get("column")
+        if not fig_labels or not fig_tasks or not any(by.get((lab, task)) for lab in fig_labels for task in fig_tasks):
+            continue
+        png = plot_curves(grid, by, fig_labels, fig_tasks, out_dir / f"{grid.name}_{fig['name']}.png",
+                          column or t.score_key, column=column, title=fig.get("title"), log_y=fig.get("log_y", False))
+        lines += [f"### {fig.get('title', fig['name'])}", "", f"![{fig['name']}]({png.name})", ""]
+    return lines
 
 
 def _bootstrap_band(curves: np.ndarray, reps: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -86,6 +86,33 @@ def _spec(value, default_dtype=np.float32) -> ColumnSpec:
     return ColumnSpec(shape, np.dtype(dtype))
 
 
+def _obs_layout(obs_shape, obs_dtype) -> tuple[tuple[str, ...] | None, ColumnSpec | dict[str, ColumnSpec],
+                                                 dict[str, ColumnSpec]]:
+    """Observations: one column per key ("obs" for a flat Box; "obs.<key>" for each key of a dict space).
+    Returns (the dict keys or None, the observation spec(s), the physical obs columns)."""
+    if not isinstance(obs_shape, Mapping):
+        obs_spec = _spec(obs_shape, obs_dtype)
+        return None, obs_spec, {"obs": obs_spec}
+    if not obs_shape:
+        raise ValueError("dict observations need at least one key")
+    for key in obs_shape:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
+                             "a column, a checkpoint file and a Batch entry")
+    obs_spec = {k: _spec(v, obs_dtype) for k, v in obs_shape.items()}
+    return tuple(obs_shape), obs_spec, {f"obs.{k}": spec for k, spec in obs_spec.items()}
+
+
+def _check_backend(backend: str, device, directory) -> None:
+    if backend not in ("ram", "memmap", "torch"):
+        raise ValueError(f"backend must be 'ram', 'memmap' or 'torch', got {backend!r}")
+    if device is not None and backend != "torch":
+        raise ValueError(f"device={device!r} needs backend='torch' (the NumPy backends live in host memory)")
+    if backend == "memmap" and directory is None:
+        raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
+                         "create its column files in")
+
+
 class Storage:
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
@@ -95,21 +122,7 @@ class Storage:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         self.capacity = int(capacity)
         action_shape = (action_shape,) if isinstance(action_shape, int) else tuple(action_shape)
-        # observations: one column per key ("obs" for a flat Box; "obs.<key>" for each key of a dict space)
-        if isinstance(obs_shape, Mapping):
-            if not obs_shape:
-                raise ValueError("dict observations need at least one key")
-            for key in obs_shape:
-                if not isinstance(key, str) or not key.isidentifier():
-                    raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
-                                     "a column, a checkpoint file and a Batch entry")
-            self.obs_keys: tuple[str, ...] | None = tuple(obs_shape)
-            self.obs_spec: ColumnSpec | dict[str, ColumnSpec] = {k: _spec(v, obs_dtype) for k, v in obs_shape.items()}
-            obs_cols = {f"obs.{k}": spec for k, spec in self.obs_spec.items()}
-        else:
-            self.obs_keys = None
-            self.obs_spec = _spec(obs_shape, obs_dtype)
-            obs_cols = {"obs": self.obs_spec}
+        self.obs_keys, self.obs_spec, obs_cols = _obs_layout(obs_shape, obs_dtype)
         if backend == "torch":
             if dedup_next_obs:
                 raise ValueError("backend='torch' stores next_obs explicitly (dedup_next_obs=False): a device batch "
@@ -125,27 +138,8 @@ class Storage:
             self.specs |= {"next_" + n: spec for n, spec in obs_cols.items()}
         self.specs |= {"terminated": ColumnSpec((), np.dtype(np.bool_)),
                        "truncated": ColumnSpec((), np.dtype(np.bool_))}
-        extra = []
-        for name, value in (extra_columns or {}).items():
-            if not isinstance(name, str) or not name.isidentifier():
-                raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
-                                 "'mc_return'): it names a checkpoint file and a Batch field")
-            if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
-                raise ValueError(f"extra column {name!r} clashes with a built-in column")
-            if name in RESERVED_COLUMN_NAMES:
-                raise ValueError(f"extra column {name!r} would be hidden: batch.{name} is a field of every Batch or "
-                                 "its SampleInfo (discount, mask, info, extras, indices, is_weight, ...); pick "
-                                 "another name")
-            self.specs[name] = _spec(value)
-            extra.append(name)
-        self.extra_names = tuple(extra)
-        if backend not in ("ram", "memmap", "torch"):
-            raise ValueError(f"backend must be 'ram', 'memmap' or 'torch', got {backend!r}")
-        if device is not None and backend != "torch":
-            raise ValueError(f"device={device!r} needs backend='torch' (the NumPy backends live in host memory)")
-        if backend == "memmap" and directory is None:
-            raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
-                             "create its column files in")
+        self.extra_names = self._add_extra_columns(extra_columns or {})
+        _check_backend(backend, device, directory)
         self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
         obs_spec = self.obs_spec if self.obs_keys is None else None
         self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
@@ -166,17 +160,7 @@ class Storage:
         self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
         self._lock: DirectoryLock | None = None
         self._created: list[Path] = []
-        if backend == "memmap":
-            self._open_memmap_directory()
-            try:
-                self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
-            except BaseException:
-                for path in self._created:  # a refused buffer leaves no column file behind
-                    path.unlink(missing_ok=True)
-                self._lock.release()
-                raise
-        else:
-            self.columns = {n: self._allocate(n, s) for n, s in self.specs.items()}
+        self.columns = self._allocate_columns()
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
@@ -189,6 +173,36 @@ class Storage:
         self._qmap: np.ndarray | None = None  # several streams: [lane, t % width] -> slot (_rebuild_lane_map)
         if self.dedup_next_obs:
             self._nx = _NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
+
+    def _add_extra_columns(self, extra_columns: Mapping) -> tuple[str, ...]:
+        """Declare the optional columns (``mc_return``, behaviour-policy records, ...) after the built-in ones;
+        returns their names."""
+        for name, value in extra_columns.items():
+            if not isinstance(name, str) or not name.isidentifier():
+                raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
+                                 "'mc_return'): it names a checkpoint file and a Batch field")
+            if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
+                raise ValueError(f"extra column {name!r} clashes with a built-in column")
+            if name in RESERVED_COLUMN_NAMES:
+                raise ValueError(f"extra column {name!r} would be hidden: batch.{name} is a field of every Batch or "
+                                 "its SampleInfo (discount, mask, info, extras, indices, is_weight, ...); pick "
+                                 "another name")
+            self.specs[name] = _spec(value)
+        return tuple(extra_columns)
+
+    def _allocate_columns(self) -> dict[str, np.ndarray]:
+        """Every column, allocated by the backend (memmap: in the directory, held by this buffer; a refused buffer
+        leaves no column file behind)."""
+        if self.backend != "memmap":
+            return {n: self._allocate(n, s) for n, s in self.specs.items()}
+        self._open_memmap_directory()
+        try:
+            return {n: self._allocate(n, s) for n, s in self.specs.items()}
+        except BaseException:
+            for path in self._created:
+                path.unlink(missing_ok=True)
+            self._lock.release()
+            raise
 
     def _allocate(self, name: str, spec: ColumnSpec) -> np.ndarray:
         if self.backend == "ram":
@@ -462,29 +476,7 @@ class Storage:
             if source == ONLINE and stream not in self._lane_of:
                 _check_stream(stream)
             return np.zeros(0, np.int64)
-        if source == OFFLINE:
-            if self.num_online_written:
-                raise ValueError("offline rows must be added before any online row (the offline part is a "
-                                 "frozen prefix of the storage)")
-            if self.num_offline + n > self.capacity:
-                raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
-                                 f"({self.num_offline} stored + {n} new rows)")
-            start = first = self.num_offline
-            skip = lane = 0
-        else:
-            ring = self.online_capacity
-            if ring <= 0:
-                raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
-                                 "build the buffer with a larger capacity")
-            lane = self._lane(stream)
-            clock = self.num_online_written
-            start = (lane << LANE_BITS) + self.lane_written[lane]  # the rows' logical positions start here
-            skip = max(0, n - ring)  # earlier rows of the batch would be overwritten at once
-            first = self.num_offline + (clock + skip) % ring
-            if self._pos is not None:
-                bounds = self._evicted_by(clock, n)  # read the old rows' positions before they are overwritten
-                if skip:
-                    bounds[lane] = max(bounds.get(lane, 0), start + skip)
+        start, first, skip, lane, bounds = self._place(source, n, stream)
         kept = n - skip
         # the kept rows land in at most two runs of consecutive slots (two when the ring wraps): slice writes
         split = min(kept, self.capacity - first)
@@ -498,45 +490,84 @@ class Storage:
         if self.dedup_next_obs:
             explicit = self._dedup_before_write(-1 if source == OFFLINE else lane, rows, end, slots, skip)
         episode_id, step = self.episodes.append(source, start, end)
-        columns, meta = self.columns, self.meta
         for dst_lo, lo, hi in ((first, 0, split), (self.num_offline, split, kept)):
-            if hi <= lo:
-                continue
-            dst = slice(dst_lo, dst_lo + hi - lo)
-            src = slice(skip + lo, skip + hi)
-            for name, col in columns.items():
-                col[dst] = rows[name][src]
-            meta["episode_id"][dst] = episode_id[src]
-            meta["step_in_episode"][dst] = step[src]
-            meta["source"][dst] = source
-            meta["generation"][dst] += 1
-            if self._gen_t is not None:
-                self._gen_t[dst] += 1
-            if source == ONLINE:
-                meta["stream"][dst] = stream
+            if hi > lo:
+                self._copy_rows(rows, slice(dst_lo, dst_lo + hi - lo), slice(skip + lo, skip + hi), episode_id, step,
+                                source, stream)
         if self.dedup_next_obs:
             self._nx.put(slots[explicit], {nn: rows[nn][skip:][explicit] for nn in self._next_names})
-            self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]), int(meta["generation"][slots[-1]]))
+            self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]),
+                                                                 int(self.meta["generation"][slots[-1]]))
         if source == OFFLINE:
             self.num_offline += n
         else:
-            self.num_online_written += n
-            self.lane_written[lane] += n
-            if self._pos is None:
-                self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
-            else:
-                positions = start + skip + np.arange(kept, dtype=np.int64)
-                window = start + n - max(int(self.episodes.lane_evicted[lane]), bounds.get(lane, 0))
-                if window > self._qmap.shape[1]:  # this lane's stored run outgrows the map's width
-                    self._rebuild_lane_map(window, clock)
-                self._pos[slots] = positions
-                self._qmap[lane, (positions & LANE_MASK) % self._qmap.shape[1]] = slots
-                self.episodes.evict_lanes(bounds)
+            self._advance_online(lane, n, start, skip, slots, bounds)
         if skip:
             full = np.full(n, -1, dtype=np.int64)
             full[skip:] = slots
             return full
         return slots
+
+    def _place(self, source: int, n: int, stream: int) -> tuple[int, int, int, int, dict[int, int] | None]:
+        """Where a write of ``n`` rows lands, checked before anything changes: (the rows' first logical position, the
+        first slot, rows skipped (an online batch longer than the ring: its earlier rows would be overwritten at
+        once), the stream's lane, and with several streams the eviction bounds per lane (else None))."""
+        if source == OFFLINE:
+            if self.num_online_written:
+                raise ValueError("offline rows must be added before any online row (the offline part is a "
+                                 "frozen prefix of the storage)")
+            if self.num_offline + n > self.capacity:
+                raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
+                                 f"({self.num_offline} stored + {n} new rows)")
+            return self.num_offline, self.num_offline, 0, 0, None
+        ring = self.online_capacity
+        if ring <= 0:
+            raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
+                             "build the buffer with a larger capacity")
+        lane = self._lane(stream)
+        clock = self.num_online_written
+        start = (lane << LANE_BITS) + self.lane_written[lane]  # the rows' logical positions start here
+        skip = max(0, n - ring)  # earlier rows of the batch would be overwritten at once
+        first = self.num_offline + (clock + skip) % ring
+        bounds = None
+        if self._pos is not None:
+            bounds = self._evicted_by(clock, n)  # read the old rows' positions before they are overwritten
+            if skip:
+                bounds[lane] = max(bounds.get(lane, 0), start + skip)
+        return start, first, skip, lane, bounds
+
+    def _copy_rows(self, rows: dict, dst: slice, src: slice, episode_id: np.ndarray, step: np.ndarray, source: int,
+                   stream: int) -> None:
+        """Rows ``src`` of a write into the consecutive slots ``dst``, with their bookkeeping (a new generation)."""
+        meta = self.meta
+        for name, col in self.columns.items():
+            col[dst] = rows[name][src]
+        meta["episode_id"][dst] = episode_id[src]
+        meta["step_in_episode"][dst] = step[src]
+        meta["source"][dst] = source
+        meta["generation"][dst] += 1
+        if self._gen_t is not None:
+            self._gen_t[dst] += 1
+        if source == ONLINE:
+            meta["stream"][dst] = stream
+
+    def _advance_online(self, lane: int, n: int, start: int, skip: int, slots: np.ndarray,
+                        bounds: dict[int, int] | None) -> None:
+        """After an online write: the clocks, the episodes whose rows were overwritten, and with several streams
+        the per-lane position maps."""
+        clock = self.num_online_written  # (before this write)
+        self.num_online_written += n
+        self.lane_written[lane] += n
+        if self._pos is None:
+            self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
+            return
+        positions = start + skip + np.arange(slots.size, dtype=np.int64)
+        window = start + n - max(int(self.episodes.lane_evicted[lane]), bounds.get(lane, 0))
+        if window > self._qmap.shape[1]:  # this lane's stored run outgrows the map's width
+            self._rebuild_lane_map(window, clock)
+        self._pos[slots] = positions
+        self._qmap[lane, (positions & LANE_MASK) % self._qmap.shape[1]] = slots
+        self.episodes.evict_lanes(bounds)
 
     def _dedup_before_write(self, tail_key: int, rows: dict, end: np.ndarray, slots: np.ndarray,
                             skip: int) -> np.ndarray:
@@ -827,6 +858,26 @@ class Storage:
             raise ValueError(f"{owner} is not a mapping")
         if "offline_ref" in state:  # the offline rows were written again by the caller (checked against the hash)
             self.check_offline_reference(state["offline_ref"])
+        streams = self._load_counters(state, owner)
+        size = self.size
+        if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
+            self._check_memmap_files(state["memmap"])
+        else:
+            self._load_columns(state, owner, size)
+        self._load_meta(state, owner, size)
+        if self._gen_t is not None:
+            self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
+        if self.dedup_next_obs:
+            self._nx.load_state_dict(state_field(state, "next_obs_store", owner), size)
+        self.episodes.load_state_dict(state_field(state, "episodes", owner))
+        self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
+        if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
+            self._load_lane_maps(streams, owner, size)
+        self._check_rows_and_episodes()
+
+    def _load_counters(self, state: Mapping, owner: str) -> Mapping | None:
+        """The row counters and the streams' lanes of a state; returns its ``streams`` field (None in a checkpoint
+        from before streams)."""
         num_offline = state_int(state, "num_offline", owner, high=self.capacity)
         num_online_written = state_int(state, "num_online_written", owner, high=LANE_MASK)
         if num_online_written and num_offline >= self.capacity:
@@ -848,29 +899,34 @@ class Storage:
         self.lanes, self.lane_written = [int(x) for x in lanes], [int(x) for x in written]
         self._lane_of = {s: i for i, s in enumerate(self.lanes)}
         self._pos = self._qmap = None
-        size = self.size
-        if "memmap" in state:  # the rows are in the column files, if nothing changed them since the save
-            if self.backend != "memmap":
-                raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
-                                 f"says backend {self.backend!r}")
-            marker = _read_json(self.directory / MEMMAP_STATE)
-            token = state["memmap"].get("token") if isinstance(state["memmap"], Mapping) else None
-            if not isinstance(token, str) or marker.get("token") != token:
-                raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
-                                 "(rows written since, or by another run): the rows it refers to are gone. Resume "
-                                 "from the checkpoint saved last, or save with a RAM buffer to copy rows")
-            self._memmap_token = token
-            recorded = marker.get("directory")
-            if isinstance(recorded, str) and recorded != str(self.directory):
-                warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
-                              f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
-                              stacklevel=2)
-                _write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
-                                                                      "checkpoints": []})
+        return streams
+
+    def _check_memmap_files(self, saved) -> None:
+        """A state that refers to this buffer's memmap column files: they must be unchanged since its save (the token
+        in MEMMAP_STATE); a copied or moved directory is adopted as this buffer's own."""
+        if self.backend != "memmap":
+            raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
+                             f"says backend {self.backend!r}")
+        marker = _read_json(self.directory / MEMMAP_STATE)
+        token = saved.get("token") if isinstance(saved, Mapping) else None
+        if not isinstance(token, str) or marker.get("token") != token:
+            raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
+                             "(rows written since, or by another run): the rows it refers to are gone. Resume "
+                             "from the checkpoint saved last, or save with a RAM buffer to copy rows")
+        self._memmap_token = token
+        recorded = marker.get("directory")
+        if isinstance(recorded, str) and recorded != str(self.directory):
+            warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
+                          f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
+                          stacklevel=3)  # (the caller of load_state_dict)
+            _write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
+                                                                  "checkpoints": []})
+
+    def _load_columns(self, state: Mapping, owner: str, size: int) -> None:
+        """The saved rows into the columns, checked like a write (shape, dtype, finite); a referenced offline part
+        (``offline_ref``) was written again by the caller, so only the rows after it are copied."""
         lo = int(state["offline_ref"]["num_offline"]) if "offline_ref" in state else 0
         for name, arr in self.columns.items():
-            if "memmap" in state:
-                break
             first = 0 if name in self.extra_names else lo  # extra columns are always copied whole
             src = np.asarray(state_field(state_field(state, "columns", owner), name, f"{owner} columns"))
             if src.shape != (size - first, *arr.shape[1:]) or src.dtype != arr.dtype:
@@ -882,11 +938,14 @@ class Storage:
                 raise ValueError(f"checkpoint column {name!r} row {first + row}: value is not finite (a write would "
                                  "have refused it)")
             arr[first:size] = src
-        # a referenced offline part's bookkeeping comes from writing its rows again (checked against the saved hash);
-        # checkpoints before 2026-11-26 hold it whole
-        meta_lo = lo if "offline_ref" in state and "meta_sha256" in state["offline_ref"] else 0
-        if meta_lo and self._meta_sha256(meta_lo) != state["offline_ref"]["meta_sha256"]:
-            raise ValueError(f"offline dataset {state['offline_ref']['dataset_id']!r}: its rows hash as saved, but the "
+
+    def _load_meta(self, state: Mapping, owner: str, size: int) -> None:
+        """The per-row bookkeeping. A referenced offline part's comes from writing its rows again (checked against
+        the saved hash); checkpoints before 2026-11-26 hold it whole."""
+        ref = state.get("offline_ref")
+        meta_lo = int(ref["num_offline"]) if ref is not None and "meta_sha256" in ref else 0
+        if meta_lo and self._meta_sha256(meta_lo) != ref["meta_sha256"]:
+            raise ValueError(f"offline dataset {ref['dataset_id']!r}: its rows hash as saved, but the "
                              "episode bookkeeping rebuilt from them differs from the checkpoint's (rows written in "
                              "different add_offline calls?); load the checkpoint with the rows added as they were")
         meta = state_field(state, "meta", owner)
@@ -897,25 +956,21 @@ class Storage:
                 arr[meta_lo:size] = 0
             else:
                 state_field(meta, name, f"{owner} meta")  # raises, naming it
-        if self._gen_t is not None:
-            self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
-        if self.dedup_next_obs:
-            self._nx.load_state_dict(state_field(state, "next_obs_store", owner), size)
-        self.episodes.load_state_dict(state_field(state, "episodes", owner))
-        self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
-        if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
-            online = np.arange(self.num_offline, size, dtype=np.int64)
-            pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
-            lane, t = pos >> LANE_BITS, pos & LANE_MASK
-            if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
-                raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
-            self._pos = np.zeros(self.capacity, np.int64)
-            self._pos[online] = pos
-            self._qmap = np.zeros((len(self.lanes), 0), np.int64)
-            ends = np.asarray(self.lane_written, np.int64) + (np.arange(len(self.lanes), dtype=np.int64) << LANE_BITS)
-            window = ends - self.episodes.lane_evicted[: len(self.lanes)]
-            self._rebuild_lane_map(int(window.max(initial=1)))
-        self._check_rows_and_episodes()
+
+    def _load_lane_maps(self, streams: Mapping, owner: str, size: int) -> None:
+        """Several streams: the online rows' logical positions (checked against their streams' clocks) and the
+        per-lane maps rebuilt from them."""
+        online = np.arange(self.num_offline, size, dtype=np.int64)
+        pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
+        lane, t = pos >> LANE_BITS, pos & LANE_MASK
+        if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
+            raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
+        self._pos = np.zeros(self.capacity, np.int64)
+        self._pos[online] = pos
+        self._qmap = np.zeros((len(self.lanes), 0), np.int64)
+        ends = np.asarray(self.lane_written, np.int64) + (np.arange(len(self.lanes), dtype=np.int64) << LANE_BITS)
+        window = ends - self.episodes.lane_evicted[: len(self.lanes)]
+        self._rebuild_lane_map(int(window.max(initial=1)))
 
     def _check_rows_and_episodes(self) -> None:
         """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode

@@ -16,6 +16,13 @@ from relive.train.seed_batch import train_seeds
 
 
 def add_parsers(subparsers) -> None:
+    """The ``train``, ``presets`` and ``demo`` commands."""
+    _add_train_parser(subparsers)
+    _add_presets_parser(subparsers)
+    _add_demo_parser(subparsers)
+
+
+def _add_train_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "train", help="train an agent: offline pre-training on a dataset, then online fine-tuning",
         description="Train PRESET on ENV. Options left out keep the preset's values (see `relive presets`). "
@@ -35,6 +42,27 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--trust-code", action="store_true", default=None, help="let --base-policy be a file that can "
                    "run code when loaded (TorchScript, torch.export .pt2): only for files you trust; a resumed run "
                    "needs it again (agent.trust_code; docs/guarantees.md)")
+    _add_collection_arguments(p)
+    _add_schedule_arguments(p)
+    p.add_argument("--threads", type=positive_int, help="torch threads (default 1)")
+    p.add_argument("--device", help="torch device of the agent: cpu (default), cuda[:N], mps")
+    p.add_argument("--replay-device", help="keep the replay columns on this torch device and sample / update "
+                   "priorities there (uniform, per, symmetric, symmetric_per; e.g. cuda with --device cuda); "
+                   "default (or none): NumPy on the host")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="any other setting, e.g. --set agent.num_qs=10 --set agent.hidden=[64,64] (repeatable)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint, as it "
+                   "was configured; --device, --replay-device, --threads and --no-progress may change where it runs "
+                   "(e.g. a GPU run on a CPU machine: --device cpu --replay-device none)")
+    p.add_argument("--allow-other-base", action="store_true", help="residual_sac: load a checkpoint (--resume) or "
+                   "--init-from agent trained on a base policy whose digest differs from the base given now "
+                   "(refused otherwise: a residual corrects the base it was trained on)")
+    p.set_defaults(func=run_train)
+
+
+def _add_collection_arguments(p) -> None:
+    """`relive train`: how the envs are stepped, the seed and where the run goes."""
     p.add_argument("--num-envs", type=_num_envs, help="environments stepped together (a Gymnasium vector env, one "
                    "policy call per step for all), each its own replay stream; env steps count every env's (default 1, "
                    f"at most {MAX_NUM_ENVS} and at most --capacity)")
@@ -51,6 +79,10 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--seeds", help="several seeds of this configuration trained in one process, their networks "
                    "batched (DDQN only; e.g. 0,1,2): --run-dir must contain {seed}, each seed's own run directory "
                    "(relive.train.seed_batch)")
+
+
+def _add_schedule_arguments(p) -> None:
+    """`relive train`: the schedule: phases, update ratio, warm-up, batches, evaluation, logs, checkpoints."""
     p.add_argument("--offline-steps", type=non_negative_int, help="gradient steps on the dataset before going online")
     p.add_argument("--online-steps", type=non_negative_int, help="online environment steps executed (a budget of "
                    "interactions: unstored probing steps count)")
@@ -78,22 +110,9 @@ def add_parsers(subparsers) -> None:
                    "next episode boundary)")
     p.add_argument("--offline-checkpoint-every", type=positive_int, help="offline gradient steps between checkpoints "
                    "(one is always written at the end of the offline phase)")
-    p.add_argument("--threads", type=positive_int, help="torch threads (default 1)")
-    p.add_argument("--device", help="torch device of the agent: cpu (default), cuda[:N], mps")
-    p.add_argument("--replay-device", help="keep the replay columns on this torch device and sample / update "
-                   "priorities there (uniform, per, symmetric, symmetric_per; e.g. cuda with --device cuda); "
-                   "default (or none): NumPy on the host")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="any other setting, e.g. --set agent.num_qs=10 --set agent.hidden=[64,64] (repeatable)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint, as it "
-                   "was configured; --device, --replay-device, --threads and --no-progress may change where it runs "
-                   "(e.g. a GPU run on a CPU machine: --device cpu --replay-device none)")
-    p.add_argument("--allow-other-base", action="store_true", help="residual_sac: load a checkpoint (--resume) or "
-                   "--init-from agent trained on a base policy whose digest differs from the base given now "
-                   "(refused otherwise: a residual corrects the base it was trained on)")
-    p.set_defaults(func=run_train)
 
+
+def _add_presets_parser(subparsers) -> None:
     ps = subparsers.add_parser("presets", help="list the training presets and their settings")
     ps.add_argument("name", nargs="?", help="show one preset's settings (same as --show NAME)")
     ps.add_argument("--show", metavar="NAME", help="a preset's settings with their docs, or the options of a replay "
@@ -101,6 +120,8 @@ def add_parsers(subparsers) -> None:
     ps.add_argument("--json", action="store_true", help="a preset's configuration as config.json holds it")
     ps.set_defaults(func=run_presets)
 
+
+def _add_demo_parser(subparsers) -> None:
     d = subparsers.add_parser("demo", help="the README's main job: a short offline-to-online experiment with a plot",
                               description="Generates a small Pendulum-v1 dataset, pre-trains Cal-QL offline, then "
                                           "fine-tunes online with three replay strategies and plots return and the "

@@ -205,106 +205,29 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     of that id is kept unless ``overwrite`` (checked before any work); the new one is written beside it and
     swapped in atomically once complete (see ``write_minari``). ``noise``: the action-noise std of the
     noisy-scripted level (default ``SCRIPTED_NOISE``)."""
-    # (gymnasium, optional: `relive --help` imports this module)
-    from relive.train.collector import _concat, collect_dataset
-
-    if level not in LEVELS:
-        raise ValueError(f"unknown level {level!r}; known: {LEVELS}")
-    for name, value in (("steps", steps), ("expert_train_steps", expert_train_steps)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"{name} must be a positive integer (or left out for the task's budget), got {value!r}")
-    if noise is not None and (level != "noisy-scripted" or not (np.isfinite(noise) and noise >= 0)):
-        raise ValueError(f"noise (--noise) is the noisy-scripted level's action-noise std, a finite number >= 0; "
-                         f"got {noise!r} for level {level!r}")
-    noise = SCRIPTED_NOISE if noise is None else float(noise)
-    env_id = task_env(task)
-    scripted = _scripted_levels(task)
-    maze = scripted is not None  # levels from a scripted controller: no SAC run, R_expert = the scripted level's
-    if scripted is not None and level not in scripted or scripted is None and level in ("scripted", "noisy-scripted"):
-        raise ValueError(f"level {level!r} is not made for {task}: mazes have random and scripted, Meta-World tasks "
-                         "random, scripted and noisy-scripted, locomotion and pendulum tasks random, medium, "
-                         "medium-replay, expert, medium-expert")
-    source = PIXEL_SOURCES.get(task.lower())  # a pixel task: policies from the state task's run
-    if source and level == "medium-replay":
-        raise ValueError(f"{task} has no medium-replay level: its training run ({source}) stored state observations, "
-                         "not images; levels: random, medium, expert, medium-expert")
-    budget = _budget(task)
-    steps = budget.steps if steps is None else steps
-    out = Path(out)
-    train_steps = budget.expert_train_steps if expert_train_steps is None else expert_train_steps
+    req = _request(task, level, steps, seed, Path(out), expert_train_steps, progress, noise)
+    env_id, steps, label = req.env_id, req.steps, req.label
     did = dataset_id(task, level)
     root = Path(root) if root is not None else default_root()
     if (root / did).exists() and not overwrite:  # before any collection or training
         raise ValueError(f"dataset {did} already exists under {root}; pass --overwrite to regenerate it (the "
                          "existing one is kept until the new one is complete)")
 
-    label = "collecting" if progress else None
-
-    def rollout(agent, n, s):
-        if source:  # the state policy, fed the pixel env's true state
-            return collect_dataset(env_id, n, seed=s, progress=label, policy_from_env=lambda env: (
-                lambda o: agent.act(env.get_wrapper_attr("true_state_obs")()[None], explore=True)))
-        return collect_dataset(env_id, n, seed=s, policy=lambda o: agent.act(o, explore=True), progress=label)
-
-    def policy_rows(agent_name: str, n: int, s: int) -> dict:
-        """A snapshot's stochastic rollout, kept in the run directory (.npz) so that medium-expert reuses the
-        medium and expert rows instead of collecting them again."""
-        path = run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{s}-steps{n}.npz"
-        if source:  # image rows: not cached (.npz columns are flat arrays; regenerating takes seconds)
-            return rollout(_load_agent(run_dir, agent_name), n, s)
-        if path.is_file():
-            return load_dataset(path)[0]
-        rows = rollout(_load_agent(run_dir, agent_name), n, s)
-        save_dataset(path.with_suffix(".tmp.npz"), rows).replace(path)
-        return rows
-
     # every level records the same (R_random, R_expert): R_random is cached per task, R_expert in the training
     # run's directory (or per task for the mazes' scripted level), keyed by seed and size
-    task_refs = out / "policies" / task.lower() / "references.json"
-    run_dir = out / "policies" / (source or task.lower()) / f"seed{seed}-steps{train_steps}"
+    task_refs = Path(out) / "policies" / task.lower() / "references.json"
     random_rows = random_dataset(env_id, steps, seed, progress=label) if level == "random" else None
     ref_min = _cached_reference(task_refs, f"random/seed{seed}-steps{steps}", lambda: _episode_returns(
         random_rows if random_rows is not None else random_dataset(env_id, steps, seed, progress=label)).mean())
-    expert_refs, expert_key = run_dir / "references.json", f"expert/seed{seed}-steps{steps}"
-    if maze:
-        expert_refs, expert_key = task_refs, f"scripted/seed{seed}-steps{steps}"
-    ref_max = None
-    extra: dict = {}
     if level == "random":
         # never records R_expert (it would depend on whether the expert was made first): readers take it from
         # the task's references.json, which the levels that know R_expert write (read_minari)
-        rows = random_rows
+        rows, ref_max, extra = random_rows, None, {}
     elif level in ("scripted", "noisy-scripted"):
-        rows = scripted_rows(task, env_id, steps, seed, noise if level == "noisy-scripted" else 0.0, label)
-        ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(
-            rows if level == "scripted" else scripted_rows(task, env_id, steps, seed, 0.0, label)).mean())
-        if level == "noisy-scripted":
-            extra = {"action_noise_std": noise}
+        # a scripted controller, no SAC run: R_expert is the scripted level's, cached per task
+        rows, ref_max, extra = _scripted_level(req, task_refs)
     else:
-        _training_run(source or task, train_steps, seed, run_dir, progress)
-        expert_agent, expert_step, expert_eval = _expert_snapshot(run_dir)
-        expert_key = f"expert/{expert_agent}/seed{seed}-steps{steps}"
-        expert_rows = policy_rows(expert_agent, steps, seed + 2) if level in ("expert", "medium-expert") else None
-        ref_max = _cached_reference(expert_refs, expert_key, lambda: _episode_returns(
-            expert_rows if expert_rows is not None else policy_rows(expert_agent, steps, seed + 2)).mean())
-        med_step, med_eval = _medium_snapshot(run_dir, expert_step, ref_min, ref_max)
-        extra = {"training_run": str(run_dir), "train_steps": train_steps, "medium_snapshot_step": med_step,
-                 "medium_snapshot_eval_return": med_eval, "expert_snapshot": expert_agent,
-                 "expert_snapshot_step": expert_step, "expert_eval_return": expert_eval}
-        parts = []
-        if level in ("medium", "medium-expert"):
-            parts.append(policy_rows(f"snapshots/agent_{med_step}", steps, seed + 1))
-        if expert_rows is not None:
-            parts.append(expert_rows)
-        if level == "medium-replay":
-            st = ReplayBuffer.load(run_dir / "buffer_final", device=HOST).storage
-            lo = st.num_offline  # online rows in the order they were written (the ring never wrapped)
-            hi = lo + min(med_step, st.num_online)
-            rows = {k: st.columns[k][lo:hi].copy() for k in ("obs", "action", "reward", "next_obs", "terminated",
-                                                               "truncated")}
-            rows["truncated"][-1] |= not rows["terminated"][-1]
-        else:
-            rows = parts[0] if len(parts) == 1 else {k: _concat([p[k] for p in parts]) for k in parts[0]}
+        rows, ref_max, extra = _policy_level(req, ref_min)
     returns = _episode_returns(rows)
     d4rl = d4rl_reference(env_id)
     summary = {"task": task.lower(), "env_id": env_id, "level": level, "seed": seed, "rows": int(len(rows["reward"])),
@@ -317,3 +240,123 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
         write_task_references(root, did, {"ref_min_return": ref_min, "ref_max_return": ref_max, "written_by": did,
                                           "seed": seed, "steps": steps})
     return did, summary
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One checked ``make_dataset`` call: what the helpers of each level read."""
+    task: str
+    level: str
+    env_id: str
+    source: str | None  # a pixel task's state task: its training run's policies, fed the true state
+    steps: int  # rows to write
+    seed: int
+    train_steps: int  # env steps of the SAC run whose snapshots are the medium and expert policies
+    run_dir: Path  # that run's directory
+    noise: float  # noisy-scripted's action-noise std
+    progress: bool
+    label: str | None  # the collections' progress label
+
+
+def _request(task: str, level: str, steps: int | None, seed: int, out: Path, expert_train_steps: int | None,
+             progress: bool, noise: float | None) -> _Request:
+    """The arguments checked, with the task's defaults filled in; one ValueError naming the flag at fault."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}; known: {LEVELS}")
+    for name, value in (("steps", steps), ("expert_train_steps", expert_train_steps)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name} must be a positive integer (or left out for the task's budget), got {value!r}")
+    if noise is not None and (level != "noisy-scripted" or not (np.isfinite(noise) and noise >= 0)):
+        raise ValueError(f"noise (--noise) is the noisy-scripted level's action-noise std, a finite number >= 0; "
+                         f"got {noise!r} for level {level!r}")
+    env_id = task_env(task)
+    scripted = _scripted_levels(task)
+    if scripted is not None and level not in scripted or scripted is None and level in ("scripted", "noisy-scripted"):
+        raise ValueError(f"level {level!r} is not made for {task}: mazes have random and scripted, Meta-World tasks "
+                         "random, scripted and noisy-scripted, locomotion and pendulum tasks random, medium, "
+                         "medium-replay, expert, medium-expert")
+    source = PIXEL_SOURCES.get(task.lower())  # a pixel task: policies from the state task's run
+    if source and level == "medium-replay":
+        raise ValueError(f"{task} has no medium-replay level: its training run ({source}) stored state observations, "
+                         "not images; levels: random, medium, expert, medium-expert")
+    budget = _budget(task)
+    train_steps = budget.expert_train_steps if expert_train_steps is None else expert_train_steps
+    return _Request(task, level, env_id, source, steps=budget.steps if steps is None else steps, seed=seed,
+                    train_steps=train_steps,
+                    run_dir=out / "policies" / (source or task.lower()) / f"seed{seed}-steps{train_steps}",
+                    noise=SCRIPTED_NOISE if noise is None else float(noise), progress=progress,
+                    label="collecting" if progress else None)
+
+
+def _scripted_level(req: _Request, task_refs: Path) -> tuple[dict, float, dict]:
+    """(rows, R_expert, summary extras) of the scripted or noisy-scripted level: R_expert is the noiseless
+    scripted controller's mean return, cached in the task's references."""
+    noisy = req.level == "noisy-scripted"
+    rows = scripted_rows(req.task, req.env_id, req.steps, req.seed, req.noise if noisy else 0.0, req.label)
+    ref_max = _cached_reference(task_refs, f"scripted/seed{req.seed}-steps{req.steps}", lambda: _episode_returns(
+        rows if not noisy else scripted_rows(req.task, req.env_id, req.steps, req.seed, 0.0, req.label)).mean())
+    return rows, ref_max, {"action_noise_std": req.noise} if noisy else {}
+
+
+def _policy_level(req: _Request, ref_min: float) -> tuple[dict, float, dict]:
+    """(rows, R_expert, summary extras) of a level made from one SAC run's snapshots: medium (the snapshot nearest
+    to halfway between R_random and R_expert), expert (the best), medium-expert (both), medium-replay (the run's
+    online rows up to the medium snapshot). R_expert is cached in the run's directory."""
+    level, steps, seed, run_dir = req.level, req.steps, req.seed, req.run_dir
+    _training_run(req.source or req.task, req.train_steps, seed, run_dir, req.progress)
+    expert_agent, expert_step, expert_eval = _expert_snapshot(run_dir)
+    expert_rows = _policy_rows(req, expert_agent, steps, seed + 2) if level in ("expert", "medium-expert") else None
+    ref_max = _cached_reference(run_dir / "references.json", f"expert/{expert_agent}/seed{seed}-steps{steps}",
+                                lambda: _episode_returns(expert_rows if expert_rows is not None
+                                                         else _policy_rows(req, expert_agent, steps, seed + 2)).mean())
+    med_step, med_eval = _medium_snapshot(run_dir, expert_step, ref_min, ref_max)
+    extra = {"training_run": str(run_dir), "train_steps": req.train_steps, "medium_snapshot_step": med_step,
+             "medium_snapshot_eval_return": med_eval, "expert_snapshot": expert_agent,
+             "expert_snapshot_step": expert_step, "expert_eval_return": expert_eval}
+    if level == "medium-replay":
+        st = ReplayBuffer.load(run_dir / "buffer_final", device=HOST).storage
+        lo = st.num_offline  # online rows in the order they were written (the ring never wrapped)
+        hi = lo + min(med_step, st.num_online)
+        rows = {k: st.columns[k][lo:hi].copy() for k in ("obs", "action", "reward", "next_obs", "terminated",
+                                                           "truncated")}
+        rows["truncated"][-1] |= not rows["terminated"][-1]
+        return rows, ref_max, extra
+    parts = []
+    if level in ("medium", "medium-expert"):
+        parts.append(_policy_rows(req, f"snapshots/agent_{med_step}", steps, seed + 1))
+    if expert_rows is not None:
+        parts.append(expert_rows)
+    return parts[0] if len(parts) == 1 else _concat_rows(parts), ref_max, extra
+
+
+def _concat_rows(parts: list[dict]) -> dict:
+    """Row dicts one after the other."""
+    out = {}
+    for k, first in parts[0].items():
+        if isinstance(first, dict):  # dict observations: key by key
+            out[k] = {o: np.concatenate([p[k][o] for p in parts]) for o in first}
+        else:
+            out[k] = np.concatenate([p[k] for p in parts])
+    return out
+
+
+def _policy_rows(req: _Request, agent_name: str, n: int, seed: int) -> dict:
+    """A snapshot's stochastic rollout, kept in the run directory (.npz) so that medium-expert reuses the
+    medium and expert rows instead of collecting them again."""
+    path = req.run_dir / "rollouts" / f"{agent_name.replace('/', '_')}-seed{seed}-steps{n}.npz"
+    if req.source:  # image rows: not cached (.npz columns are flat arrays; regenerating takes seconds)
+        return _rollout(req, _load_agent(req.run_dir, agent_name), n, seed)
+    if path.is_file():
+        return load_dataset(path)[0]
+    rows = _rollout(req, _load_agent(req.run_dir, agent_name), n, seed)
+    save_dataset(path.with_suffix(".tmp.npz"), rows).replace(path)
+    return rows
+
+
+def _rollout(req: _Request, agent, n: int, seed: int) -> dict:
+    from relive.train.collector import collect_dataset  # (gymnasium, optional: `relive --help` imports this module)
+
+    if req.source:  # the state policy, fed the pixel env's true state
+        return collect_dataset(req.env_id, n, seed=seed, progress=req.label, policy_from_env=lambda env: (
+            lambda o: agent.act(env.get_wrapper_attr("true_state_obs")()[None], explore=True)))
+    return collect_dataset(req.env_id, n, seed=seed, policy=lambda o: agent.act(o, explore=True), progress=req.label)

@@ -307,31 +307,16 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
 
 def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None,
            resume_settings: Sequence[str], held: list, allow_other_base: bool = False) -> Run:
-    saved = tree = None
     if resume_dir is not None:
-        run_dir = Path(resume_dir)
-        if not (run_dir / "config.json").is_file():
-            raise ValueError(f"cannot resume {run_dir}: no config.json (not a run directory)")
-        held.append(_hold_run(run_dir))  # a second `--resume` of this run stops here
-        if (run_dir / "summary.json").is_file():
-            raise ValueError(f"{run_dir} has already finished (summary.json); nothing to resume")
-        saved = _read_run_config(run_dir)
-        cfg = _resume_config(saved, resume_settings)
-        if has_checkpoint(run_dir):
-            tree = load_checkpoint(run_dir)
-            _check_checkpoint_config(run_dir, tree, saved)
+        run_dir, saved, cfg, tree = _open_resumed_run(Path(resume_dir), resume_settings, held)
     elif resume_settings:
         raise ValueError("resume_settings change a resumed run; give resume_dir (a new run takes them in its config)")
     else:
+        saved = tree = None
         run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
         check_new_run_dir(run_dir)  # (again under the lock once built: before anything is written)
     s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
-    s.check_update_rule()
-    cfg.check_sizes()
-    _check_devices(cfg)
-    _check_random_warmup(cfg, agent_entry(cfg.agent_kind).target)
-    if allow_other_base and not hasattr(agent_entry(cfg.agent_kind).target, "allow_other_base"):
-        raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
+    _check_run_config(cfg, allow_other_base)
     torch.set_num_threads(cfg.run.num_threads)
     retain_freed_memory()  # no page faults on every update's activations (see the function)
     eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
@@ -347,75 +332,131 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if wrap_agent is not None:
         agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
-    buffer = ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
-                          sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
-                          action_dtype=np.int64 if spec.discrete else np.float32,
-                          extra_columns={c.name: c.spec for c in columns} or None,
-                          # the agent's n-step TD targets: the buffer sums the returns at sample time
-                          n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
-                          # replay.device: columns, draws and priorities on a torch device (relive.replay.device)
-                          **({"backend": "torch", "device": cfg.replay.device} if cfg.replay.device else {}))
+    buffer = _new_buffer(cfg, spec, columns, seeds)
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
                       next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
                       ref_min=cfg.data.ref_min_return, ref_max=cfg.data.ref_max_return)
-    resuming = tree is not None
-    if cfg.data.dataset and not resuming:  # (a checkpoint holds the buffer, offline rows included)
-        _load_dataset(cfg, buffer, columns, gamma, state)
-    elif s.num_offline_grad_steps and not cfg.data.dataset:
+    if s.num_offline_grad_steps and not cfg.data.dataset:
         raise ValueError("num_offline_grad_steps > 0 needs a dataset (--dataset PATH)")
-    if cfg.run.init_from and not resuming:  # one pre-trained agent shared by several fine-tuning runs
-        init = Path(cfg.run.init_from) / "agent_final"
-        if not (init / "MANIFEST.json").is_file():
-            raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
-        with _must_fit(f"run.init_from: {init}", "its agent does not fit this run's agent", ValueError, RuntimeError):
-            agent.load_state_dict(load_tree(init, kind="agent"))
+    if tree is None:  # (a checkpoint holds the buffer, offline rows included, and the agent)
+        _load_start(cfg, agent, buffer, columns, gamma, state)
     if remote:  # Ray collectors step the envs (relive.train.ray_collectors, which imports Ray only now)
         check_agent(agent)
         collector = RayCollectors(cfg, _int(seeds["env"]))
     else:
         collector = (Collector if num_envs == 1 else VectorCollector)(env, spec, _int(seeds["env"]),
                                                                       record_columns=columns)
-    hooks = []
-    if resume_dir is None:  # (a component that cannot run here refuses now, before the directory is written)
-        hooks = H.collect_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
-        try:
-            _check_num_envs(cfg, hooks)
-        except ValueError:
-            if env is not None:
-                env.close()  # (async vector envs: their worker processes)
-            raise
+    # (a component that cannot run here refuses now, before the directory is written)
+    hooks = _new_run_hooks(cfg, agent, buffer, gamma, env) if resume_dir is None else []
     if remote:
         collector.connect()  # start or join Ray (a bad address fails here, before the directory is written)
     if resume_dir is None:  # everything is built: only now does the directory become a run
-        created = not run_dir.exists()
-        run_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            held.append(_hold_run(run_dir))
-            check_new_run_dir(run_dir)  # under the lock: no other process started a run here meanwhile
-        except ValueError:
-            if env is not None:
-                env.close()
-            raise
-        try:
-            save_config(cfg, run_dir / "config.json")
-        except BaseException:
-            if created:
-                shutil.rmtree(run_dir, ignore_errors=True)
-            raise
+        _create_run_dir(cfg, run_dir, held, env)
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
     run = Run(cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
-        _resume(run, tree)  # (the checkpoint's buffer replaces the new one: hooks are collected from it)
-        if cfg != saved:  # resumed where or how it runs differently: from now on its config says so
-            save_config(cfg, run_dir / "config.json")
-            logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, cfg)))
-        run.hooks = H.collect_hooks(H.LoopContext(run.agent, run.buffer, cfg, gamma), run.agent, run.buffer.sampler)
-        if getattr(collector, "resumed", False):  # envs were reset mid-episode: end their open episodes
-            close_streams(run, range(collector.num_envs))
+        _continue_resumed_run(run, tree, saved, gamma)
     collector.on_episode_start = H.episode_start_fns(run.hooks)
     return run
+
+
+def _open_resumed_run(run_dir: Path, resume_settings: Sequence[str],
+                      held: list) -> tuple[Path, ExperimentConfig, ExperimentConfig, dict | None]:
+    """A run directory to resume, held by this process: (run_dir, its saved config, the config it resumes with,
+    its checkpoint or None)."""
+    if not (run_dir / "config.json").is_file():
+        raise ValueError(f"cannot resume {run_dir}: no config.json (not a run directory)")
+    held.append(_hold_run(run_dir))  # a second `--resume` of this run stops here
+    if (run_dir / "summary.json").is_file():
+        raise ValueError(f"{run_dir} has already finished (summary.json); nothing to resume")
+    saved = _read_run_config(run_dir)
+    cfg = _resume_config(saved, resume_settings)
+    tree = None
+    if has_checkpoint(run_dir):
+        tree = load_checkpoint(run_dir)
+        _check_checkpoint_config(run_dir, tree, saved)
+    return run_dir, saved, cfg, tree
+
+
+def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
+    """What a configuration must satisfy before anything is built."""
+    cfg.schedule.check_update_rule()
+    cfg.check_sizes()
+    _check_devices(cfg)
+    _check_random_warmup(cfg, agent_entry(cfg.agent_kind).target)
+    if allow_other_base and not hasattr(agent_entry(cfg.agent_kind).target, "allow_other_base"):
+        raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
+
+
+def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuffer:
+    return ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
+                        sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
+                        action_dtype=np.int64 if spec.discrete else np.float32,
+                        extra_columns={c.name: c.spec for c in columns} or None,
+                        # the agent's n-step TD targets: the buffer sums the returns at sample time
+                        n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
+                        # replay.device: columns, draws and priorities on a torch device (relive.replay.device)
+                        **({"backend": "torch", "device": cfg.replay.device} if cfg.replay.device else {}))
+
+
+def _load_start(cfg: ExperimentConfig, agent, buffer: ReplayBuffer, columns: tuple, gamma: float,
+                state: LoopState) -> None:
+    """A new run's starting point: the offline dataset into the buffer, the agent from ``run.init_from``."""
+    if cfg.data.dataset:
+        _load_dataset(cfg, buffer, columns, gamma, state)
+    if cfg.run.init_from:  # one pre-trained agent shared by several fine-tuning runs
+        init = Path(cfg.run.init_from) / "agent_final"
+        if not (init / "MANIFEST.json").is_file():
+            raise ValueError(f"run.init_from: {init} holds no agent (a finished run directory has agent_final/)")
+        with _must_fit(f"run.init_from: {init}", "its agent does not fit this run's agent", ValueError, RuntimeError):
+            agent.load_state_dict(load_tree(init, kind="agent"))
+
+
+def _new_run_hooks(cfg: ExperimentConfig, agent, buffer: ReplayBuffer, gamma: float, env) -> list:
+    """The loop hooks the agent and the sampler declare, checked against the run's envs (on a refusal the training
+    env is closed first: async vector envs have worker processes)."""
+    hooks = H.collect_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
+    try:
+        _check_num_envs(cfg, hooks)
+    except ValueError:
+        if env is not None:
+            env.close()
+        raise
+    return hooks
+
+
+def _create_run_dir(cfg: ExperimentConfig, run_dir: Path, held: list, env) -> None:
+    """Make ``run_dir`` a run: held by this process, still free of another run, with its config.json (a directory
+    this call created is removed again if the config cannot be written)."""
+    created = not run_dir.exists()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        held.append(_hold_run(run_dir))
+        check_new_run_dir(run_dir)  # under the lock: no other process started a run here meanwhile
+    except ValueError:
+        if env is not None:
+            env.close()
+        raise
+    try:
+        save_config(cfg, run_dir / "config.json")
+    except BaseException:
+        if created:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _continue_resumed_run(run: Run, tree: dict | None, saved: ExperimentConfig, gamma: float) -> None:
+    """A resumed run takes its checkpoint (the checkpoint's buffer replaces the new one: hooks are collected from
+    it), records settings that changed, and ends the episodes its envs were in when it stopped."""
+    _resume(run, tree)
+    if run.cfg != saved:  # resumed where or how it runs differently: from now on its config says so
+        save_config(run.cfg, run.run_dir / "config.json")
+        run.logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, run.cfg)))
+    run.hooks = H.collect_hooks(H.LoopContext(run.agent, run.buffer, run.cfg, gamma), run.agent, run.buffer.sampler)
+    if getattr(run.collector, "resumed", False):  # envs were reset mid-episode: end their open episodes
+        close_streams(run, range(run.collector.num_envs))
 
 
 def close_streams(run: Run, streams) -> None:
