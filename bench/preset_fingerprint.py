@@ -55,7 +55,6 @@ def make_inputs(work: Path) -> tuple[Path, Path]:
     """A tiny random Pendulum dataset (.npz, 4 episodes of 50 steps) and a BC base fitted to it."""
     import gymnasium as gym
 
-    from relive.data.npz_io import save_dataset
 
     env, rng = gym.make("Pendulum-v1", max_episode_steps=50), np.random.default_rng(0)
     rows = {k: [] for k in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
@@ -67,9 +66,9 @@ def make_inputs(work: Path) -> tuple[Path, Path]:
             for k, v in zip(rows, (obs, a, r, nxt, term, t == 49)):
                 rows[k].append(v)
             obs = nxt
-    data = save_dataset(work / "pendulum.npz", {k: np.asarray(v, np.float32 if k not in ("terminated", "truncated")
-                                                              else bool) for k, v in rows.items()},
-                        env_id="Pendulum-v1")
+    data = work / "pendulum.npz"  # (relive's .npz dataset format, written directly: the script runs on old commits)
+    np.savez(data, **{k: np.asarray(v, bool if k in ("terminated", "truncated") else np.float32)
+                      for k, v in rows.items()}, meta_env_id=np.asarray("Pendulum-v1"))
     base = work / "base"
     subprocess.run([sys.executable, "-m", "relive.cli", "bc", "--dataset", str(data), "--out", str(base), "--steps",
                     "50", "--eval-episodes", "0", "--no-progress"], check=True, capture_output=True, text=True)
