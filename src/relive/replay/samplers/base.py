@@ -60,7 +60,8 @@ class Sampler:
     signals: tuple[str, ...] = ()
 
     def __init__(self) -> None:
-        self.storage = None
+        # unbound until bind() (the buffer binds before any use); typed as bound so the samplers need no narrowing
+        self.storage: StorageView = None  # type: ignore[assignment]
         self.source: int | None = None
         self._last_indices = np.zeros(0, np.int64)
 
