@@ -69,7 +69,7 @@ typecheck: $(VENV)/.stamp-typecheck
 # the API reference site (mkdocs.yml: docs/*.md + mkdocstrings from the docstrings) into site/; --strict: a broken
 # link or a missing reference fails the build
 docs: $(VENV)/.stamp-docs
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # (the variable: no mkdocs-material end-of-life banner)
 
 # the package as users get it: wheel + sdist built, the wheel installed into a new venv and used from outside the
 # checkout (CLI, API, a tiny training run, a buffer save/load); no setuptools deprecation warning allowed
