@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 PIPC := $(PIP) install -c constraints.txt
 
-.PHONY: test test-all test-metaworld demo bench lint package clean
+.PHONY: test test-all test-metaworld demo bench lint typecheck docs package clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,14 @@ $(PY):
 # stamp files: reinstall when the package metadata or the pins change
 $(VENV)/.stamp-test: pyproject.toml constraints.txt | $(PY)
 	$(PIPC) -e ".[test]"
+	touch $@
+
+$(VENV)/.stamp-typecheck: pyproject.toml constraints.txt | $(PY)
+	$(PIPC) -e ".[typecheck]"
+	touch $@
+
+$(VENV)/.stamp-docs: pyproject.toml constraints.txt | $(PY)
+	$(PIPC) -e ".[docs]"
 	touch $@
 
 $(VENV)/.stamp-demo: pyproject.toml constraints.txt | $(PY)
@@ -54,10 +62,19 @@ bench: $(VENV)/.stamp-bench
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check src tests bench examples
 
+# mypy over the public API: the modules listed in pyproject.toml's [tool.mypy] (relive.types, relive.registry, relive.replay)
+typecheck: $(VENV)/.stamp-typecheck
+	$(VENV)/bin/mypy
+
+# the API reference site (mkdocs.yml: docs/*.md + mkdocstrings from the docstrings) into site/; --strict: a broken
+# link or a missing reference fails the build
+docs: $(VENV)/.stamp-docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict  # (the variable: no mkdocs-material end-of-life banner)
+
 # the package as users get it: wheel + sdist built, the wheel installed into a new venv and used from outside the
 # checkout (CLI, API, a tiny training run, a buffer save/load); no setuptools deprecation warning allowed
 package: $(VENV)/.stamp-test
 	.ci/package_smoke.sh $(PY)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis dist build
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache dist build site

@@ -14,6 +14,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from relive import __version__
+
 COMMAND_MODULES = (
     "relive.train.cli",  # train, presets, demo
     "relive.train.data_cli",  # data make / list / info
@@ -59,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relive", description="Experience replay for off-policy and "
                                      "offline-to-online reinforcement learning.")
     parser.add_argument("--debug", action="store_true", help="on an error, print the full traceback")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:

@@ -50,7 +50,8 @@ _OPTIONAL_BUILTINS = ("relive.replay.samplers.refer", "relive.agents.ddpg", "rel
 
 
 def _check_config_cls(name: str, config_cls: type) -> None:
-    if not (dataclasses.is_dataclass(config_cls) and config_cls.__dataclass_params__.frozen):
+    # __dataclass_params__ is set on every dataclass but is not in typeshed's DataclassInstance protocol
+    if not (dataclasses.is_dataclass(config_cls) and config_cls.__dataclass_params__.frozen):  # type: ignore[attr-defined]
         raise TypeError(f"{name!r}: the config must be a frozen dataclass, got {config_cls!r}")
     missing = [f.name for f in dataclasses.fields(config_cls)
                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
@@ -137,7 +138,7 @@ def field_docs(config_cls: type) -> dict[str, str]:
         src = inspect.cleandoc("\n".join(lines)).splitlines() if lines[0].startswith(" ") else lines
         for node in cls_node.body:
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                i = node.end_lineno - 1
+                i = (node.end_lineno or node.lineno) - 1  # end_lineno is Optional in ast's types, set by parse
                 indent = len(src[node.lineno - 1]) - len(src[node.lineno - 1].lstrip())
                 parts = []
                 if "#" in src[i]:  # a trailing comment, maybe continued on deeper-indented comment lines

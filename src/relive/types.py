@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: the ground floor does not import torch at run time
+    import torch
 
 OFFLINE = 0
 ONLINE = 1
@@ -26,7 +29,7 @@ class SampleInfo:
     indices: np.ndarray
     generation: np.ndarray
     probability: np.ndarray
-    is_weight: np.ndarray
+    is_weight: np.ndarray | torch.Tensor  # a float32 tensor in the copy a batch moved to a device carries
     source: np.ndarray
     # per-batch values a sampler publishes for the agent's update (e.g. ReF-ER's ``c_max`` and ``beta``):
     # scalars, or arrays of shape [B] (``to_torch`` turns those into tensors); empty for most samplers
@@ -143,8 +146,8 @@ class TensorMetrics(Mapping):
 
     __slots__ = ("_values", "_floats")
 
-    def __init__(self, values: Mapping[str, Any] = ()):
-        self._values = dict(values)
+    def __init__(self, values: Mapping[str, Any] | None = None):
+        self._values = dict(values or {})
         self._floats: dict[str, float] | None = None
 
     def _read(self) -> dict[str, float]:

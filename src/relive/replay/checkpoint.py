@@ -51,7 +51,8 @@ class DirectoryRef:
     def __eq__(self, other) -> bool:
         return isinstance(other, DirectoryRef) and self.path == other.path
 
-    __hash__ = None
+    # unhashable, as any class defining __eq__ alone; typeshed declares object.__hash__ a method, not Optional
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _flatten(tree: dict, prefix: str = "", base: Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -12,7 +12,7 @@ exact distribution that ``_draw`` samples from (the tests hold every sampler to 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import numpy as np
 
@@ -29,6 +29,12 @@ MIN_PRIORITY = 1e-20
 MAX_EXPONENT = 4.0
 
 
+@overload  # integer=True returns an int (counts: is_anneal_samples, refresh_every_grad_steps)
+def check_number(owner: str, name: str, value, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, integer: Literal[True]) -> int: ...
+@overload
+def check_number(owner: str, name: str, value, *, low: float | None = None, high: float | None = None,
+                 low_open: bool = False, high_open: bool = False, integer: Literal[False] = False) -> float: ...
 def check_number(owner: str, name: str, value, *, low: float | None = None, high: float | None = None,
                  low_open: bool = False, high_open: bool = False, integer: bool = False) -> float | int:
     """A hyper-parameter as float (or int with ``integer``): a real number (not a bool, not NaN / inf) within the
@@ -60,7 +66,8 @@ class Sampler:
     signals: tuple[str, ...] = ()
 
     def __init__(self) -> None:
-        self.storage = None
+        # unbound until bind() (the buffer binds before any use); typed as bound so the samplers need no narrowing
+        self.storage: StorageView = None  # type: ignore[assignment]
         self.source: int | None = None
         self._last_indices = np.zeros(0, np.int64)
 

@@ -92,8 +92,9 @@ class PrioritizedSampler(Sampler):
         self.initial_priority = check_number(name, "initial_priority", initial_priority, low=0, low_open=True,
                                              high=MAX_PRIORITY)
         self.num_samples = 0
-        self.sum_tree: SumTree | None = None
-        self.max_tree: MaxTree | None = None
+        # built in bind() (capacity unknown before; the buffer binds before any use): typed as built, no narrowing
+        self.sum_tree: SumTree = None  # type: ignore[assignment]
+        self.max_tree: MaxTree = None  # type: ignore[assignment]
 
     def bind(self, storage, source=None) -> None:
         super().bind(storage, source)
