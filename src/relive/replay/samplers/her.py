@@ -169,26 +169,29 @@ class HindsightSampler(Sampler):
         goal = np.full(n, -1, np.int64)
         if self.k == 0 or n == 0:  # draws nothing: batches equal the inner sampler's
             return np.zeros(n, bool), goal
-        relabeled = rng.random(n) < self.relabel_probability
-        rows = idx[relabeled]
-        if rows.size == 0:
+        p = self.relabel_probability
+        u = rng.random(n)  # one draw per row: u < p relabels, and then u / p ~ U[0, 1) places the goal row
+        relabeled = u < p
+        m = np.flatnonzero(relabeled)
+        if m.size == 0:
             return relabeled, goal
+        rows, v = idx[m], u[m] / p
         st = self.storage
         if self.strategy == "random":
-            goal[relabeled] = rng.integers(0, st.size, rows.size)
+            goal[m] = np.minimum((v * st.size).astype(np.int64), st.size - 1)
             return relabeled, goal
         ep = st.meta["episode_id"].take(rows)
         end = st.episodes.end_of(ep)  # one past the last stored row (an open episode: its newest row)
-        online = rows >= st.num_offline
         if self.strategy == "future":
             pos = st.position_of(rows)
-            j = pos + np.floor(rng.random(rows.size) * (end - pos)).astype(np.int64)
+            j = pos + (v * (end - pos)).astype(np.int64)
         elif self.strategy == "final":
             j = end - 1
         else:  # episode: any stored row of the episode (its first rows may have been evicted by the ring)
             start = st.episodes.get(ep).start
-            j = start + np.floor(rng.random(rows.size) * (end - start)).astype(np.int64)
-        goal[relabeled] = returns.slot_at(st, j, online)
+            j = start + (v * (end - start)).astype(np.int64)
+        j = np.minimum(j, end - 1)  # (u / p rounds up to 1.0 in float64 only at the edge)
+        goal[m] = returns.slot_at(st, j, rows >= st.num_offline)
         return relabeled, goal
 
     def hints(self) -> dict:
@@ -209,7 +212,7 @@ class HindsightSampler(Sampler):
                              "(after ReplayBuffer.load: buf.sampler.set_reward_fn(reward_fn, success_fn))")
         st = self.storage
         ak, dk = self.achieved_key, self.desired_key
-        g = st.read("next_obs", goal_slot[m])[ak]
+        g = st.read("next_obs", goal_slot[m], (ak,))[ak]
         batch.obs[dk][m] = g
         batch.next_obs[dk][m] = g
         if n_step <= 1:
@@ -253,7 +256,7 @@ class HindsightSampler(Sampler):
             if not step.any():
                 break
             row = returns.slot_at(st, np.minimum(pos + k, pos + n - 1), online)
-            achieved = st.read("next_obs", row)[self.achieved_key]
+            achieved = st.read("next_obs", row, (self.achieved_key,))[self.achieved_key]
             total += np.where(step, powers[k], 0.0) * self._reward(achieved, g)
             used += step
             last = np.where(step, row, last)
