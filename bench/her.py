@@ -114,7 +114,8 @@ def main() -> None:
           f"(numpy batches), {us['relive HER + to_torch'] / us['relive uniform, no HER + to_torch'] - 1:+.0%} "
           "(torch batches)")
     if "SB3 HerReplayBuffer, k=4 future" in us:
-        print(f"SB3 / relive HER (torch batches): {us['SB3 HerReplayBuffer, k=4 future'] / us['relive HER + to_torch']:.2f}x")
+        ratio = us["SB3 HerReplayBuffer, k=4 future"] / us["relive HER + to_torch"]
+        print(f"SB3 / relive HER (torch batches): {ratio:.2f}x")
     print(f"rows {n}, {platform.processor() or platform.machine()}, python {platform.python_version()}")
 
 

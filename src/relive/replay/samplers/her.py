@@ -49,8 +49,10 @@ from collections.abc import Callable
 
 import numpy as np
 
+from relive.hooks import collect_hooks
 from relive.replay import returns
 from relive.replay.samplers.base import Draw, Sampler, check_number, sampler_config, sampler_from_config, state_field
+from relive.replay.samplers.uniform import UniformSampler
 
 STRATEGIES = ("future", "final", "episode", "random")
 
@@ -65,8 +67,6 @@ class HindsightSampler(Sampler):
                  success_fn: Callable | None = None, achieved_key: str = "achieved_goal",
                  desired_key: str = "desired_goal"):
         super().__init__()
-        from relive.replay.samplers.uniform import UniformSampler
-
         if strategy not in STRATEGIES:
             raise ValueError(f"HindsightSampler: strategy must be one of {STRATEGIES}, got {strategy!r}")
         self.k = check_number("HindsightSampler", "k", k, low=0)
@@ -143,8 +143,6 @@ class HindsightSampler(Sampler):
         return self.inner.refresh(score_fn, chunk_size)
 
     def loop_hooks(self, ctx) -> list:
-        from relive.hooks import collect_hooks
-
         return collect_hooks(ctx, self.inner)
 
     def probabilities(self, *args, **kwargs) -> np.ndarray:
