@@ -27,10 +27,13 @@ ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")
 METAWORLD_PREFIX = "MetaWorld/"  # relive.metaworld_envs
 
 
-def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
+def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dict: bool = False) -> gym.Env:
     """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.pixel_envs``) are
     registered on demand. Dict observations are flattened into one Box (goal-conditioned tasks: achieved_goal,
-    desired_goal, observation) unless they hold an image key (:func:`has_image_keys`), which keeps them dicts."""
+    desired_goal, observation) unless they hold an image key (:func:`has_image_keys`), which keeps them dicts.
+    ``keep_goal_dict=True``: a goal-conditioned Dict (:func:`has_goal_keys`) stays a dict too, so that a buffer
+    stores it key by key and :class:`~relive.replay.samplers.her.HindsightSampler` can relabel its
+    ``desired_goal`` (docs/her.md); a non-goal env with it is a ValueError."""
     check_env_id(env_id)
     kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     if env_id.startswith(ROBOTICS_PREFIXES):
@@ -51,9 +54,25 @@ def make_env(env_id: str, max_episode_steps: int | None = None) -> gym.Env:
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as e:
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from None
-    if isinstance(env.observation_space, gym.spaces.Dict) and not has_image_keys(env.observation_space):
+    if keep_goal_dict and not has_goal_keys(env.observation_space):
+        env.close()
+        raise ValueError(f"make_env({env_id!r}, keep_goal_dict=True): its observations are not a goal dict with keys "
+                         f"{GOAL_KEYS} (got {env.observation_space})")
+    if (isinstance(env.observation_space, gym.spaces.Dict) and not has_image_keys(env.observation_space)
+            and not keep_goal_dict):
         env = gym.wrappers.FlattenObservation(env)
     return env
+
+
+#: the keys of Gymnasium's goal-conditioned observations (``gymnasium_robotics.GoalEnv``)
+GOAL_KEYS = ("observation", "achieved_goal", "desired_goal")
+
+
+def has_goal_keys(space) -> bool:
+    """A Dict space of Boxes with the goal keys (:data:`GOAL_KEYS`), achieved and desired goals of one shape."""
+    return (isinstance(space, gym.spaces.Dict) and all(k in space.spaces for k in GOAL_KEYS)
+            and all(isinstance(s, gym.spaces.Box) for s in space.spaces.values())
+            and space["achieved_goal"].shape == space["desired_goal"].shape)
 
 
 def check_env_id(env_id) -> None:
@@ -82,7 +101,8 @@ def has_image_keys(space) -> bool:
 VECTOR_MODES = ("sync", "async")
 
 
-def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_steps: int | None = None):
+def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_steps: int | None = None, *,
+                    keep_goal_dict: bool = False):
     """``num_envs`` copies of :func:`make_env` in a Gymnasium vector env: ``"sync"`` (SyncVectorEnv, one process)
     or ``"async"`` (AsyncVectorEnv, one subprocess per env). Autoreset is SAME_STEP: the step that ends an
     episode returns the next episode's first observation, and the true final observation in
@@ -92,17 +112,18 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_
 
     if mode not in VECTOR_MODES:
         raise ValueError(f"vector mode must be one of {VECTOR_MODES}, got {mode!r}")
-    make_env(env_id, max_episode_steps).close()  # a bad id fails here, with make_env's message, not in a worker
-    fns = [partial(make_env, env_id, max_episode_steps) for _ in range(num_envs)]
+    make_env(env_id, max_episode_steps, keep_goal_dict=keep_goal_dict).close()  # a bad id fails here, not in a worker
+    fns = [partial(make_env, env_id, max_episode_steps, keep_goal_dict=keep_goal_dict) for _ in range(num_envs)]
     cls = SyncVectorEnv if mode == "sync" else AsyncVectorEnv
     return cls(fns, autoreset_mode=AutoresetMode.SAME_STEP)
 
 
 def env_spec(env: gym.Env) -> EnvSpec:
     """Shapes of an env made by :func:`make_env`. ``obs_shape``: a tuple for a Box, or for a Dict kept by
-    ``make_env`` (image tasks) a dict key -> (shape, dtype), as ``ReplayBuffer(obs_shape=...)`` takes it."""
+    ``make_env`` (image tasks, goal tasks with ``keep_goal_dict``) a dict key -> (shape, dtype), as
+    ``ReplayBuffer(obs_shape=...)`` takes it."""
     obs, act = env.observation_space, env.action_space
-    if has_image_keys(obs) and all(isinstance(s, gym.spaces.Box) for s in obs.spaces.values()):
+    if (has_image_keys(obs) or has_goal_keys(obs)) and all(isinstance(s, gym.spaces.Box) for s in obs.spaces.values()):
         obs_shape = {k: (tuple(s.shape), np.dtype(s.dtype)) for k, s in obs.spaces.items()}
     elif isinstance(obs, gym.spaces.Box):
         obs_shape = obs.shape

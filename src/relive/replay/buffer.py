@@ -165,8 +165,11 @@ class ReplayBuffer:
         if self.on_device:
             return self._sample_device(int(batch_size))
         draw = self.sampler.sample(int(batch_size), self.rng)
-        return self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
-                           hints=self.sampler.hints())
+        batch = self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
+                            hints=self.sampler.hints())
+        if getattr(self.sampler, "relabels", False):  # HER (samplers/her.py): new goals written into the batch
+            batch = self.sampler.relabel_batch(batch, self.n_step, self.gamma)
+        return batch
 
     def _sample_device(self, batch_size: int) -> Batch:
         """A batch drawn and gathered on the device: every column and ``info`` field a tensor there."""
@@ -255,6 +258,9 @@ class ReplayBuffer:
             raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.size} rows are stored")
         if self.on_device:
             raise ValueError("sample_sequences needs a host backend ('ram' or 'memmap'): slices are cut on the host")
+        if getattr(self.sampler, "relabels", False):
+            raise ValueError(f"sample_sequences does not relabel goals: {type(self.sampler).__name__} relabels rows of "
+                             "sample() only (use sample(), or the inner sampler for sequences)")
         st = self.storage
         draw = self.sampler.sample(int(batch_size), self.rng)
         if at_episode_end == "reject":

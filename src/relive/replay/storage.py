@@ -658,23 +658,26 @@ class Storage:
         return slots
 
     # -- reading ---------------------------------------------------------------------------------------
-    def read(self, name: str, slots: np.ndarray):
+    def read(self, name: str, slots: np.ndarray, keys=None):
         """One logical column of stored rows: ``obs`` / ``next_obs`` are an array (flat observations) or a dict
-        key -> array (dict observations); ``next_obs`` is rebuilt from the next row where it is not stored."""
+        key -> array (dict observations; ``keys``: only those keys); ``next_obs`` is rebuilt from the next row where
+        it is not stored."""
         slots = np.asarray(slots, np.int64)
         if name == "obs":
             parts = {on: self.columns[on].take(slots, axis=0) for on in self._obs_names}
         elif name == "next_obs":
-            parts = self._read_next(slots)
+            parts = self._read_next(slots, keys)
         else:
             return self.columns[name].take(slots, axis=0)
         if self.obs_keys is None:
             return next(iter(parts.values()))
-        return {k: parts[f"{name}.{k}"] for k in self.obs_keys}
+        return {k: parts[f"{name}.{k}"] for k in (self.obs_keys if keys is None else keys)}
 
-    def _read_next(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+    def _read_next(self, slots: np.ndarray, keys=None) -> dict[str, np.ndarray]:
+        names = [(on, nn) for on, nn in zip(self._obs_names, self._next_names, strict=True)
+                 if keys is None or nn[len("next_obs."):] in keys]
         if not self.dedup_next_obs:
-            return {nn: self.columns[nn].take(slots, axis=0) for nn in self._next_names}
+            return {nn: self.columns[nn].take(slots, axis=0) for _, nn in names}
         nx = self._nx
         entry = nx.entry.take(slots)
         explicit = entry >= 0
@@ -683,7 +686,7 @@ class Storage:
         any_explicit = bool(explicit.any())
         if any_explicit:
             where, from_entry = np.flatnonzero(explicit), entry[explicit]
-        for on, nn in zip(self._obs_names, self._next_names, strict=True):
+        for on, nn in names:
             arr = self.columns[on].take(src, axis=0)
             if any_explicit:
                 arr[where] = nx.values[nn][from_entry]
@@ -1034,10 +1037,10 @@ class StorageView:
     def slot_range(self, source: int | None = None) -> tuple[int, int]:
         return self._st.slot_range(source)
 
-    def read(self, name: str, slots):
-        """One logical column of stored rows (``obs`` / ``next_obs``: an array, or a dict for dict observations);
-        read observations through this, not ``columns``, which holds the physical columns."""
-        return self._st.read(name, slots)
+    def read(self, name: str, slots, keys=None):
+        """One logical column of stored rows (``obs`` / ``next_obs``: an array, or a dict for dict observations,
+        ``keys``: only those); read observations through this, not ``columns``, which holds the physical columns."""
+        return self._st.read(name, slots, keys)
 
     def online_slot(self, positions) -> np.ndarray:
         """Slots of online rows given their logical positions."""

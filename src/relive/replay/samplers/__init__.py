@@ -5,6 +5,7 @@ from __future__ import annotations
 from relive.replay.samplers.arb import ARBSampler
 from relive.replay.samplers.base import SAMPLERS, Draw, Sampler, register_sampler, sampler_config, sampler_from_config
 from relive.replay.samplers.berb import BERBSampler
+from relive.replay.samplers.her import HindsightSampler
 from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.per import PrioritizedSampler
 from relive.replay.samplers.reaper import ReaPERSampler
@@ -19,8 +20,9 @@ SAMPLERS.update({
     "ReaPERSampler": ReaPERSampler,
     "ReaPERReferenceSampler": ReaPERReferenceSampler,
     "BERBSampler": BERBSampler,
+    "HindsightSampler": HindsightSampler,
 })
 
 __all__ = ["Draw", "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler",
-           "ReaPERSampler", "ReaPERReferenceSampler", "BERBSampler", "SAMPLERS",
+           "ReaPERSampler", "ReaPERReferenceSampler", "BERBSampler", "HindsightSampler", "SAMPLERS",
            "register_sampler", "sampler_config", "sampler_from_config"]

@@ -1,0 +1,123 @@
+"""Cost of Hindsight Experience Replay at sample time: relive's HindsightSampler vs the same sampler without it vs
+Stable-Baselines3's HerReplayBuffer, over the same rows, in one process.
+
+FetchPush-shaped rows (observation 25, goals 3, action 4), episodes of 50 steps (truncated), one env; HER with
+k = 4, strategy "future", the Fetch sparse reward -(|a - g| > 0.05) computed vectorized. Prints the best of
+``--repeats`` timing windows (microseconds per ``sample(256)``) and the ratios. SB3's ``sample`` returns torch
+tensors, so relive is also timed with ``batch.to_torch()`` (the like-for-like figure).
+
+    PYTHONPATH=src:<dir with stable-baselines3> python bench/her.py --rows 100000
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+
+from relive.replay import ReplayBuffer, UniformSampler
+from relive.replay.samplers.her import HindsightSampler
+
+OBS, GOAL, ACT, EPISODE = 25, 3, 4, 50
+
+
+def compute_reward(achieved, desired, info):
+    """Fetch's sparse reward (gymnasium_robotics.envs.fetch: -(distance > 0.05)), vectorized."""
+    return -(np.linalg.norm(achieved - desired, axis=-1) > 0.05).astype(np.float32)
+
+
+def rows(n: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    frames = n + n // EPISODE  # one extra observation per episode (its final next_obs)
+    obs = rng.normal(size=(frames, OBS)).astype(np.float32)
+    ach = rng.normal(size=(frames, GOAL)).astype(np.float32)
+    keep = np.ones(frames, bool)
+    keep[EPISODE::EPISODE + 1] = False  # drop each episode's final frame from obs
+    first = np.flatnonzero(keep)
+    desired = np.repeat(rng.normal(size=(n // EPISODE, GOAL)).astype(np.float32), EPISODE, axis=0)
+    trunc = (np.arange(n) % EPISODE) == EPISODE - 1
+    return {"obs": {"observation": obs[first], "achieved_goal": ach[first], "desired_goal": desired},
+            "next_obs": {"observation": obs[first + 1], "achieved_goal": ach[first + 1], "desired_goal": desired},
+            "action": rng.uniform(-1, 1, (n, ACT)).astype(np.float32),
+            "reward": compute_reward(ach[first + 1], desired, {}), "terminated": np.zeros(n, bool),
+            "truncated": trunc}
+
+
+def relive_buffer(data: dict, n: int, her: bool) -> ReplayBuffer:
+    shape = {"observation": (OBS,), "achieved_goal": (GOAL,), "desired_goal": (GOAL,)}
+    sampler = HindsightSampler(UniformSampler(), "future", 4, compute_reward) if her else UniformSampler()
+    buf = ReplayBuffer(n, shape, (ACT,), sampler=sampler, seed=0)
+    buf.extend(data)
+    return buf
+
+
+def sb3_buffer(data: dict, n: int):
+    import gymnasium as gym
+    from stable_baselines3 import HerReplayBuffer
+
+    class OneEnv:  # what HerReplayBuffer asks of its VecEnv: the env's compute_reward
+        num_envs = 1
+
+        def env_method(self, name, *args, indices=None, **kwargs):
+            assert name == "compute_reward"
+            return [compute_reward(*args)]
+
+    box = lambda k: gym.spaces.Box(-np.inf, np.inf, (k,), np.float32)  # noqa: E731
+    space = gym.spaces.Dict({"observation": box(OBS), "achieved_goal": box(GOAL), "desired_goal": box(GOAL)})
+    buf = HerReplayBuffer(n, space, gym.spaces.Box(-1, 1, (ACT,), np.float32), env=OneEnv(), device="cpu",
+                          n_sampled_goal=4, goal_selection_strategy="future")
+    for t in range(n):
+        end = bool(data["truncated"][t])
+        buf.add({k: v[t:t + 1] for k, v in data["obs"].items()}, {k: v[t:t + 1] for k, v in data["next_obs"].items()},
+                data["action"][t:t + 1], data["reward"][t:t + 1], np.array([end]),
+                [{"TimeLimit.truncated": end}])
+    return buf
+
+
+def best_us(fn, calls: int, repeats: int) -> float:
+    for _ in range(max(10, calls // 10)):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return min(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rows", type=int, default=100_000, help="rows stored (a multiple of 50)")
+    p.add_argument("--calls", type=int, default=300, help="calls per timing window")
+    p.add_argument("--repeats", type=int, default=5, help="timing windows; the best is shown")
+    args = p.parse_args()
+    n = args.rows - args.rows % EPISODE
+    data = rows(n)
+    plain, her = relive_buffer(data, n, False), relive_buffer(data, n, True)
+    ops = {"relive uniform, no HER": lambda: plain.sample(256),
+           "relive HER(uniform), k=4 future": lambda: her.sample(256),
+           "relive uniform, no HER + to_torch": lambda: plain.sample(256).to_torch(),
+           "relive HER + to_torch": lambda: her.sample(256).to_torch()}
+    try:
+        sb3 = sb3_buffer(data, n)
+        ops["SB3 HerReplayBuffer, k=4 future"] = lambda: sb3.sample(256)
+    except ImportError:
+        print("stable-baselines3 not importable: SB3 skipped")
+    us = {}
+    for name, fn in ops.items():
+        us[name] = best_us(fn, args.calls, args.repeats)
+        print(f"{name:38s} {us[name]:9.1f} us/sample(256)")
+    print(f"HER overhead: {us['relive HER(uniform), k=4 future'] / us['relive uniform, no HER'] - 1:+.0%} "
+          f"(numpy batches), {us['relive HER + to_torch'] / us['relive uniform, no HER + to_torch'] - 1:+.0%} "
+          "(torch batches)")
+    if "SB3 HerReplayBuffer, k=4 future" in us:
+        ratio = us["SB3 HerReplayBuffer, k=4 future"] / us["relive HER + to_torch"]
+        print(f"SB3 / relive HER (torch batches): {ratio:.2f}x")
+    print(f"rows {n}, {platform.processor() or platform.machine()}, python {platform.python_version()}")
+
+
+if __name__ == "__main__":
+    main()
