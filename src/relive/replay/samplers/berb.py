@@ -87,10 +87,10 @@ class BERBSampler(Sampler):
             for h in self.hidden:
                 layers += [nn.Linear(d, h), nn.ReLU()]
                 d = h
-            layers.append(nn.Linear(d, 1))
-            self.net = nn.Sequential(*layers).to(self.device)
+            head = nn.Linear(d, 1)
+            self.net = nn.Sequential(*layers, head).to(self.device)
         with torch.no_grad():
-            self.net[-1].bias.fill_(1.0)  # w starts near 1 (reference code)
+            head.bias.fill_(1.0)  # w starts near 1 (reference code)
         self.opt = torch.optim.Adam(self.net.parameters(), lr=self.lr)
 
     # -- density ratio ---------------------------------------------------------------------------------

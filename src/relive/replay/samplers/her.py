@@ -202,12 +202,9 @@ class HindsightSampler(Sampler):
         m = np.flatnonzero(relabeled)
         if m.size == 0:
             return batch
-        if self.reward_fn is None:
-            raise ValueError("HindsightSampler has no reward_fn: pass reward_fn=env.unwrapped.compute_reward (after "
-                             "ReplayBuffer.load: buf.sampler.set_reward_fn(...), functions are not saved)")
-        if self.terminate_on_success and self.success_fn is None:
-            raise ValueError("HindsightSampler(terminate_on_success=True) has no success_fn: pass success_fn=... "
-                             "(after ReplayBuffer.load: buf.sampler.set_reward_fn(reward_fn, success_fn))")
+        self._reward_fn()  # (both refused before the batch is touched)
+        if self.terminate_on_success:
+            self._success_fn()
         st = self.storage
         ak, dk = self.achieved_key, self.desired_key
         g = st.read("next_obs", goal_slot[m], (ak,))[ak]
@@ -222,15 +219,27 @@ class HindsightSampler(Sampler):
         self._relabel_n_step(batch, m, g, n_step, gamma)
         return batch
 
+    def _reward_fn(self) -> Callable:
+        if self.reward_fn is None:
+            raise ValueError("HindsightSampler has no reward_fn: pass reward_fn=env.unwrapped.compute_reward (after "
+                             "ReplayBuffer.load: buf.sampler.set_reward_fn(...), functions are not saved)")
+        return self.reward_fn
+
+    def _success_fn(self) -> Callable:
+        if self.success_fn is None:
+            raise ValueError("HindsightSampler(terminate_on_success=True) has no success_fn: pass success_fn=... "
+                             "(after ReplayBuffer.load: buf.sampler.set_reward_fn(reward_fn, success_fn))")
+        return self.success_fn
+
     def _reward(self, achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
-        r = np.asarray(self.reward_fn(achieved, desired, {}))
+        r = np.asarray(self._reward_fn()(achieved, desired, {}))
         if r.shape != (achieved.shape[0],) or r.dtype.kind not in "fiub":
             raise ValueError(f"HindsightSampler: reward_fn(achieved, desired, info) must return one number per row, "
                              f"shape ({achieved.shape[0]},), got shape {r.shape} dtype {r.dtype} (is it vectorized?)")
         return r
 
     def _success(self, achieved: np.ndarray, desired: np.ndarray) -> np.ndarray:
-        s = np.asarray(self.success_fn(achieved, desired, {}))
+        s = np.asarray(self._success_fn()(achieved, desired, {}))
         if s.shape != (achieved.shape[0],) or s.dtype.kind not in "iub":
             raise ValueError(f"HindsightSampler: success_fn(achieved, desired, info) must return one bool per row, "
                              f"shape ({achieved.shape[0]},), got shape {s.shape} dtype {s.dtype}")

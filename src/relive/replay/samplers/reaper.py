@@ -186,20 +186,23 @@ class ReaPERSampler(Sampler):
         self._leaf_by_id = {int(i): int(leaf) for i, leaf in zip(ids[used], leaves[used], strict=True)}
         self._free_leaves = leaves[~used][::-1].tolist()
 
-    def _allocate_leaves(self, ids: np.ndarray) -> None:
+    def _allocate_leaves(self, by_id: dict[int, int], ids: np.ndarray) -> None:
         k = self.storage.episodes.num_offline_episodes
         for i in ids.tolist():
             if i >= k:
-                self._leaf_by_id[i] = leaf = self._free_leaves.pop()
+                by_id[i] = leaf = self._free_leaves.pop()
                 self._ensure_leaves(leaf + 1)
 
     def _unpark(self, ids: np.ndarray) -> None:
         """Parked open episodes among ``ids`` (episode ids of a write) get a leaf and their evicted sums back."""
+        by_id = self._leaf_by_id
+        if by_id is None:  # (episodes are parked only once several streams write: the leaf map exists then)
+            raise RuntimeError("ReaPER: parked episodes but no leaf map (several streams); please report this")
         for i in np.unique(ids).tolist():
             if i in self._parked:
                 leaf = self._free_leaves.pop()
                 self._ensure_leaves(leaf + 1)
-                self._leaf_by_id[i] = leaf
+                by_id[i] = leaf
                 self.evicted_d[leaf], self.evicted_u[leaf] = self._parked.pop(i)
 
     def _positions(self, slots: np.ndarray) -> np.ndarray:
@@ -357,7 +360,7 @@ class ReaPERSampler(Sampler):
         fresh = ids >= self._seen_next_id
         if fresh.any():
             if self._leaf_by_id is not None:
-                self._allocate_leaves(np.unique(ids[fresh]))
+                self._allocate_leaves(self._leaf_by_id, np.unique(ids[fresh]))
             new_leaves = self._leaf_of(np.unique(ids[fresh]))
             self._ensure_leaves(int(new_leaves.max()) + 1)
             self.evicted_d[new_leaves] = 0.0
