@@ -1,7 +1,8 @@
-"""Small file helpers shared by the run directory and the replay storage."""
+"""Small file helpers shared by the run directory, the replay storage, checkpoints and dataset writers."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 from pathlib import Path
 
@@ -15,6 +16,53 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def swap_into_place(staged: Path, target: Path) -> None:
+    """Move the complete directory ``staged`` to ``target`` in one step; an existing ``target`` ends up at
+    ``staged`` (deleted by the caller). Dataset writers stage a whole directory, then swap it into view."""
+    if not target.exists():
+        os.rename(staged, target)
+    elif not _exchange(staged, target):  # no renameat2 (not Linux, old kernel or libc): two renames, the old
+        old = staged.with_name(staged.name + ".old")  # directory kept (hidden) until the new one is in place
+        os.rename(target, old)
+        os.rename(staged, target)
+        os.rename(old, staged)
+    fsync_dir(target.parent)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux renameat2 with RENAME_EXCHANGE); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (a rename in it survives a crash); silently nothing where unsupported."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Flush every file under ``path`` (and the directories) before it is renamed into view."""
+    for p in sorted(path.rglob("*")):
+        if p.is_file():
+            with open(p, "rb+") as f:
+                os.fsync(f.fileno())
+    for d in [path, *(p for p in path.rglob("*") if p.is_dir())]:
+        fsync_dir(d)
 
 
 class LockedError(RuntimeError):

@@ -99,7 +99,7 @@ def test_a_write_killed_before_the_swap_leaves_the_old_dataset_listed_and_loadab
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed")
 
-    monkeypatch.setattr(mio, "_swap_into_place", killed)
+    monkeypatch.setattr(mio, "swap_into_place", killed)
     monkeypatch.setattr(mio.shutil, "rmtree", lambda *a, **k: None)  # a kill runs no clean-up
     with pytest.raises(KeyboardInterrupt):
         write_minari(DID, new, "Pendulum-v1", root=root, overwrite=True)
@@ -112,7 +112,7 @@ def test_a_write_killed_before_the_swap_leaves_the_old_dataset_listed_and_loadab
 
 
 def test_the_swap_exchanges_atomically_or_falls_back(tmp_path, monkeypatch):
-    import relive.data.minari_io as mio
+    import relive.files as files
 
     for exchange in (True, False):
         a, b = tmp_path / f"new{exchange}", tmp_path / f"target{exchange}"
@@ -121,8 +121,8 @@ def test_the_swap_exchanges_atomically_or_falls_back(tmp_path, monkeypatch):
         b.mkdir()
         (b / "x").write_text("old")
         if not exchange:
-            monkeypatch.setattr(mio, "_exchange", lambda *_: False)
-        mio._swap_into_place(a, b)
+            monkeypatch.setattr(files, "_exchange", lambda *_: False)
+        files.swap_into_place(a, b)
         assert (b / "x").read_text() == "new" and (a / "x").read_text() == "old"
 
 

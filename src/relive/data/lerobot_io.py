@@ -73,8 +73,8 @@ from pathlib import Path
 import numpy as np
 
 from relive.data.columns import check_columns, split_episodes
-from relive.data.minari_io import _fsync_tree, _swap_into_place
 from relive.data.trust import check_allocation, format_template, inside, one_line, read_json_object
+from relive.files import fsync_tree, swap_into_place
 from relive.types import OFFLINE, ONLINE
 
 CODEBASE_VERSION = "v3.0"
@@ -711,10 +711,10 @@ def write_lerobot(path: str | Path, rows: dict, *, fps: int = 30, task: str = "r
         (staging / "meta" / "info.json").write_text(json.dumps(info, indent=4))
         relive = {"writer": "relive", "env_id": env_id, **(extra_metadata or {})}
         (staging / RELIVE_META).write_text(json.dumps(relive, indent=1, allow_nan=True, default=str))
-        _fsync_tree(staging)
+        fsync_tree(staging)
         if target.exists() and not overwrite:  # made meanwhile by another process
             raise ValueError(f"{target} already exists; pass overwrite=True (--overwrite) to replace it")
-        _swap_into_place(staging, target)
+        swap_into_place(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
     return target.resolve()

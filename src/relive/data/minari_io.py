@@ -7,7 +7,6 @@ Datasets live under a root directory (default ``data/minari`` in the working dir
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import json
 import os
@@ -20,6 +19,7 @@ import numpy as np
 
 from relive.data.columns import check_columns, obs_parts, split_episodes
 from relive.data.trust import inside, one_line, open_hdf5, read_json_object
+from relive.files import fsync_tree, swap_into_place
 
 DEFAULT_ROOT = Path("data") / "minari"
 
@@ -97,7 +97,7 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
         staged = staging / dataset_id
         if extra_metadata:
             (staged / "relive.json").write_text(json.dumps(extra_metadata, indent=1, allow_nan=True))
-        _fsync_tree(staged)
+        fsync_tree(staged)
         # namespace metadata Minari keeps beside the datasets (relive/namespace_metadata.json, ...)
         for meta in staging.rglob("namespace_metadata.json"):
             dst = root / meta.relative_to(staging)
@@ -107,7 +107,7 @@ def write_minari(dataset_id: str, rows: dict, env_id: str, *, root: str | Path |
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists() and not overwrite:  # made meanwhile by another process
             raise ValueError(f"dataset {dataset_id!r} already exists under {root}; pass overwrite=True to replace it")
-        _swap_into_place(staged, target)
+        swap_into_place(staged, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # the old dataset, after a swap
     return target.resolve()
@@ -127,52 +127,6 @@ def _dict_space(parts: dict[str, np.ndarray]):
 
 
 STAGING_PREFIX = ".relive-partial-"  # hidden: list_local skips it
-
-
-def _swap_into_place(staged: Path, target: Path) -> None:
-    """Move the complete directory ``staged`` to ``target`` in one step; an existing ``target`` ends up at
-    ``staged`` (deleted by the caller)."""
-    if not target.exists():
-        os.rename(staged, target)
-    elif not _exchange(staged, target):  # no renameat2 (not Linux, old kernel or libc): two renames, the old
-        old = staged.with_name(staged.name + ".old")  # dataset kept (hidden) until the new one is in place
-        os.rename(target, old)
-        os.rename(staged, target)
-        os.rename(old, staged)
-    _fsync_dir(target.parent)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically exchange two paths (Linux renameat2 with RENAME_EXCHANGE); False where unsupported."""
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(path: Path) -> None:
-    """Flush every file under ``path`` (and the directories) before it is renamed into view."""
-    for p in sorted(path.rglob("*")):
-        if p.is_file():
-            with open(p, "rb+") as f:
-                os.fsync(f.fileno())
-    for d in [path, *(p for p in path.rglob("*") if p.is_dir())]:
-        _fsync_dir(d)
 
 
 def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten: bool = True) -> tuple[dict, dict]:

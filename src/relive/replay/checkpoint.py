@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from relive.files import fsync_dir
+
 FORMAT = "relive-checkpoint"
 VERSION = 1
 
@@ -148,7 +150,7 @@ def save_tree(path: str | os.PathLike, tree: dict, *, kind: str) -> Path:
         tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
         os.replace(tmp, partial / "MANIFEST.json")
         (partial / PARTIAL_MARKER).unlink()  # complete now: the manifest marks it as relive's
-        _fsync_dir(partial)
+        fsync_dir(partial)
     except Exception:
         shutil.rmtree(partial, ignore_errors=True)  # an error (not a kill): leave nothing half-written
         raise
@@ -161,7 +163,7 @@ def save_tree(path: str | os.PathLike, tree: dict, *, kind: str) -> Path:
         else:
             path.rmdir()  # an empty directory the caller made for the checkpoint
     os.replace(partial, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if previous.exists():
         shutil.rmtree(previous)
     return path
@@ -222,19 +224,6 @@ def _is_our_partial(path: Path) -> bool:
     entries = list(path.iterdir())
     return bool(entries) and all(p.is_file() and not p.is_symlink() and (p.suffix == ".npy" or p.name in (
         "state.json", "MANIFEST.json.tmp")) for p in entries)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists names and hashes: far below this
