@@ -63,7 +63,7 @@ def make_inputs(work: Path) -> tuple[Path, Path]:
         for t in range(50):
             a = rng.uniform(-2, 2, size=1).astype(np.float32)
             nxt, r, term, _, _ = env.step(a)
-            for k, v in zip(rows, (obs, a, r, nxt, term, t == 49)):
+            for k, v in zip(rows, (obs, a, r, nxt, term, t == 49), strict=True):
                 rows[k].append(v)
             obs = nxt
     data = work / "pendulum.npz"  # (relive's .npz dataset format, written directly: the script runs on old commits)

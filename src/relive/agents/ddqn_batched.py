@@ -125,7 +125,7 @@ class BatchedDDQN:
                 coef = (self.cfg.max_grad_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
                 for p in self.params:
                     p.grad.mul_(coef.view(-1, *([1] * (p.dim() - 1))))
-        if not (isinstance(self.opt, nets.LeanAdam) and self.opt._fused_step()):
+        if not (isinstance(self.opt, nets.LeanAdam) and self.opt.fused_step()):
             self.opt.step()
         self.num_updates += 1
         for a in self.agents:

@@ -317,7 +317,7 @@ class LeanAdam(torch.optim.Adam):
     learning rates, mixed devices) takes ``Adam.step``."""
 
     def step(self, closure=None):
-        if closure is not None or not self._fused_step():
+        if closure is not None or not self.fused_step():
             return super().step(closure)
         return None
 
@@ -328,10 +328,10 @@ class LeanAdam(torch.optim.Adam):
             for p in group["params"]:
                 p.grad = None
         loss.backward()
-        if not self._fused_step():
+        if not self.fused_step():
             self.step()
 
-    def _fused_step(self) -> bool:
+    def fused_step(self) -> bool:
         """The fused kernel on every parameter group; False (nothing done) when a group needs ``Adam.step``."""
         fused = getattr(torch, "_fused_adam_", None)
         if fused is None:

@@ -372,7 +372,7 @@ class SAC:
         -alpha mean_i w_i (log pi_i + H) (one scalar: an autograd pass would cost more than the arithmetic)."""
         with torch.no_grad():
             self.log_alpha.grad = -self.log_alpha.exp() * (is_weight * (logp + self.target_entropy)).mean()
-        if isinstance(self.alpha_opt, nets.LeanAdam) and self.alpha_opt._fused_step():
+        if isinstance(self.alpha_opt, nets.LeanAdam) and self.alpha_opt.fused_step():
             return
         self.alpha_opt.step()
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from relive.replay import checkpoint, returns
 from relive.replay.samplers import Sampler, UniformSampler, sampler_config, sampler_from_config
-from relive.replay.storage import Storage, _as_numpy
+from relive.replay.storage import Storage, as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
 DRAWS_KNOWN = 16  # device buffers: the latest draws whose indices an update may name without a host check
@@ -122,7 +122,7 @@ class ReplayBuffer:
 
     def add(self, stream: int = 0, **row) -> int:
         """Append one online transition given as keyword arguments (convenience; prefer ``extend``)."""
-        return int(self.extend({k: _as_numpy(v)[None] for k, v in row.items()}, stream=stream)[0])
+        return int(self.extend({k: as_numpy(v)[None] for k, v in row.items()}, stream=stream)[0])
 
     def _write(self, source: int, rows: Mapping, stream: int = 0) -> np.ndarray:
         self.sampler.check_insert(source, rows)
@@ -320,7 +320,7 @@ class ReplayBuffer:
             raise ValueError(f"info has {idx.size} indices but {gen.size} generations")
         arrays = {}
         for name, value in signals.items():
-            arr = _as_numpy(value)
+            arr = as_numpy(value)
             if arr.shape != (idx.size,):
                 if arr.size == idx.size and arr.ndim == 2 and 1 in arr.shape:
                     arr = arr.reshape(-1)  # [B, 1] is fine

@@ -420,7 +420,7 @@ class Storage:
             else:
                 if name in ("obs", "next_obs") and isinstance(value, Mapping):
                     self._obs_parts(name, value)  # raises: a dict for flat observations
-                items = ((label, name, _as_numpy(value), spec),)
+                items = ((label, name, as_numpy(value), spec),)
             for label, col, arr, spec in items:
                 if arr.ndim == 0 or arr.shape[1:] != spec.shape:
                     raise ValueError(f"{label}: expected shape (n, {', '.join(map(str, spec.shape))})"
@@ -449,7 +449,7 @@ class Storage:
                 raise ValueError(f"column {name!r}: got a dict (keys {list(value)}) but this buffer stores flat "
                                  f"observations of shape {self.obs_spec.shape}; build it with obs_shape={{key: "
                                  "shape, ...}} for dict observations")
-            return [(f"column {name!r}", "obs", _as_numpy(value))]
+            return [(f"column {name!r}", "obs", as_numpy(value))]
         if not isinstance(value, Mapping):
             raise ValueError(f"column {name!r}: this buffer stores dict observations with keys "
                              f"{list(self.obs_keys)}; got {type(value).__name__}, not a mapping of key -> array")
@@ -459,7 +459,7 @@ class Storage:
         unknown = [k for k in value if k not in self.obs_keys]
         if unknown:
             raise ValueError(f"column {name!r} has unknown key(s) {unknown} (keys: {list(self.obs_keys)})")
-        return [(f"column {name!r} key {k!r}", f"obs.{k}", _as_numpy(value[k])) for k in self.obs_keys]
+        return [(f"column {name!r} key {k!r}", f"obs.{k}", as_numpy(value[k])) for k in self.obs_keys]
 
     # -- writing ---------------------------------------------------------------------------------------
     def write(self, source: int, data: Mapping, stream: int = 0) -> np.ndarray:
@@ -635,7 +635,7 @@ class Storage:
         self._check_open()
         slots = self.check_slots(slots)
         self._touch()
-        values = _convert(name, _as_numpy(values), self.specs[name].dtype)
+        values = _convert(name, as_numpy(values), self.specs[name].dtype)
         if values.shape != (slots.size, *self.specs[name].shape):
             raise ValueError(f"column {name!r}: expected shape {(slots.size, *self.specs[name].shape)}, "
                              f"got {values.shape}")
@@ -645,7 +645,7 @@ class Storage:
         self.columns[name][slots] = values
 
     def check_slots(self, slots) -> np.ndarray:
-        slots = _as_numpy(slots)
+        slots = as_numpy(slots)
         if slots.dtype.kind not in "iu":
             raise ValueError(f"indices must be integers, got dtype {slots.dtype}")
         slots = slots.astype(np.int64, copy=False).reshape(-1)
@@ -1277,7 +1277,7 @@ def _read_only(arr: np.ndarray) -> np.ndarray:
     return view
 
 
-def _as_numpy(x) -> np.ndarray:
+def as_numpy(x) -> np.ndarray:
     if type(x) is np.ndarray:
         return x
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch

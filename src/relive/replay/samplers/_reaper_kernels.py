@@ -14,7 +14,7 @@ from relive.replay.episodes import LANE_BITS, LANE_MASK
 AVAILABLE = _tree_kernels.AVAILABLE
 
 
-def _power(x: np.ndarray, exponent: float) -> np.ndarray:
+def power(x: np.ndarray, exponent: float) -> np.ndarray:
     """x^exponent for x > 0 as exp(exponent log x) (NumPy's SIMD exp/log: ~5x faster than np.power)."""
     if exponent == 0.0:
         return np.ones_like(x)
@@ -25,7 +25,7 @@ def _power(x: np.ndarray, exponent: float) -> np.ndarray:
     return np.exp(out, out=out)
 
 
-def _segmented_cumsum(values: np.ndarray, seg: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def segmented_cumsum(values: np.ndarray, seg: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Inclusive running sums restarting at each segment (``first`` = segment offsets, ``seg`` = segment of
     each value). One cumsum per segment (at most one per touched episode): a single cumsum minus the segment
     offsets would cancel catastrophically when a segment of small values follows one of large values."""

@@ -51,7 +51,7 @@ import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
 from relive.replay import _tree_kernels
-from relive.replay.samplers._reaper_kernels import _power, _segmented_cumsum
+from relive.replay.samplers._reaper_kernels import power, segmented_cumsum
 from relive.replay.samplers.base import (
     MAX_EXPONENT,
     MAX_PRIORITY,
@@ -249,7 +249,7 @@ class ReaPERSampler(Sampler):
                 _suffix_prefix_mapped(p_from, start, end, online, leaves, lane_map.shape[1], lane_map, self.delta,
                                       self.prefix,
                                       self.evicted_d, c)
-            c_pow = _power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
+            c_pow = power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
             if lane_map is None:
                 _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
                                   self.evicted_u)
@@ -267,10 +267,10 @@ class ReaPERSampler(Sampler):
         has_prev = p_from > start
         base_c = np.where(has_prev, self.prefix[np.where(has_prev, prev, 0)], self.evicted_d[leaves])
         base_u = np.where(has_prev, self.cum_u[np.where(has_prev, prev, 0)], self.evicted_u[leaves])
-        c = _segmented_cumsum(self.delta[slots], seg, first, lengths) + base_c[seg]
+        c = segmented_cumsum(self.delta[slots], seg, first, lengths) + base_c[seg]
         self.prefix[slots] = c
-        u = _power(c, omega) * self.delta_pow[slots]
-        self.cum_u[slots] = _segmented_cumsum(u, seg, first, lengths) + base_u[seg]
+        u = power(c, omega) * self.delta_pow[slots]
+        self.cum_u[slots] = segmented_cumsum(u, seg, first, lengths) + base_u[seg]
 
     def _leaf_values(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         mass = self.u_total[leaves] - self.evicted_u[leaves]  # U_e over the stored rows
@@ -278,7 +278,7 @@ class ReaPERSampler(Sampler):
         # S_e >= MIN_PRIORITY once its rows are in; 0 only transiently (a status change seen before the new rows'
         # sums are computed, recomputed right after): no log(0)
         total = np.maximum(self.total[leaves], MIN_PRIORITY)
-        scaled = mass * _power(np.where(fin, total, 1.0), -self.reliability_exponent)
+        scaled = mass * power(np.where(fin, total, 1.0), -self.reliability_exponent)
         return np.where(fin, scaled, 0.0), np.where(fin, 0.0, mass)
 
     def _set_leaves(self, leaves: np.ndarray) -> None:
@@ -554,7 +554,7 @@ class ReaPERSampler(Sampler):
             sums = state_array(parked, "sums", f"{owner} parked", length=ids.size, shape=(2,))
         self._ensure_leaves(n_leaves)
         for (_group, name), arr in checked.items():
-            _restore(getattr(self, name), arr, fill=-1 if name in ("slot_leaf", "leaf_id") else 0)
+            restore_array(getattr(self, name), arr, fill=-1 if name in ("slot_leaf", "leaf_id") else 0)
         self.max_delta = max_delta
         self.num_samples, self._seen_next_id, self._open_offline_id = counters
         self._leaf_by_id, self._free_leaves = None, []
@@ -572,7 +572,7 @@ class ReaPERSampler(Sampler):
         self.total_tree.set_all(totals)
 
 
-def _restore(arr: np.ndarray, saved, fill: int = 0) -> None:
+def restore_array(arr: np.ndarray, saved, fill: int = 0) -> None:
     """Put a checkpoint's prefix of a per-slot / per-leaf array back in place; the rest gets ``fill``."""
     src = np.asarray(saved, dtype=arr.dtype)
     arr[:] = fill
@@ -604,11 +604,11 @@ class ReaPERConfig:
             check_number(type(self).__name__, name, getattr(self, name), low=0.0)
 
 
-def _reaper_kwargs(options: ReaPERConfig, ctx: ReplayBuild) -> dict:
+def reaper_kwargs(options: ReaPERConfig, ctx: ReplayBuild) -> dict:
     return asdict(options) | {"is_anneal_samples": ctx.total_grad_steps}
 
 
 @register_replay("reaper", ReaPERConfig)
 def build_reaper(options: ReaPERConfig, ctx: ReplayBuild) -> ReaPERSampler:
     """reliability-adjusted PER"""
-    return ReaPERSampler(**_reaper_kwargs(options, ctx))
+    return ReaPERSampler(**reaper_kwargs(options, ctx))

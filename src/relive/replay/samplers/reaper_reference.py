@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
-from relive.replay.samplers._reaper_kernels import _power
+from relive.replay.samplers._reaper_kernels import power
 from relive.replay.samplers.base import Draw, state_array, state_field, state_float, state_int
-from relive.replay.samplers.reaper import ReaPERConfig, ReaPERSampler, _reaper_kwargs, _restore
+from relive.replay.samplers.reaper import ReaPERConfig, ReaPERSampler, reaper_kwargs, restore_array
 
 
 class ReaPERReferenceSampler(ReaPERSampler):
@@ -127,7 +127,7 @@ class ReaPERReferenceSampler(ReaPERSampler):
         lo, hi = self.domain()
         rows = slice(lo, hi)
         r = self._reliability_at(rows, self.slot_leaf[rows])
-        return lo, _power(r, self.reliability_exponent) * self.delta_pow[rows]
+        return lo, power(r, self.reliability_exponent) * self.delta_pow[rows]
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         lo, psi = self._all_psi()
@@ -171,7 +171,7 @@ class ReaPERReferenceSampler(ReaPERSampler):
         for name, length in (("f_insert", self.storage.size), ("insert_serial", self.storage.size),
                              ("update_serial", n_leaves)):
             dtype = getattr(self, name).dtype
-            _restore(getattr(self, name), state_array(ref, name, owner, length=length, dtype=dtype,
+            restore_array(getattr(self, name), state_array(ref, name, owner, length=length, dtype=dtype,
                                                       low=0 if dtype.kind in "iuf" else None))
         self._serial = state_int(ref, "serial", owner)
         if "F" in ref:
@@ -184,4 +184,4 @@ class ReaPERReferenceSampler(ReaPERSampler):
 def build_reaper_reference(options: ReaPERConfig, ctx: ReplayBuild) -> ReaPERReferenceSampler:
     """ReaPER with the reference code's choices where the paper is open (fresh rows unweighted, F frozen at
     insert, IS by the buffer's minimum)"""
-    return ReaPERReferenceSampler(**_reaper_kwargs(options, ctx))
+    return ReaPERReferenceSampler(**reaper_kwargs(options, ctx))
