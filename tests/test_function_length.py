@@ -48,3 +48,29 @@ def test_the_check_sees_long_functions_methods_and_reasons(tmp_path):
     found = long_functions(tmp_path / "m.py", root=tmp_path)
     assert [entry.split()[1] for entry in found] == ["too_long", "method", "empty_reason"]
     assert found[0] == "m.py:4 too_long (86 lines)"
+
+
+def private_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """``file:line module.name`` for each ``from relive.x import _name`` in ``path``: a module reaching into another's
+    private names. A package's private module (``_tree_kernels``, ``_reaper_kernels``: kernels its siblings share)
+    may be imported, and imported from."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        module = node.module or "" if isinstance(node, ast.ImportFrom) else ""
+        if not module.startswith("relive") or module.rsplit(".", 1)[-1].startswith("_"):
+            continue
+        package = SRC.parent.joinpath(*module.split("."))
+        found += [f"{path.relative_to(root)}:{node.lineno} {module}.{a.name}" for a in node.names
+                  if a.name.startswith("_") and not a.name.startswith("__")
+                  and not (package / f"{a.name}.py").is_file()]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names(tmp_path):
+    """(issue 29: buffer imported storage's _as_numpy, lerobot_io minari_io's _swap_into_place, ...)"""
+    offenders = [entry for path in sorted(SRC.rglob("*.py")) for entry in private_imports(path)]
+    assert not offenders, "private names imported from another module (make them public or move them):\n" + \
+        "\n".join(offenders)
+    (tmp_path / "m.py").write_text("from relive.replay.storage import Storage, _as_numpy\n"
+                                   "from relive import __version__\nfrom relive.replay import _tree_kernels\n")
+    assert private_imports(tmp_path / "m.py", root=tmp_path) == ["m.py:1 relive.replay.storage._as_numpy"]
