@@ -17,3 +17,17 @@ def per_call(fn: Callable, seconds: float, warmup: int = 3) -> float:
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return elapsed / n
+
+
+def best_us(fn: Callable, calls: int, repeats: int) -> float:
+    """Microseconds per call of ``fn``: the best of ``repeats`` windows of ``calls`` calls (after a warm-up of a
+    tenth of a window, at least 10 calls)."""
+    for _ in range(max(10, calls // 10)):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return min(times)

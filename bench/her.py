@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import numpy as np
 
+from _timing import best_us
 from relive.replay import ReplayBuffer, UniformSampler
 from relive.replay.samplers.her import HindsightSampler
 
@@ -74,18 +74,6 @@ def sb3_buffer(data: dict, n: int):
                 data["action"][t:t + 1], data["reward"][t:t + 1], np.array([end]),
                 [{"TimeLimit.truncated": end}])
     return buf
-
-
-def best_us(fn, calls: int, repeats: int) -> float:
-    for _ in range(max(10, calls // 10)):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return min(times)
 
 
 def main() -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import platform
-import time
 
 import numpy as np
 
+from _timing import best_us
 from relive.replay import ReplayBuffer
 
 OBS, ACT = 11, 3
@@ -34,18 +34,6 @@ def filled(rows: int, n_step: int, streams: int = 1) -> ReplayBuffer:
     for k, lo in enumerate(range(0, rows, chunk)):
         buf.extend({name: col[lo : lo + chunk] for name, col in data.items()}, stream=k % streams)
     return buf
-
-
-def best_us(fn, calls: int, repeats: int) -> float:
-    for _ in range(max(10, calls // 10)):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter() - start) / calls * 1e6)
-    return min(times)
 
 
 def main() -> None:

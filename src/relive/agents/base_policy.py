@@ -193,13 +193,13 @@ def _load_code(p: Path) -> tuple[nn.Module, str]:
         try:
             # trusted-code: reached only through load_base_policy's `trusted is True` gate (--trust-code); a crafted
             # .pt2 whose payload writes a file is refused without it (test_a_malicious_export_archive_...)
-            return torch.export.load(str(p)).module(), "torch.export program"
+            return torch.export.load(str(p)).module(), "torch.export program"  # trusted-code: --trust-code only
         except (RuntimeError, ValueError, KeyError, AssertionError, OSError) as e:
             raise ValueError(f"base policy {p} is not a torch.export program (torch.export.save): {e}") from None
     try:
         # trusted-code: reached only through load_base_policy's `trusted is True` gate (--trust-code); refused
         # without it before the file is opened (test_torchscript_module_is_refused_without_trust_and_loads_with_it)
-        return torch.jit.load(str(p), map_location="cpu"), "TorchScript"
+        return torch.jit.load(str(p), map_location="cpu"), "TorchScript"  # trusted-code: --trust-code only
     except (RuntimeError, ValueError, OSError) as e:
         raise ValueError(f"base policy {p} is not a TorchScript module (torch.jit.save): {e}") from None
 
