@@ -186,20 +186,28 @@ def main(argv=None) -> int:
     results = {"device": name, "command": " ".join(["python", "bench/gpu.py", *(argv or sys.argv[1:])])}
     print(f"device: {name}; rows {args.rows:,}, batch {BATCH}")
     results["replay"] = replay_ops(args)
+    save(args, results)
     for k, v in results["replay"].items():
-        print(f"  {k:32s} {v:12,.2f}" + ("" if k.startswith("ratio") else " /s"))
+        print(f"  {k:32s} {v:12,.2f}" + ("" if k.startswith("ratio") else " /s"), flush=True)
     results["rlpd"] = {}
     variants = [("replay on device", args.device, None), ("replay in host memory", None, None)]
     if args.compile:
-        variants.append(("replay on device, compiled critics", args.device, "reduce-overhead"))
+        variants += [("replay on device, compiled critics", args.device, "reduce-overhead"),
+                     ("replay in host memory, compiled critics", None, "reduce-overhead")]
     print(f"RLPD on {args.env}, UTD {args.utd}, {args.env_steps} env steps (agent on {args.device}):")
     for label, replay_device, mode in variants:
         r = rlpd_loop(args, replay_device, mode)
         results["rlpd"][label] = r
-        print(f"  {label:36s} {r['env_steps_per_s']:8.1f} env steps/s {r['updates_per_s']:9.1f} updates/s")
+        print(f"  {label:40s} {r['env_steps_per_s']:8.1f} env steps/s {r['updates_per_s']:9.1f} updates/s",
+              flush=True)
+        save(args, results)
+    return 0
+
+
+def save(args, results: dict) -> None:
+    """Written after each section, so a run stopped at its time limit keeps what it measured."""
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

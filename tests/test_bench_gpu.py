@@ -38,3 +38,14 @@ def test_every_section_runs_on_cpu_tensors(tmp_path):
         assert res["replay"][key] > 0
     for label in ("replay on device", "replay in host memory"):
         assert res["rlpd"][label]["updates_per_s"] > 0
+
+
+def test_update_script_runs_on_cpu_tensors(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_gpu_update", SCRIPT.with_name("gpu_update.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "u.json"
+    assert module.main(["--device", "cpu", "--updates", "2", "--rounds", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res["us_per_update"]) == {"member loop", "plain"} and min(res["us_per_update"].values()) > 0
+    assert res["kernels_per_update"] == 0  # no CUDA kernels on CPU tensors
