@@ -23,7 +23,7 @@ Observations: flat (one ``obs`` column, and ``next_obs``) or a dict of keys, eac
 with its own shape and dtype; ``read("obs", slots)`` returns an array or a dict key -> array. With
 ``dedup_next_obs`` (the default for dict observations) there is no ``next_obs`` column: a row's next_obs is the
 obs of the next row of its lane, and only rows without a stored successor keep an explicit copy (see
-``_dedup_before_write`` for the rule and why it is exact); read it with ``read("next_obs", slots)``. Samplers and
+:mod:`relive.replay.next_obs` for the rule and why it is exact); read it with ``read("next_obs", slots)``. Samplers and
 agents read observations through ``read``, never ``columns["obs"]`` (the physical columns).
 
 Backends: ``"ram"`` (NumPy arrays) or ``"memmap"`` (``.npy`` files in a directory, opened with ``np.memmap``): the
@@ -35,72 +35,40 @@ RAM backend's.
 
 from __future__ import annotations
 
-import errno
-import hashlib
-import json
 import os
-import stat
 import uuid
-import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from relive.files import DirectoryLock, write_text_atomic
+from relive.files import DirectoryLock
 from relive.replay._state import state_array, state_field, state_int
 from relive.replay.checkpoint import DirectoryRef
+from relive.replay.columns import (
+    BOOKKEEPING,
+    CORE_COLUMNS,
+    FINITE_CHECKED,
+    ColumnSpec,
+    as_numpy,
+    column_spec,
+    convert,
+    obs_layout,
+)
 from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
+from relive.replay.memmap_files import (
+    MEMMAP_STATE,
+    MemmapBackend,
+    directory_of,
+    open_column,
+    reserve,
+    write_json,
+)
+from relive.replay.next_obs import NextObsDedup, NextObsStore
+from relive.replay.offline_hash import OfflineHashing
+from relive.replay.storage_view import StorageView
+from relive.replay.streams import MAX_STREAM, StreamLanes, check_stream
 from relive.types import OFFLINE, ONLINE, RESERVED_COLUMN_NAMES, SOURCE_NAMES
-
-CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-BOOKKEEPING = (("episode_id", np.int64), ("step_in_episode", np.int64), ("source", np.int8),
-               ("generation", np.int64), ("stream", np.int32))
-MAX_STREAM = 2**31 - 1
-_FINITE_CHECKED = ("obs", "action", "reward", "next_obs")
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    shape: tuple[int, ...]
-    dtype: np.dtype
-
-    def to_json(self) -> dict:
-        return {"shape": list(self.shape), "dtype": np.dtype(self.dtype).str}
-
-    @staticmethod
-    def from_json(d: Mapping) -> ColumnSpec:
-        return ColumnSpec(tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]))
-
-
-def _spec(value, default_dtype=np.float32) -> ColumnSpec:
-    """Accept ``shape`` (``default_dtype``) or ``(shape, dtype)`` or a ColumnSpec for a column."""
-    if isinstance(value, ColumnSpec):
-        return value
-    if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[1], int):
-        shape, dtype = value
-    else:
-        shape, dtype = value, default_dtype
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    return ColumnSpec(shape, np.dtype(dtype))
-
-
-def _obs_layout(obs_shape, obs_dtype) -> tuple[tuple[str, ...] | None, ColumnSpec | dict[str, ColumnSpec],
-                                                 dict[str, ColumnSpec]]:
-    """Observations: one column per key ("obs" for a flat Box; "obs.<key>" for each key of a dict space).
-    Returns (the dict keys or None, the observation spec(s), the physical obs columns)."""
-    if not isinstance(obs_shape, Mapping):
-        obs_spec = _spec(obs_shape, obs_dtype)
-        return None, obs_spec, {"obs": obs_spec}
-    if not obs_shape:
-        raise ValueError("dict observations need at least one key")
-    for key in obs_shape:
-        if not isinstance(key, str) or not key.isidentifier():
-            raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
-                             "a column, a checkpoint file and a Batch entry")
-    obs_spec = {k: _spec(v, obs_dtype) for k, v in obs_shape.items()}
-    return tuple(obs_shape), obs_spec, {f"obs.{k}": spec for k, spec in obs_spec.items()}
 
 
 def _check_backend(backend: str, device, directory) -> None:
@@ -113,7 +81,13 @@ def _check_backend(backend: str, device, directory) -> None:
                          "create its column files in")
 
 
-class Storage:
+class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
+    """The columns and their bookkeeping (this module), with the parts in their own modules: the column layout
+    (:mod:`~relive.replay.columns`), streams' lanes (:mod:`~relive.replay.streams`), next-obs dedup
+    (:mod:`~relive.replay.next_obs`), the memmap backend's files (:mod:`~relive.replay.memmap_files`), the offline
+    segment's hash (:mod:`~relive.replay.offline_hash`) and the sampler's read-only view
+    (:mod:`~relive.replay.storage_view`)."""
+
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
                  backend: str = "ram", directory: str | os.PathLike | None = None, device=None,
@@ -122,7 +96,7 @@ class Storage:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         self.capacity = int(capacity)
         action_shape = (action_shape,) if isinstance(action_shape, int) else tuple(action_shape)
-        self.obs_keys, self.obs_spec, obs_cols = _obs_layout(obs_shape, obs_dtype)
+        self.obs_keys, self.obs_spec, obs_cols = obs_layout(obs_shape, obs_dtype)
         if backend == "torch":
             if dedup_next_obs:
                 raise ValueError("backend='torch' stores next_obs explicitly (dedup_next_obs=False): a device batch "
@@ -143,7 +117,7 @@ class Storage:
         self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
         obs_spec = self.obs_spec if self.obs_keys is None else None
         self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
-                            name in _FINITE_CHECKED or name in self.extra_names) for name in self._names)
+                            name in FINITE_CHECKED or name in self.extra_names) for name in self._names)
         self.backend = backend
         self.device = None
         self._gen_t = None  # backend "torch": the generation stamps on the device too (stale checks there)
@@ -172,7 +146,7 @@ class Storage:
         self._pos: np.ndarray | None = None  # several streams: logical position of every online slot
         self._qmap: np.ndarray | None = None  # several streams: [lane, t % width] -> slot (_rebuild_lane_map)
         if self.dedup_next_obs:
-            self._nx = _NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
+            self._nx = NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
 
     def _add_extra_columns(self, extra_columns: Mapping) -> tuple[str, ...]:
         """Declare the optional columns (``mc_return``, behaviour-policy records, ...) after the built-in ones;
@@ -187,7 +161,7 @@ class Storage:
                 raise ValueError(f"extra column {name!r} would be hidden: batch.{name} is a field of every Batch or "
                                  "its SampleInfo (discount, mask, info, extras, indices, is_weight, ...); pick "
                                  "another name")
-            self.specs[name] = _spec(value)
+            self.specs[name] = column_spec(value)
         return tuple(extra_columns)
 
     def _allocate_columns(self) -> dict[str, np.ndarray]:
@@ -213,7 +187,7 @@ class Storage:
             return TorchColumn((self.capacity, *spec.shape), spec.dtype, self.device)
         path = self.directory / f"{name}.npy"
         if self._open_existing:  # a checkpoint that refers to its memmap files
-            return _open_column(path, (self.capacity, *spec.shape), spec.dtype)
+            return open_column(path, (self.capacity, *spec.shape), spec.dtype)
         if path.exists() or path.is_symlink():
             raise ValueError(f"{path} exists: a memmap buffer creates its column files in a fresh directory "
                              "(ReplayBuffer.load reopens one from its checkpoint)")
@@ -221,51 +195,14 @@ class Storage:
         self._created.append(path)
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         try:
-            _reserve(fd, path, arr.offset + arr.nbytes)
+            reserve(fd, path, arr.offset + arr.nbytes)
         finally:
             os.close(fd)
         return arr
 
-    def _open_memmap_directory(self) -> None:
-        """Memmap: take the directory (one buffer writes it at a time: a lock the kernel drops when this process
-        ends) and, for a new buffer, check that the file system has room for every column file before creating
-        them (each file is then allocated for real: writes through the map never meet a full disk)."""
-        self.directory = Path(os.path.abspath(self.directory))
-        if not self._open_existing:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        elif not self.directory.is_dir():
-            raise ValueError(f"memmap directory {self.directory} does not exist; the checkpoint refers to its column "
-                             "files instead of holding its rows (copy it along with the checkpoint)")
-        self._lock = DirectoryLock(self.directory, what="memmap directory")
-        if self._open_existing:
-            return
-        need = sum(self.capacity * int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize + 4096
-                   for s in self.specs.values())
-        fs = os.statvfs(self.directory)
-        free = fs.f_bavail * fs.f_frsize
-        if need > free:
-            self._lock.release()
-            raise ValueError(f"memmap buffer of capacity {self.capacity} needs {need / 1e9:.3g} GB of column files in "
-                             f"{self.directory}, but its file system has {free / 1e9:.3g} GB free; choose a smaller "
-                             "capacity or another directory")
 
-    def close(self) -> None:
-        """Memmap: flush the column files and give the directory up (another buffer may then load it); the
-        storage refuses writes afterwards. Nothing to do for the other backends."""
-        if self._lock is not None and self._lock.held:
-            for arr in self.columns.values():
-                arr.flush()
-            self._lock.release()
 
-    def _check_open(self) -> None:
-        if self._lock is not None and not self._lock.held:
-            raise ValueError(f"this memmap buffer was closed (its directory {self.directory} was given up); load it "
-                             "again from a checkpoint")
 
-    @property
-    def multi_stream(self) -> bool:
-        """Online rows of more than one stream have been written (positions are no longer the ring's clock)."""
-        return len(self.lanes) > 1
 
     # -- sizes -----------------------------------------------------------------------------------------
     @property
@@ -317,69 +254,10 @@ class Storage:
         return np.where(slots < k, slots, base + ((slots - k) - base) % cap)
 
     # -- streams ---------------------------------------------------------------------------------------
-    def _lane(self, stream) -> int:
-        lane = self._lane_of.get(stream)
-        if lane is not None:
-            return lane
-        stream = _check_stream(stream)
-        lane = len(self.lanes)
-        self.lanes.append(stream)
-        self.lane_written.append(0)
-        self._lane_of[stream] = lane
-        self.episodes.ensure_lane(lane)
-        if lane > 0:
-            self._add_lane_map(lane)
-        return lane
 
-    def _add_lane_map(self, lane: int) -> None:
-        """Room for ``lane`` in the per-lane map: the second stream builds it (lane 0's positions were the ring's
-        clock until now); later streams double its rows when they run out (amortized: 200 streams cost 8 row
-        copies of the map, not 200)."""
-        if self._qmap is None:
-            self._pos = np.zeros(self.capacity, np.int64)
-            online = np.arange(self.num_offline, self.size, dtype=np.int64)
-            self._pos[online] = self.ring_position_of(online)
-            self._qmap = np.zeros((max(2, lane + 1), 0), np.int64)
-            self._rebuild_lane_map(self.num_online)
-        elif self._qmap.shape[0] <= lane:
-            grown = np.zeros((max(lane + 1, 2 * self._qmap.shape[0]), self._qmap.shape[1]), np.int64)
-            grown[: self._qmap.shape[0]] = self._qmap
-            self._qmap = grown
 
-    MIN_LANE_MAP_WIDTH = 1024
 
-    def _rebuild_lane_map(self, window: int, clock: int | None = None) -> None:
-        """Size the map's width for a lane holding ``window`` stored rows and refill it from the stored rows'
-        positions. An entry is ``[lane, t % width]``: a lane's stored rows are a contiguous run of its positions
-        (each stream's rows are overwritten in their own time order), so a width of at least the longest run keeps
-        them apart. The width doubles (at most to the ring's size) only when a lane's run outgrows it: with many
-        streams sharing the ring each holds a fraction of it, and the map stays near 8 bytes per stored row times
-        the slack of one doubling, instead of 8 bytes per slot per stream. ``clock``: the ring's clock whose stored
-        rows the map holds (default: now; a write rebuilding it passes its clock before the rows it is adding)."""
-        cap = max(self.online_capacity, 1)
-        width = min(cap, max(self.MIN_LANE_MAP_WIDTH, 1 << max(int(window) - 1, 0).bit_length()))
-        self._qmap = np.zeros((self._qmap.shape[0], width), np.int64)
-        clock = self.num_online_written if clock is None else clock
-        n = min(clock, cap if self.online_capacity > 0 else 0)
-        if n:
-            slots = self.ring_slot(np.arange(clock - n, clock))  # oldest first
-            pos = self._pos[slots]
-            key = (pos >> LANE_BITS) * width + (pos & LANE_MASK) % width
-            _, last = np.unique(key[::-1], return_index=True)  # a key met twice: the newer row (still stored) wins
-            keep = n - 1 - last
-            self._qmap.reshape(-1)[key[keep]] = slots[keep]
 
-    def _evicted_by(self, start: int, n: int) -> dict[int, int]:
-        """Several streams: per lane, the position bound of its rows that a write of ``n`` rows at the ring's
-        clock ``start`` overwrites."""
-        cap = self.online_capacity
-        lo, hi = max(0, start - cap), min(start, max(0, start + n - cap))
-        if hi <= lo:
-            return {}
-        old = self._pos[self.ring_slot(np.arange(lo, hi))]  # in ring order: each lane's positions increase
-        lanes = old >> LANE_BITS
-        ends = np.flatnonzero(lanes[1:] != lanes[:-1]).tolist() + [old.size - 1]  # last row of each run of a lane
-        return {int(lanes[i]): int(old[i]) + 1 for i in ends}  # (a lane's later run has the larger positions)
 
     def episode_slots(self, start: np.ndarray, length: np.ndarray, source: np.ndarray) -> np.ndarray:
         """Slots of the rows of several episodes, concatenated in episode then time order."""
@@ -429,7 +307,7 @@ class Storage:
                     n = arr.shape[0]
                 elif arr.shape[0] != n:
                     raise ValueError(f"{label} has {arr.shape[0]} rows but 'obs' has {n}")
-                conv = _convert(col, arr, spec.dtype, label)
+                conv = convert(col, arr, spec.dtype, label)
                 if finite and conv.dtype.kind == "f" and not np.isfinite(conv).all():
                     where = tuple(int(i) for i in np.argwhere(~np.isfinite(conv))[0])
                     elem = f" element {where[1:]}" if len(where) > 1 else ""
@@ -474,7 +352,7 @@ class Storage:
             raise ValueError(f"offline rows have no stream (got stream={stream!r}); streams are for online rows")
         if n == 0:
             if source == ONLINE and stream not in self._lane_of:
-                _check_stream(stream)
+                check_stream(stream)
             return np.zeros(0, np.int64)
         start, first, skip, lane, bounds = self._place(source, n, stream)
         kept = n - skip
@@ -569,34 +447,6 @@ class Storage:
         self._qmap[lane, (positions & LANE_MASK) % self._qmap.shape[1]] = slots
         self.episodes.evict_lanes(bounds)
 
-    def _dedup_before_write(self, tail_key: int, rows: dict, end: np.ndarray, slots: np.ndarray,
-                            skip: int) -> np.ndarray:
-        """``next_obs`` without duplicated frames: which of the rows about to be written keep an explicit copy.
-
-        Rule: row i keeps one when it ends its episode (terminated / truncated), is the last row of the write (its
-        successor is not stored yet), or its next_obs differs (bitwise) from row i + 1's obs. Every other row's
-        next_obs *is* the obs of the next row of its lane, which is written after it and so is overwritten after
-        it: while the row is stored, so is its successor. Before the write, the entries of the slots it overwrites
-        are released, and the lane's previous last row (the *tail*, still in an open episode) drops its copy if
-        this write's first obs equals it: that row now has a stored successor."""
-        nx = self._nx
-        nx.release(slots)
-        tail = nx.tails.get(tail_key)
-        if tail is not None and skip == 0:
-            t_slot, t_gen = tail
-            e = int(nx.entry[t_slot])
-            if (e >= 0 and int(self.meta["generation"][t_slot]) == t_gen and not self.columns["terminated"][t_slot]
-                    and not self.columns["truncated"][t_slot]
-                    and all(_same_bits(nx.values[nn][e], rows[on][0]) for on, nn in zip(
-                        self._obs_names, self._next_names, strict=True))):
-                nx.release(np.array([t_slot]))
-        n = end.size
-        explicit = end.copy()
-        explicit[-1] = True
-        if n > 1:
-            for on, nn in zip(self._obs_names, self._next_names, strict=True):
-                explicit[:-1] |= _differs(rows[nn][:-1], rows[on][1:])
-        return explicit[skip:]
 
     def next_slot(self, slots: np.ndarray) -> np.ndarray:
         """Slot of the next row of the same lane (offline: the next slot; online: the lane's next position). Only
@@ -635,7 +485,7 @@ class Storage:
         self._check_open()
         slots = self.check_slots(slots)
         self._touch()
-        values = _convert(name, as_numpy(values), self.specs[name].dtype)
+        values = convert(name, as_numpy(values), self.specs[name].dtype)
         if values.shape != (slots.size, *self.specs[name].shape):
             raise ValueError(f"column {name!r}: expected shape {(slots.size, *self.specs[name].shape)}, "
                              f"got {values.shape}")
@@ -673,25 +523,6 @@ class Storage:
             return next(iter(parts.values()))
         return {k: parts[f"{name}.{k}"] for k in (self.obs_keys if keys is None else keys)}
 
-    def _read_next(self, slots: np.ndarray, keys=None) -> dict[str, np.ndarray]:
-        names = [(on, nn) for on, nn in zip(self._obs_names, self._next_names, strict=True)
-                 if keys is None or nn[len("next_obs."):] in keys]
-        if not self.dedup_next_obs:
-            return {nn: self.columns[nn].take(slots, axis=0) for _, nn in names}
-        nx = self._nx
-        entry = nx.entry.take(slots)
-        explicit = entry >= 0
-        src = np.where(explicit, slots, self.next_slot(slots))
-        out = {}
-        any_explicit = bool(explicit.any())
-        if any_explicit:
-            where, from_entry = np.flatnonzero(explicit), entry[explicit]
-        for on, nn in names:
-            arr = self.columns[on].take(src, axis=0)
-            if any_explicit:
-                arr[where] = nx.values[nn][from_entry]
-            out[nn] = arr
-        return out
 
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """Every logical column (``obs``, ``action``, ..., ``next_obs``, extras) of stored rows."""
@@ -735,60 +566,11 @@ class Storage:
                    action_dtype=np.dtype(cfg["action_dtype"]),
                    extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()},
                    dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), backend=cfg.get("backend", "ram"),
-                   directory=_directory(cfg.get("directory")), _open_existing=cfg.get("backend") == "memmap",
+                   directory=directory_of(cfg.get("directory")), _open_existing=cfg.get("backend") == "memmap",
                    **({"device": cfg.get("device")} if cfg.get("backend") == "torch" else {}) | kwargs)
 
-    def claim_checkpoint(self, path: str | os.PathLike, *, loading: bool) -> None:
-        """Memmap: record that the checkpoint at ``path`` refers to this directory's files (``loading=False``,
-        after a save), or check, when it is loaded, that it is not a copy of another checkpoint that refers to the
-        same files: a checkpoint copied without its column directory (which stayed where it was) would make this
-        buffer write into the other checkpoint's rows, so it is refused, naming both."""
-        if self.backend != "memmap":
-            return
-        marker_path = self.directory / MEMMAP_STATE
-        marker = _read_json(marker_path)
-        me = os.path.abspath(path)
-        listed = [c for c in marker.get("checkpoints", []) if isinstance(c, str)]
-        if loading and me not in listed:
-            others = [c for c in listed if Path(c, "MANIFEST.json").is_file()]
-            if others:
-                raise ValueError(f"checkpoint {me} refers to memmap directory {self.directory}, whose rows belong to "
-                                 f"checkpoint {others[0]} (saved there): {me} is a copy made without the column "
-                                 f"files, and extending it would change {others[0]}'s rows. Copy the memmap "
-                                 "directory along with the checkpoint (at the same place relative to it), or move "
-                                 "the checkpoint instead of copying it")
-        if me not in listed:
-            _write_json(marker_path, marker | {"checkpoints": [*listed, me] if not loading else [me],
-                                               "directory": str(self.directory)})
 
-    def _touch(self) -> None:
-        """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
-        is refused from now on (a small file, written once per checkpoint interval)."""
-        if self.backend == "memmap" and self._memmap_clean:
-            _write_json(self.directory / MEMMAP_STATE, {"token": None, "changed_after_save": True})
-            self._memmap_clean = False
 
-    def offline_sha256(self) -> str:
-        """SHA-256 of the offline segment: the offline rows of every column but the extra ones (which
-        ``set_column`` may change later, so checkpoints always copy them), their explicit next_obs copies, the
-        column names and shapes. Cached: these offline rows are frozen once written."""
-        k = self.num_offline
-        if self._offline_hash is not None and self._offline_hash[0] == k:
-            return self._offline_hash[1]
-        h = hashlib.sha256()
-        for name in sorted(n for n in self.columns if n not in self.extra_names):
-            arr = self.columns[name]
-            h.update(json.dumps([name, list(arr.shape[1:]), arr.dtype.str, k]).encode())
-            for lo in range(0, k, 65536):
-                h.update(memoryview(np.ascontiguousarray(arr[lo : min(k, lo + 65536)])).cast("B"))
-        if self.dedup_next_obs:
-            slots = np.flatnonzero(self._nx.entry[:k] >= 0)
-            h.update(slots.astype(np.int64).tobytes())
-            for name in sorted(self._nx.values):
-                h.update(np.ascontiguousarray(self._nx.values[name][self._nx.entry[slots]]).tobytes())
-        digest = h.hexdigest()
-        self._offline_hash = (k, digest)
-        return digest
 
     def state_dict(self, offline: str = "copy") -> dict:
         """``offline="reference"``: the offline rows are not copied; the state names their dataset id and SHA-256
@@ -804,7 +586,7 @@ class Storage:
             token = self._memmap_token
             if not (self._memmap_clean and token):  # unchanged since the last save: the same token, so a checkpoint
                 token = uuid.uuid4().hex  # kept from that save (a trainer's `.previous`) stays loadable
-                _write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
+                write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
                                                             "num_online_written": self.num_online_written,
                                                             "directory": str(self.directory), "checkpoints": []})
             self._memmap_clean, self._memmap_token = True, token
@@ -832,25 +614,7 @@ class Storage:
             | ({"position": self._pos[:size].copy()} if self._pos is not None else {}),
         } | ({"next_obs_store": self._nx.state_dict(size)} if self.dedup_next_obs else {})
 
-    def _meta_sha256(self, k: int) -> str:
-        h = hashlib.sha256()
-        for name in sorted(self.meta):
-            h.update(name.encode())
-            h.update(np.ascontiguousarray(self.meta[name][:k]).tobytes())
-        return h.hexdigest()
 
-    def check_offline_reference(self, ref: Mapping) -> None:
-        """The offline rows written into this storage are the ones a checkpoint refers to (same count, same hash)."""
-        dataset = ref["dataset_id"]
-        if self.num_offline != int(ref["num_offline"]):
-            raise ValueError(f"offline dataset {dataset!r} changed since the checkpoint was saved: it has "
-                             f"{self.num_offline} rows, the checkpoint's had {int(ref['num_offline'])}")
-        digest = self.offline_sha256()
-        if digest != ref["sha256"]:
-            raise ValueError(f"offline dataset {dataset!r} changed since the checkpoint was saved: its rows hash to "
-                             f"sha256 {digest[:16]}..., the checkpoint's to {str(ref['sha256'])[:16]}...; load the "
-                             "same rows (same dataset version, same gamma for mc_return) or a checkpoint that "
-                             "copies them")
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore a :meth:`state_dict`, checked like input: counters in range, per-row arrays of the stored size,
@@ -904,26 +668,6 @@ class Storage:
         self._pos = self._qmap = None
         return streams
 
-    def _check_memmap_files(self, saved) -> None:
-        """A state that refers to this buffer's memmap column files: they must be unchanged since its save (the token
-        in MEMMAP_STATE); a copied or moved directory is adopted as this buffer's own."""
-        if self.backend != "memmap":
-            raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
-                             f"says backend {self.backend!r}")
-        marker = _read_json(self.directory / MEMMAP_STATE)
-        token = saved.get("token") if isinstance(saved, Mapping) else None
-        if not isinstance(token, str) or marker.get("token") != token:
-            raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
-                             "(rows written since, or by another run): the rows it refers to are gone. Resume "
-                             "from the checkpoint saved last, or save with a RAM buffer to copy rows")
-        self._memmap_token = token
-        recorded = marker.get("directory")
-        if isinstance(recorded, str) and recorded != str(self.directory):
-            warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
-                          f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
-                          stacklevel=3)  # (the caller of load_state_dict)
-            _write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
-                                                                  "checkpoints": []})
 
     def _load_columns(self, state: Mapping, owner: str, size: int) -> None:
         """The saved rows into the columns, checked like a write (shape, dtype, finite); a referenced offline part
@@ -935,7 +679,7 @@ class Storage:
             if src.shape != (size - first, *arr.shape[1:]) or src.dtype != arr.dtype:
                 raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
                                  f"expected {(size - first, *arr.shape[1:])} {arr.dtype}")
-            finite = name in self.extra_names or name.split(".")[0] in _FINITE_CHECKED
+            finite = name in self.extra_names or name.split(".")[0] in FINITE_CHECKED
             if finite and src.dtype.kind == "f" and not np.isfinite(src).all():
                 row = int(np.argwhere(~np.isfinite(src.reshape(src.shape[0], -1)))[0][0])
                 raise ValueError(f"checkpoint column {name!r} row {first + row}: value is not finite (a write would "
@@ -960,20 +704,6 @@ class Storage:
             else:
                 state_field(meta, name, f"{owner} meta")  # raises, naming it
 
-    def _load_lane_maps(self, streams: Mapping, owner: str, size: int) -> None:
-        """Several streams: the online rows' logical positions (checked against their streams' clocks) and the
-        per-lane maps rebuilt from them."""
-        online = np.arange(self.num_offline, size, dtype=np.int64)
-        pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
-        lane, t = pos >> LANE_BITS, pos & LANE_MASK
-        if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):
-            raise ValueError(f"{owner} streams field 'position': positions beyond what their stream has written")
-        self._pos = np.zeros(self.capacity, np.int64)
-        self._pos[online] = pos
-        self._qmap = np.zeros((len(self.lanes), 0), np.int64)
-        ends = np.asarray(self.lane_written, np.int64) + (np.arange(len(self.lanes), dtype=np.int64) << LANE_BITS)
-        window = ends - self.episodes.lane_evicted[: len(self.lanes)]
-        self._rebuild_lane_map(int(window.max(initial=1)))
 
     def _check_rows_and_episodes(self) -> None:
         """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode
@@ -1008,320 +738,39 @@ class Storage:
             raise ValueError("storage state meta field 'step_in_episode' is not consecutive within its episodes")
 
 
-class StorageView:
-    """What a sampler may read of a :class:`Storage`: read-only column and bookkeeping arrays, sizes, the episode
-    index's queries, and the slot <-> logical-position arithmetic of the ring in one place.
-
-    Logical positions (``relive.replay.episodes``): an offline row's position is its slot; an online row's is the
-    number of online rows written before it. ``online_slot(t) = num_offline + t % online_capacity``."""
-
-    def __init__(self, storage: Storage):
-        self._st = storage
-        self.columns = {n: _read_only(a) for n, a in storage.columns.items()}
-        self.meta = {n: _read_only(a) for n, a in storage.meta.items()}
-        self.specs = dict(storage.specs)
-        self.extra_names = storage.extra_names
-        self.obs_keys = storage.obs_keys  # None: flat observations; else the keys of dict observations
-        self.obs_spec = storage.obs_spec
-        self.capacity = storage.capacity
-        self.device = storage.device  # backend "torch": the columns' torch device (None for the NumPy backends)
-        self.episodes = _EpisodeQueries(storage.episodes)
-
-    # sizes (live: they change as rows are written)
-    num_offline = property(lambda self: self._st.num_offline)
-    num_online = property(lambda self: self._st.num_online)
-    num_online_written = property(lambda self: self._st.num_online_written)
-    online_capacity = property(lambda self: self._st.online_capacity)
-    size = property(lambda self: self._st.size)
-
-    def slot_range(self, source: int | None = None) -> tuple[int, int]:
-        return self._st.slot_range(source)
-
-    def read(self, name: str, slots, keys=None):
-        """One logical column of stored rows (``obs`` / ``next_obs``: an array, or a dict for dict observations,
-        ``keys``: only those); read observations through this, not ``columns``, which holds the physical columns."""
-        return self._st.read(name, slots, keys)
-
-    def online_slot(self, positions) -> np.ndarray:
-        """Slots of online rows given their logical positions."""
-        return self._st.online_slot(positions)
-
-    def slot_of(self, positions, online) -> np.ndarray:
-        """Slots of rows given their logical positions and whether each is online."""
-        positions = np.asarray(positions, np.int64)
-        return np.where(online, self._st.online_slot(positions), positions)
-
-    def position_of(self, slots) -> np.ndarray:
-        """Logical positions of stored slots (offline: the slot; online: its lane's position, which with one
-        stream is its row number on the ring's clock)."""
-        return self._st.position_of(slots)
-
-    def ring_slot(self, clock) -> np.ndarray:
-        """Slots of online rows given the ring's clock (rows written before them, all streams)."""
-        return self._st.ring_slot(clock)
-
-    def ring_position_of(self, slots) -> np.ndarray:
-        return self._st.ring_position_of(slots)
-
-    multi_stream = property(lambda self: self._st.multi_stream)
-
-    @property
-    def lane_map(self) -> np.ndarray | None:
-        """Several streams: the per-lane map [lane, t % width] -> slot, width = ``lane_map.shape[1]`` (read-only);
-        None with one."""
-        qmap = self._st._qmap
-        return None if qmap is None else _read_only(qmap)
-
-    def episode_slots(self, start, length, source) -> np.ndarray:
-        return self._st.episode_slots(start, length, source)
 
 
-class _EpisodeQueries:
-    """The read-only part of an :class:`~relive.replay.episodes.EpisodeIndex`."""
-
-    def __init__(self, index: EpisodeIndex):
-        self._index = index
-
-    def live(self, source: int | None = None):
-        return self._index.live(source)
-
-    def get(self, ids):
-        return self._index.get(ids)
-
-    def is_open(self, source: int, lane: int = 0) -> int:
-        return self._index.is_open(source, lane)
-
-    def is_live(self, ids):
-        return self._index.is_live(ids)
-
-    def open_online_ids(self):
-        return self._index.open_online_ids()
-
-    num_offline_episodes = property(lambda self: self._index.num_offline_episodes)
-    first_live_online_id = property(lambda self: self._index.first_live_online_id)
-    online_evicted_before = property(lambda self: self._index.online_evicted_before)
-    next_id = property(lambda self: self._index.next_id)
-
-    def end_of(self, ids):
-        return self._index.end_of(ids)
 
 
-class _NextObsStore:
-    """The explicit next_obs copies of a storage with ``dedup_next_obs``: slot -> entry (-1: none; the next row
-    supplies it), the copies in arrays that grow on demand, a free list of released entries, and per lane the
-    last row written (its *tail*: slot and generation; key -1 = offline)."""
-
-    def __init__(self, specs: Mapping[str, ColumnSpec], capacity: int):
-        self.specs = dict(specs)
-        self.entry = np.full(capacity, -1, np.int64)
-        self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
-        self._free = np.zeros(0, np.int64)
-        self._num_free = 0
-        self.tails: dict[int, tuple[int, int]] = {}
-
-    @property
-    def num_used(self) -> int:
-        return self._free.size - self._num_free
-
-    def release(self, slots: np.ndarray) -> None:
-        old = self.entry[slots]
-        old = old[old >= 0]
-        if old.size:
-            self._free[self._num_free : self._num_free + old.size] = old
-            self._num_free += old.size
-            self.entry[slots] = -1
-
-    def put(self, slots: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
-        k = slots.size
-        if k == 0:
-            return
-        if self._num_free < k:  # grow: double, at least k more entries
-            old = self._free.size
-            new = max(2 * old, old + k - self._num_free, 16)
-            for n, arr in self.values.items():
-                grown = np.zeros((new, *arr.shape[1:]), arr.dtype)
-                grown[:old] = arr
-                self.values[n] = grown
-            free = np.zeros(new, np.int64)
-            free[: self._num_free] = self._free[: self._num_free]
-            free[self._num_free : self._num_free + new - old] = np.arange(new - 1, old - 1, -1)
-            self._free, self._num_free = free, self._num_free + new - old
-        idx = self._free[self._num_free - k : self._num_free].copy()
-        self._num_free -= k
-        self.entry[slots] = idx
-        for n, v in values.items():
-            self.values[n][idx] = v
-
-    def state_dict(self, size: int) -> dict:
-        slots = np.flatnonzero(self.entry[:size] >= 0)
-        e = self.entry[slots]
-        tails = np.array([[key, slot, gen] for key, (slot, gen) in sorted(self.tails.items())], np.int64)
-        return {"slots": slots.astype(np.int64), "tails": tails.reshape(-1, 3),
-                "values": {n: arr[e] for n, arr in self.values.items()}}
-
-    def load_state_dict(self, state: Mapping, size: int) -> None:
-        owner = "storage state next_obs_store"
-        slots = state_array(state, "slots", owner, dtype=np.int64, low=0, high=size - 1)
-        if np.unique(slots).size != slots.size:
-            raise ValueError(f"{owner} field 'slots' lists a slot twice")
-        tails = state_array(state, "tails", owner, dtype=np.int64, shape=(3,))
-        if tails.size and ((tails[:, 1] < 0).any() or (tails[:, 1] >= max(size, 1)).any()):
-            raise ValueError(f"{owner} field 'tails': a slot beyond the stored rows")
-        self.entry[:] = -1
-        self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
-        self._free, self._num_free = np.zeros(0, np.int64), 0
-        values = {}
-        stored = state_field(state, "values", owner)
-        for n, spec in self.specs.items():
-            v = np.asarray(state_field(stored, n, f"{owner} values"))
-            if v.shape != (slots.size, *spec.shape) or v.dtype != spec.dtype:
-                raise ValueError(f"checkpoint next_obs copies {n!r} have shape {v.shape} dtype {v.dtype}, expected "
-                                 f"{(slots.size, *spec.shape)} {spec.dtype}")
-            values[n] = v
-        self.put(slots, values)
-        self.tails = {int(k): (int(s), int(g)) for k, s, g in tails}
 
 
-def _as_bytes(a: np.ndarray) -> np.ndarray:
-    a = np.ascontiguousarray(a)
-    return a.reshape(a.shape[0] if a.ndim else 1, -1).view(np.uint8)
 
 
-def _differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per row: whether ``a[i]`` and ``b[i]`` differ in any bit (so -0.0 vs 0.0 differ: reconstruction is exact)."""
-    if a.shape[0] == 0:
-        return np.zeros(0, bool)
-    return (_as_bytes(a) != _as_bytes(b)).any(axis=1)
 
 
-def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and bool((_as_bytes(a[None]) == _as_bytes(b[None])).all())
 
 
-MEMMAP_STATE = "relive_memmap.json"  # in a memmap directory: the token of the checkpoint its files match
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    write_text_atomic(path, json.dumps(obj))
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
-def _directory(value) -> Path | None:
-    """A directory from a storage config: a Path (a loaded checkpoint's reference), a DirectoryRef (a state_dict
-    in memory) or a string (checkpoints before 2026-11-26: the absolute directory)."""
-    if value is None:
-        return None
-    if not isinstance(value, str | os.PathLike):
-        raise ValueError(f"memmap directory {value!r} is not a path")
-    return Path(os.fspath(value))
 
 
-def _reserve(fd: int, path: Path, size: int) -> None:
-    """Allocate the blocks of a column file for real (``posix_fallocate``): a sparse file on a full disk would
-    end the process with SIGBUS at the first write through the map; this fails here, with an error."""
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: the free-space check stands
-            return
-        raise OSError(e.errno, f"cannot reserve {size / 1e9:.3g} GB for memmap column file {path} ({e.strerror}); "
-                      "free space on its file system or choose a smaller capacity") from None
 
 
-def _open_column(path: Path, shape: tuple, dtype: np.dtype) -> np.memmap:
-    """Reopen a column file of a memmap checkpoint: a regular file in the directory (no symbolic link followed),
-    of the shape and dtype the checkpoint's config declares, its blocks reserved."""
-    def refuse(why: str):
-        return ValueError(f"memmap column file {path} {why}; the checkpoint refers to it instead of holding its rows")
-
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise refuse(f"cannot be opened as a regular file ({e.strerror})") from None
-    with os.fdopen(fd, "r+b") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise refuse("is not a regular file")
-        try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            got_shape, fortran, got_dtype = read(f)
-        except Exception as e:  # numpy's header parser: any failure means a malformed header
-            raise refuse(f"is not a valid .npy file ({e})") from None
-        if got_shape != shape or got_dtype != dtype or fortran:
-            raise refuse(f"has shape {got_shape} dtype {got_dtype}, expected {shape} {dtype}")
-        offset = f.tell()
-        size = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if os.fstat(fd).st_size != size:
-            raise refuse(f"has {os.fstat(fd).st_size} bytes, expected {size}")
-        _reserve(fd, path, size)
-        return np.memmap(f, dtype=dtype, mode="r+", offset=offset, shape=shape)
 
 
-def _check_stream(stream) -> int:
-    if isinstance(stream, bool | np.bool_) or not isinstance(stream, int | np.integer) or not 0 <= stream <= MAX_STREAM:
-        raise ValueError(f"stream must be an integer in [0, {MAX_STREAM}], got {stream!r}")
-    return int(stream)
 
 
-def _read_only(arr: np.ndarray) -> np.ndarray:
-    if not isinstance(arr, np.ndarray):  # a TorchColumn (backend "torch"): its host reads are copies
-        return arr
-    view = arr.view()
-    view.flags.writeable = False
-    return view
 
 
-def as_numpy(x) -> np.ndarray:
-    if type(x) is np.ndarray:
-        return x
-    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
 
 
-def _convert(name: str, arr: np.ndarray, dtype: np.dtype, label: str | None = None) -> np.ndarray:
-    """Convert without silent loss: same-kind casts (float64 -> float32, int -> float) are fine; flags
-    accept bool or 0/1 numbers; integers must fit the column's integer type and floats its float type (no
-    wrap-around, no overflow to inf); anything else (float -> int, strings, objects) is an error."""
-    if arr.dtype == dtype:
-        return arr
-    label = label or f"column {name!r}"
-    if dtype.kind == "b":
-        if arr.dtype.kind in "iuf":
-            bad = (arr != 0) & (arr != 1)
-            if bad.any():
-                row = int(np.argwhere(bad)[0][0])
-                raise ValueError(f"{label} row {row}: expected a boolean flag (True/False or 0/1), "
-                                 f"got {arr.reshape(arr.shape[0], -1)[row][0]!r}")
-            return arr.astype(np.bool_)
-    elif dtype.kind == "f" and arr.dtype.kind in "fiub":
-        if arr.dtype.kind == "f" and arr.dtype.itemsize > dtype.itemsize and arr.size:
-            limit = np.finfo(dtype).max
-            bad = np.isfinite(arr) & (np.abs(arr) > limit)
-            if bad.any():
-                _out_of_range(label, arr, bad, f"{dtype} (largest magnitude {limit:.6g})")
-        return arr.astype(dtype)
-    elif dtype.kind in "iu" and arr.dtype.kind in "iub":
-        if arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
-            info = np.iinfo(dtype)
-            bad = (arr < info.min) | (arr > info.max)
-            if bad.any():
-                _out_of_range(label, arr, bad, f"{dtype} [{info.min}, {info.max}]")
-        return arr.astype(dtype)
-    raise ValueError(f"{label}: expected dtype {dtype} (or a same-kind dtype), got {arr.dtype}")
 
 
-def _out_of_range(label: str, arr: np.ndarray, bad: np.ndarray, target: str) -> None:
-    where = tuple(int(i) for i in np.argwhere(bad)[0])
-    elem = f" element {where[1:]}" if len(where) > 1 else ""
-    raise ValueError(f"{label} row {where[0]}{elem}: value {arr[where].item()!r} does not fit the column's "
-                     f"dtype {target}; refusing to wrap or overflow it")
 
 
-__all__ = ["Storage", "StorageView", "ColumnSpec", "CORE_COLUMNS", "OFFLINE", "ONLINE", "SOURCE_NAMES"]
+__all__ = ["Storage", "StorageView", "ColumnSpec", "CORE_COLUMNS", "OFFLINE", "ONLINE", "SOURCE_NAMES",
+           "MAX_STREAM", "as_numpy"]

@@ -1,0 +1,111 @@
+"""The column layout of a replay storage: column specs, the observation layout (flat or one column per key of a
+dict), the core and bookkeeping columns, and input conversion without silent loss (shared by every backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+BOOKKEEPING = (("episode_id", np.int64), ("step_in_episode", np.int64), ("source", np.int8),
+               ("generation", np.int64), ("stream", np.int32))
+FINITE_CHECKED = ("obs", "action", "reward", "next_obs")
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape), "dtype": np.dtype(self.dtype).str}
+
+    @staticmethod
+    def from_json(d: Mapping) -> ColumnSpec:
+        return ColumnSpec(tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]))
+
+
+def column_spec(value, default_dtype=np.float32) -> ColumnSpec:
+    """Accept ``shape`` (``default_dtype``) or ``(shape, dtype)`` or a ColumnSpec for a column."""
+    if isinstance(value, ColumnSpec):
+        return value
+    if isinstance(value, tuple) and len(value) == 2 and not isinstance(value[1], int):
+        shape, dtype = value
+    else:
+        shape, dtype = value, default_dtype
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return ColumnSpec(shape, np.dtype(dtype))
+
+
+def obs_layout(obs_shape, obs_dtype) -> tuple[tuple[str, ...] | None, ColumnSpec | dict[str, ColumnSpec],
+                                                 dict[str, ColumnSpec]]:
+    """Observations: one column per key ("obs" for a flat Box; "obs.<key>" for each key of a dict space).
+    Returns (the dict keys or None, the observation spec(s), the physical obs columns)."""
+    if not isinstance(obs_shape, Mapping):
+        obs_spec = column_spec(obs_shape, obs_dtype)
+        return None, obs_spec, {"obs": obs_spec}
+    if not obs_shape:
+        raise ValueError("dict observations need at least one key")
+    for key in obs_shape:
+        if not isinstance(key, str) or not key.isidentifier():
+            raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
+                             "a column, a checkpoint file and a Batch entry")
+    obs_spec = {k: column_spec(v, obs_dtype) for k, v in obs_shape.items()}
+    return tuple(obs_shape), obs_spec, {f"obs.{k}": spec for k, spec in obs_spec.items()}
+
+
+def read_only(arr: np.ndarray) -> np.ndarray:
+    if not isinstance(arr, np.ndarray):  # a TorchColumn (backend "torch"): its host reads are copies
+        return arr
+    view = arr.view()
+    view.flags.writeable = False
+    return view
+
+
+def as_numpy(x) -> np.ndarray:
+    if type(x) is np.ndarray:
+        return x
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def convert(name: str, arr: np.ndarray, dtype: np.dtype, label: str | None = None) -> np.ndarray:
+    """Convert without silent loss: same-kind casts (float64 -> float32, int -> float) are fine; flags
+    accept bool or 0/1 numbers; integers must fit the column's integer type and floats its float type (no
+    wrap-around, no overflow to inf); anything else (float -> int, strings, objects) is an error."""
+    if arr.dtype == dtype:
+        return arr
+    label = label or f"column {name!r}"
+    if dtype.kind == "b":
+        if arr.dtype.kind in "iuf":
+            bad = (arr != 0) & (arr != 1)
+            if bad.any():
+                row = int(np.argwhere(bad)[0][0])
+                raise ValueError(f"{label} row {row}: expected a boolean flag (True/False or 0/1), "
+                                 f"got {arr.reshape(arr.shape[0], -1)[row][0]!r}")
+            return arr.astype(np.bool_)
+    elif dtype.kind == "f" and arr.dtype.kind in "fiub":
+        if arr.dtype.kind == "f" and arr.dtype.itemsize > dtype.itemsize and arr.size:
+            limit = np.finfo(dtype).max
+            bad = np.isfinite(arr) & (np.abs(arr) > limit)
+            if bad.any():
+                out_of_range(label, arr, bad, f"{dtype} (largest magnitude {limit:.6g})")
+        return arr.astype(dtype)
+    elif dtype.kind in "iu" and arr.dtype.kind in "iub":
+        if arr.size and not np.can_cast(arr.dtype, dtype, "safe"):
+            info = np.iinfo(dtype)
+            bad = (arr < info.min) | (arr > info.max)
+            if bad.any():
+                out_of_range(label, arr, bad, f"{dtype} [{info.min}, {info.max}]")
+        return arr.astype(dtype)
+    raise ValueError(f"{label}: expected dtype {dtype} (or a same-kind dtype), got {arr.dtype}")
+
+
+def out_of_range(label: str, arr: np.ndarray, bad: np.ndarray, target: str) -> None:
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    elem = f" element {where[1:]}" if len(where) > 1 else ""
+    raise ValueError(f"{label} row {where[0]}{elem}: value {arr[where].item()!r} does not fit the column's "
+                     f"dtype {target}; refusing to wrap or overflow it")

@@ -1,0 +1,157 @@
+"""Next observations without duplicated frames (``dedup_next_obs``): a row's next_obs is the obs of the next row of
+its lane, and only rows without a stored successor keep an explicit copy, kept here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from relive.replay._state import state_array, state_field
+from relive.replay.columns import ColumnSpec
+
+
+class NextObsStore:
+    """The explicit next_obs copies of a storage with ``dedup_next_obs``: slot -> entry (-1: none; the next row
+    supplies it), the copies in arrays that grow on demand, a free list of released entries, and per lane the
+    last row written (its *tail*: slot and generation; key -1 = offline)."""
+
+    def __init__(self, specs: Mapping[str, ColumnSpec], capacity: int):
+        self.specs = dict(specs)
+        self.entry = np.full(capacity, -1, np.int64)
+        self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
+        self._free = np.zeros(0, np.int64)
+        self._num_free = 0
+        self.tails: dict[int, tuple[int, int]] = {}
+
+    @property
+    def num_used(self) -> int:
+        return self._free.size - self._num_free
+
+    def release(self, slots: np.ndarray) -> None:
+        old = self.entry[slots]
+        old = old[old >= 0]
+        if old.size:
+            self._free[self._num_free : self._num_free + old.size] = old
+            self._num_free += old.size
+            self.entry[slots] = -1
+
+    def put(self, slots: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        k = slots.size
+        if k == 0:
+            return
+        if self._num_free < k:  # grow: double, at least k more entries
+            old = self._free.size
+            new = max(2 * old, old + k - self._num_free, 16)
+            for n, arr in self.values.items():
+                grown = np.zeros((new, *arr.shape[1:]), arr.dtype)
+                grown[:old] = arr
+                self.values[n] = grown
+            free = np.zeros(new, np.int64)
+            free[: self._num_free] = self._free[: self._num_free]
+            free[self._num_free : self._num_free + new - old] = np.arange(new - 1, old - 1, -1)
+            self._free, self._num_free = free, self._num_free + new - old
+        idx = self._free[self._num_free - k : self._num_free].copy()
+        self._num_free -= k
+        self.entry[slots] = idx
+        for n, v in values.items():
+            self.values[n][idx] = v
+
+    def state_dict(self, size: int) -> dict:
+        slots = np.flatnonzero(self.entry[:size] >= 0)
+        e = self.entry[slots]
+        tails = np.array([[key, slot, gen] for key, (slot, gen) in sorted(self.tails.items())], np.int64)
+        return {"slots": slots.astype(np.int64), "tails": tails.reshape(-1, 3),
+                "values": {n: arr[e] for n, arr in self.values.items()}}
+
+    def load_state_dict(self, state: Mapping, size: int) -> None:
+        owner = "storage state next_obs_store"
+        slots = state_array(state, "slots", owner, dtype=np.int64, low=0, high=size - 1)
+        if np.unique(slots).size != slots.size:
+            raise ValueError(f"{owner} field 'slots' lists a slot twice")
+        tails = state_array(state, "tails", owner, dtype=np.int64, shape=(3,))
+        if tails.size and ((tails[:, 1] < 0).any() or (tails[:, 1] >= max(size, 1)).any()):
+            raise ValueError(f"{owner} field 'tails': a slot beyond the stored rows")
+        self.entry[:] = -1
+        self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
+        self._free, self._num_free = np.zeros(0, np.int64), 0
+        values = {}
+        stored = state_field(state, "values", owner)
+        for n, spec in self.specs.items():
+            v = np.asarray(state_field(stored, n, f"{owner} values"))
+            if v.shape != (slots.size, *spec.shape) or v.dtype != spec.dtype:
+                raise ValueError(f"checkpoint next_obs copies {n!r} have shape {v.shape} dtype {v.dtype}, expected "
+                                 f"{(slots.size, *spec.shape)} {spec.dtype}")
+            values[n] = v
+        self.put(slots, values)
+        self.tails = {int(k): (int(s), int(g)) for k, s, g in tails}
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    return a.reshape(a.shape[0] if a.ndim else 1, -1).view(np.uint8)
+
+
+def differs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per row: whether ``a[i]`` and ``b[i]`` differ in any bit (so -0.0 vs 0.0 differ: reconstruction is exact)."""
+    if a.shape[0] == 0:
+        return np.zeros(0, bool)
+    return (as_bytes(a) != as_bytes(b)).any(axis=1)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((as_bytes(a[None]) == as_bytes(b[None])).all())
+
+
+class NextObsDedup:
+    """The write and read sides of ``dedup_next_obs`` in a :class:`~relive.replay.storage.Storage` (mixed in; the
+    copies themselves live in its :class:`NextObsStore`, ``_nx``)."""
+
+    def _dedup_before_write(self, tail_key: int, rows: dict, end: np.ndarray, slots: np.ndarray,
+                            skip: int) -> np.ndarray:
+        """``next_obs`` without duplicated frames: which of the rows about to be written keep an explicit copy.
+
+        Rule: row i keeps one when it ends its episode (terminated / truncated), is the last row of the write (its
+        successor is not stored yet), or its next_obs differs (bitwise) from row i + 1's obs. Every other row's
+        next_obs *is* the obs of the next row of its lane, which is written after it and so is overwritten after
+        it: while the row is stored, so is its successor. Before the write, the entries of the slots it overwrites
+        are released, and the lane's previous last row (the *tail*, still in an open episode) drops its copy if
+        this write's first obs equals it: that row now has a stored successor."""
+        nx = self._nx
+        nx.release(slots)
+        tail = nx.tails.get(tail_key)
+        if tail is not None and skip == 0:
+            t_slot, t_gen = tail
+            e = int(nx.entry[t_slot])
+            if (e >= 0 and int(self.meta["generation"][t_slot]) == t_gen and not self.columns["terminated"][t_slot]
+                    and not self.columns["truncated"][t_slot]
+                    and all(same_bits(nx.values[nn][e], rows[on][0]) for on, nn in zip(
+                        self._obs_names, self._next_names, strict=True))):
+                nx.release(np.array([t_slot]))
+        n = end.size
+        explicit = end.copy()
+        explicit[-1] = True
+        if n > 1:
+            for on, nn in zip(self._obs_names, self._next_names, strict=True):
+                explicit[:-1] |= differs(rows[nn][:-1], rows[on][1:])
+        return explicit[skip:]
+
+    def _read_next(self, slots: np.ndarray, keys=None) -> dict[str, np.ndarray]:
+        names = [(on, nn) for on, nn in zip(self._obs_names, self._next_names, strict=True)
+                 if keys is None or nn[len("next_obs."):] in keys]
+        if not self.dedup_next_obs:
+            return {nn: self.columns[nn].take(slots, axis=0) for _, nn in names}
+        nx = self._nx
+        entry = nx.entry.take(slots)
+        explicit = entry >= 0
+        src = np.where(explicit, slots, self.next_slot(slots))
+        out = {}
+        any_explicit = bool(explicit.any())
+        if any_explicit:
+            where, from_entry = np.flatnonzero(explicit), entry[explicit]
+        for on, nn in names:
+            arr = self.columns[on].take(src, axis=0)
+            if any_explicit:
+                arr[where] = nx.values[nn][from_entry]
+            out[nn] = arr
+        return out
