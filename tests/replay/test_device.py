@@ -443,7 +443,7 @@ def test_updates_naming_slots_never_written_are_refused_by_index_on_both_backend
     before = buf.sampler.probabilities().copy()
     for bad, pos in (([2, 7], 1), ([-1, 0], 0), ([3, 10], 1)):
         as_t = torch.tensor(bad) if backend == "torch" else np.array(bad)
-        stored_gen = (buf.storage._gen_t.index_select(0, torch.tensor(bad).clamp(0, 9)) if backend == "torch"
+        stored_gen = (buf.storage.generation_tensor.index_select(0, torch.tensor(bad).clamp(0, 9)) if backend == "torch"
                       else gen.take(np.clip(bad, 0, 9)))
         forged = dataclasses.replace(info, indices=as_t, generation=stored_gen)
         msg = rf"index {bad[pos]} at position {pos} does not exist: stored slots are 0\.\.3"

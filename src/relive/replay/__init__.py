@@ -2,6 +2,7 @@
 
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import CheckpointError
+from relive.replay.device_buffer import DeviceReplayBuffer
 from relive.replay.episodes import EpisodeIndex, EpisodeView
 from relive.replay.samplers import (
     SAMPLERS,
@@ -21,7 +22,7 @@ from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
 __all__ = [
-    "ReplayBuffer", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree", "MaxTree",
+    "ReplayBuffer", "DeviceReplayBuffer", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree", "MaxTree",
     "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler", "ReaPERSampler",
     "ReaPERReferenceSampler", "BERBSampler", "SAMPLERS", "register_sampler", "Draw",
     "Batch", "SampleInfo", "UpdateReport", "CheckpointError", "OFFLINE", "ONLINE",

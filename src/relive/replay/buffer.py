@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -26,7 +25,8 @@ from relive.replay.samplers import Sampler, UniformSampler, sampler_config, samp
 from relive.replay.storage import Storage, as_numpy
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
-DRAWS_KNOWN = 16  # device buffers: the latest draws whose indices an update may name without a host check
+# backend name -> the ReplayBuffer subclass built for it (relive.replay.device_buffer registers "torch")
+BACKEND_CLASSES: dict[str, type] = {}
 
 HOST = "host"  # ReplayBuffer.load(..., device=HOST): NumPy columns in RAM, whatever the checkpoint's backend
 
@@ -47,17 +47,10 @@ class ReplayBuffer:
         are drawn, gathered and updated there (:mod:`relive.replay.device`; uniform, PER and symmetric samplers,
         converted from their host classes; batches and ``batch.info`` hold tensors)."""
         self.n_step, self.gamma = returns.check_n_step(n_step, capacity), returns.check_gamma(gamma)
-        if backend == "torch" and self.n_step > 1:
-            raise ValueError("n_step > 1 needs a host backend ('ram' or 'memmap'): n-step returns are summed on the "
-                             "host")
         self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
                                action_dtype=action_dtype, extra_columns=extra_columns,
                                dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device)
-        self.sampler = sampler if sampler is not None else UniformSampler()
-        if backend == "torch":  # (torch is imported only for a device buffer)
-            from relive.replay.device import to_device_sampler  # (torch: imported only for a device buffer)
-
-            self.sampler = to_device_sampler(self.sampler)
+        self.sampler = self._own_sampler(sampler if sampler is not None else UniformSampler())
         if self.sampler.storage is not None:
             raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
         self.sampler.bind(self.storage)
@@ -65,22 +58,22 @@ class ReplayBuffer:
         self.rng = np.random.default_rng(self.seed)
         self.num_stale = 0  # updates skipped because the row was overwritten after sampling
         self.num_updated = 0
-        self._init_device_state()
+        self._init_backend_state()
 
-    def _init_device_state(self) -> None:
-        """backend "torch": the draw generator on the device, and the update counters kept there (read by stats)."""
-        self.on_device = self.storage.backend == "torch"
-        if not self.on_device:
-            return
-        import torch  # (torch: `import relive.replay` does not load it)
+    def __new__(cls, *args, backend: str = "ram", **kwargs):
+        """``backend="torch"`` builds a :class:`~relive.replay.device_buffer.DeviceReplayBuffer` (registered in
+        ``BACKEND_CLASSES`` by that module): the device path is its own class, the host path has no device branch."""
+        klass = BACKEND_CLASSES.get(backend, cls) if cls is ReplayBuffer else cls
+        return super().__new__(klass)
 
-        dev = self.storage.device
-        self.torch_rng = torch.Generator(device=dev).manual_seed(self.seed)
-        self._counts_t = torch.zeros(3, dtype=torch.int64, device=dev)  # updated, stale, invalid since last read
-        # the index tensors of the latest device draws: stored slots (the stored rows never shrink), so an update
-        # naming one of them needs no host check; any other indices are checked as on the host (check_slots)
-        self._drawn_t: list = []
-        self.num_invalid = 0  # device updates: rows skipped for a non-finite or negative signal
+    on_device = False  # batches, indices and signals are tensors on a device (DeviceReplayBuffer)
+
+    def _own_sampler(self, sampler: Sampler) -> Sampler:
+        """The sampler this buffer binds (a device buffer converts the host samplers to their device twins)."""
+        return sampler
+
+    def _init_backend_state(self) -> None:
+        """State a backend keeps beside the storage and the sampler (a device buffer: its generator, counters)."""
 
     # -- sizes -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -162,37 +155,15 @@ class ReplayBuffer:
         stored = self.storage.size
         if batch_size > stored:
             raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
-        if self.on_device:
-            return self._sample_device(int(batch_size))
-        draw = self.sampler.sample(int(batch_size), self.rng)
+        return self._draw_batch(int(batch_size))
+
+    def _draw_batch(self, batch_size: int) -> Batch:
+        draw = self.sampler.sample(batch_size, self.rng)
         batch = self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
                             hints=self.sampler.hints())
         if getattr(self.sampler, "relabels", False):  # HER (samplers/her.py): new goals written into the batch
             batch = self.sampler.relabel_batch(batch, self.n_step, self.gamma)
         return batch
-
-    def _sample_device(self, batch_size: int) -> Batch:
-        """A batch drawn and gathered on the device: every column and ``info`` field a tensor there."""
-        import torch  # (torch: `import relive.replay` does not load it)
-
-        draw = self.sampler.sample_device(batch_size, self.torch_rng)
-        st = self.storage
-        idx = draw.indices
-        self._drawn_t = [idx, *self._drawn_t[:DRAWS_KNOWN - 1]]
-        cols = st.columns
-
-        def obs(prefix):  # "obs" / "next_obs", flat or one tensor per key
-            if st.obs_keys is None:
-                return cols[prefix].tensor.index_select(0, idx)
-            return {k: cols[f"{prefix}.{k}"].tensor.index_select(0, idx) for k in st.obs_keys}
-
-        info = SampleInfo(indices=idx, generation=st._gen_t.index_select(0, idx), probability=draw.probability,
-                          is_weight=draw.is_weight, source=(idx >= st.num_offline).to(torch.int8),
-                          hints=self.sampler.hints())
-        return Batch(obs("obs"), cols["action"].tensor.index_select(0, idx), cols["reward"].tensor.index_select(0, idx),
-                     obs("next_obs"), cols["terminated"].tensor.index_select(0, idx),
-                     cols["truncated"].tensor.index_select(0, idx), info=info,
-                     extras={n: cols[n].tensor.index_select(0, idx) for n in st.extra_names})
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
         """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1,
@@ -256,8 +227,6 @@ class ReplayBuffer:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         if batch_size > self.storage.size:
             raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.size} rows are stored")
-        if self.on_device:
-            raise ValueError("sample_sequences needs a host backend ('ram' or 'memmap'): slices are cut on the host")
         if getattr(self.sampler, "relabels", False):
             raise ValueError(f"sample_sequences does not relabel goals: {type(self.sampler).__name__} relabels rows of "
                              "sample() only (use sample(), or the inner sampler for sequences)")
@@ -312,8 +281,6 @@ class ReplayBuffer:
         Rows whose slot was overwritten since ``info`` was sampled are skipped and counted (``num_stale``)."""
         if not signals:
             raise ValueError("update needs at least one signal, e.g. update(info, td_error=td)")
-        if self.on_device:
-            return self._update_device(info, signals)
         idx = self.storage.check_slots(info.indices)
         gen = np.asarray(info.generation, dtype=np.int64).reshape(-1)
         if gen.size != idx.size:
@@ -345,54 +312,8 @@ class ReplayBuffer:
         self.num_updated += int(idx.size)
         return UpdateReport(num_updated=int(idx.size), num_stale=n_stale, stale=stale)
 
-    def _update_device(self, info: SampleInfo, signals: Mapping) -> UpdateReport:
-        """The device update: no value is read back to the host. A row overwritten since it was sampled
-        (generation changed) and a row whose signal is not finite (or a negative ``priority``) keeps its priority;
-        both are counted on the device and reach ``num_stale`` / ``num_invalid`` when ``stats`` reads them (a
-        host check would stop the device once per batch). The report's counts are 0-d tensors."""
-        import torch  # (torch: `import relive.replay` does not load it)
-
-        dev = self.storage.device
-        if not any(info.indices is t for t in self._drawn_t):  # not this buffer's draw: the host rule (one sync)
-            self.storage.check_slots(info.indices)  # integers naming stored slots, else refused by index
-        idx = torch.as_tensor(info.indices, device=dev).reshape(-1)
-        gen = torch.as_tensor(info.generation, device=dev).reshape(-1)
-        if gen.numel() != idx.numel():
-            raise ValueError(f"info has {idx.numel()} indices but {gen.numel()} generations")
-        arrays = {}
-        valid = torch.ones(idx.numel(), dtype=torch.bool, device=dev)
-        for name, value in signals.items():
-            t = torch.as_tensor(value, device=dev)
-            if t.numel() != idx.numel() or (t.dim() > 1 and max(t.shape) != t.numel()):
-                raise ValueError(f"signal {name!r}: expected shape ({idx.numel()},), got {tuple(t.shape)}")
-            if t.dtype == torch.bool or t.is_complex():  # (every real dtype is accepted, as on the host)
-                raise ValueError(f"signal {name!r}: expected numbers, got dtype {t.dtype}")
-            t = t.reshape(-1)
-            if t.is_floating_point():
-                valid &= torch.isfinite(t)
-            if name == "priority":
-                valid &= t >= 0
-            arrays[name] = t
-        fresh = self.storage._gen_t.index_select(0, idx) == gen
-        keep = fresh & valid
-        self.sampler.update_device(idx, arrays, keep)
-        stale = ~fresh
-        counts = torch.stack([keep.sum(), stale.sum(), (fresh & ~valid).sum()])
-        self._counts_t += counts
-        return UpdateReport(num_updated=counts[0], num_stale=counts[1], stale=stale)
-
     def _read_device_counts(self) -> None:
-        """Fold the device's update counters into the host ones (a sync: stats / checkpoints only)."""
-        if not self.on_device:
-            return
-        updated, stale, invalid = (int(x) for x in self._counts_t.tolist())
-        self._counts_t.zero_()
-        self.num_updated += updated
-        self.num_stale += stale
-        self.num_invalid += invalid
-        if invalid:
-            warnings.warn(f"{invalid} replay update rows had a non-finite signal (or a negative priority) and kept "
-                          f"their priority ({self.num_invalid} so far): check the agent's TD errors", stacklevel=3)
+        """Fold counters a backend keeps elsewhere into the host ones (a device buffer's: a sync)."""
 
     def refresh(self, score_fn: Callable, chunk_size: int = 65536) -> bool:
         """Let the sampler re-score every stored row with ``score_fn(obs, action) -> per-row score`` (ARB).
@@ -405,7 +326,7 @@ class ReplayBuffer:
             "replay/num_offline": float(self.num_offline),
             "replay/num_online": float(self.num_online),
             "replay/num_stale": float(self.num_stale),
-        } | ({"replay/num_invalid_signals": float(self.num_invalid)} if self.on_device else {})
+        }
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self, offline: str = "auto") -> dict:
@@ -418,9 +339,7 @@ class ReplayBuffer:
             ids = set(self.storage.offline_dataset_ids)
             offline = "reference" if len(ids) == 1 and None not in ids else "copy"
         self._read_device_counts()
-        device = {} if not self.on_device else {"torch_rng": self.torch_rng.get_state().cpu().numpy(),
-                                                "torch_rng_device": self.storage.device.type,
-                                                "num_invalid": self.num_invalid}
+        device = self._backend_state()
         return {
             "config": {"storage": self.storage.config(), "sampler": sampler_config(self.sampler),
                        "seed": self.seed, "n_step": self.n_step, "gamma": self.gamma},
@@ -429,6 +348,10 @@ class ReplayBuffer:
             "rng": self.rng.bit_generator.state,
             "counters": {"num_stale": self.num_stale, "num_updated": self.num_updated},
         } | ({"device": device} if device else {})
+
+    def _backend_state(self) -> dict:
+        """A backend's own part of the checkpoint (``state["device"]``; none for the host buffer)."""
+        return {}
 
     def save(self, path: str | os.PathLike, offline: str = "auto") -> None:
         """Write a pickle-free checkpoint directory (see :mod:`relive.replay.checkpoint`); ``offline`` as in
@@ -474,7 +397,7 @@ class ReplayBuffer:
             if scfg.get("obs_keys") is not None and cfg["storage"].get("dedup_next_obs"):
                 raise ValueError("this checkpoint stores next_obs deduplicated (dict observations): it loads on the "
                                  "host only")
-        buf = cls.__new__(cls)
+        buf = object.__new__(BACKEND_CLASSES.get(scfg.get("backend", "ram"), ReplayBuffer))
         buf.storage = Storage.from_config(scfg)
         try:
             buf._load_state(state, cfg, offline_rows)
@@ -496,11 +419,7 @@ class ReplayBuffer:
             buf.storage.write(OFFLINE, rows)
             buf.storage.offline_dataset_ids.append(dataset)
         buf.storage.load_state_dict(state["storage"])
-        buf.sampler = sampler_from_config(cfg["sampler"])
-        if buf.storage.backend == "torch":
-            from relive.replay.device import to_device_sampler  # (torch: imported only for a device buffer)
-
-            buf.sampler = to_device_sampler(buf.sampler)
+        buf.sampler = buf._own_sampler(sampler_from_config(cfg["sampler"]))
         buf.sampler.bind(buf.storage)
         buf.sampler.load_state_dict(state["sampler"])
         buf.seed = int(cfg["seed"])
@@ -509,13 +428,8 @@ class ReplayBuffer:
         buf.rng.bit_generator.state = state["rng"]
         buf.num_stale = int(state["counters"]["num_stale"])
         buf.num_updated = int(state["counters"]["num_updated"])
-        buf._init_device_state()
-        if buf.on_device:
-            dev = state.get("device", {})
-            buf.num_invalid = int(dev.get("num_invalid", 0))
-            if dev.get("torch_rng_device") == buf.storage.device.type:  # (a generator's state is per device type)
-                import torch  # (torch: `import relive.replay` does not load it)
+        buf._init_backend_state()
+        buf._load_backend_state(state.get("device", {}))
 
-                buf.torch_rng.set_state(torch.as_tensor(np.asarray(dev["torch_rng"], np.uint8)))
-            else:  # saved on the host or another device type: a fresh stream, derived from the seed and the clock
-                buf.torch_rng.manual_seed(buf.seed * 1_000_003 + buf.num_updated)
+    def _load_backend_state(self, saved: Mapping) -> None:
+        """A backend's own part of a checkpoint (see :meth:`_backend_state`)."""

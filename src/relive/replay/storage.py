@@ -206,6 +206,11 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
 
     # -- sizes -----------------------------------------------------------------------------------------
     @property
+    def generation_tensor(self):
+        """backend "torch": the generation stamps on the device (a device buffer's stale checks); else None."""
+        return self._gen_t
+
+    @property
     def online_capacity(self) -> int:
         return self.capacity - self.num_offline
 

@@ -51,7 +51,7 @@ import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
 from relive.replay import _tree_kernels
-from relive.replay.samplers._reaper_kernels import power, segmented_cumsum
+from relive.replay.samplers._reaper_kernels import NO_LANE_MAP, power, segmented_cumsum
 from relive.replay.samplers.base import (
     MAX_EXPONENT,
     MAX_PRIORITY,
@@ -241,22 +241,12 @@ class ReaPERSampler(Sampler):
         omega = self.reliability_exponent
         if self._compiled:
             c = np.empty(n_rows)
-            lane_map = self.storage.lane_map
-            if lane_map is None:  # one stream: slots follow from positions
-                _suffix_prefix(p_from, start, end, online, leaves, k, cap, self.delta, self.prefix, self.evicted_d,
-                               c)
-            else:
-                _suffix_prefix_mapped(p_from, start, end, online, leaves, lane_map.shape[1], lane_map, self.delta,
-                                      self.prefix,
-                                      self.evicted_d, c)
+            lane_map = self._lane_map()
+            suffix_prefix(p_from, start, end, online, leaves, k, cap, lane_map, self.delta, self.prefix,
+                          self.evicted_d, c)
             c_pow = power(c, omega)  # C_j^omega, vectorized (the powers dominate a compiled loop)
-            if lane_map is None:
-                _suffix_running_u(p_from, start, end, online, leaves, k, cap, c_pow, self.delta_pow, self.cum_u,
-                                  self.evicted_u)
-            else:
-                _suffix_running_u_mapped(p_from, start, end, online, leaves, lane_map.shape[1], lane_map, c_pow,
-                                         self.delta_pow,
-                                         self.cum_u, self.evicted_u)
+            suffix_running_u(p_from, start, end, online, leaves, k, cap, lane_map, c_pow, self.delta_pow,
+                             self.cum_u, self.evicted_u)
             return
         lengths = end - p_from
         seg = np.repeat(np.arange(lengths.size), lengths)
@@ -444,6 +434,11 @@ class ReaPERSampler(Sampler):
         is_weight = (probability.min() / probability) ** self.beta
         return Draw(indices, probability, is_weight.astype(np.float32))
 
+    def _lane_map(self) -> np.ndarray:
+        """The storage's per-lane map for the compiled kernels (``NO_LANE_MAP`` with one stream)."""
+        lane_map = self.storage.lane_map
+        return NO_LANE_MAP if lane_map is None else lane_map
+
     def _within(self, leaves: np.ndarray, r: np.ndarray) -> np.ndarray:
         """Row of each drawn episode with probability u_t / U_e: binary search over the running sum of u."""
         st = self.storage
@@ -452,11 +447,8 @@ class ReaPERSampler(Sampler):
         target = self.evicted_u[leaves] + r * (self.u_total[leaves] - self.evicted_u[leaves])
         online = leaves >= st.episodes.num_offline_episodes
         if self._compiled:
-            lane_map = st.lane_map
-            if lane_map is not None:
-                return _search_mapped(lo, hi, online, target, lane_map.shape[1], lane_map, self.cum_u,
-                                      np.empty(leaves.size, np.int64))
-            return _search(lo, hi, online, target, k, cap, self.cum_u, np.empty(leaves.size, np.int64))
+            return search(lo, hi, online, target, k, cap, self._lane_map(), self.cum_u,
+                          np.empty(leaves.size, np.int64))
         hi = hi - 1  # find the first position p in [lo, hi] with cum_u[p] > target (hi if none)
         while np.any(lo < hi):
             mid = (lo + hi) // 2
@@ -580,14 +572,7 @@ def restore_array(arr: np.ndarray, saved, fill: int = 0) -> None:
 
 
 if _tree_kernels.AVAILABLE:
-    from relive.replay.samplers._reaper_kernels import (
-        _search,
-        _search_mapped,
-        _suffix_prefix,
-        _suffix_prefix_mapped,
-        _suffix_running_u,
-        _suffix_running_u_mapped,
-    )
+    from relive.replay.samplers._reaper_kernels import search, suffix_prefix, suffix_running_u
 
 
 @dataclass(frozen=True)
