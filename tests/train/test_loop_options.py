@@ -17,7 +17,8 @@ from relive.replay.checkpoint import load_tree
 from relive.train.cli import config_from_args
 from relive.train.collector import collect_dataset
 from relive.train.evaluation import evaluate
-from relive.train.trainer import build, collect, stored_rows, train
+from relive.train.loop import collect, stored_rows
+from relive.train.trainer import build, train
 from tests.train.test_trainer import TINY, SimulatedKill, _logs_without_times, assert_same_agent, kill_at
 
 

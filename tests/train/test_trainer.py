@@ -427,7 +427,7 @@ def test_the_update_clock_counts_stored_rows_not_executed_steps():
     unstored (probing) steps are executed, not data, and earn none (issue 28 item 2; the end-to-end count is in
     tests/test_plugins.py with a probing toy agent)."""
     from relive.config import ScheduleConfig
-    from relive.train.trainer import grad_steps_earned
+    from relive.train.loop import grad_steps_earned
 
     s = ScheduleConfig(utd_ratio=3)
     assert [grad_steps_earned(s, 10, n) for n in (10, 4, 0)] == [30, 12, 0]

@@ -73,7 +73,7 @@ OPTIONAL_CAPABILITIES: dict[str, str] = {
                      "current policy; read by the ReF-ER sampler's recount (relive.replay.samplers.refer), which "
                      "refuses an agent without it.",
     "sequence_spec": "sequence_spec() -> dict | None: train on contiguous slices (buffer.sample_sequences(**spec)) "
-                     "instead of rows; read by trainer.gradient_step. Default: rows.",
+                     "instead of rows; read by loop.gradient_step. Default: rows.",
     "acting_modules": "acting_modules: tuple[str, ...] (class attribute): the attributes (torch modules) a copy of "
                       "the agent needs to act; read by relive.train.ray_collectors.acting_state, which ships them to "
                       "the collectors. Default: every torch.nn.Module attribute.",

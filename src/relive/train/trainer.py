@@ -1,20 +1,14 @@
-"""The one training loop: offline phase (gradient steps on the dataset), then online phase in chunks.
+"""Training runs: build (or resume) a run, then the loop (:mod:`relive.train.loop`), then its summary.
 
-Read top to bottom: ``train`` = build (or resume) -> offline phase -> online phase -> summary. A gradient step is
-[the components' due ``EveryGradSteps`` hooks] -> sample -> ``agent.update`` -> ``buffer.update(signals)`` ->
-``AfterUpdate`` hooks. An online chunk is collect ``env_steps_per_chunk`` steps (the agent's behaviour records
-stored with each row, unstored probing steps skipped; ``stored_rows`` turns truncations into terminations when
-``env.truncation_as_termination`` is set) -> ``OnEpisodeEnd`` hooks -> ``stored rows x utd_ratio`` gradient steps.
-The update clock counts stored rows: a step an agent executes without storing it (``Acted.store = False``, PLD's
-probing) counts for the env-step budget (``schedule.num_online_env_steps``, evaluation and checkpoint cadences) but
-is not data and earns no gradient step (``grad_steps_earned``); summary.json states executed, stored and unstored.
-Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the first interval with
-``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
-What a method needs from the loop it declares (``relive.hooks``); this file names no method. With
-``env.num_envs = N > 1`` a Gymnasium vector env is stepped instead (one policy call per step for all N; env i's rows
-are buffer stream i; env steps count all N; a chunk is rounded up to a multiple of N). With ``collectors.num = N > 0``
-the online phase is ``_ray_online_phase``: N Ray actors step the envs and ship chunks of rows, and a rate
-limiter keeps the update-to-data ratio (same hooks, evaluations and checkpoints; see that module).
+Read top to bottom: ``train`` = build (or resume) -> offline phase -> online phase -> summary. The loop itself
+(gradient steps, the phases, the online cadences, the collection strategies) is :mod:`relive.train.loop`; this
+module builds what it runs: the agent and the replay from the registries, the env or vector env (``env.num_envs``)
+or Ray collectors (``collectors.num``), the dataset's offline rows (``stored_rows`` turns truncations into
+terminations when ``env.truncation_as_termination`` is set), the run directory (held by one process) and its
+config.json, and on resume the components' state from the last checkpoint. summary.json states executed, stored
+and unstored env steps. Evaluations run every ``run.eval_every_env_steps`` (from step 0, or from the first interval
+with ``run.eval_at_start = false``), on fixed reset seeds or, with ``run.eval_fresh_starts``, on new start states.
+What a method needs from the loop it declares (``relive.hooks``); this file names no method.
 
 Every component has its own random stream from ``SeedSequence(run.seed).spawn``. Checkpoints are the components'
 ``state_dict``s (agent, buffer with its sampler, collector, loop counters, warm-up RNG; ``train/checkpoint.py``),
@@ -26,13 +20,12 @@ envs a checkpoint falls mid-episode; resuming resets the envs and ends each stre
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,18 +34,26 @@ import torch
 from relive import hooks as H
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
 from relive.data.loaders import fill_offline, load_rows
-from relive.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
+from relive.envs import env_spec, make_env, make_vector_env
 from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
-from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config, save_checkpoint
+from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, VectorCollector
-from relive.train.evaluation import evaluate_episodes, normalized_score
 from relive.train.logging import RunLogger
+from relive.train.loop import (
+    LoopState,
+    Run,
+    close_streams,
+    offline_phase,
+    online_phase,
+    stored_env_steps,
+    stored_rows,
+)
 from relive.train.process import retain_freed_memory
-from relive.train.ray_collectors import RateLimiter, RayCollectors, check_agent
+from relive.train.ray_collectors import RayCollectors, check_agent
 
 STREAMS = ("agent", "buffer", "sampler", "warmup", "env", "eval")  # one SeedSequence child each, in this order
 
@@ -77,45 +78,8 @@ class RunSummary:
     num_probing_env_steps: int = 0
 
 
-@dataclass
-class LoopState:
-    """The loop's own counters (checkpointed with the components)."""
-
-    grad_steps: int = 0
-    env_steps: int = 0
-    offline_done: int = 0
-    online_start_grad_step: int = -1  # gradient steps taken when the online phase began (-1: not yet)
-    next_ckpt: int = 0
-    next_eval: int = 0
-    next_log: int = 0
-    offline_return: float = math.nan
-    best_return: float = -math.inf
-    online_share_sum: float = 0.0  # sum of online shares of sampled batches since the last evaluation
-    online_share_batches: int = 0
-    ref_min: float | None = None
-    ref_max: float | None = None
 
 
-@dataclass
-class Run:
-    """Everything a running experiment holds."""
-
-    cfg: ExperimentConfig
-    run_dir: Path
-    agent: object
-    buffer: ReplayBuffer
-    collector: Collector | VectorCollector  # or ray_collectors.RayCollectors (collectors.num > 0)
-    eval_env: object
-    spec: object
-    warmup_rng: np.random.Generator
-    eval_seed: int
-    logger: RunLogger
-    state: LoopState
-    on_step: Callable[[int, int], None] | None
-    hooks: list = field(default_factory=list)
-    train_metrics: dict = field(default_factory=dict)
-    start: float = field(default_factory=time.perf_counter)
-    lock: DirectoryLock | None = None  # the run directory, held by this process for the whole run
 
 
 def online_grad_steps(s: ScheduleConfig) -> int:
@@ -459,13 +423,6 @@ def _continue_resumed_run(run: Run, tree: dict | None, saved: ExperimentConfig, 
         close_streams(run, range(run.collector.num_envs))
 
 
-def close_streams(run: Run, streams) -> None:
-    """End each stream's open episode where it stands (its env was reset or its collector lost), with the
-    ``OnEpisodeEnd`` hooks of the cut episodes (returns-to-go)."""
-    for stream in streams:
-        slots = run.buffer.close_stream(stream, terminated=run.cfg.env.truncation_as_termination)
-        for h in H.of_type(run.hooks, H.OnEpisodeEnd) if slots.size else ():
-            h.fn(slots)
 
 
 def _check_random_warmup(cfg: ExperimentConfig, agent_cls) -> None:
@@ -566,312 +523,39 @@ def _must_fit(where: str, what: str, *also: type[BaseException]):
         raise ValueError(f"{where}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
 
 
-def checkpoint(run: Run) -> None:
-    run.state.online_share_sum = float(run.state.online_share_sum)  # (a device batch's share: a tensor until read)
-    tree = {"agent": run.agent.state_dict(), "buffer": run.buffer.state_dict(),
-            "collector": run.collector.state_dict(), "loop": asdict(run.state),
-            "warmup_rng": run.warmup_rng.bit_generator.state}
-    if run.cfg.run.eval_fresh_starts:  # the next evaluation's start states
-        tree["eval_rng"] = run.eval_env.unwrapped.np_random.bit_generator.state
-    save_checkpoint(run.run_dir, tree, config=run.cfg.to_dict())  # (resume compares config.json with it)
-
-
-def stored_rows(cfg: ExperimentConfig, rows: dict) -> dict:
-    """Rows as the buffer stores them: with ``env.truncation_as_termination`` a time-limit truncation becomes a
-    termination (``terminated = True``, ``truncated = False``), so every agent's target there is r with no
-    bootstrap, and episode bookkeeping (ReaPER's S_e) sees a terminal row. The one place the loop applies it,
-    for online and dataset rows alike."""
-    if not cfg.env.truncation_as_termination:
-        return rows
-    truncated = np.asarray(rows["truncated"], bool)
-    return rows | {"terminated": np.asarray(rows["terminated"], bool) | truncated,
-                   "truncated": np.zeros_like(truncated)}
-
-
-# -- one gradient step ---------------------------------------------------------------------------------------
-def gradient_step(run: Run, phase: str) -> None:
-    st, s = run.state, run.cfg.schedule
-    if len(run.buffer) < s.batch_size:
-        return  # not enough rows yet (no dataset and a short warm-up): updates wait for a full batch
-    in_phase = st.grad_steps - st.online_start_grad_step if phase == "online" else st.offline_done
-    for h in H.of_type(run.hooks, H.EveryGradSteps):  # e.g. ARB Alg. 1 step b: re-score before sampling
-        if h.phase == phase and in_phase % h.every == 0:
-            h.fn()
-    sequences = getattr(run.agent, "sequence_spec", None)  # an agent that trains on slices (recurrent, chunked)
-    seq = sequences() if sequences is not None else None
-    batch = run.buffer.sample(s.batch_size) if seq is None else run.buffer.sample_sequences(s.batch_size, **seq)
-    result = run.agent.update(batch)
-    if result.signals:
-        run.buffer.update(batch.info, **result.signals)  # per-sample signals back to the sampler (td_error, ...)
-    for h in H.of_type(run.hooks, H.AfterUpdate):
-        h.fn(batch, result)
-    run.train_metrics = result.metrics
-    source = batch.info.source  # (a device batch: summed there, read when the row is logged)
-    st.online_share_sum += float(np.mean(source)) if isinstance(source, np.ndarray) else source.float().mean()
-    st.online_share_batches += 1
-    st.grad_steps += 1
-    if run.on_step is not None:
-        run.on_step(st.env_steps, st.grad_steps)
-
-
-def _enter_phase(run: Run, phase: str) -> None:
-    for h in H.of_type(run.hooks, H.OnPhase):
-        h.fn(phase)
-
-
-# -- offline phase -------------------------------------------------------------------------------------------
-def offline_phase(run: Run) -> None:
-    st, s, rc = run.state, run.cfg.schedule, run.cfg.run
-    if st.offline_done < s.num_offline_grad_steps:
-        _enter_phase(run, "offline")
-    phase_start, phase_grad = time.perf_counter(), st.grad_steps
-    while st.offline_done < s.num_offline_grad_steps:
-        gradient_step(run, "offline")
-        st.offline_done += 1
-        if st.offline_done % 100 == 0 or st.offline_done == s.num_offline_grad_steps:
-            rate = (st.grad_steps - phase_grad) / max(time.perf_counter() - phase_start, 1e-9)
-            run.logger.progress("offline", st.offline_done, f"{rate:.0f} grad/s")
-        if st.offline_done % rc.log_every_env_steps == 0:
-            run.logger.metrics(0, run.train_metrics | {"grad_step": st.grad_steps, "phase": "offline"})
-        if st.offline_done % rc.checkpoint_every_offline_grad_steps == 0 \
-                or st.offline_done == s.num_offline_grad_steps:
-            checkpoint(run)
-
-
-# -- online phase --------------------------------------------------------------------------------------------
-def online_phase(run: Run) -> dict:
-    """Collect in chunks, update after each; evaluate, log and checkpoint on their cadences. Returns the last
-    evaluation row. With Ray collectors (``collectors.num > 0``): :func:`_ray_online_phase`."""
-    if run.cfg.collectors.num:
-        return _ray_online_phase(run)
-    st, s, rc = run.state, run.cfg.schedule, run.cfg.run
-    if st.online_start_grad_step < 0:
-        st.online_start_grad_step = st.grad_steps
-    _enter_phase(run, "online")
-    phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
-    while st.env_steps < s.num_online_env_steps:
-        stop = due_evaluation(run)
-        if stop is not None:
-            return stop
-        if st.env_steps >= st.next_ckpt and run.collector.can_checkpoint:  # one env: between episodes (exact)
-            st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
-            checkpoint(run)
-        stored_before = stored_env_steps(run)
-        k = collect(run, min(s.env_steps_per_chunk, s.num_online_env_steps - st.env_steps))  # (a multiple of N)
-        if stored_env_steps(run) > s.num_warmup_env_steps:
-            for _ in range(grad_steps_earned(s, k, stored_env_steps(run) - stored_before)):
-                gradient_step(run, "online")
-        elapsed = max(time.perf_counter() - phase_start, 1e-9)
-        env_rate, grad_rate = (st.env_steps - phase_env) / elapsed, (st.grad_steps - phase_grad) / elapsed
-        if st.env_steps >= st.next_log:
-            _log_online(run, env_rate, grad_rate)
-        run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
-    return evaluation(run)
-
-
-# -- the online phase with Ray collectors (relive.train.ray_collectors) ---------------------------------------
-def _ray_online_phase(run: Run) -> dict:
-    """The trainer's online phase with Ray collectors: requests, chunks and gradient steps interleaved under the
-    rate limiter; evaluation, logging and checkpoints on the same cadences as :func:`online_phase`."""
-    st, s, rc, cc = run.state, run.cfg.schedule, run.cfg.run, run.cfg.collectors
-    pool: RayCollectors = run.collector
-    if st.online_start_grad_step < 0:
-        st.online_start_grad_step = st.grad_steps
-    _enter_phase(run, "online")
-    ratio = (s.grad_steps_per_chunk, s.env_steps_per_chunk) if s.grad_steps_per_chunk else (s.utd_ratio, 1)
-    limiter = pool.limiter = RateLimiter(ratio, s.num_warmup_env_steps, cc.max_lag)
-    # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/base.py)
-    limiter.inserts, limiter.samples = stored_env_steps(run), getattr(pool, "resume_samples", 0)
-    log = _chunk_log(run.run_dir / "chunks.jsonl", pool.log_lines)
-    random_below = s.num_warmup_env_steps if s.warmup_policy == "random" else 0
-    pool.publish(run.agent, st.grad_steps)
-    lags: list[int] = []
-    phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
-
-    def cadences() -> dict | None:
-        """Evaluation and checkpoint when due (after every stored chunk, as after every chunk without Ray); the
-        evaluation row when ``run.stop_at_return`` ends the run."""
-        if st.env_steps >= s.num_online_env_steps:
-            return None
-        stop = due_evaluation(run)
-        if stop is not None:
-            return stop
-        if st.env_steps >= st.next_ckpt:
-            st.next_ckpt = st.env_steps + rc.checkpoint_every_env_steps
-            log.flush()
-            checkpoint(run)
-        return None
-
-    try:
-        pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)  # (actors start during evaluation)
-        stop = cadences()
-        while stop is None:
-            pool.request(limiter, s.num_online_env_steps - st.env_steps, random_below)
-            budget = limiter.sample_budget()
-            if not budget and not pool.in_flight:
-                if st.env_steps >= s.num_online_env_steps:
-                    break
-                raise RuntimeError(f"rate limiter: no request allowed and nothing to update at env step "
-                                   f"{st.env_steps} (collectors.max_lag_env_steps = {cc.max_lag})")
-            for kind, payload in pool.poll(block=not budget):
-                if kind == "lost":
-                    close_streams(run, pool.streams_of(payload))
-                    pool.log_lines += _write(log, {"lost": payload, "incarnation": int(pool.incarnation[payload]) - 1,
-                                                   "env_steps_total": st.env_steps})
-                    run.logger.print(f"collector {payload} died: restarted; its open episodes end as truncated")
-                    continue
-                _ingest(run, pool, payload)
-                limiter.inserts = stored_env_steps(run)
-                lags.append(st.grad_steps - payload["policy_version"])
-                pool.log_lines += _write(log, {k: payload[k] for k in ("collector", "incarnation", "chunk_id", "pid",
-                                                                         "policy_version", "env_steps")}
-                                         | {"rows": [len(r["reward"]) for _, r in payload["streams"]],
-                                            "env_steps_total": st.env_steps})
-                if run.on_step is not None:
-                    run.on_step(st.env_steps, st.grad_steps)
-                stop = cadences()
-                if stop is not None:
-                    break
-            if budget and stop is None:
-                gradient_step(run, "online")
-                limiter.samples += 1
-                if limiter.samples % cc.sync_weights_every_grad_steps == 0:
-                    pool.publish(run.agent, st.grad_steps)
-            elapsed = max(time.perf_counter() - phase_start, 1e-9)
-            env_rate, grad_rate = (st.env_steps - phase_env) / elapsed, (st.grad_steps - phase_grad) / elapsed
-            if st.env_steps >= st.next_log and st.env_steps > 0:
-                _log_online(run, env_rate, grad_rate, {
-                    "collect/policy_lag_grad_steps": float(np.mean(lags)) if lags else math.nan,
-                    "collect/num_collector_restarts": float(pool.num_restarts)})
-                lags = []
-            run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
-    finally:
-        log.close()
-    return stop if stop is not None else evaluation(run)
-
-
-def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
-    store_chunks(run, chunk["streams"], stream_offset=chunk["collector"] * pool.envs_per_collector)
-    run.state.env_steps += chunk["env_steps"]
-    clock = getattr(run.agent, "acting_clock", None)
-    if clock:  # the learner never acts: its clock is the env steps all collectors took
-        setattr(run.agent, clock, run.state.env_steps)
-    pool.finished_returns += chunk["finished_returns"]
-    pool.num_unstored_steps += chunk["num_unstored_steps"]
-
-
-def _chunk_log(path: Path, keep_lines: int):
-    """``chunks.jsonl`` cut back to the first ``keep_lines`` lines (those before the checkpoint resumed from)."""
-    lines = path.read_text().splitlines(keepends=True)[:keep_lines] if path.exists() else []
-    write_text_atomic(path, "".join(lines))
-    return path.open("a", buffering=1)  # (line-buffered: the file shows what the learner has received)
-
-
-def _write(log, record: dict) -> int:
-    log.write(json.dumps(record) + "\n")
-    return 1
 
 
 
-def stored_env_steps(run: Run) -> int:
-    """Online env steps whose rows were stored: executed minus unstored (probing) steps. The update clock."""
-    return run.state.env_steps - run.collector.num_unstored_steps
 
 
-def grad_steps_earned(s: ScheduleConfig, executed: int, stored: int) -> int:
-    """Gradient steps after a chunk of ``executed`` env steps of which ``stored`` were stored: ``utd_ratio`` per
-    stored row, or ``grad_steps_per_chunk`` scaled by the chunk's stored share (rounded down). Unstored steps
-    (PLD's probing: executed, not stored) are not data and earn none (PLD spec §10.2: updates run only inside
-    the stored rollout loop); for an agent that stores every step this is ``chunk x utd_ratio`` as always."""
-    if s.grad_steps_per_chunk:
-        return s.grad_steps_per_chunk * stored // executed if executed else 0
-    return stored * s.utd_ratio
 
 
-def collect(run: Run, k: int) -> int:
-    """``k`` env steps into the buffer (warm-up: uniform random actions unless ``warmup_policy = "agent"``), then
-    the ``OnEpisodeEnd`` hooks of the episodes that ended among the stored rows. With ``num_envs`` envs, k is
-    rounded up to a multiple of it and env i's rows go to stream i. Returns the env steps taken."""
-    st, s = run.state, run.cfg.schedule
-
-    def policy(obs):
-        if st.env_steps < s.num_warmup_env_steps and s.warmup_policy == "random":
-            return random_actions(run.spec, num_obs(obs), run.warmup_rng)
-        return run.agent.act(obs, explore=True)  # (may return a behaviour record, or store=False to probe)
-
-    chunks, k = run.collector.step_streams(policy, k)  # truncation: next_obs is the true final obs
-    store_chunks(run, chunks)
-    st.env_steps += k
-    if run.on_step is not None:
-        run.on_step(st.env_steps, st.grad_steps)
-    return k
 
 
-def store_chunks(run: Run, chunks, stream_offset: int = 0) -> None:
-    """``[(stream, rows)]`` into the buffer (stream ``stream_offset + stream``), then the ``OnEpisodeEnd`` hooks of
-    the episodes that ended among the stored rows."""
-    episode_end = H.of_type(run.hooks, H.OnEpisodeEnd)
-    for stream, rows in chunks:
-        rows = stored_rows(run.cfg, rows)
-        if not len(rows["reward"]):
-            continue
-        slots = run.buffer.extend(rows, stream=stream_offset + stream)
-        if episode_end:
-            for i in np.flatnonzero((rows["terminated"] | rows["truncated"]) & (slots >= 0)):
-                ep = run.buffer.episode_slots_of(int(slots[i]))
-                for h in episode_end:
-                    h.fn(ep)
 
 
-def due_evaluation(run: Run) -> dict | None:
-    """Evaluate when due (``state.next_eval``); the evaluation row when it reaches ``run.stop_at_return`` (the run
-    stops there), else None."""
-    st, rc = run.state, run.cfg.run
-    if st.env_steps < st.next_eval:
-        return None
-    row = evaluation(run)
-    if st.env_steps == 0:
-        st.offline_return = row["eval/return_mean"]
-    st.next_eval += rc.eval_every_env_steps
-    if rc.stop_at_return is not None and row["eval/return_mean"] >= rc.stop_at_return:
-        run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: stopping "
-                         f"at env step {st.env_steps} (run.stop_at_return)")
-        return row
-    return None
 
 
-def evaluation(run: Run) -> dict:
-    st, rc = run.state, run.cfg.run
-    seed = None if rc.eval_fresh_starts else run.eval_seed  # None: new start states (the stream continues)
-    returns, successes = evaluate_episodes(run.eval_env, run.agent, rc.eval_episodes, seed=seed,
-                                           success_key=run.cfg.env.success_key)
-    mean = float(returns.mean())
-    st.best_return = max(st.best_return, mean)
-    frac = float(st.online_share_sum) / st.online_share_batches if st.online_share_batches else math.nan
-    row = {"env_step": st.env_steps, "grad_step": st.grad_steps, "eval/return_mean": mean,
-           "eval/return_std": float(returns.std()),
-           "eval/normalized_score": normalized_score(mean, st.ref_min, st.ref_max),
-           "replay/online_fraction": frac, "time/seconds": time.perf_counter() - run.start}
-    if successes is not None:  # the task's own success flag (env.success_key: Meta-World, the mazes, Fetch)
-        row["eval/success_rate"] = float(np.mean(successes))
-    elif run.cfg.env.success_return is not None:  # goal tasks (return 1 on success) or a return threshold (PLD)
-        row["eval/success_rate"] = float(np.mean(returns >= run.cfg.env.success_return))
-    run.logger.evaluation(row)
-    if rc.save_agent_snapshots:
-        save_tree(run.run_dir / "snapshots" / f"agent_{st.env_steps}", run.agent.state_dict(), kind="agent")
-    st.online_share_sum, st.online_share_batches = 0.0, 0  # the next row reports the batches since this one
-    return row
 
 
-def _log_online(run: Run, env_rate: float, grad_rate: float, extra: dict | None = None) -> None:
-    st, c = run.state, run.collector
-    returns = c.finished_returns
-    run.logger.metrics(st.env_steps, run.train_metrics | run.buffer.stats() | {
-        "grad_step": st.grad_steps, "phase": "online", "time/env_steps_per_s": env_rate,
-        "time/grad_steps_per_s": grad_rate, "collect/num_unstored_steps": float(c.num_unstored_steps),
-        "train/episode_return": float(np.mean(returns)) if returns else math.nan} | (extra or {}))
-    c.finished_returns = []
-    st.next_log += run.cfg.run.log_every_env_steps
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 def _git_sha() -> str:
