@@ -129,11 +129,12 @@ RESERVED_COLUMN_NAMES = frozenset({f for f in Batch.__dataclass_fields__} | set(
 @dataclass(frozen=True)
 class UpdateReport:
     """What ``ReplayBuffer.update`` did: rows updated, and rows skipped because their slot was overwritten
-    after they were sampled (``stale``, a boolean mask over the batch)."""
+    after they were sampled (``stale``, a boolean mask over the batch). A device buffer's report holds 0-d tensors
+    and a tensor mask on its device (read them only when needed: a read is a sync)."""
 
-    num_updated: int
-    num_stale: int
-    stale: np.ndarray
+    num_updated: Any  # int (host) or a 0-d tensor (device buffer)
+    num_stale: Any
+    stale: Any  # np.ndarray (host) or a bool tensor (device buffer)
 
 
 class TensorMetrics(Mapping):

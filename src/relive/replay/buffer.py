@@ -32,6 +32,15 @@ HOST = "host"  # ReplayBuffer.load(..., device=HOST): NumPy columns in RAM, what
 
 
 class ReplayBuffer:
+    storage: Storage
+    sampler: Sampler
+    seed: int
+    rng: np.random.Generator
+    num_stale: int  # updates skipped because the row was overwritten after sampling
+    num_updated: int
+    n_step: int
+    gamma: float
+
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
                  *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None,
                  n_step: int = 1, gamma: float = 0.99, dedup_next_obs: bool | None = None, backend: str = "ram",
@@ -161,8 +170,9 @@ class ReplayBuffer:
         draw = self.sampler.sample(batch_size, self.rng)
         batch = self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
                             hints=self.sampler.hints())
-        if getattr(self.sampler, "relabels", False):  # HER (samplers/her.py): new goals written into the batch
-            batch = self.sampler.relabel_batch(batch, self.n_step, self.gamma)
+        relabel = getattr(self.sampler, "relabel_batch", None)  # HER (samplers/her.py): new goals into the batch
+        if relabel is not None and getattr(self.sampler, "relabels", False):
+            batch = relabel(batch, self.n_step, self.gamma)
         return batch
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
@@ -397,7 +407,7 @@ class ReplayBuffer:
             if scfg.get("obs_keys") is not None and cfg["storage"].get("dedup_next_obs"):
                 raise ValueError("this checkpoint stores next_obs deduplicated (dict observations): it loads on the "
                                  "host only")
-        buf = object.__new__(BACKEND_CLASSES.get(scfg.get("backend", "ram"), ReplayBuffer))
+        buf: ReplayBuffer = object.__new__(BACKEND_CLASSES.get(scfg.get("backend", "ram"), ReplayBuffer))
         buf.storage = Storage.from_config(scfg)
         try:
             buf._load_state(state, cfg, offline_rows)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -52,8 +54,8 @@ def obs_layout(obs_shape, obs_dtype) -> tuple[tuple[str, ...] | None, ColumnSpec
         if not isinstance(key, str) or not key.isidentifier():
             raise ValueError(f"observation key {key!r} must be an identifier (letters, digits, _): it names "
                              "a column, a checkpoint file and a Batch entry")
-    obs_spec = {k: column_spec(v, obs_dtype) for k, v in obs_shape.items()}
-    return tuple(obs_shape), obs_spec, {f"obs.{k}": spec for k, spec in obs_spec.items()}
+    per_key = {k: column_spec(v, obs_dtype) for k, v in obs_shape.items()}
+    return tuple(obs_shape), per_key, {f"obs.{k}": spec for k, spec in per_key.items()}
 
 
 def read_only(arr: np.ndarray) -> np.ndarray:
@@ -109,3 +111,48 @@ def out_of_range(label: str, arr: np.ndarray, bad: np.ndarray, target: str) -> N
     elem = f" element {where[1:]}" if len(where) > 1 else ""
     raise ValueError(f"{label} row {where[0]}{elem}: value {arr[where].item()!r} does not fit the column's "
                      f"dtype {target}; refusing to wrap or overflow it")
+
+
+class StorageFields:
+    """What the parts of a :class:`~relive.replay.storage.Storage` (its streams, next-obs dedup, memmap files and
+    offline hash, each a mixin in its own module) read and write of it: annotations only, for readers and the type
+    checker; :class:`~relive.replay.storage.Storage` sets every one in its constructor."""
+
+    capacity: int
+    num_offline: int
+    num_online_written: int
+    backend: str
+    directory: Path | None
+    dedup_next_obs: bool
+    obs_keys: tuple[str, ...] | None
+    obs_spec: Any  # flat observations: a ColumnSpec; dict observations: key -> ColumnSpec
+    specs: dict[str, ColumnSpec]
+    extra_names: tuple[str, ...]
+    columns: dict[str, Any]  # a column: np.ndarray (ram), np.memmap (memmap) or TorchColumn (torch)
+    meta: dict[str, np.ndarray]
+    episodes: Any  # relive.replay.episodes.EpisodeIndex
+    lanes: list[int]
+    lane_written: list[int]
+    _lane_of: dict[int, int]
+    _pos: Any  # several streams: np.ndarray, each online slot's logical position; None with one stream
+    _qmap: Any  # several streams: np.ndarray [lane, t % width] -> slot; None with one stream
+    _nx: Any  # relive.replay.next_obs.NextObsStore (with dedup_next_obs)
+    _obs_names: tuple[str, ...]
+    _next_names: tuple[str, ...]
+    _open_existing: bool
+    _memmap_clean: bool
+    _memmap_token: str | None
+    _lock: Any  # relive.files.DirectoryLock (memmap) or None
+    _offline_hash: tuple[int, str] | None
+
+    if TYPE_CHECKING:  # Storage's own methods and sizes that the parts call
+        @property
+        def size(self) -> int: ...
+        @property
+        def num_online(self) -> int: ...
+        @property
+        def online_capacity(self) -> int: ...
+        def ring_slot(self, clock) -> np.ndarray: ...
+        def ring_position_of(self, slots) -> np.ndarray: ...
+        def online_slot(self, positions) -> np.ndarray: ...
+        def next_slot(self, slots: np.ndarray) -> np.ndarray: ...

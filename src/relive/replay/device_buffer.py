@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,8 @@ DRAWS_KNOWN = 16  # the latest draws whose indices an update may name without a 
 
 class DeviceReplayBuffer(ReplayBuffer):
     on_device = True
+    sampler: Any  # a device sampler (relive.replay.device: sample_device / update_device)
+    num_invalid: int
 
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
                  **kwargs):
@@ -129,12 +132,16 @@ class DeviceReplayBuffer(ReplayBuffer):
         return super().stats() | {"replay/num_invalid_signals": float(self.num_invalid)}
 
     def _backend_state(self) -> dict:
-        return {"torch_rng": self.torch_rng.get_state().cpu().numpy(), "torch_rng_device": self.storage.device.type,
+        return {"torch_rng": self.torch_rng.get_state().cpu().numpy(), "torch_rng_device": self._device_type(),
                 "num_invalid": self.num_invalid}
+
+    def _device_type(self) -> str:
+        device = self.storage.device
+        return "cpu" if device is None else device.type
 
     def _load_backend_state(self, saved: Mapping) -> None:
         self.num_invalid = int(saved.get("num_invalid", 0))
-        if saved.get("torch_rng_device") == self.storage.device.type:  # (a generator's state is per device type)
+        if saved.get("torch_rng_device") == self._device_type():  # (a generator's state is per device type)
             import torch  # (torch: `import relive.replay` does not load it)
 
             self.torch_rng.set_state(torch.as_tensor(np.asarray(saved["torch_rng"], np.uint8)))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.files import DirectoryLock, write_text_atomic
+from relive.replay.columns import StorageFields
 
 MEMMAP_STATE = "relive_memmap.json"  # in a memmap directory: the token of the checkpoint its files match
 
@@ -81,15 +82,22 @@ def open_column(path: Path, shape: tuple, dtype: np.dtype) -> np.memmap:
         return np.memmap(f, dtype=dtype, mode="r+", offset=offset, shape=shape)
 
 
-class MemmapBackend:
+class MemmapBackend(StorageFields):
     """The memmap backend's part of a :class:`~relive.replay.storage.Storage` (mixed in): taking the directory,
     closing it, and the checks that keep a checkpoint and the column files it refers to together."""
+
+    @property
+    def memmap_directory(self) -> Path:
+        """The directory of a memmap storage's column files."""
+        if self.directory is None:
+            raise ValueError(f"a {self.backend!r} storage has no memmap directory")
+        return self.directory
 
     def _open_memmap_directory(self) -> None:
         """Memmap: take the directory (one buffer writes it at a time: a lock the kernel drops when this process
         ends) and, for a new buffer, check that the file system has room for every column file before creating
         them (each file is then allocated for real: writes through the map never meet a full disk)."""
-        self.directory = Path(os.path.abspath(self.directory))
+        self.directory = Path(os.path.abspath(self.memmap_directory))
         if not self._open_existing:
             self.directory.mkdir(parents=True, exist_ok=True)
         elif not self.directory.is_dir():
@@ -128,7 +136,7 @@ class MemmapBackend:
         buffer write into the other checkpoint's rows, so it is refused, naming both."""
         if self.backend != "memmap":
             return
-        marker_path = self.directory / MEMMAP_STATE
+        marker_path = self.memmap_directory / MEMMAP_STATE
         marker = read_json(marker_path)
         me = os.path.abspath(path)
         listed = [c for c in marker.get("checkpoints", []) if isinstance(c, str)]
@@ -148,7 +156,7 @@ class MemmapBackend:
         """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
         is refused from now on (a small file, written once per checkpoint interval)."""
         if self.backend == "memmap" and self._memmap_clean:
-            write_json(self.directory / MEMMAP_STATE, {"token": None, "changed_after_save": True})
+            write_json(self.memmap_directory / MEMMAP_STATE, {"token": None, "changed_after_save": True})
             self._memmap_clean = False
 
     def _check_memmap_files(self, saved) -> None:
@@ -157,7 +165,7 @@ class MemmapBackend:
         if self.backend != "memmap":
             raise ValueError("storage state 'memmap': the checkpoint refers to memmap column files but its config "
                              f"says backend {self.backend!r}")
-        marker = read_json(self.directory / MEMMAP_STATE)
+        marker = read_json(self.memmap_directory / MEMMAP_STATE)
         token = saved.get("token") if isinstance(saved, Mapping) else None
         if not isinstance(token, str) or marker.get("token") != token:
             raise ValueError(f"memmap directory {self.directory} was changed after this checkpoint was saved "
@@ -169,5 +177,5 @@ class MemmapBackend:
             warnings.warn(f"memmap directory {self.directory} is a copy of {recorded} (or was moved from there): "
                           f"this buffer writes its own column files in {self.directory}, never {recorded}'s",
                           stacklevel=3)  # (the caller of load_state_dict)
-            write_json(self.directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
+            write_json(self.memmap_directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
                                                                   "checkpoints": []})

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from relive.replay._state import state_array, state_field
-from relive.replay.columns import ColumnSpec
+from relive.replay.columns import ColumnSpec, StorageFields
 
 
 class NextObsStore:
@@ -103,7 +103,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool((as_bytes(a[None]) == as_bytes(b[None])).all())
 
 
-class NextObsDedup:
+class NextObsDedup(StorageFields):
     """The write and read sides of ``dedup_next_obs`` in a :class:`~relive.replay.storage.Storage` (mixed in; the
     copies themselves live in its :class:`NextObsStore`, ``_nx``)."""
 

@@ -9,8 +9,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from relive.replay.columns import StorageFields
 
-class OfflineHashing:
+
+class OfflineHashing(StorageFields):
     """Hashes of a :class:`~relive.replay.storage.Storage`'s offline rows and their bookkeeping (mixed in)."""
 
     def offline_sha256(self) -> str:
@@ -25,7 +27,7 @@ class OfflineHashing:
             arr = self.columns[name]
             h.update(json.dumps([name, list(arr.shape[1:]), arr.dtype.str, k]).encode())
             for lo in range(0, k, 65536):
-                h.update(memoryview(np.ascontiguousarray(arr[lo : min(k, lo + 65536)])).cast("B"))
+                h.update(np.ascontiguousarray(arr[lo : min(k, lo + 65536)]).data.cast("B"))
         if self.dedup_next_obs:
             slots = np.flatnonzero(self._nx.entry[:k] >= 0)
             h.update(slots.astype(np.int64).tobytes())

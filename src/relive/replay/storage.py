@@ -37,12 +37,12 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from relive.files import DirectoryLock
 from relive.replay._state import state_array, state_field, state_int
 from relive.replay.checkpoint import DirectoryRef
 from relive.replay.columns import (
@@ -129,10 +129,10 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         self.directory = None if directory is None else Path(directory)
         self._open_existing = bool(_open_existing)
         self._memmap_clean = _open_existing  # memmap: files unchanged since the save that wrote MEMMAP_STATE
-        self._memmap_token: str | None = None  # the token of that save
+        self._memmap_token = None  # the token of that save
         self.offline_dataset_ids: list[str | None] = []  # per add_offline call: the dataset id it named
-        self._offline_hash: tuple[int, str] | None = None  # (num_offline, sha256) cached
-        self._lock: DirectoryLock | None = None
+        self._offline_hash = None  # (num_offline, sha256) cached
+        self._lock = None  # memmap: a DirectoryLock
         self._created: list[Path] = []
         self.columns = self._allocate_columns()
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
@@ -143,8 +143,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         self.lanes: list[int] = []
         self.lane_written: list[int] = []
         self._lane_of: dict[int, int] = {}
-        self._pos: np.ndarray | None = None  # several streams: logical position of every online slot
-        self._qmap: np.ndarray | None = None  # several streams: [lane, t % width] -> slot (_rebuild_lane_map)
+        self._pos = None  # several streams: logical position of every online slot
+        self._qmap = None  # several streams: [lane, t % width] -> slot (_rebuild_lane_map)
         if self.dedup_next_obs:
             self._nx = NextObsStore({"next_" + n: s for n, s in obs_cols.items()}, self.capacity)
 
@@ -178,14 +178,14 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             self._lock.release()
             raise
 
-    def _allocate(self, name: str, spec: ColumnSpec) -> np.ndarray:
+    def _allocate(self, name: str, spec: ColumnSpec) -> Any:  # np.ndarray, np.memmap or TorchColumn
         if self.backend == "ram":
             return np.zeros((self.capacity, *spec.shape), dtype=spec.dtype)
         if self.backend == "torch":  # a tensor on the device behind a NumPy-style API
             from relive.replay.torch_column import TorchColumn  # (torch: imported only for this backend)
 
             return TorchColumn((self.capacity, *spec.shape), spec.dtype, self.device)
-        path = self.directory / f"{name}.npy"
+        path = self.memmap_directory / f"{name}.npy"
         if self._open_existing:  # a checkpoint that refers to its memmap files
             return open_column(path, (self.capacity, *spec.shape), spec.dtype)
         if path.exists() or path.is_symlink():
@@ -292,8 +292,9 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             unknown = [n for n in data if n not in names]
             raise ValueError(f"unknown column(s) {unknown}; declare extra columns with extra_columns=... "
                              f"(known: {list(names)})")
-        n = None
+        n: int | None = None
         out = {}
+        items: Sequence[tuple[str, str, np.ndarray, ColumnSpec]]
         for name, label, spec, finite in self._plan:  # flat columns (and flat obs) in a precomputed order
             value = data[name]
             if type(value) is np.ndarray and spec is not None:  # the common case first (an ABC isinstance costs more)
@@ -319,7 +320,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
                     raise ValueError(f"{label} row {where[0]}{elem}: value {conv[where]} is not finite; "
                                      "obs, action, reward and next_obs must hold finite numbers")
                 out[col] = conv
-        return out, int(n)
+        return out, int(n or 0)  # (n is set: every write holds at least the obs column)
 
     def specs_of_obs(self) -> list[ColumnSpec]:
         """Specs of the physical obs columns, in key order."""
@@ -444,6 +445,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         if self._pos is None:
             self.episodes.evict_online_before(self.num_online_written - self.online_capacity)
             return
+        bounds = bounds or {}  # (several streams: _place gave the eviction bounds)
         positions = start + skip + np.arange(slots.size, dtype=np.int64)
         window = start + n - max(int(self.episodes.lane_evicted[lane]), bounds.get(lane, 0))
         if window > self._qmap.shape[1]:  # this lane's stored run outgrows the map's width
@@ -551,8 +553,11 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             "action_dtype": self.specs["action"].dtype.str,
             "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
             "dedup_next_obs": self.dedup_next_obs,
-        } | ({"backend": "memmap", "directory": DirectoryRef(self.directory)} if self.backend == "memmap" else {}) | (
-            {"backend": "torch", "device": str(self.device)} if self.backend == "torch" else {})
+        }
+        if self.backend == "memmap":
+            cfg |= {"backend": "memmap", "directory": DirectoryRef(self.memmap_directory)}
+        elif self.backend == "torch":
+            cfg |= {"backend": "torch", "device": str(self.device)}
         if self.obs_keys is None:
             cfg |= {"obs_shape": list(obs.shape), "obs_dtype": obs.dtype.str}
         else:
@@ -562,6 +567,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
     @classmethod
     def from_config(cls, cfg: Mapping, **kwargs) -> Storage:
         """``kwargs``: e.g. ``device=`` to load a torch-backend storage onto another device."""
+        obs: Any
         if "obs_keys" in cfg:
             obs = {k: ColumnSpec.from_json(cfg["obs_spaces"][k]) for k in cfg["obs_keys"]}
             obs_dtype = np.float32
@@ -591,11 +597,11 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             token = self._memmap_token
             if not (self._memmap_clean and token):  # unchanged since the last save: the same token, so a checkpoint
                 token = uuid.uuid4().hex  # kept from that save (a trainer's `.previous`) stays loadable
-                write_json(self.directory / MEMMAP_STATE, {"token": token, "num_offline": k,
+                write_json(self.memmap_directory / MEMMAP_STATE, {"token": token, "num_offline": k,
                                                             "num_online_written": self.num_online_written,
                                                             "directory": str(self.directory), "checkpoints": []})
             self._memmap_clean, self._memmap_token = True, token
-            state["memmap"] = {"directory": DirectoryRef(self.directory), "token": token}
+            state["memmap"] = {"directory": DirectoryRef(self.memmap_directory), "token": token}
         elif offline == "reference":
             ids = set(self.offline_dataset_ids)
             if len(ids) != 1 or None in ids:
@@ -644,7 +650,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         self.episodes.load_state_dict(state_field(state, "episodes", owner))
         self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
         if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
-            self._load_lane_maps(streams, owner, size)
+            self._load_lane_maps(streams or {}, owner, size)
         self._check_rows_and_episodes()
 
     def _load_counters(self, state: Mapping, owner: str) -> Mapping | None:
@@ -694,8 +700,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
     def _load_meta(self, state: Mapping, owner: str, size: int) -> None:
         """The per-row bookkeeping. A referenced offline part's comes from writing its rows again (checked against
         the saved hash); checkpoints before 2026-11-26 hold it whole."""
-        ref = state.get("offline_ref")
-        meta_lo = int(ref["num_offline"]) if ref is not None and "meta_sha256" in ref else 0
+        ref = state.get("offline_ref") or {}
+        meta_lo = int(ref["num_offline"]) if "meta_sha256" in ref else 0
         if meta_lo and self._meta_sha256(meta_lo) != ref["meta_sha256"]:
             raise ValueError(f"offline dataset {ref['dataset_id']!r}: its rows hash as saved, but the "
                              "episode bookkeeping rebuilt from them differs from the checkpoint's (rows written in "

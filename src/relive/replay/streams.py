@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from relive.replay._state import state_array
+from relive.replay.columns import StorageFields
 from relive.replay.episodes import LANE_BITS, LANE_MASK
 
 MAX_STREAM = 2**31 - 1
@@ -23,7 +24,7 @@ def check_stream(stream) -> int:
 
 
 
-class StreamLanes:
+class StreamLanes(StorageFields):
     """The lanes of a storage's streams (mixed into :class:`~relive.replay.storage.Storage`)."""
 
     @property

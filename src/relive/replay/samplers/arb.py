@@ -227,6 +227,8 @@ class ARBSampler(Sampler):
         """Rows are about to be overwritten (already written): remove refresh-time mass the first time."""
         st = self.storage
         a = self._alias
+        if a is None:  # (called only while a table is in use)
+            return
         lo, hi, weights, ref_written = a.lo, a.hi, a.weights, a.num_online_written
         if st.num_offline != a.num_offline:
             self._alias = None  # offline rows were added after the refresh: use the tree until the next one
@@ -247,6 +249,8 @@ class ARBSampler(Sampler):
         the alias table with rejection of rows overwritten since the refresh (one compiled loop)."""
         st = self.storage
         a = self._alias
+        if a is None:
+            raise RuntimeError("ARBSampler._draw_alias without an alias table (the caller checks for one)")
         lo, table, total_ref, ref_written = a.lo, a.table, a.total, a.num_online_written
         now, cap = st.num_online_written, st.online_capacity
         first_fresh = max(ref_written, now - cap)
