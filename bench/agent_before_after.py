@@ -6,7 +6,13 @@ process-CPU-time rates), each sampling its own 20k-row buffer.
     PYTHONPATH=src python bench/agent_before_after.py --ref 9e98b85 --threads 1 --rounds 7 --seconds 1.5
 
 Agents: SAC (twin critics), ten LayerNorm critics with an actor step every update, RLPD as configured
-(``SACConfig.rlpd()``) and Cal-QL (``CalQLConfig()``), Hopper shapes (obs 11, action 3), batch 256.
+(``SACConfig.rlpd()``) and Cal-QL (``CalQLConfig()``), Hopper shapes (obs 11, action 3), batch 256. Replay
+operations (``--agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_streams``, 100k rows): a uniform
+sample, a PER / ReaPER sample + priority update, an extend of 1,000 rows into a full ring, and the same with
+four streams (the lane maps).
+
+    PYTHONPATH=src python bench/agent_before_after.py --ref fcab870 \
+        --agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_streams
 """
 
 from __future__ import annotations
@@ -40,9 +46,39 @@ def extract(ref: str, into: Path) -> None:
         path.write_text(text.replace('"relive.', '"relive_old.'))
 
 
+def make_replay(pkg: str, kind: str):
+    import importlib
+
+    replay = importlib.import_module(f"{pkg}.replay")
+    testing = importlib.import_module(f"{pkg}.testing")
+    n = 100_000
+    sampler = {"replay_per": replay.PrioritizedSampler, "replay_reaper": replay.ReaPERSampler}.get(kind,
+                                                                                                 replay.UniformSampler)
+    buf = replay.ReplayBuffer(n, (OBS,), (ACT,), sampler=sampler(), seed=0)
+    rows = testing.random_transitions(n, OBS, ACT, rng=0, episode_length=1000)
+    buf.extend(rows)
+    chunk = {k: v[:1000] for k, v in rows.items()}
+    td = np.random.default_rng(0).random(BATCH).astype(np.float32)
+    if kind == "replay_extend":
+        return lambda: buf.extend(chunk)
+    if kind == "replay_streams":
+        stream = iter(range(10**9))
+        return lambda: buf.extend(chunk, stream=next(stream) % 4)
+    if kind == "replay_uniform":
+        return lambda: buf.sample(BATCH)
+
+    def step():
+        batch = buf.sample(BATCH)
+        buf.update(batch.info, td_error=td)
+
+    return step
+
+
 def make(pkg: str, kind: str):
     import importlib
 
+    if kind.startswith("replay_"):
+        return make_replay(pkg, kind)
     sac = importlib.import_module(f"{pkg}.agents.sac")
     cal_ql = importlib.import_module(f"{pkg}.agents.cal_ql")
     replay = importlib.import_module(f"{pkg}.replay")
@@ -101,7 +137,7 @@ def main(argv=None) -> int:
                  for name, t in (("wall", wall), ("CPU time", cpu))}
         print(f"{k}: after / before = {ratio['wall']:.2f}x wall, {ratio['CPU time']:.2f}x CPU time "
               f"({statistics.median(wall[(k, 'before')]):.1f} -> {statistics.median(wall[(k, 'after')]):.1f} "
-              "updates/s)", flush=True)
+              "calls/s)", flush=True)
     return 0
 
 
