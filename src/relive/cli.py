@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
+import importlib.util
+import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from relive import __version__
@@ -24,6 +28,9 @@ COMMAND_MODULES = (
 )
 
 EXIT_USAGE = 2  # argparse's exit code for a bad command line; relive uses it for every refused input
+
+PLUGIN_GROUP = "relive.plugins"  # entry points of installed packages: modules that register samplers / agents
+PLUGIN_ENV = "RELIVE_PLUGINS"  # plug-ins named by --plugin, passed on to the runs `relive bench run` starts
 
 
 def _int_at_least(text: str, low: int, what: str) -> int:
@@ -57,10 +64,68 @@ def positive_float(text: str) -> float:
     return value
 
 
+def _plugin_args(argv: Sequence[str]) -> list[str]:
+    """The values of ``--plugin X`` / ``--plugin=X`` given before the command (``relive --plugin X train ...``)."""
+    out, i = [], 0
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "--plugin" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+            i += 2
+            continue
+        if argv[i].startswith("--plugin="):
+            out.append(argv[i].split("=", 1)[1])
+        i += 1
+    return out
+
+
+def load_plugins(names: Sequence[str] = ()) -> list[str]:
+    """Import the plug-ins that register samplers and agents (``register_replay`` / ``register_agent``): the
+    entry points of group ``relive.plugins`` of installed packages, the modules in ``$RELIVE_PLUGINS`` (``:``-
+    separated) and ``names`` -- a module name (``mypkg.samplers``) or a ``.py`` file. Importing runs the module's
+    code, so nothing is imported that the user did not name or install: a run's config.json names its replay and
+    agent, never a module to import (a resumed plug-in run is given ``--plugin`` again). Returns what was named,
+    files as absolute paths; they are put in ``$RELIVE_PLUGINS`` for the processes this one starts."""
+    for ep in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        ep.load()
+    named = [n for n in os.environ.get(PLUGIN_ENV, "").split(os.pathsep) if n] + list(names)
+    loaded: list[str] = []
+    for name in named:
+        path = Path(name)
+        if name.endswith(".py"):
+            if not path.is_file():
+                raise ValueError(f"--plugin {name}: no such file")
+            path = path.resolve()
+            module_name = f"relive_plugin_{path.stem}"
+            if module_name not in sys.modules:
+                spec = importlib.util.spec_from_file_location(module_name, path)
+                if spec is None or spec.loader is None:
+                    raise ValueError(f"--plugin {name}: not a Python module")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)  # trusted-code: the user named this file with --plugin
+            name = str(path)
+        else:
+            try:
+                importlib.import_module(name)  # trusted-code: the user named this module with --plugin
+            except ModuleNotFoundError as e:
+                if e.name is not None and name.startswith(e.name):
+                    raise ValueError(f"--plugin {name}: no module named {e.name!r} (give an importable module name "
+                                     "or the path of a .py file)") from None
+                raise
+        if name not in loaded:
+            loaded.append(name)
+    if loaded:
+        os.environ[PLUGIN_ENV] = os.pathsep.join(loaded)
+    return loaded
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="relive", description="Experience replay for off-policy and "
                                      "offline-to-online reinforcement learning.")
     parser.add_argument("--debug", action="store_true", help="on an error, print the full traceback")
+    parser.add_argument("--plugin", action="append", metavar="MODULE", help="import MODULE (a module name or a .py "
+                        "file) first: the samplers and agents it registers become --replay / agent choices "
+                        "(repeatable; also $RELIVE_PLUGINS and installed packages' 'relive.plugins' entry points)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
@@ -101,6 +166,14 @@ def _one_line(err: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        load_plugins(_plugin_args(argv))  # before the parser: their names are choices of --replay
+    except (ValueError, OSError) as err:
+        if "--debug" in argv:
+            raise
+        print(f"relive: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_USAGE
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -111,7 +111,8 @@ def replay_entry(name: str) -> Entry:
     try:
         return REPLAYS[name]
     except KeyError:
-        raise ValueError(f"unknown replay {name!r}; known: {sorted(REPLAYS)}") from None
+        raise ValueError(f"unknown replay {name!r}; known: {sorted(REPLAYS)} (a plug-in's: import it first, "
+                         "`relive --plugin MODULE ...`)") from None
 
 
 def agent_entry(name: str) -> Entry:
@@ -119,7 +120,8 @@ def agent_entry(name: str) -> Entry:
     try:
         return AGENTS[name]
     except KeyError:
-        raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)}") from None
+        raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)} (a plug-in's: import it first, "
+                         "`relive --plugin MODULE ...`)") from None
 
 
 def field_docs(config_cls: type) -> dict[str, str]:

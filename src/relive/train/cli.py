@@ -177,7 +177,7 @@ def resume_settings(args: argparse.Namespace) -> list[str]:
 
     defaults = vars(build_parser().parse_args(["train", "--resume", "RUN_DIR"]))
     allowed = {"device", "replay_device", "threads", "no_progress", "trust_code", "set", "resume", "func", "command",
-               "debug", "allow_other_base"}
+               "debug", "plugin", "allow_other_base"}  # (--plugin: imports the code, changes nothing)
     given = sorted(k for k, v in vars(args).items() if k not in allowed and v != defaults.get(k))
     if given:
         names = ", ".join("--" + k.replace("_", "-") if k != "preset" else f"PRESET ({args.preset})" for k in given)
