@@ -177,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (`relive presets | head`): stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # (Python's flush of stdout at exit would fail again)
+        return 0
     except SystemExit as stop:  # a command that stops with a message (``raise SystemExit("...")``)
         if not isinstance(stop.code, str) or getattr(args, "debug", False):
             raise

@@ -181,3 +181,46 @@ def test_resume_with_fresh_evaluation_starts_reproduces_the_uninterrupted_run(tm
     train(resume_dir=tmp_path / "cut")
     assert_same_agent(tmp_path / "full", tmp_path / "cut")
     assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
+
+
+def test_progress_is_plain_lines_when_stdout_is_not_a_terminal(tmp_path, capsys, monkeypatch):
+    """Issue 31 item 6: a run whose output goes to a file or a pipe (bench run's per-run logs) prints plain progress
+    lines with an ETA instead of a terminal bar (pytest's captured stdout is not a terminal)."""
+    from relive.train.logging import RunLogger
+
+    monkeypatch.setenv("RELIVE_PROGRESS_SECONDS", "0")
+    logger = RunLogger(tmp_path, 1000, 0, progress=True)
+    assert logger._bar is None
+    logger.progress("online", 100, "50 env/s 50 grad/s")
+    logger.progress("online", 1000, "50 env/s 50 grad/s")
+    logger.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("online: 100/1,000 env steps (10%) 50 env/s 50 grad/s | ETA")
+    assert lines[1].startswith("online: 1,000/1,000 env steps (100%)") and "ETA -" in lines[1]
+    monkeypatch.setenv("RELIVE_PROGRESS_SECONDS", "soon")
+    with pytest.raises(ValueError, match="RELIVE_PROGRESS_SECONDS"):
+        RunLogger(tmp_path, 1000, 0, progress=True)
+
+
+def test_online_steps_within_the_warmup_are_warned_about(tmp_path, capsys):
+    """Issue 31 item 6: a run whose online steps do not pass its warm-up makes no online gradient step: said at the
+    start, not discovered in the logs."""
+    assert main(["train", "sac", "--env", "Pendulum-v1", "--online-steps", "100", "--warmup", "200", "--run-dir",
+                 str(tmp_path / "r"), "--eval-episodes", "1", "--no-progress", "--set", "agent.hidden=[8,8]"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: 100 online env steps do not exceed the warm-up of 200" in out
+    assert main(["train", "sac", "--env", "Pendulum-v1", "--online-steps", "300", "--warmup", "200", "--run-dir",
+                 str(tmp_path / "r2"), "--eval-episodes", "1", "--no-progress", "--set", "agent.hidden=[8,8]"]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_a_closed_pipe_ends_a_command_quietly():
+    """``relive presets | head -1``: the reader closes the pipe; relive stops without a traceback or an error line.
+    (Here stdout is a pipe whose reader is already closed, so the first write fails as it would after head exits.)"""
+    import subprocess
+    import sys
+
+    code = ("import os, sys; r, w = os.pipe(); os.close(r); os.dup2(w, 1); "
+            "from relive.cli import main; sys.exit(main(['presets']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stderr == "", out.stderr[-1000:]

@@ -1,5 +1,7 @@
-"""A run directory people can watch: metrics.jsonl, eval.csv, summary.json, TensorBoard events, and a
-progress bar with env steps/s, gradient steps/s and the latest evaluation."""
+"""A run directory people can watch: metrics.jsonl, eval.csv, summary.json, TensorBoard events, and progress:
+on a terminal a bar with env steps/s, gradient steps/s and the latest evaluation; elsewhere (a log file, a pipe,
+the per-run logs of `relive bench run`) a plain line every ``$RELIVE_PROGRESS_SECONDS`` (default 30) with the
+same figures and an ETA."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import csv
 import io
 import json
 import math
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +30,12 @@ class RunLogger:
             self._tb = None
         self._eval_fields: list[str] | None = None
         self._bar = None
-        if progress:
+        self._plain = bool(progress) and not sys.stdout.isatty()  # progress as plain lines (not a terminal)
+        self._totals = {"offline": total_grad_steps_offline, "online": total_env_steps}
+        self._plain_every = _seconds_from_env("RELIVE_PROGRESS_SECONDS", 30.0)
+        self._last_plain = -math.inf
+        self._phase_start: dict[str, tuple[float, int]] = {}
+        if progress and not self._plain:
             # (only when a progress bar is shown)
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -42,6 +51,23 @@ class RunLogger:
         if self._bar is not None:
             task = self._offline if phase == "offline" else self._online
             self._bar.update(task, completed=done, info=f"{info} {self.latest_eval}")
+        elif self._plain:
+            self._plain_line(phase, done, info)
+
+    def _plain_line(self, phase: str, done: int, info: str) -> None:
+        """At most one line per ``_plain_every`` seconds (and the phase's last step): steps done of the phase's total,
+        the rates, an ETA from the phase's rate so far, the latest evaluation."""
+        now = time.perf_counter()
+        t0, done0 = self._phase_start.setdefault(phase, (now, done))
+        total = self._totals.get(phase, 0)
+        if now - self._last_plain < self._plain_every and done < total:
+            return
+        self._last_plain = now
+        rate = (done - done0) / max(now - t0, 1e-9)
+        eta = _duration((total - done) / rate) if rate > 0 and done < total else "-"
+        unit = "grad steps" if phase == "offline" else "env steps"
+        print(f"{phase}: {done:,}/{total:,} {unit} ({100 * done / max(total, 1):.0f}%) {info} | ETA {eta} "
+              f"{self.latest_eval}".rstrip(), flush=True)
 
     def metrics(self, step: int, values: dict) -> None:
         """One metrics.jsonl line (numbers as floats, ``grad_step`` an integer, strings such as ``phase`` kept) and
@@ -181,3 +207,23 @@ def _eval_problem(row: list[str], width: int) -> str | None:
     if min(steps) < 0:
         return "has a negative env_step or grad_step"
     return None
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"${name} must be a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise ValueError(f"${name} must be a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")

@@ -318,6 +318,10 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if resume_dir is None:  # everything is built: only now does the directory become a run
         _create_run_dir(cfg, run_dir, held, env)
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    if 0 < s.num_online_env_steps <= s.num_warmup_env_steps:  # gradient steps start once the stored rows pass it
+        logger.print(f"warning: {s.num_online_env_steps} online env steps do not exceed the warm-up of "
+                     f"{s.num_warmup_env_steps} (--warmup): the online phase makes no gradient step; raise "
+                     "--online-steps or lower --warmup")
     run = Run(cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
