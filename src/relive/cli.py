@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "relive.train.data_cli",  # data make / list / info
     "relive.experiments.cli",  # bench run / report
     "relive.agents.cli",  # bc, pld distill
+    "relive.train.run_cli",  # eval, plot (after training)
 )
 
 EXIT_USAGE = 2  # argparse's exit code for a bad command line; relive uses it for every refused input

@@ -1,0 +1,201 @@
+"""After training: ``relive eval RUN_DIR`` (a run's saved agent on fresh episodes) and ``relive plot RUN_DIR...``
+(curves of several runs, mean and a bootstrap confidence band across the seeds of each configuration).
+
+Both only read the run directories they are given (config.json, agent_final/ or the last checkpoint, eval.csv,
+metrics.jsonl) and write only the file named by ``--out`` (refused over an existing file without ``--overwrite``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from relive.cli import non_negative_int, positive_int, refuse_overwrite
+from relive.config import ExperimentConfig, load_config
+from relive.envs import check_env_id, env_spec, make_env
+from relive.replay.checkpoint import load_tree
+from relive.train.checkpoint import has_checkpoint, load_checkpoint
+from relive.train.evaluation import evaluate_episodes
+from relive.train.trainer import build_agent
+
+
+def add_parsers(subparsers) -> None:
+    ev = subparsers.add_parser("eval", help="evaluate a finished run's agent on fresh episodes",
+                               description="The deterministic policy of a run (agent_final/, or with --checkpoint "
+                                           "its last checkpoint's agent) on new episodes of its env: return mean, "
+                                           "std, min, max and the success rate where the task reports success.")
+    ev.add_argument("run_dir", type=Path)
+    ev.add_argument("--episodes", type=positive_int, default=10)
+    ev.add_argument("--seed", type=non_negative_int, default=1_000_000, help="episode i resets with seed + i "
+                    "(default 1,000,000: start states the run's own evaluations did not use)")
+    ev.add_argument("--checkpoint", action="store_true", help="the last checkpoint's agent (an unfinished run)")
+    ev.add_argument("--device", default="cpu", help="torch device for the agent (default cpu)")
+    ev.add_argument("--out", type=Path, help="also write the results as JSON here")
+    ev.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    ev.set_defaults(func=_eval)
+    pl = subparsers.add_parser("plot", help="curves of several runs: mean and confidence band across seeds",
+                               description="One curve per configuration (runs that differ only in their seed are "
+                                           "one configuration): the mean over its runs and a 95%% bootstrap band "
+                                           "(with two or more runs), against env steps.")
+    pl.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR")
+    pl.add_argument("--metric", default="eval/return_mean", help="a column of eval.csv, or a key of metrics.jsonl "
+                    "(default eval/return_mean)")
+    pl.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    pl.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    pl.set_defaults(func=_plot)
+
+
+# -- relive eval ---------------------------------------------------------------------------------------------
+def run_config(run_dir: Path) -> ExperimentConfig:
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{run_dir} is not a relive run directory (no config.json)")
+    try:
+        cfg = load_config(path)
+    except (TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{path} is not a relive configuration ({type(e).__name__}: {e})") from None
+    check_env_id(cfg.env.id)  # (an env id from a file never imports a module)
+    return cfg
+
+
+def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu") -> dict:
+    """The run's agent on ``episodes`` episodes seeded ``seed, seed + 1, ...``: returns, successes and their
+    summary."""
+    run_dir = Path(run_dir)
+    cfg = run_config(run_dir)
+    if checkpoint:
+        if not has_checkpoint(run_dir):
+            raise ValueError(f"{run_dir} has no checkpoint yet")
+        state, source = load_checkpoint(run_dir)["agent"], "last checkpoint"
+    else:
+        if not (run_dir / "agent_final").is_dir():
+            raise ValueError(f"{run_dir} has no agent_final/ (the run has not finished): evaluate its last "
+                             "checkpoint's agent with --checkpoint")
+        state, source = load_tree(run_dir / "agent_final", kind="agent"), "agent_final"
+    env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+    agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), env_spec(env))
+    agent.load_state_dict(state)
+    returns, successes = evaluate_episodes(env, agent, episodes, seed, success_key=cfg.env.success_key)
+    env.close()
+    out = {"run_dir": str(run_dir), "agent": source, "env": cfg.env.id, "episodes": episodes, "seed": seed,
+           "returns": returns.tolist(), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
+           "return_min": float(returns.min()), "return_max": float(returns.max())}
+    if successes is not None:
+        out["success_rate"] = float(successes.mean())
+    elif cfg.env.success_return is not None:
+        out["success_rate"] = float(np.mean(returns >= cfg.env.success_return))
+    return out
+
+
+def _eval(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        refuse_overwrite(args.out, args.overwrite)
+    res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device)
+    success = f", success rate {res['success_rate']:.2f}" if "success_rate" in res else ""
+    print(f"{res['run_dir']} ({res['agent']}) on {res['env']}: {res['episodes']} episodes, return "
+          f"{res['return_mean']:.1f} +- {res['return_std']:.1f} (min {res['return_min']:.1f}, max "
+          f"{res['return_max']:.1f}){success}")
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+# -- relive plot ---------------------------------------------------------------------------------------------
+def read_curve(run_dir: Path, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """(env steps, values) of ``metric`` in a run: eval.csv's column, else metrics.jsonl's key (rows without it and
+    non-finite values skipped)."""
+    run_dir = Path(run_dir)
+    steps, values = [], []
+    eval_csv = run_dir / "eval.csv"
+    if eval_csv.is_file():
+        with open(eval_csv, newline="") as f:
+            reader = csv.DictReader(f)
+            if metric in (reader.fieldnames or []):
+                for row in reader:
+                    steps.append(float(row["env_step"]))
+                    values.append(_number(row[metric]))
+    if not steps and (run_dir / "metrics.jsonl").is_file():
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # (a line cut by a kill)
+            if isinstance(row, dict) and metric in row and row.get("phase") != "offline":
+                steps.append(float(row.get("env_step", math.nan)))
+                values.append(_number(row[metric]))
+    x, y = np.asarray(steps), np.asarray(values)
+    keep = np.isfinite(x) & np.isfinite(y)
+    if not keep.any():
+        raise ValueError(f"{run_dir}: no values of {metric!r} in eval.csv or metrics.jsonl")
+    return x[keep], y[keep]
+
+
+def _number(text) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def group_label(cfg: ExperimentConfig) -> str:
+    """What a curve is named by: the run's configuration without its seed and directory."""
+    return f"{cfg.preset} ({cfg.replay.name}) on {cfg.env.id}"
+
+
+def bootstrap_band(values: np.ndarray, rng: np.random.Generator, resamples: int = 2000,
+                   level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap band of the mean over runs (rows) at every step (columns)."""
+    n = values.shape[0]
+    idx = rng.integers(0, n, size=(resamples, n))
+    means = values[idx].mean(axis=1)
+    lo, hi = np.quantile(means, [(1 - level) / 2, (1 + level) / 2], axis=0)
+    return lo, hi
+
+
+def plot_runs(run_dirs, metric: str, out: Path) -> dict[str, int]:
+    """One curve per configuration: the mean over its runs on the env steps every run of it logged, with a 95%
+    bootstrap band over runs (two or more). Returns the runs per curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for d in run_dirs:
+        groups.setdefault(group_label(run_config(d)), []).append(read_curve(d, metric))
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    rng = np.random.default_rng(0)
+    for label, curves in sorted(groups.items()):
+        common = sorted(set.intersection(*(set(x.tolist()) for x, _ in curves)))
+        if not common:
+            raise ValueError(f"{label}: its runs logged {metric!r} at no common env step")
+        grid = np.asarray(common)
+        values = np.stack([np.asarray([y[np.flatnonzero(x == s)[-1]] for s in grid]) for x, y in curves])
+        mean = values.mean(axis=0)
+        (line,) = ax.plot(grid, mean, label=f"{label}, {len(curves)} run{'s' if len(curves) > 1 else ''}")
+        if len(curves) > 1:
+            lo, hi = bootstrap_band(values, rng)
+            ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return {label: len(curves) for label, curves in groups.items()}
+
+
+def _plot(args: argparse.Namespace) -> int:
+    refuse_overwrite(args.out, args.overwrite)
+    counts = plot_runs(args.run_dirs, args.metric, args.out)
+    print(f"wrote {args.out}: " + "; ".join(f"{k}: {v} run{'s' if v > 1 else ''}" for k, v in counts.items()))
+    return 0

@@ -1,0 +1,78 @@
+"""After training (issue 31, item 4): `relive eval RUN_DIR` evaluates a run's saved agent; `relive plot RUN_DIR...`
+draws one curve per configuration with a band across seeds. Both read only the runs named, write only --out."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from relive.cli import main
+from relive.envs import env_spec, make_env
+from relive.replay.checkpoint import load_tree
+from relive.train.evaluation import evaluate_episodes
+from relive.train.run_cli import bootstrap_band, read_curve, run_config
+from relive.train.trainer import build_agent
+
+TINY = ["--set", "agent.hidden=[16,16]", "--batch-size", "32", "--eval-episodes", "1", "--no-progress",
+        "--online-steps", "300", "--warmup", "100", "--eval-every", "100", "--log-every", "100",
+        "--checkpoint-every", "100"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for seed in (0, 1):
+        assert main(["train", "sac", "--env", "Pendulum-v1", "--seed", str(seed), "--run-dir",
+                     str(root / f"sac{seed}"), *TINY]) == 0
+    return root
+
+
+def test_eval_gives_the_saved_agents_returns(runs, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(runs / "sac0"), "--episodes", "2", "--seed", "7", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    cfg = run_config(runs / "sac0")
+    env = make_env("Pendulum-v1", cfg.env.max_episode_steps)
+    agent = build_agent(cfg, env_spec(env))
+    agent.load_state_dict(load_tree(runs / "sac0" / "agent_final", kind="agent"))
+    expect = evaluate_episodes(env, agent, 2, 7)[0]
+    np.testing.assert_allclose(res["returns"], expect, rtol=1e-6)
+    assert res["agent"] == "agent_final" and f"{expect.mean():.1f}" in capsys.readouterr().out
+    assert main(["eval", str(runs / "sac0"), "--episodes", "1", "--out", str(out)]) == 2  # no overwrite
+    assert main(["eval", str(runs / "sac0"), "--episodes", "1", "--checkpoint"]) == 0
+
+
+def test_eval_refuses_what_is_not_a_finished_run(runs, tmp_path, capsys):
+    assert main(["eval", str(tmp_path)]) == 2
+    assert "not a relive run directory" in capsys.readouterr().err
+    unfinished = tmp_path / "unfinished"
+    unfinished.mkdir()
+    (unfinished / "config.json").write_text((runs / "sac0" / "config.json").read_text())
+    assert main(["eval", str(unfinished)]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
+
+
+def test_plot_draws_one_curve_per_configuration(runs, tmp_path, capsys):
+    png = tmp_path / "curves.png"
+    assert main(["plot", str(runs / "sac0"), str(runs / "sac1"), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "2 runs" in capsys.readouterr().out  # the two seeds are one configuration
+    assert main(["plot", str(runs / "sac0"), "--out", str(png)]) == 2  # refused: exists
+    assert main(["plot", str(runs / "sac0"), "--metric", "train/critic_loss", "--out", str(png),
+                 "--overwrite"]) == 0  # a key of metrics.jsonl
+    x, y = read_curve(runs / "sac0", "eval/return_mean")
+    assert x.tolist() == [0.0, 100.0, 200.0, 300.0] and np.isfinite(y).all()
+    assert main(["plot", str(runs / "sac0"), "--metric", "no/such", "--out", str(tmp_path / "b.png")]) == 2
+
+
+def test_the_band_covers_the_mean_and_shrinks_with_agreement():
+    rng = np.random.default_rng(0)
+    spread = rng.normal(size=(5, 4))
+    lo, hi = bootstrap_band(spread, np.random.default_rng(1))
+    assert (lo <= spread.mean(0)).all() and (spread.mean(0) <= hi).all()
+    lo2, hi2 = bootstrap_band(spread * 0.1, np.random.default_rng(1))
+    assert ((hi2 - lo2) < (hi - lo)).all()
+    lo3, hi3 = bootstrap_band(np.ones((3, 4)), np.random.default_rng(1))
+    assert np.allclose(lo3, 1) and np.allclose(hi3, 1)
