@@ -111,7 +111,8 @@ def test_is_weights_enter_the_dqn_loss():
     min_batch P / P_i; SB3's logged loss equals mean_i w_i huber(Q_i - y_i), not the unweighted mean."""
     env = gym.make("CartPole-v1")
     model = DQN("MlpPolicy", env, seed=3, learning_starts=0, batch_size=4, policy_kwargs=dict(net_arch=[8]),
-                replay_buffer_class=ReliveReplayBuffer, replay_buffer_kwargs=dict(sampler=PrioritizedSampler(priority_exponent=1.0, is_exponent=1.0)))
+                replay_buffer_class=ReliveReplayBuffer,
+                replay_buffer_kwargs=dict(sampler=PrioritizedSampler(priority_exponent=1.0, is_exponent=1.0)))
     model.set_logger(configure(None, []))
     rb = model.replay_buffer
     obs = np.array([[0.1, 0.2, -0.1, 0.3], [-0.2, 0.0, 0.05, -0.4]], np.float32)
@@ -128,7 +129,8 @@ def test_is_weights_enter_the_dqn_loss():
     w = torch.as_tensor(prob.min() / prob, dtype=torch.float32)
     with torch.no_grad():
         q = q_net(data.observations).gather(1, data.actions.long()).squeeze(1)
-        y = data.rewards.squeeze(1) + (1 - data.dones.squeeze(1)) * model.gamma * q_target(data.next_observations).max(1)[0]
+        next_q = q_target(data.next_observations).max(1)[0]
+        y = data.rewards.squeeze(1) + (1 - data.dones.squeeze(1)) * model.gamma * next_q
         per_row = F.smooth_l1_loss(q, y, reduction="none")
     logged = model.logger.name_to_value["train/loss"]
     assert logged == pytest.approx(float((w * per_row).mean()), rel=1e-5)
