@@ -1,12 +1,13 @@
 """relive's buffers inside Stable-Baselines3 and TorchRL, against those libraries' own buffers (issue 31).
 
-    python bench/integrations.py                 # both parts (~3 minutes on a 2-core Xeon)
+    python bench/integrations.py                 # both parts (~4 minutes on a 2-core Xeon)
     python bench/integrations.py --part sb3 --rounds 3
 
-SB3: ``model.learn(N)`` steps per second of DQN (CartPole-v1) and SAC (Pendulum-v1) with SB3's own ReplayBuffer,
-with relive's ``ReliveReplayBuffer`` (uniform) under SB3's own algorithm, and with relive's DQN / SAC subclasses
-and PER (IS weights + TD-error feedback). The variants run interleaved, round by round, in one process, each a fresh
-seeded model; the median over rounds is reported, with relive / SB3 ratios (> 1: relive faster).
+SB3: the buffer calls of one training iteration (adds + a sample, no networks; best of windows, steadier on a
+shared machine), then ``model.learn(N)`` steps per second of DQN (CartPole-v1) and SAC (Pendulum-v1) with SB3's own
+ReplayBuffer, with relive's ``ReliveReplayBuffer`` (uniform) under SB3's own algorithm, and with relive's DQN / SAC
+subclasses and PER (IS weights + TD-error feedback). The variants run interleaved, round by round, in one process,
+each a fresh seeded model; the median over rounds is reported, with relive / SB3 ratios (> 1: relive faster).
 
 TorchRL: microseconds per ``extend`` (a 100-transition batch), ``sample(256)`` and ``update_priority`` on a full
 100,000-row buffer (HalfCheetah-shaped: observation 17, action 6), relive's buffer against TorchRL's
@@ -26,6 +27,39 @@ import numpy as np
 import torch
 
 from _timing import best_us
+
+
+def sb3_buffer_calls(calls: int, repeats: int) -> dict:
+    """The buffer's share of a training iteration, without the networks (steadier than ``learn`` on a shared
+    machine): DQN's default (train_freq 4): 4 ``add`` + ``sample(32)``; SAC's (train_freq 1): ``add`` +
+    ``sample(256)``; best of ``repeats`` windows, microseconds, on a buffer of 10,000 stored rows."""
+    import gymnasium as gym
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from relive.integrations.sb3 import ReliveReplayBuffer
+
+    out = {}
+    for env_id, adds, batch in (("CartPole-v1", 4, 32), ("Pendulum-v1", 1, 256)):
+        env = gym.make(env_id)
+        obs = np.zeros((1, *env.observation_space.shape), np.float32)
+        act = np.zeros((1, 1), np.int64 if env_id == "CartPole-v1" else np.float32)
+        row = (obs, obs, act, np.zeros(1, np.float32), np.zeros(1, bool), [{}])
+        res = {}
+        for name, cls in (("SB3 ReplayBuffer", ReplayBuffer), ("relive ReliveReplayBuffer", ReliveReplayBuffer)):
+            buf = cls(100_000, env.observation_space, env.action_space, device="cpu")
+            for _ in range(10_000):
+                buf.add(*row)
+
+            def iteration(buf=buf, adds=adds, row=row, batch=batch):
+                for _ in range(adds):
+                    buf.add(*row)
+                buf.sample(batch)
+
+            res[name] = round(best_us(iteration, calls, repeats), 1)
+        res["ratio_sb3_over_relive"] = round(res["SB3 ReplayBuffer"] / res["relive ReliveReplayBuffer"], 3)
+        out[f"{env_id}: {adds} add + sample({batch}), us"] = res
+        print(env_id, res, flush=True)
+    return out
 
 
 def sb3_part(rounds: int, dqn_steps: int, sac_steps: int) -> dict:
@@ -128,9 +162,9 @@ def torchrl_part(rows: int, calls: int, repeats: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("all", "sb3", "torchrl"), default="all")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--dqn-steps", type=int, default=3000)
-    p.add_argument("--sac-steps", type=int, default=600)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--dqn-steps", type=int, default=2000)
+    p.add_argument("--sac-steps", type=int, default=300)
     p.add_argument("--rows", type=int, default=100_000)
     p.add_argument("--calls", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
@@ -140,6 +174,7 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     res: dict = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__}
     if args.part in ("all", "sb3"):
+        res["sb3_buffer_calls"] = sb3_buffer_calls(args.calls, args.repeats)
         res["sb3"] = sb3_part(args.rounds, args.dqn_steps, args.sac_steps)
     if args.part in ("all", "torchrl"):
         res["torchrl"] = torchrl_part(args.rows, args.calls, args.repeats)
