@@ -19,7 +19,7 @@ from stable_baselines3.common.logger import configure  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from relive.integrations.sb3 import DDPG, DQN, SAC, TD3, ReliveReplayBuffer  # noqa: E402
-from relive.replay import PrioritizedSampler  # noqa: E402
+from relive.replay import ARBSampler, PrioritizedSampler  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +104,24 @@ def test_td3_and_ddpg_feed_td_errors_back(algo):
     buf = model.replay_buffer.relive
     assert buf.num_updated == 32 * 100
     assert len(np.unique(buf.sampler.probabilities()[:150])) > 10
+
+
+def test_arb_rescores_rows_with_the_sac_actor():
+    """ARB's loop hook (relive.hooks.EveryGradSteps) is served by the subclass: 100 gradient steps, every 20 a
+    re-score of every stored row with SAC's actor, and the weights are no longer uniform."""
+    model = SAC("MlpPolicy", gym.make("Pendulum-v1"), seed=0, buffer_size=1_000, learning_starts=50, batch_size=32,
+                policy_kwargs=dict(net_arch=[32, 32]),
+                replay_buffer_kwargs=dict(sampler=ARBSampler(refresh_every_grad_steps=20, level="transition",
+                                                                temperature=0.5)))
+    model.learn(150)
+    sampler = model.replay_buffer.relive.sampler
+    assert sampler.num_refreshes == 5
+    p = sampler.probabilities()[:150]
+    assert p.max() > 1.5 * p.min()
+    dqn = DQN("MlpPolicy", gym.make("CartPole-v1"), learning_starts=10, batch_size=8,
+              replay_buffer_kwargs=dict(sampler=ARBSampler()))
+    with pytest.raises(ValueError, match="use relive.integrations.sb3.SAC"):
+        dqn.learn(20)
 
 
 def test_is_weights_enter_the_dqn_loss():

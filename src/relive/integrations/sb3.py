@@ -26,9 +26,9 @@ Two parts:
   (as in the PER variants of DDPG / TD3 / SAC in common use): the IS correction is for the critic's regression
   targets. ``save_replay_buffer`` / ``load_replay_buffer`` write and read relive's checkpoint directory
   (``.npy`` + JSON + SHA-256 manifest, no pickle); ``model.save`` does not pickle the buffer's arguments (the
-  sampler, offline rows). ARB (``ARBSampler``): every ``replay_refresh_every_grad_steps`` gradient steps the
-  stored rows are re-scored with the actor's log-likelihood of the stored action (SAC; TD3 / DDPG have a
-  deterministic actor and DQN none, so ARB needs SAC).
+  sampler, offline rows). The sampler's loop hooks (``relive.hooks``) are served before each gradient step: ARB
+  (``ARBSampler``) re-scores the stored rows every ``refresh_every_grad_steps`` with SAC's actor (``SAC.score_fn``,
+  relive's scoring functions; TD3 / DDPG have a deterministic actor and DQN none, so ARB needs SAC).
 
 Observation spaces: Box and Discrete (dict observations: SB3's ``DictReplayBuffer``, not this one yet).
 """
@@ -49,6 +49,8 @@ from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
 from stable_baselines3.common.utils import get_device, polyak_update
 from torch.nn import functional as F
 
+from relive.agents.scoring import log_prob_score, standardized_score
+from relive.hooks import EveryGradSteps, LoopContext, collect_hooks
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
 from relive.types import Batch, SampleInfo, UpdateReport
 
@@ -330,14 +332,9 @@ def _weighted_mean(per_sample: th.Tensor, replay_data) -> th.Tensor:
 
 class _ReliveAlgorithm:
     """What the four algorithms share: relive's buffer by default, TD errors back to it, pickle-free buffer files,
-    ARB's periodic re-scoring."""
+    the sampler's loop hooks (ARB's periodic re-scoring)."""
 
     replay_buffer: Any
-
-    def __init__(self, *args, replay_refresh_every_grad_steps: int = 1000, **kwargs):
-        self.replay_refresh_every_grad_steps = int(replay_refresh_every_grad_steps)
-        self._grad_steps_until_refresh = 0  # the first train() call scores the rows stored so far
-        super().__init__(*args, **kwargs)
 
     def _setup_model(self) -> None:
         if self.replay_buffer_class is None:  # type: ignore[attr-defined]
@@ -351,28 +348,38 @@ class _ReliveAlgorithm:
 
     def _excluded_save_params(self) -> list[str]:
         # the buffer's arguments hold the sampler and offline rows: not pickled into the model's zip (the buffer,
-        # sampler included, is saved by save_replay_buffer)
-        return super()._excluded_save_params() + ["replay_buffer_kwargs"]  # type: ignore[misc]
+        # sampler included, is saved by save_replay_buffer); the hooks are functions of the buffer, built again
+        return super()._excluded_save_params() + ["replay_buffer_kwargs", "_replay_hooks"]  # type: ignore[misc]
 
     def _feed_back(self, replay_data, td_error: th.Tensor) -> None:
         info = getattr(replay_data, "info", None)
         if info is not None and isinstance(self.replay_buffer, ReliveReplayBuffer):
             self.replay_buffer.update(info, td_error.abs().reshape(-1))
 
-    def _maybe_refresh(self, gradient_steps: int) -> None:
-        """ARB: re-score the stored rows every ``replay_refresh_every_grad_steps`` (no-op for other samplers)."""
-        if not isinstance(self.replay_buffer, ReliveReplayBuffer) or self.replay_refresh_every_grad_steps <= 0:
+    def _before_grad_step(self) -> None:
+        """Serve the sampler's loop hooks (relive.hooks) before each gradient step: ARB re-scores the stored rows
+        with ``score_fn`` every ``refresh_every_grad_steps`` steps, counted from the first one."""
+        if not isinstance(self.replay_buffer, ReliveReplayBuffer):
             return
-        if self._grad_steps_until_refresh <= 0:
-            score = self.replay_score_fn()
-            if score is not None:
-                self.replay_buffer.relive.refresh(score)
-            self._grad_steps_until_refresh = self.replay_refresh_every_grad_steps
-        self._grad_steps_until_refresh -= gradient_steps
+        hooks = getattr(self, "_replay_hooks", None)
+        if hooks is None:
+            relive = self.replay_buffer.relive
+            ctx = LoopContext(agent=self, buffer=relive, config=None, gamma=self.gamma)  # type: ignore[attr-defined]
+            declared = collect_hooks(ctx, relive.sampler)
+            others = [type(h).__name__ for h in declared if not isinstance(h, EveryGradSteps)]
+            if others:
+                raise ValueError(f"{type(relive.sampler).__name__} needs loop hooks {others} that SB3's loop does "
+                                 "not serve (only EveryGradSteps: ARB's re-scoring)")
+            hooks = self._replay_hooks = declared
+            self._replay_grad_steps = 0
+        for h in hooks:
+            if self._replay_grad_steps % h.every == 0:
+                h.fn()
+        self._replay_grad_steps += 1
 
-    def replay_score_fn(self):
-        """``score_fn(obs, action) -> [n]`` for ``buffer.refresh`` (ARB's on-policyness), or None."""
-        return None
+    def score_fn(self, mode: str = "standardized"):
+        raise ValueError(f"replay ARB re-scores rows with the policy's likelihood of the stored action; "
+                         f"{type(self).__name__}'s policy has none (use relive.integrations.sb3.SAC)")
 
     def save_replay_buffer(self, path) -> None:  # type: ignore[override]
         """relive's checkpoint directory at ``path`` (``.npy`` + JSON + SHA-256 manifest; nothing is pickled)."""
@@ -392,6 +399,7 @@ class _ReliveAlgorithm:
             raise ValueError("load_replay_buffer: give the checkpoint's directory path")
         relive = ReplayBuffer.load(path, offline_rows=offline_rows)
         old = self.replay_buffer
+        self._replay_hooks = None  # the sampler's hooks are built again for the loaded buffer
         self.replay_buffer = ReliveReplayBuffer.from_relive(
             relive, self.observation_space, self.action_space, device=self.device,  # type: ignore[attr-defined]
             n_envs=self.n_envs,  # type: ignore[attr-defined]
@@ -404,9 +412,9 @@ class DQN(_ReliveAlgorithm, sb3.DQN):
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
-        self._maybe_refresh(gradient_steps)
         losses = []
         for _ in range(gradient_steps):
+            self._before_grad_step()
             replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
             discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
             with th.no_grad():
@@ -431,13 +439,22 @@ class DQN(_ReliveAlgorithm, sb3.DQN):
 class SAC(_ReliveAlgorithm, sb3.SAC):
     """SB3's SAC with IS-weighted critic loss and |TD error| (mean over the critics) fed back."""
 
-    def replay_score_fn(self):
-        def score(obs, action):  # log pi(a|s) of the stored (rescaled) action under the current actor
-            obs_t = th.as_tensor(obs, device=self.device)
-            act_t = th.as_tensor(action, device=self.device).clamp(-1 + 1e-6, 1 - 1e-6)
-            mean, log_std, kwargs = self.actor.get_action_dist_params(obs_t)
-            dist = self.actor.action_dist.proba_distribution(mean, log_std, **kwargs)
-            return dist.log_prob(act_t)
+    def score_fn(self, mode: str = "standardized"):
+        """``score(obs, action) -> [N]``: ARB's on-policyness of stored actions (already in [-1, 1], as SB3 stores
+        them) under the current actor's tanh-Gaussian, by relive's scoring functions (``relive.agents.scoring``:
+        ``"standardized"``, the ARB reference code's, or ``"log_prob"``)."""
+        if mode not in ("standardized", "log_prob"):
+            raise ValueError(f"score mode must be 'standardized' or 'log_prob', got {mode!r}")
+        if self.use_sde:
+            raise ValueError("ARB's scores need SAC's Gaussian actor; use_sde=True is not supported")
+
+        @th.no_grad()
+        def score(obs, action):
+            mean, log_std, _ = self.actor.get_action_dist_params(th.as_tensor(obs, device=self.device))
+            a = th.as_tensor(np.asarray(action, np.float32), device=self.device)
+            if mode == "log_prob":
+                return log_prob_score(mean, log_std, a)
+            return standardized_score(mean, log_std.exp(), a)
         return score
 
     def train(self, gradient_steps: int, batch_size: int = 64) -> None:
@@ -446,10 +463,10 @@ class SAC(_ReliveAlgorithm, sb3.SAC):
         if self.ent_coef_optimizer is not None:
             optimizers += [self.ent_coef_optimizer]
         self._update_learning_rate(optimizers)
-        self._maybe_refresh(gradient_steps)
         ent_coef_losses, ent_coefs = [], []
         actor_losses, critic_losses = [], []
         for gradient_step in range(gradient_steps):
+            self._before_grad_step()
             replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
             discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
             if self.use_sde:
@@ -508,11 +525,11 @@ class _TD3Train(_ReliveAlgorithm):
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
         self.policy.set_training_mode(True)  # type: ignore[attr-defined]
         self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])  # type: ignore[attr-defined]
-        self._maybe_refresh(gradient_steps)
         actor_losses, critic_losses = [], []
         s: Any = self
         for _ in range(gradient_steps):
             s._n_updates += 1
+            self._before_grad_step()
             replay_data = self.replay_buffer.sample(batch_size, env=s._vec_normalize_env)
             discounts = replay_data.discounts if replay_data.discounts is not None else s.gamma
             with th.no_grad():
