@@ -19,7 +19,7 @@ from stable_baselines3.common.logger import configure  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from relive.integrations.sb3 import DDPG, DQN, SAC, TD3, ReliveReplayBuffer  # noqa: E402
-from relive.replay import ARBSampler, PrioritizedSampler  # noqa: E402
+from relive.replay import ARBSampler, PrioritizedSampler, ReplayBuffer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -94,6 +94,27 @@ def test_sac_offline_rows_symmetric_share_is_exact():
     # SB3 stores Box actions rescaled to [-1, 1]: Pendulum's [-2, 2] offline actions are halved on the way in
     np.testing.assert_allclose(st.columns["action"][:300], rows["action"] / 2.0, atol=1e-6)
     assert buf.num_updated > 0
+
+
+def test_offline_dataset_by_path_and_a_checkpoint_that_refers_to_it(tmp_path):
+    """``offline=path``: relive reads the dataset; the checkpoint refers to it by path + SHA-256 (no copy), and
+    load_replay_buffer reads and prepares it again (Box actions rescaled as when it was added)."""
+    from relive.data.npz_io import save_dataset
+
+    path = save_dataset(tmp_path / "pendulum.npz", _random_rows("Pendulum-v1", 120))
+    kw = dict(seed=0, buffer_size=100, learning_starts=60, batch_size=16, policy_kwargs=dict(net_arch=[16]))
+    model = SAC("MlpPolicy", gym.make("Pendulum-v1"), replay_buffer_kwargs=dict(offline=str(path)), **kw)
+    model.learn(80)
+    model.save_replay_buffer(tmp_path / "buf")
+    with pytest.raises(ValueError, match="refers to offline dataset"):  # the rows are not copied into it
+        ReplayBuffer.load(tmp_path / "buf")
+    again = SAC("MlpPolicy", gym.make("Pendulum-v1"), **kw)
+    again.load_replay_buffer(tmp_path / "buf")
+    assert again.replay_buffer.relive.num_offline == 120
+    np.testing.assert_array_equal(again.replay_buffer.relive.storage.columns["action"][:120],
+                                  model.replay_buffer.relive.storage.columns["action"][:120])
+    np.testing.assert_array_equal(again.replay_buffer.sample(16).info.indices,
+                                  model.replay_buffer.sample(16).info.indices)
 
 
 @pytest.mark.parametrize("algo", [TD3, DDPG])

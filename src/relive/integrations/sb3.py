@@ -98,6 +98,27 @@ def _offline_rows(offline) -> tuple[dict | None, str | None]:
                      f"{type(offline).__name__}")
 
 
+def offline_columns(rows: Mapping, obs_shape: tuple, action_space: spaces.Space, action_dtype) -> dict:
+    """Dataset rows as SB3 stores steps: observations and actions reshaped to the spaces, Box actions rescaled from
+    [low, high] to [-1, 1] (SB3's ``policy.scale_action``), flags as booleans."""
+    n = len(np.asarray(rows["reward"]))
+    out = {c: np.asarray(rows[c]) for c in COLUMNS}
+    out["obs"] = out["obs"].reshape(n, *obs_shape)
+    out["next_obs"] = out["next_obs"].reshape(n, *obs_shape)
+    action = out["action"].reshape(n, get_action_dim(action_space))
+    if isinstance(action_space, spaces.Box):
+        low, high = action_space.low, action_space.high
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            raise ValueError("offline rows with an unbounded Box action space: SB3 rescales actions to [-1, 1] and "
+                             "needs finite bounds")
+        action = 2.0 * ((action - low) / (high - low)) - 1.0
+    out["action"] = action.astype(action_dtype)
+    out["reward"] = out["reward"].reshape(n).astype(np.float32)
+    out["terminated"] = out["terminated"].reshape(n).astype(bool)
+    out["truncated"] = out["truncated"].reshape(n).astype(bool)
+    return out
+
+
 class ReliveReplayBuffer(SB3ReplayBuffer):
     """SB3's replay buffer interface on a relive :class:`~relive.replay.ReplayBuffer` (``self.relive``).
 
@@ -219,22 +240,7 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         return buf
 
     def _offline_columns(self, rows: Mapping) -> dict:
-        n = len(np.asarray(rows["reward"]))
-        out = {c: np.asarray(rows[c]) for c in COLUMNS}
-        out["obs"] = out["obs"].reshape(n, *self.obs_shape)
-        out["next_obs"] = out["next_obs"].reshape(n, *self.obs_shape)
-        action = out["action"].reshape(n, self.action_dim)
-        if isinstance(self.action_space, spaces.Box):  # SB3 stores policy.scale_action(a): [low, high] -> [-1, 1]
-            low, high = self.action_space.low, self.action_space.high
-            if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
-                raise ValueError("offline rows with an unbounded Box action space: SB3 rescales actions to [-1, 1] "
-                                 "and needs finite bounds")
-            action = 2.0 * ((action - low) / (high - low)) - 1.0
-        out["action"] = action.astype(self._relive.storage.specs["action"].dtype)
-        out["reward"] = out["reward"].reshape(n).astype(np.float32)
-        out["terminated"] = out["terminated"].reshape(n).astype(bool)
-        out["truncated"] = out["truncated"].reshape(n).astype(bool)
-        return out
+        return offline_columns(rows, self.obs_shape, self.action_space, self._relive.storage.specs["action"].dtype)
 
     # -- SB3's interface -------------------------------------------------------------------------------
     def size(self) -> int:
@@ -393,10 +399,19 @@ class _ReliveAlgorithm:
     def load_replay_buffer(self, path, truncate_last_traj: bool = True, *,  # type: ignore[override]
                            offline_rows=None) -> None:
         """Load a directory written by :meth:`save_replay_buffer` (no unpickling): same rows, sampler state and
-        generator, so the same next batches. ``offline_rows``: as ``ReplayBuffer.load`` (a checkpoint that refers
-        to its offline dataset by id). ``truncate_last_traj`` is HER's and ignored."""
+        generator, so the same next batches. A checkpoint whose offline rows came from a dataset id / path
+        (``offline="..."``) refers to them by id and SHA-256: they are read from there again (``offline_rows``:
+        give them instead, prepared as the buffer stored them). ``truncate_last_traj`` is HER's and ignored."""
         if not isinstance(path, str | os.PathLike):
             raise ValueError("load_replay_buffer: give the checkpoint's directory path")
+        if offline_rows is None:  # a checkpoint that refers to its dataset by id: read it and prepare it again
+            def offline_rows(dataset_id: str):
+                from relive.data.loaders import load_rows
+
+                me: Any = self
+                action_dtype = SB3ReplayBuffer._maybe_cast_dtype(me.action_space.dtype)
+                return offline_columns(load_rows(dataset_id)[0], get_obs_shape(me.observation_space), me.action_space,
+                                       action_dtype)
         relive = ReplayBuffer.load(path, offline_rows=offline_rows)
         old = self.replay_buffer
         self._replay_hooks = None  # the sampler's hooks are built again for the loaded buffer
