@@ -217,6 +217,18 @@ def test_vector_env_steps_go_to_one_stream_per_env():
         np.testing.assert_array_equal(st.columns["next_obs"][rows[:-1]][cont], st.columns["obs"][rows[1:]][cont])
 
 
+def test_n_step_returns_come_from_relive():
+    model = DQN("MlpPolicy", gym.make("CartPole-v1"), seed=0, learning_starts=1_000, gamma=0.9,
+                replay_buffer_kwargs=dict(n_steps=3))
+    model.learn(100)
+    data = model.replay_buffer.sample(64)
+    d = np.round(data.discounts.squeeze(1).numpy().astype(np.float64), 6)
+    # gamma^n' (1 - terminated) with n' <= 3 (shorter at an episode's end): the model's gamma, not SB3's default
+    assert set(d.tolist()) <= {0.0, 0.9, 0.81, 0.729} and 0.729 in d
+    rows = model.replay_buffer.relive.gather(data.info.indices)  # one-step rows: the n-step reward is a sum
+    assert not np.allclose(data.rewards.squeeze(1).numpy(), rows.reward)
+
+
 def test_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="optimize_memory_usage"):
         DQN("MlpPolicy", gym.make("CartPole-v1"), optimize_memory_usage=True,
