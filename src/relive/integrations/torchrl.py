@@ -30,6 +30,7 @@ reads TD errors instead (ReaPER) gets it as ``td_error``.
 from __future__ import annotations
 
 import os
+import warnings
 from collections import deque
 from collections.abc import Mapping
 
@@ -40,10 +41,12 @@ import torchrl
 from tensordict import TensorDict, TensorDictBase
 
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
-from relive.types import Batch, UpdateReport
+from relive.types import Batch, SampleInfo, UpdateReport
 
 TESTED = {"torchrl": "0.14.1", "tensordict": "0.14.3"}  # pyproject: extra "torchrl"
 VERSIONS = {"torchrl": torchrl.__version__, "tensordict": tensordict.__version__}
+if VERSIONS != TESTED:  # the keys and calls below follow these versions' interfaces
+    warnings.warn(f"relive.integrations.torchrl is tested with {TESTED}, found {VERSIONS}", stacklevel=2)
 DRAWS_KEPT = 16  # the latest draws whose generations update_priority(index, ...) can look up by their indices
 ROWS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
@@ -237,8 +240,10 @@ class ReliveTensorDictReplayBuffer:
                               None)
         if generation is None:  # not a recent draw: the rows as they are now
             generation = buf.storage.meta["generation"].take(buf.storage.check_slots(idx))
-        info = buf.gather(idx).info
-        info = type(info)(**{**info.__dict__, "generation": _numpy(generation).astype(np.int64).reshape(-1)})
+        n = idx.size
+        info = SampleInfo(indices=idx, generation=_numpy(generation).astype(np.int64).reshape(-1),
+                          probability=np.full(n, np.nan), is_weight=np.ones(n, np.float32),
+                          source=(idx >= buf.num_offline).view(np.int8))
         value = _numpy(priority).astype(np.float64).reshape(-1)
         name = "priority" if "priority" in signals else "td_error"
         return buf.update(info, **{name: value})
