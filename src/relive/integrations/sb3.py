@@ -1,0 +1,590 @@
+"""relive's replay buffer under Stable-Baselines3's off-policy algorithms (tested with stable-baselines3 2.9.2, the
+``sb3`` extra's pin).
+
+    from relive.integrations.sb3 import DQN, ReliveReplayBuffer
+    from relive.replay import PrioritizedSampler
+
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=ReliveReplayBuffer,
+                replay_buffer_kwargs=dict(sampler=PrioritizedSampler(priority_exponent=0.6, is_exponent=0.4)))
+    model.learn(20_000)
+    model.save_replay_buffer("buffer_ckpt")   # relive's pickle-free checkpoint directory, not a pickle
+
+Two parts:
+
+* :class:`ReliveReplayBuffer` -- usable as ``replay_buffer_class=`` of SB3's own DQN, SAC, TD3 and DDPG: SB3's
+  ``add`` / ``sample`` on relive's storage with any relive sampler. Each env of a vector env is its own stream
+  (episodes stay whole), ``terminated`` / ``truncated`` are kept apart (SB3's ``TimeLimit.truncated``), offline
+  rows (``offline=``) form a frozen prefix sampled with an exact share per batch (``MixtureSampler``), n-step
+  returns come from relive (``n_steps=``, ``gamma=``). Samples are SB3's ``ReplayBufferSamples`` fields plus
+  ``is_weights`` [B, 1] and ``info`` (relive's :class:`~relive.types.SampleInfo`).
+* :class:`DQN`, :class:`SAC`, :class:`TD3`, :class:`DDPG` -- SB3's algorithms whose ``train()`` is SB3 2.9.2's,
+  line for line, with two changes: the critic's per-sample loss is multiplied by the batch's IS weights before the
+  mean (SB3's own loss functions, ``reduction="none"``), and |TD error| goes back to the sampler
+  (``buffer.update``). SB3 has no hook for either (its ``train()`` samples, computes the loss and steps in one
+  method), so the subclasses override ``train()``, SB3's public extension point for an algorithm's update; with
+  all-ones weights (a sampler without IS correction) the loss is SB3's exactly. The actor's loss is not weighted
+  (as in the PER variants of DDPG / TD3 / SAC in common use): the IS correction is for the critic's regression
+  targets. ``save_replay_buffer`` / ``load_replay_buffer`` write and read relive's checkpoint directory
+  (``.npy`` + JSON + SHA-256 manifest, no pickle); ``model.save`` does not pickle the buffer's arguments (the
+  sampler, offline rows). The sampler's loop hooks (``relive.hooks``) are served before each gradient step: ARB
+  (``ARBSampler``) re-scores the stored rows every ``refresh_every_grad_steps`` with SAC's actor (``SAC.score_fn``,
+  relive's scoring functions; TD3 / DDPG have a deterministic actor and DQN none, so ARB needs SAC).
+
+Observation spaces: Box and Discrete (dict observations: SB3's ``DictReplayBuffer``, not this one yet).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+import stable_baselines3 as sb3
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
+from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+from stable_baselines3.common.utils import get_device, polyak_update
+from torch.nn import functional as F
+
+from relive.agents.scoring import log_prob_score, standardized_score
+from relive.hooks import EveryGradSteps, LoopContext, collect_hooks
+from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
+from relive.types import Batch, SampleInfo, UpdateReport
+
+TESTED_SB3 = "2.9.2"  # the version whose train() methods the subclasses below follow (pyproject: extra "sb3")
+COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+STAGED_STEPS = 64  # steps per env gathered before one relive.extend (see ReliveReplayBuffer._init_staging)
+WARN_AFTER_SAMPLES = 1000  # a sampler that wants TD errors but got none after this many batches: warn once
+
+if sb3.__version__ != TESTED_SB3:  # train() below mirrors this version's; another may have changed its losses
+    warnings.warn(f"relive.integrations.sb3 is tested with stable-baselines3 {TESTED_SB3}, found {sb3.__version__}",
+                  stacklevel=2)
+
+
+class ReliveReplayBufferSamples(NamedTuple):
+    """SB3's ``ReplayBufferSamples`` fields (same names, order and shapes), then relive's: ``is_weights`` [B, 1]
+    float32 (the sampler's importance-sampling weights, ones without IS correction) and ``info`` (which rows, for
+    ``ReliveReplayBuffer.update``)."""
+
+    observations: th.Tensor
+    actions: th.Tensor
+    next_observations: th.Tensor
+    dones: th.Tensor
+    rewards: th.Tensor
+    discounts: th.Tensor | None = None
+    is_weights: th.Tensor | None = None
+    info: SampleInfo | None = None
+
+
+def _offline_rows(offline) -> tuple[dict | None, str | None]:
+    """(rows, dataset id) of ``offline=``: a mapping of columns, or a dataset (Minari id, .npz, D4RL .hdf5, LeRobot
+    directory) read with relive's loaders."""
+    if offline is None:
+        return None, None
+    if isinstance(offline, Mapping):
+        missing = [c for c in COLUMNS if c not in offline]
+        if missing:
+            raise ValueError(f"offline rows: missing column(s) {missing}; expected {list(COLUMNS)}")
+        return dict(offline), None
+    if isinstance(offline, str | os.PathLike):
+        from relive.data.loaders import load_rows
+
+        rows, _ = load_rows(offline)
+        return rows, str(offline)
+    raise ValueError(f"offline must be a mapping of columns {list(COLUMNS)} or a dataset id / path, got "
+                     f"{type(offline).__name__}")
+
+
+def offline_columns(rows: Mapping, obs_shape: tuple, action_space: spaces.Space, action_dtype) -> dict:
+    """Dataset rows as SB3 stores steps: observations and actions reshaped to the spaces, Box actions rescaled from
+    [low, high] to [-1, 1] (SB3's ``policy.scale_action``), flags as booleans."""
+    n = len(np.asarray(rows["reward"]))
+    out = {c: np.asarray(rows[c]) for c in COLUMNS}
+    out["obs"] = out["obs"].reshape(n, *obs_shape)
+    out["next_obs"] = out["next_obs"].reshape(n, *obs_shape)
+    action = out["action"].reshape(n, get_action_dim(action_space))
+    if isinstance(action_space, spaces.Box):
+        low, high = action_space.low, action_space.high
+        if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
+            raise ValueError("offline rows with an unbounded Box action space: SB3 rescales actions to [-1, 1] and "
+                             "needs finite bounds")
+        action = 2.0 * ((action - low) / (high - low)) - 1.0
+    out["action"] = action.astype(action_dtype)
+    out["reward"] = out["reward"].reshape(n).astype(np.float32)
+    out["terminated"] = out["terminated"].reshape(n).astype(bool)
+    out["truncated"] = out["truncated"].reshape(n).astype(bool)
+    return out
+
+
+class ReliveReplayBuffer(SB3ReplayBuffer):
+    """SB3's replay buffer interface on a relive :class:`~relive.replay.ReplayBuffer` (``self.relive``).
+
+    SB3 passes ``buffer_size, observation_space, action_space, device, n_envs, optimize_memory_usage``; the rest
+    comes from ``replay_buffer_kwargs``: ``sampler`` (any relive sampler; default uniform), ``offline`` (rows as a
+    mapping of columns ``obs, action, reward, next_obs, terminated, truncated`` with actions in the env's units,
+    or a dataset id / path), ``offline_fraction`` (each batch's exact offline share, used when ``offline`` is given
+    and ``sampler`` is not already a ``MixtureSampler``: the online part is then sampled by ``sampler``), ``seed``
+    (the buffer's own generator), ``n_steps`` / ``gamma`` (n-step returns). The online ring holds
+    ``buffer_size`` rows; offline rows come on top and are never evicted.
+
+    Box actions are stored as SB3 stores them, rescaled to [-1, 1] (``policy.scale_action``); offline actions are
+    rescaled the same way on the way in. A batch larger than the stored rows is drawn with replacement, as SB3's
+    own buffer does (SB3 starts training after ``learning_starts`` steps, whatever the batch size)."""
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
+                 device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
+                 handle_timeout_termination: bool = True, *, sampler: Sampler | None = None, offline=None,
+                 offline_fraction: float = 0.5, seed: int = 0, n_steps: int = 1, gamma: float = 0.99):
+        self._init_spaces(buffer_size, observation_space, action_space, device, n_envs)
+        if optimize_memory_usage:
+            raise ValueError("ReliveReplayBuffer: optimize_memory_usage=True is SB3's own buffer layout; relive keeps "
+                             "next_obs per row (leave optimize_memory_usage off)")
+        if not isinstance(observation_space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete
+                          | spaces.MultiBinary):
+            raise ValueError(f"ReliveReplayBuffer: observation space {type(observation_space).__name__} is not "
+                             "supported (Box, Discrete, MultiDiscrete, MultiBinary)")
+        if sampler is not None and not isinstance(sampler, Sampler):
+            raise ValueError(f"sampler must be a relive Sampler (relive.replay), got {type(sampler).__name__}")
+        self.optimize_memory_usage = False
+        self.handle_timeout_termination = handle_timeout_termination
+        self.buffer_size = max(buffer_size // n_envs, 1)
+        rows, dataset_id = _offline_rows(offline)
+        if rows is not None and not isinstance(sampler, MixtureSampler):
+            sampler = MixtureSampler(offline=UniformSampler(), online=sampler, offline_fraction=offline_fraction)
+        wants = sampler.signals if sampler is not None else ()
+        if wants and "td_error" not in wants:
+            raise ValueError(f"ReliveReplayBuffer: {type(sampler).__name__} needs the signal(s) {list(wants)}, "
+                             "which SB3's algorithms do not compute (td_error only)")
+        num_offline = 0 if rows is None else len(np.asarray(rows["reward"]))
+        self._relive = ReplayBuffer(self.buffer_size * n_envs + num_offline, self.obs_shape, (self.action_dim,),
+                                   sampler=sampler, seed=seed, obs_dtype=observation_space.dtype,
+                                   action_dtype=self._maybe_cast_dtype(action_space.dtype), n_step=n_steps,
+                                   gamma=gamma)
+        if rows is not None:
+            self._relive.add_offline(self._offline_columns(rows), dataset_id=dataset_id)
+        self._init_staging()
+
+    def _init_spaces(self, buffer_size, observation_space, action_space, device, n_envs) -> None:
+        """BaseBuffer's attributes, except ``pos`` / ``full`` (read from relive's storage: properties here)."""
+        self.buffer_size = buffer_size
+        self.observation_space, self.action_space = observation_space, action_space
+        self.obs_shape = get_obs_shape(observation_space)  # type: ignore[assignment]
+        self.action_dim = get_action_dim(action_space)
+        self.device = get_device(device)
+        self.n_envs = n_envs
+
+    def _init_staging(self) -> None:
+        """SB3 adds one step at a time; the steps wait here (per env, in order) and go to relive in one ``extend``
+        per env before anything reads the buffer (``sample``, ``size``, ``relive``, ``save``) or when
+        ``STAGED_STEPS`` have gathered. Sampling therefore always sees every added step."""
+        st = self._relive.storage
+        n = self.n_envs
+        self._staged = {"obs": np.zeros((n, STAGED_STEPS, *self.obs_shape), st.specs["obs"].dtype),
+                        "action": np.zeros((n, STAGED_STEPS, self.action_dim), st.specs["action"].dtype),
+                        "reward": np.zeros((n, STAGED_STEPS), np.float32),
+                        "next_obs": np.zeros((n, STAGED_STEPS, *self.obs_shape), st.specs["obs"].dtype),
+                        "terminated": np.zeros((n, STAGED_STEPS), bool),
+                        "truncated": np.zeros((n, STAGED_STEPS), bool)}
+        self._num_staged = 0
+        self.last_info: SampleInfo | None = None  # the latest batch's rows (``update`` takes any batch's info)
+        self._samples_since_update = 0
+        self._warned = False
+
+    def _flush(self) -> None:
+        k = self._num_staged
+        if k == 0:
+            return
+        self._num_staged = 0
+        for i in range(self.n_envs):
+            self._relive.extend({c: v[i, :k] for c, v in self._staged.items()}, stream=i)
+
+    @property
+    def relive(self) -> ReplayBuffer:
+        """The relive buffer underneath, every added step in it."""
+        self._flush()
+        return self._relive
+
+    @property
+    def pos(self) -> int:  # type: ignore[override]
+        """SB3's write position (per env) of the next step, as SB3's own buffer counts it."""
+        st = self._relive.storage
+        return ((st.num_online_written // self.n_envs) + self._num_staged) % self.buffer_size
+
+    @property
+    def full(self) -> bool:  # type: ignore[override]
+        st = self._relive.storage
+        return st.num_online + self._num_staged * self.n_envs >= st.online_capacity
+
+    @classmethod
+    def from_relive(cls, relive: ReplayBuffer, observation_space: spaces.Space, action_space: spaces.Space,
+                    device: th.device | str = "auto", n_envs: int = 1,
+                    handle_timeout_termination: bool = True) -> ReliveReplayBuffer:
+        """Wrap an existing relive buffer (e.g. ``ReplayBuffer.load(path)``) whose rows match the spaces."""
+        buf = cls.__new__(cls)
+        buf._init_spaces(relive.storage.capacity, observation_space, action_space, device, n_envs)
+        st = relive.storage
+        if st.obs_keys is not None or tuple(st.specs["obs"].shape) != tuple(buf.obs_shape):
+            got = "dict observations" if st.obs_keys is not None else f"observations {st.specs['obs'].shape}"
+            raise ValueError(f"the relive buffer's {got} do not match the observation space's shape {buf.obs_shape}")
+        if tuple(st.specs["action"].shape) != (buf.action_dim,):
+            raise ValueError(f"the relive buffer's actions {tuple(st.specs['action'].shape)} do not match the action "
+                             f"space ({buf.action_dim},)")
+        buf.optimize_memory_usage = False
+        buf.handle_timeout_termination = handle_timeout_termination
+        buf.buffer_size = max(st.online_capacity // n_envs, 1)
+        buf._relive = relive
+        buf._init_staging()
+        return buf
+
+    def _offline_columns(self, rows: Mapping) -> dict:
+        return offline_columns(rows, self.obs_shape, self.action_space, self._relive.storage.specs["action"].dtype)
+
+    # -- SB3's interface -------------------------------------------------------------------------------
+    def size(self) -> int:
+        """Stored rows, offline ones included."""
+        return len(self.relive)
+
+    def reset(self) -> None:
+        raise ValueError("ReliveReplayBuffer.reset is not supported: make a new buffer (offline rows stay frozen)")
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray, done: np.ndarray,
+            infos: list[dict[str, Any]]) -> None:
+        """One step of every env; env i's row goes to stream i (its own episode sequence)."""
+        n = self.n_envs
+        done = np.asarray(done, dtype=bool).reshape(n)
+        if self.handle_timeout_termination:
+            timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
+        else:  # SB3's meaning: a timeout counts as a termination
+            timeout = np.zeros(n, bool)
+        k, staged = self._num_staged, self._staged
+        staged["obs"][:, k] = np.asarray(obs).reshape(n, *self.obs_shape)
+        staged["action"][:, k] = np.asarray(action).reshape(n, self.action_dim)
+        staged["reward"][:, k] = np.asarray(reward).reshape(n)
+        staged["next_obs"][:, k] = np.asarray(next_obs).reshape(n, *self.obs_shape)
+        staged["terminated"][:, k] = done & ~timeout
+        staged["truncated"][:, k] = done & timeout
+        self._num_staged = k + 1
+        if self._num_staged == STAGED_STEPS:
+            self._flush()
+
+    def sample(self, batch_size: int, env=None) -> ReliveReplayBufferSamples:  # type: ignore[override]
+        buf = self.relive  # (flushes the staged steps)
+        if len(buf) == 0:
+            raise ValueError("ReliveReplayBuffer.sample: the buffer is empty")
+        if batch_size <= len(buf):
+            batch = buf.sample(batch_size)
+        else:  # SB3 samples with replacement from the first step on; relive's samplers draw with replacement too
+            draw = buf.sampler.sample(int(batch_size), buf.rng)
+            batch = buf.gather(draw.indices, draw.probability, draw.is_weight, buf.sampler.hints())
+        self.last_info = batch.info
+        self._samples_since_update += 1
+        if self._samples_since_update > WARN_AFTER_SAMPLES and buf.sampler.signals and not self._warned:
+            self._warned = True
+            warnings.warn(f"{type(buf.sampler).__name__} has had no TD error for {WARN_AFTER_SAMPLES} batches: SB3's "
+                          "own algorithms do not report them (nor apply IS weights); use relive.integrations.sb3's "
+                          "DQN / SAC / TD3 / DDPG", stacklevel=2)
+        return self.to_samples(batch, env)
+
+    def _get_samples(self, batch_inds: np.ndarray, env=None) -> ReliveReplayBufferSamples:  # type: ignore[override]
+        """The rows at slots ``batch_inds`` (SB3's internal hook; relive slots, offline rows first)."""
+        return self.to_samples(self.relive.gather(batch_inds), env)
+
+    def to_samples(self, batch: Batch, env=None) -> ReliveReplayBufferSamples:
+        """A relive batch as SB3's sample tuple on ``self.device`` (VecNormalize applied when ``env`` is given)."""
+        def t(x):
+            return th.as_tensor(x, device=self.device)  # (relive's gather already copied the rows)
+
+        rewards = self._normalize_reward(batch.reward.reshape(-1, 1).astype(np.float32, copy=False), env)
+        return ReliveReplayBufferSamples(
+            observations=t(self._normalize_obs(batch.obs, env)),
+            actions=t(batch.action),
+            next_observations=t(self._normalize_obs(batch.next_obs, env)),
+            dones=t(batch.terminated.astype(np.float32).reshape(-1, 1)),  # SB3's dones * (1 - timeouts)
+            rewards=t(rewards),
+            discounts=None if batch.discount is None else t(batch.discount.astype(np.float32).reshape(-1, 1)),
+            is_weights=t(np.asarray(batch.info.is_weight, dtype=np.float32).reshape(-1, 1)),
+            info=batch.info,
+        )
+
+    # -- relive's feedback and checkpoint --------------------------------------------------------------
+    def update(self, info: SampleInfo, td_error) -> UpdateReport | None:
+        """|TD error| per sampled row back to the sampler (rows overwritten since are skipped); None when the
+        sampler uses no signal (uniform, ARB, ...)."""
+        self._samples_since_update = 0
+        if "td_error" not in self.relive.sampler.signals:
+            return None
+        if isinstance(td_error, th.Tensor):
+            td_error = td_error.detach().cpu().numpy()
+        return self.relive.update(info, td_error=np.asarray(td_error, dtype=np.float64).reshape(-1))
+
+    def save(self, path: str | os.PathLike) -> None:
+        """relive's checkpoint directory (no pickle; see ``ReplayBuffer.save``)."""
+        self.relive.save(path)
+
+    def __getstate__(self):
+        raise TypeError("ReliveReplayBuffer is not pickled: save it with buffer.save(path) or the "
+                        "relive.integrations.sb3 algorithms' save_replay_buffer (a pickle-free checkpoint)")
+
+
+# -- the algorithms ------------------------------------------------------------------------------------
+def _weighted_mean(per_sample: th.Tensor, replay_data) -> th.Tensor:
+    """mean_i w_i l_i with the batch's IS weights (SB3's mean when there are none)."""
+    w = getattr(replay_data, "is_weights", None)
+    return (per_sample * w).mean() if w is not None else per_sample.mean()
+
+
+class _ReliveAlgorithm:
+    """What the four algorithms share: relive's buffer by default, TD errors back to it, pickle-free buffer files,
+    the sampler's loop hooks (ARB's periodic re-scoring)."""
+
+    replay_buffer: Any
+
+    def _setup_model(self) -> None:
+        if self.replay_buffer_class is None:  # type: ignore[attr-defined]
+            self.replay_buffer_class = ReliveReplayBuffer
+        if issubclass(self.replay_buffer_class, ReliveReplayBuffer):
+            kw = self.replay_buffer_kwargs  # type: ignore[attr-defined]
+            kw.setdefault("seed", 0 if self.seed is None else int(self.seed))  # type: ignore[attr-defined]
+            if kw.get("n_steps", 1) > 1:
+                kw.setdefault("gamma", self.gamma)  # type: ignore[attr-defined]
+        super()._setup_model()  # type: ignore[misc]
+
+    def _excluded_save_params(self) -> list[str]:
+        # the buffer's arguments hold the sampler and offline rows: not pickled into the model's zip (the buffer,
+        # sampler included, is saved by save_replay_buffer); the hooks are functions of the buffer, built again
+        return super()._excluded_save_params() + ["replay_buffer_kwargs", "_replay_hooks"]  # type: ignore[misc]
+
+    def _feed_back(self, replay_data, td_error: th.Tensor) -> None:
+        info = getattr(replay_data, "info", None)
+        if info is not None and isinstance(self.replay_buffer, ReliveReplayBuffer):
+            self.replay_buffer.update(info, td_error.abs().reshape(-1))
+
+    def _before_grad_step(self) -> None:
+        """Serve the sampler's loop hooks (relive.hooks) before each gradient step: ARB re-scores the stored rows
+        with ``score_fn`` every ``refresh_every_grad_steps`` steps, counted from the first one."""
+        if not isinstance(self.replay_buffer, ReliveReplayBuffer):
+            return
+        hooks = getattr(self, "_replay_hooks", None)
+        if hooks is None:
+            relive = self.replay_buffer.relive
+            ctx = LoopContext(agent=self, buffer=relive, config=None, gamma=self.gamma)  # type: ignore[attr-defined]
+            declared = collect_hooks(ctx, relive.sampler)
+            others = [type(h).__name__ for h in declared if not isinstance(h, EveryGradSteps)]
+            if others:
+                raise ValueError(f"{type(relive.sampler).__name__} needs loop hooks {others} that SB3's loop does "
+                                 "not serve (only EveryGradSteps: ARB's re-scoring)")
+            hooks = self._replay_hooks = declared
+            self._replay_grad_steps = 0
+        for h in hooks:
+            if self._replay_grad_steps % h.every == 0:
+                h.fn()
+        self._replay_grad_steps += 1
+
+    def score_fn(self, mode: str = "standardized"):
+        raise ValueError(f"replay ARB re-scores rows with the policy's likelihood of the stored action; "
+                         f"{type(self).__name__}'s policy has none (use relive.integrations.sb3.SAC)")
+
+    def save_replay_buffer(self, path) -> None:  # type: ignore[override]
+        """relive's checkpoint directory at ``path`` (``.npy`` + JSON + SHA-256 manifest; nothing is pickled)."""
+        if not isinstance(self.replay_buffer, ReliveReplayBuffer):
+            raise ValueError(f"save_replay_buffer: the replay buffer is {type(self.replay_buffer).__name__}, not "
+                             "ReliveReplayBuffer (SB3's own buffers are saved with pickle: use SB3's classes)")
+        if not isinstance(path, str | os.PathLike):
+            raise ValueError("save_replay_buffer: give a directory path (relive's checkpoint is a directory)")
+        self.replay_buffer.save(path)
+
+    def load_replay_buffer(self, path, truncate_last_traj: bool = True, *,  # type: ignore[override]
+                           offline_rows=None) -> None:
+        """Load a directory written by :meth:`save_replay_buffer` (no unpickling): same rows, sampler state and
+        generator, so the same next batches. A checkpoint whose offline rows came from a dataset id / path
+        (``offline="..."``) refers to them by id and SHA-256: they are read from there again (``offline_rows``:
+        give them instead, prepared as the buffer stored them). ``truncate_last_traj`` is HER's and ignored."""
+        if not isinstance(path, str | os.PathLike):
+            raise ValueError("load_replay_buffer: give the checkpoint's directory path")
+        if offline_rows is None:  # a checkpoint that refers to its dataset by id: read it and prepare it again
+            def offline_rows(dataset_id: str):
+                from relive.data.loaders import load_rows
+
+                me: Any = self
+                action_dtype = SB3ReplayBuffer._maybe_cast_dtype(me.action_space.dtype)
+                return offline_columns(load_rows(dataset_id)[0], get_obs_shape(me.observation_space), me.action_space,
+                                       action_dtype)
+        relive = ReplayBuffer.load(path, offline_rows=offline_rows)
+        old = self.replay_buffer
+        self._replay_hooks = None  # the sampler's hooks are built again for the loaded buffer
+        self.replay_buffer = ReliveReplayBuffer.from_relive(
+            relive, self.observation_space, self.action_space, device=self.device,  # type: ignore[attr-defined]
+            n_envs=self.n_envs,  # type: ignore[attr-defined]
+            handle_timeout_termination=getattr(old, "handle_timeout_termination", True))
+
+
+class DQN(_ReliveAlgorithm, sb3.DQN):
+    """SB3's DQN with IS-weighted Huber loss and |TD error| fed back (``train`` as SB3 2.9.2's otherwise)."""
+
+    def train(self, gradient_steps: int, batch_size: int = 100) -> None:
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)
+        losses = []
+        for _ in range(gradient_steps):
+            self._before_grad_step()
+            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
+            discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
+            with th.no_grad():
+                next_q_values = self.q_net_target(replay_data.next_observations)
+                next_q_values, _ = next_q_values.max(dim=1)
+                next_q_values = next_q_values.reshape(-1, 1)
+                target_q_values = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q_values
+            current_q_values = self.q_net(replay_data.observations)
+            current_q_values = th.gather(current_q_values, dim=1, index=replay_data.actions.long())
+            loss = _weighted_mean(F.smooth_l1_loss(current_q_values, target_q_values, reduction="none"), replay_data)
+            losses.append(loss.item())
+            self.policy.optimizer.zero_grad()
+            loss.backward()
+            th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+            self.policy.optimizer.step()
+            self._feed_back(replay_data, (current_q_values - target_q_values).detach())
+        self._n_updates += gradient_steps
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/loss", np.mean(losses))
+
+
+class SAC(_ReliveAlgorithm, sb3.SAC):
+    """SB3's SAC with IS-weighted critic loss and |TD error| (mean over the critics) fed back."""
+
+    def score_fn(self, mode: str = "standardized"):
+        """``score(obs, action) -> [N]``: ARB's on-policyness of stored actions (already in [-1, 1], as SB3 stores
+        them) under the current actor's tanh-Gaussian, by relive's scoring functions (``relive.agents.scoring``:
+        ``"standardized"``, the ARB reference code's, or ``"log_prob"``)."""
+        if mode not in ("standardized", "log_prob"):
+            raise ValueError(f"score mode must be 'standardized' or 'log_prob', got {mode!r}")
+        if self.use_sde:
+            raise ValueError("ARB's scores need SAC's Gaussian actor; use_sde=True is not supported")
+
+        @th.no_grad()
+        def score(obs, action):
+            mean, log_std, _ = self.actor.get_action_dist_params(th.as_tensor(obs, device=self.device))
+            a = th.as_tensor(np.asarray(action, np.float32), device=self.device)
+            if mode == "log_prob":
+                return log_prob_score(mean, log_std, a)
+            return standardized_score(mean, log_std.exp(), a)
+        return score
+
+    def train(self, gradient_steps: int, batch_size: int = 64) -> None:
+        self.policy.set_training_mode(True)
+        optimizers = [self.actor.optimizer, self.critic.optimizer]
+        if self.ent_coef_optimizer is not None:
+            optimizers += [self.ent_coef_optimizer]
+        self._update_learning_rate(optimizers)
+        ent_coef_losses, ent_coefs = [], []
+        actor_losses, critic_losses = [], []
+        for gradient_step in range(gradient_steps):
+            self._before_grad_step()
+            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
+            discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
+            if self.use_sde:
+                self.actor.reset_noise()
+            actions_pi, log_prob = self.actor.action_log_prob(replay_data.observations)
+            log_prob = log_prob.reshape(-1, 1)
+            ent_coef_loss = None
+            if self.ent_coef_optimizer is not None and self.log_ent_coef is not None:
+                ent_coef = th.exp(self.log_ent_coef.detach())
+                ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
+                ent_coef_losses.append(ent_coef_loss.item())
+            else:
+                ent_coef = self.ent_coef_tensor
+            ent_coefs.append(ent_coef.item())
+            if ent_coef_loss is not None and self.ent_coef_optimizer is not None:
+                self.ent_coef_optimizer.zero_grad()
+                ent_coef_loss.backward()
+                self.ent_coef_optimizer.step()
+            with th.no_grad():
+                next_actions, next_log_prob = self.actor.action_log_prob(replay_data.next_observations)
+                next_q_values = th.cat(self.critic_target(replay_data.next_observations, next_actions), dim=1)
+                next_q_values, _ = th.min(next_q_values, dim=1, keepdim=True)
+                next_q_values = next_q_values - ent_coef * next_log_prob.reshape(-1, 1)
+                target_q_values = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q_values
+            current_q_values = self.critic(replay_data.observations, replay_data.actions)
+            critic_loss = 0.5 * sum(_weighted_mean(F.mse_loss(current_q, target_q_values, reduction="none"),
+                                                   replay_data) for current_q in current_q_values)
+            critic_losses.append(critic_loss.item())  # type: ignore[union-attr]
+            self.critic.optimizer.zero_grad()
+            critic_loss.backward()  # type: ignore[union-attr]
+            self.critic.optimizer.step()
+            self._feed_back(replay_data, th.stack([(q - target_q_values).detach() for q in current_q_values])
+                            .abs().mean(0))
+            q_values_pi = th.cat(self.critic(replay_data.observations, actions_pi), dim=1)
+            min_qf_pi, _ = th.min(q_values_pi, dim=1, keepdim=True)
+            actor_loss = (ent_coef * log_prob - min_qf_pi).mean()
+            actor_losses.append(actor_loss.item())
+            self.actor.optimizer.zero_grad()
+            actor_loss.backward()
+            self.actor.optimizer.step()
+            if gradient_step % self.target_update_interval == 0:
+                polyak_update(self.critic.parameters(), self.critic_target.parameters(), self.tau)
+                polyak_update(self.batch_norm_stats, self.batch_norm_stats_target, 1.0)
+        self._n_updates += gradient_steps
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        self.logger.record("train/ent_coef", np.mean(ent_coefs))
+        self.logger.record("train/actor_loss", np.mean(actor_losses))
+        self.logger.record("train/critic_loss", np.mean(critic_losses))
+        if len(ent_coef_losses) > 0:
+            self.logger.record("train/ent_coef_loss", np.mean(ent_coef_losses))
+
+
+class _TD3Train(_ReliveAlgorithm):
+    """TD3's (and DDPG's) ``train``, SB3 2.9.2's with IS-weighted critic loss and |TD error| fed back."""
+
+    def train(self, gradient_steps: int, batch_size: int = 100) -> None:
+        self.policy.set_training_mode(True)  # type: ignore[attr-defined]
+        self._update_learning_rate([self.actor.optimizer, self.critic.optimizer])  # type: ignore[attr-defined]
+        actor_losses, critic_losses = [], []
+        s: Any = self
+        for _ in range(gradient_steps):
+            s._n_updates += 1
+            self._before_grad_step()
+            replay_data = self.replay_buffer.sample(batch_size, env=s._vec_normalize_env)
+            discounts = replay_data.discounts if replay_data.discounts is not None else s.gamma
+            with th.no_grad():
+                noise = replay_data.actions.clone().data.normal_(0, s.target_policy_noise)
+                noise = noise.clamp(-s.target_noise_clip, s.target_noise_clip)
+                next_actions = (s.actor_target(replay_data.next_observations) + noise).clamp(-1, 1)
+                next_q_values = th.cat(s.critic_target(replay_data.next_observations, next_actions), dim=1)
+                next_q_values, _ = th.min(next_q_values, dim=1, keepdim=True)
+                target_q_values = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q_values
+            current_q_values = s.critic(replay_data.observations, replay_data.actions)
+            critic_loss = sum(_weighted_mean(F.mse_loss(current_q, target_q_values, reduction="none"), replay_data)
+                              for current_q in current_q_values)
+            critic_losses.append(critic_loss.item())
+            s.critic.optimizer.zero_grad()
+            critic_loss.backward()
+            s.critic.optimizer.step()
+            self._feed_back(replay_data, th.stack([(q - target_q_values).detach() for q in current_q_values])
+                            .abs().mean(0))
+            if s._n_updates % s.policy_delay == 0:
+                actor_loss = -s.critic.q1_forward(replay_data.observations, s.actor(replay_data.observations)).mean()
+                actor_losses.append(actor_loss.item())
+                s.actor.optimizer.zero_grad()
+                actor_loss.backward()
+                s.actor.optimizer.step()
+                polyak_update(s.critic.parameters(), s.critic_target.parameters(), s.tau)
+                polyak_update(s.actor.parameters(), s.actor_target.parameters(), s.tau)
+                polyak_update(s.critic_batch_norm_stats, s.critic_batch_norm_stats_target, 1.0)
+                polyak_update(s.actor_batch_norm_stats, s.actor_batch_norm_stats_target, 1.0)
+        s.logger.record("train/n_updates", s._n_updates, exclude="tensorboard")
+        if len(actor_losses) > 0:
+            s.logger.record("train/actor_loss", np.mean(actor_losses))
+        s.logger.record("train/critic_loss", np.mean(critic_losses))
+
+
+class TD3(_TD3Train, sb3.TD3):
+    """SB3's TD3 with IS-weighted critic loss and |TD error| (mean over the critics) fed back."""
+
+
+class DDPG(_TD3Train, sb3.DDPG):
+    """SB3's DDPG (TD3 with one critic, no delay, no target noise) with IS weights and |TD error| fed back."""
+
+
+__all__ = ["ReliveReplayBuffer", "ReliveReplayBufferSamples", "DQN", "SAC", "TD3", "DDPG", "TESTED_SB3"]
