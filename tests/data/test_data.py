@@ -444,3 +444,20 @@ def test_scripted_levels_are_refused_where_no_controller_exists_and_noise_only_o
         with pytest.raises(ValueError, match="metaworld"):
             make_dataset("metaworld-reach-v3", "scripted", **kw)
     assert not (tmp_path / "m").exists()
+
+
+def test_data_info_reads_every_format_the_dataset_option_accepts(tmp_path, pendulum_rows, capsys):
+    """Issue 31 item 6: `relive data info` on a .npz and a D4RL-style .hdf5 (it read Minari ids only)."""
+    import json
+
+    from relive.cli import main
+    from relive.data.columns import split_episodes
+    from relive.data.npz_io import save_dataset
+
+    expect = np.mean([pendulum_rows["reward"][sl].sum() for sl in split_episodes(pendulum_rows)])
+    for path in (save_dataset(tmp_path / "d.npz", pendulum_rows, env_id="Pendulum-v1"),
+                 write_d4rl_hdf5(tmp_path / "d.hdf5", pendulum_rows)):
+        assert main(["data", "info", str(path)]) == 0
+        info = json.loads(capsys.readouterr().out)
+        assert info["rows"] == 450 and info["episodes"] == 3 and info["megabytes"] > 0
+        assert info["return_mean"] == pytest.approx(expect, rel=1e-6)

@@ -12,7 +12,7 @@ import numpy as np
 from relive.cli import positive_int, refuse_overwrite, write_generated
 from relive.config import load_config
 from relive.data.columns import split_episodes
-from relive.data.lerobot_io import buffer_rows, write_lerobot
+from relive.data.lerobot_io import buffer_rows, is_lerobot_dir, write_lerobot
 from relive.data.loaders import load_rows
 from relive.data.minari_io import default_root, list_local, read_minari
 from relive.data.scores import d4rl_reference, normalized_score
@@ -54,7 +54,8 @@ def add_parsers(subparsers) -> None:
                      "marker line are kept)")
     rep.set_defaults(func=_report)
     info = sub.add_parser("info", help="size, returns and reference scores of a dataset")
-    info.add_argument("dataset", help="a dataset id (see `relive data list`) or a dataset directory")
+    info.add_argument("dataset", help="a dataset id (see `relive data list`), a Minari or LeRobot dataset directory, a "
+                      "D4RL-style .hdf5 or a .npz (any format --dataset accepts)")
     info.add_argument("--root")
     info.set_defaults(func=_info)
     ex = sub.add_parser("export-lerobot", help="write a run's online experience (or any dataset) as a LeRobot dataset",
@@ -93,16 +94,25 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def describe(dataset: str, root=None) -> dict:
-    """Size, returns and normalized scores (relive's references and D4RL's where published) of a dataset."""
-    rows, meta = read_minari(dataset, root)
+    """Size, returns and normalized scores (relive's references and D4RL's where published) of a dataset: any format
+    ``--dataset`` accepts (a Minari id or directory, a D4RL-style ``.hdf5``, a LeRobot directory, a ``.npz``)."""
+    p = Path(dataset)
+    if p.suffix in (".npz", ".hdf5", ".h5") or is_lerobot_dir(p):
+        rows, read = load_rows(p)
+        meta = {"dataset_id": str(dataset), "path": str(p), "env_id": read.get("env_id"),
+                "ref_min_return": read.get("ref_min_return"), "ref_max_return": read.get("ref_max_return")}
+        meta["format"] = "npz" if p.suffix == ".npz" else "d4rl-hdf5" if p.suffix in (".hdf5", ".h5") else "lerobot"
+    else:
+        rows, meta = read_minari(dataset, root)
     returns = np.array([rows["reward"][sl].sum() for sl in split_episodes(rows)])
-    files = Path(meta["path"]).rglob("*") if meta.get("path") else ()
+    where = Path(meta["path"]) if meta.get("path") else None
+    files = (where.rglob("*") if where.is_dir() else [where]) if where is not None else ()
     out = {k: v for k, v in meta.items() if k != "relive"} | {
         "rows": int(len(rows["obs"])), "episodes": int(returns.size),
         "megabytes": sum(f.stat().st_size for f in files if f.is_file()) / 2**20,
         "return_mean": float(returns.mean()), "return_std": float(returns.std()),
         "normalized_score": normalized_score(float(returns.mean()), meta["ref_min_return"], meta["ref_max_return"])}
-    ref = d4rl_reference(meta["env_id"] or "")
+    ref = d4rl_reference(meta.get("env_id") or "")
     if ref:
         out["d4rl_normalized_score"] = normalized_score(float(returns.mean()), *ref)
     if "relive" in meta:
