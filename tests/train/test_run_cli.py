@@ -76,3 +76,52 @@ def test_the_band_covers_the_mean_and_shrinks_with_agreement():
     assert ((hi2 - lo2) < (hi - lo)).all()
     lo3, hi3 = bootstrap_band(np.ones((3, 4)), np.random.default_rng(1))
     assert np.allclose(lo3, 1) and np.allclose(hi3, 1)
+
+
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx", "safetensors"])
+def test_an_exported_policy_reproduces_the_agents_actions(runs, tmp_path, fmt):
+    import torch
+
+    from relive.agents.export import load_safetensors_policy
+
+    out = tmp_path / f"policy.{fmt}"
+    assert main(["export", str(runs / "sac0"), "--format", fmt, "--out", str(out)]) == 0
+    cfg = run_config(runs / "sac0")
+    env = make_env("Pendulum-v1", cfg.env.max_episode_steps)
+    agent = build_agent(cfg, env_spec(env))
+    agent.load_state_dict(load_tree(runs / "sac0" / "agent_final", kind="agent"))
+    obs = np.random.default_rng(0).normal(size=(64, 3)).astype(np.float32) * 3
+    expect = agent.act(obs, explore=False)
+    if fmt == "torchscript":
+        got = torch.jit.load(str(out))(torch.as_tensor(obs)).numpy()  # trusted-code: the file this test just wrote
+    elif fmt == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        got = ort.InferenceSession(str(out)).run(None, {"obs": obs})[0]
+    else:
+        got = load_safetensors_policy(out)(torch.as_tensor(obs)).detach().numpy()
+    np.testing.assert_allclose(got, expect, rtol=1e-5, atol=1e-6)
+    assert main(["export", str(runs / "sac0"), "--format", fmt, "--out", str(out)]) == 2  # no overwrite
+
+
+def test_export_refuses_an_agent_it_cannot_reproduce():
+    from relive.agents.export import deterministic_policy
+
+    class Residual:  # acts otherwise than any agent export knows
+        def act(self, obs, explore):
+            return obs
+
+    with pytest.raises(ValueError, match="cannot export"):
+        deterministic_policy(Residual())
+
+
+def test_a_ddqn_policy_exports_its_greedy_actions(tmp_path):
+    import torch
+
+    from relive.agents.ddqn import DDQN, DDQNConfig
+    from relive.agents.export import export_policy, load_safetensors_policy
+
+    agent = DDQN(4, 3, DDQNConfig(hidden=(16,)), seed=0)
+    obs = np.random.default_rng(1).normal(size=(50, 4)).astype(np.float32)
+    path = export_policy(agent, tmp_path / "q.safetensors", "safetensors", 4)
+    np.testing.assert_array_equal(load_safetensors_policy(path)(torch.as_tensor(obs)).numpy(),
+                                  agent.act(obs, explore=False))

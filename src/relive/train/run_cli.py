@@ -1,5 +1,6 @@
-"""After training: ``relive eval RUN_DIR`` (a run's saved agent on fresh episodes) and ``relive plot RUN_DIR...``
-(curves of several runs, mean and a bootstrap confidence band across the seeds of each configuration).
+"""After training: ``relive eval RUN_DIR`` (a run's saved agent on fresh episodes), ``relive export RUN_DIR`` (its
+deterministic policy as TorchScript, ONNX or safetensors) and ``relive plot RUN_DIR...`` (curves of several runs,
+mean and a bootstrap confidence band across the seeds of each configuration).
 
 Both only read the run directories they are given (config.json, agent_final/ or the last checkpoint, eval.csv,
 metrics.jsonl) and write only the file named by ``--out`` (refused over an existing file without ``--overwrite``).
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.agents.export import FORMATS, export_policy
 from relive.cli import non_negative_int, positive_int, refuse_overwrite
 from relive.config import ExperimentConfig, load_config
 from relive.envs import check_env_id, env_spec, make_env
@@ -39,6 +41,18 @@ def add_parsers(subparsers) -> None:
     ev.add_argument("--out", type=Path, help="also write the results as JSON here")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     ev.set_defaults(func=_eval)
+    ex = subparsers.add_parser("export", help="write a run's deterministic policy for deployment",
+                               description="The policy a run's agent acts with at evaluation (SAC / RLPD / Cal-QL: "
+                                           "the squashed mean; DDPG: the actor; DDQN: greedy in Q) as TorchScript, "
+                                           "ONNX or safetensors (numbers only; relive.agents.export."
+                                           "load_safetensors_policy rebuilds it); it reproduces the agent's "
+                                           "actions. Flat observations only.")
+    ex.add_argument("run_dir", type=Path)
+    ex.add_argument("--format", choices=FORMATS, required=True)
+    ex.add_argument("--out", type=Path, required=True, help="the file to write")
+    ex.add_argument("--checkpoint", action="store_true", help="the last checkpoint's agent (an unfinished run)")
+    ex.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    ex.set_defaults(func=_export)
     pl = subparsers.add_parser("plot", help="curves of several runs: mean and confidence band across seeds",
                                description="One curve per configuration (runs that differ only in their seed are "
                                            "one configuration): the mean over its runs and a 95%% bootstrap band "
@@ -64,9 +78,8 @@ def run_config(run_dir: Path) -> ExperimentConfig:
     return cfg
 
 
-def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu") -> dict:
-    """The run's agent on ``episodes`` episodes seeded ``seed, seed + 1, ...``: returns, successes and their
-    summary."""
+def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu"):
+    """(config, env, agent, where its state came from) of a run: ``agent_final/``, or the last checkpoint's."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
     if checkpoint:
@@ -81,6 +94,13 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
     env = make_env(cfg.env.id, cfg.env.max_episode_steps)
     agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), env_spec(env))
     agent.load_state_dict(state)
+    return cfg, env, agent, source
+
+
+def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu") -> dict:
+    """The run's agent on ``episodes`` episodes seeded ``seed, seed + 1, ...``: returns, successes and their
+    summary."""
+    cfg, env, agent, source = load_run_agent(run_dir, checkpoint, device)
     returns, successes = evaluate_episodes(env, agent, episodes, seed, success_key=cfg.env.success_key)
     env.close()
     out = {"run_dir": str(run_dir), "agent": source, "env": cfg.env.id, "episodes": episodes, "seed": seed,
@@ -104,6 +124,20 @@ def _eval(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(res, indent=1))
+    return 0
+
+
+# -- relive export ---------------------------------------------------------------------------------------------
+def _export(args: argparse.Namespace) -> int:
+    refuse_overwrite(args.out, args.overwrite)
+    cfg, env, agent, source = load_run_agent(args.run_dir, args.checkpoint)
+    spec = env_spec(env)
+    env.close()
+    if not isinstance(spec.obs_shape, tuple) or len(spec.obs_shape) != 1:
+        raise ValueError(f"{args.run_dir}: observations of shape {spec.obs_shape}: export takes flat observations")
+    path = export_policy(agent, args.out, args.format, spec.obs_shape[0])
+    print(f"wrote {path} ({args.format}): the deterministic policy of {args.run_dir} ({source}), obs "
+          f"[N, {spec.obs_shape[0]}] -> action")
     return 0
 
 

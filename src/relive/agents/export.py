@@ -1,0 +1,178 @@
+"""A trained agent's deterministic policy for deployment: a torch module obs [N, obs_dim] -> action, written as
+TorchScript, ONNX or safetensors (weights + what rebuilds the module), each reproducing the agent's
+``act(obs, explore=False)``.
+
+Which policy an agent acts with is read from what it acts with, conservatively: an agent whose ``act`` is SAC's
+(SAC, RLPD, Cal-QL) acts with its actor's squashed mean, one whose ``act`` is DDPG's with its deterministic actor,
+one whose ``act`` is DDQN's greedily in its Q-network. An agent that acts otherwise (a residual on a base policy,
+V-RACER, any plug-in) is refused by name rather than exported wrong; an agent may also declare its own
+``deterministic_policy() -> torch.nn.Module``. Flat observations only.
+
+Loading a TorchScript or ONNX file runs what it holds (load it only where you trust it: ``torch.jit.load``,
+``onnxruntime``); the safetensors form holds numbers only and :func:`load_safetensors_policy` rebuilds the module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from relive.agents import networks as nets
+from relive.agents.ddpg import DDPG, DeterministicActor
+from relive.agents.ddqn import DDQN
+from relive.agents.sac import SAC
+
+FORMATS = ("torchscript", "onnx", "safetensors")
+
+
+class SquashedMeanPolicy(nn.Module):
+    """SAC's evaluation action: center + scale * tanh(mu(s)), clipped to the box (``SAC.act(explore=False)``)."""
+
+    kind = "squashed_mean"
+
+    def __init__(self, trunk: nn.Sequential, action_dim: int, low, high):
+        super().__init__()
+        self.trunk, self.action_dim = trunk, int(action_dim)
+        low, high = nets.action_box(low, high, action_dim)
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+        self.register_buffer("scale", (self.high - self.low) / 2)
+        self.register_buffer("center", (self.high + self.low) / 2)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        mean = self.trunk(obs)[..., : self.action_dim]
+        return torch.minimum(torch.maximum(torch.tanh(mean) * self.scale + self.center, self.low), self.high)
+
+
+class DeterministicPolicy(nn.Module):
+    """DDPG's evaluation action: center + scale * tanh(f(s)), clipped to the box."""
+
+    kind = "deterministic"
+
+    def __init__(self, trunk: nn.Sequential, action_dim: int, low, high):
+        super().__init__()
+        self.trunk = trunk
+        low, high = nets.action_box(low, high, action_dim)
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+        self.register_buffer("scale", (self.high - self.low) / 2)
+        self.register_buffer("center", (self.high + self.low) / 2)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        a = self.center + self.scale * torch.tanh(self.trunk(obs))
+        return torch.minimum(torch.maximum(a, self.low), self.high)
+
+
+class GreedyPolicy(nn.Module):
+    """DDQN's evaluation action: argmax_a Q(s, a) (int64)."""
+
+    kind = "greedy"
+
+    def __init__(self, trunk: nn.Sequential):
+        super().__init__()
+        self.trunk = trunk
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.trunk(obs).argmax(dim=-1)
+
+
+def _copy_mlp(module: nn.Module) -> nn.Sequential:
+    """A CPU copy of a plain MLP (Linear / ReLU layers), refused otherwise (the safetensors form rebuilds these)."""
+    if not isinstance(module, nn.Sequential) or not all(isinstance(m, nn.Linear | nn.ReLU) for m in module):
+        raise ValueError(f"exporting a policy network of type {type(module).__name__} (not a plain MLP) is not "
+                         "supported")
+    linear = [m for m in module if isinstance(m, nn.Linear)]
+    copy = nets.mlp(linear[0].in_features, tuple(m.out_features for m in linear[:-1]), linear[-1].out_features)
+    copy.load_state_dict({k: v.detach().cpu() for k, v in module.state_dict().items()})
+    return copy.eval().requires_grad_(False)
+
+
+def deterministic_policy(agent) -> nn.Module:
+    """The module ``agent.act(obs, explore=False)`` computes, on CPU, in eval mode (see the module docstring)."""
+    own = getattr(agent, "deterministic_policy", None)
+    if callable(own):
+        return own().cpu().eval().requires_grad_(False)
+    act = getattr(type(agent), "act", None)
+    name = type(agent).__name__
+    if act is SAC.act and isinstance(agent.actor, nets.TanhGaussianActor) and hasattr(agent.actor, "trunk"):
+        low, high = agent.action_low, agent.action_high
+        return SquashedMeanPolicy(_copy_mlp(agent.actor.trunk), agent.action_dim, low, high).eval()
+    if act is DDPG.act and isinstance(agent.actor, DeterministicActor):
+        return DeterministicPolicy(_copy_mlp(agent.actor.net), agent.action_dim, agent.action_low,
+                                   agent.action_high).eval()
+    if act is DDQN.act:
+        return GreedyPolicy(_copy_mlp(agent.q)).eval()
+    raise ValueError(f"agent {name} acts in a way relive cannot export as one network (a residual on a base policy, "
+                     "a recurrent or plug-in agent): give it a deterministic_policy() method returning the module")
+
+
+def export_policy(agent, path: str | Path, fmt: str, obs_dim: int) -> Path:
+    """Write ``agent``'s deterministic policy to ``path`` as ``fmt`` (torchscript | onnx | safetensors)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    policy = deterministic_policy(agent)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    example = torch.zeros(2, int(obs_dim))
+    with torch.no_grad():
+        if fmt == "torchscript":
+            torch.jit.save(torch.jit.trace(policy, example), str(path))
+        elif fmt == "onnx":
+            import warnings
+
+            with warnings.catch_warnings():  # (the TorchScript-based exporter: no onnxscript needed)
+                warnings.simplefilter("ignore")
+                torch.onnx.export(policy, (example,), str(path), input_names=["obs"], output_names=["action"],
+                                  dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+        else:
+            from safetensors.torch import save_file
+
+            layers = [m.out_features for m in policy.trunk if isinstance(m, nn.Linear)]
+            meta = {"kind": policy.kind, "obs_dim": int(obs_dim), "hidden": layers[:-1], "out": layers[-1]}
+            if policy.kind != "greedy":
+                meta |= {"action_dim": int(policy.low.numel()), "low": policy.low.tolist(),
+                         "high": policy.high.tolist()}
+            save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(path),
+                      metadata={"relive_policy": json.dumps(meta)})
+    return path
+
+
+def load_safetensors_policy(path: str | Path) -> nn.Module:
+    """Rebuild a policy written by ``export_policy(..., "safetensors")``: numbers only (no code is loaded); the
+    declared sizes are checked against the tensors before the module is filled."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        raw = (f.metadata() or {}).get("relive_policy")
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has keys(), no iteration)
+    if raw is None:
+        raise ValueError(f"{path}: not a policy written by relive export (no 'relive_policy' metadata)")
+    try:
+        meta = json.loads(raw)
+        kind, obs_dim, hidden, out = meta["kind"], int(meta["obs_dim"]), tuple(int(h) for h in meta["hidden"]), \
+            int(meta["out"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: malformed 'relive_policy' metadata ({e})") from None
+    if not (0 < obs_dim <= 1 << 20 and 0 < out <= 1 << 20 and len(hidden) <= 64
+            and all(0 < h <= 1 << 16 for h in hidden)):
+        raise ValueError(f"{path}: declared sizes out of range")
+    trunk = nets.mlp(obs_dim, hidden, out)
+    policy: nn.Module
+    if kind == "greedy":
+        policy = GreedyPolicy(trunk)
+    elif kind in ("squashed_mean", "deterministic"):
+        low, high = np.asarray(meta["low"], np.float32), np.asarray(meta["high"], np.float32)
+        cls = SquashedMeanPolicy if kind == "squashed_mean" else DeterministicPolicy
+        policy = cls(trunk, int(meta["action_dim"]), low, high)
+    else:
+        raise ValueError(f"{path}: unknown policy kind {kind!r}")
+    expect = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in tensors.items()}
+    if expect != got:
+        raise ValueError(f"{path}: its tensors {got} do not match the declared policy {expect}")
+    policy.load_state_dict(tensors)
+    return policy.eval()
