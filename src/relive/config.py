@@ -71,7 +71,7 @@ MAX_NUM_ENVS = 1024  # env.num_envs above this is refused (each env is a replay 
 
 @dataclass(frozen=True)
 class EnvConfig:
-    id: str = "Pendulum-v1"  # Gymnasium environment id
+    id: str = "Pendulum-v1"  # Gymnasium environment id; "": none (offline only from --dataset, no --env given)
     max_episode_steps: int | None = None  # override the registered time limit
     success_return: float | None = None  # evaluations also log eval/success_rate = share of returns >= this
     # or: eval/success_rate = share of evaluation episodes where info[success_key] was true at some step (the
@@ -90,8 +90,9 @@ class EnvConfig:
     vector_mode: str = "sync"  # num_envs > 1: "sync" (SyncVectorEnv, one process) or "async" (a subprocess per env)
 
     def __post_init__(self):
-        if not self.id:
-            raise ValueError("env.id must name a Gymnasium environment, e.g. 'Pendulum-v1'")
+        if not isinstance(self.id, str):
+            raise ValueError(f"env.id must name a Gymnasium environment, e.g. 'Pendulum-v1' (or be '' for an "
+                             f"offline-only run from a dataset), got {self.id!r}")
         if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, int) or self.num_envs < 1:
             raise ValueError(f"env.num_envs must be an integer >= 1, got {self.num_envs!r}")
         if self.num_envs > MAX_NUM_ENVS:

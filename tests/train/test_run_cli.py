@@ -125,3 +125,38 @@ def test_a_ddqn_policy_exports_its_greedy_actions(tmp_path):
     path = export_policy(agent, tmp_path / "q.safetensors", "safetensors", 4)
     np.testing.assert_array_equal(load_safetensors_policy(path)(torch.as_tensor(obs)).numpy(),
                                   agent.act(obs, explore=False))
+
+
+def test_offline_only_from_a_dataset_without_an_environment(tmp_path, capsys):
+    """Issue 31 item 5: `relive train calql --dataset D --offline-steps N --online-steps 0` without --env (real-robot
+    data): the spec from the dataset, evaluation skipped with a note, the policy exported and acting in the
+    dataset's action range."""
+    import torch
+
+    from relive.agents.export import load_safetensors_policy
+    from relive.data.npz_io import save_dataset
+    from relive.train.collector import collect_dataset
+
+    rows = collect_dataset("Pendulum-v1", 400, seed=0)
+    data = save_dataset(tmp_path / "robot.npz", rows)  # (no env id recorded: a robot's log)
+    run = tmp_path / "offline"
+    assert main(["train", "calql", "--dataset", str(data), "--offline-steps", "40", "--online-steps", "0",
+                 "--batch-size", "32", "--set", "agent.hidden=[16,16]", "--no-progress", "--run-dir", str(run)]) == 0
+    assert "no environment (offline only" in capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["env"]["id"] == ""
+    assert json.loads((run / "summary.json").read_text())["num_grad_steps"] == 40
+    out = tmp_path / "p.safetensors"
+    assert main(["export", str(run), "--format", "safetensors", "--out", str(out)]) == 0
+    actions = load_safetensors_policy(out)(torch.as_tensor(rows["obs"][:20], dtype=torch.float32)).numpy()
+    assert actions.shape == (20, 1) and (np.abs(actions) <= np.abs(rows["action"]).max() + 1e-6).all()
+    assert main(["eval", str(run)]) == 2 and "without an environment" in capsys.readouterr().err
+    # online steps need an environment: refused, naming the option
+    import dataclasses
+
+    from relive.train.trainer import dataset_spec
+
+    cfg = run_config(run)
+    online = dataclasses.replace(cfg, schedule=dataclasses.replace(cfg.schedule, num_online_env_steps=100))
+    with pytest.raises(ValueError, match="--online-steps 0"):
+        dataset_spec(online)
+    assert dataset_spec(cfg).action_shape == (1,)

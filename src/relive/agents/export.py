@@ -175,4 +175,4 @@ def load_safetensors_policy(path: str | Path) -> nn.Module:
     if expect != got:
         raise ValueError(f"{path}: its tensors {got} do not match the declared policy {expect}")
     policy.load_state_dict(tensors)
-    return policy.eval()
+    return policy.eval().requires_grad_(False)

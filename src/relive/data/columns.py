@@ -98,3 +98,28 @@ def check_env_spaces(rows: dict, env_id: str, where: str) -> None:
         row = int(np.argwhere(bad)[0][0])
         raise ValueError(f"{where}: action row {row} {act[row]} is outside {env_id}'s action space "
                          f"[{spec.action_low}, {spec.action_high}]")
+
+
+def spec_from_rows(rows: dict, where: str):
+    """An environment spec read from a dataset alone (an offline-only run without an environment: real-robot data):
+    the observation and action shapes of its columns; integer actions are discrete (``max + 1`` actions), float
+    actions continuous with the box spanned by the dataset's own actions (per dimension; a dimension that never
+    varies gets +-1 around its value), since a dataset records no bounds every format has."""
+    from relive.envs import EnvSpec  # (gymnasium: imported where a spec is made)
+
+    obs = rows["obs"]
+    if isinstance(obs, dict):
+        raise ValueError(f"{where}: dict observations without an environment are not supported (give --env)")
+    obs_shape = tuple(np.asarray(obs).shape[1:])
+    actions = np.asarray(rows["action"])
+    if actions.dtype.kind in "iu":
+        if actions.ndim != 1 or actions.min() < 0:
+            raise ValueError(f"{where}: integer actions must be one non-negative index per row")
+        n = int(actions.max()) + 1
+        return EnvSpec("", obs_shape, True, (), max(n, 2), None, None, None)
+    actions = actions.reshape(len(actions), -1).astype(np.float32)
+    low, high = actions.min(axis=0), actions.max(axis=0)
+    flat = high <= low
+    low, high = np.where(flat, low - 1, low), np.where(flat, high + 1, high)
+    return EnvSpec("", obs_shape, False, tuple(np.asarray(rows["action"]).shape[1:]), 0, low.astype(np.float32),
+                   high.astype(np.float32), None)

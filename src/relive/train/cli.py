@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import math
 import textwrap
@@ -210,7 +211,11 @@ def config_from_args(args: argparse.Namespace):
             raise ValueError(f"--offline-fraction: replay {cfg.replay.name!r} has no offline/online split (use a "
                              f"mixing replay such as symmetric or symmetric_per)")
         cfg = override(cfg, [f"replay.{cfg.replay.name}.offline_fraction={args.offline_fraction}"])
-    return override(cfg, list(args.set))
+    cfg = override(cfg, list(args.set))
+    if getattr(args, "env", None) is None and cfg.data.dataset and not cfg.schedule.num_online_env_steps \
+            and not any(s.startswith("env.id=") for s in args.set):  # offline only, without an environment
+        cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, id=""))
+    return cfg
 
 
 def utd_settings(cfg, utd: int) -> list[str]:

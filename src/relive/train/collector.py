@@ -277,3 +277,23 @@ def _concat(parts: list):
     if isinstance(parts[0], dict):
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return np.concatenate(parts)
+
+
+class NoCollector:
+    """An offline-only run without an environment (``env.id = ""``): nothing to step; the loop's collector interface
+    with nothing collected."""
+
+    num_envs = 1
+    num_unstored_steps = 0
+    can_checkpoint = True
+    resumed = False
+
+    def __init__(self):
+        self.finished_returns: list[float] = []
+        self.on_episode_start = None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -98,7 +98,7 @@ def checkpoint(run: Run) -> None:
     tree = {"agent": run.agent.state_dict(), "buffer": run.buffer.state_dict(),
             "collector": run.collector.state_dict(), "loop": asdict(run.state),
             "warmup_rng": run.warmup_rng.bit_generator.state}
-    if run.cfg.run.eval_fresh_starts:  # the next evaluation's start states
+    if run.cfg.run.eval_fresh_starts and run.eval_env is not None:  # the next evaluation's start states
         tree["eval_rng"] = run.eval_env.unwrapped.np_random.bit_generator.state
     save_checkpoint(run.run_dir, tree, config=run.cfg.to_dict())  # (resume compares config.json with it)
 
@@ -405,8 +405,11 @@ def due_evaluation(run: Run) -> dict | None:
 def evaluation(run: Run) -> dict:
     st, rc = run.state, run.cfg.run
     seed = None if rc.eval_fresh_starts else run.eval_seed  # None: new start states (the stream continues)
-    returns, successes = evaluate_episodes(run.eval_env, run.agent, rc.eval_episodes, seed=seed,
-                                           success_key=run.cfg.env.success_key)
+    if run.eval_env is None:  # an offline-only run without an environment: nothing to evaluate on (NaN rows)
+        returns, successes = np.full(1, math.nan), None
+    else:
+        returns, successes = evaluate_episodes(run.eval_env, run.agent, rc.eval_episodes, seed=seed,
+                                               success_key=run.cfg.env.success_key)
     mean = float(returns.mean())
     st.best_return = max(st.best_return, mean)
     frac = float(st.online_share_sum) / st.online_share_batches if st.online_share_batches else math.nan

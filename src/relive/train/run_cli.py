@@ -74,7 +74,8 @@ def run_config(run_dir: Path) -> ExperimentConfig:
         cfg = load_config(path)
     except (TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{path} is not a relive configuration ({type(e).__name__}: {e})") from None
-    check_env_id(cfg.env.id)  # (an env id from a file never imports a module)
+    if cfg.env.id:
+        check_env_id(cfg.env.id)  # (an env id from a file never imports a module)
     return cfg
 
 
@@ -91,16 +92,25 @@ def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu")
             raise ValueError(f"{run_dir} has no agent_final/ (the run has not finished): evaluate its last "
                              "checkpoint's agent with --checkpoint")
         state, source = load_tree(run_dir / "agent_final", kind="agent"), "agent_final"
-    env = make_env(cfg.env.id, cfg.env.max_episode_steps)
-    agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), env_spec(env))
+    if not cfg.env.id:  # an offline-only run without an environment: its spec from its dataset
+        from relive.train.trainer import dataset_spec
+
+        env, spec = None, dataset_spec(cfg)
+    else:
+        env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+        spec = env_spec(env)
+    agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), spec)
     agent.load_state_dict(state)
-    return cfg, env, agent, source
+    return cfg, env, spec, agent, source
 
 
 def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu") -> dict:
     """The run's agent on ``episodes`` episodes seeded ``seed, seed + 1, ...``: returns, successes and their
     summary."""
-    cfg, env, agent, source = load_run_agent(run_dir, checkpoint, device)
+    cfg, env, _, agent, source = load_run_agent(run_dir, checkpoint, device)
+    if env is None:
+        raise ValueError(f"{run_dir} trained without an environment (offline only): nothing to evaluate it on; "
+                         "`relive export` writes its policy")
     returns, successes = evaluate_episodes(env, agent, episodes, seed, success_key=cfg.env.success_key)
     env.close()
     out = {"run_dir": str(run_dir), "agent": source, "env": cfg.env.id, "episodes": episodes, "seed": seed,
@@ -130,9 +140,9 @@ def _eval(args: argparse.Namespace) -> int:
 # -- relive export ---------------------------------------------------------------------------------------------
 def _export(args: argparse.Namespace) -> int:
     refuse_overwrite(args.out, args.overwrite)
-    cfg, env, agent, source = load_run_agent(args.run_dir, args.checkpoint)
-    spec = env_spec(env)
-    env.close()
+    cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint)
+    if env is not None:
+        env.close()
     if not isinstance(spec.obs_shape, tuple) or len(spec.obs_shape) != 1:
         raise ValueError(f"{args.run_dir}: observations of shape {spec.obs_shape}: export takes flat observations")
     path = export_policy(agent, args.out, args.format, spec.obs_shape[0])

@@ -33,6 +33,7 @@ import torch
 
 from relive import hooks as H
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
+from relive.data.columns import spec_from_rows
 from relive.data.loaders import fill_offline, load_rows
 from relive.envs import env_spec, make_env, make_vector_env
 from relive.files import DirectoryLock, LockedError, write_text_atomic
@@ -41,7 +42,7 @@ from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
-from relive.train.collector import Collector, VectorCollector
+from relive.train.collector import Collector, NoCollector, VectorCollector
 from relive.train.logging import RunLogger
 from relive.train.loop import (
     LoopState,
@@ -283,13 +284,17 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     _check_run_config(cfg, allow_other_base)
     torch.set_num_threads(cfg.run.num_threads)
     retain_freed_memory()  # no page faults on every update's activations (see the function)
-    eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
     num_envs, remote = cfg.env.num_envs, cfg.collectors.num > 0
-    env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else make_vector_env(
-        cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps)
-    if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
-        eval_env.reset(seed=_int(seeds["eval"]))
-    spec = env_spec(eval_env)
+    if not cfg.env.id:  # offline only, from a dataset, without an environment (real-robot data)
+        eval_env = env = None
+        spec = dataset_spec(cfg)
+    else:
+        eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+        env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else \
+            make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps)
+        if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
+            eval_env.reset(seed=_int(seeds["eval"]))
+        spec = env_spec(eval_env)
     agent = build_agent(cfg, spec, seeds["agent"])
     if allow_other_base:  # (checked by the agent's load_state_dict: resume and run.init_from)
         agent.allow_other_base = True
@@ -308,6 +313,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if remote:  # Ray collectors step the envs (relive.train.ray_collectors, which imports Ray only now)
         check_agent(agent)
         collector = RayCollectors(cfg, _int(seeds["env"]))
+    elif env is None:
+        collector = NoCollector()
     else:
         collector = (Collector if num_envs == 1 else VectorCollector)(env, spec, _int(seeds["env"]),
                                                                       record_columns=columns)
@@ -318,6 +325,9 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if resume_dir is None:  # everything is built: only now does the directory become a run
         _create_run_dir(cfg, run_dir, held, env)
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    if eval_env is None:
+        logger.print("no environment (offline only, from the dataset; action bounds from its actions): evaluation "
+                     "skipped (eval rows are NaN); export the trained policy with `relive export RUN_DIR`")
     if 0 < s.num_online_env_steps <= s.num_warmup_env_steps:  # gradient steps start once the stored rows pass it
         logger.print(f"warning: {s.num_online_env_steps} online env steps do not exceed the warm-up of "
                      f"{s.num_warmup_env_steps} (--warmup): the online phase makes no gradient step; raise "
@@ -346,6 +356,18 @@ def _open_resumed_run(run_dir: Path, resume_settings: Sequence[str],
         tree = load_checkpoint(run_dir)
         _check_checkpoint_config(run_dir, tree, saved)
     return run_dir, saved, cfg, tree
+
+
+def dataset_spec(cfg: ExperimentConfig):
+    """An offline-only run without an environment: the spec read from its dataset (``spec_from_rows``), which must
+    exist and be the run's only data; nothing online, no evaluation."""
+    s = cfg.schedule
+    if not cfg.data.dataset:
+        raise ValueError("a run without an environment (no --env) trains offline from a dataset: give --dataset")
+    if s.num_online_env_steps or cfg.collectors.num or cfg.env.num_envs > 1:
+        raise ValueError("a run without an environment (no --env) is offline only: --online-steps 0, no collectors "
+                         "or vector envs")
+    return spec_from_rows(load_rows(cfg.data.dataset)[0], str(cfg.data.dataset))
 
 
 def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
