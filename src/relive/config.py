@@ -93,6 +93,10 @@ class EnvConfig:
         if not isinstance(self.id, str):
             raise ValueError(f"env.id must name a Gymnasium environment, e.g. 'Pendulum-v1' (or be '' for an "
                              f"offline-only run from a dataset), got {self.id!r}")
+        if ":" in self.id:  # (gym.make would import the module: relive.envs.check_env_id, here at once)
+            raise ValueError(f"env.id: environment id {self.id!r} names a module to import "
+                             f"({self.id.split(':', 1)[0]!r}): relive never imports code named by an environment id; "
+                             "register the environment in your own code (gymnasium.register) and pass its plain id")
         if isinstance(self.num_envs, bool) or not isinstance(self.num_envs, int) or self.num_envs < 1:
             raise ValueError(f"env.num_envs must be an integer >= 1, got {self.num_envs!r}")
         if self.num_envs > MAX_NUM_ENVS:

@@ -73,7 +73,7 @@ def test_replay_names_build_their_samplers(name, kind):
     ("schedule.num_online_env_steps=-1", "step counts"), ("schedule.warmup_policy=\"expert\"", "warmup_policy"),
     ("run.eval_episodes=0", "eval_episodes"), ("run.device=\"tpu\"", "run.device"),
     ("run.checkpoint_every_offline_grad_steps=0", "checkpoint_every_offline"),
-    ("env.id=\"\"", "env.id"), ("env.max_episode_steps=0", "max_episode_steps"),
+    ("env.id=\"os:Env-v0\"", "env.id"), ("env.max_episode_steps=0", "max_episode_steps"),
     ("data.discount=1.5", "data.discount"), ("data.ref_min_return=10", "ref_min_return"),
     ("agent.num_min_qs=3", "num_min_qs"), ("schedule.utd_ratio=0", "utd_ratio"),
     ("agent_kind.x=1", "unknown setting"), ("agent.utd_ratio=5", "schedule.utd_ratio"),
