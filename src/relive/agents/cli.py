@@ -103,6 +103,10 @@ def add_parsers(subparsers) -> None:
     c.add_argument("--out", required=True, help="the dataset file to write (.npz; never overwritten)")
     c.add_argument("--success-return", type=float, help="success = episode return >= this (tasks without "
                    "info['success'])")
+    c.add_argument("--success-key", help="success = the task's own info[KEY] (e.g. is_success for Fetch; a "
+                   "training run's env.success_key)")
+    c.add_argument("--success-at", choices=("any", "last"), default="any", help="with --success-key: true at some "
+                   "step of the episode (any, default) or at its last step (last: Fetch)")
     c.add_argument("--seed", type=int, default=0, help="first reset seed (default 0)")
     c.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     c.set_defaults(func=run_collect)
@@ -112,7 +116,8 @@ def run_collect(args: argparse.Namespace) -> int:
     if not args.out.endswith(".npz"):
         raise ValueError(f"--out must be a .npz file, got {args.out!r}")
     stats = collect_successes(args.base, args.env, args.episodes, args.out, seed=args.seed,
-                              success_return=args.success_return, trusted=args.trust_code)
+                              success_return=args.success_return, trusted=args.trust_code,
+                              success_key=args.success_key, success_at=args.success_at)
     print(f"base success rate {stats['success_rate']:.2f} ({stats['successes']}/{stats['episodes']} episodes); "
           f"{stats['rows']} rows of successful episodes -> {stats['out']}")
     return 0

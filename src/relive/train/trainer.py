@@ -41,12 +41,13 @@ import torch
 from relive import hooks as H
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
 from relive.data.loaders import fill_offline, load_rows
-from relive.envs import env_spec, make_env, make_vector_env, num_obs, random_actions
+from relive.envs import env_spec, goal_functions, make_env, make_vector_env, num_obs, random_actions
 from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
+from relive.replay.samplers.her import HindsightSampler
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config, save_checkpoint
 from relive.train.collector import Collector, VectorCollector
 from relive.train.evaluation import evaluate_episodes, normalized_score
@@ -133,13 +134,32 @@ def _int(ss: np.random.SeedSequence) -> int:
     return int(ss.generate_state(1)[0] % 2**31)
 
 
-def build_sampler(cfg: ExperimentConfig, seed: np.random.SeedSequence | None = None):
-    """The registered replay strategy ``cfg.replay.name`` built with its options."""
+def build_sampler(cfg: ExperimentConfig, seed: np.random.SeedSequence | None = None, env=None):
+    """The registered replay strategy ``cfg.replay.name`` built with its options; with ``her.enabled``, wrapped in
+    a :class:`HindsightSampler` with the goal functions of ``env`` (:func:`hindsight_sampler`)."""
     s = cfg.schedule
     ctx = ReplayBuild(total_grad_steps=s.num_offline_grad_steps + online_grad_steps(s),
                       env_steps_per_chunk=s.env_steps_per_chunk,
                       seed=seed if seed is not None else seed_streams(cfg.run.seed)["sampler"])
-    return replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
+    sampler = replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
+    return hindsight_sampler(cfg, sampler, env) if cfg.her.enabled else sampler
+
+
+def hindsight_sampler(cfg: ExperimentConfig, inner, env) -> HindsightSampler:
+    """HER over the configured sampler (``her.k``, ``her.strategy``): rewards from ``env``'s vectorized
+    ``compute_reward``, ``terminated`` recomputed where reaching the goal ends an episode (``envs.goal_functions``).
+    ``env``: made with ``keep_goal_dict=True``; any non-goal env is a ValueError naming it."""
+    if env is None:
+        raise ValueError("her.enabled: the HindsightSampler needs the env (its compute_reward)")
+    reward_fn, success_fn = goal_functions(env)
+    return HindsightSampler(inner, cfg.her.strategy, cfg.her.k, reward_fn,
+                            terminate_on_success=success_fn is not None, success_fn=success_fn)
+
+
+def reattach_goal_functions(run: Run) -> None:
+    """A resumed buffer's HindsightSampler gets its reward / success functions again (code is not saved)."""
+    if isinstance(run.buffer.sampler, HindsightSampler):
+        run.buffer.sampler.set_reward_fn(*goal_functions(run.eval_env))
 
 
 def build_agent(cfg: ExperimentConfig, spec, seed: np.random.SeedSequence | None = None):
@@ -319,10 +339,11 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     _check_run_config(cfg, allow_other_base)
     torch.set_num_threads(cfg.run.num_threads)
     retain_freed_memory()  # no page faults on every update's activations (see the function)
-    eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+    goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts stored as columns, relabeled at sample time
+    eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, **goal)
     num_envs, remote = cfg.env.num_envs, cfg.collectors.num > 0
-    env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else make_vector_env(
-        cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps)
+    env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps, **goal) if num_envs == 1 else \
+        make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps, **goal)
     if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
         eval_env.reset(seed=_int(seeds["eval"]))
     spec = env_spec(eval_env)
@@ -332,7 +353,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if wrap_agent is not None:
         agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
-    buffer = _new_buffer(cfg, spec, columns, seeds)
+    buffer = _new_buffer(cfg, spec, columns, seeds, eval_env)
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
                       next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
@@ -390,9 +411,9 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
         raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
 
 
-def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuffer:
+def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds, env) -> ReplayBuffer:
     return ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
-                        sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
+                        sampler=build_sampler(cfg, seeds["sampler"], env), seed=_int(seeds["buffer"]),
                         action_dtype=np.int64 if spec.discrete else np.float32,
                         extra_columns={c.name: c.spec for c in columns} or None,
                         # the agent's n-step TD targets: the buffer sums the returns at sample time
@@ -451,6 +472,7 @@ def _continue_resumed_run(run: Run, tree: dict | None, saved: ExperimentConfig, 
     """A resumed run takes its checkpoint (the checkpoint's buffer replaces the new one: hooks are collected from
     it), records settings that changed, and ends the episodes its envs were in when it stopped."""
     _resume(run, tree)
+    reattach_goal_functions(run)
     if run.cfg != saved:  # resumed where or how it runs differently: from now on its config says so
         save_config(run.cfg, run.run_dir / "config.json")
         run.logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, run.cfg)))
@@ -844,7 +866,7 @@ def evaluation(run: Run) -> dict:
     st, rc = run.state, run.cfg.run
     seed = None if rc.eval_fresh_starts else run.eval_seed  # None: new start states (the stream continues)
     returns, successes = evaluate_episodes(run.eval_env, run.agent, rc.eval_episodes, seed=seed,
-                                           success_key=run.cfg.env.success_key)
+                                           success_key=run.cfg.env.success_key, success_at=run.cfg.env.success_at)
     mean = float(returns.mean())
     st.best_return = max(st.best_return, mean)
     frac = float(st.online_share_sum) / st.online_share_batches if st.online_share_batches else math.nan
