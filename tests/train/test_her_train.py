@@ -22,6 +22,7 @@ from relive.train.evaluation import evaluate_episodes
 from relive.train.trainer import train
 from relive.types import unpack_acted
 from tests.train.test_success_key import FlagEnv, ZeroAgent
+from tests.train.test_ray_collectors import local_ray  # noqa: F401  (a fixture: one local Ray)
 from tests.train.test_trainer import SimulatedKill, cfg_for, kill_at
 
 
@@ -229,3 +230,16 @@ def test_sac_her_learns_a_sparse_goal_task_that_sac_without_relabeling_does_not(
                             "--batch-size", "64", "--eval-episodes", "20", "--no-progress")
         rates[k] = eval_rows(run_dir)[-1]["eval/success_rate"]
     assert rates[4] >= 0.7 and rates[0] <= 0.4 and rates[4] > rates[0] + 0.3, rates
+
+
+def test_sac_her_with_ray_collectors_on_an_episodic_maze(local_ray, tmp_path):
+    """2 Ray collectors step PointMaze (mujoco 4 runs it; the collectors make their envs with the goal dicts the
+    learner's buffer stores); reaching the goal ends a maze episode, so relabeled rows get terminated recomputed."""
+    pytest.importorskip("gymnasium_robotics")
+    run_dir = cli_train(tmp_path, "r", "sac_her", "--env", "PointMaze_UMaze-v3", "--collectors", "2",
+                        "--online-steps", "200", "--warmup", "100", "--eval-every", "200", "--set",
+                        "env.max_episode_steps=50", "--set", "env.success_key=success", "--set", "env.success_at=any",
+                        "--set", "collectors.chunk_env_steps=50", *SMALL)
+    assert eval_rows(run_dir)[-1]["env_step"] == 200
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["num_online_env_steps"] == 200

@@ -52,7 +52,7 @@ import torch
 from relive import hooks as H
 from relive.agents import networks as nets
 from relive.config import config_from_dict
-from relive.envs import env_spec, make_env, make_vector_env
+from relive.envs import env_spec, make_env, make_vector_env, num_obs
 from relive.envs import random_actions as uniform
 from relive.registry import agent_entry
 from relive.train.collector import Collector, VectorCollector
@@ -164,7 +164,7 @@ class CollectorWorker:
 
         def policy(obs):
             if random_actions:
-                return uniform(self.spec, obs.shape[0], self.random)
+                return uniform(self.spec, num_obs(obs), self.random)  # (dict observations too)
             return self.agent.act(obs, explore=True)
 
         c = self.collector
