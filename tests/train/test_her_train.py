@@ -243,3 +243,27 @@ def test_sac_her_with_ray_collectors_on_an_episodic_maze(local_ray, tmp_path):
     assert eval_rows(run_dir)[-1]["env_step"] == 200
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["num_online_env_steps"] == 200
+
+
+class PassingFlagEnv(FlagEnv):
+    """FlagEnv (is_success true at step 3 of 6 only) with a 2-D observation box and a [-1, 1] action."""
+
+    def __init__(self):
+        super().__init__(3)
+
+
+gym.register("RelivePassingFlag-v0", entry_point=PassingFlagEnv)
+
+
+def test_pld_collect_reads_the_success_key_at_the_chosen_step(tmp_path):
+    # an episode that passes the goal (is_success at step 3) and leaves it: kept with --success-at any, not with last
+    from relive.agents.bc import BCConfig, new_policy, save_bc_policy
+    from relive.data.npz_io import load_dataset
+
+    base = save_bc_policy(tmp_path / "base", new_policy(2, 1, [-1.0], [1.0], BCConfig(hidden=(8,)), seed=0), {})
+    args = ["pld", "collect", "--base", str(base), "--env", "RelivePassingFlag-v0", "--episodes", "2",
+            "--success-key", "is_success"]
+    assert main([*args, "--out", str(tmp_path / "any.npz")]) == 0
+    assert load_dataset(tmp_path / "any.npz")[1]["success_rate"] == 1.0
+    with pytest.raises(ValueError, match="succeeded in none of 2 episodes"):
+        main(["--debug", *args, "--success-at", "last", "--out", str(tmp_path / "last.npz")])
