@@ -180,7 +180,8 @@ def test_sac_her_on_a_non_goal_env_is_a_clear_error_and_writes_nothing(tmp_path)
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("preset, extra", [("sac_her", ["--num-envs", "2"]), ("ddpg_her", ["--chunk", "30"])])
+@pytest.mark.parametrize("preset, extra", [("sac_her", ["--num-envs", "2"]), ("sac_her", ["--replay", "per"]),
+                                           ("ddpg_her", ["--chunk", "30"])])
 def test_the_her_presets_train_from_the_cli(tmp_path, preset, extra):
     run_dir = cli_train(tmp_path, "r", preset, "--env", GOAL_ENV, "--online-steps", "120", "--warmup", "40",
                         "--eval-every", "60", *extra, *SMALL)

@@ -134,32 +134,26 @@ def _int(ss: np.random.SeedSequence) -> int:
     return int(ss.generate_state(1)[0] % 2**31)
 
 
-def build_sampler(cfg: ExperimentConfig, seed: np.random.SeedSequence | None = None, env=None):
+def build_sampler(cfg: ExperimentConfig, seed: np.random.SeedSequence | None = None):
     """The registered replay strategy ``cfg.replay.name`` built with its options; with ``her.enabled``, wrapped in
-    a :class:`HindsightSampler` with the goal functions of ``env`` (:func:`hindsight_sampler`)."""
+    a :class:`HindsightSampler` (``her.k``, ``her.strategy``; its goal functions: :func:`attach_goal_functions`)."""
     s = cfg.schedule
     ctx = ReplayBuild(total_grad_steps=s.num_offline_grad_steps + online_grad_steps(s),
                       env_steps_per_chunk=s.env_steps_per_chunk,
                       seed=seed if seed is not None else seed_streams(cfg.run.seed)["sampler"])
     sampler = replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
-    return hindsight_sampler(cfg, sampler, env) if cfg.her.enabled else sampler
+    return HindsightSampler(sampler, cfg.her.strategy, cfg.her.k) if cfg.her.enabled else sampler
 
 
-def hindsight_sampler(cfg: ExperimentConfig, inner, env) -> HindsightSampler:
-    """HER over the configured sampler (``her.k``, ``her.strategy``): rewards from ``env``'s vectorized
-    ``compute_reward``, ``terminated`` recomputed where reaching the goal ends an episode (``envs.goal_functions``).
-    ``env``: made with ``keep_goal_dict=True``; any non-goal env is a ValueError naming it."""
-    if env is None:
-        raise ValueError("her.enabled: the HindsightSampler needs the env (its compute_reward)")
-    reward_fn, success_fn = goal_functions(env)
-    return HindsightSampler(inner, cfg.her.strategy, cfg.her.k, reward_fn,
-                            terminate_on_success=success_fn is not None, success_fn=success_fn)
-
-
-def reattach_goal_functions(run: Run) -> None:
-    """A resumed buffer's HindsightSampler gets its reward / success functions again (code is not saved)."""
-    if isinstance(run.buffer.sampler, HindsightSampler):
-        run.buffer.sampler.set_reward_fn(*goal_functions(run.eval_env))
+def attach_goal_functions(buffer: ReplayBuffer, env) -> None:
+    """A HindsightSampler's functions from the run's env (``envs.goal_functions``: a non-goal env is a ValueError
+    naming it): rewards from its vectorized ``compute_reward``; ``terminated`` recomputed where reaching the goal ends
+    an episode. For a new run and again for a resumed one (functions are code: checkpoints do not hold them)."""
+    sampler = buffer.sampler
+    if isinstance(sampler, HindsightSampler):
+        reward_fn, success_fn = goal_functions(env)
+        sampler.terminate_on_success = success_fn is not None
+        sampler.set_reward_fn(reward_fn, success_fn)
 
 
 def build_agent(cfg: ExperimentConfig, spec, seed: np.random.SeedSequence | None = None):
@@ -353,7 +347,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if wrap_agent is not None:
         agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
-    buffer = _new_buffer(cfg, spec, columns, seeds, eval_env)
+    buffer = _new_buffer(cfg, spec, columns, seeds)
+    attach_goal_functions(buffer, eval_env)  # HER (her.enabled): the task's reward function
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
                       next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
@@ -411,9 +406,9 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
         raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
 
 
-def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds, env) -> ReplayBuffer:
+def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuffer:
     return ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
-                        sampler=build_sampler(cfg, seeds["sampler"], env), seed=_int(seeds["buffer"]),
+                        sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
                         action_dtype=np.int64 if spec.discrete else np.float32,
                         extra_columns={c.name: c.spec for c in columns} or None,
                         # the agent's n-step TD targets: the buffer sums the returns at sample time
@@ -472,7 +467,7 @@ def _continue_resumed_run(run: Run, tree: dict | None, saved: ExperimentConfig, 
     """A resumed run takes its checkpoint (the checkpoint's buffer replaces the new one: hooks are collected from
     it), records settings that changed, and ends the episodes its envs were in when it stopped."""
     _resume(run, tree)
-    reattach_goal_functions(run)
+    attach_goal_functions(run.buffer, run.eval_env)  # (HER: functions are not in checkpoints)
     if run.cfg != saved:  # resumed where or how it runs differently: from now on its config says so
         save_config(run.cfg, run.run_dir / "config.json")
         run.logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, run.cfg)))
