@@ -17,12 +17,11 @@ from relive.cli import main
 from relive.config import EnvConfig, HERConfig, override
 from relive.envs import InfoKeySuccess, env_spec, goal_functions, make_env
 from relive.presets import get_preset
-from relive.replay.samplers.her import HindsightSampler
 from relive.train.evaluation import evaluate_episodes
 from relive.train.trainer import train
 from relive.types import unpack_acted
-from tests.train.test_success_key import FlagEnv, ZeroAgent
 from tests.train.test_ray_collectors import local_ray  # noqa: F401  (a fixture: one local Ray)
+from tests.train.test_success_key import FlagEnv, ZeroAgent
 from tests.train.test_trainer import SimulatedKill, cfg_for, kill_at
 
 
@@ -233,7 +232,8 @@ def test_sac_her_learns_a_sparse_goal_task_that_sac_without_relabeling_does_not(
     assert rates[4] >= 0.7 and rates[0] <= 0.4 and rates[4] > rates[0] + 0.3, rates
 
 
-def test_sac_her_with_ray_collectors_on_an_episodic_maze(local_ray, tmp_path):
+@pytest.mark.usefixtures("local_ray")
+def test_sac_her_with_ray_collectors_on_an_episodic_maze(tmp_path):
     """2 Ray collectors step PointMaze (mujoco 4 runs it; the collectors make their envs with the goal dicts the
     learner's buffer stores); reaching the goal ends a maze episode, so relabeled rows get terminated recomputed."""
     pytest.importorskip("gymnasium_robotics")
