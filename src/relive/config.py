@@ -66,6 +66,7 @@ class RunConfig:
         check_device("run.device", self.device)
 
 
+SUCCESS_AT = ("any", "last")  # env.success_at: at which step of an episode info[success_key] counts
 MAX_NUM_ENVS = 1024  # env.num_envs above this is refused (each env is a replay stream; async: a process each)
 
 
@@ -77,6 +78,9 @@ class EnvConfig:
     # or: eval/success_rate = share of evaluation episodes where info[success_key] was true at some step (the
     # task's own flag: "success" for Meta-World and the mazes, "is_success" for Gymnasium-Robotics Fetch)
     success_key: str | None = None
+    # with success_key: "any" = info[success_key] true at some step of the episode; "last" = true at its last step
+    # (Gymnasium-Robotics Fetch, as its papers and Stable-Baselines3 count it: the object must still be at the goal)
+    success_at: str = "any"
     # store time-limit truncations as terminations (terminated = true, truncated = false) for every row entering
     # the buffer, so every agent's target at such a row is r with no bootstrap. Off by default: a time limit is
     # not part of the task's state, and bootstrapping from the true next observation is the correct target. The
@@ -112,6 +116,8 @@ class EnvConfig:
             raise ValueError(f"env.success_key must be a non-empty string or null, got {self.success_key!r}")
         if self.success_key is not None and self.success_return is not None:
             raise ValueError("env.success_key and env.success_return both define eval/success_rate: set one")
+        if self.success_at not in SUCCESS_AT:
+            raise ValueError(f"env.success_at must be one of {SUCCESS_AT}, got {self.success_at!r}")
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,26 @@ class CollectorsConfig:
     @property
     def max_lag(self) -> int:
         return self.max_lag_env_steps if self.max_lag_env_steps is not None else 2 * self.num * self.chunk_env_steps
+
+
+HER_STRATEGIES = ("future", "final", "episode", "random")  # relive.replay.samplers.her.STRATEGIES (a floor below)
+
+
+@dataclass(frozen=True)
+class HERConfig:
+    """Hindsight Experience Replay (``relive.replay.samplers.her``; docs/her.md): a goal-conditioned run."""
+
+    # true: the envs keep their goal dicts (observation / achieved_goal / desired_goal as columns), the replay
+    # strategy is wrapped in a HindsightSampler with the task's compute_reward; false: no HER (goal dicts flattened)
+    enabled: bool = False
+    k: float = 4.0  # relabeled goals per real one: a share k / (k + 1) of every batch relabeled (0: none, same input)
+    strategy: str = "future"  # where a new goal comes from: future, final, episode (same episode) or random
+
+    def __post_init__(self):
+        if isinstance(self.k, bool) or not isinstance(self.k, int | float) or not math.isfinite(self.k) or self.k < 0:
+            raise ValueError(f"her.k must be a finite number >= 0, got {self.k!r}")
+        if self.strategy not in HER_STRATEGIES:
+            raise ValueError(f"her.strategy must be one of {HER_STRATEGIES}, got {self.strategy!r}")
 
 
 @dataclass(frozen=True)
@@ -232,6 +258,7 @@ class ExperimentConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     collectors: CollectorsConfig = field(default_factory=CollectorsConfig)
+    her: HERConfig = field(default_factory=HERConfig)
 
     def __post_init__(self):
         cls = agent_entry(self.agent_kind).config_cls
@@ -335,7 +362,7 @@ def config_from_dict(d: dict) -> ExperimentConfig:
                           _build(replay_entry(name).config_cls, r.get(name, {}), f"replay.{name}"), r.get("device"))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
                                                    ("schedule", ScheduleConfig),
-                                                   ("collectors", CollectorsConfig)) if k in d}
+                                                   ("collectors", CollectorsConfig), ("her", HERConfig)) if k in d}
     return ExperimentConfig(preset=d.get("preset", "sac"), agent_kind=kind, agent=agent, replay=replay, **sections)
 
 
@@ -464,7 +491,8 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
         known = ["replay.name", "replay.capacity", "replay.device"] + [f"replay.{r.name}.{f.name}"
                                                       for f in dataclasses.fields(r.options)]
         raise ValueError(f"unknown setting {key!r}; known: {known}")
-    sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule", "collectors": "collectors"}
+    sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule", "collectors": "collectors",
+                "her": "her"}
     if section in sections and len(parts) == 2:
         obj = getattr(cfg, section)
         return dataclasses.replace(cfg, **{section: _set_field(obj, parts[1], raw, key, section)})

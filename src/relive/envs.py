@@ -23,7 +23,8 @@ class EnvSpec:
     max_episode_steps: int | None
 
 
-ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")
+ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")  # Gymnasium-Robotics mazes (made episodic by make_env)
+FETCH_PREFIX = "Fetch"  # Gymnasium-Robotics Fetch arm tasks (goal dicts; success in info["is_success"])
 METAWORLD_PREFIX = "MetaWorld/"  # relive.metaworld_envs
 
 
@@ -36,12 +37,13 @@ def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dic
     ``desired_goal`` (docs/her.md); a non-goal env with it is a ValueError."""
     check_env_id(env_id)
     kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
-    if env_id.startswith(ROBOTICS_PREFIXES):
+    if env_id.startswith((*ROBOTICS_PREFIXES, FETCH_PREFIX)):
         try:
             import gymnasium_robotics
         except ImportError:
             raise ValueError(f"{env_id} needs gymnasium-robotics: pip install 'relive[maze]'") from None
         gym.register_envs(gymnasium_robotics)
+    if env_id.startswith(ROBOTICS_PREFIXES):
         kwargs["continuing_task"] = False  # an episode ends when the goal is reached
     if env_id.startswith("Pixel"):
         register_pixel_envs()
@@ -54,10 +56,19 @@ def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dic
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as e:
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from None
+    except AssertionError:  # Gymnasium-Robotics' Fetch under mujoco 4: an assertion on its joint types, no message
+        if not env_id.startswith(FETCH_PREFIX):
+            raise
+        import mujoco  # (installed: the Fetch tasks import it)
+
+        raise ValueError(f"cannot make environment {env_id!r}: Gymnasium-Robotics' Fetch tasks need mujoco 3.3.0 "
+                         f"(constraints.txt), this environment has mujoco {mujoco.__version__}") from None
     if keep_goal_dict and not has_goal_keys(env.observation_space):
         env.close()
-        raise ValueError(f"make_env({env_id!r}, keep_goal_dict=True): its observations are not a goal dict with keys "
-                         f"{GOAL_KEYS} (got {env.observation_space})")
+        raise ValueError(f"{env_id} is not a goal-conditioned task: keep_goal_dict=True (HER: her.enabled, the "
+                         f"sac_her / ddpg_her presets) needs dict observations with keys {GOAL_KEYS} (Gymnasium-"
+                         f"Robotics' FetchReach-v4, PointMaze_UMaze-v3, ...); its observations are "
+                         f"{env.observation_space}")
     if (isinstance(env.observation_space, gym.spaces.Dict) and not has_image_keys(env.observation_space)
             and not keep_goal_dict):
         env = gym.wrappers.FlattenObservation(env)
@@ -206,16 +217,22 @@ class ReturnThresholdSuccess(gym.Wrapper):
         return obs, reward, terminated, truncated, info
 
 
+SUCCESS_AT = ("any", "last")  # at which step of an episode info[success_key] counts (relive.config.EnvConfig)
+
+
 class InfoKeySuccess(gym.Wrapper):
     """Success read from the task's own step info under another key (Gymnasium-Robotics Fetch:
-    ``"is_success"``): ``info["success"]`` = whether ``info[key]`` was true at some step of the episode so far.
-    A step whose info lacks ``key`` raises a ValueError naming the key and the env."""
+    ``"is_success"``): ``info["success"]`` = whether ``info[key]`` was true at some step of the episode so far
+    (``at="any"``), or at this step (``at="last"``: at an episode's last step, "the episode ended at the goal", as
+    the HER paper and Stable-Baselines3 judge Fetch). A step whose info lacks ``key`` raises a ValueError naming the
+    key and the env."""
 
-    def __init__(self, env: gym.Env, key: str):
+    def __init__(self, env: gym.Env, key: str, at: str = "any"):
         super().__init__(env)
         if not isinstance(key, str) or not key:
             raise ValueError(f"success_key must be a non-empty string, got {key!r}")
-        self.key, self.succeeded = key, False
+        check_success_at(at)
+        self.key, self.at, self.succeeded = key, at, False
 
     def reset(self, **kwargs):
         self.succeeded = False
@@ -223,8 +240,14 @@ class InfoKeySuccess(gym.Wrapper):
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self.succeeded = self.succeeded or bool(info_success(info, self.key, self.env))
+        now = bool(info_success(info, self.key, self.env))
+        self.succeeded = now if self.at == "last" else self.succeeded or now
         return obs, reward, terminated, truncated, dict(info, success=self.succeeded)
+
+
+def check_success_at(at) -> None:
+    if at not in SUCCESS_AT:
+        raise ValueError(f"success_at must be one of {SUCCESS_AT}, got {at!r}")
 
 
 def info_success(info: dict, key: str, env: gym.Env | None = None) -> bool:
@@ -236,15 +259,17 @@ def info_success(info: dict, key: str, env: gym.Env | None = None) -> bool:
     return bool(np.asarray(info[key]).any())
 
 
-def with_success(env: gym.Env, success_return: float | None = None, success_key: str | None = None) -> gym.Env:
+def with_success(env: gym.Env, success_return: float | None = None, success_key: str | None = None,
+                 success_at: str = "any") -> gym.Env:
     """``env`` with a success signal in ``info["success"]``: the task's own (PointMaze, AntMaze, Meta-World) when
-    both arguments are None; "``info[success_key]`` was true at some step" with ``success_key``; else "episode
-    return >= success_return" (which then replaces the task's own). Raises a ValueError when the task has no
-    success signal and neither is given, or when both are."""
+    both arguments are None; "``info[success_key]`` was true at some step" with ``success_key`` (``success_at=
+    "last"``: at the episode's last step, :class:`InfoKeySuccess`); else "episode return >= success_return" (which
+    then replaces the task's own). Raises a ValueError when the task has no success signal and neither is given,
+    or when both are."""
     if success_return is not None and success_key is not None:
         raise ValueError("give success_return or success_key, not both (one definition of success)")
     if success_key is not None:
-        return InfoKeySuccess(env, success_key)
+        return InfoKeySuccess(env, success_key, success_at)
     if success_return is not None:
         return ReturnThresholdSuccess(env, success_return)
     if not reports_success(env):
@@ -263,3 +288,32 @@ def episode_success(info: dict, env: gym.Env | None = None) -> bool:
         raise ValueError(f"{name} reports no info['success']; wrap it with relive.envs.with_success(env, "
                          "success_return=...) to define success as episode return >= a threshold")
     return bool(info["success"])
+
+
+# -- goal-conditioned tasks (HER: relive.replay.samplers.her) ---------------------------------------------
+def goal_functions(env: gym.Env):
+    """``(reward_fn, success_fn)`` of a goal-conditioned env made with ``keep_goal_dict=True``, for
+    :class:`~relive.replay.samplers.her.HindsightSampler`: ``reward_fn`` = the task's vectorized
+    ``compute_reward(achieved, desired, info)`` (Gymnasium-Robotics' ``GoalEnv``); ``success_fn`` = its
+    ``compute_terminated`` row by row when reaching the goal ends an episode (make_env's mazes,
+    ``continuing_task=False``), else None (Fetch: episodes end only at the time limit). A ValueError names the env
+    when it is not goal-conditioned or has no ``compute_reward``."""
+    name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    space = env.observation_space
+    if not has_goal_keys(space):
+        raise ValueError(f"{name} is not a goal-conditioned task: HER (her.enabled, the sac_her / ddpg_her presets) "
+                         f"needs dict observations with keys {GOAL_KEYS} and a compute_reward (Gymnasium-Robotics' "
+                         f"FetchReach-v4, FetchPush-v4, PointMaze_UMaze-v3, ...); its observations are {space}")
+    u = env.unwrapped
+    reward_fn = getattr(u, "compute_reward", None)
+    if not callable(reward_fn):
+        raise ValueError(f"{name} has goal dict observations but no compute_reward(achieved_goal, desired_goal, "
+                         "info): HER cannot recompute rewards for new goals")
+    if getattr(u, "continuing_task", True) is not False:
+        return reward_fn, None
+    terminated = u.compute_terminated
+
+    def success_fn(achieved, desired, info):  # (compute_terminated takes one row)
+        return np.array([bool(terminated(a, d, info)) for a, d in zip(achieved, desired, strict=True)], bool)
+
+    return reward_fn, success_fn

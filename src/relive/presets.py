@@ -12,7 +12,7 @@ from relive.agents.residual_sac import ResidualSACConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
 from relive.agents.sac_refer import SACReFERConfig
 from relive.agents.vracer import VRACERConfig
-from relive.config import ExperimentConfig, ReplayConfig, ScheduleConfig
+from relive.config import EnvConfig, ExperimentConfig, HERConfig, ReplayConfig, RunConfig, ScheduleConfig
 
 
 def sac() -> ExperimentConfig:
@@ -209,12 +209,63 @@ def vracer_refer() -> ExperimentConfig:
     return replace(vracer(), preset="vracer_refer", replay=ReplayConfig.of("refer", capacity=REFER_CAPACITY))
 
 
+# -- goal-conditioned tasks with Hindsight Experience Replay (issue 30; docs/her.md) -------------------------
+# her.enabled: the envs keep their goal dicts, the replay strategy is wrapped in a HindsightSampler (k = 4 relabeled
+# goals per real one, "future": the paper's best, Sec. 4.5) with the task's compute_reward. The agents read
+# observation + desired_goal (agent.obs_keys). Success = info["is_success"] at an episode's last step (Fetch, as the
+# paper and SB3 count it; PointMaze: --set env.success_key=success). No HER at the same settings: --set her.k=0.
+HER_OBS_KEYS = ("desired_goal", "observation")
+HER_GAMMA = 0.98  # the HER paper, App. A ("discount factor of 0.98 for all transitions")
+HER_ENV = EnvConfig(success_key="is_success", success_at="last")
+HER_RUN = RunConfig(eval_every_env_steps=1000, eval_episodes=10)  # Fetch episodes are 50 steps
+
+
+def sac_her() -> ExperimentConfig:
+    """SAC + HER (k = 4, future) on goal-conditioned tasks (FetchReach-v4, FetchPush-v4; needs mujoco 3.3.0): the
+    HER paper's discount 0.98, Adam 1e-3, batch 256, a 10^6-row buffer (App. A); SAC's twin critics and learned
+    temperature, Polyak 0.05 per gradient step, 2x256 networks, 1 gradient step per env step after 1000 random
+    steps (as Stable-Baselines3's SAC + HerReplayBuffer on Fetch in the RL Zoo, which also uses tau 0.05 and lr
+    1e-3). Success: info["is_success"] at the last step. Without HER: --set her.k=0."""
+    return ExperimentConfig(preset="sac_her", agent_kind="sac",
+                            agent=SACConfig(gamma=HER_GAMMA, tau=0.05, actor_lr=1e-3, critic_lr=1e-3, temp_lr=1e-3,
+                                            obs_keys=HER_OBS_KEYS),
+                            env=HER_ENV, run=HER_RUN, her=HERConfig(enabled=True, k=4, strategy="future"),
+                            schedule=ScheduleConfig(batch_size=256, num_warmup_env_steps=1000),
+                            replay=ReplayConfig.of("uniform", capacity=1_000_000))
+
+
+HER_CYCLE_ENV_STEPS, HER_CYCLE_GRAD_STEPS = 100, 40  # App. A: a cycle = 2 episodes of 50 steps, then 40 updates
+
+
+def ddpg_her() -> ExperimentConfig:
+    """DDPG + HER at the HER paper's Fetch setting (Andrychowicz et al. 2017, App. A), one worker: 3x64 ReLU
+    networks, Adam 1e-3 for actor and critic, batch 128, buffer 10^6, gamma 0.98, critic targets clipped to
+    [-1/(1-gamma), 0], the actor's action L2 penalty 1, Gaussian exploration of 5% of the action range (sigma 0.1
+    half-widths), cycles of 2 episodes (100 env steps) then 40 gradient steps, k = 4 future. The paper's target
+    update (decay 0.95 once per cycle) is its per-gradient-step equivalent tau = 1 - 0.95^(1/40). Not as the paper:
+    its 8 parallel workers (gradients averaged over 8 x 128 rows; this machine has 2 cores: one worker, batch 128);
+    its 20% uniformly random actions and its input normalization (running mean / std, clipped to 5) -- relive's
+    DDPG has neither; its test episodes with the target actor (relive evaluates the actor); its 200 epochs (set
+    --steps). TD3's target smoothing: --set agent.target_noise=0.2."""
+    return ExperimentConfig(
+        preset="ddpg_her", agent_kind="ddpg",
+        agent=DDPGConfig(hidden=(64, 64, 64), actor_lr=1e-3, critic_lr=1e-3, gamma=HER_GAMMA,
+                         tau=1 - 0.95 ** (1 / HER_CYCLE_GRAD_STEPS), sigma=0.1, action_l2=1.0,
+                         target_range=(-1 / (1 - HER_GAMMA), 0.0), obs_keys=HER_OBS_KEYS),
+        env=HER_ENV, run=HER_RUN, her=HERConfig(enabled=True, k=4, strategy="future"),
+        schedule=ScheduleConfig(batch_size=128, env_steps_per_chunk=HER_CYCLE_ENV_STEPS,
+                                grad_steps_per_chunk=HER_CYCLE_GRAD_STEPS, num_warmup_env_steps=0,
+                                warmup_policy="agent"),
+        replay=ReplayConfig.of("uniform", capacity=1_000_000))
+
+
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "residual_sac": residual_sac, "ddqn": ddqn,
     "ddqn_per": ddqn_per, "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
     "ddpg_refer2": ddpg_refer2, "ddpg_paper": ddpg_paper, "ddpg_per_paper": ddpg_per_paper,
     "ddpg_refer_paper": ddpg_refer_paper, "ddpg_refer1_paper": ddpg_refer1_paper,
     "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
+    "sac_her": sac_her, "ddpg_her": ddpg_her,
 }
 
 

@@ -292,5 +292,5 @@ def test_make_env_keeps_goal_dicts_on_request():
     b = buf.sample(16)
     assert b.reward.shape == (16,)
     assert make_env("PointMaze_UMaze-v3").observation_space.shape is not None  # default: flattened, as before
-    with pytest.raises(ValueError, match="not a goal dict"):
+    with pytest.raises(ValueError, match="not a goal-conditioned task"):
         make_env("Pendulum-v1", keep_goal_dict=True)

@@ -103,16 +103,27 @@ def add_parsers(subparsers) -> None:
     c.add_argument("--out", required=True, help="the dataset file to write (.npz; never overwritten)")
     c.add_argument("--success-return", type=float, help="success = episode return >= this (tasks without "
                    "info['success'])")
+    add_success_key_flags(c)
     c.add_argument("--seed", type=int, default=0, help="first reset seed (default 0)")
     c.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
     c.set_defaults(func=run_collect)
+
+
+def add_success_key_flags(p: argparse.ArgumentParser) -> None:
+    """--success-key / --success-at: success from the task's own info flag, as a training run's env.success_key /
+    env.success_at."""
+    p.add_argument("--success-key", help="success = the task's own info[KEY] (e.g. is_success for Fetch; a "
+                   "training run's env.success_key)")
+    p.add_argument("--success-at", choices=("any", "last"), default="any", help="with --success-key: true at some "
+                   "step of the episode (any, default) or at its last step (last: Fetch)")
 
 
 def run_collect(args: argparse.Namespace) -> int:
     if not args.out.endswith(".npz"):
         raise ValueError(f"--out must be a .npz file, got {args.out!r}")
     stats = collect_successes(args.base, args.env, args.episodes, args.out, seed=args.seed,
-                              success_return=args.success_return, trusted=args.trust_code)
+                              success_return=args.success_return, trusted=args.trust_code,
+                              success_key=args.success_key, success_at=args.success_at)
     print(f"base success rate {stats['success_rate']:.2f} ({stats['successes']}/{stats['episodes']} episodes); "
           f"{stats['rows']} rows of successful episodes -> {stats['out']}")
     return 0

@@ -37,12 +37,14 @@ critic L2 penalty 1e-4, ``critic_weight_decay``); the ``ddpg*_paper`` presets us
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 from torch import nn
 
+from relive.agents import encoders as enc
 from relive.agents import networks as nets
 from relive.agents import refer
 from relive.agents.encoders import flat_obs, flat_obs_batch
@@ -74,6 +76,18 @@ class DDPGConfig:
     refer_rule2: bool = True  # under ReF-ER: beta g - (1 - beta) grad KL for the actor (off: ReF-ER-1)
     kl_direction: str = "mu_pi"  # "mu_pi" (the paper) or "pi_mu" (smarties); equal here (pinned std)
     init: str = "torch"  # parameter init: "torch" (nn.Linear default) or "xavier"
+    # TD3's target policy smoothing (Fujimoto et al. 2018, Eq. 14): the target action m'(s') + clip(N(0, std^2),
+    # -clip, clip), both in units of the action box's half-width (TD3: 0.2, 0.5); 0: plain DDPG targets
+    target_noise: float = 0.0
+    target_noise_clip: float = 0.5
+    # the HER paper's actor penalty (Andrychowicz et al. 2017, App. A: "we penalize the square of the
+    # pre-activations"; its code: the mean squared action in half-widths, coefficient 1): + action_l2 E[(a/scale)^2]
+    action_l2: float = 0.0
+    # critic targets clipped to [low, high] (HER, App. A: to [-1/(1-gamma), 0], the range of possible returns of
+    # rewards in {-1, 0}); null: unclipped
+    target_range: tuple[float, float] | None = None
+    # dict observations (goal-conditioned tasks): the keys the networks read, concatenated in sorted order; (): all
+    obs_keys: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not 0 < self.tau <= 1 or not 0 <= self.gamma <= 1:
@@ -91,6 +105,13 @@ class DDPGConfig:
         if self.init not in nets.INIT_SCHEMES:
             raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
         nets.check_n_step(self.n_step)
+        if not (self.target_noise >= 0 and self.target_noise_clip >= 0 and self.action_l2 >= 0):
+            raise ValueError(f"target_noise, target_noise_clip and action_l2 must be >= 0, got {self.target_noise}, "
+                             f"{self.target_noise_clip}, {self.action_l2}")
+        if self.target_range is not None and (len(self.target_range) != 2
+                                              or not self.target_range[0] < self.target_range[1]):
+            raise ValueError(f"target_range must be (low, high) with low < high, or null, got {self.target_range}")
+        enc.check_obs_keys(self.obs_keys)
 
     @classmethod
     def paper(cls, **overrides) -> DDPGConfig:
@@ -152,7 +173,14 @@ class DDPG:
         """Build for an environment (``relive.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
-        return cls(nets.vector_obs_dim(spec, "DDPG"), spec.action_shape[0], spec.action_low, spec.action_high, config,
+        if isinstance(spec.obs_shape, Mapping) and not enc.image_keys(spec.obs_shape):  # goal dicts: keys concatenated
+            obs_dim = enc.flat_obs_dim(enc.pick_keys(spec.obs_shape, config.obs_keys))
+        elif config.obs_keys and not isinstance(spec.obs_shape, Mapping):
+            raise ValueError(f"agent.obs_keys {list(config.obs_keys)} selects keys of dict observations; {spec.id} "
+                             f"has flat observations {spec.obs_shape}")
+        else:
+            obs_dim = nets.vector_obs_dim(spec, "DDPG")
+        return cls(obs_dim, spec.action_shape[0], spec.action_low, spec.action_high, config,
                    seed=nets.seed_int(seed), device=device)
 
     # -- acting ----------------------------------------------------------------------------------------
@@ -165,7 +193,7 @@ class DDPG:
     def act(self, obs: np.ndarray, explore: bool):
         """``Acted(action [N, A], record={"mu_mean": m^w(s), "mu_std": sigma})``: a = m^w(s) + noise if
         ``explore``, else m^w(s); clipped to the box. A single observation gives a single bare action."""
-        o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        o, single = nets.as_obs_tensor(enc.pick_keys(obs, self.cfg.obs_keys), self.obs_dim, self.device)
         mean = self.actor(o)
         a = mean
         if explore:
@@ -207,7 +235,7 @@ class DDPG:
     def refer_log_rho(self, obs, action, mu_mean, mu_std) -> np.ndarray:
         """The sampler's recount: clipped log rho of stored rows under the current actor: [n] NumPy."""
         t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device)
-             for x in (flat_obs(obs), action, mu_mean, mu_std)]
+             for x in (flat_obs(enc.pick_keys(obs, self.cfg.obs_keys)), action, mu_mean, mu_std)]
         return self.log_rho(self.actor(t[0]), *t[1:]).cpu().numpy()
 
     def refer_masks(self, b: Batch, mean: torch.Tensor | None = None):
@@ -237,10 +265,17 @@ class DDPG:
     def critic_target(self, reward, next_obs, terminated, discount=None) -> torch.Tensor:
         """y = r + gamma (1 - terminated) Q'(s', m'(s')) (Eq. 2 with the target networks): [B]. ``discount``: an
         n-step batch's gamma^{n'} (1 - terminated) (``reward`` its n-step return, ``next_obs`` s_{t+n'})."""
-        q_next = self.target_critic(next_obs, self.target_actor(next_obs))[0]
+        next_a = self.target_actor(next_obs)
+        if self.cfg.target_noise > 0:  # TD3's target policy smoothing, in half-widths of the box
+            eps = torch.randn(next_a.shape, generator=self.gen, device=self.device) * self.cfg.target_noise
+            eps = eps.clamp(-self.cfg.target_noise_clip, self.cfg.target_noise_clip)
+            next_a = torch.maximum(torch.minimum(next_a + self.actor.scale * eps, self.actor.center + self.actor.scale),
+                                   self.actor.center - self.actor.scale)
+        q_next = self.target_critic(next_obs, next_a)[0]
         if discount is None:
             discount = self.cfg.gamma * (1.0 - terminated)
-        return reward + discount * q_next
+        y = reward + discount * q_next
+        return y if self.cfg.target_range is None else y.clamp(*self.cfg.target_range)
 
     def critic_loss(self, b: Batch, near: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """E[is_weight * near * (Q(s, a) - y)^2] over the batch (Rule 1 masks far rows): (loss, Q [B], y [B])."""
@@ -254,6 +289,8 @@ class DDPG:
         gradient is beta g - (1 - beta) g^D. (loss, KL [B]). The critic must be frozen by the caller."""
         mean = self.actor(b.obs)
         dpg = -self.critic(b.obs, mean)[0]
+        if self.cfg.action_l2:  # HER's penalty on the (half-width) actions, per row
+            dpg = dpg + self.cfg.action_l2 * (((mean - self.actor.center) / self.actor.scale) ** 2).mean(-1)
         if beta == 1.0:  # plain DDPG / Rule 1 only: no KL term (and no behaviour columns needed)
             return (near * dpg).mean(), torch.zeros_like(dpg)
         mu_std = b.mu_std if mu_std is None else mu_std
@@ -301,7 +338,7 @@ class DDPG:
         return UpdateResult(metrics, signals)
 
     def _to_torch(self, batch: Batch) -> Batch:
-        batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
+        batch = flat_obs_batch(enc.pick_batch_keys(batch, self.cfg.obs_keys))  # dict obs: keys concatenated (the seam)
         if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:

@@ -80,19 +80,21 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
 
 def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out: str | Path, *, seed: int = 0,
                       success_return: float | None = None, max_episode_steps: int | None = None,
-                      trusted: bool = False) -> dict:
+                      trusted: bool = False, success_key: str | None = None, success_at: str = "any") -> dict:
     """PLD's D_offline (spec Sec. 8; paper stage 1 step 1): roll out the frozen base alone for ``num_episodes``
     episodes (reset seeds ``seed, seed + 1, ...``), keep the successful ones and save their rows as a relive
     ``.npz`` dataset at ``out`` (``--dataset`` of a residual run; returns-to-go are computed when it is loaded).
     Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set.
-    ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``)."""
+    ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``).
+    ``success_key`` / ``success_at``: success from the task's own info flag (``relive.envs.with_success``; Fetch:
+    ``"is_success"`` at the ``"last"`` step), as a training run's ``env.success_key`` / ``env.success_at``."""
     # (gymnasium, optional: imported only where an env is made)
     from relive.envs import env_spec, make_env, with_success
 
     out = Path(out)
     if out.exists():
         raise ValueError(f"{out} exists; pick another --out (datasets are never overwritten)")
-    env = with_success(make_env(env_id, max_episode_steps), success_return)
+    env = with_success(make_env(env_id, max_episode_steps), success_return, success_key, success_at)
     base = load_base_policy(base_path, env_spec(env), trusted=trusted)
     episodes = hybrid_rollouts(env, base, lambda obs, a_base: a_base, num_episodes, seed, horizon=0)
     rows = successful_rows(episodes)

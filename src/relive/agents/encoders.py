@@ -41,6 +41,32 @@ def flat_obs_dim(obs_spec) -> int:
     return int(np.prod(shape, dtype=np.int64))
 
 
+def check_obs_keys(keys) -> None:
+    """An agent's ``obs_keys`` setting: a tuple of distinct non-empty key names (``()``: every key)."""
+    if not isinstance(keys, tuple) or not all(isinstance(k, str) and k for k in keys) or len(set(keys)) != len(keys):
+        raise ValueError(f"obs_keys must be a tuple of distinct key names (() = every key), got {keys!r}")
+
+
+def pick_keys(obs, keys: tuple[str, ...]):
+    """A dict observation (or a dict observation spec) restricted to ``keys`` (an agent's ``obs_keys``: a
+    goal-conditioned agent reads ``observation`` and ``desired_goal``, not ``achieved_goal``); ``keys = ()`` or a
+    flat observation: unchanged. A missing key is a ValueError naming the keys there are."""
+    if not keys or not isinstance(obs, Mapping):
+        return obs
+    missing = [k for k in keys if k not in obs]
+    if missing:
+        raise ValueError(f"agent.obs_keys {list(keys)}: the observations have no key {missing} (their keys: "
+                         f"{sorted(obs)})")
+    return {k: obs[k] for k in keys}
+
+
+def pick_batch_keys(batch: Batch, keys: tuple[str, ...]) -> Batch:
+    """The batch with ``obs`` / ``next_obs`` restricted to ``keys`` (:func:`pick_keys`)."""
+    if not keys or not isinstance(batch.obs, Mapping):
+        return batch
+    return replace(batch, obs=pick_keys(batch.obs, keys), next_obs=pick_keys(batch.next_obs, keys))
+
+
 def flat_obs_batch(batch: Batch) -> Batch:
     """The batch with dict ``obs`` / ``next_obs`` concatenated (:func:`concat_keys`); a flat batch as it is."""
     if not isinstance(batch.obs, Mapping):

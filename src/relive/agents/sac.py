@@ -95,6 +95,9 @@ class SACConfig:
     augment_pad: int = 0  # "cnn": DrQ random shift of the images by up to this many pixels (DrQ: 4); 0 = off
     actor_encoder: str = "shared"  # "cnn": "shared" = the actor reads the critic's conv layers with a stop-gradient
     #                                and has its own projection (DrQ); "own" = a separate CNN trained by the actor loss
+    # dict observations: the keys the networks read (then concatenated in sorted order / encoded); (): every key.
+    # Goal-conditioned tasks (sac_her): ("observation", "desired_goal"), the input of the HER paper's networks
+    obs_keys: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.num_qs < 1 or not 1 <= self.num_min_qs <= self.num_qs:
@@ -115,6 +118,7 @@ class SACConfig:
         if self.init_temperature <= 0:
             raise ValueError(f"init_temperature must be > 0, got {self.init_temperature}")
         nets.check_n_step(self.n_step)
+        enc.check_obs_keys(self.obs_keys)
         if self.encoder not in ENCODERS:
             raise ValueError(f"encoder must be one of {ENCODERS}, got {self.encoder!r}")
         if self.actor_encoder not in ACTOR_ENCODERS:
@@ -152,13 +156,16 @@ class SAC:
         """Build for an environment (``relive.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if spec.discrete:
             raise ValueError(f"{cls.__name__} needs a continuous action space; {spec.id} is discrete")
-        if isinstance(spec.obs_shape, Mapping):  # dict observations (an image task): concatenated, or a CNN
-
-            if config.encoder == "flat" and enc.image_keys(spec.obs_shape):
-                raise ValueError(f"{spec.id} has image observations ({enc.image_keys(spec.obs_shape)}); train with "
+        if isinstance(spec.obs_shape, Mapping):  # dict observations (images, goals): concatenated, or a CNN
+            obs_spec = enc.pick_keys(spec.obs_shape, config.obs_keys)
+            if config.encoder == "flat" and enc.image_keys(obs_spec):
+                raise ValueError(f"{spec.id} has image observations ({enc.image_keys(obs_spec)}); train with "
                                  f"agent.encoder = 'cnn' or 'auto' (concatenated pixels are not a useful MLP input)")
-            return cls(flat_obs_dim(spec.obs_shape), spec.action_shape[0], spec.action_low, spec.action_high, config,
-                       seed=nets.seed_int(seed), device=device, obs_spec=spec.obs_shape)
+            return cls(flat_obs_dim(obs_spec), spec.action_shape[0], spec.action_low, spec.action_high, config,
+                       seed=nets.seed_int(seed), device=device, obs_spec=obs_spec)
+        if config.obs_keys:
+            raise ValueError(f"agent.obs_keys {list(config.obs_keys)} selects keys of dict observations; {spec.id} "
+                             f"has flat observations {spec.obs_shape}")
         return cls(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high, config,
                    seed=nets.seed_int(seed), device=device)
 
@@ -387,12 +394,14 @@ class SAC:
 
     def _obs_in(self, obs):
         """Observations for the networks: a [N, obs_dim] tensor (flat, or dict keys concatenated), or with
-        ``encoder="cnn"`` a DictObs of tensors (a batch: [N, ...] per key)."""
+        ``encoder="cnn"`` a DictObs of tensors (a batch: [N, ...] per key); only ``obs_keys`` of a dict."""
+        obs = enc.pick_keys(obs, self.cfg.obs_keys)
         if self.obs_spec is None:
             return nets.as_obs_tensor(obs, self.obs_dim, self.device)
         return enc.obs_to_torch(obs, self.device, list(self.obs_spec)), False
 
     def _to_torch(self, batch: Batch) -> Batch:
+        batch = enc.pick_batch_keys(batch, self.cfg.obs_keys)  # the keys the networks read (goal tasks)
         if self.obs_spec is not None:  # encoder="cnn": dict observations as tensors, images shifted (DrQ)
             b = batch.to_torch(self.device, dtype=torch.float32)
             obs, next_obs = (enc.obs_to_torch(o, self.device, list(self.obs_spec)) for o in (b.obs, b.next_obs))

@@ -314,7 +314,7 @@ def show(name: str, as_json: bool = False) -> int:
                   (f"replay.{cfg.replay.name}", cfg.replay.options,
                    f"replay.name = {cfg.replay.name}, replay.capacity = {cfg.replay.capacity}"),
                   ("schedule", cfg.schedule, ""), ("run", cfg.run, ""), ("env", cfg.env, ""), ("data", cfg.data, ""),
-                  ("collectors", cfg.collectors, "")]
+                  ("collectors", cfg.collectors, ""), ("her", cfg.her, "")]
     elif name in REPLAYS or name in AGENTS:
         groups = []
         if name in REPLAYS:

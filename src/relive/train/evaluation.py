@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.data.scores import normalized_score  # noqa: F401  (re-exported for the trainer)
-from relive.envs import info_success, one_row
+from relive.envs import check_success_at, info_success, one_row
 from relive.types import unpack_acted
 
 
@@ -15,11 +15,13 @@ def evaluate(env, agent, episodes: int, seed: int | None) -> np.ndarray:
     return evaluate_episodes(env, agent, episodes, seed)[0]
 
 
-def evaluate_episodes(env, agent, episodes: int, seed: int | None,
-                      success_key: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def evaluate_episodes(env, agent, episodes: int, seed: int | None, success_key: str | None = None,
+                      success_at: str = "any") -> tuple[np.ndarray, np.ndarray | None]:
     """(returns, successes) of :func:`evaluate`'s episodes; with ``success_key`` an episode succeeded when
-    ``info[success_key]`` was true at some step of it (Meta-World's and the mazes' ``"success"``, Fetch's
-    ``"is_success"``), else successes is None."""
+    ``info[success_key]`` was true at some step of it (``success_at="any"``: Meta-World's and the mazes'
+    ``"success"``, which end the episode) or at its last step (``"last"``: Fetch's ``"is_success"``, as the HER paper
+    and Stable-Baselines3 count it), else successes is None."""
+    check_success_at(success_at)
     returns, successes = [], []
     for i in range(episodes):
         obs, _ = env.reset(seed=None if seed is None else int(seed) + i)
@@ -29,7 +31,8 @@ def evaluate_episodes(env, agent, episodes: int, seed: int | None,
             obs, reward, terminated, truncated, info = env.step(action)
             total += float(reward)
             if success_key is not None:
-                succeeded = info_success(info, success_key, env) or succeeded
+                now = info_success(info, success_key, env)
+                succeeded = now if success_at == "last" else now or succeeded
             done = terminated or truncated
         returns.append(total)
         successes.append(succeeded)

@@ -409,7 +409,7 @@ def evaluation(run: Run) -> dict:
         returns, successes = np.full(1, math.nan), None
     else:
         returns, successes = evaluate_episodes(run.eval_env, run.agent, rc.eval_episodes, seed=seed,
-                                               success_key=run.cfg.env.success_key)
+                                               success_key=run.cfg.env.success_key, success_at=run.cfg.env.success_at)
     mean = float(returns.mean())
     st.best_return = max(st.best_return, mean)
     frac = float(st.online_share_sum) / st.online_share_batches if st.online_share_batches else math.nan

@@ -52,7 +52,7 @@ import torch
 from relive import hooks as H
 from relive.agents import networks as nets
 from relive.config import config_from_dict
-from relive.envs import env_spec, make_env, make_vector_env
+from relive.envs import env_spec, make_env, make_vector_env, num_obs
 from relive.envs import random_actions as uniform
 from relive.registry import agent_entry
 from relive.train.collector import Collector, VectorCollector
@@ -134,10 +134,12 @@ class CollectorWorker:
         cfg = config_from_dict(cfg_dict)
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device="cpu"))
         agent_seed, env_seed, random_seed = np.random.SeedSequence([int(seed), int(index), int(incarnation)]).spawn(3)
-        one = make_env(cfg.env.id, cfg.env.max_episode_steps)
+        goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts kept, as the learner's buffer stores them
+        one = make_env(cfg.env.id, cfg.env.max_episode_steps, **goal)
         self.spec = env_spec(one)
         n = cfg.env.num_envs
-        env = one if n == 1 else make_vector_env(cfg.env.id, n, cfg.env.vector_mode, cfg.env.max_episode_steps)
+        env = one if n == 1 else make_vector_env(cfg.env.id, n, cfg.env.vector_mode, cfg.env.max_episode_steps,
+                                                 **goal)
         if n > 1:
             one.close()
         # (trainer.build_agent's rule, with this collector's own seed: the trainer imports this module)
@@ -162,7 +164,7 @@ class CollectorWorker:
 
         def policy(obs):
             if random_actions:
-                return uniform(self.spec, obs.shape[0], self.random)
+                return uniform(self.spec, num_obs(obs), self.random)  # (dict observations too)
             return self.agent.act(obs, explore=True)
 
         c = self.collector

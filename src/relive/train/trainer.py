@@ -35,12 +35,13 @@ from relive import hooks as H
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
 from relive.data.columns import spec_from_rows
 from relive.data.loaders import fill_offline, load_rows
-from relive.envs import env_spec, make_env, make_vector_env
+from relive.envs import env_spec, goal_functions, make_env, make_vector_env
 from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
+from relive.replay.samplers.her import HindsightSampler
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
 from relive.train.logging import RunLogger
@@ -99,12 +100,25 @@ def _int(ss: np.random.SeedSequence) -> int:
 
 
 def build_sampler(cfg: ExperimentConfig, seed: np.random.SeedSequence | None = None):
-    """The registered replay strategy ``cfg.replay.name`` built with its options."""
+    """The registered replay strategy ``cfg.replay.name`` built with its options; with ``her.enabled``, wrapped in
+    a :class:`HindsightSampler` (``her.k``, ``her.strategy``; its goal functions: :func:`attach_goal_functions`)."""
     s = cfg.schedule
     ctx = ReplayBuild(total_grad_steps=s.num_offline_grad_steps + online_grad_steps(s),
                       env_steps_per_chunk=s.env_steps_per_chunk,
                       seed=seed if seed is not None else seed_streams(cfg.run.seed)["sampler"])
-    return replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
+    sampler = replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
+    return HindsightSampler(sampler, cfg.her.strategy, cfg.her.k) if cfg.her.enabled else sampler
+
+
+def attach_goal_functions(buffer: ReplayBuffer, env) -> None:
+    """A HindsightSampler's functions from the run's env (``envs.goal_functions``: a non-goal env is a ValueError
+    naming it): rewards from its vectorized ``compute_reward``; ``terminated`` recomputed where reaching the goal ends
+    an episode. For a new run and again for a resumed one (functions are code: checkpoints do not hold them)."""
+    sampler = buffer.sampler
+    if isinstance(sampler, HindsightSampler):
+        reward_fn, success_fn = goal_functions(env)
+        sampler.terminate_on_success = success_fn is not None
+        sampler.set_reward_fn(reward_fn, success_fn)
 
 
 def build_agent(cfg: ExperimentConfig, spec, seed: np.random.SeedSequence | None = None):
@@ -289,9 +303,10 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         eval_env = env = None
         spec = dataset_spec(cfg)
     else:
-        eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps)
-        env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps) if num_envs == 1 else \
-            make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps)
+        goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts stored as columns, relabeled at sample time
+        eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, **goal)
+        env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps, **goal) if num_envs == 1 else \
+            make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps, **goal)
         if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
             eval_env.reset(seed=_int(seeds["eval"]))
         spec = env_spec(eval_env)
@@ -302,6 +317,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
     buffer = _new_buffer(cfg, spec, columns, seeds)
+    attach_goal_functions(buffer, eval_env)  # HER (her.enabled): the task's reward function
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
     state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
                       next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
@@ -441,6 +457,7 @@ def _continue_resumed_run(run: Run, tree: dict | None, saved: ExperimentConfig, 
     """A resumed run takes its checkpoint (the checkpoint's buffer replaces the new one: hooks are collected from
     it), records settings that changed, and ends the episodes its envs were in when it stopped."""
     _resume(run, tree)
+    attach_goal_functions(run.buffer, run.eval_env)  # (HER: functions are not in checkpoints)
     if run.cfg != saved:  # resumed where or how it runs differently: from now on its config says so
         save_config(run.cfg, run.run_dir / "config.json")
         run.logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, run.cfg)))
