@@ -28,7 +28,8 @@ FETCH_PREFIX = "Fetch"  # Gymnasium-Robotics Fetch arm tasks (goal dicts; succes
 METAWORLD_PREFIX = "MetaWorld/"  # relive.metaworld_envs
 
 
-def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dict: bool = False) -> gym.Env:
+def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dict: bool = False,
+             render_mode: str | None = None) -> gym.Env:
     """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.pixel_envs``) are
     registered on demand. Dict observations are flattened into one Box (goal-conditioned tasks: achieved_goal,
     desired_goal, observation) unless they hold an image key (:func:`has_image_keys`), which keeps them dicts.
@@ -36,7 +37,9 @@ def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dic
     stores it key by key and :class:`~relive.replay.samplers.her.HindsightSampler` can relabel its
     ``desired_goal`` (docs/her.md); a non-goal env with it is a ValueError."""
     check_env_id(env_id)
-    kwargs = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    kwargs: dict = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    if render_mode is not None:  # (``"rgb_array"``: frames for a video of the episodes, relive eval --video)
+        kwargs["render_mode"] = render_mode
     if env_id.startswith((*ROBOTICS_PREFIXES, FETCH_PREFIX)):
         try:
             import gymnasium_robotics

@@ -160,3 +160,20 @@ def test_offline_only_from_a_dataset_without_an_environment(tmp_path, capsys):
     with pytest.raises(ValueError, match="--online-steps 0"):
         dataset_spec(online)
     assert dataset_spec(cfg).action_shape == (1,)
+
+
+def test_eval_writes_a_video_per_episode_with_the_same_returns(runs, tmp_path):
+    pytest.importorskip("av")
+    import av
+
+    out, videos = tmp_path / "e.json", tmp_path / "videos"
+    assert main(["eval", str(runs / "sac0"), "--episodes", "2", "--seed", "7", "--video", str(videos),
+                 "--out", str(out)]) == 0
+    assert sorted(p.name for p in videos.iterdir()) == ["episode_0.mp4", "episode_1.mp4"]
+    with av.open(str(videos / "episode_0.mp4")) as container:
+        frames = sum(1 for _ in container.decode(video=0))
+    assert frames == 201  # the reset frame and one per step of Pendulum's 200
+    plain = tmp_path / "plain.json"
+    assert main(["eval", str(runs / "sac0"), "--episodes", "2", "--seed", "7", "--out", str(plain)]) == 0
+    assert json.loads(out.read_text())["returns"] == json.loads(plain.read_text())["returns"]  # rendering changes nothing
+    assert main(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(videos)]) == 2  # no overwrite

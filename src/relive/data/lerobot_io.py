@@ -784,7 +784,7 @@ def _write_videos(staging: Path, key: str, frames: np.ndarray, lengths: np.ndarr
     bounds = np.r_[0, np.cumsum(lengths)]
     for e in range(lengths.size):
         out = staging / VIDEO_PATH.format(video_key=key, chunk_index=e // CHUNKS_SIZE, file_index=e % CHUNKS_SIZE)
-        _write_video(out, frames[bounds[e]:bounds[e + 1]], fps)
+        write_video(out, frames[bounds[e]:bounds[e + 1]], fps)
     episode = np.arange(lengths.size, dtype=np.int64)
     return {f"videos/{key}/chunk_index": episode // CHUNKS_SIZE, f"videos/{key}/file_index": episode % CHUNKS_SIZE,
             f"videos/{key}/from_timestamp": np.zeros(lengths.size), f"videos/{key}/to_timestamp": lengths / fps}
@@ -849,7 +849,7 @@ def _image_arrow(v: np.ndarray):
     return pa.array(cells, pa.struct([("bytes", pa.binary()), ("path", pa.string())]))
 
 
-def _write_video(path: Path, frames: np.ndarray, fps: int) -> None:
+def write_video(path: Path, frames: np.ndarray, fps: int) -> None:
     """uint8 [T, C, H, W] frames as a lossless H.264 mp4 (libx264rgb at qp 0; a gray camera as R = G = B)."""
     try:
         import av

@@ -15,11 +15,13 @@ import json
 import math
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 
 from relive.agents.export import FORMATS, export_policy
 from relive.cli import non_negative_int, positive_int, refuse_overwrite
 from relive.config import ExperimentConfig, load_config
+from relive.data.lerobot_io import write_video
 from relive.envs import check_env_id, env_spec, make_env
 from relive.replay.checkpoint import load_tree
 from relive.train.checkpoint import has_checkpoint, load_checkpoint
@@ -38,6 +40,8 @@ def add_parsers(subparsers) -> None:
                     "(default 1,000,000: start states the run's own evaluations did not use)")
     ev.add_argument("--checkpoint", action="store_true", help="the last checkpoint's agent (an unfinished run)")
     ev.add_argument("--device", default="cpu", help="torch device for the agent (default cpu)")
+    ev.add_argument("--video", type=Path, metavar="DIR", help="also write each episode as DIR/episode_<i>.mp4 (the "
+                    "env's rgb_array frames, lossless H.264; needs PyAV)")
     ev.add_argument("--out", type=Path, help="also write the results as JSON here")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
     ev.set_defaults(func=_eval)
@@ -79,7 +83,7 @@ def run_config(run_dir: Path) -> ExperimentConfig:
     return cfg
 
 
-def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu"):
+def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu", render_mode: str | None = None):
     """(config, env, agent, where its state came from) of a run: ``agent_final/``, or the last checkpoint's."""
     run_dir = Path(run_dir)
     cfg = run_config(run_dir)
@@ -97,21 +101,51 @@ def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu")
 
         env, spec = None, dataset_spec(cfg)
     else:
-        env = make_env(cfg.env.id, cfg.env.max_episode_steps)
+        env = make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=render_mode)
         spec = env_spec(env)
     agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), spec)
     agent.load_state_dict(state)
     return cfg, env, spec, agent, source
 
 
-def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu") -> dict:
+class FrameRecorder(gym.Wrapper):
+    """Keeps the env's rendered frame after every reset and step, one list per episode (``relive eval --video``)."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.episodes: list[list[np.ndarray]] = []
+
+    def reset(self, **kwargs):
+        out = self.env.reset(**kwargs)
+        self.episodes.append([np.asarray(self.env.render())])
+        return out
+
+    def step(self, action):
+        out = self.env.step(action)
+        self.episodes[-1].append(np.asarray(self.env.render()))
+        return out
+
+
+def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu",
+                 video: Path | None = None) -> dict:
     """The run's agent on ``episodes`` episodes seeded ``seed, seed + 1, ...``: returns, successes and their
-    summary."""
-    cfg, env, _, agent, source = load_run_agent(run_dir, checkpoint, device)
+    summary; with ``video``, each episode as ``video/episode_<i>.mp4``."""
+    cfg, env, _, agent, source = load_run_agent(run_dir, checkpoint, device,
+                                                render_mode="rgb_array" if video is not None else None)
     if env is None:
         raise ValueError(f"{run_dir} trained without an environment (offline only): nothing to evaluate it on; "
                          "`relive export` writes its policy")
-    returns, successes = evaluate_episodes(env, agent, episodes, seed, success_key=cfg.env.success_key)
+    if video is not None:
+        env = FrameRecorder(env)
+    returns, successes = evaluate_episodes(env, agent, episodes, seed, success_key=cfg.env.success_key,
+                                           success_at=cfg.env.success_at)
+    if video is not None:
+        fps = int(env.metadata.get("render_fps") or 30)
+        for i, frames in enumerate(env.episodes):
+            hwc = np.stack(frames)
+            if hwc.ndim != 4 or hwc.shape[-1] != 3 or hwc.dtype != np.uint8:
+                raise ValueError(f"{cfg.env.id}: rendered frames of shape {hwc.shape} {hwc.dtype}, not RGB images")
+            write_video(Path(video) / f"episode_{i}.mp4", hwc.transpose(0, 3, 1, 2), fps)
     env.close()
     out = {"run_dir": str(run_dir), "agent": source, "env": cfg.env.id, "episodes": episodes, "seed": seed,
            "returns": returns.tolist(), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
@@ -126,7 +160,10 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
 def _eval(args: argparse.Namespace) -> int:
     if args.out is not None:
         refuse_overwrite(args.out, args.overwrite)
-    res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device)
+    if args.video is not None:
+        for i in range(args.episodes):
+            refuse_overwrite(args.video / f"episode_{i}.mp4", args.overwrite)
+    res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device, args.video)
     success = f", success rate {res['success_rate']:.2f}" if "success_rate" in res else ""
     print(f"{res['run_dir']} ({res['agent']}) on {res['env']}: {res['episodes']} episodes, return "
           f"{res['return_mean']:.1f} +- {res['return_std']:.1f} (min {res['return_min']:.1f}, max "
