@@ -2,7 +2,8 @@
 
 Issue 29's check for a redesign that must not change behaviour: run this at the commit before and at the commit
 after, on the same machine, and compare. Each preset trains a few hundred seeded steps (CartPole-v1 for the DQN
-presets, Pendulum-v1 for the rest; a tiny random Pendulum dataset for the offline ones, and a tiny BC base
+presets, FetchReach-v4 for the HER presets, Pendulum-v1 for the rest; a tiny random Pendulum dataset for the
+offline ones, and a tiny BC base
 for residual SAC) in its own process with one torch thread; the digest covers every logged value of metrics.jsonl
 and eval.csv except wall-clock ones (``time/*``). Floating point differs between CPUs, so compare fingerprints
 from one machine only.
@@ -42,6 +43,8 @@ def presets() -> list[str]:
 def preset_args(name: str, data: Path, base: Path) -> list[str]:
     if name.startswith("ddqn"):
         return ["--env", "CartPole-v1", "--warmup", "100"]
+    if name.endswith("_her"):  # goal-conditioned (HER): Gymnasium-Robotics' FetchReach (MuJoCo 3.3.0)
+        return ["--env", "FetchReach-v4", "--warmup", "100"]
     args = ["--env", "Pendulum-v1"]
     if name == "residual_sac":
         return [*args, "--dataset", str(data), "--base-policy", str(base), *OFFLINE, "--set", "agent.warmup=100",
@@ -123,11 +126,12 @@ def main(argv=None) -> int:
     if not a.compare:
         return 0
     before = json.loads(Path(a.compare).read_text())["presets"]
-    bad = 0
+    bad, new_names = 0, 0
     for name in names:
         old, new = before.get(name), result[name]
         if old is None:
-            print(f"{name}: not in {a.compare}")
+            print(f"{name}: not in {a.compare} (a new preset: nothing to compare)")
+            new_names += 1
             continue
         if old.get("digest") == new.get("digest") and old.get("error") == new.get("error"):
             continue
@@ -136,7 +140,9 @@ def main(argv=None) -> int:
                       if old.get("values", {}).get(k) != new.get("values", {}).get(k)), None)
         print(f"{name}: DIFFERS ({old.get('digest') or old.get('error')} -> {new.get('digest') or new.get('error')}; "
               f"first differing key: {first})")
-    print(f"{len(names) - bad} of {len(names)} presets log the same values" + (f"; {bad} differ" if bad else ""))
+    compared = len(names) - new_names
+    print(f"{compared - bad} of {compared} presets log the same values" + (f"; {bad} differ" if bad else "")
+          + (f"; {new_names} new" if new_names else ""))
     return 1 if bad else 0
 
 
