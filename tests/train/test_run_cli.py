@@ -177,3 +177,18 @@ def test_eval_writes_a_video_per_episode_with_the_same_returns(runs, tmp_path):
     assert main(["eval", str(runs / "sac0"), "--episodes", "2", "--seed", "7", "--out", str(plain)]) == 0
     assert json.loads(out.read_text())["returns"] == json.loads(plain.read_text())["returns"]  # rendering changes nothing
     assert main(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(videos)]) == 2  # no overwrite
+
+
+def test_eval_of_a_her_run_makes_its_env_as_the_run_did(tmp_path, capsys):
+    """A HER run's agent reads goal dicts: relive eval makes the env with them kept (keep_goal_dict)."""
+    try:
+        make_env("FetchReach-v4").close()
+    except ValueError as e:  # (MuJoCo 4: the Fetch tasks need 3.3.0, constraints.txt)
+        pytest.skip(str(e))
+    run = tmp_path / "her"
+    assert main(["train", "sac_her", "--env", "FetchReach-v4", "--warmup", "100", "--set", "agent.hidden=[16,16]",
+                 "--batch-size", "32", "--eval-episodes", "1", "--no-progress", "--online-steps", "150",
+                 "--eval-every", "150", "--run-dir", str(run)]) == 0
+    capsys.readouterr()
+    assert main(["eval", str(run), "--episodes", "1"]) == 0
+    assert "success rate" in capsys.readouterr().out

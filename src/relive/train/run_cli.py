@@ -101,7 +101,8 @@ def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu",
 
         env, spec = None, dataset_spec(cfg)
     else:
-        env = make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=render_mode)
+        env = make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=render_mode,
+                       keep_goal_dict=cfg.her.enabled)  # (as the run made it: HER keeps goal dicts)
         spec = env_spec(env)
     agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), spec)
     agent.load_state_dict(state)
