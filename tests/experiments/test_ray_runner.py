@@ -1,0 +1,134 @@
+"""`relive bench run --ray-address` on a local multi-node Ray cluster (ray.cluster_utils.Cluster): a head with no
+CPUs and worker nodes of one CPU each, so that two runs must go to two nodes. One cluster per module (Ray starts
+slowly)."""
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import relive
+from relive.experiments.grid import parse_grid
+from relive.experiments.runner import run_dir_of, run_grid
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from relive.experiments.ray_runner import run_grid_ray  # noqa: E402
+
+TINY = ["--online-steps", "200", "--warmup", "100", "--eval-every", "100", "--eval-episodes", "1",
+        "--batch-size", "16", "--set", "agent.hidden=[8,8]"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    src = str(Path(relive.__file__).resolve().parents[1])  # workers import this checkout's relive, not another
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([src, *([old] if old else [])])
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    workers = [c.add_node(num_cpus=1) for _ in range(2)]
+    c.wait_for_nodes()
+    ray.init(address=c.address, log_to_driver=False)
+    try:
+        yield c, workers
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def tiny_grid(name="tiny-ray", seeds=2, args=TINY):
+    return parse_grid({"name": name, "seeds": seeds, "tasks": ["Pendulum-v1"],
+                       "variant": [{"label": "sac", "preset": "sac", "args": list(args)}]})
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without the wall-clock keys (time/...): what a seeded run computes."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+
+def test_runs_spread_over_nodes_and_equal_the_local_runs(cluster, tmp_path):
+    """Two seeds on two one-CPU nodes (shared storage): one run per node, and each run's metrics.jsonl equal to
+    the same seeded run by the local runner; a rerun on Ray skips them."""
+    g = tiny_grid()
+    local = run_grid(g, tmp_path / "local", workers=2, progress=False)
+    assert [o.status for o in local] == ["finished", "finished"]
+    on_ray = run_grid_ray(g, tmp_path / "ray", progress=False)
+    assert sorted(o.status for o in on_ray) == ["finished", "finished"]
+    assert len({o.node for o in on_ray}) == 2 and all(o.node for o in on_ray)
+    for spec in g.runs():
+        ray_dir = run_dir_of(tmp_path / "ray", spec)
+        assert metrics(ray_dir) == metrics(run_dir_of(tmp_path / "local", spec)) != []
+        assert (ray_dir / "summary.json").is_file() and not (ray_dir / "crash.json").exists()
+    assert [o.status for o in run_grid_ray(g, tmp_path / "ray", progress=False)] == ["skipped", "skipped"]
+
+
+def test_gather_mode_brings_node_local_run_directories_to_the_root_and_records_crashes(cluster, tmp_path):
+    """--storage gather: runs write scratch directories on their nodes; the head unpacks them under --root. A run
+    whose training fails gets crash.json there; the head's claims are released at the end."""
+    g = parse_grid({"name": "tiny-gather", "seeds": 1, "tasks": ["Pendulum-v1"],
+                    "variant": [{"label": "sac", "preset": "sac", "args": TINY},
+                                {"label": "broken", "preset": "sac", "args": [*TINY, "--set", "agent.num_qs=0"]}]})
+    outs = {o.spec.label: o for o in run_grid_ray(g, tmp_path, storage="gather", progress=False)}
+    assert outs["sac"].status == "finished" and outs["broken"].status == "crashed"
+    ok = run_dir_of(tmp_path, outs["sac"].spec)
+    assert (ok / "summary.json").is_file() and (ok / "metrics.jsonl").is_file() and "# ray node" in (
+        ok / "stdout.log").read_text()
+    crash = json.loads((run_dir_of(tmp_path, outs["broken"].spec) / "crash.json").read_text())
+    assert any("num_qs" in line for line in crash["log_tail"])
+    from relive.experiments.runner import claim_runs
+
+    held, claims, _ = claim_runs([outs["broken"].spec], tmp_path)  # the head let go of its claim
+    assert held and [c.release() for c in claims]
+
+
+def test_shared_mode_refuses_a_root_the_nodes_do_not_see(cluster, tmp_path, monkeypatch):
+    """A task that does not find the head's marker under --root (storage not shared) fails with a message that
+    says so, recorded in crash.json on the head, and is not retried as a node failure would be."""
+    import relive.experiments.ray_runner as rr
+
+    monkeypatch.setattr(rr, "MARKER", ".relive-ray-root-head-only")  # the head writes a marker tasks won't look for
+    g = tiny_grid("tiny-unshared", seeds=1)
+    [out] = run_grid_ray(g, tmp_path, progress=False)
+    assert out.status == "crashed"
+    crash = (out.run_dir / "crash.json").read_text()
+    assert "--storage gather" in crash and "not the head's directory" in crash
+
+
+@pytest.mark.slow
+def test_a_killed_node_s_run_is_rescheduled_resumed_and_finishes_once(cluster, tmp_path):
+    """A run killed with its node after its first checkpoint is retried on the other node, resumes from that
+    checkpoint (its log shows `--resume`) and finishes once: every logged step once, in order."""
+    c, workers = cluster
+    g = tiny_grid("tiny-kill", seeds=1, args=["--online-steps", "1200", "--warmup", "100", "--eval-every", "200",
+                                               "--eval-episodes", "1", "--batch-size", "16", "--checkpoint-every",
+                                               "200", "--set", "agent.hidden=[8,8]"])
+    [spec] = g.runs()
+    run_dir = run_dir_of(tmp_path, spec)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(outs=run_grid_ray(g, tmp_path, progress=False)))
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoint").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (run_dir / "checkpoint").is_dir(), "no checkpoint within 120 s"
+    node_id = (run_dir / "stdout.log").read_text().split("# ray node ")[1].split()[0]
+    [victim] = [n for n in workers if n.unique_id == node_id]
+    c.remove_node(victim, allow_graceful=False)
+    workers.remove(victim)
+    workers.append(c.add_node(num_cpus=1))  # (the module's cluster keeps two worker nodes)
+    thread.join(timeout=300)
+    assert not thread.is_alive()
+    [out] = result["outs"]
+    log = (run_dir / "stdout.log").read_text()
+    assert out.status == "finished" and out.node != node_id
+    assert "--resume" in log and log.count("# ray node ") == 2
+    steps = [r["env_step"] for r in metrics(run_dir) if "env_step" in r]
+    assert steps == sorted(set(steps)) and steps[-1] >= 1100
