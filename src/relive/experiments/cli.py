@@ -109,8 +109,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    for path in sorted(GRID_DIR.glob("*.toml")):
-        grid = load_grid(path)
+    for path in [*sorted(GRID_DIR.glob("*.toml")), *sorted(GRID_DIR.glob("plans/*.toml"))]:
+        grid = load_grid(path)  # (plans: the papers' budgets, for a cluster; docs/cluster.md)
+        name = str(path.relative_to(GRID_DIR).with_suffix(""))
         first_line = grid.description.strip().splitlines()[0] if grid.description else ""
-        print(f"{grid.name:12s} {len(grid.runs()):4d} runs  {first_line}")
+        print(f"{name:28s} {len(grid.runs()):4d} runs  {first_line}")
     return 0

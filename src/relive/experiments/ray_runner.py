@@ -25,8 +25,9 @@ rerun of the grid resumes its runs. On the node, the training takes its run dire
 
 **A killed node**: Ray retries its tasks elsewhere (``max_retries``); a retried run resumes from its last
 checkpoint (shared storage) like any interrupted run, and a retried seed batch whose runs had started resumes them
-one after another. The training is killed with the worker that started it (Linux ``PR_SET_PDEATHSIG``), so a
-dead worker leaves no training running on alone. A task that fails on every try is recorded as crashed
+one after another. Ray kills a dead worker's child processes, and the training is also started with Linux's
+``PR_SET_PDEATHSIG`` (killed when the worker dies) for clusters where that clean-up is off, so a dead worker leaves
+no training running on alone. A task that fails on every try is recorded as crashed
 (``crash.json`` on the head, with Ray's error).
 """
 
