@@ -135,3 +135,34 @@ def test_a_killed_node_s_run_is_rescheduled_resumed_and_finishes_once(cluster, t
     assert "--resume" in log and log.count("# ray node ") == 2
     steps = [r["env_step"] for r in metrics(run_dir) if "env_step" in r]
     assert steps == sorted(set(steps)) and steps[-1] >= 1100
+
+
+def test_bench_run_refuses_ray_flags_without_ray_and_workers_with_it(tmp_path, capsys):
+    """The Ray-only flags need --ray-address; --workers does not apply on a cluster (its resources decide); each
+    refusal is one line, before any run or any Ray start. `bench list` shows the plans."""
+    from relive.cli import main
+
+    root = tmp_path / "runs"
+    for extra, message in ((["--gpus-per-run", "1"], "--gpus-per-run goes with --ray-address"),
+                           (["--storage", "gather"], "--storage goes with --ray-address"),
+                           (["--ray-address", "auto", "--workers", "2"], "--workers: with --ray-address")):
+        assert main(["bench", "run", "plans/rlpd-paper", "--root", str(root), *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert not root.exists() and not ray.is_initialized()
+    assert main(["bench", "list"]) == 0
+    assert "plans/rlpd-paper" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_seed_batch_is_one_ray_task(cluster, tmp_path):
+    """--seed-batch 2 on a DDQN grid: the two seeds train in one `relive train --seeds` process on one node."""
+    g = parse_grid({"name": "tiny-batch", "seeds": 2, "tasks": ["CartPole-v1"],
+                    "variant": [{"label": "ddqn", "preset": "ddqn",
+                                 "args": ["--online-steps", "300", "--warmup", "100", "--eval-every", "150",
+                                          "--eval-episodes", "1", "--batch-size", "16"]}]})
+    outs = run_grid_ray(g, tmp_path, seed_batch=2, progress=False)
+    assert [o.status for o in outs] == ["finished", "finished"] and len({o.node for o in outs}) == 1
+    first, second = (run_dir_of(tmp_path, s) for s in g.runs())
+    assert "--seeds 0,1" in (first / "stdout.log").read_text()
+    assert "seeds batched in one process" in (second / "stdout.log").read_text()
