@@ -166,3 +166,25 @@ def test_a_seed_batch_is_one_ray_task(cluster, tmp_path):
     first, second = (run_dir_of(tmp_path, s) for s in g.runs())
     assert "--seeds 0,1" in (first / "stdout.log").read_text()
     assert "seeds batched in one process" in (second / "stdout.log").read_text()
+
+
+def test_an_interrupted_head_cancels_its_tasks_and_lets_go_of_its_claims(cluster, tmp_path, monkeypatch):
+    """Ctrl-C on the head (here: ray.wait raising) cancels every dispatched task, so none trains on after the head
+    released the claim it was sent under (a rerun could dispatch the run again), and the claims are free."""
+    from relive.experiments.runner import claim_runs
+
+    cancelled, real_cancel = [], ray.cancel
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ray, "wait", interrupted)
+    monkeypatch.setattr(ray, "cancel", lambda ref, force=False: (cancelled.append(ref), real_cancel(ref, force=force)))
+    g = tiny_grid("tiny-interrupted", seeds=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_grid_ray(g, tmp_path, progress=False)
+    assert len(cancelled) == 1
+    with pytest.raises(ray.exceptions.RayError):
+        ray.get(cancelled[0], timeout=120)
+    held, claims, _ = claim_runs(g.runs(), tmp_path)
+    assert held and [c.release() for c in claims]

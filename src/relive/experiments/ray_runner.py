@@ -129,6 +129,8 @@ def run_grid_ray(grid: Grid, root: str | Path, address: str = "auto", storage: s
                 for claim in claims:
                     claim.release()
     finally:
+        for ref in pending:  # interrupted (Ctrl-C, an error): no task runs on without the claim it was sent under
+            ray.cancel(ref, force=True)
         for claim in held_claims:
             claim.release()
         if marker is not None:
