@@ -188,3 +188,22 @@ def test_an_interrupted_head_cancels_its_tasks_and_lets_go_of_its_claims(cluster
         ray.get(cancelled[0], timeout=120)
     held, claims, _ = claim_runs(g.runs(), tmp_path)
     assert held and [c.release() for c in claims]
+
+
+def test_a_retried_task_waits_for_the_dead_try_s_training_to_let_go_of_the_run(tmp_path):
+    """A task retried after its node died can reach the run before the dead try's training is gone (its
+    .relive.lock still held for a moment; on NFS until the lease expires): with the head's claim held, the node
+    waits for the lock instead of calling the run busy -- here a training that fails at once is then started and
+    recorded as crashed, not left as busy."""
+    from relive.experiments.runner import RUN_LOCK, execute_job
+    from relive.files import DirectoryLock
+
+    g = parse_grid({"name": "tiny-retry", "seeds": 1, "tasks": ["Pendulum-v1"],
+                    "variant": [{"label": "broken", "preset": "sac", "args": [*TINY, "--set", "agent.num_qs=0"]}]})
+    [spec] = g.runs()
+    run_dir = run_dir_of(tmp_path, spec)
+    run_dir.mkdir(parents=True)
+    dying = DirectoryLock(run_dir, RUN_LOCK, what="run")  # the dead try's training, about to go
+    threading.Timer(1.0, dying.release).start()
+    [out] = execute_job([spec], tmp_path, 1, None, False, claimed=True, busy_wait=30)
+    assert out.status == "crashed" and (run_dir / "crash.json").is_file()

@@ -59,6 +59,7 @@ from relive.experiments.runner import (
 )
 
 STORAGES = ("shared", "gather")
+BUSY_WAIT = 120.0  # seconds a task waits for a run's training lock to go (a dead try's training; an NFS lease)
 MARKER = ".relive-ray-root"  # written by the head under root/grid; a task on shared storage must see it
 
 
@@ -165,7 +166,7 @@ def _remote_job(specs: list[RunSpec], root: str, storage: str, archives: dict | 
                 log.write(f"# ray node {node}\n")
         results = [RunOutcome(o.spec, o.status, o.seconds, o.run_dir, node)
                    for o in execute_job(specs, work, threads_per_run, timeout, batched, claimed=True,
-                                     die_with_parent=True)]
+                                     die_with_parent=True, busy_wait=BUSY_WAIT)]
         if storage == "shared":
             return results
         return [(o, _pack(run_dir_of(work, o.spec))) for o in results]

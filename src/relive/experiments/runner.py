@@ -114,7 +114,8 @@ def claim_runs(specs: list[RunSpec], root: Path) -> tuple[list[RunSpec], list[Di
 
 
 def execute_job(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: float | None,
-             batched: bool, claimed: bool = False, die_with_parent: bool = False) -> list[RunOutcome]:
+             batched: bool, claimed: bool = False, die_with_parent: bool = False,
+             busy_wait: float = 0.0) -> list[RunOutcome]:
     """One training process for the specs it can lock: ``relive train`` of one run, or (``batched``) of several
     new seeds of one (variant, task) with ``--seeds``, whose output goes to the first run's log (the others' logs
     say so). A run is finished when its directory holds the summary (and, alone, the process exited 0); a run that
@@ -122,7 +123,9 @@ def execute_job(specs: list[RunSpec], root: Path, threads_per_run: int, timeout:
     code and the log's last lines. The claims are released at the end.
 
     ``claimed``: the caller (the Ray runner's head) already holds every run's claim; only a training that runs one
-    (``.relive.lock``) makes it busy. ``die_with_parent``: the training is killed when this process dies (Linux),
+    (``.relive.lock``) makes it busy -- after waiting up to ``busy_wait`` seconds for that training to let go (a
+    task retried after its node died can arrive before the dead try's training is gone, or before a network file
+    system releases its lock). ``die_with_parent``: the training is killed when this process dies (Linux),
     so that a Ray worker killed with its node leaves no training running on alone."""
     if claimed:
         held, claims, outcomes = [], [], []
@@ -131,14 +134,14 @@ def execute_job(specs: list[RunSpec], root: Path, threads_per_run: int, timeout:
             d.mkdir(parents=True, exist_ok=True)
             if (d / FINISHED).is_file():
                 outcomes.append(RunOutcome(spec, "skipped", 0.0, d))
-            elif _run_in_use(d):
+            elif _run_in_use(d) and not _freed(d, busy_wait):
                 outcomes.append(RunOutcome(spec, "busy", 0.0, d))
             else:
                 held.append(spec)
         if batched and any((run_dir_of(root, s) / "config.json").exists() for s in held):
             # a batch started before (its task retried after its node died): each run resumed on its own
             return outcomes + [o for s in held for o in execute_job([s], root, threads_per_run, timeout, False,
-                                                                 True, die_with_parent)]
+                                                                    True, die_with_parent, busy_wait)]
     else:
         held, claims, outcomes = claim_runs(specs, root)
     if not held:
@@ -185,6 +188,16 @@ def execute_job(specs: list[RunSpec], root: Path, threads_per_run: int, timeout:
         for claim in claims:
             claim.release()  # (the lock file stays: unlinking it could let two runners hold two files)
     return outcomes
+
+
+def _freed(run_dir: Path, seconds: float, every: float = 0.5) -> bool:
+    """True once no training holds the run, polled for up to ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(every)
+        if not _run_in_use(run_dir):
+            return True
+    return False
 
 
 def _die_with_parent() -> None:
