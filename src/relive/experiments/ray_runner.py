@@ -60,7 +60,7 @@ from relive.experiments.runner import (
 
 STORAGES = ("shared", "gather")
 BUSY_WAIT = 120.0  # seconds a task waits for a run's training lock to go (a dead try's training; an NFS lease)
-MARKER = ".relive-ray-root"  # written by the head under root/grid; a task on shared storage must see it
+MARKER = ".relive-ray-root"  # the head writes MARKER-<token> under root/grid; a task on shared storage must see it
 
 
 def run_grid_ray(grid: Grid, root: str | Path, address: str = "auto", storage: str = "shared",
@@ -89,8 +89,9 @@ def run_grid_ray(grid: Grid, root: str | Path, address: str = "auto", storage: s
     marker = None
     if storage == "shared":
         (root / grid.name).mkdir(parents=True, exist_ok=True)
-        marker = root / grid.name / MARKER
-        marker.write_text(uuid.uuid4().hex)
+        token = uuid.uuid4().hex  # one marker per head: two heads on one root do not overwrite each other's
+        marker = root / grid.name / f"{MARKER}-{token}"
+        marker.write_text(token)
     task = ray.remote(_remote_job).options(num_cpus=threads_per_run, num_gpus=gpus_per_run,
                                            max_retries=max_retries)
     pending: dict = {}  # ref -> (held specs, their claims)
@@ -148,7 +149,7 @@ def _remote_job(specs: list[RunSpec], root: str, storage: str, archives: dict | 
 
     node = ray.get_runtime_context().get_node_id()
     if storage == "shared":
-        seen = Path(root) / specs[0].grid / MARKER
+        seen = Path(root) / specs[0].grid / f"{MARKER}-{marker}"
         if not seen.is_file() or seen.read_text() != marker:
             raise OSError(f"--root {root} is not the head's directory on node {node}: with --storage shared every "
                           "node must see --root at the same path (a shared file system); use --storage gather "
