@@ -30,6 +30,15 @@ def add_parsers(subparsers) -> None:
                      help="train up to S new seeds of one variant and task in one process, their networks batched "
                           "(DDQN grids; default 1: one process per run)")
     run.add_argument("--tasks", nargs="+", default=None, metavar="TASK", help="only these tasks of the grid")
+    run.add_argument("--ray-address", default=None, metavar="auto|HOST:PORT",
+                     help="run on a Ray cluster: each run a Ray task with --threads-per-run CPUs (and "
+                          "--gpus-per-run GPUs); concurrency is the cluster's (docs/cluster.md)")
+    run.add_argument("--storage", choices=("shared", "gather"), default="shared",
+                     help="with --ray-address: 'shared' (default): --root is a path every node sees and runs write "
+                          "there; 'gather': runs write node-local scratch directories that the head gathers "
+                          "under --root")
+    run.add_argument("--gpus-per-run", type=positive_float, default=None, help="with --ray-address: GPUs per run "
+                     "(e.g. 1, or 0.5 for two runs per GPU; default none)")
     run.add_argument("--report", action="store_true", help="write the report when the runs are done")
     run.add_argument("--out", default="reports", help="report directory (with --report; default reports/)")
     run.add_argument("--overwrite", action="store_true", help="with --report: replace an existing report (notes "
@@ -68,8 +77,21 @@ def _run(args: argparse.Namespace) -> int:
     if args.report:  # refused before hours of runs, not after
 
         refuse_overwrite(report_path(load_grid(args.grid), args.out), args.overwrite)
-    outcomes = run_grid(grid, args.root, workers=args.workers, threads_per_run=args.threads_per_run,
-                        timeout=args.timeout, seed_batch=args.seed_batch)
+    if args.ray_address is None:
+        for flag, value in (("--gpus-per-run", args.gpus_per_run), ("--storage", args.storage != "shared" or None)):
+            if value is not None:
+                raise ValueError(f"{flag} goes with --ray-address (a run on a Ray cluster)")
+        outcomes = run_grid(grid, args.root, workers=args.workers, threads_per_run=args.threads_per_run,
+                            timeout=args.timeout, seed_batch=args.seed_batch)
+    else:
+        if args.workers is not None:
+            raise ValueError("--workers: with --ray-address the cluster's resources set how many runs go at once "
+                             "(each asks for --threads-per-run CPUs)")
+        from relive.experiments.ray_runner import run_grid_ray  # (imports Ray only when asked)
+
+        outcomes = run_grid_ray(grid, args.root, args.ray_address, storage=args.storage,
+                                threads_per_run=args.threads_per_run, gpus_per_run=args.gpus_per_run or 0.0,
+                                timeout=args.timeout, seed_batch=args.seed_batch)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("finished", "skipped", "busy", "crashed")}
     print(f"{grid.name}: {counts['finished']} finished now, {counts['skipped']} already done, "
           f"{counts['busy']} left to another process, {counts['crashed']} crashed "
@@ -87,8 +109,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    for path in sorted(GRID_DIR.glob("*.toml")):
-        grid = load_grid(path)
+    for path in [*sorted(GRID_DIR.glob("*.toml")), *sorted(GRID_DIR.glob("plans/*.toml"))]:
+        grid = load_grid(path)  # (plans: the papers' budgets, for a cluster; docs/cluster.md)
+        name = str(path.relative_to(GRID_DIR).with_suffix(""))
         first_line = grid.description.strip().splitlines()[0] if grid.description else ""
-        print(f"{grid.name:12s} {len(grid.runs()):4d} runs  {first_line}")
+        print(f"{name:28s} {len(grid.runs()):4d} runs  {first_line}")
     return 0

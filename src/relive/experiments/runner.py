@@ -42,6 +42,7 @@ class RunOutcome:
     status: str  # "finished" (now), "skipped" (earlier), "busy" (another runner or training has it), "crashed"
     seconds: float
     run_dir: Path
+    node: str = ""  # the Ray node that executed it (`relive bench run --ray-address`); "" when local
 
 
 def run_dir_of(root: Path, spec: RunSpec) -> Path:
@@ -86,10 +87,10 @@ def _take_lock(run_dir: Path) -> DirectoryLock | None:
 
 
 def execute(spec: RunSpec, root: Path, threads_per_run: int = 1, timeout: float | None = None) -> RunOutcome:
-    return _execute([spec], root, threads_per_run, timeout, batched=False)[0]
+    return execute_job([spec], root, threads_per_run, timeout, batched=False)[0]
 
 
-def _claim(specs: list[RunSpec], root: Path) -> tuple[list[RunSpec], list[DirectoryLock], list[RunOutcome]]:
+def claim_runs(specs: list[RunSpec], root: Path) -> tuple[list[RunSpec], list[DirectoryLock], list[RunOutcome]]:
     """Lock the run directories that still need their run: (the held specs, their claims, outcomes of the
     finished and busy)."""
     held, claims, outcomes = [], [], []
@@ -112,14 +113,37 @@ def _claim(specs: list[RunSpec], root: Path) -> tuple[list[RunSpec], list[Direct
     return held, claims, outcomes
 
 
-def _execute(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: float | None,
-             batched: bool) -> list[RunOutcome]:
+def execute_job(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: float | None,
+             batched: bool, claimed: bool = False, die_with_parent: bool = False,
+             busy_wait: float = 0.0) -> list[RunOutcome]:
     """One training process for the specs it can lock: ``relive train`` of one run, or (``batched``) of several
     new seeds of one (variant, task) with ``--seeds``, whose output goes to the first run's log (the others' logs
     say so). A run is finished when its directory holds the summary (and, alone, the process exited 0); a run that
     a training started by hand took in between is "busy"; every other held run gets a ``crash.json`` with the exit
-    code and the log's last lines. The claims are released at the end."""
-    held, claims, outcomes = _claim(specs, root)
+    code and the log's last lines. The claims are released at the end.
+
+    ``claimed``: the caller (the Ray runner's head) already holds every run's claim; only a training that runs one
+    (``.relive.lock``) makes it busy -- after waiting up to ``busy_wait`` seconds for that training to let go (a
+    task retried after its node died can arrive before the dead try's training is gone, or before a network file
+    system releases its lock). ``die_with_parent``: the training is killed when this process dies (Linux),
+    so that a Ray worker killed with its node leaves no training running on alone."""
+    if claimed:
+        held, claims, outcomes = [], [], []
+        for spec in specs:
+            d = run_dir_of(root, spec)
+            d.mkdir(parents=True, exist_ok=True)
+            if (d / FINISHED).is_file():
+                outcomes.append(RunOutcome(spec, "skipped", 0.0, d))
+            elif _run_in_use(d) and not _freed(d, busy_wait):
+                outcomes.append(RunOutcome(spec, "busy", 0.0, d))
+            else:
+                held.append(spec)
+        if batched and any((run_dir_of(root, s) / "config.json").exists() for s in held):
+            # a batch started before (its task retried after its node died): each run resumed on its own
+            return outcomes + [o for s in held for o in execute_job([s], root, threads_per_run, timeout, False,
+                                                                    True, die_with_parent, busy_wait)]
+    else:
+        held, claims, outcomes = claim_runs(specs, root)
     if not held:
         return outcomes
     dirs = [run_dir_of(root, s) for s in held]
@@ -143,7 +167,8 @@ def _execute(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: fl
         with open(dirs[0] / LOG, "a") as log:
             log.write(f"$ {' '.join(cmd)}\n")
             log.flush()
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)  # (takes each run's lock)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,  # (takes each run's lock)
+                                    preexec_fn=_die_with_parent if die_with_parent else None)
             code = _wait(proc, timeout)
         seconds = time.perf_counter() - start
         tail = None
@@ -163,6 +188,26 @@ def _execute(specs: list[RunSpec], root: Path, threads_per_run: int, timeout: fl
         for claim in claims:
             claim.release()  # (the lock file stays: unlinking it could let two runners hold two files)
     return outcomes
+
+
+def _freed(run_dir: Path, seconds: float, every: float = 0.5) -> bool:
+    """True once no training holds the run, polled for up to ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(every)
+        if not _run_in_use(run_dir):
+            return True
+    return False
+
+
+def _die_with_parent() -> None:
+    """In the training's process before it starts (Linux): SIGKILL when the process that started it dies."""
+    import ctypes  # (Linux prctl; nothing elsewhere)
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None) -> int:
@@ -193,8 +238,8 @@ def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_p
     outcomes += [RunOutcome(s, "skipped", 0.0, run_dir_of(root, s)) for s in specs if s not in todo]
     if not todo:
         return outcomes
-    jobs = _seed_batches(todo, root, seed_batch)
-    bar = _progress(progress)
+    jobs = seed_batches(todo, root, seed_batch)
+    bar = progress_bar(progress)
     with bar:
         task = bar.add_task(f"{grid.name}: {len(todo)} runs ({len(specs) - len(todo)} already done)",
                             total=len(todo))
@@ -210,7 +255,7 @@ def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_p
     return outcomes
 
 
-def _seed_batches(todo: list[RunSpec], root: Path, seed_batch: int) -> list[list[RunSpec]]:
+def seed_batches(todo: list[RunSpec], root: Path, seed_batch: int) -> list[list[RunSpec]]:
     """Jobs: single runs, or groups of up to ``seed_batch`` new runs of one (variant, task)."""
     if seed_batch < 1:
         raise ValueError(f"--seed-batch must be >= 1, got {seed_batch}")
@@ -234,8 +279,8 @@ def _seed_batches(todo: list[RunSpec], root: Path, seed_batch: int) -> list[list
 
 def execute_batch(specs: list[RunSpec], root: Path, threads_per_run: int = 1,
                   timeout: float | None = None) -> list[RunOutcome]:
-    """Several new seeds of one (variant, task) in one ``relive train --seeds`` process (see ``_execute``)."""
-    return _execute(specs, root, threads_per_run, timeout, batched=True)
+    """Several new seeds of one (variant, task) in one ``relive train --seeds`` process (see ``execute_job``)."""
+    return execute_job(specs, root, threads_per_run, timeout, batched=True)
 
 
 def status_line(out: RunOutcome) -> str:
@@ -244,12 +289,16 @@ def status_line(out: RunOutcome) -> str:
     mark = {"finished": "ok", "busy": "busy: another process runs it",
             "skipped": "done by another runner", "crashed": "CRASHED"}[out.status]
     tail = f" -> see {out.run_dir / CRASHED}" if out.status == "crashed" else ""
-    return f"[{mark}] {out.spec.key} ({out.seconds:.0f} s){tail}"
+    where = f" on node {out.node[:8]}" if out.node else ""
+    return f"[{mark}] {out.spec.key} ({out.seconds:.0f} s{where}){tail}"
 
 
-def _progress(enabled: bool):
+def progress_bar(enabled: bool):
     # (only when a progress bar is shown)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     disable=not enabled)
+
+
+_seed_batches = seed_batches  # (the earlier name, kept for callers of it)
