@@ -175,7 +175,7 @@ def test_eval_writes_a_video_per_episode_with_the_same_returns(runs, tmp_path):
     assert frames == 201  # the reset frame and one per step of Pendulum's 200
     plain = tmp_path / "plain.json"
     assert main(["eval", str(runs / "sac0"), "--episodes", "2", "--seed", "7", "--out", str(plain)]) == 0
-    assert json.loads(out.read_text())["returns"] == json.loads(plain.read_text())["returns"]  # rendering changes nothing
+    assert json.loads(out.read_text())["returns"] == json.loads(plain.read_text())["returns"]  # (same returns)
     assert main(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(videos)]) == 2  # no overwrite
 
 
