@@ -398,3 +398,15 @@ def test_a_report_without_rliable_says_how_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "rliable", None)
     with pytest.raises(ValueError, match=r"pip install 'relive\[experiments\]'"):
         iqm_with_ci({"a": np.ones((3, 1))})
+
+
+def test_a_runs_log_shows_its_progress(tmp_path, monkeypatch):
+    """Issue 31 item 6: `relive bench run`'s per-run logs get plain progress lines (the run's output is a file)."""
+    from relive.experiments.runner import LOG
+
+    monkeypatch.setenv("RELIVE_PROGRESS_SECONDS", "0")
+    g = parse_grid({"name": "prog", "seeds": 1, "tasks": ["Pendulum-v1"],
+                    "variant": [{"label": "sac", "preset": "sac", "args": list(TINY)}]})
+    assert [o.status for o in run_grid(g, tmp_path, workers=1, progress=False)] == ["finished"]
+    log = (tmp_path / "prog" / "sac" / "Pendulum-v1" / "seed_0" / LOG).read_text()
+    assert "online: " in log and "env steps" in log and "ETA" in log

@@ -56,8 +56,10 @@ def train_command(spec: RunSpec, run_dir: Path) -> list[str]:
     base = [sys.executable, "-m", "relive.cli", "--debug", "train"]  # --debug: the crash log keeps the traceback
     if (run_dir / "config.json").exists():  # (a resume does not inherit --trust-code: the grid file says it again)
         return [*base, "--resume", str(run_dir), *(["--trust-code"] if "--trust-code" in spec.args else [])]
+    # (progress on: its output is the run's log file, not a terminal, so the run prints a plain progress line with
+    # an ETA every $RELIVE_PROGRESS_SECONDS, default 30 -- `tail -f` a run's log to follow it)
     return [*base, spec.preset, "--env", spec.task, "--seed", str(spec.seed), "--run-dir", str(run_dir),
-            "--no-progress", *spec.args]
+            *spec.args]
 
 
 def default_workers(threads_per_run: int = 1) -> int:
