@@ -192,3 +192,16 @@ def test_eval_of_a_her_run_makes_its_env_as_the_run_did(tmp_path, capsys):
     capsys.readouterr()
     assert main(["eval", str(run), "--episodes", "1"]) == 0
     assert "success rate" in capsys.readouterr().out
+
+
+def test_a_ddpg_policy_exports_its_actors_actions(tmp_path):
+    import torch
+
+    from relive.agents.ddpg import DDPG, DDPGConfig
+    from relive.agents.export import export_policy, load_safetensors_policy
+
+    agent = DDPG(3, 2, -np.array([1.0, 2.0]), np.array([1.0, 0.5]), DDPGConfig(hidden=(16,)), seed=0)
+    obs = np.random.default_rng(2).normal(size=(50, 3)).astype(np.float32) * 4
+    path = export_policy(agent, tmp_path / "a.safetensors", "safetensors", 3)
+    np.testing.assert_array_equal(load_safetensors_policy(path)(torch.as_tensor(obs)).numpy(),
+                                  agent.act(obs, explore=False).action)

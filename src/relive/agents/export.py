@@ -29,10 +29,8 @@ from relive.agents.sac import SAC
 FORMATS = ("torchscript", "onnx", "safetensors")
 
 
-class SquashedMeanPolicy(nn.Module):
-    """SAC's evaluation action: center + scale * tanh(mu(s)), clipped to the box (``SAC.act(explore=False)``)."""
-
-    kind = "squashed_mean"
+class _BoxPolicy(nn.Module):
+    """A policy into the action box: center + scale * tanh(u), clipped to [low, high] as the agents' ``act`` does."""
 
     def __init__(self, trunk: nn.Sequential, action_dim: int, low, high):
         super().__init__()
@@ -43,28 +41,26 @@ class SquashedMeanPolicy(nn.Module):
         self.register_buffer("scale", (self.high - self.low) / 2)
         self.register_buffer("center", (self.high + self.low) / 2)
 
+    def squash(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(torch.maximum(torch.tanh(u) * self.scale + self.center, self.low), self.high)
+
+
+class SquashedMeanPolicy(_BoxPolicy):
+    """SAC's evaluation action: the squashed mean of its Gaussian (``SAC.act(explore=False)``)."""
+
+    kind = "squashed_mean"
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        mean = self.trunk(obs)[..., : self.action_dim]
-        return torch.minimum(torch.maximum(torch.tanh(mean) * self.scale + self.center, self.low), self.high)
+        return self.squash(self.trunk(obs)[..., : self.action_dim])
 
 
-class DeterministicPolicy(nn.Module):
-    """DDPG's evaluation action: center + scale * tanh(f(s)), clipped to the box."""
+class DeterministicPolicy(_BoxPolicy):
+    """DDPG's evaluation action: its actor, center + scale * tanh(f(s)), clipped to the box."""
 
     kind = "deterministic"
 
-    def __init__(self, trunk: nn.Sequential, action_dim: int, low, high):
-        super().__init__()
-        self.trunk = trunk
-        low, high = nets.action_box(low, high, action_dim)
-        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
-        self.register_buffer("scale", (self.high - self.low) / 2)
-        self.register_buffer("center", (self.high + self.low) / 2)
-
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        a = self.center + self.scale * torch.tanh(self.trunk(obs))
-        return torch.minimum(torch.maximum(a, self.low), self.high)
+        return self.squash(self.trunk(obs))
 
 
 class GreedyPolicy(nn.Module):
