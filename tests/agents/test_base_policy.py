@@ -18,13 +18,7 @@ from relive.replay.checkpoint import save_tree
 OBS, ACT = 4, 2
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The machine's cores are shared: one torch thread (and restore the caller's setting)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 LOW, HIGH = np.array([-1.0, -2.0], np.float32), np.array([1.0, 2.0], np.float32)
 
 

@@ -24,13 +24,7 @@ LOW, HIGH = -np.ones(2, np.float32), np.ones(2, np.float32)
 W = np.array([[0.3, -0.2], [0.1, 0.25], [-0.15, 0.05]], np.float32)  # a linear expert a = s W, inside (-1, 1)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The machine's cores are shared: one torch thread (and restore the caller's setting)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def expert_rows(n=2000, seed=0) -> dict:

@@ -25,12 +25,7 @@ H = 20  # time limit of the toy task
 NEED = 5  # full-speed steps from the start to the goal
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 class LineGoal(gym.Env):

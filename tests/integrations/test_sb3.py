@@ -21,13 +21,7 @@ from torch.nn import functional as F  # noqa: E402
 from relive.integrations.sb3 import DDPG, DQN, SAC, TD3, ReliveReplayBuffer  # noqa: E402
 from relive.replay import ARBSampler, PrioritizedSampler, ReplayBuffer  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def _record_samples(model):

@@ -12,9 +12,9 @@ import numpy as np
 from relive.cli import positive_int, refuse_overwrite, write_generated
 from relive.config import load_config
 from relive.data.columns import split_episodes
-from relive.data.lerobot_io import buffer_rows, is_lerobot_dir, write_lerobot
+from relive.data.lerobot_io import buffer_rows, write_lerobot
 from relive.data.loaders import load_rows
-from relive.data.minari_io import default_root, list_local, read_minari
+from relive.data.minari_io import default_root, list_local
 from relive.data.scores import d4rl_reference, normalized_score
 from relive.replay.buffer import HOST, ReplayBuffer
 from relive.train.checkpoint import has_checkpoint, load_checkpoint
@@ -96,14 +96,9 @@ def _list(args: argparse.Namespace) -> int:
 def describe(dataset: str, root=None) -> dict:
     """Size, returns and normalized scores (relive's references and D4RL's where published) of a dataset: any format
     ``--dataset`` accepts (a Minari id or directory, a D4RL-style ``.hdf5``, a LeRobot directory, a ``.npz``)."""
-    p = Path(dataset)
-    if p.suffix in (".npz", ".hdf5", ".h5") or is_lerobot_dir(p):
-        rows, read = load_rows(p)
-        meta = {"dataset_id": str(dataset), "path": str(p), "env_id": read.get("env_id"),
-                "ref_min_return": read.get("ref_min_return"), "ref_max_return": read.get("ref_max_return")}
-        meta["format"] = "npz" if p.suffix == ".npz" else "d4rl-hdf5" if p.suffix in (".hdf5", ".h5") else "lerobot"
-    else:
-        rows, meta = read_minari(dataset, root)
+    rows, meta = load_rows(dataset, root=root)  # (the one dispatch over the formats: relive.data.loaders)
+    meta = {k: v for k, v in meta.items() if v is None or isinstance(v, str | int | float | bool | dict | list)}
+    meta.setdefault("path", str(dataset))
     returns = np.array([rows["reward"][sl].sum() for sl in split_episodes(rows)])
     where = Path(meta["path"]) if meta.get("path") else None
     files = (where.rglob("*") if where.is_dir() else [where]) if where is not None else ()
@@ -111,7 +106,8 @@ def describe(dataset: str, root=None) -> dict:
         "rows": int(len(rows["obs"])), "episodes": int(returns.size),
         "megabytes": sum(f.stat().st_size for f in files if f.is_file()) / 2**20,
         "return_mean": float(returns.mean()), "return_std": float(returns.std()),
-        "normalized_score": normalized_score(float(returns.mean()), meta["ref_min_return"], meta["ref_max_return"])}
+        "normalized_score": normalized_score(float(returns.mean()), meta.get("ref_min_return"),
+                                             meta.get("ref_max_return"))}
     ref = d4rl_reference(meta.get("env_id") or "")
     if ref:
         out["d4rl_normalized_score"] = normalized_score(float(returns.mean()), *ref)

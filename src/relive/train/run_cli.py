@@ -259,7 +259,8 @@ def plot_runs(run_dirs, metric: str, out: Path) -> dict[str, int]:
         if not common:
             raise ValueError(f"{label}: its runs logged {metric!r} at no common env step")
         grid = np.asarray(common)
-        values = np.stack([np.asarray([y[np.flatnonzero(x == s)[-1]] for s in grid]) for x, y in curves])
+        at = [dict(zip(x.tolist(), y.tolist(), strict=True)) for x, y in curves]  # step -> value (the last wins)
+        values = np.asarray([[run[s] for s in common] for run in at])
         mean = values.mean(axis=0)
         (line,) = ax.plot(grid, mean, label=f"{label}, {len(curves)} run{'s' if len(curves) > 1 else ''}")
         if len(curves) > 1:

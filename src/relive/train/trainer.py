@@ -299,9 +299,11 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     torch.set_num_threads(cfg.run.num_threads)
     retain_freed_memory()  # no page faults on every update's activations (see the function)
     num_envs, remote = cfg.env.num_envs, cfg.collectors.num > 0
+    loaded = None  # an env-less run's dataset, read once for its spec and its rows
     if not cfg.env.id:  # offline only, from a dataset, without an environment (real-robot data)
         eval_env = env = None
-        spec = dataset_spec(cfg)
+        loaded = load_rows(cfg.data.dataset) if cfg.data.dataset else None
+        spec = dataset_spec(cfg, loaded)
     else:
         goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts stored as columns, relabeled at sample time
         eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, **goal)
@@ -325,7 +327,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if s.num_offline_grad_steps and not cfg.data.dataset:
         raise ValueError("num_offline_grad_steps > 0 needs a dataset (--dataset PATH)")
     if tree is None:  # (a checkpoint holds the buffer, offline rows included, and the agent)
-        _load_start(cfg, agent, buffer, columns, gamma, state)
+        _load_start(cfg, agent, buffer, columns, gamma, state, loaded)
     if remote:  # Ray collectors step the envs (relive.train.ray_collectors, which imports Ray only now)
         check_agent(agent)
         collector = RayCollectors(cfg, _int(seeds["env"]))
@@ -374,7 +376,7 @@ def _open_resumed_run(run_dir: Path, resume_settings: Sequence[str],
     return run_dir, saved, cfg, tree
 
 
-def dataset_spec(cfg: ExperimentConfig):
+def dataset_spec(cfg: ExperimentConfig, loaded: tuple[dict, dict] | None = None):
     """An offline-only run without an environment: the spec read from its dataset (``spec_from_rows``), which must
     exist and be the run's only data; nothing online, no evaluation."""
     s = cfg.schedule
@@ -383,7 +385,8 @@ def dataset_spec(cfg: ExperimentConfig):
     if s.num_online_env_steps or cfg.collectors.num or cfg.env.num_envs > 1:
         raise ValueError("a run without an environment (no --env) is offline only: --online-steps 0, no collectors "
                          "or vector envs")
-    return spec_from_rows(load_rows(cfg.data.dataset)[0], str(cfg.data.dataset))
+    rows = (loaded or load_rows(cfg.data.dataset))[0]  # (``loaded``: the dataset already read by the caller)
+    return spec_from_rows(rows, str(cfg.data.dataset))
 
 
 def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
@@ -408,10 +411,10 @@ def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuf
 
 
 def _load_start(cfg: ExperimentConfig, agent, buffer: ReplayBuffer, columns: tuple, gamma: float,
-                state: LoopState) -> None:
+                state: LoopState, loaded: tuple[dict, dict] | None = None) -> None:
     """A new run's starting point: the offline dataset into the buffer, the agent from ``run.init_from``."""
     if cfg.data.dataset:
-        _load_dataset(cfg, buffer, columns, gamma, state)
+        _load_dataset(cfg, buffer, columns, gamma, state, loaded)
     if cfg.run.init_from:  # one pre-trained agent shared by several fine-tuning runs
         init = Path(cfg.run.init_from) / "agent_final"
         if not (init / "MANIFEST.json").is_file():
@@ -490,8 +493,9 @@ def _check_num_envs(cfg: ExperimentConfig, hooks: list) -> None:
                          f"by the env index it receives")
 
 
-def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState) -> None:
-    rows, meta = load_rows(cfg.data.dataset, env_id=cfg.env.id)
+def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopState,
+                  loaded: tuple[dict, dict] | None = None) -> None:
+    rows, meta = loaded or load_rows(cfg.data.dataset, env_id=cfg.env.id)
     n = len(rows["reward"])
     for c in columns:
         if c.name not in rows and c.offline == "required":
