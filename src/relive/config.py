@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from relive.files import write_text_atomic
-from relive.registry import REPLAYS, agent_entry, field_docs, replay_entry
+from relive.registry import (
+    ALIASES,
+    REPLAYS,
+    ReplaySpec,
+    agent_entry,
+    field_docs,
+    load_builtins,
+    options_dict,
+    replay_entry,
+)
 
 _DEVICE = re.compile(r"cpu|mps|cuda(:\d+)?")
 
@@ -220,15 +229,27 @@ class ScheduleConfig:
 
 @dataclass(frozen=True)
 class ReplayConfig:
+    """The replay strategy (a registered name and its options), the buffer's capacity and device. An alias
+    (``symmetric``: a ``mixture`` of two uniform parts) is expanded on construction: ``name`` is always a registered
+    strategy."""
+
     name: str = "uniform"  # a registered replay strategy (`relive presets --show replays`)
     capacity: int = 1_000_000  # rows, offline + online
     options: Any = None  # the strategy's own config dataclass (``replay.<name>.*``); None: its defaults
-    device: str | None = None  # torch device of the buffer's columns and sampling (uniform, per, symmetric,
-    #                            symmetric_per; relive.replay.device), e.g. the agent's "cuda"; None: NumPy on the host
+    device: str | None = None  # torch device of the buffer's columns and sampling (uniform, per, and mixtures of
+    #                            them; relive.replay.device), e.g. the agent's "cuda"; None: NumPy on the host
 
     def __post_init__(self):
         if self.device is not None:
             check_device("replay.device", self.device)
+        load_builtins()
+        if self.name in ALIASES:
+            if self.options is not None:
+                raise ValueError(f"replay {self.name!r} is an alias of {ALIASES[self.name].target!r}: give its "
+                                 f"options by name, ReplayConfig.of({self.name!r}, ...)")
+            name, options = expand_alias(self.name, {}, raw=False)
+            object.__setattr__(self, "name", name)
+            object.__setattr__(self, "options", options)
         cls = replay_entry(self.name).config_cls
         if self.options is None:
             object.__setattr__(self, "options", cls())
@@ -239,12 +260,106 @@ class ReplayConfig:
 
     @classmethod
     def of(cls, name: str, capacity: int = 1_000_000, **options) -> ReplayConfig:
-        """``ReplayConfig.of("symmetric", offline_fraction=0.5)``: the named strategy with some options set."""
+        """``ReplayConfig.of("symmetric", offline_fraction=0.5)``: the named strategy (or alias) with some options
+        set."""
+        load_builtins()
+        if name in ALIASES:
+            target, opts = expand_alias(name, options, raw=False)
+            return cls(target, capacity, opts)
         return cls(name, capacity, replay_entry(name).config_cls(**options))
 
+    @property
+    def label(self) -> str:
+        """The strategy in a few words: ``per``, ``mixture(offline=uniform, online=per)``."""
+        return str(ReplaySpec(self.name, self.options))
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "capacity": self.capacity, self.name: asdict(self.options)} | (
+        return {"name": self.name, "capacity": self.capacity, self.name: options_dict(self.options)} | (
             {"device": self.device} if self.device is not None else {})
+
+
+# -- replay options: nested parts (a mixture's offline / online) and aliases ----------------------------------------
+_RENAMED_OPTIONS = {"ARBConfig": {"amortized_rows": "amortized_rows_per_refresh"}}  # old option name -> field
+
+
+def _option_name(options, name: str) -> str:
+    return _RENAMED_OPTIONS.get(type(options).__name__, {}).get(name, name)
+
+
+def set_option(options, path: list[str], value, key: str, *, raw: bool):
+    """``options`` (a replay's config dataclass) with the setting at ``path`` replaced: ``["priority_exponent"]``,
+    or into a part, ``["online", "name"]`` (the part becomes that strategy with its defaults) and
+    ``["online", "per", "priority_exponent"]``. ``raw``: ``value`` is command-line text, parsed against the field's
+    type; else JSON data."""
+    name = _option_name(options, path[0])
+    names = [f.name for f in dataclasses.fields(options)]
+    if name not in names:
+        raise ValueError(f"unknown setting {key!r}; {type(options).__name__} has {names}")
+    current = getattr(options, name)
+    if isinstance(current, ReplaySpec):
+        rest = path[1:]
+        if rest == ["name"]:
+            new_name = parse_value(str, value, key) if raw else value
+            return _replace(options, name, ReplaySpec(new_name), key, value)
+        if len(rest) >= 2 and rest[0] == current.name:
+            return _replace(options, name, ReplaySpec(current.name, set_option(current.options, rest[1:], value, key,
+                                                                               raw=raw)), key, value)
+        if len(rest) >= 2:
+            raise ValueError(f"--set {key}: the options of replay {rest[0]!r} apply only when {name}.name is "
+                             f"{rest[0]!r}; this part is {current.name!r} (set {name}.name={rest[0]} first)")
+        raise ValueError(f"--set {key}: {name} is a replay part: set {name}.name=STRATEGY or "
+                         f"{name}.{current.name}.OPTION")
+    if len(path) > 1:
+        raise ValueError(f"unknown setting {key!r}; {name} has no settings of its own")
+    tp = _field_type(type(options), name)
+    if raw:
+        value = parse_value(tp, value, key)
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"--set {key}={value}: NaN is not a valid setting")
+    else:
+        value = _from_json(tp, value)
+    return _replace(options, name, value, key, value)
+
+
+def _replace(options, name: str, value, key: str, raw):
+    try:
+        return dataclasses.replace(options, **{name: value})
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--set {key}={raw}: {e}") from None
+
+
+def _alias_path(alias, key: str) -> list[str]:
+    """The path under the alias's target of the alias's own option ``key``."""
+    if key in alias.keys:
+        return alias.keys[key].split(".")
+    return (alias.keys.get("*", "") + key).split(".")
+
+
+def expand_alias(name: str, settings: dict, *, raw: bool) -> tuple[str, Any]:
+    """An alias and its own options (``{"priority_exponent": 0.7}`` for ``symmetric_per``) -> (the registered
+    strategy, its options)."""
+    alias = ALIASES[name]
+    options = replay_entry(alias.target).config_cls()
+    for item in alias.sets:
+        path, _, text = item.partition("=")
+        options = set_option(options, path.split("."), text, f"replay.{alias.target}.{path}", raw=True)
+    for key, value in settings.items():
+        options = set_option(options, _alias_path(alias, key), value, f"replay.{name}.{key}", raw=raw)
+    return alias.target, options
+
+
+def _spec_from_dict(data, where: str) -> ReplaySpec:
+    """A replay part from JSON (``{"name": "per", "per": {...}}``; an alias's name expands)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: a replay part is a table with a name, e.g. {{name = \"uniform\"}}, got {data!r}")
+    name = data.get("name", "uniform")
+    extra = sorted(set(data) - {"name", name})
+    if extra:
+        raise ValueError(f"{where}: unknown setting(s) {extra}; replay {name!r} takes {where}.{name}.* options")
+    load_builtins()
+    if name in ALIASES:
+        return ReplaySpec(*expand_alias(name, data.get(name, {}), raw=False))
+    return ReplaySpec(name, _build(replay_entry(name).config_cls, data.get(name, {}), f"{where}.{name}"))
 
 
 @dataclass(frozen=True)
@@ -308,8 +423,13 @@ def _migrate(d: dict) -> dict:
     schedule = dict(d.get("schedule", {}))
     refresh = schedule.pop("refresh_every_grad_steps", None)
     if name not in replay:
-        cls = replay_entry(name).config_cls
-        names = {f.name for f in dataclasses.fields(cls)}
+        load_builtins()
+        if name in ALIASES:  # the alias's own option names: those that reach a field of its expansion
+            base = expand_alias(name, {}, raw=False)[1]
+            names = {f for f in {*_OLD_REPLAY_FIELDS.values(), "refresh_every_grad_steps"}
+                     if _reaches(base, _alias_path(ALIASES[name], f))}
+        else:
+            names = {f.name for f in dataclasses.fields(replay_entry(name).config_cls)}
         opts = {}
         for old, new in _OLD_REPLAY_FIELDS.items():
             if old in replay and new in names and name in _OLD_ONLY_FOR.get(old, (name,)):
@@ -323,8 +443,24 @@ def _migrate(d: dict) -> dict:
     return d
 
 
+def _reaches(options, path: list[str]) -> bool:
+    """Whether ``path`` names a setting of ``options`` (through its parts)."""
+    names = {f.name for f in dataclasses.fields(options)}
+    if path[0] not in names:
+        return False
+    value = getattr(options, path[0])
+    if isinstance(value, ReplaySpec):
+        return len(path) >= 3 and path[1] == value.name and _reaches(value.options, path[2:])
+    return len(path) == 1
+
+
 def _build(cls, data: dict, where: str):
-    """Rebuild a dataclass from JSON data, turning lists back into tuples where typed so."""
+    """Rebuild a dataclass from JSON data, turning lists back into tuples where typed so; a replay part
+    (``ReplaySpec``) from its ``{"name": ..., name: {...}}`` table."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a table of settings, got {data!r}")
+    renamed = _RENAMED_OPTIONS.get(cls.__name__, {})
+    data = {renamed.get(k, k): v for k, v in data.items()}
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -333,10 +469,17 @@ def _build(cls, data: dict, where: str):
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name in data:
-            tp = hints[f.name]
-            kwargs[f.name] = _build(tp, data[f.name], f"{where}.{f.name}") \
-                if dataclasses.is_dataclass(tp) and isinstance(data[f.name], dict) else _from_json(tp, data[f.name])
-    return cls(**kwargs)
+            tp, value, at = hints[f.name], data[f.name], f"{where}.{f.name}"
+            if tp is ReplaySpec:
+                kwargs[f.name] = _spec_from_dict(value, at)
+            elif dataclasses.is_dataclass(tp) and isinstance(value, dict):
+                kwargs[f.name] = _build(tp, value, at)
+            else:
+                kwargs[f.name] = _from_json(tp, value)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _from_json(tp, value):
@@ -354,12 +497,8 @@ def config_from_dict(d: dict) -> ExperimentConfig:
     kind = d.get("agent_kind", "sac")
     agent = _build(agent_entry(kind).config_cls, d.get("agent", {}), "agent")
     r = d.get("replay", {})
-    name = r.get("name", "uniform")
-    extra = sorted(set(r) - {"name", "capacity", "device", name})
-    if extra:
-        raise ValueError(f"replay: unknown setting(s) {extra}; replay {name!r} takes replay.{name}.* options")
-    replay = ReplayConfig(name, r.get("capacity", 1_000_000),
-                          _build(replay_entry(name).config_cls, r.get(name, {}), f"replay.{name}"), r.get("device"))
+    spec = _spec_from_dict({k: v for k, v in r.items() if k not in ("capacity", "device")}, "replay")
+    replay = ReplayConfig(spec.name, r.get("capacity", 1_000_000), spec.options, r.get("device"))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
                                                    ("schedule", ScheduleConfig),
                                                    ("collectors", CollectorsConfig), ("her", HERConfig)) if k in d}
@@ -475,11 +614,16 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, capacity=parse_value(int, raw, key)))
         if parts[1:] == ["device"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, device=parse_value(str | None, raw, key)))
-        if len(parts) == 3:
-            if parts[1] != r.name:
+        if len(parts) >= 3:
+            alias = ALIASES.get(parts[1])
+            if parts[1] == r.name:
+                path = parts[2:]
+            elif alias is not None and alias.target == r.name:  # replay.symmetric_per.priority_exponent
+                path = _alias_path(alias, parts[2]) + parts[3:]
+            else:
                 raise ValueError(f"--set {key}: the options of replay {parts[1]!r} apply only when replay.name is "
-                                 f"{parts[1]!r}; this run uses {r.name!r} (set --replay {parts[1]} first)")
-            opts = _set_field(r.options, parts[2], raw, key, f"replay.{r.name}")
+                                 f"{parts[1]!r}; this run uses {r.label!r} (set --replay {parts[1]} first)")
+            opts = set_option(r.options, path, raw, key, raw=True)
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, options=opts))
         if len(parts) == 2 and parts[1] in _OLD_REPLAY_FIELDS:
             new = _OLD_REPLAY_FIELDS[parts[1]]
@@ -515,6 +659,15 @@ def _set_field(obj, name: str, raw: str, key: str, where: str):
 
 
 def describe(config_obj) -> list[tuple[str, Any, str]]:
-    """(field, value, doc) of a config dataclass, for `relive presets --show`."""
+    """(field, value, doc) of a config dataclass, for `relive presets --show`; a replay part (``ReplaySpec``) as
+    ``part.name`` and its options as ``part.<name>.<option>``."""
     docs = field_docs(type(config_obj))
-    return [(f.name, getattr(config_obj, f.name), docs.get(f.name, "")) for f in dataclasses.fields(config_obj)]
+    out = []
+    for f in dataclasses.fields(config_obj):
+        value = getattr(config_obj, f.name)
+        if isinstance(value, ReplaySpec):
+            out.append((f"{f.name}.name", value.name, docs.get(f.name, "")))
+            out += [(f"{f.name}.{value.name}.{k}", v, d) for k, v, d in describe(value.options)]
+        else:
+            out.append((f.name, value, docs.get(f.name, "")))
+    return out

@@ -1,8 +1,13 @@
 """One registry per kind: replay strategies and agents register once, beside their class, with their own frozen
 config dataclass (whose defaults are the method's only defaults).
 
-    @register_replay("reaper", ReaPERConfig)
-    def _build(options: ReaPERConfig, ctx: ReplayBuild) -> Sampler: ...
+    @register_replay("per")                     # a sampler class: its options are its own ``Config`` dataclass,
+    class PrioritizedSampler(Sampler): ...     # the run builds it with ``from_run``, checkpoints name its class
+
+    @register_replay("mine", MineConfig)       # or a builder function (a composition, a plug-in's wrapper)
+    def _build(options: MineConfig, ctx: ReplayBuild) -> Sampler: ...
+
+    register_alias("symmetric", "mixture", keys={"offline_fraction": "offline_fraction"})  # an old name, expanded
 
     @register_agent("sac", SACConfig)
     class SAC: ...            # with a classmethod from_spec(spec, config, seed, device)
@@ -10,6 +15,11 @@ config dataclass (whose defaults are the method's only defaults).
 The run configuration nests the chosen method's options under its name (``replay.reaper.priority_exponent``,
 ``agent.num_qs``); ``relive presets --show NAME`` and ``relive train --help`` list them with their doc strings.
 A test file can register a toy sampler or agent and run it through ``relive train`` without editing ``src/``.
+
+Samplers have one table: ``REPLAYS`` (what ``--replay NAME`` builds) and ``SAMPLER_CLASSES`` (what a checkpoint's
+``{"type": class name}`` loads) are filled by the same ``register_replay``; a sampler offered under no name (a part
+of a composition only) registers its class with ``register_sampler_class``. ``ReplaySpec`` is one named strategy
+with its options: a composition's parts (``replay.mixture.online = {name = "per", per = {...}}``) are specs.
 """
 
 from __future__ import annotations
@@ -40,10 +50,25 @@ class Entry:
     config_cls: type
     target: Any  # replay: build(options, ReplayBuild) -> Sampler; agent: the class (with from_spec)
     doc: str
+    sampler_cls: type | None = None  # replay registered as a sampler class: that class
+
+
+@dataclass(frozen=True)
+class Alias:
+    """An old replay name kept as a shorthand: ``target`` with the options ``sets`` (``"online.name=per"``, paths
+    under ``replay.<target>``), and the alias's own option names mapped to paths under the target (``keys``)."""
+
+    name: str
+    target: str
+    sets: tuple[str, ...]
+    keys: dict[str, str]
+    doc: str
 
 
 REPLAYS: dict[str, Entry] = {}
 AGENTS: dict[str, Entry] = {}
+ALIASES: dict[str, Alias] = {}
+SAMPLER_CLASSES: dict[str, type] = {}  # class name -> sampler class, for checkpoints (relive.replay.samplers.SAMPLERS)
 _BUILTINS = ("relive.replay.samplers", "relive.agents.sac", "relive.agents.cal_ql", "relive.agents.ddqn")
 _OPTIONAL_BUILTINS = ("relive.replay.samplers.refer", "relive.agents.ddpg", "relive.agents.sac_refer",
                       "relive.agents.vracer", "relive.agents.residual_sac")
@@ -64,22 +89,58 @@ def _register(table: dict, kind: str, name: str, config_cls: type, target, doc: 
     if not name.isidentifier():
         raise ValueError(f"{kind} name must be an identifier, got {name!r}")
     _check_config_cls(name, config_cls)
+    if table is REPLAYS and name in ALIASES:
+        raise ValueError(f"replay {name!r} is already an alias of {ALIASES[name].target!r}")
+    owner = getattr(target, "__self__", target)  # a sampler class's bound from_run: the class
     old = table.get(name)
-    if old is not None and (old.target.__module__, old.target.__qualname__) != (target.__module__,
-                                                                                target.__qualname__):
-        raise ValueError(f"{kind} {name!r} is already registered by {old.target.__module__}.{old.target.__qualname__}")
-    text = doc or inspect.getdoc(target) or inspect.getdoc(config_cls) or ""
-    table[name] = Entry(name, config_cls, target, text.strip().split("\n\n")[0].replace("\n", " "))
+    if old is not None:
+        old_owner = getattr(old.target, "__self__", old.target)
+        if (old_owner.__module__, old_owner.__qualname__) != (owner.__module__, owner.__qualname__):
+            raise ValueError(f"{kind} {name!r} is already registered by "
+                             f"{old_owner.__module__}.{old_owner.__qualname__}")
+    text = doc or inspect.getdoc(target if owner is target else owner) or inspect.getdoc(config_cls) or ""
+    table[name] = Entry(name, config_cls, target, text.strip().split("\n\n")[0].replace("\n", " "),
+                        owner if owner is not target else None)
 
 
-def register_replay(name: str, config_cls: type, doc: str | None = None) -> Callable:
-    """Decorator for ``build(options, ctx: ReplayBuild) -> Sampler``; registers it as ``--replay NAME``."""
+def register_sampler_class(cls: type) -> type:
+    """Make a sampler class loadable from checkpoints by its class name (``register_replay`` does this for the
+    classes it registers; this is for a sampler offered under no replay name)."""
+    SAMPLER_CLASSES[cls.__name__] = cls
+    return cls
 
-    def deco(build):
-        _register(REPLAYS, "replay", name, config_cls, build, doc)
-        return build
+
+def register_replay(name: str, config_cls: type | None = None, doc: str | None = None) -> Callable:
+    """Decorator registering ``--replay NAME``, on either
+
+    - a sampler class: its options are its ``Config`` dataclass (the one declaration of every setting), a run
+      builds it with ``cls.from_run(options, ctx)``, and checkpoints load it by class name; or
+    - a builder ``build(options, ctx: ReplayBuild) -> Sampler`` with its ``config_cls`` (a composition, a plug-in)."""
+
+    def deco(target):
+        if isinstance(target, type):
+            register_sampler_class(target)
+            _register(REPLAYS, "replay", name, config_cls or target.Config, target.from_run, doc)
+        elif config_cls is None:
+            raise TypeError(f"replay {name!r}: a builder function needs its config dataclass, "
+                            "register_replay(name, ConfigCls)")
+        else:
+            _register(REPLAYS, "replay", name, config_cls, target, doc)
+        return target
 
     return deco
+
+
+def register_alias(name: str, target: str, sets: tuple[str, ...] = (), keys: dict[str, str] | None = None,
+                   doc: str = "") -> None:
+    """Keep ``name`` as a shorthand of the registered replay ``target`` with the options ``sets`` (paths under
+    ``replay.<target>``): ``--replay name``, ``replay.name = "name"`` in a config file and ``replay.<name>.<key>``
+    expand to the target (``keys``: the alias's option names -> their paths under the target)."""
+    if not name.isidentifier():
+        raise ValueError(f"replay alias must be an identifier, got {name!r}")
+    if name in REPLAYS:
+        raise ValueError(f"replay {name!r} is already registered; an alias needs a name of its own")
+    ALIASES[name] = Alias(name, target, tuple(sets), dict(keys or {}), doc)
 
 
 def register_agent(name: str, config_cls: type, doc: str | None = None) -> Callable:
@@ -111,8 +172,62 @@ def replay_entry(name: str) -> Entry:
     try:
         return REPLAYS[name]
     except KeyError:
-        raise ValueError(f"unknown replay {name!r}; known: {sorted(REPLAYS)} (a plug-in's: import it first, "
-                         "`relive --plugin MODULE ...`)") from None
+        if name in ALIASES:
+            raise ValueError(f"replay {name!r} is an alias of {ALIASES[name].target!r} "
+                             f"({', '.join(ALIASES[name].sets) or 'its defaults'}): expand it first "
+                             "(relive.config.ReplayConfig.of)") from None
+        raise ValueError(f"unknown replay {name!r}; known: {sorted(REPLAYS) + sorted(ALIASES)} (a plug-in's: "
+                         "import it first, `relive --plugin MODULE ...`)") from None
+
+
+def replay_names() -> list[str]:
+    """Every name ``--replay`` accepts: registered strategies and their aliases."""
+    load_builtins()
+    return sorted(REPLAYS) + sorted(ALIASES)
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """One registered replay strategy with its options (``options`` None: its defaults) -- a part of a composition,
+    e.g. ``MixtureConfig.online``. In JSON: ``{"name": "per", "per": {...options}}``."""
+
+    name: str = "uniform"
+    options: Any = None
+
+    def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise ValueError(f"a replay part's name must be a string, got {self.name!r}")
+        entry = REPLAYS.get(self.name)  # (registered already: no import of the built-ins, which may be importing)
+        cls = (entry or replay_entry(self.name)).config_cls
+        if self.options is None:
+            object.__setattr__(self, "options", cls())
+        elif type(self.options) is not cls:
+            raise ValueError(f"replay {self.name!r} takes a {cls.__name__}, got {type(self.options).__name__}")
+
+    def build(self, ctx: ReplayBuild):
+        """The sampler this part describes, built as a run builds it."""
+        return replay_entry(self.name).target(self.options, ctx)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, self.name: options_dict(self.options)}
+
+    def __str__(self) -> str:
+        """``per(priority_exponent=0.5)``: the name and the options that differ from its defaults; a composition's
+        parts always (``mixture(offline=uniform, online=per)``)."""
+        default = type(self.options)()
+        shown = [f"{f.name}={v}" for f in dataclasses.fields(self.options)
+                 if isinstance(v := getattr(self.options, f.name), ReplaySpec) or v != getattr(default, f.name)]
+        return self.name + (f"({', '.join(shown)})" if shown else "")
+
+
+def options_dict(options) -> dict:
+    """A replay's options as JSON data: nested parts (``ReplaySpec``) as ``{"name": ..., name: {...}}``, tuples as
+    lists."""
+    out = {}
+    for f in dataclasses.fields(options):
+        v = getattr(options, f.name)
+        out[f.name] = v.to_dict() if isinstance(v, ReplaySpec) else list(v) if isinstance(v, tuple) else v
+    return out
 
 
 def agent_entry(name: str) -> Entry:

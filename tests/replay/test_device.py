@@ -175,7 +175,7 @@ def test_uniform_device_sampler_is_uniform_over_the_stored_rows():
 
 
 def test_strategies_without_a_device_version_are_refused_by_name():
-    with pytest.raises(ValueError, match="ARBSampler has no device version.*uniform, per, symmetric"):
+    with pytest.raises(ValueError, match="ARBSampler has no device version.*uniform, per and mixtures"):
         to_device_sampler(ARBSampler())
     with pytest.raises(ValueError, match="n_step > 1 needs a host backend"):
         ReplayBuffer(10, 3, 2, backend="torch", n_step=3)

@@ -7,11 +7,12 @@ import pytest
 import torch
 
 from relive.agents.ddpg import DDPG, DDPGConfig
+from relive.config import ReplayConfig
 from relive.hooks import EveryGradSteps
 from relive.registry import ReplayBuild, replay_entry
 from relive.replay import MixtureSampler, ReplayBuffer, UniformSampler
 from relive.replay.refer_schedule import c_max_at, is_far
-from relive.replay.samplers.refer import ReFERConfig, ReFEROnlineConfig, ReFERSampler
+from relive.replay.samplers.refer import ReFERConfig, ReFERSampler
 from relive.types import unpack_acted
 from tests.replay.adaptive_helpers import check_frequencies_with_power
 
@@ -200,8 +201,8 @@ def test_offline_rows_without_behaviour_records():
     with pytest.raises(ValueError, match="online part"):
         whole.add_offline(offline)
     assert len(whole) == 0
-    build = replay_entry("refer_online")
-    sampler = build.target(ReFEROnlineConfig(offline_fraction=0.25), ReplayBuild(1000, 100, np.random.SeedSequence(0)))
+    replay = ReplayConfig.of("refer_online", offline_fraction=0.25)  # a shorthand of a mixture, ReF-ER online
+    sampler = replay_entry(replay.name).target(replay.options, ReplayBuild(1000, 100, np.random.SeedSequence(0)))
     assert isinstance(sampler, MixtureSampler) and isinstance(sampler.online, ReFERSampler)
     assert isinstance(sampler.offline, UniformSampler)
     buf = ReplayBuffer(100, OBS, ACT, sampler=sampler, extra_columns=COLS)

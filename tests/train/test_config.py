@@ -20,8 +20,8 @@ from relive.train.cli import config_from_args
 from relive.train.trainer import build_sampler
 
 load_builtins()
-REPLAY_NAMES = ("uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper",
-                "reaper_reference", "berb")  # the built-in strategies (a test file may register more)
+REPLAY_NAMES = ("uniform", "per", "mixture", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper",
+                "reaper_reference", "berb")  # the built-in strategies and short names (a test file may register more)
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -111,7 +111,9 @@ def test_replay_options_are_nested_under_the_strategy_and_old_keys_say_where_the
     assert cfg.replay.options.priority_exponent == 0.5 and cfg.replay.options.reliability_exponent == 0.2
     assert cfg.to_dict()["replay"] == {"name": "reaper", "capacity": 100_000,
                                        "reaper": {"priority_exponent": 0.5, "reliability_exponent": 0.2,
-                                                  "is_exponent": 0.4, "is_exponent_final": 1.0}}
+                                                  "is_exponent": 0.4, "is_exponent_final": 1.0,
+                                                  "is_anneal_samples": None, "eps": 1e-6, "truncation": "finished",
+                                                  "use_kernels": None}}
     with pytest.raises(ValueError, match=r"replay.<name>.priority_exponent.*'per'.*'reaper'"):
         override(cfg, ["replay.priority_exponent=0.4"])
     with pytest.raises(ValueError, match="set --replay per first"):
@@ -139,17 +141,27 @@ def test_config_json_of_the_earlier_flat_layout_still_loads():
 
 
 def test_each_strategy_default_lives_in_its_config_dataclass():
-    """The sampler a name builds carries exactly its options' defaults (no second set of defaults)."""
+    """The sampler a name builds carries exactly its options (one declaration: the constructor, ``config()`` and the
+    CLI are the same dataclass); only the settings a run derives (None in the options) are filled from the run."""
     for name in REPLAY_NAMES:
-        entry = REPLAYS[name]
-        opts = dataclasses.asdict(entry.config_cls())
-        sampler = build_sampler(override(get_preset("sac"), [f"replay.name={name}"]))
+        cfg = override(get_preset("sac"), [f"replay.name={name}"])
+        sampler = build_sampler(cfg)
+        expected = cfg.replay.to_dict()[cfg.replay.name]
         params = sampler.config()
-        if "online" in params:  # a mixture: the options of its online part
-            params = params | params["online"]["params"]
-        renamed = {"temperature": "temperature", "amortized_rows": "amortized_rows_per_refresh"}
-        for key, value in opts.items():
-            assert params[renamed.get(key, key)] == value, (name, key)
+        for part in ("offline", "online"):  # a mixture: each part's sampler carries that part's options
+            if part in expected:
+                spec = expected.pop(part)
+                assert_carries(params.pop(part)["params"], spec[spec["name"]], name)
+        assert_carries(params, expected, name)
+
+
+def assert_carries(params: dict, options: dict, name: str) -> None:
+    assert set(params) == set(options), name
+    for key, value in options.items():
+        if value is not None:
+            assert params[key] == value, (name, key)
+        else:  # run-derived: filled by from_run
+            assert params[key] is not None, (name, key)
 
 
 def test_agent_config_must_match_agent_kind():

@@ -311,8 +311,8 @@ def to_device_sampler(sampler: Sampler) -> Sampler:
         return DeviceMixtureSampler(to_device_sampler(sampler.offline), to_device_sampler(sampler.online),
                                     sampler.offline_fraction)
     raise ValueError(f"{type(sampler).__name__} has no device version: replay on a device (replay.device) "
-                     "supports uniform, per, symmetric and symmetric_per; the other strategies read rows per batch "
-                     "on the host (leave replay.device unset)")
+                     "supports uniform, per and mixtures of them (symmetric, symmetric_per); the other strategies "
+                     "read rows per batch on the host (leave replay.device unset)")
 
 
 __all__ = ["TorchColumn", "TorchSumTree", "DeviceDraw", "DeviceUniformSampler", "DevicePrioritizedSampler",

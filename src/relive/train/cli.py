@@ -10,9 +10,9 @@ import math
 import textwrap
 
 from relive.cli import build_parser, non_negative_int, positive_int
-from relive.config import MAX_NUM_ENVS, describe, override
+from relive.config import MAX_NUM_ENVS, ReplayConfig, describe, override
 from relive.presets import PRESETS, get_preset
-from relive.registry import AGENTS, REPLAYS, load_builtins
+from relive.registry import AGENTS, ALIASES, REPLAYS, load_builtins, replay_names
 from relive.train.seed_batch import train_seeds
 
 
@@ -35,9 +35,12 @@ def _add_train_parser(subparsers) -> None:
                    "list`), a LeRobot dataset directory (meta/info.json + parquet), a D4RL-format .hdf5 file, or a "
                    "relive .npz")
     load_builtins()
-    replays = "; ".join(f"{n}: {e.doc}" for n, e in sorted(REPLAYS.items()))
-    p.add_argument("--replay", choices=sorted(REPLAYS), metavar="NAME", help=f"replay strategy ({replays}); its "
-                   "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`")
+    replays = "; ".join([f"{n}: {e.doc}" for n, e in sorted(REPLAYS.items())]
+                        + [f"{n}: {a.doc} (= {a.target} with {', '.join(a.sets) or 'its defaults'})"
+                           for n, a in sorted(ALIASES.items())])
+    p.add_argument("--replay", choices=replay_names(), metavar="NAME", help=f"replay strategy ({replays}); its "
+                   "options: --set replay.NAME.OPTION=VALUE, listed by `relive presets --show NAME`; a mixture's "
+                   "parts: --set replay.mixture.online.name=per, replay.mixture.online.per.OPTION=VALUE")
     p.add_argument("--base-policy", metavar="PATH", help="frozen base policy of a residual agent (residual_sac): "
                    "same as --set agent.base_policy=PATH")
     p.add_argument("--trust-code", action="store_true", default=None, help="let --base-policy be a file that can "
@@ -209,7 +212,7 @@ def config_from_args(args: argparse.Namespace):
     if getattr(args, "offline_fraction", None) is not None:  # an option of the chosen (symmetric) replay
         if not hasattr(cfg.replay.options, "offline_fraction"):
             raise ValueError(f"--offline-fraction: replay {cfg.replay.name!r} has no offline/online split (use a "
-                             f"mixing replay such as symmetric or symmetric_per)")
+                             f"mixture: --replay mixture, or its shorthands symmetric, symmetric_per)")
         cfg = override(cfg, [f"replay.{cfg.replay.name}.offline_fraction={args.offline_fraction}"])
     cfg = override(cfg, list(args.set))
     if getattr(args, "env", None) is None and cfg.data.dataset and not cfg.schedule.num_online_env_steps \
@@ -288,7 +291,7 @@ def run_presets(args: argparse.Namespace) -> int:
     for name, fn in PRESETS.items():
         cfg, doc = fn(), " ".join((fn.__doc__ or "").split())
         s = cfg.schedule
-        settings = (f"[{cfg.agent_kind}, replay {cfg.replay.name}, utd {s.utd_ratio}, chunk {s.env_steps_per_chunk}, "
+        settings = (f"[{cfg.agent_kind}, replay {cfg.replay.label}, utd {s.utd_ratio}, chunk {s.env_steps_per_chunk}, "
                     f"offline {s.num_offline_grad_steps:,} grad steps, online {s.num_online_env_steps:,} env steps]")
         print(textwrap.fill(f"{doc} {settings}", 110, initial_indent=f"{name:{width}s}", subsequent_indent=" " * width))
     print("\n`relive presets --show NAME` shows a preset's settings (or a replay's / an agent's options, or "
@@ -303,6 +306,9 @@ def show(name: str, as_json: bool = False) -> int:
         table = REPLAYS if name == "replays" else AGENTS
         for n, e in sorted(table.items()):
             print(f"{n:18s} {e.doc}")
+        if table is REPLAYS:
+            for n, a in sorted(ALIASES.items()):
+                print(f"{n:18s} {a.doc} (shorthand: {a.target} with {', '.join(a.sets) or 'its defaults'})")
         return 0
     if name in PRESETS:
         cfg = get_preset(name)
@@ -315,6 +321,11 @@ def show(name: str, as_json: bool = False) -> int:
                    f"replay.name = {cfg.replay.name}, replay.capacity = {cfg.replay.capacity}"),
                   ("schedule", cfg.schedule, ""), ("run", cfg.run, ""), ("env", cfg.env, ""), ("data", cfg.data, ""),
                   ("collectors", cfg.collectors, ""), ("her", cfg.her, "")]
+    elif name in ALIASES:
+        a, replay = ALIASES[name], ReplayConfig(name)
+        groups = [(f"replay.{replay.name}", replay.options,
+                   f"--replay {name}: {a.doc}; a shorthand of replay.name = {a.target} with "
+                   f"{', '.join(a.sets) or 'its defaults'}")]
     elif name in REPLAYS or name in AGENTS:
         groups = []
         if name in REPLAYS:
@@ -322,7 +333,7 @@ def show(name: str, as_json: bool = False) -> int:
         if name in AGENTS:
             groups.append(("agent", AGENTS[name].config_cls(), f"agent {name}: {AGENTS[name].doc}"))
     else:
-        raise ValueError(f"nothing named {name!r}: presets {sorted(PRESETS)}, replays {sorted(REPLAYS)}, agents "
+        raise ValueError(f"nothing named {name!r}: presets {sorted(PRESETS)}, replays {replay_names()}, agents "
                          f"{sorted(AGENTS)}")
     for prefix, obj, title in groups:
         if title:

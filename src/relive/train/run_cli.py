@@ -228,7 +228,7 @@ def _number(text) -> float:
 
 def group_label(cfg: ExperimentConfig) -> str:
     """What a curve is named by: the run's configuration without its seed and directory."""
-    return f"{cfg.preset} ({cfg.replay.name}) on {cfg.env.id}"
+    return f"{cfg.preset} ({cfg.replay.label}) on {cfg.env.id}"
 
 
 def bootstrap_band(values: np.ndarray, rng: np.random.Generator, resamples: int = 2000,

@@ -1,4 +1,5 @@
-"""Replay strategies: one file per method. ``SAMPLERS`` maps names to classes for checkpoints."""
+"""Replay strategies: one file per method. ``SAMPLERS`` (the registry's table) maps class names to classes for
+checkpoints."""
 
 from __future__ import annotations
 
@@ -12,16 +13,7 @@ from relive.replay.samplers.reaper import ReaPERSampler
 from relive.replay.samplers.reaper_reference import ReaPERReferenceSampler
 from relive.replay.samplers.uniform import UniformSampler
 
-SAMPLERS.update({
-    "UniformSampler": UniformSampler,
-    "PrioritizedSampler": PrioritizedSampler,
-    "MixtureSampler": MixtureSampler,
-    "ARBSampler": ARBSampler,
-    "ReaPERSampler": ReaPERSampler,
-    "ReaPERReferenceSampler": ReaPERReferenceSampler,
-    "BERBSampler": BERBSampler,
-    "HindsightSampler": HindsightSampler,
-})
+register_sampler(HindsightSampler)  # (the others register with their replay names, relive.registry)
 
 __all__ = ["Draw", "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler",
            "ReaPERSampler", "ReaPERReferenceSampler", "BERBSampler", "HindsightSampler", "SAMPLERS",

@@ -45,12 +45,12 @@ one full sweep with an unchanged policy they equal it (tested).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from relive.hooks import EveryGradSteps
-from relive.registry import ReplayBuild, register_replay
+from relive.registry import register_alias, register_replay
 from relive.replay import _tree_kernels as kernels
 from relive.replay.samplers.base import Draw, Sampler, check_number, state_array, state_float, state_int
 from relive.replay.samplers.per import contiguous_runs, tree_probabilities
@@ -76,30 +76,57 @@ RESHIFT = 100.0  # amortized mode: move the shift when the best score drifts thi
 MIN_WEIGHT = 1e-300
 
 
-class ARBSampler(Sampler):
-    def __init__(self, temperature: float = 5.0, log_p_low: float = -12.0, log_p_high: float = 7.0,
-                 level: str = "trajectory", is_correction: bool = False, is_exponent: float = 1.0,
-                 amortized_rows_per_refresh: int = 0, refresh_every_grad_steps: int = 1000,
-                 score_mode: str = "standardized"):
-        super().__init__()
+@dataclass(frozen=True)
+class ARBConfig:
+    """ARB (Song et al. 2026): rows weighted by the current policy's likelihood of the stored action."""
+
+    temperature: float = 5.0  # lambda (reference defaults: Cal-QL 5, PEX 0.5, FamO2O 2)
+    log_p_low: float = -12.0  # per-row log-likelihoods are clipped to [log_p_low, log_p_high] before weighting
+    log_p_high: float = 7.0
+    level: str = "trajectory"  # weights per "trajectory" (geometric mean over the episode, ARB) or "transition"
+    is_correction: bool = False  # importance weights 1 / (N P(i)) ^ is_exponent on the batch (the paper uses none)
+    is_exponent: float = 1.0
+    score_mode: str = "standardized"  # per-row score: "standardized" (reference code) or "log_prob" (the paper)
+    refresh_every_grad_steps: int = 1000  # re-score every row this often (online gradient steps)
+    # > 0: re-score this many rows every gradient step instead of all rows periodically (replay.arb.amortized_rows
+    # on the command line is the same setting)
+    amortized_rows_per_refresh: int = 0
+
+    def __post_init__(self):
         name = type(self).__name__
-        self.temperature = check_number(name, "temperature (lambda)", temperature, low=0, low_open=True)
-        self.log_p_low = check_number(name, "log_p_low", log_p_low)
-        self.log_p_high = check_number(name, "log_p_high", log_p_high)
-        self.refresh_every_grad_steps = check_number(name, "refresh_every_grad_steps", refresh_every_grad_steps,
-                                                     low=1, integer=True)
-        if score_mode not in ("standardized", "log_prob"):
-            raise ValueError(f"{name}: score_mode must be 'standardized' or 'log_prob', got {score_mode!r}")
-        if not log_p_low < log_p_high:
-            raise ValueError(f"need log_p_low < log_p_high, got {log_p_low}, {log_p_high}")
-        if level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
-        self.level = level
-        self.is_correction = bool(is_correction)
-        self.is_exponent = check_number(name, "is_exponent", is_exponent, low=0)
-        self.amortized_rows_per_refresh = check_number(name, "amortized_rows_per_refresh", amortized_rows_per_refresh,
-                                                       low=0, integer=True)
-        self.score_mode = str(score_mode)
+        check_number(name, "temperature (lambda)", self.temperature, low=0, low_open=True)
+        check_number(name, "log_p_low", self.log_p_low)
+        check_number(name, "log_p_high", self.log_p_high)
+        check_number(name, "refresh_every_grad_steps", self.refresh_every_grad_steps, low=1, integer=True)
+        if self.score_mode not in ("standardized", "log_prob"):
+            raise ValueError(f"{name}: score_mode must be 'standardized' or 'log_prob', got {self.score_mode!r}")
+        if not self.log_p_low < self.log_p_high:
+            raise ValueError(f"need log_p_low < log_p_high, got {self.log_p_low}, {self.log_p_high}")
+        if self.level not in LEVELS:
+            raise ValueError(f"level must be one of {LEVELS}, got {self.level!r}")
+        if not isinstance(self.is_correction, bool | np.bool_):
+            raise ValueError(f"{name}: is_correction must be true or false, got {self.is_correction!r}")
+        check_number(name, "is_exponent", self.is_exponent, low=0)
+        check_number(name, "amortized_rows_per_refresh", self.amortized_rows_per_refresh, low=0, integer=True)
+
+
+@register_replay("arb")
+class ARBSampler(Sampler):
+    """on-policyness weights over the union, trajectory level (ARB)"""
+
+    Config = ARBConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self.temperature, self.log_p_low, self.log_p_high = float(o.temperature), float(o.log_p_low), \
+            float(o.log_p_high)
+        self.refresh_every_grad_steps = int(o.refresh_every_grad_steps)
+        self.level = o.level
+        self.is_correction = bool(o.is_correction)
+        self.is_exponent = float(o.is_exponent)
+        self.amortized_rows_per_refresh = int(o.amortized_rows_per_refresh)
+        self.score_mode = str(o.score_mode)
         self.num_refreshes = 0
         self.cursor = 0  # next row of the amortized sweep
 
@@ -327,12 +354,6 @@ class ARBSampler(Sampler):
                                   else float("nan")}
 
     # -- checkpoint ------------------------------------------------------------------------------------
-    def config(self) -> dict:
-        return dict(temperature=self.temperature, log_p_low=self.log_p_low, log_p_high=self.log_p_high,
-                    level=self.level, is_correction=self.is_correction, is_exponent=self.is_exponent,
-                    amortized_rows_per_refresh=self.amortized_rows_per_refresh,
-                    refresh_every_grad_steps=self.refresh_every_grad_steps, score_mode=self.score_mode)
-
     def state_dict(self) -> dict:
         size = self.storage.size
         state = super().state_dict() | {"weight": np.array(self.tree.leaves[:size]), "score": self.score[:size].copy(),
@@ -387,36 +408,5 @@ def _set(tree, slots: np.ndarray, values: np.ndarray) -> None:
         offset += n
 
 
-@dataclass(frozen=True)
-class ARBConfig:
-    """ARB (Song et al. 2026): rows weighted by the current policy's likelihood of the stored action."""
-
-    temperature: float = 5.0  # lambda (reference defaults: Cal-QL 5, PEX 0.5, FamO2O 2)
-    score_mode: str = "standardized"  # per-row score: "standardized" (reference code) or "log_prob" (the paper)
-    refresh_every_grad_steps: int = 1000  # re-score every row this often (online gradient steps)
-    amortized_rows: int = 0  # > 0: re-score this many rows every gradient step instead of all rows periodically
-
-    def __post_init__(self):
-        if self.score_mode not in ("standardized", "log_prob"):
-            raise ValueError(f"score_mode must be 'standardized' or 'log_prob', got {self.score_mode!r}")
-        name = type(self).__name__
-        check_number(name, "temperature", self.temperature, low=0.0, low_open=True)
-        check_number(name, "refresh_every_grad_steps", self.refresh_every_grad_steps, low=1, integer=True)
-        check_number(name, "amortized_rows", self.amortized_rows, low=0, integer=True)
-
-
-def _arb(options: ARBConfig, level: str) -> ARBSampler:
-    return ARBSampler(temperature=options.temperature, level=level, amortized_rows_per_refresh=options.amortized_rows,
-                      refresh_every_grad_steps=options.refresh_every_grad_steps, score_mode=options.score_mode)
-
-
-@register_replay("arb", ARBConfig)
-def build_arb(options: ARBConfig, ctx: ReplayBuild) -> ARBSampler:
-    """on-policyness weights over the union, trajectory level (ARB)"""
-    return _arb(options, "trajectory")
-
-
-@register_replay("arb_transition", ARBConfig)
-def build_arb_transition(options: ARBConfig, ctx: ReplayBuild) -> ARBSampler:
-    """on-policyness weights per transition (ARB's Fig. 3 ablation)"""
-    return _arb(options, "transition")
+register_alias("arb_transition", "arb", sets=("level=transition",),
+               doc="on-policyness weights per transition (ARB's Fig. 3 ablation)")

@@ -7,15 +7,23 @@ constructor arguments (``config``) are JSON, so checkpoints need no pickle.
 
 Subclasses implement ``_draw`` and, when they use signals, ``update``; ``probabilities`` must return the
 exact distribution that ``_draw`` samples from (the tests hold every sampler to it).
+
+**Options are declared once**, as the sampler's ``Config``: a frozen dataclass whose fields are every setting with
+its default and whose ``__post_init__`` validates them. ``Sampler(config)`` or ``Sampler(**settings)`` (or the
+fields positionally, in order) builds ``self.options``; ``config()`` (the checkpoint's record) is that dataclass as
+JSON; ``relive train`` offers the same fields as ``replay.<name>.*`` (``relive.registry.register_replay``). A setting
+a run derives (PER's ``is_anneal_samples``: the run's gradient steps) defaults to None and is filled by ``from_run``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Literal, NamedTuple, overload
+from typing import Any, ClassVar, Literal, NamedTuple, overload
 
 import numpy as np
 
+from relive.registry import SAMPLER_CLASSES, ReplayBuild, options_dict, register_sampler_class
 from relive.replay._state import MAX_COUNTER, state_array, state_field, state_float, state_int  # noqa: F401
 from relive.replay.storage_view import StorageView
 from relive.types import SOURCE_NAMES
@@ -61,11 +69,22 @@ class Draw(NamedTuple):
     is_weight: np.ndarray  # float32 importance-sampling weights (ones when the sampler applies none)
 
 
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """No settings."""
+
+
 class Sampler:
     #: names of the per-sample signals this sampler consumes in ``update`` (e.g. ``("td_error",)``)
     signals: tuple[str, ...] = ()
+    #: the sampler's settings: a frozen dataclass, every field with its default, validated in ``__post_init__``
+    Config: ClassVar[type] = NoOptions
 
-    def __init__(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        cls = type(self).Config
+        # (typed Any: each subclass's Config is its own dataclass; ``o = self.options`` reads its fields)
+        self.options: Any = args[0] if len(args) == 1 and not kwargs and isinstance(args[0], cls) else cls(*args,
+                                                                                                       **kwargs)
         # unbound until bind() (the buffer binds before any use); typed as bound so the samplers need no narrowing
         self.storage: StorageView = None  # type: ignore[assignment]
         self.source: int | None = None
@@ -163,10 +182,16 @@ class Sampler:
             return float("nan")
         return float(np.mean(idx >= self.storage.num_offline))
 
-    # -- checkpoint ------------------------------------------------------------------------------------
+    # -- construction and checkpoint -------------------------------------------------------------------
+    @classmethod
+    def from_run(cls, options, ctx: ReplayBuild) -> Sampler:
+        """The sampler a run builds from its options (``replay.<name>.*``); a sampler with run-derived settings
+        (None in ``options``) fills them from ``ctx`` here."""
+        return cls(options)
+
     def config(self) -> dict:
-        """Constructor keyword arguments, JSON-serializable."""
-        return {}
+        """Constructor keyword arguments, JSON-serializable: the options."""
+        return options_dict(self.options)
 
     @classmethod
     def from_config(cls, cfg: dict) -> Sampler:
@@ -192,14 +217,10 @@ class Sampler:
         return SOURCE_NAMES[self.source] if self.source is not None else ""
 
 
-# -- samplers by class name, for checkpoints (the package adds the built-in ones) -------------------------------------
-SAMPLERS: dict[str, type[Sampler]] = {}
-
-
-def register_sampler(cls: type[Sampler]) -> type[Sampler]:
-    """Make a sampler class loadable from checkpoints by its class name."""
-    SAMPLERS[cls.__name__] = cls
-    return cls
+# -- samplers by class name, for checkpoints: the registry's table (register_replay fills it) ----------------------
+SAMPLERS: dict[str, type[Sampler]] = SAMPLER_CLASSES  # (the registry types it as dict[str, type]: below replay)
+#: a sampler class loadable from checkpoints by its class name, offered under no replay name
+register_sampler = register_sampler_class
 
 
 def sampler_config(sampler: Sampler) -> dict:

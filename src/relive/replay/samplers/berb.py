@@ -31,7 +31,8 @@ is built and trained here in torch, seeded from ``seed`` without touching the gl
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -42,26 +43,63 @@ from relive.replay.sum_tree import SumTree
 from relive.types import ONLINE
 
 
-class BERBSampler(Sampler):
-    def __init__(self, temperature: float = 5.0, init_online_fraction: float = 0.5, first_chunk_rows: int = 1000,
-                 hidden: tuple[int, ...] = (256, 256), lr: float = 3e-4, ratio_batch_size: int = 256,
-                 clip_low: float = 1e-3, clip_high: float = 1e3, seed: int = 0, device: str = "cpu"):
-        super().__init__()
+@dataclass(frozen=True)
+class BERBConfig:
+    """Balanced replay (Lee et al. 2021): rows prioritized by a learned density ratio d_online / d_offline."""
+
+    temperature: float = 5.0  # T in w = ratio^(1/T)
+    init_online_fraction: float = 0.5  # online share of the probability mass before the ratio net is trained
+    # online rows collected before the ratio net's first training; None: a run's max(env steps per chunk, 1000)
+    # (a buffer built outside a run: 1000)
+    first_chunk_rows: int | None = None
+    hidden: tuple[int, ...] = (256, 256)  # the ratio net's hidden layer widths
+    lr: float = 3e-4  # the ratio net's Adam learning rate
+    ratio_batch_size: int = 256  # rows of each source per ratio-net step
+    clip_low: float = 1e-3  # the ratio is clipped to [clip_low, clip_high]
+    clip_high: float = 1e3
+    seed: int | None = None  # the ratio net's initialization and batches; None: the run's sampler stream (else 0)
+    device: str = "cpu"  # torch device of the ratio net
+
+    def __post_init__(self):
         name = type(self).__name__
-        self.temperature = check_number(name, "temperature", temperature, low=0, low_open=True)
-        self.init_online_fraction = check_number(name, "init_online_fraction", init_online_fraction, low=0, high=1,
-                                                 low_open=True, high_open=True)
-        self.first_chunk_rows = check_number(name, "first_chunk_rows", first_chunk_rows, low=1, integer=True)
-        self.hidden = tuple(check_number(name, "hidden layer width", h, low=1, integer=True) for h in hidden)
-        self.lr = check_number(name, "lr", lr, low=0, low_open=True)
-        self.ratio_batch_size = check_number(name, "ratio_batch_size", ratio_batch_size, low=1, integer=True)
-        self.clip_low = check_number(name, "clip_low", clip_low, low=0, low_open=True, high=MAX_PRIORITY)
-        self.clip_high = check_number(name, "clip_high", clip_high, low=0, low_open=True, high=MAX_PRIORITY)
-        if not clip_low < clip_high:
-            raise ValueError(f"need 0 < clip_low < clip_high, got {clip_low}, {clip_high}")
-        self.seed = check_number(name, "seed", seed, integer=True)
-        self.device = device
-        self.rng = np.random.default_rng(seed)
+        check_number(name, "temperature", self.temperature, low=0, low_open=True)
+        check_number(name, "init_online_fraction", self.init_online_fraction, low=0, high=1, low_open=True,
+                     high_open=True)
+        if self.first_chunk_rows is not None:
+            check_number(name, "first_chunk_rows", self.first_chunk_rows, low=1, integer=True)
+        if isinstance(self.hidden, str) or not hasattr(self.hidden, "__iter__"):
+            raise ValueError(f"{name}: hidden must be a list of layer widths, got {self.hidden!r}")
+        object.__setattr__(self, "hidden", tuple(check_number(name, "hidden layer width", h, low=1, integer=True)
+                                                 for h in self.hidden))
+        check_number(name, "lr", self.lr, low=0, low_open=True)
+        check_number(name, "ratio_batch_size", self.ratio_batch_size, low=1, integer=True)
+        check_number(name, "clip_low", self.clip_low, low=0, low_open=True, high=MAX_PRIORITY)
+        check_number(name, "clip_high", self.clip_high, low=0, low_open=True, high=MAX_PRIORITY)
+        if not self.clip_low < self.clip_high:
+            raise ValueError(f"need 0 < clip_low < clip_high, got {self.clip_low}, {self.clip_high}")
+        if self.seed is not None:
+            check_number(name, "seed", self.seed, integer=True)
+        if not isinstance(self.device, str):
+            raise ValueError(f"{name}: device must be a torch device name, got {self.device!r}")
+
+
+@register_replay("berb")
+class BERBSampler(Sampler):
+    """learned online/offline density ratio (balanced replay)"""
+
+    Config = BERBConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self.temperature, self.init_online_fraction = float(o.temperature), float(o.init_online_fraction)
+        self.first_chunk_rows = int(o.first_chunk_rows or 1000)
+        self.hidden = o.hidden
+        self.lr, self.ratio_batch_size = float(o.lr), int(o.ratio_batch_size)
+        self.clip_low, self.clip_high = float(o.clip_low), float(o.clip_high)
+        self.seed = int(o.seed or 0)
+        self.device = o.device
+        self.rng = np.random.default_rng(self.seed)
         self.max_priority = 1.0
         self.normalizer = 1.0  # mean over the last offline batch of w^(1/T)
         self.num_ratio_steps = 0
@@ -196,11 +234,14 @@ class BERBSampler(Sampler):
                                   "replay/berb_skipped_steps": float(self.num_skipped_ratio_steps)}
 
     # -- checkpoint ------------------------------------------------------------------------------------
-    def config(self) -> dict:
-        return dict(temperature=self.temperature, init_online_fraction=self.init_online_fraction,
-                    first_chunk_rows=self.first_chunk_rows, hidden=list(self.hidden), lr=self.lr,
-                    ratio_batch_size=self.ratio_batch_size, clip_low=self.clip_low, clip_high=self.clip_high,
-                    seed=self.seed, device=self.device)
+    @classmethod
+    def from_run(cls, options: BERBConfig, ctx: ReplayBuild) -> BERBSampler:
+        """The first chunk and the seed from the run, unless set."""
+        if options.first_chunk_rows is None:
+            options = replace(options, first_chunk_rows=max(ctx.env_steps_per_chunk, 1000))
+        if options.seed is None:
+            options = replace(options, seed=int(ctx.seed.generate_state(1)[0] % 2**31))
+        return cls(options)
 
     def state_dict(self) -> dict:
         size = self.storage.size
@@ -241,27 +282,6 @@ class BERBSampler(Sampler):
         self.num_skipped_ratio_steps = int(state.get("num_skipped_ratio_steps", 0))
         self.last_ratio_loss = float(state.get("last_ratio_loss", float("nan")))
         self.seen_online = bool(state.get("seen_online", self.storage.num_online_written > 0))
-
-
-@dataclass(frozen=True)
-class BERBConfig:
-    """Balanced replay (Lee et al. 2021): rows prioritized by a learned density ratio d_online / d_offline."""
-
-    temperature: float = 5.0  # T in w = ratio^(1/T)
-    init_online_fraction: float = 0.5  # online share of the probability mass before the ratio net is trained
-
-    def __post_init__(self):
-        name = type(self).__name__
-        check_number(name, "temperature", self.temperature, low=0.0, low_open=True)
-        check_number(name, "init_online_fraction", self.init_online_fraction, low=0.0, high=1.0, low_open=True)
-
-
-@register_replay("berb", BERBConfig)
-def build_berb(options: BERBConfig, ctx: ReplayBuild) -> BERBSampler:
-    """learned online/offline density ratio (balanced replay)"""
-    return BERBSampler(temperature=options.temperature, init_online_fraction=options.init_online_fraction,
-                       first_chunk_rows=max(ctx.env_steps_per_chunk, 1000),
-                       seed=int(ctx.seed.generate_state(1)[0] % 2**31))
 
 
 def _obs_specs(storage) -> list:

@@ -9,14 +9,14 @@ empty the whole batch comes from the other. Per-draw probability of a row of sou
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from relive.hooks import collect_hooks
-from relive.registry import ReplayBuild, register_replay
+from relive.registry import ReplayBuild, ReplaySpec, register_alias, register_replay, register_sampler_class
 from relive.replay.samplers.base import Draw, Sampler, check_number, sampler_config, sampler_from_config, state_field
-from relive.replay.samplers.per import PrioritizedSampler
 from relive.replay.samplers.uniform import UniformSampler
 from relive.types import OFFLINE, ONLINE
 
@@ -157,40 +157,36 @@ class MixtureSampler(Sampler):
         self.online.load_state_dict(state_field(state, "online", self._owner()))
 
 
+def _part(name: str) -> Callable[[], ReplaySpec]:
+    return lambda: ReplaySpec(name)
+
+
 @dataclass(frozen=True)
-class SymmetricConfig:
-    """RLPD's symmetric sampling: an exact offline / online split in every batch, uniform within each part."""
+class MixtureConfig:
+    """An exact offline / online split of every batch, each part drawn by its own replay strategy."""
 
     offline_fraction: float = 0.5  # offline share of every batch (RLPD, PLD: 0.5)
+    offline: ReplaySpec = field(default_factory=_part("uniform"))  # the offline part's strategy and its options
+    online: ReplaySpec = field(default_factory=_part("uniform"))  # the online part's strategy and its options
 
     def __post_init__(self):
         check_number(type(self).__name__, "offline_fraction", self.offline_fraction, low=0.0, high=1.0)
+        for name in ("offline", "online"):
+            if not isinstance(getattr(self, name), ReplaySpec):
+                raise ValueError(f"{type(self).__name__}.{name} must be a ReplaySpec (a replay name and its options), "
+                                 f"got {getattr(self, name)!r}")
 
 
-@dataclass(frozen=True)
-class SymmetricPERConfig:
-    """Symmetric split with uniform offline rows and prioritized (PER) online rows."""
-
-    offline_fraction: float = 0.5  # offline share of every batch
-    priority_exponent: float = 0.6  # PER alpha of the online part
-    is_exponent: float = 0.4  # PER beta at the start (online part)
-    is_exponent_final: float = 1.0  # PER beta at the end of the run
-
-    def __post_init__(self):
-        check_number(type(self).__name__, "offline_fraction", self.offline_fraction, low=0.0, high=1.0)
-        for name in ("priority_exponent", "is_exponent", "is_exponent_final"):
-            check_number(type(self).__name__, name, getattr(self, name), low=0.0)
+@register_replay("mixture", MixtureConfig)
+def build_mixture(options: MixtureConfig, ctx: ReplayBuild) -> MixtureSampler:
+    """exact offline/online split per batch, each part its own strategy (RLPD's symmetric sampling: uniform parts)"""
+    return MixtureSampler(options.offline.build(ctx), options.online.build(ctx),
+                          offline_fraction=options.offline_fraction)
 
 
-@register_replay("symmetric", SymmetricConfig)
-def build_symmetric(options: SymmetricConfig, ctx: ReplayBuild) -> MixtureSampler:
-    """exact offline/online split per batch, uniform within each part (RLPD)"""
-    return MixtureSampler(UniformSampler(), UniformSampler(), offline_fraction=options.offline_fraction)
-
-
-@register_replay("symmetric_per", SymmetricPERConfig)
-def build_symmetric_per(options: SymmetricPERConfig, ctx: ReplayBuild) -> MixtureSampler:
-    """symmetric split, uniform offline, PER online"""
-    per = PrioritizedSampler(options.priority_exponent, options.is_exponent, options.is_exponent_final,
-                             is_anneal_samples=ctx.total_grad_steps)
-    return MixtureSampler(UniformSampler(), per, offline_fraction=options.offline_fraction)
+register_sampler_class(MixtureSampler)
+register_alias("symmetric", "mixture",
+               doc="exact offline/online split per batch, uniform within each part (RLPD)")
+register_alias("symmetric_per", "mixture", sets=("online.name=per",),
+               keys={"offline_fraction": "offline_fraction", "*": "online.per."},
+               doc="symmetric split, uniform offline, PER online")

@@ -12,7 +12,8 @@ The tree stores p_i^alpha (float64). Draws are i.i.d. (not stratified), so ``pro
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -75,22 +76,44 @@ def tree_probabilities(tree: SumTree) -> np.ndarray:
     return leaves / total if total > 0 else leaves
 
 
-class PrioritizedSampler(Sampler):
-    signals = ("td_error", "priority")
+@dataclass(frozen=True)
+class PERConfig:
+    """Proportional prioritized replay (Schaul et al. 2016)."""
 
-    def __init__(self, priority_exponent: float = 0.6, is_exponent: float = 0.4,
-                 is_exponent_final: float | None = None, is_anneal_samples: int = 0, eps: float = 1e-6,
-                 initial_priority: float = 1.0):
-        super().__init__()
+    priority_exponent: float = 0.6  # alpha: P(i) ~ p_i^alpha
+    is_exponent: float = 0.4  # beta at the start: IS weight (N P(i))^-beta, normalized by the batch max
+    is_exponent_final: float = 1.0  # beta at the end of the annealing
+    # sample calls over which beta moves linearly from is_exponent to is_exponent_final; None: the run's gradient
+    # steps (a buffer built outside a run: 0, beta stays at is_exponent)
+    is_anneal_samples: int | None = None
+    eps: float = 1e-6  # p_i = |delta_i| + eps: a row with a zero TD error can still be drawn
+    initial_priority: float = 1.0  # the priority of the first rows (an empty buffer stores no largest priority)
+
+    def __post_init__(self):
         name = type(self).__name__
-        self.priority_exponent = check_number(name, "priority_exponent", priority_exponent, low=0, high=MAX_EXPONENT)
-        self.is_exponent = check_number(name, "is_exponent", is_exponent, low=0)
-        self.is_exponent_final = check_number(name, "is_exponent_final", is_exponent if is_exponent_final is None
-                                              else is_exponent_final, low=0)
-        self.is_anneal_samples = check_number(name, "is_anneal_samples", is_anneal_samples, low=0, integer=True)
-        self.eps = check_number(name, "eps", eps, low=0, high=MAX_PRIORITY)
-        self.initial_priority = check_number(name, "initial_priority", initial_priority, low=0, low_open=True,
-                                             high=MAX_PRIORITY)
+        check_number(name, "priority_exponent", self.priority_exponent, low=0, high=MAX_EXPONENT)
+        check_number(name, "is_exponent", self.is_exponent, low=0)
+        check_number(name, "is_exponent_final", self.is_exponent_final, low=0)
+        if self.is_anneal_samples is not None:
+            check_number(name, "is_anneal_samples", self.is_anneal_samples, low=0, integer=True)
+        check_number(name, "eps", self.eps, low=0, high=MAX_PRIORITY)
+        check_number(name, "initial_priority", self.initial_priority, low=0, low_open=True, high=MAX_PRIORITY)
+
+
+@register_replay("per")
+class PrioritizedSampler(Sampler):
+    """proportional PER over offline + online rows, IS exponent annealed over the run"""
+
+    signals = ("td_error", "priority")
+    Config = PERConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self.priority_exponent, self.is_exponent = float(o.priority_exponent), float(o.is_exponent)
+        self.is_exponent_final = float(o.is_exponent_final)
+        self.is_anneal_samples = int(o.is_anneal_samples or 0)
+        self.eps, self.initial_priority = float(o.eps), float(o.initial_priority)
         self.num_samples = 0
         # built in bind() (capacity unknown before; the buffer binds before any use): typed as built, no narrowing
         self.sum_tree: SumTree = None  # type: ignore[assignment]
@@ -188,10 +211,12 @@ class PrioritizedSampler(Sampler):
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/is_exponent": self.beta}
 
-    def config(self) -> dict:
-        return dict(priority_exponent=self.priority_exponent, is_exponent=self.is_exponent,
-                    is_exponent_final=self.is_exponent_final, is_anneal_samples=self.is_anneal_samples,
-                    eps=self.eps, initial_priority=self.initial_priority)
+    @classmethod
+    def from_run(cls, options: PERConfig, ctx: ReplayBuild) -> PrioritizedSampler:
+        """beta anneals over the run's gradient steps unless ``is_anneal_samples`` is set."""
+        if options.is_anneal_samples is None:
+            options = replace(options, is_anneal_samples=ctx.total_grad_steps)
+        return cls(options)
 
     def state_dict(self) -> dict:
         return super().state_dict() | {"priority": self.leaf_values()[: self.storage.size],
@@ -206,22 +231,3 @@ class PrioritizedSampler(Sampler):
         num_samples = state_int(state, "num_samples", owner)
         self.set_leaf_values(leaves)
         self.num_samples = num_samples
-
-
-@dataclass(frozen=True)
-class PERConfig:
-    """Proportional prioritized replay (Schaul et al. 2016)."""
-
-    priority_exponent: float = 0.6  # alpha: P(i) ~ p_i^alpha
-    is_exponent: float = 0.4  # beta at the start: IS weight (N P(i))^-beta, normalized by the batch max
-    is_exponent_final: float = 1.0  # beta at the end of the run (annealed linearly over its gradient steps)
-
-    def __post_init__(self):
-        for name in ("priority_exponent", "is_exponent", "is_exponent_final"):
-            check_number(type(self).__name__, name, getattr(self, name), low=0.0)
-
-
-@register_replay("per", PERConfig)
-def build_per(options: PERConfig, ctx: ReplayBuild) -> PrioritizedSampler:
-    """proportional PER over offline + online rows, IS exponent annealed over the run"""
-    return PrioritizedSampler(**asdict(options), is_anneal_samples=ctx.total_grad_steps)

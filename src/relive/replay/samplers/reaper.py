@@ -45,7 +45,8 @@ Adam the two differ by a per-batch constant factor).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -71,28 +72,54 @@ from relive.types import OFFLINE, ONLINE
 TRUNCATION = ("finished", "ongoing")
 
 
-class ReaPERSampler(Sampler):
-    signals = ("td_error",)
+@dataclass(frozen=True)
+class ReaPERConfig:
+    """Reliability-adjusted PER (Pleiss et al. 2025): Psi = R^omega * |delta|^alpha."""
 
-    def __init__(self, priority_exponent: float = 0.4, reliability_exponent: float = 0.2, is_exponent: float = 0.4,
-                 is_exponent_final: float | None = 1.0, is_anneal_samples: int = 0, eps: float = 1e-6,
-                 truncation: str = "finished", use_kernels: bool | None = None):
-        super().__init__()
+    priority_exponent: float = 0.4  # alpha (the reference example.py's 0.4)
+    reliability_exponent: float = 0.2  # omega (the reference example.py's 0.2)
+    is_exponent: float = 0.4  # beta at the start
+    is_exponent_final: float = 1.0  # beta at the end of the annealing
+    # sample calls over which beta moves linearly to is_exponent_final; None: the run's gradient steps (a buffer
+    # built outside a run: 0, beta stays at is_exponent)
+    is_anneal_samples: int | None = None
+    eps: float = 1e-6  # d = |delta| + eps (floored at MIN_PRIORITY)
+    truncation: str = "finished"  # an episode's last stored row: "finished" (S_e) or "ongoing" (F) -- see above
+    use_kernels: bool | None = None  # the compiled (numba) kernels; None: when numba is importable
+
+    def __post_init__(self):
         name = type(self).__name__
-        self.priority_exponent = check_number(name, "priority_exponent", priority_exponent, low=0, high=MAX_EXPONENT)
-        self.reliability_exponent = check_number(name, "reliability_exponent", reliability_exponent, low=0,
-                                                 high=MAX_EXPONENT)
-        self.is_exponent = check_number(name, "is_exponent", is_exponent, low=0)
-        self.is_exponent_final = check_number(name, "is_exponent_final", is_exponent if is_exponent_final is None
-                                              else is_exponent_final, low=0)
-        self.is_anneal_samples = check_number(name, "is_anneal_samples", is_anneal_samples, low=0, integer=True)
-        self.eps = check_number(name, "eps", eps, low=0, low_open=True, high=MAX_PRIORITY)
-        if truncation not in TRUNCATION:
-            raise ValueError(f"truncation must be one of {TRUNCATION}, got {truncation!r}")
-        self.truncation = truncation
-        self.use_kernels = use_kernels
-        self._compiled = _tree_kernels.AVAILABLE if use_kernels is None else bool(use_kernels
-                                                                                 and _tree_kernels.AVAILABLE)
+        check_number(name, "priority_exponent", self.priority_exponent, low=0, high=MAX_EXPONENT)
+        check_number(name, "reliability_exponent", self.reliability_exponent, low=0, high=MAX_EXPONENT)
+        check_number(name, "is_exponent", self.is_exponent, low=0)
+        check_number(name, "is_exponent_final", self.is_exponent_final, low=0)
+        if self.is_anneal_samples is not None:
+            check_number(name, "is_anneal_samples", self.is_anneal_samples, low=0, integer=True)
+        check_number(name, "eps", self.eps, low=0, low_open=True, high=MAX_PRIORITY)
+        if self.truncation not in TRUNCATION:
+            raise ValueError(f"truncation must be one of {TRUNCATION}, got {self.truncation!r}")
+        if self.use_kernels is not None and not isinstance(self.use_kernels, bool):
+            raise ValueError(f"{name}: use_kernels must be true, false or null, got {self.use_kernels!r}")
+
+
+@register_replay("reaper")
+class ReaPERSampler(Sampler):
+    """reliability-adjusted PER"""
+
+    signals = ("td_error",)
+    Config = ReaPERConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self.priority_exponent, self.reliability_exponent = float(o.priority_exponent), float(o.reliability_exponent)
+        self.is_exponent, self.is_exponent_final = float(o.is_exponent), float(o.is_exponent_final)
+        self.is_anneal_samples = int(o.is_anneal_samples or 0)
+        self.eps = float(o.eps)
+        self.truncation = o.truncation
+        self.use_kernels = o.use_kernels
+        self._compiled = _tree_kernels.AVAILABLE if o.use_kernels is None else bool(o.use_kernels
+                                                                                   and _tree_kernels.AVAILABLE)
         self.num_samples = 0
         self.max_delta = 1.0
 
@@ -496,12 +523,13 @@ class ReaPERSampler(Sampler):
         return super().stats() | {"replay/is_exponent": self.beta, "replay/reaper_F": self.F,
                                   "replay/reaper_max_delta": self.max_delta}
 
-    # -- checkpoint ------------------------------------------------------------------------------------
-    def config(self) -> dict:
-        return dict(priority_exponent=self.priority_exponent, reliability_exponent=self.reliability_exponent,
-                    is_exponent=self.is_exponent, is_exponent_final=self.is_exponent_final,
-                    is_anneal_samples=self.is_anneal_samples, eps=self.eps, truncation=self.truncation,
-                    use_kernels=self.use_kernels)
+    # -- construction and checkpoint -------------------------------------------------------------------
+    @classmethod
+    def from_run(cls, options: ReaPERConfig, ctx: ReplayBuild) -> ReaPERSampler:
+        """beta anneals over the run's gradient steps unless ``is_anneal_samples`` is set."""
+        if options.is_anneal_samples is None:
+            options = replace(options, is_anneal_samples=ctx.total_grad_steps)
+        return cls(options)
 
     _SLOT_ARRAYS = ("delta", "delta_pow", "prefix", "cum_u", "slot_leaf")
     _LEAF_ARRAYS = ("leaf_id", "live_start", "live_end", "finished", "total", "u_total", "evicted_d", "evicted_u")
@@ -573,27 +601,3 @@ def restore_array(arr: np.ndarray, saved, fill: int = 0) -> None:
 
 if _tree_kernels.AVAILABLE:
     from relive.replay.samplers._reaper_kernels import search, suffix_prefix, suffix_running_u
-
-
-@dataclass(frozen=True)
-class ReaPERConfig:
-    """Reliability-adjusted PER (Pleiss et al. 2025): Psi = R^omega * |delta|^alpha."""
-
-    priority_exponent: float = 0.4  # alpha (the reference example.py's 0.4)
-    reliability_exponent: float = 0.2  # omega (the reference example.py's 0.2)
-    is_exponent: float = 0.4  # beta at the start
-    is_exponent_final: float = 1.0  # beta at the end of the run (annealed linearly over its gradient steps)
-
-    def __post_init__(self):
-        for name in ("priority_exponent", "is_exponent", "is_exponent_final", "reliability_exponent"):
-            check_number(type(self).__name__, name, getattr(self, name), low=0.0)
-
-
-def reaper_kwargs(options: ReaPERConfig, ctx: ReplayBuild) -> dict:
-    return asdict(options) | {"is_anneal_samples": ctx.total_grad_steps}
-
-
-@register_replay("reaper", ReaPERConfig)
-def build_reaper(options: ReaPERConfig, ctx: ReplayBuild) -> ReaPERSampler:
-    """reliability-adjusted PER"""
-    return ReaPERSampler(**reaper_kwargs(options, ctx))

@@ -9,14 +9,36 @@ class docstring.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
-from relive.registry import ReplayBuild, register_replay
+from relive.registry import register_replay
 from relive.replay.samplers._reaper_kernels import power
 from relive.replay.samplers.base import Draw, state_array, state_field, state_float, state_int
-from relive.replay.samplers.reaper import ReaPERConfig, ReaPERSampler, reaper_kwargs, restore_array
+from relive.replay.samplers.reaper import ReaPERConfig, ReaPERSampler, restore_array
 
 
+@dataclass(frozen=True)
+class ReaPERReferenceConfig(ReaPERConfig):
+    """ReaPER's settings plus the reference code's three choices (each switchable)."""
+
+    fresh_unweighted: bool = True  # rows never updated are drawn by the reference's rule for fresh rows
+    frozen_F: bool = True  # F frozen at insert (the reference's _max_sum_td at that time), not the live F
+    is_normalization: str = "buffer"  # IS weights normalized by the buffer's minimum probability or the batch's
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("fresh_unweighted", "frozen_F"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.is_normalization not in ("buffer", "batch"):
+            raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {self.is_normalization!r}")
+
+
+@register_replay("reaper_reference", doc="ReaPER with the reference code's choices where the paper is open (fresh rows "
+                 "unweighted, F frozen at insert, IS by the buffer's minimum)")
 class ReaPERReferenceSampler(ReaPERSampler):
     """ReaPER with the reference code's (leonardpleiss/ReaPER) choices where the paper leaves them open, each
     switchable, for comparing the two readings (docs/results.md). Read from that code, not copied:
@@ -46,14 +68,13 @@ class ReaPERReferenceSampler(ReaPERSampler):
     parent's probabilities (a test checks this).
     """
 
-    def __init__(self, *args, fresh_unweighted: bool = True, frozen_F: bool = True,
-                 is_normalization: str = "buffer", **kwargs):
+    Config = ReaPERReferenceConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if is_normalization not in ("buffer", "batch"):
-            raise ValueError(f"is_normalization must be 'buffer' or 'batch', got {is_normalization!r}")
-        self.fresh_unweighted = bool(fresh_unweighted)
-        self.frozen_F = bool(frozen_F)
-        self.is_normalization = is_normalization
+        o = self.options
+        self.fresh_unweighted, self.frozen_F = o.fresh_unweighted, o.frozen_F
+        self.is_normalization = o.is_normalization
         self._serial = 0
         self.reference_F = 1.0  # the reference code's F (its _max_sum_td): starts at 1
 
@@ -150,10 +171,6 @@ class ReaPERReferenceSampler(ReaPERSampler):
     def stats(self) -> dict[str, float]:
         return super().stats() | {"replay/reaper_reference_F": self.reference_F}
 
-    def config(self) -> dict:
-        return super().config() | dict(fresh_unweighted=self.fresh_unweighted, frozen_F=self.frozen_F,
-                                       is_normalization=self.is_normalization)
-
     def state_dict(self) -> dict:
         state = super().state_dict()
         size = self.storage.size
@@ -178,10 +195,3 @@ class ReaPERReferenceSampler(ReaPERSampler):
             state_float(ref, "F", owner, low=0.0)
         # (a checkpoint from before reference_F: the largest stored frozen F is its last value or close to it)
         self.reference_F = float(ref["F"]) if "F" in ref else max(1.0, float(self.f_insert.max(initial=0.0)))
-
-
-@register_replay("reaper_reference", ReaPERConfig)
-def build_reaper_reference(options: ReaPERConfig, ctx: ReplayBuild) -> ReaPERReferenceSampler:
-    """ReaPER with the reference code's choices where the paper is open (fresh rows unweighted, F frozen at
-    insert, IS by the buffer's minimum)"""
-    return ReaPERReferenceSampler(**reaper_kwargs(options, ctx))

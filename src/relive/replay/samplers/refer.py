@@ -64,11 +64,12 @@ have to skip; the paper's default and smarties' default are FIFO.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
 from relive.hooks import EveryGradSteps
-from relive.registry import ReplayBuild, register_replay
+from relive.registry import register_alias, register_replay
 from relive.replay.refer_schedule import (
     ALL_SOURCES,
     BEHAVIOUR_COLUMNS,
@@ -80,8 +81,7 @@ from relive.replay.refer_schedule import (
     is_far,
     smarties_eta,
 )
-from relive.replay.samplers.base import Draw, Sampler, register_sampler, state_array, state_float, state_int
-from relive.replay.samplers.mixture import MixtureSampler
+from relive.replay.samplers.base import Draw, state_array, state_float, state_int
 from relive.replay.samplers.uniform import UniformSampler
 
 FAR_ESTIMATORS = ("stale", "recount")  # n_far from each row's last computed rho (the paper) / periodic exact recount
@@ -127,38 +127,26 @@ class ReFERConfig:
         return replace(cls(beta_schedule="smarties", initial_beta=1e-4), **overrides)
 
     def sampler_kwargs(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(ReFERConfig)}
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass(frozen=True)
-class ReFEROnlineConfig(ReFERConfig):
-    """ReF-ER on the online rows, uniform offline rows (offline data without behaviour records): a mixture."""
-
-    offline_fraction: float = 0.5  # offline share of every batch (exact, as RLPD's symmetric sampling)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not 0 <= self.offline_fraction <= 1:
-            raise ValueError(f"offline_fraction must be in [0, 1], got {self.offline_fraction}")
-
-
+@register_replay("refer", doc="ReF-ER over every row (each needs a behaviour record)")
 class ReFERSampler(UniformSampler):
     """Uniform draws (``UniformSampler``) plus ReF-ER's per-row bookkeeping (see the module docstring)."""
 
     signals = ("rho",)
 
-    def __init__(self, C: float = 4.0, D: float = 0.1, A: float = 5e-7, beta_schedule: str = "paper",
-                 beta_eta: float = 1e-4, initial_beta: float = 1e-4, recount_every_grad_steps: int = 2000,
-                 recount_chunk_size: int = 4096, far_estimator: str = "recount"):
-        super().__init__()
-        ReFERConfig(C, D, A, beta_schedule, beta_eta, initial_beta, recount_every_grad_steps,
-                    recount_chunk_size, far_estimator)  # validates
-        self.far_estimator = far_estimator
-        self.C, self.D, self.A = float(C), float(D), float(A)
-        self.beta_schedule, self.beta_eta = beta_schedule, float(beta_eta)
-        self.initial_beta = float(initial_beta)
-        self.recount_every_grad_steps = int(recount_every_grad_steps)
-        self.recount_chunk_size = int(recount_chunk_size)
+    Config = ReFERConfig
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self.far_estimator = o.far_estimator
+        self.C, self.D, self.A = float(o.C), float(o.D), float(o.A)
+        self.beta_schedule, self.beta_eta = o.beta_schedule, float(o.beta_eta)
+        self.initial_beta = float(o.initial_beta)
+        self.recount_every_grad_steps = int(o.recount_every_grad_steps)
+        self.recount_chunk_size = int(o.recount_chunk_size)
         self.beta = self.initial_beta
         self.t = 0  # gradient steps (updates) so far
         self.batch_size = 0  # size of the last batch drawn (smarties' eta uses it)
@@ -300,11 +288,6 @@ class ReFERSampler(UniformSampler):
                     "replay/refer_far_fraction_stale": self.far_fraction_stale}
         return out
 
-    def config(self) -> dict:
-        return dict(C=self.C, D=self.D, A=self.A, beta_schedule=self.beta_schedule, beta_eta=self.beta_eta,
-                    initial_beta=self.initial_beta, recount_every_grad_steps=self.recount_every_grad_steps,
-                    recount_chunk_size=self.recount_chunk_size, far_estimator=self.far_estimator)
-
     def state_dict(self) -> dict:
         size = self.storage.size
         return super().state_dict() | {"rho": self.rho[:size].copy(), "far": self.far[:size].copy(),
@@ -337,17 +320,6 @@ class ReFERSampler(UniformSampler):
             for key in ("far_fraction_exact", "far_fraction_stale"))
 
 
-register_sampler(ReFERSampler)
-
-
-@register_replay("refer", ReFERConfig)
-def build_refer(options: ReFERConfig, ctx: ReplayBuild) -> Sampler:
-    """ReF-ER over every row (each needs a behaviour record)"""
-    return ReFERSampler(**options.sampler_kwargs())
-
-
-@register_replay("refer_online", ReFEROnlineConfig)
-def build_refer_online(options: ReFEROnlineConfig, ctx: ReplayBuild) -> Sampler:
-    """ReF-ER on the online part of an exact offline/online split, uniform offline rows"""
-    return MixtureSampler(UniformSampler(), ReFERSampler(**options.sampler_kwargs()),
-                          offline_fraction=options.offline_fraction)
+register_alias("refer_online", "mixture", sets=("online.name=refer",),
+               keys={"offline_fraction": "offline_fraction", "*": "online.refer."},
+               doc="ReF-ER on the online part of an exact offline/online split, uniform offline rows")

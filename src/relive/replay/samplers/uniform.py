@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from relive.registry import ReplayBuild, register_replay
+from relive.registry import register_replay
 from relive.replay.samplers.base import Draw, Sampler
 
 
+@dataclass(frozen=True)
+class UniformConfig:
+    """Uniform over every stored row, offline and online alike (no settings)."""
+
+
+@register_replay("uniform", doc="uniform over offline + online rows")
 class UniformSampler(Sampler):
+    """Uniform with replacement over the stored rows of its domain."""
+
+    Config: ClassVar[type] = UniformConfig
+
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         lo, hi = self.domain()
         n = hi - lo
@@ -23,14 +34,3 @@ class UniformSampler(Sampler):
         if hi > lo:
             p[lo:hi] = 1.0 / (hi - lo)
         return p
-
-
-@dataclass(frozen=True)
-class UniformConfig:
-    """Uniform over every stored row, offline and online alike (no settings)."""
-
-
-@register_replay("uniform", UniformConfig)
-def build_uniform(options: UniformConfig, ctx: ReplayBuild) -> UniformSampler:
-    """uniform over offline + online rows"""
-    return UniformSampler()

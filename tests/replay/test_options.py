@@ -1,0 +1,174 @@
+"""One declaration per option, one registry, compositions instead of flat names (issue 29, step 3).
+
+A sampler's settings are its ``Config`` dataclass: the constructor, ``config()`` (checkpoints) and ``--set
+replay.NAME.*`` are that one dataclass; ``register_replay`` fills the CLI's table and the checkpoints' table at once;
+``mixture`` composes two parts (``replay.mixture.online = {name = "per", ...}``) and the old flat names
+(``symmetric``, ``symmetric_per``, ``refer_online``, ``arb_transition``) are short names that expand to it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from relive.cli import main
+from relive.config import ReplayConfig, config_from_dict, load_config, override, save_config
+from relive.presets import get_preset
+from relive.registry import ALIASES, REPLAYS, ReplayBuild, ReplaySpec, register_replay, replay_entry
+from relive.replay.samplers import (
+    SAMPLERS,
+    MixtureSampler,
+    PrioritizedSampler,
+    UniformSampler,
+    sampler_config,
+    sampler_from_config,
+)
+from relive.replay.samplers.arb import ARBConfig, ARBSampler
+from relive.replay.samplers.base import Sampler
+from relive.replay.samplers.per import PERConfig
+from relive.train.trainer import build_sampler
+
+CTX = ReplayBuild(total_grad_steps=500, env_steps_per_chunk=1, seed=np.random.SeedSequence(0))
+
+
+def test_a_sampler_takes_its_config_or_its_settings_and_config_is_that_dataclass():
+    opts = PERConfig(priority_exponent=0.7, is_exponent=0.3, eps=1e-3)
+    by_config, by_name = PrioritizedSampler(opts), PrioritizedSampler(priority_exponent=0.7, is_exponent=0.3, eps=1e-3)
+    assert by_config.options == by_name.options == opts
+    assert by_config.config() == dataclasses.asdict(opts)
+    assert PrioritizedSampler(0.7, 0.3).options == PERConfig(0.7, 0.3)  # positionally, in field order
+    assert PrioritizedSampler.from_config(by_config.config()).options == opts  # a checkpoint's record round-trips
+    # one default per setting, the dataclass's (is_exponent_final was None in the constructor, 1.0 in the CLI)
+    assert PrioritizedSampler().is_exponent_final == PERConfig().is_exponent_final == 1.0
+    with pytest.raises(ValueError, match="priority_exponent"):
+        PrioritizedSampler(priority_exponent=-1)
+    with pytest.raises(TypeError):
+        PrioritizedSampler(no_such_setting=1)
+
+
+def test_run_derived_settings_are_filled_from_the_run_only_where_unset():
+    built = replay_entry("per").target(PERConfig(), CTX)
+    assert built.is_anneal_samples == 500 and built.config()["is_anneal_samples"] == 500
+    assert replay_entry("per").target(PERConfig(is_anneal_samples=7), CTX).is_anneal_samples == 7
+    assert PrioritizedSampler().is_anneal_samples == 0  # outside a run: beta stays at is_exponent
+    # the CLI reaches every constructor setting (PER's eps was not settable from a shell)
+    cfg = override(get_preset("sac"), ["replay.name=per", "replay.per.eps=0.01"])
+    assert build_sampler(cfg).eps == 0.01
+
+
+def test_one_registry_a_registered_sampler_class_loads_from_checkpoints():
+    for name in ("uniform", "per", "arb", "reaper", "reaper_reference", "berb", "refer"):
+        entry = replay_entry(name)
+        assert entry.sampler_cls is not None and entry.config_cls is entry.sampler_cls.Config
+        assert SAMPLERS[entry.sampler_cls.__name__] is entry.sampler_cls
+
+    @dataclasses.dataclass(frozen=True)
+    class HalfConfig:
+        share: float = 0.5  # a toy setting
+
+    @register_replay("toy_options_half")
+    class ToyOptionsHalfSampler(UniformSampler):
+        """toy: uniform with a setting"""
+
+        Config = HalfConfig
+
+    try:
+        assert SAMPLERS["ToyOptionsHalfSampler"] is ToyOptionsHalfSampler
+        assert REPLAYS["toy_options_half"].config_cls is HalfConfig
+        assert REPLAYS["toy_options_half"].doc == "toy: uniform with a setting"
+        cfg = override(get_preset("sac"), ["replay.name=toy_options_half", "replay.toy_options_half.share=0.25"])
+        assert build_sampler(cfg).options == HalfConfig(0.25)
+    finally:
+        REPLAYS.pop("toy_options_half")
+        SAMPLERS.pop("ToyOptionsHalfSampler")
+
+
+def test_a_mixture_is_composed_from_parts_on_the_command_line_and_in_config_json(tmp_path):
+    cfg = override(get_preset("sac"), ["replay.name=mixture", "replay.mixture.offline_fraction=0.25",
+                                       "replay.mixture.online.name=per",
+                                       "replay.mixture.online.per.priority_exponent=0.5"])
+    opts = cfg.replay.options
+    assert opts.offline_fraction == 0.25 and opts.offline == ReplaySpec("uniform")
+    assert opts.online == ReplaySpec("per", PERConfig(priority_exponent=0.5))
+    assert cfg.replay.to_dict()["mixture"]["online"] == {"name": "per", "per": dataclasses.asdict(opts.online.options)}
+    save_config(cfg, tmp_path / "config.json")
+    assert load_config(tmp_path / "config.json") == cfg
+    sampler = build_sampler(cfg)
+    assert isinstance(sampler, MixtureSampler) and isinstance(sampler.online, PrioritizedSampler)
+    assert (sampler.offline_fraction, sampler.online.priority_exponent) == (0.25, 0.5)
+    assert type(sampler.offline) is UniformSampler
+    # any registered strategy is a part, e.g. ARB over the online rows
+    arb = override(cfg, ["replay.mixture.online.name=arb", "replay.mixture.online.arb.temperature=2"])
+    assert build_sampler(arb).online.temperature == 2.0 and isinstance(build_sampler(arb).online, ARBSampler)
+    with pytest.raises(ValueError, match="apply only when online.name is 'per'.*this part is 'arb'"):
+        override(arb, ["replay.mixture.online.per.priority_exponent=0.5"])
+    with pytest.raises(ValueError, match="unknown replay 'fifo'"):
+        override(cfg, ["replay.mixture.offline.name=fifo"])
+    with pytest.raises(ValueError, match="online is a replay part"):
+        override(cfg, ["replay.mixture.online=per"])
+
+
+@pytest.mark.parametrize(("alias", "settings", "expected"), [
+    ("symmetric", {"offline_fraction": 0.3}, "mixture(offline_fraction=0.3, offline=uniform, online=uniform)"),
+    ("symmetric_per", {"priority_exponent": 0.7},
+     "mixture(offline=uniform, online=per(priority_exponent=0.7))"),
+    ("refer_online", {"offline_fraction": 0.25, "C": 2.0},
+     "mixture(offline_fraction=0.25, offline=uniform, online=refer(C=2.0))"),
+    ("arb_transition", {"temperature": 2.0}, "arb(temperature=2.0, level=transition)")])
+def test_old_names_expand_to_the_composition_everywhere(alias, settings, expected):
+    """ReplayConfig.of, --replay NAME + --set replay.NAME.*, and a config.json of an earlier version (the alias's
+    name and its options) all give the same expansion."""
+    by_of = ReplayConfig.of(alias, **settings)
+    by_set = override(get_preset("sac"), [f"replay.name={alias}"]
+                      + [f"replay.{alias}.{k}={v}" for k, v in settings.items()]).replay
+    old_json = config_from_dict({"replay": {"name": alias, "capacity": 1_000_000, alias: settings}}).replay
+    assert by_of.label == by_set.label == old_json.label == expected
+    assert by_of == dataclasses.replace(by_set, capacity=by_of.capacity) == old_json
+    assert by_of.name == ALIASES[alias].target  # a config names only registered strategies
+
+
+def test_an_old_flat_name_builds_the_sampler_it_built_before():
+    """What symmetric_per built before it became a short name: uniform offline, PER online, IS annealed over the
+    run (the golden grid test checks this for every built-in grid's runs)."""
+    cfg = override(get_preset("sac"), ["replay.name=symmetric_per", "replay.symmetric_per.priority_exponent=0.7",
+                                       "schedule.num_online_env_steps=2000", "schedule.num_warmup_env_steps=1000"])
+    assert sampler_config(build_sampler(cfg)) == {
+        "type": "MixtureSampler", "params": {
+            "offline": {"type": "UniformSampler", "params": {}},
+            "online": {"type": "PrioritizedSampler", "params": {
+                "priority_exponent": 0.7, "is_exponent": 0.4, "is_exponent_final": 1.0, "is_anneal_samples": 2000,
+                "eps": 1e-6, "initial_priority": 1.0}},
+            "offline_fraction": 0.5}}
+
+
+def test_old_option_names_and_checkpoints_still_load():
+    # the CLI's replay.arb.amortized_rows is the sampler's amortized_rows_per_refresh (one setting, one field)
+    cfg = override(get_preset("sac"), ["replay.name=arb", "replay.arb.amortized_rows=64"])
+    assert cfg.replay.options == ARBConfig(amortized_rows_per_refresh=64)
+    assert config_from_dict({"replay": {"name": "arb", "arb": {"amortized_rows": 8}}}).replay.options == \
+        ARBConfig(amortized_rows_per_refresh=8)
+    # a checkpoint written before records PER's params as its constructor resolved them (beta_final = beta, no
+    # anneal): the record loads to the same settings
+    old = {"type": "MixtureSampler", "params": {
+        "offline": {"type": "UniformSampler", "params": {}}, "offline_fraction": 0.5,
+        "online": {"type": "PrioritizedSampler", "params": {"priority_exponent": 0.6, "is_exponent": 0.4,
+                                                             "is_exponent_final": 0.4, "is_anneal_samples": 0,
+                                                             "eps": 1e-6, "initial_priority": 1.0}}}}
+    loaded = sampler_from_config(old)
+    assert loaded.online.options == PERConfig(0.6, 0.4, 0.4, 0) and sampler_config(loaded) == old | {
+        "params": old["params"]}
+
+
+def test_presets_show_lists_a_short_name_with_its_expansion(capsys):
+    assert main(["presets", "--show", "symmetric_per"]) == 0
+    out = capsys.readouterr().out
+    assert "replay.name = mixture with online.name=per" in out
+    assert "replay.mixture.online.per.priority_exponent = 0.6" in out
+    assert main(["presets", "--show", "replays"]) == 0
+    out = capsys.readouterr().out
+    assert "mixture" in out and "symmetric_per" in out and "shorthand: mixture with online.name=per" in out
+
+
+def test_a_sampler_without_settings_has_none():
+    assert Sampler().config() == {} and UniformSampler().config() == {}
