@@ -42,6 +42,7 @@ class ReplayBuild:
     total_grad_steps: int  # gradient steps the run will take (IS-exponent annealing)
     env_steps_per_chunk: int  # env steps per collected chunk
     seed: np.random.SeedSequence  # the sampler's own stream (spawned from the run seed)
+    online_env_steps: int = 0  # online env steps the run will take (offline-share schedules)
 
 
 @dataclass(frozen=True)

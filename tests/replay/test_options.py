@@ -172,3 +172,53 @@ def test_presets_show_lists_a_short_name_with_its_expansion(capsys):
 
 def test_a_sampler_without_settings_has_none():
     assert Sampler().config() == {} and UniformSampler().config() == {}
+
+
+# -- offline-share schedules (issue 32, item 3) ---------------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_an_offline_share_schedule_gives_its_formula_and_exact_counts(schedule):
+    """f(t) over t = online rows stored: constant f0; linear f0 + min(t/T,1)(f1 - f0); cosine
+    f1 + (f0 - f1)(1 + cos(pi min(t/T,1)))/2 -- checked on hand-made points, and every batch holds exactly
+    round(B f(t)) offline rows."""
+    from relive.replay import ReplayBuffer
+    from relive.testing import random_transitions
+
+    f0, f1, T, B = 0.75, 0.25, 100, 64
+    expected = {"constant": {0: 0.75, 50: 0.75, 100: 0.75, 150: 0.75},
+                "linear": {0: 0.75, 50: 0.5, 100: 0.25, 150: 0.25},
+                "cosine": {0: 0.75, 50: 0.5, 25: 0.25 + 0.5 * (1 + np.cos(np.pi / 4)) / 2, 100: 0.25, 150: 0.25}}
+    buf = ReplayBuffer(400, (3,), (1,), sampler=MixtureSampler(UniformSampler(), UniformSampler(), f0, schedule,
+                                                               f1, T), seed=0)
+    buf.add_offline(random_transitions(100, 3, 1, rng=0))
+    stored = 0
+    for t, f in sorted(expected[schedule].items()):
+        if t > stored:
+            buf.extend(random_transitions(t - stored, 3, 1, rng=t))
+            stored = t
+        if t == 0:
+            continue  # (no online rows yet: the whole batch is offline)
+        assert buf.sampler.current_fraction() == pytest.approx(f, abs=1e-12), (schedule, t)
+        batch = buf.sample(B)
+        assert (batch.info.source == 0).sum() == round(B * f), (schedule, t)
+        assert buf.sampler.stats()["replay/offline_fraction"] == pytest.approx(f)
+
+
+def test_a_schedule_from_the_command_line_runs_over_the_online_phase_and_survives_a_checkpoint(tmp_path):
+    from relive.replay import ReplayBuffer
+    from relive.testing import random_transitions
+
+    cfg = override(get_preset("sac"), ["replay.name=symmetric", "replay.mixture.schedule=linear",
+                                       "replay.mixture.offline_fraction_final=0.1",
+                                       "schedule.num_online_env_steps=400"])
+    sampler = build_sampler(cfg)
+    assert (sampler.schedule, sampler.offline_fraction_final, sampler.schedule_steps) == ("linear", 0.1, 400)
+    buf = ReplayBuffer(1000, (3,), (1,), sampler=sampler, seed=0)
+    buf.add_offline(random_transitions(50, 3, 1, rng=0))
+    buf.extend(random_transitions(200, 3, 1, rng=1))
+    assert sampler.current_fraction() == pytest.approx(0.3)
+    buf.save(tmp_path / "ckpt")
+    loaded = ReplayBuffer.load(tmp_path / "ckpt")
+    assert loaded.sampler.current_fraction() == pytest.approx(0.3)
+    np.testing.assert_array_equal(loaded.sample(32).info.indices, buf.sample(32).info.indices)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        override(cfg, ["replay.mixture.schedule=exponential"])

@@ -6,7 +6,7 @@ import pytest
 from relive.cli import build_parser, main
 from relive.config import ExperimentConfig, config_from_dict, load_config, override, save_config
 from relive.presets import PRESETS, get_preset
-from relive.registry import REPLAYS, load_builtins
+from relive.registry import REPLAYS, load_builtins, replay_names
 from relive.replay import (
     ARBSampler,
     BERBSampler,
@@ -37,7 +37,8 @@ def test_presets_carry_the_papers_settings():
     rlpd = get_preset("rlpd")
     assert (rlpd.agent.num_qs, rlpd.agent.num_min_qs, rlpd.agent.critic_layer_norm) == (10, 2, True)
     assert rlpd.schedule.utd_ratio == 20 and rlpd.agent.target_entropy_scale == 0.5
-    assert rlpd.replay.name == "symmetric" and rlpd.replay.options.offline_fraction == 0.5
+    assert rlpd.replay.label == "mixture(offline=uniform, online=uniform)"  # RLPD's symmetric sampling
+    assert rlpd.replay.options.offline_fraction == 0.5
     arb = get_preset("calql_arb")
     assert arb.replay.name == "arb" and arb.schedule.env_steps_per_chunk == 1000
     assert arb.replay.options.refresh_every_grad_steps == 1000 and arb.agent.calibrate_online is False
@@ -63,7 +64,7 @@ def test_replay_names_build_their_samplers(name, kind):
     if name.startswith("arb"):
         assert sampler.config()["level"] == ("transition" if name == "arb_transition" else "trajectory")
     assert {"uniform", "per", "symmetric", "symmetric_per", "arb", "arb_transition", "reaper", "reaper_reference",
-            "berb"} <= set(REPLAYS)
+            "berb"} <= set(replay_names())
 
 
 @pytest.mark.parametrize("setting,match", [
@@ -148,6 +149,10 @@ def test_each_strategy_default_lives_in_its_config_dataclass():
         sampler = build_sampler(cfg)
         expected = cfg.replay.to_dict()[cfg.replay.name]
         params = sampler.config()
+        if cfg.replay.name == "mixture":  # a constant share: the checkpoint record has no schedule (as before them)
+            assert expected.pop("schedule") == "constant" and params.get("schedule") is None
+            for key in ("offline_fraction_final", "schedule_env_steps"):
+                assert expected.pop(key) is None
         for part in ("offline", "online"):  # a mixture: each part's sampler carries that part's options
             if part in expected:
                 spec = expected.pop(part)
@@ -158,10 +163,8 @@ def test_each_strategy_default_lives_in_its_config_dataclass():
 def assert_carries(params: dict, options: dict, name: str) -> None:
     assert set(params) == set(options), name
     for key, value in options.items():
-        if value is not None:
+        if value is not None:  # (None: the sampler's own default, or a setting from_run fills from the run)
             assert params[key] == value, (name, key)
-        else:  # run-derived: filled by from_run
-            assert params[key] is not None, (name, key)
 
 
 def test_agent_config_must_match_agent_kind():
@@ -258,7 +261,8 @@ def test_presets_command_lists_and_shows(capsys):
     assert main(["presets", "--show", "rlpd"]) == 0
     out = capsys.readouterr().out
     assert "agent.num_qs = 10" in out and "# critic ensemble size" in out
-    assert "replay.symmetric.offline_fraction = 0.5" in out and "# offline share of every batch" in out
+    assert "replay.mixture.offline_fraction = 0.5" in out and "# offline share of every batch" in out
+    assert 'replay.mixture.online.name = "uniform"' in out
     assert main(["presets", "--show", "reaper"]) == 0
     assert "replay.reaper.priority_exponent = 0.4" in capsys.readouterr().out
     assert main(["presets", "--show", "replays"]) == 0

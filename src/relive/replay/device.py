@@ -309,7 +309,8 @@ def to_device_sampler(sampler: Sampler) -> Sampler:
         return DevicePrioritizedSampler(**sampler.config())
     if type(sampler) is MixtureSampler:
         return DeviceMixtureSampler(to_device_sampler(sampler.offline), to_device_sampler(sampler.online),
-                                    sampler.offline_fraction)
+                                    sampler.offline_fraction, sampler.schedule, sampler.offline_fraction_final,
+                                    sampler.schedule_steps)
     raise ValueError(f"{type(sampler).__name__} has no device version: replay on a device (replay.device) "
                      "supports uniform, per and mixtures of them (symmetric, symmetric_per); the other strategies "
                      "read rows per batch on the host (leave replay.device unset)")

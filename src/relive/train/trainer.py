@@ -104,7 +104,7 @@ def build_sampler(cfg: ExperimentConfig, seed: np.random.SeedSequence | None = N
     a :class:`HindsightSampler` (``her.k``, ``her.strategy``; its goal functions: :func:`attach_goal_functions`)."""
     s = cfg.schedule
     ctx = ReplayBuild(total_grad_steps=s.num_offline_grad_steps + online_grad_steps(s),
-                      env_steps_per_chunk=s.env_steps_per_chunk,
+                      env_steps_per_chunk=s.env_steps_per_chunk, online_env_steps=s.num_online_env_steps,
                       seed=seed if seed is not None else seed_streams(cfg.run.seed)["sampler"])
     sampler = replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
     return HindsightSampler(sampler, cfg.her.strategy, cfg.her.k) if cfg.her.enabled else sampler

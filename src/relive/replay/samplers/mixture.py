@@ -1,14 +1,25 @@
 """Symmetric sampling over offline and online rows (RLPD, Ball et al. 2023 Sec. 3.1; PLD).
 
-Every batch holds exactly ``round(B * offline_fraction)`` offline rows and the rest online, each part drawn
-by its own sampler restricted to its source (e.g. uniform offline, prioritized online). While one part is
-empty the whole batch comes from the other. Per-draw probability of a row of source s is
+Every batch holds exactly ``round(B * f)`` offline rows and the rest online, each part drawn by its own sampler
+restricted to its source (e.g. uniform offline, prioritized online). While one part is empty the whole batch comes
+from the other.
+
+The offline share f is ``offline_fraction``, or follows a schedule over t = online rows stored so far (env steps,
+less unstored probing steps; read from the storage, so a resumed buffer continues the schedule exactly), from
+f_0 = ``offline_fraction`` to f_1 = ``offline_fraction_final`` over T = ``schedule_steps``:
+
+    constant  f(t) = f_0
+    linear    f(t) = f_0 + min(t / T, 1) (f_1 - f_0)
+    cosine    f(t) = f_1 + (f_0 - f_1) (1 + cos(pi min(t / T, 1))) / 2      (TorchRL's / LeRobot's anneal shapes)
+
+Per-draw probability of a row of source s is
 ``f_s * p_s(row)`` where ``f_s`` is that part's share of the batch; ``is_weight`` is the part's own
 (each child normalizes its weights within its part). Signals are routed to the part that owns the row.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,12 +31,32 @@ from relive.replay.samplers.base import Draw, Sampler, check_number, sampler_con
 from relive.replay.samplers.uniform import UniformSampler
 from relive.types import OFFLINE, ONLINE
 
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+def scheduled_fraction(schedule: str, start: float, final: float, steps: int, t: int) -> float:
+    """The offline share after ``t`` online rows (the module docstring's formulas)."""
+    if schedule == "constant":
+        return start
+    x = min(t / steps, 1.0) if steps > 0 else float(t > 0)  # (no length: the end share from the first online row)
+    if schedule == "linear":
+        return start + x * (final - start)
+    return final + (start - final) * (1.0 + math.cos(math.pi * x)) / 2.0
+
 
 class MixtureSampler(Sampler):
     def __init__(self, offline: Sampler | None = None, online: Sampler | None = None,
-                 offline_fraction: float = 0.5):
+                 offline_fraction: float = 0.5, schedule: str = "constant", offline_fraction_final: float | None = None,
+                 schedule_steps: int = 0):
         super().__init__()
-        check_number(type(self).__name__, "offline_fraction", offline_fraction, low=0, high=1)
+        owner = type(self).__name__
+        check_number(owner, "offline_fraction", offline_fraction, low=0, high=1)
+        if schedule not in SCHEDULES:
+            raise ValueError(f"{owner}: schedule must be one of {SCHEDULES}, got {schedule!r}")
+        final = offline_fraction if offline_fraction_final is None else offline_fraction_final
+        check_number(owner, "offline_fraction_final", final, low=0, high=1)
+        self.schedule, self.offline_fraction_final = schedule, float(final)
+        self.schedule_steps = check_number(owner, "schedule_steps", schedule_steps, low=0, integer=True)
         if offline is not None and offline is online:
             raise ValueError("MixtureSampler got the same sampler instance for both parts; give each part its own "
                              "(e.g. MixtureSampler(UniformSampler(), UniformSampler()))")
@@ -69,8 +100,15 @@ class MixtureSampler(Sampler):
             return batch_size, 0
         if n_off == 0:
             return 0, batch_size
-        k = int(round(batch_size * self.offline_fraction))
+        k = int(round(batch_size * self.current_fraction()))
         return k, batch_size - k
+
+    def current_fraction(self) -> float:
+        """The offline share of the next batch (``offline_fraction`` unless scheduled)."""
+        if self.schedule == "constant":
+            return self.offline_fraction
+        return scheduled_fraction(self.schedule, self.offline_fraction, self.offline_fraction_final,
+                                  self.schedule_steps, self.storage.num_online_written)
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         return self.joined_parts(batch_size, lambda child, k: child.sample(k, rng), np.concatenate)
@@ -128,11 +166,11 @@ class MixtureSampler(Sampler):
             return self.offline.probabilities()
         if n_off == 0:
             return self.online.probabilities()
-        f = self.offline_fraction if batch_size is None else self.split(batch_size)[0] / batch_size
+        f = self.current_fraction() if batch_size is None else self.split(batch_size)[0] / batch_size
         return f * self.offline.probabilities() + (1 - f) * self.online.probabilities()
 
     def stats(self) -> dict[str, float]:
-        out = super().stats()
+        out = super().stats() | {"replay/offline_fraction": self.current_fraction()}
         for name, child in (("offline", self.offline), ("online", self.online)):
             if child.num_rows():
                 out.update({k.replace("replay/", f"replay/{name}/"): v for k, v in child.stats().items()
@@ -140,13 +178,17 @@ class MixtureSampler(Sampler):
         return out
 
     def config(self) -> dict:
+        scheduled = {} if self.schedule == "constant" else {  # (a constant share: the record as before schedules)
+            "schedule": self.schedule, "offline_fraction_final": self.offline_fraction_final,
+            "schedule_steps": self.schedule_steps}
         return {"offline": sampler_config(self.offline), "online": sampler_config(self.online),
-                "offline_fraction": self.offline_fraction}
+                "offline_fraction": self.offline_fraction} | scheduled
 
     @classmethod
     def from_config(cls, cfg: dict) -> MixtureSampler:
         return cls(sampler_from_config(cfg["offline"]), sampler_from_config(cfg["online"]),
-                   cfg["offline_fraction"])
+                   cfg["offline_fraction"], cfg.get("schedule", "constant"), cfg.get("offline_fraction_final"),
+                   cfg.get("schedule_steps", 0))
 
     def state_dict(self) -> dict:
         return super().state_dict() | {"offline": self.offline.state_dict(), "online": self.online.state_dict()}
@@ -165,12 +207,24 @@ def _part(name: str) -> Callable[[], ReplaySpec]:
 class MixtureConfig:
     """An exact offline / online split of every batch, each part drawn by its own replay strategy."""
 
-    offline_fraction: float = 0.5  # offline share of every batch (RLPD, PLD: 0.5)
+    offline_fraction: float = 0.5  # offline share of every batch (RLPD, PLD: 0.5); a schedule's start
+    # the share's course over online env steps: "constant", "linear" or "cosine" from offline_fraction to
+    # offline_fraction_final over schedule_env_steps (relive.replay.samplers.mixture)
+    schedule: str = "constant"
+    offline_fraction_final: float | None = None  # a schedule's end (null: offline_fraction, i.e. constant)
+    schedule_env_steps: int | None = None  # a schedule's length in online env steps (null: the whole online phase)
     offline: ReplaySpec = field(default_factory=_part("uniform"))  # the offline part's strategy and its options
     online: ReplaySpec = field(default_factory=_part("uniform"))  # the online part's strategy and its options
 
     def __post_init__(self):
         check_number(type(self).__name__, "offline_fraction", self.offline_fraction, low=0.0, high=1.0)
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.offline_fraction_final is not None:
+            check_number(type(self).__name__, "offline_fraction_final", self.offline_fraction_final, low=0.0,
+                         high=1.0)
+        if self.schedule_env_steps is not None:
+            check_number(type(self).__name__, "schedule_env_steps", self.schedule_env_steps, low=1, integer=True)
         for name in ("offline", "online"):
             if not isinstance(getattr(self, name), ReplaySpec):
                 raise ValueError(f"{type(self).__name__}.{name} must be a ReplaySpec (a replay name and its options), "
@@ -180,8 +234,10 @@ class MixtureConfig:
 @register_replay("mixture", MixtureConfig)
 def build_mixture(options: MixtureConfig, ctx: ReplayBuild) -> MixtureSampler:
     """exact offline/online split per batch, each part its own strategy (RLPD's symmetric sampling: uniform parts)"""
+    steps = options.schedule_env_steps if options.schedule_env_steps is not None else ctx.online_env_steps
     return MixtureSampler(options.offline.build(ctx), options.online.build(ctx),
-                          offline_fraction=options.offline_fraction)
+                          offline_fraction=options.offline_fraction, schedule=options.schedule,
+                          offline_fraction_final=options.offline_fraction_final, schedule_steps=steps)
 
 
 register_sampler_class(MixtureSampler)
