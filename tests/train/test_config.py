@@ -6,7 +6,7 @@ import pytest
 from relive.cli import build_parser, main
 from relive.config import ExperimentConfig, config_from_dict, load_config, override, save_config
 from relive.presets import PRESETS, get_preset
-from relive.registry import REPLAYS, load_builtins, replay_names
+from relive.registry import load_builtins, replay_names
 from relive.replay import (
     ARBSampler,
     BERBSampler,
