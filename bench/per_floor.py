@@ -1,0 +1,107 @@
+"""PER sample + update against its floor (issue 34, item 3), measured in one process, interleaved.
+
+The floor of one prioritized step at N rows (Hopper-shaped: obs 11, action 3, batch 256) is what any
+implementation must do: draw 256 masses and descend the sum tree once (relive's 8-ary tree, compiled), gather the
+256 rows of every column, and write the 256 new priorities into the sum tree. relive's step also keeps a max
+tree (new rows get the largest priority *currently stored*, exactly -- PER's rule), checks its inputs, computes IS
+weights, and drops rows overwritten since they were sampled (generation stamps): "floor + max tree" adds the
+max tree's leaf update to the floor, the part of the gap that is a design choice rather than glue.
+
+    PYTHONPATH=src python bench/per_floor.py --rows 1000000 --seconds 1 --repeats 5
+
+Prints each variant's median rate over the rounds and the ratio relive step / floor (the issue's target: <= 1.5x
+the floor's time, i.e. a rate >= 0.67x the floor's), and a cProfile breakdown of relive's step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import platform
+import pstats
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from replay_throughput import BATCH, OBS, make_data, rate  # noqa: E402
+
+
+def setup(rows: int):
+    from relive.replay import PrioritizedSampler, ReplayBuffer
+
+    buf = ReplayBuffer(rows, (OBS,), (3,), sampler=PrioritizedSampler(0.6, 0.4), seed=0)
+    buf.extend(make_data(rows))
+    rng = np.random.default_rng(1)
+    td = rng.random(BATCH)
+    for _ in range(50):  # priorities that differ (not the all-equal start)
+        b = buf.sample(BATCH)
+        buf.update(b.info, td_error=rng.random(BATCH) * 3)
+    sampler, st = buf.sampler, buf.storage
+    cols = [st.columns[name] for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated")]
+    alpha = sampler.priority_exponent
+
+    def relive_step():
+        b = buf.sample(BATCH)
+        buf.update(b.info, td_error=td)
+
+    def descent_gather_update(max_tree: bool):
+        tree = sampler.sum_tree
+
+        def step():
+            mass = rng.random(BATCH)
+            mass *= tree.total
+            idx, _ = tree.find_prefix_with_values(mass)
+            [c.take(idx, axis=0) for c in cols]
+            p = np.power(np.abs(td) + 1e-6, alpha)
+            tree.update(idx, p)
+            if max_tree:
+                sampler.max_tree.update(idx, p)
+        return step
+
+    return buf, {"relive PER sample + update": relive_step, "floor": descent_gather_update(False),
+                 "floor + max tree": descent_gather_update(True)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    buf, ops = setup(args.rows)
+    rates: dict[str, list[float]] = {k: [] for k in ops}
+    for _ in range(args.repeats):
+        for name, fn in ops.items():
+            rates[name].append(rate(fn, args.seconds))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    ratios = [f / r for f, r in zip(rates["floor"], rates["relive PER sample + update"], strict=True)]
+    ratios_max = [f / r for f, r in zip(rates["floor + max tree"], rates["relive PER sample + update"], strict=True)]
+    print(f"{args.rows:,} rows, batch {BATCH}, {args.repeats} interleaved rounds of {args.seconds} s "
+          f"({platform.processor() or platform.machine()})")
+    for name, r in med.items():
+        print(f"  {name:28s} {r:10,.0f}/s  {1e6 / r:7.1f} us")
+    print(f"  relive step / floor: {statistics.median(ratios):.2f}x the floor's time "
+          f"({min(ratios):.2f}-{max(ratios):.2f}); / floor + max tree: {statistics.median(ratios_max):.2f}x")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(2000):
+        ops["relive PER sample + update"]()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
+    print("\nrelive's step, by function (cProfile, 2,000 steps; profiling inflates Python's share):")
+    print("\n".join(out.getvalue().splitlines()[6:22]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": args.rows, "rates": rates, "median": med,
+                                               "ratio_to_floor": ratios, "ratio_to_floor_max_tree": ratios_max},
+                                              indent=1))
+
+
+if __name__ == "__main__":
+    main()
