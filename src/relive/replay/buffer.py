@@ -141,20 +141,21 @@ class ReplayBuffer:
             raise ValueError(f"origin must be one of {ORIGIN_NAMES} (relive.types), got {origin!r}")
         return self._write(OFFLINE, rows, origin=origin)
 
-    def extend(self, rows: Mapping, stream: int = 0) -> np.ndarray:
+    def extend(self, rows: Mapping, stream: int = 0, origin=None) -> np.ndarray:
         """Append online rows of one ``stream`` to the ring, in that stream's time order. Returns their slots.
 
         Streams are independent sources of rows: each environment of a vector env, each collector's env. A chunk
         of one stream may arrive between chunks of another; episodes, steps and per-episode values (returns-to-go,
         ReaPER's sums, ARB's trajectory means) follow each stream. One stream (the default, 0) is the fast path;
-        the stream of every stored row is ``storage.meta["stream"]``."""
-        return self._write(ONLINE, rows, stream)
+        the stream of every stored row is ``storage.meta["stream"]``. ``origin``: the rows' tag, one or one per row
+        (default agent; an intervened step's row: ``relive.types.INTERVENTION``)."""
+        return self._write(ONLINE, rows, stream, origin)
 
     def add(self, stream: int = 0, **row) -> int:
         """Append one online transition given as keyword arguments (convenience; prefer ``extend``)."""
         return int(self.extend({k: as_numpy(v)[None] for k, v in row.items()}, stream=stream)[0])
 
-    def _write(self, source: int, rows: Mapping, stream: int = 0, origin: int | None = None) -> np.ndarray:
+    def _write(self, source: int, rows: Mapping, stream: int = 0, origin=None) -> np.ndarray:
         self.sampler.check_insert(source, rows)
         slots = self.storage.write(source, rows, stream, origin)
         live = slots if slots.size == 0 or slots[0] >= 0 else slots[slots >= 0]  # -1s come first, if any

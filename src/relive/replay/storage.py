@@ -393,11 +393,11 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         return [(f"column {name!r} key {k!r}", f"obs.{k}", as_numpy(value[k])) for k in self.obs_keys]
 
     # -- writing ---------------------------------------------------------------------------------------
-    def write(self, source: int, data: Mapping, stream: int = 0, origin: int | None = None) -> np.ndarray:
+    def write(self, source: int, data: Mapping, stream: int = 0, origin=None) -> np.ndarray:
         """Append validated rows of one source (online: of one ``stream``, in its time order); returns their slots
         (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
-        batch). ``origin`` tags the rows (:data:`relive.types.ORIGIN_NAMES`; default: dataset for offline rows,
-        agent for online ones)."""
+        batch). ``origin`` tags the rows (:data:`relive.types.ORIGIN_NAMES`; one value or one per row; default:
+        dataset for offline rows, agent for online ones)."""
         self._check_open()
         rows, n = self.validate(data)
         if source not in (OFFLINE, ONLINE):
@@ -406,8 +406,16 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             raise ValueError(f"offline rows have no stream (got stream={stream!r}); streams are for online rows")
         if origin is None:
             origin = DATASET if source == OFFLINE else AGENT
+        elif np.ndim(origin):  # one per row
+            origin = np.asarray(origin)
+            if origin.shape != (n,) or origin.dtype.kind not in "iu" or not np.isin(origin, list(ORIGIN_NAMES)).all():
+                raise ValueError(f"origin: expected {n} values in {ORIGIN_NAMES} (relive.types), got shape "
+                                 f"{origin.shape} dtype {origin.dtype}")
+            origin = origin.astype(np.int8)
         elif isinstance(origin, bool | np.bool_) or origin not in ORIGIN_NAMES:
             raise ValueError(f"origin must be one of {ORIGIN_NAMES} (relive.types), got {origin!r}")
+        else:
+            origin = int(origin)
         if n == 0:
             if source == ONLINE and stream not in self._lane_of:
                 check_stream(stream)
@@ -429,7 +437,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         for dst_lo, lo, hi in ((first, 0, split), (self.ring_base, split, kept)):
             if hi > lo:
                 self._copy_rows(rows, slice(dst_lo, dst_lo + hi - lo), slice(skip + lo, skip + hi), episode_id, step,
-                                source, stream, int(origin))
+                                source, stream, origin)
         if self.dedup_next_obs:
             self._nx.put(slots[explicit], {nn: rows[nn][skip:][explicit] for nn in self._next_names})
             self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]),
@@ -481,7 +489,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         return start, first, skip, lane, bounds
 
     def _copy_rows(self, rows: dict, dst: slice, src: slice, episode_id: np.ndarray, step: np.ndarray, source: int,
-                   stream: int, origin: int) -> None:
+                   stream: int, origin) -> None:
         """Rows ``src`` of a write into the consecutive slots ``dst``, with their bookkeeping (a new generation)."""
         meta = self.meta
         for name, col in self.columns.items():
@@ -489,7 +497,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         meta["episode_id"][dst] = episode_id[src]
         meta["step_in_episode"][dst] = step[src]
         meta["source"][dst] = source
-        meta["origin"][dst] = origin
+        meta["origin"][dst] = origin if isinstance(origin, int) else origin[src]
         meta["generation"][dst] += 1
         if self._gen_t is not None:
             self._gen_t[dst] += 1
