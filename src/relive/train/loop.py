@@ -192,6 +192,8 @@ def online_phase(run: Run) -> dict:
             run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
     finally:
         collection.close()
+    if run.demo_writer is not None:  # the run stops: an intervened stretch still going on ends where it stands
+        run.demo_writer.flush()
     return stop if isinstance(stop, dict) else evaluation(run)
 
 
@@ -455,7 +457,8 @@ def log_online(run: Run, env_rate: float, grad_rate: float, extra: dict | None =
 def intervention_metrics(run: Run) -> dict:
     """With an intervener: ``collect/interventions_per_episode`` (intervened steps per episode finished since the last
     row), ``collect/intervention_rate`` (their share of those episodes' steps), ``collect/num_intervened_steps``
-    (all time) and ``replay/num_demonstrations`` (intervention rows in the demonstration segment)."""
+    (all time) and ``replay/num_demonstrations`` (rows that joined the demonstration segment during online training;
+    a stretch still going on joins when it ends)."""
     c = run.collector
     if getattr(c, "intervener", None) is None:
         return {}
