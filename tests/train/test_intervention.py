@@ -158,3 +158,75 @@ def test_a_killed_run_with_interventions_resumes_bit_exact_with_every_stored_int
     assert (np.asarray(st_["meta"]["origin"])[:k] == INTERVENTION).all()
     train(resume_dir=tmp_path / "cut")
     assert_same_agent(tmp_path / "full", tmp_path / "cut")
+
+
+class FakeClock:
+    """``time`` for the loop with a monotonic clock driven by the env steps (0.1 s each): wall-clock cadences are
+    tested without waiting or timing anything."""
+
+    def __init__(self):
+        self.env_steps = 0
+
+    def monotonic(self):
+        return self.env_steps * 0.1
+
+    def perf_counter(self):
+        return self.env_steps * 0.1
+
+
+def test_checkpoints_every_so_many_seconds_of_wall_clock_at_episode_ends(tmp_path, monkeypatch):
+    import relive.train.loop as loop
+
+    clock, saved = FakeClock(), []
+    real_checkpoint = loop.checkpoint
+    monkeypatch.setattr(loop, "time", clock)
+    monkeypatch.setattr(loop, "checkpoint", lambda run: (saved.append(run.state.env_steps), real_checkpoint(run)))
+
+    def on_step(env_steps, grad_steps):
+        clock.env_steps = env_steps
+
+    args = [*HIL, "--online-steps", "260", "--eval-every", "1000", "--checkpoint-every", "100000"]
+    train(cfg_for([*args, "--set", "run.checkpoint_every_seconds=7"], tmp_path / "timed"), on_step=on_step)
+    assert saved == [100, 200]  # 7 s = 70 steps after the last one (or the start), at the next episode end (of 50)
+    saved.clear()
+    clock.env_steps = 0
+    train(cfg_for(args, tmp_path / "steps"), on_step=on_step)
+    assert saved == []  # (no step cadence due within the run)
+    with pytest.raises(ValueError, match="checkpoint_every_seconds"):
+        cfg_for([*args, "--set", "run.checkpoint_every_seconds=0"], tmp_path / "bad")
+    with pytest.raises(ValueError, match="exceeds intervention.demo_capacity"):
+        train(cfg_for([*args, "--set", "intervention.budget=61"], tmp_path / "full"))
+
+
+def test_a_sigkilled_run_keeps_its_interventions_and_resumes_bit_exact(tmp_path):
+    """A real SIGKILL of `relive train` with interventions and a wall-clock checkpoint cadence, wherever it falls
+    (mid-episode, mid-update), then `relive train --resume`: the checkpoint holds every intervention stored as of it,
+    and the resumed run ends with the uninterrupted run's agent."""
+    import subprocess
+    import sys
+    import time
+
+    from relive.cli import main
+
+    args = [*HIL, "--online-steps", "700", "--eval-every", "350", "--checkpoint-every", "100000",
+            "--set", "run.checkpoint_every_seconds=0.2", "--set", "intervention.budget=200",
+            "--set", "intervention.demo_capacity=200", "--capacity", "400"]
+    run = tmp_path / "killed"
+    code = f"from relive.cli import main; main({['train', *args, '--run-dir', str(run)]!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (run / "checkpoint" / "MANIFEST.json").exists():
+        time.sleep(0.02)  # kill it as soon as its first checkpoint is complete
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    proc.kill()
+    proc.wait()
+    assert not (run / "summary.json").exists()
+    ckpt = load_tree(run / "checkpoint", kind="run")
+    st_ = ckpt["buffer"]["storage"]
+    k, n = int(st_["num_offline"]), int(ckpt["collector"]["intervention"]["num_intervened_steps"])
+    assert k == n and (np.asarray(st_["meta"]["origin"])[:k] == INTERVENTION).all()  # every one, as demonstrations
+    ring = np.asarray(st_["meta"]["origin"])[int(st_["ring_base"]):]
+    assert (ring == INTERVENTION).sum() == n  # and on the ring (the ring holds every step so far)
+    assert main(["train", "--resume", str(run)]) == 0
+    train(cfg_for(args, tmp_path / "full"))
+    assert_same_agent(tmp_path / "full", run)

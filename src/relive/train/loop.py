@@ -79,7 +79,7 @@ class Run:
     hooks: list = field(default_factory=list)
     train_metrics: dict = field(default_factory=dict)
     start: float = field(default_factory=time.perf_counter)
-    last_checkpoint: float = field(default_factory=time.monotonic)  # wall-clock of the last checkpoint (or start)
+    last_checkpoint: float | None = None  # wall-clock (monotonic) of the last checkpoint, or of the first cadence
     demo_writer: DemoWriter | None = None  # interventions: intervened stretches into the demonstration segment
     lock: DirectoryLock | None = None  # the run directory, held by this process for the whole run
 
@@ -205,6 +205,8 @@ def cadence(run: Run, before_checkpoint: Callable[[], None] | None = None) -> di
     stop = due_evaluation(run)
     if stop is not None:
         return stop
+    if run.last_checkpoint is None:  # (this process's first cadence: the wall-clock counts from here)
+        run.last_checkpoint = time.monotonic()
     by_time = seconds is not None and time.monotonic() - run.last_checkpoint >= seconds
     if (st.env_steps >= st.next_ckpt or by_time) and run.collector.can_checkpoint:
         if st.env_steps >= st.next_ckpt:

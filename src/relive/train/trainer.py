@@ -408,6 +408,10 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
         raise ValueError(f"intervention.kind = {cfg.intervention.kind!r}: interventions run with one env in this "
                          "process (env.num_envs = 1, collectors.num = 0, an env.id) and the replay on the host "
                          "(replay.device unset)")
+    ic = cfg.intervention
+    if ic.kind == "scripted" and ic.budget > ic.demo_capacity:
+        raise ValueError(f"intervention.budget ({ic.budget} intervened steps) exceeds intervention.demo_capacity "
+                         f"({ic.demo_capacity} rows of room for them): the run would stop when the segment fills up")
 
 
 def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuffer:
