@@ -230,3 +230,14 @@ def test_a_sigkilled_run_keeps_its_interventions_and_resumes_bit_exact(tmp_path)
     assert main(["train", "--resume", str(run)]) == 0
     train(cfg_for(args, tmp_path / "full"))
     assert_same_agent(tmp_path / "full", run)
+
+
+def test_expert_dataset_saves_whole_episodes_of_a_registered_expert(tmp_path):
+    from relive.train.intervention import expert_dataset
+
+    path = expert_dataset("Pendulum-v1", "zero", 2, tmp_path / "demos.npz", max_episode_steps=10)
+    with np.load(path, allow_pickle=False) as d:
+        assert d["reward"].shape == (20,) and np.flatnonzero(d["truncated"]).tolist() == [9, 19]
+        assert (d["action"] == 0).all()
+    with pytest.raises(ValueError, match="not registered"):
+        expert_dataset("Pendulum-v1", "nope", 1, tmp_path / "x.npz")

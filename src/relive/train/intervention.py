@@ -33,6 +33,9 @@ from typing import Protocol
 
 import numpy as np
 
+from relive.data.npz_io import save_dataset
+from relive.envs import env_spec, make_env
+from relive.train.collector import Collector
 from relive.types import AGENT, INTERVENTION, ColumnDecl
 
 
@@ -184,6 +187,25 @@ def _reach_goal_expert(spec, env, gain: float = 10.0):
         out[:3] = np.clip(gain * (goal - grip), -1, 1)
         return out
     return act
+
+
+def expert_dataset(env_id: str, expert: str, num_episodes: int, path, seed: int = 0,
+                   max_episode_steps: int | None = None):
+    """A few demonstrations: ``num_episodes`` whole episodes of a registered expert on ``env_id``, saved as a relive
+    ``.npz`` dataset at ``path`` (the "few demos" a HIL-RLPD run starts from); returns the path."""
+    if expert not in EXPERTS:
+        raise ValueError(f"expert {expert!r} is not registered; known: {sorted(EXPERTS)}")
+    env = make_env(env_id, max_episode_steps)
+    spec = env_spec(env)
+    policy = EXPERTS[expert](spec, env)
+    collector = Collector(env, spec, seed)
+    parts = []
+    while len(collector.finished_returns) < num_episodes:
+        parts.append(collector.step(lambda obs: np.asarray(policy(obs[0]))[None], 1))
+    env.close()
+    rows = {k: (np.concatenate([p[k] for p in parts]) if not isinstance(parts[0][k], dict)
+                else {kk: np.concatenate([p[k][kk] for p in parts]) for kk in parts[0][k]}) for k in parts[0]}
+    return save_dataset(path, rows)
 
 
 def build_intervener(cfg, spec, env) -> Intervener | None:
