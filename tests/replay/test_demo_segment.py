@@ -301,3 +301,19 @@ def _run_demo(kind, examples, steps):
     run_state_machine_as_test(machine, settings=settings(
         max_examples=examples, stateful_step_count=steps, deadline=None, derandomize=True, database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]))
+
+
+def test_a_memmap_buffer_grows_its_segment_and_loads_from_its_checkpoint(tmp_path):
+    rng = np.random.default_rng(9)
+    buf = ReplayBuffer(40, OBS, ACT, sampler=mixture_per(), seed=3, demo_capacity=6, backend="memmap",
+                       directory=tmp_path / "cols")
+    buf.add_offline(rows(rng, 5))
+    buf.extend(rows(rng, 45))
+    buf.add_demonstrations(rows(rng, 4, 4))
+    buf.save(tmp_path / "c")
+    expected = copy.deepcopy(buf.state_dict())
+    buf.close()
+    loaded = ReplayBuffer.load(tmp_path / "c")
+    assert _same(loaded.state_dict(), expected)
+    assert loaded.storage.num_offline == 9 and (loaded.storage.meta["origin"][5:9] == INTERVENTION).all()
+    loaded.close()
