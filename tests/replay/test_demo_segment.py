@@ -49,6 +49,7 @@ def test_demonstrations_join_after_online_rows_without_moving_any_online_row():
     np.testing.assert_array_equal(slots, [8, 9, 10])
     assert (st_.meta["origin"][slots] == INTERVENTION).all() and (st_.meta["source"][slots] == OFFLINE).all()
     assert (st_.meta["origin"][:8] == DATASET).all() and (st_.meta["origin"][18:40] == AGENT).all()
+    assert buf.sampler.storage.num_before_online == 8  # the dataset [0, 8), the demonstrations [8, num_offline)
     for name, col in st_.columns.items():  # no online row moved, none was rewritten
         np.testing.assert_array_equal(col[18:40], before[name], err_msg=name)
     np.testing.assert_array_equal(st_.meta["generation"][18:40], generations)

@@ -19,7 +19,7 @@ class OfflineHashing(StorageFields):
         """SHA-256 of the offline segment: the offline rows of every column but the extra ones (which
         ``set_column`` may change later, so checkpoints always copy them), their explicit next_obs copies, the
         column names and shapes. Cached: these offline rows are frozen once written."""
-        k = self.ring_base - self.demo_capacity  # the rows written before the first online one (all, before it)
+        k = self.num_before_online  # the rows written before the first online one (all of them, before it)
         if self._offline_hash is not None and self._offline_hash[0] == k:
             return self._offline_hash[1]
         h = hashlib.sha256()

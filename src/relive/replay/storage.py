@@ -257,6 +257,13 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         return self.num_offline + self.num_online
 
     @property
+    def num_before_online(self) -> int:
+        """Offline rows written before the first online row (the dataset; all of them before it): slots
+        ``[0, num_before_online)``. The demonstrations that joined later are ``[num_before_online, num_offline)``,
+        each part contiguous (e.g. for a sampler restricted to one of them)."""
+        return self.ring_base - self.demo_capacity
+
+    @property
     def has_gap(self) -> bool:
         """Whether empty slots of the demonstration segment lie between the offline and the online rows."""
         return self.num_online_written > 0 and self.num_offline < self.ring_base
@@ -663,7 +670,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         """``offline="reference"``: the offline rows are not copied; the state names their dataset id and SHA-256
         (loading needs the same rows again: ``load_state_dict(state)`` after writing them). A memmap storage
         copies no rows at all: it refers to its column files, which must be unchanged when it is loaded."""
-        size, k = self.size, self.ring_base - self.demo_capacity  # k: the rows written before the first online one
+        size, k = self.size, self.num_before_online
         if offline not in ("copy", "reference"):
             raise ValueError(f"offline must be 'copy' or 'reference', got {offline!r}")
         state = {}

@@ -39,6 +39,7 @@ class StorageView:
     num_rows = property(lambda self: self._st.num_rows)  # rows stored (== size unless has_gap)
     ring_base = property(lambda self: self._st.ring_base)
     has_gap = property(lambda self: self._st.has_gap)
+    num_before_online = property(lambda self: self._st.num_before_online)  # demonstrations: [this, num_offline)
 
     def slot_range(self, source: int | None = None) -> tuple[int, int]:
         return self._st.slot_range(source)

@@ -470,4 +470,4 @@ def intervention_metrics(run: Run) -> dict:
     return {"collect/interventions_per_episode": float(np.mean(per_episode)) if per_episode else math.nan,
             "collect/intervention_rate": float(np.sum(per_episode) / np.sum(lengths)) if per_episode else math.nan,
             "collect/num_intervened_steps": float(c.num_intervened_steps),
-            "replay/num_demonstrations": float(st.num_offline - (st.ring_base - st.demo_capacity))}
+            "replay/num_demonstrations": float(st.num_offline - st.num_before_online)}
