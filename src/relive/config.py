@@ -59,6 +59,9 @@ class RunConfig:
     eval_at_start: bool = True
     checkpoint_every_env_steps: int = 10_000  # checkpoints land on the first episode end after this many steps
     checkpoint_every_offline_grad_steps: int = 10_000  # offline phase (and always at its end)
+    # also checkpoint when this many seconds of wall-clock passed since the last one (a person's session is counted in
+    # minutes); online, at the first chunk boundary where the collection allows it (one env: an episode end); None: off
+    checkpoint_every_seconds: float | None = None
     progress: bool = True  # progress bar on the terminal
     save_final_buffer: bool = False  # also write the replay buffer at the end (buffer_final/)
     save_agent_snapshots: bool = False  # keep the agent of every evaluation (snapshots/agent_<env_step>/)
@@ -72,6 +75,10 @@ class RunConfig:
                      "checkpoint_every_offline_grad_steps", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"run.{name} must be >= 1, got {getattr(self, name)}")
+        sec = self.checkpoint_every_seconds
+        if sec is not None and (isinstance(sec, bool) or not isinstance(sec, int | float) or not math.isfinite(sec)
+                                or sec <= 0):
+            raise ValueError(f"run.checkpoint_every_seconds must be a number of seconds > 0 (or None), got {sec!r}")
         check_device("run.device", self.device)
 
 
@@ -179,6 +186,33 @@ class HERConfig:
             raise ValueError(f"her.k must be a finite number >= 0, got {self.k!r}")
         if self.strategy not in HER_STRATEGIES:
             raise ValueError(f"her.strategy must be one of {HER_STRATEGIES}, got {self.strategy!r}")
+
+
+INTERVENTION_KINDS = ("none", "scripted", "device")
+
+
+@dataclass(frozen=True)
+class InterventionConfig:
+    """Interventions during online training (HIL-SERL; ``relive.train.intervention``, docs/hil.md): the intervener
+    may take over the agent's action; intervened rows are tagged, kept on the ring and in a demonstration segment."""
+
+    kind: str = "none"  # none; scripted (an expert takes over when the agent deviates); device (a gamepad, pygame)
+    expert: str = "zero"  # scripted: a registered expert (relive.train.intervention.EXPERTS: zero, reach_goal)
+    threshold: float = 0.5  # scripted: take over when ||agent action - expert action||_2 exceeds this
+    budget: int = 0  # scripted: at most this many intervened steps in the run (0: no limit)
+    hold_steps: int = 1  # scripted: a takeover lasts this many steps
+    demo_capacity: int = 100_000  # rows of room in the demonstration segment for interventions (never evicted)
+
+    def __post_init__(self):
+        if self.kind not in INTERVENTION_KINDS:
+            raise ValueError(f"intervention.kind must be one of {INTERVENTION_KINDS}, got {self.kind!r}")
+        th = self.threshold
+        if isinstance(th, bool) or not isinstance(th, int | float) or not math.isfinite(th) or th < 0:
+            raise ValueError(f"intervention.threshold must be a finite number >= 0, got {th!r}")
+        for name, low in (("budget", 0), ("hold_steps", 1), ("demo_capacity", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"intervention.{name} must be an integer >= {low}, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -374,6 +408,7 @@ class ExperimentConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     collectors: CollectorsConfig = field(default_factory=CollectorsConfig)
     her: HERConfig = field(default_factory=HERConfig)
+    intervention: InterventionConfig = field(default_factory=InterventionConfig)
 
     def __post_init__(self):
         cls = agent_entry(self.agent_kind).config_cls
@@ -501,7 +536,8 @@ def config_from_dict(d: dict) -> ExperimentConfig:
     replay = ReplayConfig(spec.name, r.get("capacity", 1_000_000), spec.options, r.get("device"))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
                                                    ("schedule", ScheduleConfig),
-                                                   ("collectors", CollectorsConfig), ("her", HERConfig)) if k in d}
+                                                   ("collectors", CollectorsConfig), ("her", HERConfig),
+                                                   ("intervention", InterventionConfig)) if k in d}
     return ExperimentConfig(preset=d.get("preset", "sac"), agent_kind=kind, agent=agent, replay=replay, **sections)
 
 
@@ -636,7 +672,7 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
                                                       for f in dataclasses.fields(r.options)]
         raise ValueError(f"unknown setting {key!r}; known: {known}")
     sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule", "collectors": "collectors",
-                "her": "her"}
+                "her": "her", "intervention": "intervention"}
     if section in sections and len(parts) == 2:
         obj = getattr(cfg, section)
         return dataclasses.replace(cfg, **{section: _set_field(obj, parts[1], raw, key, section)})

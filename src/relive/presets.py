@@ -12,7 +12,15 @@ from relive.agents.residual_sac import ResidualSACConfig
 from relive.agents.sac import RLPD_OFFLINE_FRACTION, SACConfig
 from relive.agents.sac_refer import SACReFERConfig
 from relive.agents.vracer import VRACERConfig
-from relive.config import EnvConfig, ExperimentConfig, HERConfig, ReplayConfig, RunConfig, ScheduleConfig
+from relive.config import (
+    EnvConfig,
+    ExperimentConfig,
+    HERConfig,
+    InterventionConfig,
+    ReplayConfig,
+    RunConfig,
+    ScheduleConfig,
+)
 
 
 def sac() -> ExperimentConfig:
@@ -259,13 +267,39 @@ def ddpg_her() -> ExperimentConfig:
         replay=ReplayConfig.of("uniform", capacity=1_000_000))
 
 
+def hil_rlpd() -> ExperimentConfig:
+    """HIL-SERL (Luo et al. 2024): RLPD whose online phase has an intervener; intervened stretches are kept on the
+    ring and in a never-evicted demonstration segment (100k rows of room), and every batch draws half from the
+    demonstrations (dataset + interventions) and half from the online rows. The intervener: ``scripted`` with a
+    stand-in expert (``zero``); pick yours: ``--set intervention.expert=NAME`` (simulation) or
+    ``--set intervention.kind=device`` (a person at a gamepad). docs/hil.md."""
+    cfg = rlpd()
+    return replace(cfg, preset="hil_rlpd", intervention=InterventionConfig(kind="scripted", expert="zero",
+                                                                           demo_capacity=100_000))
+
+
+WSRL_WARMUP_ENV_STEPS = 5000  # WSRL (Zhou et al., ICLR 2025): K = 5,000 warm-up steps with the pre-trained policy
+
+
+def wsrl() -> ExperimentConfig:
+    """WSRL (Zhou et al., ICLR 2025): fine-tune a pre-trained Cal-QL agent (``--init-from`` a finished ``calql`` run)
+    without its offline data: 5,000 warm-up steps with the pre-trained policy (``warmup_policy = "agent"``) seed the
+    online buffer, then online RL without the conservative penalty (``cql_alpha = 0``, no calibration, plain backup)
+    from uniform replay over the online rows alone (no ``--dataset``: the offline data is not retained)."""
+    schedule = ScheduleConfig(num_offline_grad_steps=0, num_warmup_env_steps=WSRL_WARMUP_ENV_STEPS,
+                              warmup_policy="agent")
+    return ExperimentConfig(preset="wsrl", agent_kind="calql",
+                            agent=CalQLConfig(cql_alpha=0.0, calibrate=False, max_target_backup=False),
+                            schedule=schedule, replay=ReplayConfig.of("uniform"))
+
+
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "sac": sac, "rlpd": rlpd, "calql": calql, "calql_arb": calql_arb, "residual_sac": residual_sac, "ddqn": ddqn,
     "ddqn_per": ddqn_per, "ddpg": ddpg, "ddpg_per": ddpg_per, "ddpg_refer": ddpg_refer, "ddpg_refer1": ddpg_refer1,
     "ddpg_refer2": ddpg_refer2, "ddpg_paper": ddpg_paper, "ddpg_per_paper": ddpg_per_paper,
     "ddpg_refer_paper": ddpg_refer_paper, "ddpg_refer1_paper": ddpg_refer1_paper,
     "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
-    "sac_her": sac_her, "ddpg_her": ddpg_her,
+    "sac_her": sac_her, "ddpg_her": ddpg_her, "hil_rlpd": hil_rlpd, "wsrl": wsrl,
 }
 
 

@@ -14,6 +14,13 @@ if TYPE_CHECKING:  # annotations only: the ground floor does not import torch at
 OFFLINE = 0
 ONLINE = 1
 SOURCE_NAMES = {OFFLINE: "offline", ONLINE: "online"}
+# where a stored row came from (the storage's per-row ``origin`` column), beside its source: a dataset row and an
+# intervention row (a person or an expert took over the agent) are both OFFLINE (never evicted, sampled as
+# demonstrations); an agent row is ONLINE (an intervention row may also be kept on the ring: ONLINE, INTERVENTION)
+DATASET = 0
+INTERVENTION = 1
+AGENT = 2
+ORIGIN_NAMES = {DATASET: "dataset", INTERVENTION: "intervention", AGENT: "agent"}
 
 
 @dataclass(frozen=True)

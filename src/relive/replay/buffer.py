@@ -3,6 +3,8 @@
     buf = ReplayBuffer(capacity, obs_shape, action_shape, sampler=MixtureSampler(), seed=0)
     buf.add_offline(dataset_columns)        # frozen prefix, never evicted
     buf.extend(online_rows)                 # ring after it (one stream, time-ordered)
+    ReplayBuffer(..., demo_capacity=10_000, sampler=MixtureSampler())  # room for demonstrations during online
+    buf.add_demonstrations(rows)            # training: never evicted, sampled as offline rows, tagged (types.ORIGIN_*)
     buf.extend(env_1_rows, stream=1)        # several streams (vector envs): each time-ordered, chunks interleaved
     batch = buf.sample(256)                 # Batch with .info (indices, generation, probability, is_weight)
     buf.update(batch.info, td_error=td)     # stale rows (overwritten since sampling) are skipped and counted
@@ -21,9 +23,16 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from relive.replay import checkpoint, returns
-from relive.replay.samplers import Sampler, UniformSampler, sampler_config, sampler_from_config
+from relive.replay.samplers import (
+    MixtureSampler,
+    PrioritizedSampler,
+    Sampler,
+    UniformSampler,
+    sampler_config,
+    sampler_from_config,
+)
 from relive.replay.storage import Storage, as_numpy
-from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
+from relive.types import INTERVENTION, OFFLINE, ONLINE, ORIGIN_NAMES, Batch, SampleInfo, UpdateReport
 
 # backend name -> the ReplayBuffer subclass built for it (relive.replay.device_buffer registers "torch")
 BACKEND_CLASSES: dict[str, type] = {}
@@ -44,7 +53,7 @@ class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
                  *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None,
                  n_step: int = 1, gamma: float = 0.99, dedup_next_obs: bool | None = None, backend: str = "ram",
-                 directory: str | os.PathLike | None = None, device=None):
+                 directory: str | os.PathLike | None = None, device=None, demo_capacity: int = 0):
         """``obs_shape``: a shape (flat observations of ``obs_dtype``), or a dict key -> shape / (shape, dtype)
         for dict observations (``{"image": ((3, 64, 64), np.uint8), "state": (7,)}``: each key its own column;
         batches hold ``batch.obs["image"]``). ``dedup_next_obs`` (default: on for dict observations, off for flat
@@ -54,12 +63,21 @@ class ReplayBuffer:
         n-step returns with discount ``gamma`` (see :meth:`gather`); 1 (the default): one-step rows, ``gamma``
         unused. ``backend="torch"`` with ``device`` (default cpu): columns are tensors on that device and batches
         are drawn, gathered and updated there (:mod:`relive.replay.device`; uniform, PER and symmetric samplers,
-        converted from their host classes; batches and ``batch.info`` hold tensors)."""
+        converted from their host classes; batches and ``batch.info`` hold tensors). ``demo_capacity``: rows of room
+        for demonstrations written during online training (:meth:`add_demonstrations`; the layout:
+        :mod:`relive.replay.storage`); needs a mixture sampler (uniform / PER parts) and a host backend."""
         self.n_step, self.gamma = returns.check_n_step(n_step, capacity), returns.check_gamma(gamma)
+        if demo_capacity and backend == "torch":
+            raise ValueError("demo_capacity (a demonstration segment) needs a host backend ('ram' or 'memmap'), not "
+                             "backend='torch'")
+        sampler = sampler if sampler is not None else UniformSampler()
+        if demo_capacity:
+            check_demo_sampler(sampler)
         self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
                                action_dtype=action_dtype, extra_columns=extra_columns,
-                               dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device)
-        self.sampler = self._own_sampler(sampler if sampler is not None else UniformSampler())
+                               dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device,
+                               demo_capacity=demo_capacity)
+        self.sampler = self._own_sampler(sampler)
         if self.sampler.storage is not None:
             raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
         self.sampler.bind(self.storage)
@@ -86,7 +104,7 @@ class ReplayBuffer:
 
     # -- sizes -----------------------------------------------------------------------------------------
     def __len__(self) -> int:
-        return self.storage.size
+        return self.storage.num_rows
 
     @property
     def capacity(self) -> int:
@@ -113,22 +131,33 @@ class ReplayBuffer:
         self.storage.offline_dataset_ids.append(dataset_id)
         return slots
 
-    def extend(self, rows: Mapping, stream: int = 0) -> np.ndarray:
+    def add_demonstrations(self, rows: Mapping, origin: int = INTERVENTION) -> np.ndarray:
+        """Append demonstration rows (an intervention's, by default) to the never-evicted offline segment, before or
+        during online training (``demo_capacity`` rows of room after the first online row). They are sampled as
+        offline rows (the offline part of a mixture) and tagged with ``origin`` in ``storage.meta["origin"]``.
+        Rows of one call are consecutive in time; end a demonstration's last row with ``truncated`` (or
+        ``terminated``) so that the next demonstration starts a new episode. Returns their slots."""
+        if isinstance(origin, bool | np.bool_) or origin not in ORIGIN_NAMES:
+            raise ValueError(f"origin must be one of {ORIGIN_NAMES} (relive.types), got {origin!r}")
+        return self._write(OFFLINE, rows, origin=origin)
+
+    def extend(self, rows: Mapping, stream: int = 0, origin=None) -> np.ndarray:
         """Append online rows of one ``stream`` to the ring, in that stream's time order. Returns their slots.
 
         Streams are independent sources of rows: each environment of a vector env, each collector's env. A chunk
         of one stream may arrive between chunks of another; episodes, steps and per-episode values (returns-to-go,
         ReaPER's sums, ARB's trajectory means) follow each stream. One stream (the default, 0) is the fast path;
-        the stream of every stored row is ``storage.meta["stream"]``."""
-        return self._write(ONLINE, rows, stream)
+        the stream of every stored row is ``storage.meta["stream"]``. ``origin``: the rows' tag, one or one per row
+        (default agent; an intervened step's row: ``relive.types.INTERVENTION``)."""
+        return self._write(ONLINE, rows, stream, origin)
 
     def add(self, stream: int = 0, **row) -> int:
         """Append one online transition given as keyword arguments (convenience; prefer ``extend``)."""
         return int(self.extend({k: as_numpy(v)[None] for k, v in row.items()}, stream=stream)[0])
 
-    def _write(self, source: int, rows: Mapping, stream: int = 0) -> np.ndarray:
+    def _write(self, source: int, rows: Mapping, stream: int = 0, origin=None) -> np.ndarray:
         self.sampler.check_insert(source, rows)
-        slots = self.storage.write(source, rows, stream)
+        slots = self.storage.write(source, rows, stream, origin)
         live = slots if slots.size == 0 or slots[0] >= 0 else slots[slots >= 0]  # -1s come first, if any
         if live.size:
             self.sampler.on_insert(live)
@@ -161,7 +190,7 @@ class ReplayBuffer:
     def sample(self, batch_size: int) -> Batch:
         if isinstance(batch_size, bool | np.bool_) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        stored = self.storage.size
+        stored = self.storage.num_rows
         if batch_size > stored:
             raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
         return self._draw_batch(int(batch_size))
@@ -235,8 +264,9 @@ class ReplayBuffer:
             raise ValueError(f"at_episode_end must be 'pad' or 'reject', got {at_episode_end!r}")
         if isinstance(batch_size, bool | np.bool_) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-        if batch_size > self.storage.size:
-            raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.size} rows are stored")
+        if batch_size > self.storage.num_rows:
+            raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.num_rows} rows are "
+                             "stored")
         if getattr(self.sampler, "relabels", False):
             raise ValueError(f"sample_sequences does not relabel goals: {type(self.sampler).__name__} relabels rows of "
                              "sample() only (use sample(), or the inner sampler for sequences)")
@@ -407,6 +437,8 @@ class ReplayBuffer:
             if scfg.get("obs_keys") is not None and cfg["storage"].get("dedup_next_obs"):
                 raise ValueError("this checkpoint stores next_obs deduplicated (dict observations): it loads on the "
                                  "host only")
+        if scfg.get("demo_capacity") and scfg.get("backend") == "torch":
+            raise ValueError("a checkpoint with a demonstration segment (demo_capacity) loads on the host only")
         buf: ReplayBuffer = object.__new__(BACKEND_CLASSES.get(scfg.get("backend", "ram"), ReplayBuffer))
         buf.storage = Storage.from_config(scfg)
         try:
@@ -430,6 +462,8 @@ class ReplayBuffer:
             buf.storage.offline_dataset_ids.append(dataset)
         buf.storage.load_state_dict(state["storage"])
         buf.sampler = buf._own_sampler(sampler_from_config(cfg["sampler"]))
+        if buf.storage.demo_capacity:
+            check_demo_sampler(buf.sampler)
         buf.sampler.bind(buf.storage)
         buf.sampler.load_state_dict(state["sampler"])
         buf.seed = int(cfg["seed"])
@@ -443,3 +477,15 @@ class ReplayBuffer:
 
     def _load_backend_state(self, saved: Mapping) -> None:
         """A backend's own part of a checkpoint (see :meth:`_backend_state`)."""
+
+
+def check_demo_sampler(sampler: Sampler) -> None:
+    """A demonstration segment leaves empty slots between the offline and the online rows while it has room: a
+    sampler must draw each source from its own contiguous range, i.e. be a mixture whose parts are uniform or PER
+    (the parts this layout is tested with; others read the ring's arithmetic from ``num_offline``)."""
+    ok = type(sampler) is MixtureSampler and all(type(part) in (UniformSampler, PrioritizedSampler)
+                                                 for part in (sampler.offline, sampler.online))
+    if not ok:
+        raise ValueError(f"demo_capacity (a demonstration segment) needs a MixtureSampler with UniformSampler or "
+                         f"PrioritizedSampler parts (e.g. replay.method 'symmetric' or 'symmetric_per'), got "
+                         f"{type(sampler).__name__}")

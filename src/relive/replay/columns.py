@@ -12,7 +12,7 @@ import numpy as np
 
 CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 BOOKKEEPING = (("episode_id", np.int64), ("step_in_episode", np.int64), ("source", np.int8),
-               ("generation", np.int64), ("stream", np.int32))
+               ("generation", np.int64), ("stream", np.int32), ("origin", np.int8))
 FINITE_CHECKED = ("obs", "action", "reward", "next_obs")
 
 
@@ -121,6 +121,8 @@ class StorageFields:
     capacity: int
     num_offline: int
     num_online_written: int
+    demo_capacity: int
+    ring_base: int
     backend: str
     directory: Path | None
     dedup_next_obs: bool
@@ -150,6 +152,8 @@ class StorageFields:
         def size(self) -> int: ...
         @property
         def num_online(self) -> int: ...
+        @property
+        def num_before_online(self) -> int: ...
         @property
         def online_capacity(self) -> int: ...
         def ring_slot(self, clock) -> np.ndarray: ...

@@ -11,9 +11,13 @@ the ring overwrites the oldest rows the index moves the live start of each lane'
 (``evict_online_before`` with one lane, ``evict_lanes`` with several) and forgets episodes with no live row.
 
 Each episode has a record (start, length, finished, source) addressed by its id. Ids increase in creation
-order: offline episodes first, then online ones. Records of forgotten online episodes are compacted away
-now and then so the table stays proportional to what is stored. With several lanes an episode can die before
-an older one of another lane (a long episode outlives short ones): ``first_live_online_id`` stays a lower
+order: offline episodes first, then online ones. With a demonstration segment (``demo_capacity`` rows of room for
+offline rows written after online ones, see :mod:`relive.replay.storage`) the first online write reserves the ids
+``[num_offline_episodes, num_offline_episodes + demo_capacity)`` for later offline episodes (each holds at least one
+row, so the room in rows bounds their number): online ids start after them (``id_base``), an offline episode written
+later takes the next reserved id, and offline ids stay below online ones. Records of forgotten online episodes are
+compacted away now and then so the table stays proportional to what is stored. With several lanes an episode can
+die before an older one of another lane (a long episode outlives short ones): ``first_live_online_id`` stays a lower
 bound (every id below it is dead), and ``live`` / ``get`` / ``is_live`` check each episode's stored length.
 """
 
@@ -48,7 +52,9 @@ _FIELDS = (("start", np.int64), ("length", np.int64), ("finished", np.bool_), ("
 
 
 class EpisodeIndex:
-    def __init__(self) -> None:
+    def __init__(self, demo_capacity: int = 0) -> None:
+        self.demo_capacity = int(demo_capacity)
+        self._id_base = -1  # first online id, fixed by the first online row (-1 before)
         self._rec = {name: np.zeros(64, dtype=dt) for name, dt in _FIELDS}
         self._num_records = 0  # records held (offline + online, dead online ones before compaction too)
         self._shift = 0  # online ids removed from the table by compaction
@@ -59,6 +65,11 @@ class EpisodeIndex:
         self.multi = False  # rows of several lanes (episodes may die out of id order)
         self._open = {OFFLINE: -1, ONLINE: -1}  # id of the episode still receiving rows: offline, lane 0
         self._open_lanes: dict[int, int] = {}  # lanes > 0: id of their open episode (absent: none)
+
+    @property
+    def id_base(self) -> int:
+        """Ids below this are offline episodes (or reserved for them), ids from it on online ones."""
+        return self._id_base if self._id_base >= 0 else self.num_offline_episodes
 
     @property
     def online_evicted_before(self) -> int:
@@ -85,11 +96,11 @@ class EpisodeIndex:
     # -- id <-> record row -----------------------------------------------------------------------------
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
-        return np.where(ids < self.num_offline_episodes, ids, ids - self._shift)
+        return np.where(ids < self.id_base, ids, ids - self._shift)
 
     def _row(self, episode_id: int) -> int:
         """:meth:`_rows` for one id, in plain Python (the per-write bookkeeping path)."""
-        return episode_id if episode_id < self.num_offline_episodes else episode_id - self._shift
+        return episode_id if episode_id < self.id_base else episode_id - self._shift
 
     def _grow(self, need: int) -> None:
         cap = self._rec["start"].size
@@ -109,7 +120,7 @@ class EpisodeIndex:
         to the lane in ``start``'s high bits (one stream: lane 0). Returns the episode id and the step within the
         episode of every row.
         """
-        if source == OFFLINE and self.next_id > self.num_offline_episodes:
+        if source == OFFLINE and self.next_id > self.num_offline_episodes and not self.demo_capacity:
             raise ValueError("offline rows must all be added before the first online row")
         if source == ONLINE:
             self.close_offline()
@@ -145,8 +156,9 @@ class EpisodeIndex:
             rec["finished"][r] = end[seg_lengths[0] - 1]
             new_segments, new_lengths = seg_starts[1:], seg_lengths[1:]
         first_new = self.next_id  # (with several lanes the open episode need not be the newest one)
-        if new_segments.size:
-            self._new_records(source, start, new_segments, new_lengths, end[new_segments + new_lengths - 1])
+        if new_segments.size:  # (a demonstration's offline episodes after online ones take reserved ids)
+            first_new = self._new_records(source, start, new_segments, new_lengths,
+                                          end[new_segments + new_lengths - 1])
         if open_id != -1:
             ids = np.where(seg_of_row == 0, open_id, first_new + seg_of_row - 1)
         else:
@@ -154,9 +166,27 @@ class EpisodeIndex:
         self._set_open(source, lane, -1 if end[-1] else int(ids[-1]))
         return ids.astype(np.int64), steps
 
+    def _late_offline(self, k: int) -> int | None:
+        """Offline episodes created after online ones (a demonstration segment): the record row of the first of
+        ``k`` new ones (their ids are their rows, from the reserved range), else None."""
+        if self._id_base < 0:
+            return None
+        first = self.num_offline_episodes
+        if first + k > self._id_base:
+            raise ValueError(f"the demonstration segment's {self.demo_capacity} reserved episode ids are used up")
+        self.num_offline_episodes += k
+        return first
+
     def _new_records(self, source: int, start: int, offsets, lengths, finished) -> int:
         """Append records for new episodes starting at ``start + offsets``; returns the first new id."""
         k = offsets.size
+        late = self._late_offline(k) if source == OFFLINE else None
+        if late is not None:
+            sl = slice(late, late + k)
+            for name, value in (("start", start + offsets), ("length", lengths), ("finished", finished),
+                                ("source", source)):
+                self._rec[name][sl] = value
+            return late
         self._grow(self._num_records + k)
         sl = slice(self._num_records, self._num_records + k)
         rec = self._rec
@@ -173,6 +203,11 @@ class EpisodeIndex:
 
     def _new_record(self, source: int, start: int, length: int, finished: bool) -> int:
         """:meth:`_new_records` for one episode, with plain Python numbers."""
+        late = self._late_offline(1) if source == OFFLINE else None
+        if late is not None:
+            for name, value in (("start", start), ("length", length), ("finished", finished), ("source", source)):
+                self._rec[name][late] = value
+            return late
         r = self._num_records
         self._grow(r + 1)
         rec = self._rec
@@ -197,13 +232,25 @@ class EpisodeIndex:
         return open_id
 
     def close_offline(self) -> None:
-        """The dataset ended: its last episode can never grow, so it counts as finished."""
+        """An online row arrives: the offline episode still receiving rows (the dataset's last, or a demonstration's)
+        can never grow, so it counts as finished. The first time, the online ids' base is fixed (after the ids
+        reserved for a demonstration segment)."""
         open_id = self._open[OFFLINE]
         if open_id != -1:
             self._rec["finished"][self._rows(open_id)] = True
             self._open[OFFLINE] = -1
-        if self.first_live_online_id < self.num_offline_episodes:
-            self.first_live_online_id = self.num_offline_episodes
+        if self._id_base < 0:
+            if self.next_id == self.num_offline_episodes:  # no online id yet: reserve the demonstrations' ids
+                base = self.num_offline_episodes + self.demo_capacity
+                self._grow(base)
+                sl = slice(self._num_records, base)
+                for name, value in (("start", 0), ("length", 0), ("finished", True), ("source", OFFLINE)):
+                    self._rec[name][sl] = value
+                self._num_records = self.next_id = base
+            self._id_base = self.next_id if self.next_id == self.num_offline_episodes + self.demo_capacity \
+                else self.num_offline_episodes  # (a checkpoint from before the base was kept: no reservation)
+        if self.first_live_online_id < self.id_base:
+            self.first_live_online_id = self.id_base
 
     def evict_online_before(self, position: int) -> None:
         """Online rows at logical positions < ``position`` were overwritten."""
@@ -244,7 +291,7 @@ class EpisodeIndex:
         self._maybe_compact()
 
     def _maybe_compact(self) -> None:
-        off = self.num_offline_episodes
+        off = self.id_base
         dead = self.first_live_online_id - off - self._shift
         live = self._num_records - off - dead
         if dead < max(1024, live):
@@ -257,12 +304,12 @@ class EpisodeIndex:
     # -- reading ---------------------------------------------------------------------------------------
     def live(self, source: int | None = None) -> EpisodeView:
         """All episodes with at least one stored row (optionally of one source), oldest first."""
-        off = self.num_offline_episodes
+        off = self.id_base
         lo_online = int(self._rows(self.first_live_online_id)) if self.next_id > off else off
         lo_online = max(lo_online, off)
         parts = []
         if source in (None, OFFLINE):
-            parts.append(np.arange(0, off))
+            parts.append(np.arange(0, self.num_offline_episodes))
         if source in (None, ONLINE):
             parts.append(np.arange(lo_online, self._num_records))
         rows = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -331,7 +378,7 @@ class EpisodeIndex:
         n = self._num_records
         state = {f"rec_{name}": arr[:n].copy() for name, arr in self._rec.items()}
         state.update(
-            num_records=n, shift=self._shift, num_offline_episodes=self.num_offline_episodes,
+            num_records=n, shift=self._shift, num_offline_episodes=self.num_offline_episodes, id_base=self._id_base,
             next_id=self.next_id, first_live_online_id=self.first_live_online_id,
             online_evicted_before=self.online_evicted_before,
             open_offline=self._open[OFFLINE], open_online=self._open[ONLINE],
@@ -353,11 +400,16 @@ class EpisodeIndex:
         shift = state_int(state, "shift", owner)
         next_id = state_int(state, "next_id", owner)
         num_offline_episodes = state_int(state, "num_offline_episodes", owner, high=min(next_id, n))
+        id_base = state_int(state, "id_base", owner, low=-1, high=min(next_id, n)) if "id_base" in state else -1
+        if id_base >= 0 and not num_offline_episodes <= id_base <= num_offline_episodes + self.demo_capacity:
+            raise ValueError(f"{owner} field 'id_base': {id_base} is not within the {num_offline_episodes} offline "
+                             f"episodes and the {self.demo_capacity} ids reserved for demonstrations")
+        base = id_base if id_base >= 0 else num_offline_episodes
         first_live = state_int(state, "first_live_online_id", owner, high=next_id)
-        if next_id - shift != n or shift > max(0, first_live - num_offline_episodes):
+        if next_id - shift != n or shift > max(0, first_live - base):
             raise ValueError(f"{owner}: next_id {next_id}, shift {shift} and num_records {n} disagree")
-        if n and ((recs["source"][:num_offline_episodes] != OFFLINE).any()
-                  or (recs["source"][num_offline_episodes:] != ONLINE).any()):
+        if n and ((recs["source"][:base] != OFFLINE).any() or (recs["source"][base:] != ONLINE).any()
+                  or (recs["length"][num_offline_episodes:base] != 0).any()):
             raise ValueError(f"{owner} field 'rec_source': offline records must come first")
         if "lane_evicted" in state:
             lane_evicted = state_array(state, "lane_evicted", owner, dtype=np.int64, low=0)
@@ -370,7 +422,7 @@ class EpisodeIndex:
         pairs = (state_array(state, "open_lanes", owner, dtype=np.int64, shape=(2,))
                  if "open_lanes" in state else np.zeros((0, 2), np.int64))
         if pairs.size and ((pairs[:, 0] < 1).any() or (pairs[:, 0] >= lane_evicted.size).any()
-                           or (pairs[:, 1] < num_offline_episodes).any() or (pairs[:, 1] >= next_id).any()):
+                           or (pairs[:, 1] < base).any() or (pairs[:, 1] >= next_id).any()):
             raise ValueError(f"{owner} field 'open_lanes': open episodes of unknown streams or ids")
         self._rec = {}
         for name, dt in _FIELDS:
@@ -380,6 +432,7 @@ class EpisodeIndex:
         self._num_records = n
         self._shift = shift
         self.num_offline_episodes = num_offline_episodes
+        self._id_base = id_base
         self.next_id = next_id
         self.first_live_online_id = first_live
         self.lane_evicted = lane_evicted.copy()

@@ -19,7 +19,7 @@ class OfflineHashing(StorageFields):
         """SHA-256 of the offline segment: the offline rows of every column but the extra ones (which
         ``set_column`` may change later, so checkpoints always copy them), their explicit next_obs copies, the
         column names and shapes. Cached: these offline rows are frozen once written."""
-        k = self.num_offline
+        k = self.num_before_online  # the rows written before the first online one (all of them, before it)
         if self._offline_hash is not None and self._offline_hash[0] == k:
             return self._offline_hash[1]
         h = hashlib.sha256()
@@ -40,6 +40,8 @@ class OfflineHashing(StorageFields):
     def _meta_sha256(self, k: int) -> str:
         h = hashlib.sha256()
         for name in sorted(self.meta):
+            if name == "origin":  # (added later; a referenced prefix holds dataset rows only, written again as such)
+                continue
             h.update(name.encode())
             h.update(np.ascontiguousarray(self.meta[name][:k]).tobytes())
         return h.hexdigest()
@@ -47,7 +49,7 @@ class OfflineHashing(StorageFields):
     def check_offline_reference(self, ref: Mapping) -> None:
         """The offline rows written into this storage are the ones a checkpoint refers to (same count, same hash)."""
         dataset = ref["dataset_id"]
-        if self.num_offline != int(ref["num_offline"]):
+        if self.num_offline != int(ref["num_offline"]):  # (the caller wrote the referenced rows again, nothing else)
             raise ValueError(f"offline dataset {dataset!r} changed since the checkpoint was saved: it has "
                              f"{self.num_offline} rows, the checkpoint's had {int(ref['num_offline'])}")
         digest = self.offline_sha256()

@@ -1,14 +1,34 @@
-"""Columnar replay storage: a frozen offline prefix followed by an online ring.
+"""Columnar replay storage: a never-evicted offline segment followed by an online ring.
 
 Layout over ``capacity`` slots::
 
     [0, num_offline)                      offline rows, written once by ``write(OFFLINE, ...)``, never evicted
-    [num_offline, capacity)               online ring: online row number t lives in slot num_offline + t % C
+    [num_offline, ring_base)              room left in the demonstration segment (empty; only with demo_capacity)
+    [ring_base, capacity)                 online ring: online row number t lives in slot ring_base + t % C
 
-Stored slots are always the contiguous range ``[0, size)``. Every slot carries bookkeeping next to the
-data columns: ``episode_id``, ``step_in_episode``, ``source`` (0 offline / 1 online) and ``generation``,
-a stamp incremented each time the slot is written, which lets samplers ignore updates meant for a row that
-has since been overwritten, and ``stream``, the id of the stream that wrote an online row (0 offline).
+Without ``demo_capacity`` (the default) ``ring_base == num_offline``: offline rows are a frozen prefix written
+before any online row, and the stored slots are the contiguous range ``[0, size)``.
+
+The demonstration segment (``demo_capacity=D``): offline rows may join at any time, also once online rows exist
+(HIL-SERL's interventions kept as demonstrations beside the dataset). The ring's base is fixed by the first online
+write at ``ring_base = num_offline + D`` (the rows written so far plus ``D`` rows of room), so offline rows written
+later land in ``[num_offline, ring_base)`` and no online row ever moves: every slot keeps its row, its generation and
+its sampler state (PER priorities, ...), and the episode index only gains offline episodes (their ids come from a
+range reserved at the same moment, see :mod:`relive.replay.episodes`). The price is a gap: while the segment is not
+full, the slots ``[num_offline, ring_base)`` hold nothing, so the stored slots are two ranges, ``slot_range(OFFLINE)``
+and ``slot_range(ONLINE)``, each contiguous; ``size`` is one past the last stored slot (``num_rows`` counts the rows).
+A sampler restricted to one source (the parts of a mixture) sees one contiguous range as before; a sampler over all
+rows would see the gap, so a buffer with a demonstration segment takes a mixture of uniform / PER parts
+(:class:`~relive.replay.buffer.ReplayBuffer` checks). Why not grow the offline prefix into the ring instead: every
+online slot is ``num_offline + t % C``, so growing the prefix would move every online row (and its priority) on each
+intervention, O(capacity) per write. A full segment refuses further offline rows with a ValueError naming
+``demo_capacity``.
+
+Every slot carries bookkeeping next to the data columns: ``episode_id``, ``step_in_episode``, ``source`` (0 offline /
+1 online: which part of a mixture samples the row), ``origin`` (where the row came from: 0 dataset, 1 intervention,
+2 agent; :data:`relive.types.ORIGIN_NAMES`), ``generation``, a stamp incremented each time the slot is written,
+which lets samplers ignore updates meant for a row that has since been overwritten, and ``stream``, the id of the
+stream that wrote an online row (0 offline).
 
 Streams: online rows may come from several interleaved streams (vector envs, collectors): ``write(ONLINE,
 rows, stream=k)`` appends rows of stream ``k`` in that stream's time order, and a chunk of one stream may arrive
@@ -68,7 +88,7 @@ from relive.replay.next_obs import NextObsDedup, NextObsStore
 from relive.replay.offline_hash import OfflineHashing
 from relive.replay.storage_view import StorageView
 from relive.replay.streams import MAX_STREAM, StreamLanes, check_stream
-from relive.types import OFFLINE, ONLINE, RESERVED_COLUMN_NAMES, SOURCE_NAMES
+from relive.types import AGENT, DATASET, OFFLINE, ONLINE, ORIGIN_NAMES, RESERVED_COLUMN_NAMES, SOURCE_NAMES
 
 
 def _check_backend(backend: str, device, directory) -> None:
@@ -91,10 +111,15 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
                  backend: str = "ram", directory: str | os.PathLike | None = None, device=None,
-                 _open_existing: bool = False):
+                 demo_capacity: int = 0, _open_existing: bool = False):
         if isinstance(capacity, bool | np.bool_) or not isinstance(capacity, int | np.integer) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
+        if (isinstance(demo_capacity, bool | np.bool_) or not isinstance(demo_capacity, int | np.integer)
+                or not 0 <= demo_capacity < capacity):
+            raise ValueError(f"demo_capacity must be an integer number of rows in [0, capacity) = [0, {capacity}), "
+                             f"got {demo_capacity!r}")
         self.capacity = int(capacity)
+        self.demo_capacity = int(demo_capacity)  # room for offline rows written after the first online row
         action_shape = (action_shape,) if isinstance(action_shape, int) else tuple(action_shape)
         self.obs_keys, self.obs_spec, obs_cols = obs_layout(obs_shape, obs_dtype)
         if backend == "torch":
@@ -138,7 +163,9 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
-        self.episodes = EpisodeIndex()
+        self.ring_base = self.demo_capacity  # first slot of the ring: num_offline + demo_capacity, fixed by the first
+        # online write
+        self.episodes = EpisodeIndex(self.demo_capacity)
         # streams: lane i holds the rows of stream lanes[i]; lane_written[i] = its rows ever written (its clock)
         self.lanes: list[int] = []
         self.lane_written: list[int] = []
@@ -212,7 +239,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
 
     @property
     def online_capacity(self) -> int:
-        return self.capacity - self.num_offline
+        return self.capacity - self.ring_base
 
     @property
     def num_online(self) -> int:
@@ -220,38 +247,65 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
 
     @property
     def size(self) -> int:
+        """One past the last stored slot (the rows' count, ``num_rows``, unless a demonstration segment has room
+        left: its empty slots lie between the offline and the online rows)."""
+        return self.ring_base + self.num_online if self.num_online_written else self.num_offline
+
+    @property
+    def num_rows(self) -> int:
+        """Rows stored, offline and online."""
         return self.num_offline + self.num_online
 
+    @property
+    def num_before_online(self) -> int:
+        """Offline rows written before the first online row (the dataset; all of them before it): slots
+        ``[0, num_before_online)``. The demonstrations that joined later are ``[num_before_online, num_offline)``,
+        each part contiguous (e.g. for a sampler restricted to one of them)."""
+        return self.ring_base - self.demo_capacity
+
+    @property
+    def has_gap(self) -> bool:
+        """Whether empty slots of the demonstration segment lie between the offline and the online rows."""
+        return self.num_online_written > 0 and self.num_offline < self.ring_base
+
+    def stored_mask(self) -> np.ndarray:
+        """Per slot of ``[0, size)``: whether it holds a row."""
+        mask = np.ones(self.size, bool)
+        if self.has_gap:
+            mask[self.num_offline : self.ring_base] = False
+        return mask
+
     def slot_range(self, source: int | None = None) -> tuple[int, int]:
-        """Stored slots of one source (or all) as a half-open range: they are always contiguous."""
+        """Stored slots of one source (or all) as a half-open range: each source's are contiguous (all of them
+        too, unless a demonstration segment has room left: ``has_gap``)."""
         if source == OFFLINE:
             return 0, self.num_offline
         if source == ONLINE:
-            return self.num_offline, self.size
+            return (self.ring_base, self.size) if self.num_online_written else (self.size, self.size)
         return 0, self.size
 
     def online_slot(self, positions: np.ndarray) -> np.ndarray:
         """Slot of online rows given their logical positions (see :mod:`relive.replay.episodes`)."""
         if self._qmap is None:
-            return self.num_offline + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
+            return self.ring_base + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
         positions = np.asarray(positions, dtype=np.int64)
         return self._qmap[positions >> LANE_BITS, (positions & LANE_MASK) % self._qmap.shape[1]]
 
     def ring_slot(self, clock: np.ndarray) -> np.ndarray:
         """Slot of online rows given the ring's clock (online rows written before them, all streams)."""
-        return self.num_offline + np.asarray(clock, dtype=np.int64) % max(self.online_capacity, 1)
+        return self.ring_base + np.asarray(clock, dtype=np.int64) % max(self.online_capacity, 1)
 
     def ring_position_of(self, slots: np.ndarray) -> np.ndarray:
         """The ring's clock of stored online slots."""
         slots = np.asarray(slots, np.int64)
-        k, cap = self.num_offline, max(self.online_capacity, 1)
+        k, cap = self.ring_base, max(self.online_capacity, 1)
         base = self.num_online_written - cap
         return base + ((slots - k) - base) % cap
 
     def position_of(self, slots) -> np.ndarray:
         """Logical positions of stored slots (offline: the slot; online: its lane's position)."""
         slots = np.asarray(slots, np.int64)
-        k = self.num_offline
+        k = self.ring_base
         if self._pos is not None:
             return np.where(slots < k, slots, self._pos[slots])
         cap = max(self.online_capacity, 1)
@@ -346,16 +400,29 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         return [(f"column {name!r} key {k!r}", f"obs.{k}", as_numpy(value[k])) for k in self.obs_keys]
 
     # -- writing ---------------------------------------------------------------------------------------
-    def write(self, source: int, data: Mapping, stream: int = 0) -> np.ndarray:
+    def write(self, source: int, data: Mapping, stream: int = 0, origin=None) -> np.ndarray:
         """Append validated rows of one source (online: of one ``stream``, in its time order); returns their slots
         (-1 for rows of an online batch longer than the ring, which are overwritten by later rows of the same
-        batch)."""
+        batch). ``origin`` tags the rows (:data:`relive.types.ORIGIN_NAMES`; one value or one per row; default:
+        dataset for offline rows, agent for online ones)."""
         self._check_open()
         rows, n = self.validate(data)
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
         if source == OFFLINE and stream != 0:
             raise ValueError(f"offline rows have no stream (got stream={stream!r}); streams are for online rows")
+        if origin is None:
+            origin = DATASET if source == OFFLINE else AGENT
+        elif np.ndim(origin):  # one per row
+            origin = np.asarray(origin)
+            if origin.shape != (n,) or origin.dtype.kind not in "iu" or not np.isin(origin, list(ORIGIN_NAMES)).all():
+                raise ValueError(f"origin: expected {n} values in {ORIGIN_NAMES} (relive.types), got shape "
+                                 f"{origin.shape} dtype {origin.dtype}")
+            origin = origin.astype(np.int8)
+        elif isinstance(origin, bool | np.bool_) or origin not in ORIGIN_NAMES:
+            raise ValueError(f"origin must be one of {ORIGIN_NAMES} (relive.types), got {origin!r}")
+        else:
+            origin = int(origin)
         if n == 0:
             if source == ONLINE and stream not in self._lane_of:
                 check_stream(stream)
@@ -368,22 +435,24 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         end = rows["terminated"] | rows["truncated"]
         slots = np.arange(first, first + split, dtype=np.int64)
         if split < kept:
-            slots = np.concatenate((slots, np.arange(self.num_offline, self.num_offline + kept - split)))
+            slots = np.concatenate((slots, np.arange(self.ring_base, self.ring_base + kept - split)))
         if self._memmap_clean:  # (after every check: a refused write changes nothing)
             self._touch()
         if self.dedup_next_obs:
             explicit = self._dedup_before_write(-1 if source == OFFLINE else lane, rows, end, slots, skip)
         episode_id, step = self.episodes.append(source, start, end)
-        for dst_lo, lo, hi in ((first, 0, split), (self.num_offline, split, kept)):
+        for dst_lo, lo, hi in ((first, 0, split), (self.ring_base, split, kept)):
             if hi > lo:
                 self._copy_rows(rows, slice(dst_lo, dst_lo + hi - lo), slice(skip + lo, skip + hi), episode_id, step,
-                                source, stream)
+                                source, stream, origin)
         if self.dedup_next_obs:
             self._nx.put(slots[explicit], {nn: rows[nn][skip:][explicit] for nn in self._next_names})
             self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]),
                                                                  int(self.meta["generation"][slots[-1]]))
         if source == OFFLINE:
             self.num_offline += n
+            if not self.num_online_written:  # the ring starts after the rows so far and the demonstrations' room
+                self.ring_base = self.num_offline + self.demo_capacity
         else:
             self._advance_online(lane, n, start, skip, slots, bounds)
         if skip:
@@ -397,22 +466,28 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         first slot, rows skipped (an online batch longer than the ring: its earlier rows would be overwritten at
         once), the stream's lane, and with several streams the eviction bounds per lane (else None))."""
         if source == OFFLINE:
-            if self.num_online_written:
+            if self.num_online_written and not self.demo_capacity:
                 raise ValueError("offline rows must be added before any online row (the offline part is a "
-                                 "frozen prefix of the storage)")
+                                 "frozen prefix of the storage); build the buffer with demo_capacity=... for a "
+                                 "demonstration segment that grows during online training")
+            if self.num_online_written and self.num_offline + n > self.ring_base:
+                raise ValueError(f"the demonstration segment is full: demo_capacity={self.demo_capacity} rows of room "
+                                 f"after the first online row, {self.ring_base - self.num_offline} left, {n} new "
+                                 "rows; build the buffer with a larger demo_capacity")
             if self.num_offline + n > self.capacity:
                 raise ValueError(f"capacity {self.capacity} is smaller than the offline data "
                                  f"({self.num_offline} stored + {n} new rows)")
             return self.num_offline, self.num_offline, 0, 0, None
         ring = self.online_capacity
         if ring <= 0:
-            raise ValueError(f"no room for online rows: the offline data fills all {self.capacity} slots; "
-                             "build the buffer with a larger capacity")
+            room = f" and demo_capacity={self.demo_capacity} reserves the rest" if self.demo_capacity else ""
+            raise ValueError(f"no room for online rows: the offline data ({self.num_offline} rows){room} fills all "
+                             f"{self.capacity} slots; build the buffer with a larger capacity")
         lane = self._lane(stream)
         clock = self.num_online_written
         start = (lane << LANE_BITS) + self.lane_written[lane]  # the rows' logical positions start here
         skip = max(0, n - ring)  # earlier rows of the batch would be overwritten at once
-        first = self.num_offline + (clock + skip) % ring
+        first = self.ring_base + (clock + skip) % ring
         bounds = None
         if self._pos is not None:
             bounds = self._evicted_by(clock, n)  # read the old rows' positions before they are overwritten
@@ -421,7 +496,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         return start, first, skip, lane, bounds
 
     def _copy_rows(self, rows: dict, dst: slice, src: slice, episode_id: np.ndarray, step: np.ndarray, source: int,
-                   stream: int) -> None:
+                   stream: int, origin) -> None:
         """Rows ``src`` of a write into the consecutive slots ``dst``, with their bookkeeping (a new generation)."""
         meta = self.meta
         for name, col in self.columns.items():
@@ -429,6 +504,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         meta["episode_id"][dst] = episode_id[src]
         meta["step_in_episode"][dst] = step[src]
         meta["source"][dst] = source
+        meta["origin"][dst] = origin if isinstance(origin, int) else origin[src]
         meta["generation"][dst] += 1
         if self._gen_t is not None:
             self._gen_t[dst] += 1
@@ -461,9 +537,9 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         slots = np.asarray(slots, np.int64)
         if self._pos is None:
             nxt = slots + 1
-            nxt[nxt >= self.capacity] = self.num_offline  # the ring wraps to its first slot
+            nxt[nxt >= self.capacity] = self.ring_base  # the ring wraps to its first slot
             return nxt
-        k = self.num_offline
+        k = self.ring_base
         return np.where(slots < k, slots + 1, self.online_slot(self._pos[slots] + 1))
 
     def close_stream(self, stream: int, terminated: bool = False) -> int:
@@ -512,6 +588,12 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"index {int(slots[i])} at position {i} does not exist: stored slots are "
                              f"0..{self.size - 1}")
+        if self.has_gap:
+            bad = (slots >= self.num_offline) & (slots < self.ring_base)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"index {int(slots[i])} at position {i} does not exist: the demonstration "
+                                 f"segment's slots {self.num_offline}..{self.ring_base - 1} are empty")
         return slots
 
     # -- reading ---------------------------------------------------------------------------------------
@@ -553,7 +635,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             "action_dtype": self.specs["action"].dtype.str,
             "extra_columns": {n: self.specs[n].to_json() for n in self.extra_names},
             "dedup_next_obs": self.dedup_next_obs,
-        }
+        } | ({"demo_capacity": self.demo_capacity} if self.demo_capacity else {})
         if self.backend == "memmap":
             cfg |= {"backend": "memmap", "directory": DirectoryRef(self.memmap_directory)}
         elif self.backend == "torch":
@@ -577,6 +659,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
                    action_dtype=np.dtype(cfg["action_dtype"]),
                    extra_columns={n: ColumnSpec.from_json(s) for n, s in cfg["extra_columns"].items()},
                    dedup_next_obs=bool(cfg.get("dedup_next_obs", False)), backend=cfg.get("backend", "ram"),
+                   demo_capacity=cfg.get("demo_capacity", 0),
                    directory=directory_of(cfg.get("directory")), _open_existing=cfg.get("backend") == "memmap",
                    **({"device": cfg.get("device")} if cfg.get("backend") == "torch" else {}) | kwargs)
 
@@ -587,7 +670,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         """``offline="reference"``: the offline rows are not copied; the state names their dataset id and SHA-256
         (loading needs the same rows again: ``load_state_dict(state)`` after writing them). A memmap storage
         copies no rows at all: it refers to its column files, which must be unchanged when it is loaded."""
-        size, k = self.size, self.num_offline
+        size, k = self.size, self.num_before_online
         if offline not in ("copy", "reference"):
             raise ValueError(f"offline must be 'copy' or 'reference', got {offline!r}")
         state = {}
@@ -620,6 +703,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             "episodes": self.episodes.state_dict(),
             "num_offline": self.num_offline,
             "num_online_written": self.num_online_written,
+            "ring_base": self.ring_base,
             "streams": {"lanes": np.asarray(self.lanes, np.int64),
                         "lane_written": np.asarray(self.lane_written, np.int64)}
             | ({"position": self._pos[:size].copy()} if self._pos is not None else {}),
@@ -658,10 +742,18 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         from before streams)."""
         num_offline = state_int(state, "num_offline", owner, high=self.capacity)
         num_online_written = state_int(state, "num_online_written", owner, high=LANE_MASK)
-        if num_online_written and num_offline >= self.capacity:
+        ring_base = num_offline + self.demo_capacity  # (before any online row; a checkpoint from before the field)
+        if "ring_base" in state and num_online_written:
+            ring_base = state_int(state, "ring_base", owner, low=num_offline, high=self.capacity)
+            if ring_base - self.demo_capacity < 0:
+                raise ValueError(f"{owner}: ring_base {ring_base} leaves less than demo_capacity {self.demo_capacity} "
+                                 "rows before it")
+        elif num_online_written and self.demo_capacity:
+            raise ValueError(f"{owner}: online rows but no 'ring_base' (where the demonstration segment ends)")
+        if num_online_written and ring_base >= self.capacity:
             raise ValueError(f"{owner}: {num_online_written} online rows written but the offline rows fill the "
                              "capacity")
-        self.num_offline, self.num_online_written = num_offline, num_online_written
+        self.num_offline, self.num_online_written, self.ring_base = num_offline, num_online_written, ring_base
         streams = state.get("streams")
         if streams is None:  # a checkpoint from before streams: one stream (0) wrote every online row
             lanes, written = ([0], [self.num_online_written]) if self.num_online_written else ([], [])
@@ -702,6 +794,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         the saved hash); checkpoints before 2026-11-26 hold it whole."""
         ref = state.get("offline_ref") or {}
         meta_lo = int(ref["num_offline"]) if "meta_sha256" in ref else 0
+        if meta_lo > size:
+            raise ValueError(f"{owner} field 'offline_ref': {meta_lo} referenced rows, more than the {size} stored")
         if meta_lo and self._meta_sha256(meta_lo) != ref["meta_sha256"]:
             raise ValueError(f"offline dataset {ref['dataset_id']!r}: its rows hash as saved, but the "
                              "episode bookkeeping rebuilt from them differs from the checkpoint's (rows written in "
@@ -712,6 +806,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
                 arr[meta_lo:size] = state_array(meta, name, f"{owner} meta", length=size - meta_lo, dtype=arr.dtype)
             elif name == "stream":  # a checkpoint from before streams
                 arr[meta_lo:size] = 0
+            elif name == "origin":  # a checkpoint from before origins: dataset rows offline, agent rows online
+                arr[meta_lo:size] = np.where(self.meta["source"][meta_lo:size] == OFFLINE, DATASET, AGENT)
             else:
                 state_field(meta, name, f"{owner} meta")  # raises, naming it
 
@@ -719,25 +815,27 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
     def _check_rows_and_episodes(self) -> None:
         """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode
         that does not hold its rows)."""
-        size, k = self.size, self.num_offline
+        size, k, base = self.size, self.num_offline, self.ring_base if self.num_online_written else self.num_offline
         meta = self.meta
-        if (meta["generation"][:size] < 1).any():
+        if (meta["generation"][:k] < 1).any() or (meta["generation"][base:size] < 1).any():
             raise ValueError("storage state meta field 'generation': a stored row has generation < 1")
-        if (meta["source"][:k] != OFFLINE).any() or (meta["source"][k:size] != ONLINE).any():
+        if (meta["source"][:k] != OFFLINE).any() or (meta["source"][base:size] != ONLINE).any():
             raise ValueError("storage state meta field 'source' disagrees with num_offline")
+        if not np.isin(meta["origin"][:size], list(ORIGIN_NAMES)).all():
+            raise ValueError(f"storage state meta field 'origin': values must be in {ORIGIN_NAMES}")
         try:
             view = self.episodes.live()
             if (view.length < 0).any():
                 raise IndexError
             slots = self.episode_slots(view.start, view.length, view.source)
-            bad = slots.size != size or (slots.size and (slots.min() < 0 or slots.max() >= size))
+            bad = slots.size != self.num_rows or (slots.size and (slots.min() < 0 or slots.max() >= size))
             if not bad:
-                bad = (np.bincount(slots, minlength=size) != 1).any()
+                bad = (np.bincount(slots, minlength=size) != self.stored_mask()).any()
         except (IndexError, ValueError, OverflowError):
             bad = True
         if bad:
-            raise ValueError(f"storage state field 'episodes': the live episodes do not cover the {size} stored rows "
-                             "exactly once (episode table inconsistent with the rows)")
+            raise ValueError(f"storage state field 'episodes': the live episodes do not cover the {self.num_rows} "
+                             "stored rows exactly once (episode table inconsistent with the rows)")
         ids = np.repeat(view.ids, view.length)
         if (meta["episode_id"][slots] != ids).any():
             raise ValueError("storage state meta field 'episode_id' disagrees with the episode table")

@@ -14,7 +14,9 @@ class StorageView:
     index's queries, and the slot <-> logical-position arithmetic of the ring in one place.
 
     Logical positions (``relive.replay.episodes``): an offline row's position is its slot; an online row's is the
-    number of online rows written before it. ``online_slot(t) = num_offline + t % online_capacity``."""
+    number of online rows written before it. ``online_slot(t) = ring_base + t % online_capacity``, where
+    ``ring_base == num_offline`` unless a demonstration segment keeps room between them (its empty slots are in
+    neither ``slot_range(OFFLINE)`` nor ``slot_range(ONLINE)``)."""
 
     def __init__(self, storage):  # a Storage (not imported: storage.py imports this module)
         self._st = storage
@@ -33,7 +35,11 @@ class StorageView:
     num_online = property(lambda self: self._st.num_online)
     num_online_written = property(lambda self: self._st.num_online_written)
     online_capacity = property(lambda self: self._st.online_capacity)
-    size = property(lambda self: self._st.size)
+    size = property(lambda self: self._st.size)  # one past the last stored slot
+    num_rows = property(lambda self: self._st.num_rows)  # rows stored (== size unless has_gap)
+    ring_base = property(lambda self: self._st.ring_base)
+    has_gap = property(lambda self: self._st.has_gap)
+    num_before_online = property(lambda self: self._st.num_before_online)  # demonstrations: [this, num_offline)
 
     def slot_range(self, source: int | None = None) -> tuple[int, int]:
         return self._st.slot_range(source)

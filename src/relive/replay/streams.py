@@ -52,7 +52,7 @@ class StreamLanes(StorageFields):
         copies of the map, not 200)."""
         if self._qmap is None:
             self._pos = np.zeros(self.capacity, np.int64)
-            online = np.arange(self.num_offline, self.size, dtype=np.int64)
+            online = np.arange(self.ring_base, self.size, dtype=np.int64)
             self._pos[online] = self.ring_position_of(online)
             self._qmap = np.zeros((max(2, lane + 1), 0), np.int64)
             self._rebuild_lane_map(self.num_online)
@@ -99,7 +99,7 @@ class StreamLanes(StorageFields):
     def _load_lane_maps(self, streams: Mapping, owner: str, size: int) -> None:
         """Several streams: the online rows' logical positions (checked against their streams' clocks) and the
         per-lane maps rebuilt from them."""
-        online = np.arange(self.num_offline, size, dtype=np.int64)
+        online = np.arange(self.ring_base, size, dtype=np.int64)
         pos = state_array(streams, "position", f"{owner} streams", length=size, dtype=np.int64, low=0)[online]
         lane, t = pos >> LANE_BITS, pos & LANE_MASK
         if pos.size and (lane.max() >= len(self.lanes) or (t >= np.asarray(self.lane_written)[lane]).any()):

@@ -27,10 +27,20 @@ class Collector:
     advances the episode (its return, its length), but no row is written; such steps must come before any
     stored step of the same episode (PLD's probing: the stored part of the episode starts at the takeover).
     ``on_episode_start`` callbacks ``fn(env index)`` run before the first step of every episode (index 0).
+
+    ``intervener`` (:mod:`relive.train.intervention`): called at every step with the observation and the agent's
+    proposed action, it may take over; the executed action is stored as ``action``, the proposal and the flag as the
+    behaviour columns ``proposed_action`` / ``intervened`` (declared in ``record_columns``). Interventions are counted
+    per episode (``finished_interventions``) and per step (``num_intervened_steps``).
     """
 
-    def __init__(self, env, spec: EnvSpec, seed: int, record_columns=(), on_episode_start=()):
+    def __init__(self, env, spec: EnvSpec, seed: int, record_columns=(), on_episode_start=(), intervener=None):
         self.env, self.spec = env, spec
+        self.intervener = intervener
+        self.episode_interventions = 0  # intervened steps of the current episode
+        self.finished_interventions: list[int] = []  # intervened steps of each episode finished since last read
+        self.finished_lengths: list[int] = []  # (their lengths: the intervention rate)
+        self.num_intervened_steps = 0  # (all time)
         self.record_columns = tuple(record_columns)
         self.on_episode_start = list(on_episode_start)
         self.obs, _ = env.reset(seed=int(seed))
@@ -69,8 +79,16 @@ class Collector:
             if self.episode_length == 0:
                 for fn in self.on_episode_start:
                     fn(0)
+                if self.intervener is not None:
+                    self.intervener.on_episode_start()
             action, record, store = unpack_acted(policy(one_row(self.obs)))
             action, store = action[0], bool(store[0])
+            if self.intervener is not None:  # the agent proposes, the intervener may take over
+                proposed = action
+                taken, action = self.intervener(self.obs, proposed)
+                record = {**record, "proposed_action": np.asarray(proposed)[None], "intervened": np.array([taken])}
+                self.episode_interventions += int(taken)
+                self.num_intervened_steps += int(taken)
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
             if store:
                 for k, v in zip(names, (self.obs, action, reward, next_obs, terminated, truncated), strict=True):
@@ -86,6 +104,10 @@ class Collector:
             self.episode_length += 1
             if terminated or truncated:
                 self.finished_returns.append(self.episode_return)
+                if self.intervener is not None:
+                    self.finished_interventions.append(self.episode_interventions)
+                    self.finished_lengths.append(self.episode_length)
+                    self.episode_interventions = 0
                 self.needs_reset = True
                 self.episode_return, self.episode_length, self.stored_in_episode = 0.0, 0, False
             else:
@@ -122,9 +144,15 @@ class Collector:
         """Only valid between episodes (``at_episode_start``): the env's RNG before its next reset."""
         if not self.at_episode_start:
             raise ValueError("a collector can only be checkpointed between episodes")
-        return {"env_rng": self.env.unwrapped.np_random.bit_generator.state, "needs_reset": self.needs_reset,
-                "finished_returns": np.asarray(self.finished_returns, np.float64),
-                "num_unstored_steps": self.num_unstored_steps}
+        state = {"env_rng": self.env.unwrapped.np_random.bit_generator.state, "needs_reset": self.needs_reset,
+                 "finished_returns": np.asarray(self.finished_returns, np.float64),
+                 "num_unstored_steps": self.num_unstored_steps}
+        if self.intervener is not None:
+            state["intervention"] = {"intervener": self.intervener.state_dict(),
+                                     "finished": np.asarray(self.finished_interventions, np.int64),
+                                     "finished_lengths": np.asarray(self.finished_lengths, np.int64),
+                                     "num_intervened_steps": self.num_intervened_steps}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.env.unwrapped.np_random.bit_generator.state = state["env_rng"]
@@ -132,6 +160,13 @@ class Collector:
         self.episode_return, self.episode_length, self.stored_in_episode = 0.0, 0, False
         self.finished_returns = [float(r) for r in np.asarray(state.get("finished_returns", []))]
         self.num_unstored_steps = int(state.get("num_unstored_steps", 0))
+        if self.intervener is not None and "intervention" in state:
+            saved = state["intervention"]
+            self.intervener.load_state_dict(saved["intervener"])
+            self.finished_interventions = [int(x) for x in np.asarray(saved["finished"])]
+            self.finished_lengths = [int(x) for x in np.asarray(saved["finished_lengths"])]
+            self.num_intervened_steps = int(saved["num_intervened_steps"])
+            self.episode_interventions = 0
 
 
 class VectorCollector:

@@ -34,6 +34,7 @@ from relive.replay.checkpoint import save_tree
 from relive.train.checkpoint import save_checkpoint
 from relive.train.collector import Collector, VectorCollector
 from relive.train.evaluation import evaluate_episodes, normalized_score
+from relive.train.intervention import DemoWriter
 from relive.train.logging import RunLogger
 from relive.train.ray_collectors import RateLimiter, RayCollectors
 
@@ -78,6 +79,8 @@ class Run:
     hooks: list = field(default_factory=list)
     train_metrics: dict = field(default_factory=dict)
     start: float = field(default_factory=time.perf_counter)
+    last_checkpoint: float | None = None  # wall-clock (monotonic) of the last checkpoint, or of the first cadence
+    demo_writer: DemoWriter | None = None  # interventions: intervened stretches into the demonstration segment
     lock: DirectoryLock | None = None  # the run directory, held by this process for the whole run
 
 
@@ -101,6 +104,7 @@ def checkpoint(run: Run) -> None:
     if run.cfg.run.eval_fresh_starts and run.eval_env is not None:  # the next evaluation's start states
         tree["eval_rng"] = run.eval_env.unwrapped.np_random.bit_generator.state
     save_checkpoint(run.run_dir, tree, config=run.cfg.to_dict())  # (resume compares config.json with it)
+    run.last_checkpoint = time.monotonic()
 
 
 def close_streams(run: Run, streams) -> None:
@@ -188,6 +192,8 @@ def online_phase(run: Run) -> dict:
             run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
     finally:
         collection.close()
+    if run.demo_writer is not None:  # the run stops: an intervened stretch still going on ends where it stands
+        run.demo_writer.flush()
     return stop if isinstance(stop, dict) else evaluation(run)
 
 
@@ -195,12 +201,16 @@ def cadence(run: Run, before_checkpoint: Callable[[], None] | None = None) -> di
     """The online cadences, between chunks: evaluate when due, then checkpoint when due and the collection allows
     (one env: between episodes, exact; a vector env or Ray collectors: at any chunk). Returns the evaluation row
     when it reaches ``run.stop_at_return`` (the run stops there), else None."""
-    st = run.state
+    st, seconds = run.state, run.cfg.run.checkpoint_every_seconds
     stop = due_evaluation(run)
     if stop is not None:
         return stop
-    if st.env_steps >= st.next_ckpt and run.collector.can_checkpoint:
-        st.next_ckpt = st.env_steps + run.cfg.run.checkpoint_every_env_steps
+    if run.last_checkpoint is None:  # (this process's first cadence: the wall-clock counts from here)
+        run.last_checkpoint = time.monotonic()
+    by_time = seconds is not None and time.monotonic() - run.last_checkpoint >= seconds
+    if (st.env_steps >= st.next_ckpt or by_time) and run.collector.can_checkpoint:
+        if st.env_steps >= st.next_ckpt:
+            st.next_ckpt = st.env_steps + run.cfg.run.checkpoint_every_env_steps
         if before_checkpoint is not None:
             before_checkpoint()
         checkpoint(run)
@@ -377,7 +387,11 @@ def store_chunks(run: Run, chunks, stream_offset: int = 0) -> None:
         rows = stored_rows(run.cfg, rows)
         if not len(rows["reward"]):
             continue
-        slots = run.buffer.extend(rows, stream=stream_offset + stream)
+        if run.demo_writer is None:
+            slots = run.buffer.extend(rows, stream=stream_offset + stream)
+        else:  # interventions: tagged on the ring, and each intervened stretch into the demonstration segment
+            slots = run.buffer.extend(rows, stream=stream_offset + stream, origin=DemoWriter.origin(rows))
+            run.demo_writer.add(rows)
         if episode_end:
             for i in np.flatnonzero((rows["terminated"] | rows["truncated"]) & (slots >= 0)):
                 ep = run.buffer.episode_slots_of(int(slots[i]))
@@ -436,6 +450,24 @@ def log_online(run: Run, env_rate: float, grad_rate: float, extra: dict | None =
     run.logger.metrics(st.env_steps, run.train_metrics | run.buffer.stats() | {
         "grad_step": st.grad_steps, "phase": "online", "time/env_steps_per_s": env_rate,
         "time/grad_steps_per_s": grad_rate, "collect/num_unstored_steps": float(c.num_unstored_steps),
-        "train/episode_return": float(np.mean(returns)) if returns else math.nan} | (extra or {}))
+        "train/episode_return": float(np.mean(returns)) if returns else math.nan}
+        | intervention_metrics(run) | (extra or {}))
     c.finished_returns = []
     st.next_log += run.cfg.run.log_every_env_steps
+
+
+def intervention_metrics(run: Run) -> dict:
+    """With an intervener: ``collect/interventions_per_episode`` (intervened steps per episode finished since the last
+    row), ``collect/intervention_rate`` (their share of those episodes' steps), ``collect/num_intervened_steps``
+    (all time) and ``replay/num_demonstrations`` (rows that joined the demonstration segment during online training;
+    a stretch still going on joins when it ends)."""
+    c = run.collector
+    if getattr(c, "intervener", None) is None:
+        return {}
+    per_episode, lengths = c.finished_interventions, c.finished_lengths
+    c.finished_interventions, c.finished_lengths = [], []
+    st = run.buffer.storage
+    return {"collect/interventions_per_episode": float(np.mean(per_episode)) if per_episode else math.nan,
+            "collect/intervention_rate": float(np.sum(per_episode) / np.sum(lengths)) if per_episode else math.nan,
+            "collect/num_intervened_steps": float(c.num_intervened_steps),
+            "replay/num_demonstrations": float(st.num_offline - st.num_before_online)}

@@ -44,6 +44,7 @@ from relive.replay.checkpoint import load_tree, save_tree
 from relive.replay.samplers.her import HindsightSampler
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
+from relive.train.intervention import DemoWriter, build_intervener, intervention_columns
 from relive.train.logging import RunLogger
 from relive.train.loop import (
     LoopState,
@@ -318,6 +319,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if wrap_agent is not None:
         agent = wrap_agent(agent)
     columns = tuple(getattr(agent, "stored_columns", tuple)())
+    if cfg.intervention.kind != "none":  # the agent's proposal and the takeover flag, stored beside its records
+        columns += intervention_columns(spec.action_shape, "int64" if spec.discrete else "float32")
     buffer = _new_buffer(cfg, spec, columns, seeds)
     attach_goal_functions(buffer, eval_env)  # HER (her.enabled): the task's reward function
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
@@ -334,8 +337,9 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     elif env is None:
         collector = NoCollector()
     else:
-        collector = (Collector if num_envs == 1 else VectorCollector)(env, spec, _int(seeds["env"]),
-                                                                      record_columns=columns)
+        collector = (Collector(env, spec, _int(seeds["env"]), record_columns=columns,
+                               intervener=build_intervener(cfg, spec, env)) if num_envs == 1
+                     else VectorCollector(env, spec, _int(seeds["env"]), record_columns=columns))
     # (a component that cannot run here refuses now, before the directory is written)
     hooks = _new_run_hooks(cfg, agent, buffer, gamma, env) if resume_dir is None else []
     if remote:
@@ -355,6 +359,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if resume_dir is not None:
         _continue_resumed_run(run, tree, saved, gamma)
     collector.on_episode_start = H.episode_start_fns(run.hooks)
+    if cfg.intervention.kind != "none":  # intervened stretches into the demonstration segment (of the resumed buffer)
+        run.demo_writer = DemoWriter(run.buffer)
     return run
 
 
@@ -397,6 +403,15 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
     _check_random_warmup(cfg, agent_entry(cfg.agent_kind).target)
     if allow_other_base and not hasattr(agent_entry(cfg.agent_kind).target, "allow_other_base"):
         raise ValueError(f"--allow-other-base: agent {cfg.agent_kind!r} has no frozen base policy to check")
+    if cfg.intervention.kind != "none" and (cfg.env.num_envs != 1 or cfg.collectors.num or not cfg.env.id
+                                            or cfg.replay.device):
+        raise ValueError(f"intervention.kind = {cfg.intervention.kind!r}: interventions run with one env in this "
+                         "process (env.num_envs = 1, collectors.num = 0, an env.id) and the replay on the host "
+                         "(replay.device unset)")
+    ic = cfg.intervention
+    if ic.kind == "scripted" and ic.budget > ic.demo_capacity:
+        raise ValueError(f"intervention.budget ({ic.budget} intervened steps) exceeds intervention.demo_capacity "
+                         f"({ic.demo_capacity} rows of room for them): the run would stop when the segment fills up")
 
 
 def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuffer:
@@ -406,6 +421,8 @@ def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuf
                         extra_columns={c.name: c.spec for c in columns} or None,
                         # the agent's n-step TD targets: the buffer sums the returns at sample time
                         n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
+                        # interventions: room for them in the never-evicted demonstration segment
+                        demo_capacity=cfg.intervention.demo_capacity if cfg.intervention.kind != "none" else 0,
                         # replay.device: columns, draws and priorities on a torch device (relive.replay.device)
                         **({"backend": "torch", "device": cfg.replay.device} if cfg.replay.device else {}))
 

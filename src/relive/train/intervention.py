@@ -1,0 +1,266 @@
+"""Interventions: a person (or an expert standing in for one) takes over from the agent during online training, the
+HIL-SERL pattern (Luo et al. 2024): the executed action is the intervener's, the row is tagged, and it is kept as a
+demonstration.
+
+The seam is one call per env step, in the collector (:class:`~relive.train.collector.Collector`)::
+
+    take_over, action = intervener(obs, proposed_action)     # obs: one env's observation, proposed: the agent's
+
+The collector executes ``action`` when ``take_over`` and stores both: ``action`` is the executed one (what the
+critic learns from) and the behaviour columns ``proposed_action`` / ``intervened`` keep the agent's proposal and the
+flag (:data:`COLUMNS`). Where the rows go (:class:`DemoWriter`, called by the loop): every row to the online ring as
+always, an intervened one tagged ``origin = INTERVENTION`` there, and each intervened stretch (consecutive intervened
+steps of one episode) also to the buffer's demonstration segment (``ReplayBuffer.add_demonstrations``), never evicted
+and sampled by the offline part of the mixture. Both, as HIL-SERL does (its interventions go to the demo buffer and
+the RL buffer): the ring copy keeps the agent's episodes whole (n-step returns, returns-to-go, the episode index see
+no holes) and the data online as the agent experienced it; the demonstration copy is what survives the ring's
+eviction and what the offline half of every batch draws. A stretch is written when it ends (the person lets go, or
+the episode ends); its last row is marked ``truncated`` unless it terminated, so the next stretch is a new offline
+episode and bootstrapping from its true next observation stays right.
+
+Built-ins: :class:`ScriptedIntervener` (an expert or base policy takes over when the agent's proposal is farther than
+``threshold`` from the expert's action, for ``hold_steps`` steps, within a ``budget`` of intervened steps: the stand-
+in for a person in tests and experiments) and :class:`DeviceIntervener` (a keyboard / gamepad read through a
+:class:`DeviceReader`; tests use a fake device, :class:`GamepadReader` needs pygame). Experts are registered by name
+(:func:`register_expert`); ``intervention.kind`` / ``intervention.expert`` pick them in a run's config.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from relive.data.npz_io import save_dataset
+from relive.envs import env_spec, make_env
+from relive.train.collector import Collector
+from relive.types import AGENT, INTERVENTION, ColumnDecl
+
+
+class Intervener(Protocol):
+    def __call__(self, obs, proposed: np.ndarray) -> tuple[bool, np.ndarray]: ...  # (take over?, executed action)
+
+    def on_episode_start(self) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def intervention_columns(action_shape, action_dtype: str = "float32") -> tuple[ColumnDecl, ...]:
+    """The behaviour columns an intervened run stores: the agent's proposal and whether the step was taken over."""
+    return (ColumnDecl("proposed_action", tuple(action_shape), action_dtype, doc="the agent's proposed action"),
+            ColumnDecl("intervened", (), "bool", doc="the executed action was the intervener's"))
+
+
+COLUMNS = ("proposed_action", "intervened")
+
+
+class ScriptedIntervener:
+    """An expert policy that takes over when the agent deviates: at a step where
+    ``||proposed - expert(obs)||_2 > threshold`` it executes the expert's action for ``hold_steps`` steps (a person
+    keeps control for a while once they step in), until ``budget`` intervened steps are spent (0: no budget). The
+    counters are its state (checkpointed with the collector)."""
+
+    def __init__(self, expert: Callable, threshold: float, budget: int = 0, hold_steps: int = 1):
+        if not (isinstance(threshold, int | float) and np.isfinite(threshold) and threshold >= 0):
+            raise ValueError(f"intervention.threshold must be a finite number >= 0, got {threshold!r}")
+        if int(budget) < 0 or int(hold_steps) < 1:
+            raise ValueError(f"intervention.budget must be >= 0 and hold_steps >= 1, got {budget!r}, {hold_steps!r}")
+        self.expert, self.threshold = expert, float(threshold)
+        self.budget, self.hold_steps = int(budget), int(hold_steps)
+        self.used = 0  # intervened steps so far
+        self.holding = 0  # steps left of the current takeover
+
+    def __call__(self, obs, proposed: np.ndarray) -> tuple[bool, np.ndarray]:
+        if self.budget and self.used >= self.budget:
+            return False, proposed
+        expert = np.asarray(self.expert(obs), dtype=np.asarray(proposed).dtype).reshape(np.shape(proposed))
+        if self.holding == 0 and float(np.linalg.norm(np.asarray(proposed, np.float64) - expert)) > self.threshold:
+            self.holding = self.hold_steps
+        if self.holding == 0:
+            return False, proposed
+        self.holding -= 1
+        self.used += 1
+        return True, expert
+
+    def on_episode_start(self) -> None:
+        self.holding = 0
+
+    def state_dict(self) -> dict:
+        return {"used": self.used, "holding": self.holding}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.used, self.holding = int(state["used"]), int(state["holding"])
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """One read of an input device: whether the person holds the takeover button, and the action they command."""
+
+    engaged: bool
+    action: np.ndarray
+
+
+class DeviceReader(Protocol):
+    def read(self) -> DeviceState: ...
+
+
+class DeviceIntervener:
+    """A person at a keyboard or gamepad: while they hold the takeover button (``DeviceState.engaged``), their
+    action, clipped to ``[low, high]``, is executed. The device is read once per env step."""
+
+    def __init__(self, reader: DeviceReader, low, high):
+        self.reader = reader
+        self.low, self.high = np.asarray(low), np.asarray(high)
+
+    def __call__(self, obs, proposed: np.ndarray) -> tuple[bool, np.ndarray]:
+        state = self.reader.read()
+        if not state.engaged:
+            return False, proposed
+        action = np.asarray(state.action, dtype=np.asarray(proposed).dtype).reshape(np.shape(proposed))
+        if not np.isfinite(action).all():
+            raise ValueError(f"the input device sent a non-finite action {action.tolist()}")
+        return True, np.clip(action, self.low, self.high).astype(action.dtype)
+
+    def on_episode_start(self) -> None:
+        pass
+
+    def state_dict(self) -> dict:  # (a person is not replayed: nothing to restore)
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class GamepadReader:
+    """A gamepad through pygame (an optional dependency, imported here only): the left stick's axes are the first
+    action dimensions, button ``button`` engages the takeover. A keyboard reader follows the same interface."""
+
+    def __init__(self, action_dim: int, button: int = 0, joystick: int = 0):
+        import pygame  # (optional, heavy: only a run with a gamepad imports it)
+
+        pygame.init()
+        pygame.joystick.init()
+        if pygame.joystick.get_count() <= joystick:
+            raise OSError(f"no gamepad {joystick} found (pygame sees {pygame.joystick.get_count()})")
+        self.pygame, self.pad = pygame, pygame.joystick.Joystick(joystick)
+        self.action_dim, self.button = int(action_dim), int(button)
+
+    def read(self) -> DeviceState:
+        self.pygame.event.pump()
+        axes = [self.pad.get_axis(i) for i in range(min(self.action_dim, self.pad.get_numaxes()))]
+        action = np.zeros(self.action_dim, np.float32)
+        action[: len(axes)] = axes
+        return DeviceState(bool(self.pad.get_button(self.button)), action)
+
+
+# -- experts by name (intervention.expert) ---------------------------------------------------------------------------
+EXPERTS: dict[str, Callable] = {}
+
+
+def register_expert(name: str):
+    """``factory(spec, env) -> policy(obs) -> action`` registered as ``intervention.expert = name``."""
+    def deco(factory):
+        EXPERTS[name] = factory
+        return factory
+    return deco
+
+
+@register_expert("zero")
+def _zero_expert(spec, env):
+    """All-zero actions (a stand-in that takes over whenever the agent's action is large: tests)."""
+    shape = tuple(spec.action_shape)
+    return lambda obs: np.zeros(shape, np.float32)
+
+
+@register_expert("reach_goal")
+def _reach_goal_expert(spec, env, gain: float = 10.0):
+    """Gymnasium-Robotics FetchReach (relive flattens its dict observation as ``achieved_goal`` (the gripper's
+    position), ``desired_goal``, ``observation``): move the gripper toward the goal, a P-controller."""
+    def act(obs):
+        obs = np.asarray(obs, np.float64).reshape(-1)
+        grip, goal = obs[:3], obs[3:6]
+        out = np.zeros(tuple(spec.action_shape), np.float32)
+        out[:3] = np.clip(gain * (goal - grip), -1, 1)
+        return out
+    return act
+
+
+def expert_dataset(env_id: str, expert: str, num_episodes: int, path, seed: int = 0,
+                   max_episode_steps: int | None = None):
+    """A few demonstrations: ``num_episodes`` whole episodes of a registered expert on ``env_id``, saved as a relive
+    ``.npz`` dataset at ``path`` (the "few demos" a HIL-RLPD run starts from); returns the path."""
+    if expert not in EXPERTS:
+        raise ValueError(f"expert {expert!r} is not registered; known: {sorted(EXPERTS)}")
+    env = make_env(env_id, max_episode_steps)
+    spec = env_spec(env)
+    policy = EXPERTS[expert](spec, env)
+    collector = Collector(env, spec, seed)
+    parts = []
+    while len(collector.finished_returns) < num_episodes:
+        parts.append(collector.step(lambda obs: np.asarray(policy(obs[0]))[None], 1))
+    env.close()
+    rows = {k: (np.concatenate([p[k] for p in parts]) if not isinstance(parts[0][k], dict)
+                else {kk: np.concatenate([p[k][kk] for p in parts]) for kk in parts[0][k]}) for k in parts[0]}
+    return save_dataset(path, rows)
+
+
+def build_intervener(cfg, spec, env) -> Intervener | None:
+    """The run's intervener from ``cfg.intervention`` (None when ``kind = "none"``)."""
+    ic = cfg.intervention
+    if ic.kind == "none":
+        return None
+    if ic.kind == "scripted":
+        if ic.expert not in EXPERTS:
+            raise ValueError(f"intervention.expert {ic.expert!r} is not registered; known: {sorted(EXPERTS)}")
+        return ScriptedIntervener(EXPERTS[ic.expert](spec, env), ic.threshold, ic.budget, ic.hold_steps)
+    reader = GamepadReader(int(np.prod(spec.action_shape)))
+    return DeviceIntervener(reader, spec.action_low, spec.action_high)
+
+
+class DemoWriter:
+    """Intervened stretches into the buffer's demonstration segment (see the module docstring), with the counts the
+    loop logs. One stream (one env): a stretch is written when it ends."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.pending: list[dict] = []  # rows of the stretch still going on
+
+    @staticmethod
+    def origin(rows: dict) -> np.ndarray:
+        """Per row: its origin on the ring (intervention or agent)."""
+        return np.where(np.asarray(rows["intervened"], bool), INTERVENTION, AGENT).astype(np.int8)
+
+    def add(self, rows: dict) -> None:
+        """A chunk of stored rows of the stream, in time order (the same rows the ring got)."""
+        flag = np.asarray(rows["intervened"], bool)
+        end = np.asarray(rows["terminated"], bool) | np.asarray(rows["truncated"], bool)
+        for i in range(flag.size):
+            if flag[i]:
+                self.pending.append({k: _row(v, i) for k, v in rows.items()})
+                if end[i]:
+                    self.flush()
+            elif self.pending:
+                self.flush()
+
+    def flush(self) -> None:
+        """Write the stretch so far (its last row truncated unless it terminated)."""
+        if not self.pending:
+            return
+        rows = {k: _stack([r[k] for r in self.pending]) for k in self.pending[0]}
+        rows["truncated"][-1] = not rows["terminated"][-1]
+        self.pending = []
+        self.buffer.add_demonstrations(rows)
+
+
+def _row(v, i):
+    return {k: np.asarray(a[i]) for k, a in v.items()} if isinstance(v, dict) else np.asarray(v[i])
+
+
+def _stack(parts):
+    if isinstance(parts[0], dict):
+        return {k: np.stack([p[k] for p in parts]) for k in parts[0]}
+    return np.stack(parts)
