@@ -16,7 +16,8 @@ from tests.train.test_trainer import TINY
 
 def test_the_presets_carry_their_settings():
     hil = get_preset("hil_rlpd")
-    assert hil.replay.name == "symmetric" and hil.replay.options.offline_fraction == 0.5  # half demonstrations
+    assert hil.replay.label == "mixture(offline=uniform, online=uniform)"  # (RLPD's symmetric sampling)
+    assert hil.replay.options.offline_fraction == 0.5  # half demonstrations
     assert (hil.agent.num_qs, hil.agent.critic_layer_norm, hil.schedule.utd_ratio) == (10, True, 20)  # RLPD's
     assert hil.intervention.kind == "scripted" and hil.intervention.demo_capacity == 100_000
     wsrl = get_preset("wsrl")
