@@ -222,3 +222,28 @@ def test_a_schedule_from_the_command_line_runs_over_the_online_phase_and_survive
     np.testing.assert_array_equal(loaded.sample(32).info.indices, buf.sample(32).info.indices)
     with pytest.raises(ValueError, match="schedule must be one of"):
         override(cfg, ["replay.mixture.schedule=exponential"])
+
+
+def test_a_schedule_from_the_intervention_rate_follows_the_recent_share_of_intervened_rows():
+    """f = f1 + (f0 - f1) r, r = intervened share of the last W online rows (storage.meta["origin"]), all streams;
+    exact counts per batch; rows before the window do not count."""
+    from relive.replay import ReplayBuffer
+    from relive.testing import random_transitions
+    from relive.types import AGENT, INTERVENTION
+
+    buf = ReplayBuffer(500, (3,), (1,), sampler=MixtureSampler(UniformSampler(), UniformSampler(), 0.8,
+                                                               "intervention_rate", 0.2, 40), seed=0)
+    buf.add_offline(random_transitions(50, 3, 1, rng=0))
+    buf.extend(random_transitions(40, 3, 1, rng=1), origin=INTERVENTION)  # a person drove the first 40 steps
+    assert buf.sampler.recent_intervention_rate() == 1.0
+    assert buf.sampler.current_fraction() == pytest.approx(0.8)
+    buf.extend(random_transitions(10, 3, 1, rng=2), stream=1, origin=AGENT)  # another stream: the window spans both
+    assert buf.sampler.recent_intervention_rate() == pytest.approx(30 / 40)
+    f = 0.2 + 0.6 * 30 / 40
+    assert buf.sampler.current_fraction() == pytest.approx(f)
+    assert (buf.sample(100).info.source == 0).sum() == round(100 * f)
+    buf.extend(random_transitions(40, 3, 1, rng=3), origin=AGENT)  # the person's rows left the window
+    assert buf.sampler.recent_intervention_rate() == 0.0 and buf.sampler.current_fraction() == pytest.approx(0.2)
+    cfg = override(get_preset("sac"), ["replay.name=symmetric", "replay.mixture.schedule=intervention_rate",
+                                       "replay.mixture.offline_fraction_final=0.1"])
+    assert build_sampler(cfg).schedule_steps == 1000  # the default window

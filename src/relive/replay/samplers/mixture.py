@@ -11,6 +11,8 @@ f_0 = ``offline_fraction`` to f_1 = ``offline_fraction_final`` over T = ``schedu
     constant  f(t) = f_0
     linear    f(t) = f_0 + min(t / T, 1) (f_1 - f_0)
     cosine    f(t) = f_1 + (f_0 - f_1) (1 + cos(pi min(t / T, 1))) / 2      (TorchRL's / LeRobot's anneal shapes)
+    intervention_rate  f = f_1 + (f_0 - f_1) r, r = the share of intervened rows (``storage.meta["origin"]``) among
+              the last T online rows stored: as many demonstrations as a person is needed (HIL; docs/hil.md)
 
 Per-draw probability of a row of source s is
 ``f_s * p_s(row)`` where ``f_s`` is that part's share of the batch; ``is_weight`` is the part's own
@@ -29,9 +31,10 @@ from relive.hooks import collect_hooks
 from relive.registry import ReplayBuild, ReplaySpec, register_alias, register_replay, register_sampler_class
 from relive.replay.samplers.base import Draw, Sampler, check_number, sampler_config, sampler_from_config, state_field
 from relive.replay.samplers.uniform import UniformSampler
-from relive.types import OFFLINE, ONLINE
+from relive.types import INTERVENTION, OFFLINE, ONLINE
 
-SCHEDULES = ("constant", "linear", "cosine")
+SCHEDULES = ("constant", "linear", "cosine", "intervention_rate")
+INTERVENTION_WINDOW = 1000  # intervention_rate's default window of recent online rows
 
 
 def scheduled_fraction(schedule: str, start: float, final: float, steps: int, t: int) -> float:
@@ -107,8 +110,22 @@ class MixtureSampler(Sampler):
         """The offline share of the next batch (``offline_fraction`` unless scheduled)."""
         if self.schedule == "constant":
             return self.offline_fraction
+        if self.schedule == "intervention_rate":
+            r = self.recent_intervention_rate()
+            return self.offline_fraction_final + (self.offline_fraction - self.offline_fraction_final) * r
         return scheduled_fraction(self.schedule, self.offline_fraction, self.offline_fraction_final,
                                   self.schedule_steps, self.storage.num_online_written)
+
+    def recent_intervention_rate(self) -> float:
+        """Share of rows tagged ``INTERVENTION`` among the last ``schedule_steps`` (default 1,000) online rows
+        stored, all streams (0 before any)."""
+        st = self.storage
+        written = st.num_online_written
+        n = min(self.schedule_steps or INTERVENTION_WINDOW, st.num_online, written)
+        if n == 0:
+            return 0.0
+        slots = st.ring_slot(np.arange(written - n, written, dtype=np.int64))
+        return float(np.count_nonzero(st.meta["origin"].take(slots) == INTERVENTION)) / n
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         return self.joined_parts(batch_size, lambda child, k: child.sample(k, rng), np.concatenate)
@@ -209,10 +226,13 @@ class MixtureConfig:
 
     offline_fraction: float = 0.5  # offline share of every batch (RLPD, PLD: 0.5); a schedule's start
     # the share's course over online env steps: "constant", "linear" or "cosine" from offline_fraction to
-    # offline_fraction_final over schedule_env_steps (relive.replay.samplers.mixture)
+    # offline_fraction_final over schedule_env_steps, or "intervention_rate": offline_fraction when every recent row
+    # was intervened, offline_fraction_final when none was (relive.replay.samplers.mixture)
     schedule: str = "constant"
     offline_fraction_final: float | None = None  # a schedule's end (null: offline_fraction, i.e. constant)
-    schedule_env_steps: int | None = None  # a schedule's length in online env steps (null: the whole online phase)
+    # a schedule's length in online env steps (null: the whole online phase); intervention_rate: the window of
+    # recent online rows (null: 1,000)
+    schedule_env_steps: int | None = None
     offline: ReplaySpec = field(default_factory=_part("uniform"))  # the offline part's strategy and its options
     online: ReplaySpec = field(default_factory=_part("uniform"))  # the online part's strategy and its options
 
@@ -234,7 +254,8 @@ class MixtureConfig:
 @register_replay("mixture", MixtureConfig)
 def build_mixture(options: MixtureConfig, ctx: ReplayBuild) -> MixtureSampler:
     """exact offline/online split per batch, each part its own strategy (RLPD's symmetric sampling: uniform parts)"""
-    steps = options.schedule_env_steps if options.schedule_env_steps is not None else ctx.online_env_steps
+    steps = options.schedule_env_steps if options.schedule_env_steps is not None else (
+        INTERVENTION_WINDOW if options.schedule == "intervention_rate" else ctx.online_env_steps)
     return MixtureSampler(options.offline.build(ctx), options.online.build(ctx),
                           offline_fraction=options.offline_fraction, schedule=options.schedule,
                           offline_fraction_final=options.offline_fraction_final, schedule_steps=steps)
