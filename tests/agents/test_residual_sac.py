@@ -215,7 +215,8 @@ def test_residual_sac_preset_is_the_spec_template_and_names_its_sources(capsys):
     assert {k: getattr(cfg.agent, k) for k in SPEC_TEMPLATE} == SPEC_TEMPLATE
     s = cfg.schedule
     assert (s.batch_size, s.utd_ratio, s.grad_steps_per_chunk, s.num_warmup_env_steps) == (256, 1, 0, 0)
-    assert (cfg.replay.name, cfg.replay.options.offline_fraction, cfg.replay.capacity) == ("symmetric", 0.5, 10**6)
+    assert (cfg.replay.label, cfg.replay.options.offline_fraction, cfg.replay.capacity) == (
+        "mixture(offline=uniform, online=uniform)", 0.5, 10**6)  # symmetric 50/50
     assert show("residual_sac") == 0
     out = capsys.readouterr().out
     head, lines = out.split("\n", 1)[0], {ln.split(" = ")[0]: ln for ln in out.splitlines() if " = " in ln}
