@@ -229,3 +229,23 @@ def test_refuses_what_it_cannot_do():
             replay_buffer_kwargs=dict(handle_timeout_termination=False))
     with pytest.raises(ValueError, match="missing column"):
         DQN("MlpPolicy", gym.make("CartPole-v1"), replay_buffer_kwargs=dict(offline={"obs": np.zeros((3, 4))}))
+
+
+@pytest.mark.parametrize("handle_timeouts", [True, False])
+def test_a_timeout_is_a_truncation_and_other_ends_terminate_as_sb3_counts_them(handle_timeouts):
+    """Two envs, four steps: env 0 ends by a time limit at step 1, env 1 by termination at step 2. SB3's rule:
+    with handle_timeout_termination a timeout is not a termination (stored truncated), without it it is."""
+    space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    buf = ReliveReplayBuffer(100, space, space, device="cpu", n_envs=2, handle_timeout_termination=handle_timeouts)
+    dones = [(False, False), (True, False), (False, True), (False, False)]
+    for t, done in enumerate(dones):
+        obs = np.full((2, 2), t, np.float32)
+        infos = [{"TimeLimit.truncated": done[0]}, {}]
+        buf.add(obs, obs + 0.5, np.zeros((2, 2), np.float32), np.zeros(2, np.float32), np.array(done), infos)
+    st = buf.relive.storage
+    rows = {s: np.flatnonzero(st.meta["stream"][: st.size] == s) for s in (0, 1)}
+    term, trunc = st.columns["terminated"], st.columns["truncated"]
+    assert term[rows[0]].tolist() == [False, not handle_timeouts, False, False]
+    assert trunc[rows[0]].tolist() == [False, handle_timeouts, False, False]
+    assert term[rows[1]].tolist() == [False, False, True, False]
+    assert trunc[rows[1]].tolist() == [False, False, False, False]

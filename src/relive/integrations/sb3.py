@@ -255,17 +255,20 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         """One step of every env; env i's row goes to stream i (its own episode sequence)."""
         n = self.n_envs
         done = np.asarray(done, dtype=bool).reshape(n)
-        if self.handle_timeout_termination:
-            timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
-        else:  # SB3's meaning: a timeout counts as a termination
-            timeout = np.zeros(n, bool)
         k, staged = self._num_staged, self._staged
-        staged["obs"][:, k] = np.asarray(obs).reshape(n, *self.obs_shape)
-        staged["action"][:, k] = np.asarray(action).reshape(n, self.action_dim)
-        staged["reward"][:, k] = np.asarray(reward).reshape(n)
-        staged["next_obs"][:, k] = np.asarray(next_obs).reshape(n, *self.obs_shape)
-        staged["terminated"][:, k] = done & ~timeout
-        staged["truncated"][:, k] = done & timeout
+        staged["obs"][:, k] = np.reshape(obs, (n, *self.obs_shape))
+        staged["action"][:, k] = np.reshape(action, (n, self.action_dim))
+        staged["reward"][:, k] = np.reshape(reward, n)
+        staged["next_obs"][:, k] = np.reshape(next_obs, (n, *self.obs_shape))
+        # infos are read only where an env is done (most steps: none), and only when timeouts are told apart
+        # (handle_timeout_termination=False is SB3's meaning: a timeout counts as a termination)
+        if self.handle_timeout_termination and done.any():
+            timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
+            staged["terminated"][:, k] = done & ~timeout
+            staged["truncated"][:, k] = done & timeout
+        else:
+            staged["terminated"][:, k] = done
+            staged["truncated"][:, k] = False
         self._num_staged = k + 1
         if self._num_staged == STAGED_STEPS:
             self._flush()
