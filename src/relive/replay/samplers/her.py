@@ -205,7 +205,7 @@ class HindsightSampler(Sampler):
     def relabel_batch(self, batch, n_step: int, gamma: float):
         """Write the new goals of the latest draw into ``batch`` (gathered from its indices), in place."""
         relabeled, goal_slot = batch.info.hints["her/relabeled"], batch.info.hints["her/goal_slot"]
-        m = np.flatnonzero(relabeled)
+        m = relabeled.nonzero()[0]  # (ndarray.nonzero: np.flatnonzero's wrappers cost more than the search)
         if m.size == 0:
             return batch
         self._reward_fn()  # (both refused before the batch is touched)
