@@ -100,8 +100,12 @@ def test_report_combines_the_grid_root_and_the_sb3_root_without_writing_the_grid
     md = sb3_her.report(grid_root, root, out)
     text = md.read_text()
     assert "sb3_sac_her" in text and "sac_no_her" in text
-    assert "| sb3_sac_her | 2 | 30 | 20, 30 |" in text  # seconds to success >= 0.9 per run
-    assert "| sac_no_her | 1 | 30 | - |" in text
+    assert "| sb3_sac_her | 2 | 30 | 20, 30 | 1000, 2000 |" in text  # seconds, env steps to success >= 0.9 per run
+    assert "| sac_no_her | 1 | 30 | - | - |" in text
+    assert text.index("## Success vs wall-clock") < text.index("<!-- notes below")
+    md.write_text(md.read_text() + "a note\n")
+    again = sb3_her.report(grid_root, root, out, overwrite=True).read_text()  # replaced, notes kept
+    assert again.count("## Success vs wall-clock") == 1 and again.endswith("a note\n")
     assert (out / "her-fetch_wallclock.png").is_file() and (out / "her-fetch_curves.png").is_file()
     assert sorted(p.relative_to(grid_root) for p in grid_root.rglob("*")) == before
     assert len(load_grid("her-fetch").variants) == 4  # the shipped grid is unchanged

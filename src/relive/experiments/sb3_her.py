@@ -45,7 +45,7 @@ import numpy as np
 
 from relive.envs import info_success, make_env
 from relive.experiments.grid import Grid, Variant, load_grid
-from relive.experiments.report import make_report
+from relive.experiments.report import NOTES_MARKER, make_report
 from relive.experiments.runner import FINISHED, RUN_LOCK
 from relive.files import DirectoryLock
 from relive.presets import get_preset
@@ -260,8 +260,8 @@ def wallclock_figure(root: Path, grid: Grid, out: Path, score: str = "eval/succe
     import matplotlib.pyplot as plt  # (slow to import: only to plot)
 
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    lines = ["| variant | n | seconds per run (mean) | seconds to success >= 0.9 (per run; - = never) |",
-             "|---|---|---|---|"]
+    lines = ["| variant | n | seconds per run (mean) | seconds to success >= 0.9 (per run; - = never) | env steps to "
+             "success >= 0.9 (per run) |", "|---|---|---|---|---|"]
     for v in grid.variants:
         runs = [read_eval(d / "eval.csv") for d in sorted((root / grid.name / v.label / TASK).glob("seed_*"))
                 if (d / FINISHED).is_file() and (d / "eval.csv").is_file()]
@@ -270,10 +270,10 @@ def wallclock_figure(root: Path, grid: Grid, out: Path, score: str = "eval/succe
         n = min(len(r["env_step"]) for r in runs)
         secs = np.mean([r["time/seconds"][:n] for r in runs], axis=0)
         ax.plot(secs, np.mean([r[score][:n] for r in runs], axis=0), marker=".", label=f"{v.label} (n={len(runs)})")
-        reach = [r["time/seconds"][np.flatnonzero(r[score] >= 0.9)[0]] if (r[score] >= 0.9).any() else None
-                 for r in runs]
-        lines.append(f"| {v.label} | {len(runs)} | {secs[-1]:.0f} | "
-                     + ", ".join("-" if s is None else f"{s:.0f}" for s in reach) + " |")
+        first = [np.flatnonzero(r[score] >= 0.9)[0] if (r[score] >= 0.9).any() else None for r in runs]
+        reach = ["-" if i is None else f"{r['time/seconds'][i]:.0f}" for r, i in zip(runs, first, strict=True)]
+        steps = ["-" if i is None else f"{r['env_step'][i]:.0f}" for r, i in zip(runs, first, strict=True)]
+        lines.append(f"| {v.label} | {len(runs)} | {secs[-1]:.0f} | {', '.join(reach)} | {', '.join(steps)} |")
     ax.set_xlabel("wall-clock seconds (mean over seeds at each evaluation)")
     ax.set_ylabel(score)
     ax.set_title(f"{grid.name}: {TASK}, success vs wall-clock", fontsize=10)
@@ -294,10 +294,12 @@ def report(grid_root: str | Path, root: str | Path, out: str | Path, grid_name: 
     md = make_report(grid, both, out, overwrite=overwrite)
     png, table = wallclock_figure(both, grid, Path(out))
     text = md.read_text()
-    section = "\n".join(["## Success vs wall-clock", "", *table, "", f"![success vs wall-clock]({png.name})", ""])
-    marker = "## Success vs wall-clock"
-    text = text.split(marker)[0].rstrip() + "\n\n" + section if marker in text else text.rstrip() + "\n\n" + section
-    md.write_text(text)
+    section = "\n".join(["## Success vs wall-clock", "", "Wall-clock seconds of each run since its start (evaluations "
+                         "included), on whatever else the machine ran then.", "", *table, "",
+                         f"![success vs wall-clock]({png.name})", "", ""])
+    head, notes = text.split(NOTES_MARKER, 1) if NOTES_MARKER in text else (text, None)
+    head = head.split("## Success vs wall-clock")[0].rstrip() + "\n\n" + section  # (a rerun replaces it)
+    md.write_text(head if notes is None else head + NOTES_MARKER + notes)
     return md
 
 
