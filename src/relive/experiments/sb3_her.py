@@ -112,7 +112,7 @@ def _extractor_class():
 
         def __init__(self, observation_space: spaces.Dict, obs_keys=("desired_goal", "observation")):
             keys = sorted(obs_keys)
-            dim = sum(int(np.prod(observation_space[k].shape)) for k in keys)
+            dim = sum(math.prod(observation_space[k].shape or ()) for k in keys)
             super().__init__(observation_space, features_dim=dim)
             self.keys = keys
 
@@ -190,9 +190,10 @@ def run_one(run_dir: str | Path, seed: int, *, task: str = TASK, env_steps: int 
         e_seed = eval_seed(seed)
         eval_env.reset(seed=e_seed)
         model = build_model(env, seed, settings)
+        versions = _versions()
         config = {"runner": "relive.experiments.sb3_her", "preset": preset, "task": task, "seed": seed,
                   "env_steps": env_steps, "eval_every": eval_every, "eval_episodes": eval_episodes,
-                  "eval_seed": e_seed, "sb3": settings, "versions": _versions()}
+                  "eval_seed": e_seed, "sb3": settings, "versions": versions}
         (run_dir / "config.json").write_text(json.dumps(config, indent=1))
         log = _EvalLog(run_dir, model, eval_env, eval_episodes, e_seed, eval_every, settings)
         log(0)
@@ -201,7 +202,7 @@ def run_one(run_dir: str | Path, seed: int, *, task: str = TASK, env_steps: int 
         summary = {"run_dir": str(run_dir), "runner": config["runner"], "num_online_env_steps": env_steps,
                    "num_grad_steps": int(model._n_updates), "final_return": last["eval/return_mean"],
                    "final_success_rate": last["eval/success_rate"], "final_normalized_score": math.nan,
-                   "seconds": time.perf_counter() - log.start, "status": "finished", **config["versions"]}
+                   "seconds": time.perf_counter() - log.start, "status": "finished", **versions}
         (run_dir / FINISHED).write_text(json.dumps(summary, indent=1))
     return "finished"
 
