@@ -8,10 +8,10 @@ apart: discount, Adam learning rate (SB3 has one for actor, critics and temperat
 batch, Polyak rate per gradient step, hidden layers of the actor and of each of the two critics, 1 gradient step per
 env step after the same number of random warm-up steps, buffer capacity, the initial temperature and the target
 entropy -|A|, HER's k (``n_sampled_goal``) and strategy. The networks read the same keys (``agent.obs_keys``:
-``desired_goal`` and ``observation``, concatenated in sorted order) through :class:`GoalKeysExtractor` (SB3's
-default ``CombinedExtractor`` would also read ``achieved_goal``). Not the same: SB3's SAC clamps log-std to [-20, 2]
-and its learning starts after ``learning_starts`` env steps (relive's warm-up: after that many stored rows, the same
-count here); the env steps of both are one Gymnasium env, one process, torch on 1 thread.
+``desired_goal`` and ``observation``, concatenated in sorted order) through ``GoalKeysExtractor`` (SB3's
+default ``CombinedExtractor`` would also read ``achieved_goal``). Not the same: SB3's HER relabels exactly
+int(0.8 B) rows of a batch and samples only rows of finished episodes (relive: each row with probability 0.8, open
+episodes too), and the random streams differ. Both: one Gymnasium env, one process, torch on 1 thread.
 
 **Evaluation**: relive's protocol (``relive.train.loop.evaluation``): at env step 0 and every ``--eval-every`` env
 steps, ``--eval-episodes`` deterministic episodes on a separate env reset with seeds e, e + 1, ... where e is the
