@@ -222,6 +222,8 @@ def vracer_refer() -> ExperimentConfig:
 # goals per real one, "future": the paper's best, Sec. 4.5) with the task's compute_reward. The agents read
 # observation + desired_goal (agent.obs_keys). Success = info["is_success"] at an episode's last step (Fetch, as the
 # paper and SB3 count it; PointMaze: --set env.success_key=success). No HER at the same settings: --set her.k=0.
+# sac_her's SAC settings are the ones relive.experiments.sb3_her hands Stable-Baselines3's SAC + HerReplayBuffer (the
+# her-fetch comparison): change them here and the SB3 side follows.
 HER_OBS_KEYS = ("desired_goal", "observation")
 HER_GAMMA = 0.98  # the HER paper, App. A ("discount factor of 0.98 for all transitions")
 HER_ENV = EnvConfig(success_key="is_success", success_at="last")
@@ -243,6 +245,23 @@ def sac_her() -> ExperimentConfig:
 
 
 HER_CYCLE_ENV_STEPS, HER_CYCLE_GRAD_STEPS = 100, 40  # App. A: a cycle = 2 episodes of 50 steps, then 40 updates
+
+# ddpg_her against the HER paper's Appendix A ("Experiment details", Andrychowicz et al. 2017), value by value:
+#   as the paper       3 hidden layers x 64 ReLU, tanh actor output; Adam lr 0.001 (actor and critic); batch 128
+#                      per update; buffer 10^6 transitions; gamma 0.98 for every transition; critic targets clipped
+#                      to [-1/(1-gamma), 0]; Gaussian noise of 5% of each action coordinate's range; a cycle = 2
+#                      episodes of 50 steps then 40 updates; target decay 0.95 once per cycle (here spread over the
+#                      cycle's 40 updates: tau = 1 - 0.95^(1/40), the same decay per cycle); k = 4, "future".
+#   do not fit this machine (2 cores, shared; <= 25 min of one core per pilot run):
+#     - 8 workers ("distributed over 8 threads"): each cycle 8 x 2 episodes and gradients averaged over 8 x 128
+#       rows. Here one worker: 100 env steps and 40 updates of 128 rows per cycle (1/8 of the data per update).
+#     - 200 epochs x 50 cycles x 2 episodes x 50 steps x 8 workers = 8 x 10^6 env steps (1 x 10^6 per worker).
+#       Here a budget in env steps (--online-steps): FetchReach 2 x 10^4 (the her-fetch grid), FetchPush ~1.5 x
+#       10^5 in 25 min (docs/results.md).
+#   not in relive's DDPG (not a machine limit): 20% uniformly random actions; inputs normalized by running mean /
+#   std, clipped to [-5, 5]; test episodes with the target actor (relive evaluates the online actor). The actor
+#   penalty: the paper penalizes the squared tanh pre-activations, its code (OpenAI baselines) the squared action
+#   in half-widths with coefficient 1 -- agent.action_l2 = 1 is the code's.
 
 
 def ddpg_her() -> ExperimentConfig:

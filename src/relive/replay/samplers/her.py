@@ -45,6 +45,7 @@ where not relabeled); the inner sampler's hints pass through.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -55,6 +56,15 @@ from relive.replay.samplers.base import Draw, Sampler, check_number, sampler_con
 from relive.replay.samplers.uniform import UniformSampler
 
 STRATEGIES = ("future", "final", "episode", "random")
+
+NUMBA = False  # the per-row loops compiled (bottom of this file); RELIVE_NO_NUMBA=1: the NumPy path
+if os.environ.get("RELIVE_NO_NUMBA", "") in ("", "0"):
+    try:
+        import numba
+
+        NUMBA = True
+    except ImportError:  # pragma: no cover - numba is a dependency, but the NumPy path stands alone
+        NUMBA = False
 
 
 class HindsightSampler(Sampler):
@@ -162,35 +172,31 @@ class HindsightSampler(Sampler):
         return draw
 
     def _choose_goals(self, idx: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """(relabeled [B] bool, goal slot [B] int64, -1 where not relabeled): the strategy's goal row j per row."""
+        """(relabeled [B] bool, goal slot [B] int64, -1 where not relabeled): the strategy's goal row j per row.
+
+        One uniform u per row: u < p relabels, and then v = u / p ~ U[0, 1) places the goal row (:func:`goal_rows`).
+        The storage's lookups (episode ends, positions, slots) run over every drawn row, relabeled or not (a few
+        NumPy calls whatever the count; the rows not relabeled are dropped at the end), and the per-row arithmetic
+        in one pass (numba, else NumPy: the same numbers)."""
         n = idx.size
-        goal = np.full(n, -1, np.int64)
         if self.k == 0 or n == 0:  # draws nothing: batches equal the inner sampler's
-            return np.zeros(n, bool), goal
+            return np.zeros(n, bool), np.full(n, -1, np.int64)
         p = self.relabel_probability
-        u = rng.random(n)  # one draw per row: u < p relabels, and then u / p ~ U[0, 1) places the goal row
-        relabeled = u < p
-        m = np.flatnonzero(relabeled)
-        if m.size == 0:
-            return relabeled, goal
-        rows, v = idx[m], u[m] / p
+        u = rng.random(n)
         st = self.storage
-        if self.strategy == "random":
-            goal[m] = np.minimum((v * st.size).astype(np.int64), st.size - 1)
-            return relabeled, goal
-        ep = st.meta["episode_id"].take(rows)
+        if self.strategy == "random":  # any slot of the buffer: slots [0, size) as one range
+            relabeled, goal = goal_rows(u, p, np.zeros(n, np.int64), np.full(n, st.size, np.int64), False)
+            return relabeled, np.where(relabeled, goal, -1)
+        ep = st.meta["episode_id"].take(idx)
         end = st.episodes.end_of(ep)  # one past the last stored row (an open episode: its newest row)
-        if self.strategy == "future":
-            pos = st.position_of(rows)
-            j = pos + (v * (end - pos)).astype(np.int64)
-        elif self.strategy == "final":
-            j = end - 1
-        else:  # episode: any stored row of the episode (its first rows may have been evicted by the ring)
+        if self.strategy == "future":  # from the row itself on
+            start = st.position_of(idx)
+        elif self.strategy == "episode":  # any stored row (its first rows may have been evicted by the ring)
             start = st.episodes.get(ep).start
-            j = start + (v * (end - start)).astype(np.int64)
-        j = np.minimum(j, end - 1)  # (u / p rounds up to 1.0 in float64 only at the edge)
-        goal[m] = returns.slot_at(st, j, rows >= st.num_offline)
-        return relabeled, goal
+        else:  # final: the last stored row
+            start = end
+        relabeled, j = goal_rows(u, p, start, end, self.strategy == "final")
+        return relabeled, np.where(relabeled, returns.slot_at(st, j, idx >= st.num_offline), -1)
 
     def hints(self) -> dict:
         relabeled, goal = self._plan
@@ -199,7 +205,7 @@ class HindsightSampler(Sampler):
     def relabel_batch(self, batch, n_step: int, gamma: float):
         """Write the new goals of the latest draw into ``batch`` (gathered from its indices), in place."""
         relabeled, goal_slot = batch.info.hints["her/relabeled"], batch.info.hints["her/goal_slot"]
-        m = np.flatnonzero(relabeled)
+        m = relabeled.nonzero()[0]  # (ndarray.nonzero: np.flatnonzero's wrappers cost more than the search)
         if m.size == 0:
             return batch
         self._reward_fn()  # (both refused before the batch is touched)
@@ -207,11 +213,10 @@ class HindsightSampler(Sampler):
             self._success_fn()
         st = self.storage
         ak, dk = self.achieved_key, self.desired_key
-        g = st.read("next_obs", goal_slot[m], (ak,))[ak]
-        batch.obs[dk][m] = g
-        batch.next_obs[dk][m] = g
+        g = st.read("next_obs", goal_slot.take(m), (ak,))[ak]
+        put_rows(batch.obs[dk], batch.next_obs[dk], m, g)
         if n_step <= 1:
-            achieved = batch.next_obs[ak][m]
+            achieved = batch.next_obs[ak].take(m, axis=0)
             batch.reward[m] = self._reward(achieved, g)
             if self.terminate_on_success:
                 batch.terminated[m] = self._success(achieved, g)
@@ -304,3 +309,54 @@ class HindsightSampler(Sampler):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.inner.load_state_dict(state_field(state, "inner", self._owner()))
+
+
+# -- the per-row loops: compiled (numba) when available, else NumPy; both give the same numbers ------------------
+def _goal_rows_numpy(u, p, start, end, final):
+    relabeled = u < p
+    if final:
+        return relabeled, end - 1
+    v = np.minimum(u / p, 1.0)  # (relabeled rows: u / p <= 1 already; the others' j is dropped, kept finite)
+    return relabeled, np.minimum(start + (v * (end - start)).astype(np.int64), end - 1)
+
+
+def _put_rows_numpy(a, b, m, g):
+    a[m] = g
+    b[m] = g
+
+
+goal_rows, put_rows = _goal_rows_numpy, _put_rows_numpy
+if NUMBA:
+
+    @numba.njit(cache=True, nogil=True)
+    def _goal_rows_kernel(u, p, start, end, final, relabeled, j):  # pragma: no cover - compiled
+        for i in range(u.size):
+            relabeled[i] = u[i] < p
+            if final:
+                j[i] = end[i] - 1
+            else:  # v = u / p places j in [start, end): truncation toward zero, as NumPy's astype
+                v = min(u[i] / p, 1.0)
+                j[i] = min(start[i] + np.int64(v * (end[i] - start[i])), end[i] - 1)
+
+    @numba.njit(cache=True, nogil=True)
+    def _put_rows_kernel(a, b, m, g):  # pragma: no cover - compiled
+        for r in range(m.size):
+            for c in range(g.shape[1]):
+                a[m[r], c] = g[r, c]
+                b[m[r], c] = g[r, c]
+
+    def goal_rows(u, p, start, end, final):
+        """(relabeled = u < p, goal position j): j = start + floor(min(u / p, 1) (end - start)), at most end - 1;
+        ``final``: j = end - 1."""
+        relabeled, j = np.empty(u.size, bool), np.empty(u.size, np.int64)
+        _goal_rows_kernel(u, float(p), start, end, bool(final), relabeled, j)
+        return relabeled, j
+
+    def put_rows(a, b, m, g):
+        """``a[m] = g`` and ``b[m] = g`` (the batch's two desired-goal columns); NumPy for other layouts."""
+        if not (a.dtype == b.dtype == g.dtype and a.flags.c_contiguous and b.flags.c_contiguous and a.ndim >= 2
+                and a.shape == b.shape and g.shape == (m.size, *a.shape[1:])):
+            return _put_rows_numpy(a, b, m, g)
+        rows = a.shape[0]
+        _put_rows_kernel(a.reshape(rows, -1), b.reshape(rows, -1), m, np.ascontiguousarray(g).reshape(m.size, -1))
+        return None
