@@ -487,5 +487,5 @@ def check_demo_sampler(sampler: Sampler) -> None:
                                                  for part in (sampler.offline, sampler.online))
     if not ok:
         raise ValueError(f"demo_capacity (a demonstration segment) needs a MixtureSampler with UniformSampler or "
-                         f"PrioritizedSampler parts (e.g. replay.method 'symmetric' or 'symmetric_per'), got "
+                         f"PrioritizedSampler parts (e.g. replay.name 'symmetric' or 'symmetric_per'), got "
                          f"{type(sampler).__name__}")
