@@ -256,10 +256,12 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         n = self.n_envs
         done = np.asarray(done, dtype=bool).reshape(n)
         k, staged = self._num_staged, self._staged
-        staged["obs"][:, k] = np.reshape(obs, (n, *self.obs_shape))
-        staged["action"][:, k] = np.reshape(action, (n, self.action_dim))
-        staged["reward"][:, k] = np.reshape(reward, n)
-        staged["next_obs"][:, k] = np.reshape(next_obs, (n, *self.obs_shape))
+        obs_shape, act_shape = (n, *self.obs_shape), (n, self.action_dim)
+        asarray = np.asarray  # (SB3 hands ndarrays: asarray is then free, and .reshape a view)
+        staged["obs"][:, k] = asarray(obs).reshape(obs_shape)
+        staged["action"][:, k] = asarray(action).reshape(act_shape)
+        staged["reward"][:, k] = asarray(reward).reshape(n)
+        staged["next_obs"][:, k] = asarray(next_obs).reshape(obs_shape)
         # infos are read only where an env is done (most steps: none), and only when timeouts are told apart
         # (handle_timeout_termination=False is SB3's meaning: a timeout counts as a termination)
         if self.handle_timeout_termination and done.any():
