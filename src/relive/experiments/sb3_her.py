@@ -1,7 +1,7 @@
 """Stable-Baselines3's SAC + ``HerReplayBuffer`` beside relive's ``sac_her`` (issue 30), in relive's run layout.
 
     python -m relive.experiments.sb3_her run --root runs --seeds 0 1 2 3 4          # one run at a time, resumable
-    python -m relive.experiments.sb3_her report --grid-root /work/her-run/runs --root runs --out docs/results
+    python -m relive.experiments.sb3_her report --grid-root runs --root runs --out docs/results
 
 **Settings** come from relive's preset (:func:`sb3_kwargs`, ``sac_her`` by default), so the two sides cannot drift
 apart: discount, Adam learning rate (SB3 has one for actor, critics and temperature; relive's three are equal),
