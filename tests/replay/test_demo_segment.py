@@ -318,3 +318,16 @@ def test_a_memmap_buffer_grows_its_segment_and_loads_from_its_checkpoint(tmp_pat
     assert _same(loaded.state_dict(), expected)
     assert loaded.storage.num_offline == 9 and (loaded.storage.meta["origin"][5:9] == INTERVENTION).all()
     loaded.close()
+
+
+def test_the_size_a_mixture_reports_counts_rows_not_the_segments_empty_slots():
+    """replay/size (and the ESS fraction) over a segment with room left: the stored rows, not the slot extent."""
+    buf = ReplayBuffer(40, OBS, ACT, sampler=mixture_per(), seed=1, demo_capacity=10)
+    rng = np.random.default_rng(0)
+    buf.add_offline(rows(rng, 5))
+    buf.extend(rows(rng, 8))
+    buf.add_demonstrations(rows(rng, 3))
+    assert buf.storage.has_gap and len(buf) == 16 and buf.storage.size > 16
+    stats = buf.sampler.stats()
+    assert stats["replay/size"] == 16.0
+    assert stats["replay/ess_fraction"] <= 1.0

@@ -102,6 +102,10 @@ class Sampler:
         return self.storage.slot_range(self.source)
 
     def num_rows(self) -> int:
+        """Rows this sampler draws from (all stored rows when unrestricted: a demonstration segment's empty slots,
+        between the offline and the online rows, are not rows)."""
+        if self.source is None:
+            return self.storage.num_rows
         lo, hi = self.domain()
         return hi - lo
 
