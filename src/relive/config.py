@@ -345,14 +345,9 @@ def set_option(options, path: list[str], value, key: str, *, raw: bool):
                          f"{name}.{current.name}.OPTION")
     if len(path) > 1:
         raise ValueError(f"unknown setting {key!r}; {name} has no settings of its own")
-    tp = _field_type(type(options), name)
-    if raw:
-        value = parse_value(tp, value, key)
-        if isinstance(value, float) and math.isnan(value):
-            raise ValueError(f"--set {key}={value}: NaN is not a valid setting")
-    else:
-        value = _from_json(tp, value)
-    return _replace(options, name, value, key, value)
+    if raw:  # command-line text: parsed against the field's type, as every other --set
+        return _set_field(options, name, value, key, type(options).__name__)
+    return _replace(options, name, _from_json(_field_type(type(options), name), value), key, value)
 
 
 def _replace(options, name: str, value, key: str, raw):

@@ -2,6 +2,8 @@
 updates and recounts, beta's fixed-point iteration (Eq. 12), c_max and lr annealing (Eq. 13), hints, checkpoints,
 refusals that leave the buffer unchanged, and composition with the offline/online mixture."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -107,7 +109,7 @@ def test_beta_follows_eq_12_after_every_update(schedule):
     eta = 0.1 B / N); held below D: 1 - beta decays the same way, beta rises to 1."""
     cfg = ReFERConfig(A=1e-3, beta_eta=0.05, initial_beta=0.8) if schedule == "paper" else \
         ReFERConfig.smarties(A=1e-3)
-    buf = buffer(capacity=40, n=40, **cfg.sampler_kwargs())
+    buf = buffer(capacity=40, n=40, **dataclasses.asdict(cfg))  # (ReFERSampler's settings are its config's fields)
     s = buf.sampler
     beta = s.beta
     for step in range(50):

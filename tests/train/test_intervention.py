@@ -22,7 +22,14 @@ from relive.train.intervention import (
 )
 from relive.train.trainer import train
 from relive.types import AGENT, INTERVENTION, OFFLINE, ONLINE
-from tests.train.test_trainer import TINY, SimulatedKill, assert_same_agent, cfg_for, kill_at
+from tests.train.test_trainer import (
+    TINY,
+    SimulatedKill,
+    assert_same_agent,
+    cfg_for,
+    kill_at,
+    sigkill_after_first_checkpoint,
+)
 
 
 class FakeDevice:
@@ -202,25 +209,13 @@ def test_a_sigkilled_run_keeps_its_interventions_and_resumes_bit_exact(tmp_path)
     """A real SIGKILL of `relive train` with interventions and a wall-clock checkpoint cadence, wherever it falls
     (mid-episode, mid-update), then `relive train --resume`: the checkpoint holds every intervention stored as of it,
     and the resumed run ends with the uninterrupted run's agent."""
-    import subprocess
-    import sys
-    import time
-
     from relive.cli import main
 
     args = [*HIL, "--online-steps", "700", "--eval-every", "350", "--checkpoint-every", "100000",
             "--set", "run.checkpoint_every_seconds=0.2", "--set", "intervention.budget=200",
             "--set", "intervention.demo_capacity=200", "--capacity", "400"]
     run = tmp_path / "killed"
-    code = f"from relive.cli import main; main({['train', *args, '--run-dir', str(run)]!r})"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and not (run / "checkpoint" / "MANIFEST.json").exists():
-        time.sleep(0.02)  # kill it as soon as its first checkpoint is complete
-    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
-    proc.kill()
-    proc.wait()
-    assert not (run / "summary.json").exists()
+    sigkill_after_first_checkpoint(args, run)
     ckpt = load_tree(run / "checkpoint", kind="run")
     st_ = ckpt["buffer"]["storage"]
     k, n = int(st_["num_offline"]), int(ckpt["collector"]["intervention"]["num_intervened_steps"])

@@ -156,20 +156,26 @@ def test_run_checkpoints_refer_to_the_dataset_and_a_changed_dataset_is_refused_o
         train(resume_dir=copy)
 
 
+def sigkill_after_first_checkpoint(args: list[str], run) -> None:
+    """`relive train ARGS --run-dir RUN` in a subprocess, killed with SIGKILL as soon as its first checkpoint is
+    complete (it must not have finished by then)."""
+    code = f"from relive.cli import main; main({['train', *args, '--run-dir', str(run)]!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None and not (run / "checkpoint" / "MANIFEST.json").exists():
+        time.sleep(0.02)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
+    proc.kill()
+    proc.wait()
+    assert not (run / "summary.json").exists()
+
+
 def test_resume_after_the_process_is_killed(tmp_path):
     """A real SIGKILL of `relive train` in a subprocess, then `relive train --resume`."""
     args = ["sac", "--env", "Pendulum-v1", "--online-steps", "1500", "--warmup", "100", "--eval-every", "500",
             "--checkpoint-every", "200", *TINY]
     run = tmp_path / "killed"
-    code = f"from relive.cli import main; main({['train', *args, '--run-dir', str(run)]!r})"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None and not (run / "checkpoint" / "MANIFEST.json").exists():
-        time.sleep(0.02)  # kill it as soon as its first checkpoint is complete
-    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
-    proc.kill()
-    proc.wait()
-    assert not (run / "summary.json").exists()
+    sigkill_after_first_checkpoint(args, run)
     assert main(["train", "--resume", str(run)]) == 0
     train(cfg_for(args, tmp_path / "full"))
     assert_same_agent(tmp_path / "full", run)

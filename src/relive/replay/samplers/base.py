@@ -82,9 +82,9 @@ class Sampler:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self).Config
+        given = len(args) == 1 and not kwargs and isinstance(args[0], cls)
         # (typed Any: each subclass's Config is its own dataclass; ``o = self.options`` reads its fields)
-        self.options: Any = args[0] if len(args) == 1 and not kwargs and isinstance(args[0], cls) else cls(*args,
-                                                                                                       **kwargs)
+        self.options: Any = args[0] if given else cls(*args, **kwargs)
         # unbound until bind() (the buffer binds before any use); typed as bound so the samplers need no narrowing
         self.storage: StorageView = None  # type: ignore[assignment]
         self.source: int | None = None

@@ -63,7 +63,7 @@ have to skip; the paper's default and smarties' default are FIFO.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -126,8 +126,6 @@ class ReFERConfig:
         """The reference code's beta: eta = 0.1 B / max(N_max, N), clamped, starting at 1e-4."""
         return replace(cls(beta_schedule="smarties", initial_beta=1e-4), **overrides)
 
-    def sampler_kwargs(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @register_replay("refer", doc="ReF-ER over every row (each needs a behaviour record)")
