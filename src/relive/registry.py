@@ -214,10 +214,13 @@ class ReplaySpec:
 
     def __str__(self) -> str:
         """``per(priority_exponent=0.5)``: the name and the options that differ from its defaults; a composition's
-        parts always (``mixture(offline=uniform, online=per)``)."""
+        parts always (``mixture(offline=uniform, online=per)``), but those its options class lists in
+        ``optional_parts`` only when changed."""
         default = type(self.options)()
+        optional = getattr(type(self.options), "optional_parts", ())
         shown = [f"{f.name}={v}" for f in dataclasses.fields(self.options)
-                 if isinstance(v := getattr(self.options, f.name), ReplaySpec) or v != getattr(default, f.name)]
+                 if (isinstance(v := getattr(self.options, f.name), ReplaySpec) and f.name not in optional)
+                 or v != getattr(default, f.name)]
         return self.name + (f"({', '.join(shown)})" if shown else "")
 
 

@@ -13,7 +13,12 @@ if TYPE_CHECKING:  # annotations only: the ground floor does not import torch at
 
 OFFLINE = 0
 ONLINE = 1
-SOURCE_NAMES = {OFFLINE: "offline", ONLINE: "online"}
+# the offline rows of a buffer with a demonstration segment, split where the online phase began (a mixture's
+# per-source parts draw from one each): the dataset, written before the first online row, slots
+# [0, num_before_online); the demonstrations that joined during online training, [num_before_online, num_offline)
+DATASET_ROWS = 2
+DEMONSTRATION_ROWS = 3
+SOURCE_NAMES = {OFFLINE: "offline", ONLINE: "online", DATASET_ROWS: "dataset", DEMONSTRATION_ROWS: "demonstration"}
 # where a stored row came from (the storage's per-row ``origin`` column), beside its source: a dataset row and an
 # intervention row (a person or an expert took over the agent) are both OFFLINE (never evicted, sampled as
 # demonstrations); an agent row is ONLINE (an intervention row may also be kept on the ring: ONLINE, INTERVENTION)

@@ -211,6 +211,9 @@ class DemoMachine(BufferMachine):
         self.demos = {}  # slot -> obs of every demonstration row written
         sampler = (MixtureSampler(UniformSampler(), UniformSampler(), offline_fraction=0.5)
                    if self.kind == "mixture_uniform"
+                   else MixtureSampler(UniformSampler(), PrioritizedSampler(), offline_fraction=0.4,
+                                       demonstrations=PrioritizedSampler(), demonstration_fraction=0.5)
+                   if self.kind == "per_source"
                    else MixtureSampler(UniformSampler(), PrioritizedSampler(), offline_fraction=0.3))
         self.buf = ReplayBuffer(capacity, OBS, ACT, sampler=sampler, seed=seed, extra_columns=EXTRA,
                                 demo_capacity=self.demo_capacity)
@@ -268,6 +271,10 @@ class DemoMachine(BufferMachine):
         assert np.isfinite(p).all() and (p >= 0).all()
         assert not p[~stored].any(), "probability on an empty slot (the segment's room or beyond)"
         assert p[stored].sum() == pytest.approx(1.0, rel=1e-6)
+        if self.kind == "per_source":  # each source's mass is its share: dataset, demonstrations, agent
+            nbo, k = st_.num_before_online, st_.num_offline
+            masses = (p[:nbo].sum(), p[nbo:k].sum(), p[st_.ring_base :].sum())
+            np.testing.assert_allclose(masses, self.buf.sampler.shares(), atol=1e-9)
 
     @invariant()
     def storage_is_consistent(self):
@@ -286,13 +293,13 @@ class DemoMachine(BufferMachine):
         st_._check_rows_and_episodes()  # the episode table covers exactly the stored rows
 
 
-@pytest.mark.parametrize("kind", ["mixture_uniform", "mixture_uniform_per"])
+@pytest.mark.parametrize("kind", ["mixture_uniform", "mixture_uniform_per", "per_source"])
 def test_fuzz_buffer_with_a_growing_demonstration_segment(kind):
     _run_demo(kind, examples=6, steps=20)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["mixture_uniform", "mixture_uniform_per"])
+@pytest.mark.parametrize("kind", ["mixture_uniform", "mixture_uniform_per", "per_source"])
 def test_fuzz_buffer_with_a_growing_demonstration_segment_long(kind):
     _run_demo(kind, examples=60, steps=40)
 
@@ -331,3 +338,116 @@ def test_the_size_a_mixture_reports_counts_rows_not_the_segments_empty_slots():
     stats = buf.sampler.stats()
     assert stats["replay/size"] == 16.0
     assert stats["replay/ess_fraction"] <= 1.0
+
+
+# -- per-source parts: dataset, demonstrations and agent rows, each its own share and sampler -------------------------
+
+def per_source(fraction=0.5, demo_fraction=0.25, demonstrations=None):
+    return MixtureSampler(UniformSampler(), UniformSampler(), offline_fraction=fraction,
+                          demonstrations=demonstrations or UniformSampler(), demonstration_fraction=demo_fraction)
+
+
+def test_each_source_gets_its_exact_count_and_its_probabilities_by_hand():
+    rng = np.random.default_rng(4)
+    buf = ReplayBuffer(60, OBS, ACT, sampler=per_source(0.5, 0.25), seed=2, demo_capacity=10)
+    buf.add_offline(rows(rng, 8))
+    buf.extend(rows(rng, 40))
+    buf.add_demonstrations(rows(rng, 3, 3))
+    st_ = buf.storage
+    assert (st_.num_before_online, st_.num_offline, st_.ring_base) == (8, 11, 18)
+    # B = 32: round(32 * 0.5) = 16 offline, round(16 * 0.25) = 4 of them demonstrations, 12 dataset, 16 agent
+    assert buf.sampler.counts(32) == (12, 4, 16) and buf.sampler.split(32) == (16, 16)
+    p = buf.sampler.probabilities(32)
+    np.testing.assert_allclose(p[:8], 12 / 32 / 8)
+    np.testing.assert_allclose(p[8:11], 4 / 32 / 3)
+    np.testing.assert_allclose(p[18:58], 16 / 32 / 40)
+    assert not p[11:18].any() and not p[58:].any()
+    for _ in range(30):
+        draw = buf.sample(32).info
+        idx, prob = draw.indices, draw.probability
+        assert ((idx < 8).sum(), ((idx >= 8) & (idx < 11)).sum(), (idx >= 18).sum()) == (12, 4, 16)
+        np.testing.assert_allclose(prob, p[idx])  # the probability a batch reports is the row's own
+    # B = 10: round(10 * 0.5) = 5 offline, round(5 * 0.25) = 1 of them demonstrations
+    assert buf.sampler.counts(10) == (4, 1, 5)
+    np.testing.assert_allclose(buf.sampler.shares(), (0.375, 0.125, 0.5))
+    assert buf.sampler.stats()["replay/demonstration_fraction"] == pytest.approx(0.125)
+
+
+def test_an_empty_part_gives_its_rows_to_its_sibling():
+    rng = np.random.default_rng(5)
+    buf = ReplayBuffer(60, OBS, ACT, sampler=per_source(0.5, 0.25), seed=2, demo_capacity=10)
+    buf.add_offline(rows(rng, 8))
+    assert buf.sampler.counts(32) == (32, 0, 0)  # no online rows, no demonstrations: the dataset draws them all
+    buf.extend(rows(rng, 20))
+    assert buf.sampler.counts(32) == (16, 0, 16)  # no demonstrations yet: the dataset draws the offline half
+    np.testing.assert_allclose(buf.sampler.probabilities()[:8], 0.5 / 8)
+    # no dataset (HIL from scratch): the demonstrations draw the whole offline share once there are some
+    bare = ReplayBuffer(60, OBS, ACT, sampler=per_source(0.5, 0.25), seed=2, demo_capacity=10)
+    bare.extend(rows(rng, 20))
+    assert bare.sampler.counts(32) == (0, 0, 32)
+    bare.add_demonstrations(rows(rng, 3, 3))
+    assert bare.sampler.counts(32) == (0, 16, 16)
+    np.testing.assert_allclose(bare.sampler.probabilities()[:3], 0.5 / 3)
+    for _ in range(10):
+        idx = bare.sample(16).info.indices
+        assert (idx < 3).sum() == 8 and (idx >= 10).sum() == 8
+
+
+def test_the_draws_follow_the_per_source_probabilities():
+    """Chi-square of 40,000 draws against probabilities(): PER demonstrations after td-error updates routed to them
+    (a prioritized part inside a per-source mixture), uniform dataset and agent rows."""
+    from scipy import stats as sstats
+
+    rng = np.random.default_rng(6)
+    sampler = per_source(0.6, 0.5, demonstrations=PrioritizedSampler(priority_exponent=1.0))
+    buf = ReplayBuffer(60, OBS, ACT, sampler=sampler, seed=3, demo_capacity=10)
+    buf.add_offline(rows(rng, 6))
+    buf.extend(rows(rng, 12))
+    buf.add_demonstrations(rows(rng, 5, 5))
+    demo_slots = np.arange(6, 11)
+    batch = buf.gather(np.concatenate([demo_slots, [0, 20]]))
+    buf.update(batch.info, td_error=np.array([1.0, 2.0, 3.0, 4.0, 5.0, 9.0, 9.0]))
+    leaves = sampler.demonstrations.leaf_values()
+    np.testing.assert_allclose(leaves[demo_slots], np.array([1.0, 2.0, 3.0, 4.0, 5.0]) + 1e-6, rtol=1e-5)
+    assert not leaves[:6].any() and not leaves[16:].any()  # the dataset's and the agent's rows are not its own
+    assert sampler.counts(20) == (6, 6, 8)  # round(20 * 0.6) = 12 offline, half of them demonstrations
+    p = sampler.probabilities(20)
+    np.testing.assert_allclose(p[demo_slots], 6 / 20 * (np.arange(1, 6) + 1e-6) / (15 + 5e-6), rtol=1e-6)
+    counts = np.zeros(buf.capacity)
+    for _ in range(2000):
+        np.add.at(counts, buf.sample(20).info.indices, 1)
+    keep = p > 0
+    assert counts[~keep].sum() == 0
+    assert sstats.chisquare(counts[keep], p[keep] / p[keep].sum() * counts.sum()).pvalue > 1e-3
+    swapped = p.copy()
+    swapped[demo_slots] = swapped[demo_slots][::-1]  # the test can tell the priorities apart
+    assert sstats.chisquare(counts[keep], swapped[keep] / swapped[keep].sum() * counts.sum()).pvalue < 1e-6
+
+
+def test_per_source_parts_survive_a_checkpoint_and_resume_the_same_draws(tmp_path):
+    rng = np.random.default_rng(7)
+    sampler = per_source(0.5, 0.5, demonstrations=PrioritizedSampler(priority_exponent=0.7))
+    buf = ReplayBuffer(50, OBS, ACT, sampler=sampler, seed=4, demo_capacity=8)
+    buf.add_offline(rows(rng, 6))
+    buf.extend(rows(rng, 15))
+    buf.add_demonstrations(rows(rng, 4, 4))
+    b = buf.sample(16)
+    buf.update(b.info, td_error=rng.normal(size=16))
+    buf.save(tmp_path / "c")
+    loaded = ReplayBuffer.load(tmp_path / "c")
+    assert type(loaded.sampler.demonstrations) is PrioritizedSampler
+    assert loaded.sampler.demonstration_fraction == 0.5
+    assert loaded.sampler.demonstrations.priority_exponent == 0.7
+    np.testing.assert_array_equal(loaded.sampler.demonstrations.leaf_values(), sampler.demonstrations.leaf_values())
+    for _ in range(5):
+        np.testing.assert_array_equal(loaded.sample(16).info.indices, buf.sample(16).info.indices)
+
+
+def test_per_source_settings_are_checked():
+    with pytest.raises(ValueError, match="demonstration_fraction"):
+        MixtureSampler(demonstration_fraction=1.5)
+    with pytest.raises(ValueError, match="needs its demonstration_fraction"):
+        MixtureSampler(demonstrations=UniformSampler())
+    part = UniformSampler()
+    with pytest.raises(ValueError, match="same sampler instance"):
+        MixtureSampler(UniformSampler(), part, demonstrations=part, demonstration_fraction=0.5)

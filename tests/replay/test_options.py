@@ -247,3 +247,19 @@ def test_a_schedule_from_the_intervention_rate_follows_the_recent_share_of_inter
     cfg = override(get_preset("sac"), ["replay.name=symmetric", "replay.mixture.schedule=intervention_rate",
                                        "replay.mixture.offline_fraction_final=0.1"])
     assert build_sampler(cfg).schedule_steps == 1000  # the default window
+
+
+def test_per_source_parts_are_set_from_the_command_line_and_named_in_the_label_only_when_used(tmp_path):
+    cfg = override(get_preset("hil_rlpd"), ["replay.mixture.demonstration_fraction=0.5",
+                                            "replay.mixture.demonstrations.name=per",
+                                            "replay.mixture.demonstrations.per.priority_exponent=0.8"])
+    assert get_preset("hil_rlpd").replay.label == "mixture(offline=uniform, online=uniform)"
+    assert "demonstrations=per(priority_exponent=0.8)" in cfg.replay.label
+    save_config(cfg, tmp_path / "config.json")
+    assert load_config(tmp_path / "config.json") == cfg
+    sampler = build_sampler(cfg)
+    assert sampler.demonstration_fraction == 0.5 and sampler.demonstrations.priority_exponent == 0.8
+    assert [name for name, _ in sampler.parts()] == ["offline", "demonstrations", "online"]
+    assert build_sampler(get_preset("hil_rlpd")).demonstrations is None  # one offline part unless asked
+    with pytest.raises(ValueError, match="demonstration_fraction"):
+        override(cfg, ["replay.mixture.demonstration_fraction=2"])

@@ -484,7 +484,7 @@ def check_demo_sampler(sampler: Sampler) -> None:
     sampler must draw each source from its own contiguous range, i.e. be a mixture whose parts are uniform or PER
     (the parts this layout is tested with; others read the ring's arithmetic from ``num_offline``)."""
     ok = type(sampler) is MixtureSampler and all(type(part) in (UniformSampler, PrioritizedSampler)
-                                                 for part in (sampler.offline, sampler.online))
+                                                 for _, part in sampler.parts())
     if not ok:
         raise ValueError(f"demo_capacity (a demonstration segment) needs a MixtureSampler with UniformSampler or "
                          f"PrioritizedSampler parts (e.g. replay.name 'symmetric' or 'symmetric_per'), got "

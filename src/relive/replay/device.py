@@ -307,6 +307,9 @@ def to_device_sampler(sampler: Sampler) -> Sampler:
         return DeviceUniformSampler()
     if type(sampler) is PrioritizedSampler:
         return DevicePrioritizedSampler(**sampler.config())
+    if type(sampler) is MixtureSampler and sampler.demonstrations is not None:
+        raise ValueError("a MixtureSampler with a demonstrations part has no device version (a demonstration "
+                         "segment needs a host backend); leave replay.device unset")
     if type(sampler) is MixtureSampler:
         return DeviceMixtureSampler(to_device_sampler(sampler.offline), to_device_sampler(sampler.online),
                                     sampler.offline_fraction, sampler.schedule, sampler.offline_fraction_final,

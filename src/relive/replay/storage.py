@@ -88,7 +88,17 @@ from relive.replay.next_obs import NextObsDedup, NextObsStore
 from relive.replay.offline_hash import OfflineHashing
 from relive.replay.storage_view import StorageView
 from relive.replay.streams import MAX_STREAM, StreamLanes, check_stream
-from relive.types import AGENT, DATASET, OFFLINE, ONLINE, ORIGIN_NAMES, RESERVED_COLUMN_NAMES, SOURCE_NAMES
+from relive.types import (
+    AGENT,
+    DATASET,
+    DATASET_ROWS,
+    DEMONSTRATION_ROWS,
+    OFFLINE,
+    ONLINE,
+    ORIGIN_NAMES,
+    RESERVED_COLUMN_NAMES,
+    SOURCE_NAMES,
+)
 
 
 def _check_backend(backend: str, device, directory) -> None:
@@ -277,9 +287,14 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
 
     def slot_range(self, source: int | None = None) -> tuple[int, int]:
         """Stored slots of one source (or all) as a half-open range: each source's are contiguous (all of them
-        too, unless a demonstration segment has room left: ``has_gap``)."""
+        too, unless a demonstration segment has room left: ``has_gap``). ``DATASET_ROWS`` / ``DEMONSTRATION_ROWS``:
+        the offline rows written before / after the first online row."""
         if source == OFFLINE:
             return 0, self.num_offline
+        if source == DATASET_ROWS:
+            return 0, self.num_before_online
+        if source == DEMONSTRATION_ROWS:
+            return self.num_before_online, self.num_offline
         if source == ONLINE:
             return (self.ring_base, self.size) if self.num_online_written else (self.size, self.size)
         return 0, self.size
