@@ -79,9 +79,9 @@ class MixtureSampler(Sampler):
         if demonstrations is not None and demonstration_fraction is None:
             raise ValueError(f"{owner}: a demonstrations part needs its demonstration_fraction (the share of a "
                              "batch's offline rows drawn from it)")
-        self.demonstration_fraction = (None if demonstration_fraction is None else
-                                       check_number(owner, "demonstration_fraction", demonstration_fraction, low=0,
-                                                    high=1))
+        self.demonstration_fraction = (0.0 if demonstration_fraction is None else  # (0: no demonstrations part)
+                                       float(check_number(owner, "demonstration_fraction", demonstration_fraction,
+                                                          low=0, high=1)))
         self.demonstrations = (None if demonstration_fraction is None else
                                demonstrations if demonstrations is not None else UniformSampler())
         if self.demonstrations is not None and (self.demonstrations is self.offline
@@ -168,7 +168,7 @@ class MixtureSampler(Sampler):
         f = 1.0 if n_on == 0 else 0.0 if n_data + n_demo == 0 else self.current_fraction()
         if self.demonstrations is None:
             return f, 1.0 - f
-        s = 0.0 if n_demo == 0 else 1.0 if n_data == 0 else float(self.demonstration_fraction)
+        s = 0.0 if n_demo == 0 else 1.0 if n_data == 0 else self.demonstration_fraction
         return f * (1.0 - s), f * s, 1.0 - f
 
     def current_fraction(self) -> float:
