@@ -254,7 +254,9 @@ def _priority(value):
     (lambda t: t["storage"]["meta"]["episode_id"].__setitem__(7, 0), r"'episode_id' disagrees with the episode table"),
     (lambda t: t["storage"]["episodes"]["rec_length"].__setitem__(1, 9),
      r"episodes.*do not cover the 20 stored rows exactly once"),
-    (lambda t: t["storage"]["meta"]["step_in_episode"].__setitem__(2, 7), r"'step_in_episode' is not consecutive"),
+    # (a checkpoint from before 2026-11-27 stores step_in_episode; it must be what the episode table says)
+    (lambda t: t["storage"]["meta"].update(step_in_episode=np.full(20, 7)), r"'step_in_episode' is not consecutive"),
+    (lambda t: t["storage"]["meta"]["generation"].__setitem__(3, 0), r"'generation': a stored row has generation < 1"),
     (lambda t: t["storage"]["columns"]["reward"].__setitem__(4, np.nan), r"column 'reward' row 4: value is not finite"),
     (lambda t: t["storage"].pop("meta"), r"storage state has no field 'meta'"),
     (lambda t: t["sampler"].pop("priority"), r"has no field 'priority'"),

@@ -147,7 +147,7 @@ class ReplayBuffer:
         Streams are independent sources of rows: each environment of a vector env, each collector's env. A chunk
         of one stream may arrive between chunks of another; episodes, steps and per-episode values (returns-to-go,
         ReaPER's sums, ARB's trajectory means) follow each stream. One stream (the default, 0) is the fast path;
-        the stream of every stored row is ``storage.meta["stream"]``. ``origin``: the rows' tag, one or one per row
+        the stream of every stored row is ``storage.stream_of(slots)``. ``origin``: the rows' tag, one or one per row
         (default agent; an intervened step's row: ``relive.types.INTERVENTION``)."""
         return self._write(ONLINE, rows, stream, origin)
 
@@ -179,7 +179,7 @@ class ReplayBuffer:
     def episode_slots_of(self, slot: int) -> np.ndarray:
         """Slots of the stored rows of the episode that holds ``slot``, in time order."""
         st = self.storage
-        view = st.episodes.get([int(st.meta["episode_id"][int(st.check_slots([slot])[0])])])
+        view = st.episodes.get([int(st.episode_ids(st.check_slots([slot]))[0])])
         return st.episode_slots(view.start, view.length, view.source)
 
     def set_column(self, name: str, indices, values) -> None:

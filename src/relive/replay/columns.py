@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-BOOKKEEPING = (("episode_id", np.int64), ("step_in_episode", np.int64), ("source", np.int8),
-               ("generation", np.int64), ("stream", np.int32), ("origin", np.int8))
+# the bookkeeping stored per slot (relive.replay.bookkeeping: source, step_in_episode and stream are computed)
+BOOKKEEPING = (("episode_id", np.int32), ("generation", np.int32), ("origin", np.int8))
+BOOKKEEPING_NAMES = ("episode_id", "step_in_episode", "source", "generation", "stream", "origin")
 FINITE_CHECKED = ("obs", "action", "reward", "next_obs")
 
 
@@ -131,7 +132,8 @@ class StorageFields:
     specs: dict[str, ColumnSpec]
     extra_names: tuple[str, ...]
     columns: dict[str, Any]  # a column: np.ndarray (ram), np.memmap (memmap) or TorchColumn (torch)
-    meta: dict[str, np.ndarray]
+    meta: Mapping[str, np.ndarray]  # relive.replay.bookkeeping.Bookkeeping: stored and computed per-slot fields
+    _meta: dict[str, np.ndarray]  # the stored ones (BOOKKEEPING)
     episodes: Any  # relive.replay.episodes.EpisodeIndex
     lanes: list[int]
     lane_written: list[int]
@@ -160,3 +162,9 @@ class StorageFields:
         def ring_position_of(self, slots) -> np.ndarray: ...
         def online_slot(self, positions) -> np.ndarray: ...
         def next_slot(self, slots: np.ndarray) -> np.ndarray: ...
+        def position_of(self, slots) -> np.ndarray: ...
+        def stored_mask(self) -> np.ndarray: ...
+        def source_of(self, slots) -> np.ndarray: ...
+        def episode_ids(self, slots) -> np.ndarray: ...
+        def step_of(self, slots) -> np.ndarray: ...
+        def stream_of(self, slots) -> np.ndarray: ...

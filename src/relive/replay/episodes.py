@@ -440,6 +440,11 @@ class EpisodeIndex:
         self._open = {OFFLINE: open_ids[0], ONLINE: open_ids[1]}
         self._open_lanes = {int(a): int(b) for a, b in pairs}
 
+    def start_of(self, ids) -> np.ndarray:
+        """The logical position of each episode's first row, even if that row was since overwritten (ids of
+        episodes with a stored row; unchecked, as :meth:`end_of`)."""
+        return self._rec["start"].take(self._rows(ids))
+
     def end_of(self, ids) -> np.ndarray:
         """One past the logical position of each episode's last row (its termination or truncation, the dataset's
         end, or the newest row of an open episode) for ids of episodes with a stored row, e.g. the

@@ -123,7 +123,7 @@ class NextObsDedup(StorageFields):
         if tail is not None and skip == 0:
             t_slot, t_gen = tail
             e = int(nx.entry[t_slot])
-            if (e >= 0 and int(self.meta["generation"][t_slot]) == t_gen and not self.columns["terminated"][t_slot]
+            if (e >= 0 and int(self._meta["generation"][t_slot]) == t_gen and not self.columns["terminated"][t_slot]
                     and not self.columns["truncated"][t_slot]
                     and all(same_bits(nx.values[nn][e], rows[on][0]) for on, nn in zip(
                         self._obs_names, self._next_names, strict=True))):

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from relive.replay.bookkeeping import LEGACY_DTYPES
 from relive.replay.columns import StorageFields
 
 
@@ -39,11 +40,16 @@ class OfflineHashing(StorageFields):
 
     def _meta_sha256(self, k: int) -> str:
         h = hashlib.sha256()
-        for name in sorted(self.meta):
-            if name == "origin":  # (added later; a referenced prefix holds dataset rows only, written again as such)
-                continue
+        # the bookkeeping of the first k rows as laid out before 2026-11-27 (every field stored, int64 ids, steps
+        # and stamps), so a checkpoint's hash from then still checks; origin was added later (a referenced prefix
+        # holds dataset rows only, written again as such)
+        slots = np.arange(k, dtype=np.int64)
+        values = {"episode_id": self.episode_ids(slots), "generation": self._meta["generation"][:k],
+                  "source": self.source_of(slots), "step_in_episode": self.step_of(slots),
+                  "stream": self.stream_of(slots)}
+        for name in sorted(values):
             h.update(name.encode())
-            h.update(np.ascontiguousarray(self.meta[name][:k]).tobytes())
+            h.update(np.ascontiguousarray(values[name], dtype=LEGACY_DTYPES[name]).tobytes())
         return h.hexdigest()
 
     def check_offline_reference(self, ref: Mapping) -> None:

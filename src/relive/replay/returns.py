@@ -66,7 +66,7 @@ def rows_left(storage, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.nd
     online) for stored ``slots``."""
     slots = np.asarray(slots, np.int64)
     pos = storage.position_of(slots)
-    return storage.episodes.end_of(storage.meta["episode_id"].take(slots)) - pos, pos, slots >= storage.num_offline
+    return storage.episodes.end_of(storage.episode_ids(slots)) - pos, pos, slots >= storage.num_offline
 
 
 def slot_at(storage, pos: np.ndarray, online: np.ndarray) -> np.ndarray:

@@ -64,9 +64,11 @@ from typing import Any
 import numpy as np
 
 from relive.replay._state import state_array, state_field, state_int
+from relive.replay.bookkeeping import GEN_MAX, ID_MOD, Bookkeeping, BookkeepingQueries
 from relive.replay.checkpoint import DirectoryRef
 from relive.replay.columns import (
     BOOKKEEPING,
+    BOOKKEEPING_NAMES,
     CORE_COLUMNS,
     FINITE_CHECKED,
     ColumnSpec,
@@ -111,7 +113,7 @@ def _check_backend(backend: str, device, directory) -> None:
                          "create its column files in")
 
 
-class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
+class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, BookkeepingQueries):
     """The columns and their bookkeeping (this module), with the parts in their own modules: the column layout
     (:mod:`~relive.replay.columns`), streams' lanes (:mod:`~relive.replay.streams`), next-obs dedup
     (:mod:`~relive.replay.next_obs`), the memmap backend's files (:mod:`~relive.replay.memmap_files`), the offline
@@ -170,7 +172,9 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
         self._lock = None  # memmap: a DirectoryLock
         self._created: list[Path] = []
         self.columns = self._allocate_columns()
-        self.meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}
+        self._meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}  # stored per slot
+        self.meta = Bookkeeping(self)  # those and the computed ones (relive.replay.bookkeeping)
+        self._legacy_meta: dict[str, np.ndarray] = {}  # a loaded checkpoint's stored copies of computed fields
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
         self.ring_base = self.demo_capacity  # first slot of the ring: num_offline + demo_capacity, fixed by the first
@@ -192,7 +196,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             if not isinstance(name, str) or not name.isidentifier():
                 raise ValueError(f"extra column name {name!r} must be an identifier (letters, digits, _; e.g. "
                                  "'mc_return'): it names a checkpoint file and a Batch field")
-            if name in CORE_COLUMNS or name in self.specs or name in dict(BOOKKEEPING):
+            if name in CORE_COLUMNS or name in self.specs or name in BOOKKEEPING_NAMES:
                 raise ValueError(f"extra column {name!r} clashes with a built-in column")
             if name in RESERVED_COLUMN_NAMES:
                 raise ValueError(f"extra column {name!r} would be hidden: batch.{name} is a field of every Batch or "
@@ -455,15 +459,17 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             self._touch()
         if self.dedup_next_obs:
             explicit = self._dedup_before_write(-1 if source == OFFLINE else lane, rows, end, slots, skip)
-        episode_id, step = self.episodes.append(source, start, end)
+        if self.episodes.next_id + n - self.episodes.first_live_online_id >= ID_MOD:
+            raise ValueError(f"more than {ID_MOD} episodes would be live at once (episode ids are stored modulo "
+                             f"{ID_MOD})")
+        episode_id, _ = self.episodes.append(source, start, end)
         for dst_lo, lo, hi in ((first, 0, split), (self.ring_base, split, kept)):
             if hi > lo:
-                self._copy_rows(rows, slice(dst_lo, dst_lo + hi - lo), slice(skip + lo, skip + hi), episode_id, step,
-                                source, stream, origin)
+                self._copy_rows(rows, slice(dst_lo, dst_lo + hi - lo), slice(skip + lo, skip + hi), episode_id, origin)
         if self.dedup_next_obs:
             self._nx.put(slots[explicit], {nn: rows[nn][skip:][explicit] for nn in self._next_names})
             self._nx.tails[-1 if source == OFFLINE else lane] = (int(slots[-1]),
-                                                                 int(self.meta["generation"][slots[-1]]))
+                                                                 int(self._meta["generation"][slots[-1]]))
         if source == OFFLINE:
             self.num_offline += n
             if not self.num_online_written:  # the ring starts after the rows so far and the demonstrations' room
@@ -510,21 +516,20 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
                 bounds[lane] = max(bounds.get(lane, 0), start + skip)
         return start, first, skip, lane, bounds
 
-    def _copy_rows(self, rows: dict, dst: slice, src: slice, episode_id: np.ndarray, step: np.ndarray, source: int,
-                   stream: int, origin) -> None:
+    def _copy_rows(self, rows: dict, dst: slice, src: slice, episode_id: np.ndarray, origin) -> None:
         """Rows ``src`` of a write into the consecutive slots ``dst``, with their bookkeeping (a new generation)."""
-        meta = self.meta
+        meta = self._meta
         for name, col in self.columns.items():
             col[dst] = rows[name][src]
-        meta["episode_id"][dst] = episode_id[src]
-        meta["step_in_episode"][dst] = step[src]
-        meta["source"][dst] = source
+        ids = episode_id[src]
+        meta["episode_id"][dst] = ids if self.episodes.next_id <= ID_MOD else ids % ID_MOD
         meta["origin"][dst] = origin if isinstance(origin, int) else origin[src]
-        meta["generation"][dst] += 1
+        gen = meta["generation"][dst]
+        gen += 1
+        if self.num_offline + self.num_online_written + dst.stop - dst.start >= GEN_MAX:  # a stamp may wrap: to 1
+            gen[gen <= 0] = 1
         if self._gen_t is not None:
             self._gen_t[dst] += 1
-        if source == ONLINE:
-            meta["stream"][dst] = stream
 
     def _advance_online(self, lane: int, n: int, start: int, skip: int, slots: np.ndarray,
                         bounds: dict[int, int] | None) -> None:
@@ -714,7 +719,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             state["columns"] = {n: a[:size] for n, a in self.columns.items()}
         meta_lo = k if "offline_ref" in state else 0  # (a referenced offline part's bookkeeping: its hash only)
         return state | {
-            "meta": {n: a[meta_lo:size] for n, a in self.meta.items()},
+            "meta": {n: a[meta_lo:size] for n, a in self._meta.items()},
             "episodes": self.episodes.state_dict(),
             "num_offline": self.num_offline,
             "num_online_written": self.num_online_written,
@@ -743,7 +748,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             self._load_columns(state, owner, size)
         self._load_meta(state, owner, size)
         if self._gen_t is not None:
-            self._gen_t.copy_(self._gen_t.new_tensor(self.meta["generation"]))
+            self._gen_t.copy_(self._gen_t.new_tensor(self._meta["generation"]))
         if self.dedup_next_obs:
             self._nx.load_state_dict(state_field(state, "next_obs_store", owner), size)
         self.episodes.load_state_dict(state_field(state, "episodes", owner))
@@ -816,26 +821,39 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
                              "episode bookkeeping rebuilt from them differs from the checkpoint's (rows written in "
                              "different add_offline calls?); load the checkpoint with the rows added as they were")
         meta = state_field(state, "meta", owner)
-        for name, arr in self.meta.items():
-            if name in meta:
-                arr[meta_lo:size] = state_array(meta, name, f"{owner} meta", length=size - meta_lo, dtype=arr.dtype)
-            elif name == "stream":  # a checkpoint from before streams
-                arr[meta_lo:size] = 0
-            elif name == "origin":  # a checkpoint from before origins: dataset rows offline, agent rows online
-                arr[meta_lo:size] = np.where(self.meta["source"][meta_lo:size] == OFFLINE, DATASET, AGENT)
-            else:
-                state_field(meta, name, f"{owner} meta")  # raises, naming it
+        where = f"{owner} meta"
+        # stored fields; a checkpoint from before 2026-11-27 holds int64 ids and stamps: ids modulo 2**31, stamps
+        # past 2**31 - 1 wrapped to [1, 2**31 - 1] (as a write would have wrapped them)
+        ids = state_array(meta, "episode_id", where, length=size - meta_lo, dtype=np.int64, low=0)
+        self._meta["episode_id"][meta_lo:size] = ids % ID_MOD
+        gen = state_array(meta, "generation", where, length=size - meta_lo, dtype=np.int64, low=0)
+        self._meta["generation"][meta_lo:size] = np.where(gen > GEN_MAX, (gen - 1) % GEN_MAX + 1, gen)
+        slots = np.arange(meta_lo, size)
+        if "origin" in meta:
+            self._meta["origin"][meta_lo:size] = state_array(meta, "origin", where, length=size - meta_lo,
+                                                             dtype=np.int8)
+        else:  # a checkpoint from before origins: dataset rows offline, agent rows online
+            self._meta["origin"][meta_lo:size] = np.where(self.source_of(slots) == OFFLINE, DATASET, AGENT)
+        # the computed fields, stored by checkpoints from before 2026-11-27: checked against the rows once the
+        # episode index is loaded (_check_rows_and_episodes)
+        self._legacy_meta = {name: state_array(meta, name, where, length=size - meta_lo, dtype=np.int64)
+                             for name in ("source", "step_in_episode", "stream") if name in meta}
+        self._legacy_meta_lo = meta_lo
 
 
     def _check_rows_and_episodes(self) -> None:
         """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode
         that does not hold its rows)."""
         size, k, base = self.size, self.num_offline, self.ring_base if self.num_online_written else self.num_offline
-        meta = self.meta
+        meta = self._meta
         if (meta["generation"][:k] < 1).any() or (meta["generation"][base:size] < 1).any():
             raise ValueError("storage state meta field 'generation': a stored row has generation < 1")
-        if (meta["source"][:k] != OFFLINE).any() or (meta["source"][base:size] != ONLINE).any():
-            raise ValueError("storage state meta field 'source' disagrees with num_offline")
+        legacy, self._legacy_meta = self._legacy_meta, {}
+        lo = getattr(self, "_legacy_meta_lo", 0)
+        if "source" in legacy:
+            src = legacy["source"]
+            if (src[: max(k - lo, 0)] != OFFLINE).any() or (src[base - lo :] != ONLINE).any():
+                raise ValueError("storage state meta field 'source' disagrees with num_offline")
         if not np.isin(meta["origin"][:size], list(ORIGIN_NAMES)).all():
             raise ValueError(f"storage state meta field 'origin': values must be in {ORIGIN_NAMES}")
         try:
@@ -852,14 +870,15 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing):
             raise ValueError(f"storage state field 'episodes': the live episodes do not cover the {self.num_rows} "
                              "stored rows exactly once (episode table inconsistent with the rows)")
         ids = np.repeat(view.ids, view.length)
-        if (meta["episode_id"][slots] != ids).any():
+        if (self.episode_ids(slots) != ids).any():
             raise ValueError("storage state meta field 'episode_id' disagrees with the episode table")
-        step = meta["step_in_episode"][slots]
-        first = np.cumsum(view.length) - view.length
-        expect = np.repeat(step[first] if slots.size else step[:0], view.length) + np.arange(slots.size) - np.repeat(
-            first, view.length)
-        if slots.size and ((step != expect).any() or (step[first] < 0).any()):
-            raise ValueError("storage state meta field 'step_in_episode' is not consecutive within its episodes")
+        for name, query in (("step_in_episode", self.step_of), ("stream", self.stream_of)):
+            if name in legacy:  # an old checkpoint's stored copy: it must be what the rows say
+                mine = slots >= lo
+                if (legacy[name][slots[mine] - lo] != query(slots[mine])).any():
+                    what = "is not consecutive within its episodes" if name == "step_in_episode" else \
+                        "disagrees with the streams' lanes"
+                    raise ValueError(f"storage state meta field {name!r} {what}")
 
 
 

@@ -3,6 +3,8 @@ arithmetic) and the read-only queries of its episode index."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 import numpy as np
 
 from relive.replay.columns import read_only
@@ -21,7 +23,7 @@ class StorageView:
     def __init__(self, storage):  # a Storage (not imported: storage.py imports this module)
         self._st = storage
         self.columns = {n: read_only(a) for n, a in storage.columns.items()}
-        self.meta = {n: read_only(a) for n, a in storage.meta.items()}
+        self.meta = ReadOnlyMeta(storage.meta)  # per-slot bookkeeping (relive.replay.bookkeeping)
         self.specs = dict(storage.specs)
         self.extra_names = storage.extra_names
         self.obs_keys = storage.obs_keys  # None: flat observations; else the keys of dict observations
@@ -43,6 +45,20 @@ class StorageView:
 
     def slot_range(self, source: int | None = None) -> tuple[int, int]:
         return self._st.slot_range(source)
+
+    def source_of(self, slots) -> np.ndarray:
+        """0 (offline) / 1 (online) per stored slot."""
+        return self._st.source_of(slots)
+
+    def episode_ids(self, slots) -> np.ndarray:
+        """The episode id (int64) of each stored slot."""
+        return self._st.episode_ids(slots)
+
+    def step_of(self, slots) -> np.ndarray:
+        return self._st.step_of(slots)
+
+    def stream_of(self, slots) -> np.ndarray:
+        return self._st.stream_of(slots)
 
     def read(self, name: str, slots, keys=None):
         """One logical column of stored rows (``obs`` / ``next_obs``: an array, or a dict for dict observations,
@@ -81,6 +97,22 @@ class StorageView:
 
     def episode_slots(self, start, length, source) -> np.ndarray:
         return self._st.episode_slots(start, length, source)
+
+
+class ReadOnlyMeta(Mapping):
+    """The storage's bookkeeping mapping, every array read-only."""
+
+    def __init__(self, meta: Mapping):
+        self._meta = meta
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return read_only(self._meta[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._meta)
+
+    def __len__(self) -> int:
+        return len(self._meta)
 
 
 class EpisodeQueries:

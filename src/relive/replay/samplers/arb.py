@@ -322,7 +322,7 @@ class ARBSampler(Sampler):
             return
         # every scored row of the touched trajectories gets the new trajectory mean (the rows of a slice are
         # consecutive, so its episodes are runs of equal ids)
-        ep = self.storage.meta["episode_id"].take(rows)
+        ep = self.storage.episode_ids(rows)
         heads = np.concatenate(([0], np.flatnonzero(ep[1:] != ep[:-1]) + 1))
         slots, weights, scored = self.episode_weights(self.storage.episodes.get(np.unique(ep[heads])))
         _set(self.tree, slots, np.where(scored, weights, self.tree.leaves.take(slots)))

@@ -206,7 +206,7 @@ class BERBSampler(Sampler):
     # -- buffer hooks ----------------------------------------------------------------------------------
     def on_insert(self, slots: np.ndarray) -> None:
         st = self.storage
-        online = st.meta["source"].take(slots) == ONLINE
+        online = st.source_of(slots) == ONLINE
         if online.any() and not self.seen_online:
             # the first online rows: give the first chunk the fraction f of the mass (reference code)
             self.seen_online = True

@@ -187,7 +187,7 @@ class HindsightSampler(Sampler):
         if self.strategy == "random":  # any slot of the buffer: slots [0, size) as one range
             relabeled, goal = goal_rows(u, p, np.zeros(n, np.int64), np.full(n, st.size, np.int64), False)
             return relabeled, np.where(relabeled, goal, -1)
-        ep = st.meta["episode_id"].take(idx)
+        ep = st.episode_ids(idx)
         end = st.episodes.end_of(ep)  # one past the last stored row (an open episode: its newest row)
         if self.strategy == "future":  # from the row itself on
             start = st.position_of(idx)

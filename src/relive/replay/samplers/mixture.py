@@ -97,7 +97,7 @@ class MixtureSampler(Sampler):
     def route(self, slots: np.ndarray) -> list[tuple[Sampler, np.ndarray]]:
         """Which part owns each of ``slots``: (part, mask) per part. By segment, not by ``origin``: a
         demonstration written before the first online row belongs to the dataset's range."""
-        online = self.storage.meta["source"].take(slots) == ONLINE
+        online = self.storage.source_of(slots) == ONLINE
         if self.demonstrations is None:
             return [(self.offline, ~online), (self.online, online)]
         demo = ~online & (slots >= self.storage.num_before_online)

@@ -371,7 +371,7 @@ class ReaPERSampler(Sampler):
         if slots[0] >= st.num_offline:
             overwritten = slots if self._leaf_by_id is not None else slots[pos >= st.online_capacity]
             shortened = self._evict(overwritten)  # the ring overwrote these slots (a stored row has a leaf)
-        ids = st.meta["episode_id"].take(slots)
+        ids = st.episode_ids(slots)
         if self._parked:
             self._unpark(ids)
         fresh = ids >= self._seen_next_id
@@ -427,7 +427,7 @@ class ReaPERSampler(Sampler):
         self.delta[uniq] = d_new
         self.delta_pow[uniq] = d_new**self.priority_exponent
         self.max_delta = max(self.max_delta, d_max)
-        ids = self.storage.meta["episode_id"].take(uniq)
+        ids = self.storage.episode_ids(uniq)
         pos = self._positions(uniq)
         order = np.lexsort((pos, ids))
         touched, first = np.unique(ids[order], return_index=True)
