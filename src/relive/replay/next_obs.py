@@ -18,7 +18,7 @@ class NextObsStore:
 
     def __init__(self, specs: Mapping[str, ColumnSpec], capacity: int):
         self.specs = dict(specs)
-        self.entry = np.full(capacity, -1, np.int64)
+        self.entry = np.full(capacity, -1, np.int32)  # (an entry index is below the capacity)
         self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
         self._free = np.zeros(0, np.int64)
         self._num_free = 0
