@@ -90,26 +90,41 @@ class Batch:
     def columns(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _CORE} | dict(self.extras)
 
-    def to_torch(self, device="cpu", dtype=None) -> Batch:
+    def to_torch(self, device="cpu", dtype=None, flag_dtype=None) -> Batch:
         """Torch tensors on ``device`` (zero-copy on CPU); float columns cast to ``dtype`` when given.
-        ``terminated`` / ``truncated`` become float32 so that ``1 - terminated`` works in targets. The
-        ``info`` record stays NumPy except ``is_weight``, which becomes a float32 tensor."""
+        ``terminated`` / ``truncated`` become ``flag_dtype`` (default float32, so that ``1 - terminated`` works in
+        targets; ``torch.bool`` keeps them as flags). The ``info`` record stays NumPy except ``is_weight``, which
+        becomes a float32 tensor."""
         import torch  # (torch: `import relive.replay` does not load it)
 
+        flag_dtype = torch.float32 if flag_dtype is None else flag_dtype
+        on_cpu = device is None or device == "cpu" or torch.device(device).type == "cpu"
+        flag_np = {torch.float32: np.float32, torch.bool: np.bool_, torch.uint8: np.uint8}.get(flag_dtype)
+
         def conv(x, is_flag=False):
-            t = torch.as_tensor(x, device=device)
+            t = None
+            if on_cpu and isinstance(x, np.ndarray) and x.flags.writeable:  # the gathered batch's own arrays
+                try:  # (zero-copy, a third of as_tensor's cost; a flag converted by NumPy, a fifth of .to's)
+                    t = torch.from_numpy(x.astype(flag_np) if is_flag and flag_np is not None else x)
+                except TypeError:  # a dtype torch does not take from NumPy: as_tensor converts it
+                    t = None
+            if t is None:
+                t = torch.as_tensor(x, device=device)
             if is_flag:
-                return t.to(torch.float32)
+                return t if t.dtype == flag_dtype else t.to(flag_dtype)
             if dtype is not None and t.is_floating_point():
                 t = t.to(dtype)
             return t
 
         info = self.info
+        weight = info.is_weight
         torch_info = SampleInfo(
             indices=info.indices,
             generation=info.generation,
             probability=info.probability,
-            is_weight=torch.as_tensor(info.is_weight, dtype=torch.float32, device=device),
+            is_weight=(torch.from_numpy(weight) if on_cpu and isinstance(weight, np.ndarray)
+                       and weight.dtype == np.float32 and weight.flags.writeable
+                       else torch.as_tensor(weight, dtype=torch.float32, device=device)),
             source=info.source,
             hints={k: (torch.as_tensor(v, device=device) if isinstance(v, np.ndarray) else v)
                    for k, v in info.hints.items()},

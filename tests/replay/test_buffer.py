@@ -216,3 +216,35 @@ def test_same_seed_same_samples_and_torch_batch():
     np.testing.assert_array_equal(a.sample(16).info.indices, b.sample(16).info.indices)
     t = a.sample(16).to_torch()
     assert t.obs.shape == (16, 11) and t.terminated.dtype.is_floating_point and t.info.is_weight.shape == (16,)
+
+
+def test_to_torch_gives_the_same_tensors_on_every_path_and_flags_in_the_dtype_asked():
+    """The CPU fast path (torch.from_numpy of the batch's own arrays) and the general one (torch.as_tensor, taken
+    for read-only arrays) give equal tensors of equal dtypes; flags as float32 by default, bool / uint8 on request;
+    the tensors share the batch's memory on CPU (zero-copy), as before."""
+    import warnings
+
+    import torch
+
+    from relive.testing import random_transitions
+
+    buf = ReplayBuffer(200, (5,), (2,), sampler=UniformSampler(), seed=0)
+    buf.extend(random_transitions(200, 5, 2, rng=0))
+    b = buf.sample(64)
+    fast = b.to_torch()
+    frozen = {f: getattr(b, f).view() for f in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    for v in frozen.values():
+        v.flags.writeable = False
+    from dataclasses import replace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch warns about read-only arrays on the general path, as it always did)
+        slow = replace(b, **frozen).to_torch()
+    for f in frozen:
+        a, c = getattr(fast, f), getattr(slow, f)
+        assert a.dtype == c.dtype and torch.equal(a, c), f
+    assert fast.terminated.dtype == torch.float32 and fast.info.is_weight.dtype == torch.float32
+    assert b.to_torch(flag_dtype=torch.bool).truncated.dtype == torch.bool
+    assert torch.equal(b.to_torch(flag_dtype=torch.uint8).terminated, torch.as_tensor(b.terminated).to(torch.uint8))
+    assert fast.obs.data_ptr() == b.obs.__array_interface__["data"][0]  # zero-copy
+    assert b.to_torch(dtype=torch.float64).obs.dtype == torch.float64
