@@ -24,11 +24,13 @@ online slot is ``num_offline + t % C``, so growing the prefix would move every o
 intervention, O(capacity) per write. A full segment refuses further offline rows with a ValueError naming
 ``demo_capacity``.
 
-Every slot carries bookkeeping next to the data columns: ``episode_id``, ``step_in_episode``, ``source`` (0 offline /
-1 online: which part of a mixture samples the row), ``origin`` (where the row came from: 0 dataset, 1 intervention,
-2 agent; :data:`relive.types.ORIGIN_NAMES`), ``generation``, a stamp incremented each time the slot is written,
-which lets samplers ignore updates meant for a row that has since been overwritten, and ``stream``, the id of the
-stream that wrote an online row (0 offline).
+Every slot carries bookkeeping next to the data columns (:mod:`relive.replay.bookkeeping`; 9 bytes a slot stored,
+the rest computed): ``episode_id``, ``generation`` (a stamp incremented each time the slot is written, which lets
+samplers ignore updates meant for a row that has since been overwritten) and ``origin`` (where the row came from: 0
+dataset, 1 intervention, 2 agent; :data:`relive.types.ORIGIN_NAMES`) are stored; ``source`` (0 offline / 1 online:
+which part of a mixture samples the row), ``step_in_episode`` and ``stream`` (the id of the stream that wrote an
+online row, 0 offline) follow from the slot, the episode index and the lanes (``source_of``, ``step_of``,
+``stream_of``). ``meta[name]`` reads any of the six over all slots.
 
 Streams: online rows may come from several interleaved streams (vector envs, collectors): ``write(ONLINE,
 rows, stream=k)`` appends rows of stream ``k`` in that stream's time order, and a chunk of one stream may arrive
@@ -525,9 +527,9 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         meta["episode_id"][dst] = ids if self.episodes.next_id <= ID_MOD else ids % ID_MOD
         meta["origin"][dst] = origin if isinstance(origin, int) else origin[src]
         gen = meta["generation"][dst]
-        gen += 1
         if self.num_offline + self.num_online_written + dst.stop - dst.start >= GEN_MAX:  # a stamp may wrap: to 1
-            gen[gen <= 0] = 1
+            gen[gen >= GEN_MAX] = 0
+        gen += 1
         if self._gen_t is not None:
             self._gen_t[dst] += 1
 
