@@ -46,7 +46,14 @@ TARGETS = {  # (operation, peer): minimum ratio relive / peer, from issue 2 (uni
     ("uniform sample", "numpy"): 1.0,
     ("extend {n} rows", "cpprb"): 1.0,
 }
+TORCH_SAMPLE = "uniform sample -> torch tensors"
+DEVICE_SAMPLE = "uniform sample, torch storage on CPU"
 NOTES = {
+    (TORCH_SAMPLE, "relive"): "relive: NumPy storage, sample(256).to_torch() (zero-copy tensors, float32 flags)",
+    (DEVICE_SAMPLE, "relive"): "relive: ReplayBuffer(backend='torch', device='cpu'), columns and draws in torch",
+    (TORCH_SAMPLE, "torchrl"): "LazyTensorStorage: tensors already (the same figure as its uniform sample)",
+    (DEVICE_SAMPLE, "torchrl"): "LazyTensorStorage on CPU tensors (the same figure as its uniform sample)",
+    (TORCH_SAMPLE, "sb3"): "SB3's sample converts to torch always (the same figure as its uniform sample)",
     ("mixture sample 50/50", "cpprb"): "two buffers, half a batch from each, concatenated (cpprb has no mixing)",
     ("mixture sample 50/50", "torchrl"): "OfflineToOnlineReplayBuffer (offline ReplayBuffer + online "
                                          "LazyTensorStorage, exact split)",
@@ -116,6 +123,16 @@ def setup_relive(data, rows, ext_rows):
     uni = ReplayBuffer(rows, (OBS,), (ACT,), sampler=UniformSampler(), seed=0)
     uni.extend(data)
     ops["uniform sample"] = (lambda: uni.sample(BATCH), lambda: uni.sample(BATCH))
+    ops[TORCH_SAMPLE] = (lambda: uni.sample(BATCH).to_torch(), lambda: uni.sample(BATCH).to_torch())
+    try:  # the device buffer on CPU tensors (backend "torch"): columns and draws in torch
+        import torch
+
+        dev = ReplayBuffer(rows, (OBS,), (ACT,), sampler=UniformSampler(), seed=0, backend="torch", device="cpu")
+        dev.extend(data)
+        ops[DEVICE_SAMPLE] = (lambda: dev.sample(BATCH), lambda: dev.sample(BATCH))
+        del torch
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        ops[DEVICE_SAMPLE] = f"unavailable: {_reason(e)}"
 
     per = ReplayBuffer(rows, (OBS,), (ACT,), sampler=PrioritizedSampler(0.6, 0.4), seed=0)
     per.extend(data)
@@ -210,6 +227,7 @@ def setup_torchrl(data, rows, ext_rows):
     rb = ReplayBuffer(storage=LazyTensorStorage(rows), batch_size=BATCH)
     rb.extend(td_of(0, rows))
     ops["uniform sample"] = (lambda: rb.sample(), lambda: rb.sample())
+    ops[TORCH_SAMPLE] = ops[DEVICE_SAMPLE] = ops["uniform sample"]  # (its batches are torch tensors already)
     try:  # needs TorchRL's C++ extension (segment trees), which does not load with torch 2.13
         from torchrl.data import PrioritizedReplayBuffer
 
@@ -280,8 +298,8 @@ def setup_sb3(data, rows, ext_rows):
         for _ in range(ext_rows):
             rb.add(o, no, a, r, d, infos)
 
-    return {"uniform sample": (lambda: rb.sample(BATCH), lambda: rb.sample(BATCH)),
-            f"extend {ext_rows} rows": (ext, None)}
+    sample = (lambda: rb.sample(BATCH), lambda: rb.sample(BATCH))
+    return {"uniform sample": sample, TORCH_SAMPLE: sample, f"extend {ext_rows} rows": (ext, None)}
 
 
 def setup_binary(data, rows, ext_rows):
