@@ -153,6 +153,9 @@ def test_each_strategy_default_lives_in_its_config_dataclass():
             assert expected.pop("schedule") == "constant" and params.get("schedule") is None
             for key in ("offline_fraction_final", "schedule_env_steps"):
                 assert expected.pop(key) is None
+            # no per-source parts: the record has none either (as before them)
+            assert expected.pop("demonstration_fraction") is None and "demonstrations" not in params
+            expected.pop("demonstrations")
         for part in ("offline", "online"):  # a mixture: each part's sampler carries that part's options
             if part in expected:
                 spec = expected.pop(part)
