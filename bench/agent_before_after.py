@@ -7,9 +7,9 @@ process-CPU-time rates), each sampling its own 20k-row buffer.
 
 Agents: SAC (twin critics), ten LayerNorm critics with an actor step every update, RLPD as configured
 (``SACConfig.rlpd()``) and Cal-QL (``CalQLConfig()``), Hopper shapes (obs 11, action 3), batch 256. Replay
-operations (``--agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_streams``, 100k rows): a uniform
-sample, a PER / ReaPER sample + priority update, an extend of 1,000 rows into a full ring, and the same with
-four streams (the lane maps).
+operations (``--agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_streams,replay_to_torch``, 100k
+rows): a uniform sample, a PER / ReaPER sample + priority update, an extend of 1,000 rows into a full ring, the same
+with four streams (the lane maps), and ``Batch.to_torch()`` of one 256-row batch.
 
     PYTHONPATH=src python bench/agent_before_after.py --ref fcab870 \
         --agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_streams
@@ -66,6 +66,9 @@ def make_replay(pkg: str, kind: str):
         return lambda: buf.extend(chunk, stream=next(stream) % 4)
     if kind == "replay_uniform":
         return lambda: buf.sample(BATCH)
+    if kind == "replay_to_torch":  # one 256-row batch's conversion to torch tensors (Batch.to_torch)
+        batch = buf.sample(BATCH)
+        return lambda: batch.to_torch()
 
     def step():
         batch = buf.sample(BATCH)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.testing import chisquare_pvalue
 from relive.types import AGENT, DATASET, INTERVENTION, OFFLINE, ONLINE
 from tests.replay.test_fuzz import EXTRA, BufferMachine, _rows, _same
 
@@ -347,12 +348,18 @@ def per_source(fraction=0.5, demo_fraction=0.25, demonstrations=None):
                           demonstrations=demonstrations or UniformSampler(), demonstration_fraction=demo_fraction)
 
 
+def filled(sampler, rng, dataset, online, demos, capacity, seed, demo_capacity):
+    """A buffer with ``dataset`` offline rows, then ``online`` agent rows, then ``demos`` demonstration rows (one
+    episode)."""
+    buf = ReplayBuffer(capacity, OBS, ACT, sampler=sampler, seed=seed, demo_capacity=demo_capacity)
+    buf.add_offline(rows(rng, dataset))
+    buf.extend(rows(rng, online))
+    buf.add_demonstrations(rows(rng, demos, demos))
+    return buf
+
+
 def test_each_source_gets_its_exact_count_and_its_probabilities_by_hand():
-    rng = np.random.default_rng(4)
-    buf = ReplayBuffer(60, OBS, ACT, sampler=per_source(0.5, 0.25), seed=2, demo_capacity=10)
-    buf.add_offline(rows(rng, 8))
-    buf.extend(rows(rng, 40))
-    buf.add_demonstrations(rows(rng, 3, 3))
+    buf = filled(per_source(0.5, 0.25), np.random.default_rng(4), 8, 40, 3, capacity=60, seed=2, demo_capacity=10)
     st_ = buf.storage
     assert (st_.num_before_online, st_.num_offline, st_.ring_base) == (8, 11, 18)
     # B = 32: round(32 * 0.5) = 16 offline, round(16 * 0.25) = 4 of them demonstrations, 12 dataset, 16 agent
@@ -396,14 +403,8 @@ def test_an_empty_part_gives_its_rows_to_its_sibling():
 def test_the_draws_follow_the_per_source_probabilities():
     """Chi-square of 40,000 draws against probabilities(): PER demonstrations after td-error updates routed to them
     (a prioritized part inside a per-source mixture), uniform dataset and agent rows."""
-    from scipy import stats as sstats
-
-    rng = np.random.default_rng(6)
     sampler = per_source(0.6, 0.5, demonstrations=PrioritizedSampler(priority_exponent=1.0))
-    buf = ReplayBuffer(60, OBS, ACT, sampler=sampler, seed=3, demo_capacity=10)
-    buf.add_offline(rows(rng, 6))
-    buf.extend(rows(rng, 12))
-    buf.add_demonstrations(rows(rng, 5, 5))
+    buf = filled(sampler, np.random.default_rng(6), 6, 12, 5, capacity=60, seed=3, demo_capacity=10)
     demo_slots = np.arange(6, 11)
     batch = buf.gather(np.concatenate([demo_slots, [0, 20]]))
     buf.update(batch.info, td_error=np.array([1.0, 2.0, 3.0, 4.0, 5.0, 9.0, 9.0]))
@@ -413,24 +414,17 @@ def test_the_draws_follow_the_per_source_probabilities():
     assert sampler.counts(20) == (6, 6, 8)  # round(20 * 0.6) = 12 offline, half of them demonstrations
     p = sampler.probabilities(20)
     np.testing.assert_allclose(p[demo_slots], 6 / 20 * (np.arange(1, 6) + 1e-6) / (15 + 5e-6), rtol=1e-6)
-    counts = np.zeros(buf.capacity)
-    for _ in range(2000):
-        np.add.at(counts, buf.sample(20).info.indices, 1)
-    keep = p > 0
-    assert counts[~keep].sum() == 0
-    assert sstats.chisquare(counts[keep], p[keep] / p[keep].sum() * counts.sum()).pvalue > 1e-3
+    drawn = np.concatenate([buf.sample(20).info.indices for _ in range(2000)])
+    assert chisquare_pvalue(drawn, p) > 1e-3
     swapped = p.copy()
     swapped[demo_slots] = swapped[demo_slots][::-1]  # the test can tell the priorities apart
-    assert sstats.chisquare(counts[keep], swapped[keep] / swapped[keep].sum() * counts.sum()).pvalue < 1e-6
+    assert chisquare_pvalue(drawn, swapped) < 1e-6
 
 
 def test_per_source_parts_survive_a_checkpoint_and_resume_the_same_draws(tmp_path):
     rng = np.random.default_rng(7)
     sampler = per_source(0.5, 0.5, demonstrations=PrioritizedSampler(priority_exponent=0.7))
-    buf = ReplayBuffer(50, OBS, ACT, sampler=sampler, seed=4, demo_capacity=8)
-    buf.add_offline(rows(rng, 6))
-    buf.extend(rows(rng, 15))
-    buf.add_demonstrations(rows(rng, 4, 4))
+    buf = filled(sampler, rng, 6, 15, 4, capacity=50, seed=4, demo_capacity=8)
     b = buf.sample(16)
     buf.update(b.info, td_error=rng.normal(size=16))
     buf.save(tmp_path / "c")

@@ -52,7 +52,7 @@ from torch.nn import functional as F
 from relive.agents.scoring import log_prob_score, standardized_score
 from relive.hooks import EveryGradSteps, LoopContext, collect_hooks
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
-from relive.types import Batch, SampleInfo, UpdateReport
+from relive.types import Batch, SampleInfo, UpdateReport, as_tensor
 
 TESTED_SB3 = "2.9.2"  # the version whose train() methods the subclasses below follow (pyproject: extra "sb3")
 COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
@@ -299,15 +299,8 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
 
     def to_samples(self, batch: Batch, env=None) -> ReliveReplayBufferSamples:
         """A relive batch as SB3's sample tuple on ``self.device`` (VecNormalize applied when ``env`` is given)."""
-        on_cpu = self.device.type == "cpu"
-
         def t(x):  # (relive's gather already copied the rows: the tensors may share them)
-            if on_cpu and isinstance(x, np.ndarray) and x.flags.writeable:
-                try:  # zero-copy as as_tensor is on CPU, at a third of its cost per call
-                    return th.from_numpy(x)
-                except TypeError:  # a dtype torch does not take from NumPy
-                    pass
-            return th.as_tensor(x, device=self.device)
+            return as_tensor(x, self.device)
 
         rewards = self._normalize_reward(batch.reward.reshape(-1, 1).astype(np.float32, copy=False), env)
         return ReliveReplayBufferSamples(

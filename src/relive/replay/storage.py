@@ -177,6 +177,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self._meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}  # stored per slot
         self.meta = Bookkeeping(self)  # those and the computed ones (relive.replay.bookkeeping)
         self._legacy_meta: dict[str, np.ndarray] = {}  # a loaded checkpoint's stored copies of computed fields
+        self._legacy_meta_lo = 0  # ... from this slot on (a referenced offline part's are not saved)
         self.num_offline = 0
         self.num_online_written = 0  # online rows ever written (the ring's logical clock)
         self.ring_base = self.demo_capacity  # first slot of the ring: num_offline + demo_capacity, fixed by the first
@@ -462,8 +463,10 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         if self.dedup_next_obs:
             explicit = self._dedup_before_write(-1 if source == OFFLINE else lane, rows, end, slots, skip)
         if self.episodes.next_id + n - self.episodes.first_live_online_id >= ID_MOD:
-            raise ValueError(f"more than {ID_MOD} episodes would be live at once (episode ids are stored modulo "
-                             f"{ID_MOD})")
+            raise ValueError(f"episode {self.episodes.first_live_online_id} is still stored and this write would "
+                             f"take episode ids {ID_MOD} past it (ids are stored modulo {ID_MOD}): a stream whose "
+                             "episode never ends keeps it stored; end it (a truncated row, or "
+                             "ReplayBuffer.close_stream)")
         episode_id, _ = self.episodes.append(source, start, end)
         for dst_lo, lo, hi in ((first, 0, split), (self.ring_base, split, kept)):
             if hi > lo:
@@ -851,7 +854,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         if (meta["generation"][:k] < 1).any() or (meta["generation"][base:size] < 1).any():
             raise ValueError("storage state meta field 'generation': a stored row has generation < 1")
         legacy, self._legacy_meta = self._legacy_meta, {}
-        lo = getattr(self, "_legacy_meta_lo", 0)
+        lo = self._legacy_meta_lo
         if "source" in legacy:
             src = legacy["source"]
             if (src[: max(k - lo, 0)] != OFFLINE).any() or (src[base - lo :] != ONLINE).any():

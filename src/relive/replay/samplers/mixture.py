@@ -29,6 +29,7 @@ Per-draw probability of a row of source s is
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -146,30 +147,30 @@ class MixtureSampler(Sampler):
     def counts(self, batch_size: int) -> tuple[int, ...]:
         """Rows of a batch per part, in the order of :meth:`parts`: ``k_off = round(B f)`` offline and the rest
         online, ``round(k_off s)`` of the offline ones from the demonstrations when they have their own part; an
-        empty part's rows go to its sibling."""
-        n_on = self.online.num_rows()
-        n_data = self.offline.num_rows()
-        n_demo = 0 if self.demonstrations is None else self.demonstrations.num_rows()
-        if n_on == 0:
-            k_off = batch_size
-        elif n_data + n_demo == 0:
-            k_off = 0
-        else:
-            k_off = int(round(batch_size * self.current_fraction()))
+        empty part's rows go to its sibling (:meth:`_fractions`)."""
+        f, s = self._fractions()
+        k_off = int(round(batch_size * f))
         if self.demonstrations is None:
             return k_off, batch_size - k_off
-        k_demo = 0 if n_demo == 0 else k_off if n_data == 0 else int(round(k_off * self.demonstration_fraction))
+        k_demo = int(round(k_off * s))
         return k_off - k_demo, k_demo, batch_size - k_off
 
     def shares(self) -> tuple[float, ...]:
         """Each part's expected share of a batch (``counts`` before rounding), in the order of :meth:`parts`."""
+        f, s = self._fractions()
+        if self.demonstrations is None:
+            return f, 1.0 - f
+        return f * (1.0 - s), f * s, 1.0 - f
+
+    def _fractions(self) -> tuple[float, float]:
+        """(offline share f, demonstrations' share s of the offline rows) given what is stored: an empty side
+        gives its share to the other (no online rows: f = 1; no offline rows: f = 0; no demonstrations: s = 0; no
+        dataset rows: s = 1)."""
         n_on, n_data = self.online.num_rows(), self.offline.num_rows()
         n_demo = 0 if self.demonstrations is None else self.demonstrations.num_rows()
         f = 1.0 if n_on == 0 else 0.0 if n_data + n_demo == 0 else self.current_fraction()
-        if self.demonstrations is None:
-            return f, 1.0 - f
         s = 0.0 if n_demo == 0 else 1.0 if n_data == 0 else self.demonstration_fraction
-        return f * (1.0 - s), f * s, 1.0 - f
+        return f, s
 
     def current_fraction(self) -> float:
         """The offline share of the next batch (``offline_fraction`` unless scheduled)."""
@@ -208,25 +209,26 @@ class MixtureSampler(Sampler):
         return type(parts[0])(*(concatenate(x) for x in zip(*parts, strict=True)))
 
     def check_signals(self, slots: np.ndarray, signals: dict) -> None:
-        """Both parts validate their rows' signals before either changes (an update is all-or-nothing)."""
-        super().check_signals(slots, signals)
-        for child, mask in self.route(slots):
-            if mask.any():
-                child.check_signals(slots[mask], {k: np.asarray(v)[mask] for k, v in signals.items()})
+        """Every part validates its rows' signals before any changes (an update is all-or-nothing)."""
+        self._checked_parts(slots, signals)
 
     def update(self, slots: np.ndarray, signals: dict) -> None:
-        self.check_signals(slots, signals)
-        for child, mask in self.route(slots):
-            if mask.any():
-                child.update(slots[mask], {k: np.asarray(v)[mask] for k, v in signals.items()})
+        for child, part_slots, part_signals in self._checked_parts(slots, signals):
+            child.update(part_slots, part_signals)
+
+    def _checked_parts(self, slots: np.ndarray, signals: dict) -> list[tuple[Sampler, np.ndarray, dict]]:
+        """(part, its slots, its signals) for every part that owns some of ``slots``, each checked by its part."""
+        super().check_signals(slots, signals)
+        parts = [(child, slots[mask], {k: np.asarray(v)[mask] for k, v in signals.items()})
+                 for child, mask in self.route(slots) if mask.any()]
+        for child, part_slots, part_signals in parts:
+            child.check_signals(part_slots, part_signals)
+        return parts
 
     def hints(self) -> dict:
         """The parts' hints; a name several publish is kept per part as ``offline/NAME``, ``online/NAME``, ..."""
         per_part = [(name, part.hints()) for name, part in self.parts()]
-        seen: dict[str, int] = {}
-        for _, h in per_part:
-            for k in h:
-                seen[k] = seen.get(k, 0) + 1
+        seen = Counter(k for _, h in per_part for k in h)
         out = {}
         for name, h in per_part:
             out.update({(k if seen[k] == 1 else f"{name}/{k}"): v for k, v in h.items()})
