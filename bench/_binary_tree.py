@@ -315,3 +315,38 @@ class MaxTree(SegmentTree):
             lo >>= 1
             hi >>= 1
         return res
+
+
+class SumMaxPair:
+    """A binary sum tree and a binary max tree over the same leaves, behind the interface of relive's
+    ``SumMaxTree`` (what PER calls), so that PER can run on the binary trees (bench/replay_throughput.py)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.sums, self.maxes = SumTree(capacity), MaxTree(capacity)
+
+    total = property(lambda self: self.sums.total)
+    max = property(lambda self: self.maxes.max)
+    leaves = property(lambda self: self.sums.leaves)
+
+    def draw(self, uniforms: np.ndarray):
+        total = self.sums.total
+        uniforms *= total
+        leaf, probability = self.sums.find_prefix_with_values(uniforms)
+        probability /= total
+        return leaf, probability, probability.min() / probability
+
+    def update(self, indices, values) -> None:
+        self.sums.update(indices, values)
+        self.maxes.update(indices, values)
+
+    def update_range(self, start: int, values) -> None:
+        self.sums.update_range(start, values)
+        self.maxes.update_range(start, values)
+
+    def set_all(self, values) -> None:
+        self.sums.set_all(values)
+        self.maxes.set_all(values)
+
+    def range_max(self, lo: int, hi: int) -> float:
+        return self.maxes.range_max(lo, hi)

@@ -7,9 +7,10 @@ process-CPU-time rates), each sampling its own 20k-row buffer.
 
 Agents: SAC (twin critics), ten LayerNorm critics with an actor step every update, RLPD as configured
 (``SACConfig.rlpd()``) and Cal-QL (``CalQLConfig()``), Hopper shapes (obs 11, action 3), batch 256. Replay
-operations (``--agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_streams,replay_to_torch``, 100k
-rows): a uniform sample, a PER / ReaPER sample + priority update, an extend of 1,000 rows into a full ring, the same
-with four streams (the lane maps), and ``Batch.to_torch()`` of one 256-row batch.
+operations (``--agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_extend_small,replay_streams,
+replay_to_torch``, 100k rows): a uniform sample, a PER / ReaPER sample + priority update, an extend of 1,000 rows
+into a full ring, an extend of 4 rows (a vector env's step: the fixed cost of a write), the same with four streams
+(the lane maps), and ``Batch.to_torch()`` of one 256-row batch.
 
     PYTHONPATH=src python bench/agent_before_after.py --ref fcab870 \
         --agents replay_uniform,replay_per,replay_reaper,replay_extend,replay_streams
@@ -61,6 +62,9 @@ def make_replay(pkg: str, kind: str):
     td = np.random.default_rng(0).random(BATCH).astype(np.float32)
     if kind == "replay_extend":
         return lambda: buf.extend(chunk)
+    if kind == "replay_extend_small":  # a vector env's step (4 rows): the fixed cost of a write
+        small = {k: v[:4] for k, v in rows.items()}
+        return lambda: buf.extend(small)
     if kind == "replay_streams":
         stream = iter(range(10**9))
         return lambda: buf.extend(chunk, stream=next(stream) % 4)

@@ -111,7 +111,8 @@ def fill_relive(layout: str, n: int, sampler: str) -> dict:
         by_column["next_obs store (copies)"] = sum(a.nbytes for a in st._nx.values.values()) / n
     if sampler == "per":
         s = buf.sampler
-        by_column["sampler (sum + max trees)"] = sum(v.nbytes for t in (s.sum_tree, s.max_tree)
+        trees = {id(t): t for t in (s.sum_tree, s.max_tree)}.values()  # (one tree keeps both since 2026-11-27)
+        by_column["sampler (sum + max trees)"] = sum(v.nbytes for t in trees
                                                      for v in vars(t).values() if isinstance(v, np.ndarray)) / n
     return {"rss_per_row": total / n, "by_column": by_column}
 

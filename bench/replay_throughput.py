@@ -312,9 +312,8 @@ def setup_binary(data, rows, ext_rows):
     per.extend(data)
     s = per.sampler
     leaves = np.array(s.sum_tree.leaves)
-    s.sum_tree, s.max_tree = _binary_tree.SumTree(rows), _binary_tree.MaxTree(rows)
+    s.sum_tree = _binary_tree.SumMaxPair(rows)
     s.sum_tree.set_all(leaves)
-    s.max_tree.set_all(leaves)
     td = np.random.default_rng(1).random(BATCH)
 
     def per_step():

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relive.replay import PrioritizedSampler, ReplayBuffer
+from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.testing import random_transitions
 
@@ -87,3 +87,85 @@ def test_every_max_tree_node_equals_a_rebuild_after_updates(capacity, steps, use
         rebuilt = MaxTree(capacity, use_kernels)
         rebuilt.set_all(tree.leaves)
         np.testing.assert_array_equal(tree.nodes, rebuilt.nodes)
+
+
+# -- the compiled checks (relive.replay._check_kernels) against the NumPy path ------------------------------------
+def _errors_or_result(fn):
+    try:
+        return ("ok", fn())
+    except ValueError as e:
+        return ("error", str(e))
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_update_checks_compiled_and_numpy_agree_on_every_input(data):
+    """buffer.update's compiled check accepts, refuses and marks stale exactly as the NumPy path: the same
+    report on good batches (with rows overwritten since sampling), the same error message on bad ones (a slot
+    out of range, an empty demonstration slot, NaN / inf signals)."""
+    from relive.replay import _check_kernels
+
+    if not _check_kernels.AVAILABLE:
+        pytest.skip("numba is not importable: there is only the NumPy path")
+
+    def build():
+        sampler = MixtureSampler(PrioritizedSampler(), PrioritizedSampler())
+        buf = ReplayBuffer(64, (3,), (2,), sampler=sampler, seed=0, demo_capacity=8)
+        buf.add_offline(random_transitions(10, 3, 2, rng=1, episode_length=5))
+        buf.extend(random_transitions(20, 3, 2, rng=2, episode_length=7))
+        return buf
+
+    a, b = build(), build()
+    info = a.sample(16).info
+    overwritten = data.draw(st.integers(0, 60))  # rows written after sampling: some sampled slots become stale
+    for buf in (a, b):
+        if overwritten:
+            buf.extend(random_transitions(overwritten, 3, 2, rng=3, episode_length=9))
+    idx = np.array(info.indices)
+    td = np.random.default_rng(data.draw(st.integers(0, 99))).normal(size=16)
+    bad = data.draw(st.sampled_from(["none", "range", "negative", "gap", "nan", "inf"]))
+    k = data.draw(st.integers(0, 15))
+    if bad == "range":
+        idx[k] = 64 + overwritten
+    elif bad == "negative":
+        idx[k] = -1
+    elif bad == "gap":
+        idx[k] = 12  # between the 10 offline rows and the ring (demo_capacity 8): empty
+    elif bad == "nan":
+        td[k] = np.nan
+    elif bad == "inf":
+        td[k] = -np.inf
+    info = type(info)(indices=idx, generation=info.generation, probability=info.probability,
+                      is_weight=info.is_weight, source=info.source)
+    fast = _errors_or_result(lambda: a.update(info, td_error=td))
+    b._check_update_compiled = lambda info, signals: None  # the NumPy path only
+    slow = _errors_or_result(lambda: b.update(info, td_error=td))
+    assert fast[0] == slow[0]
+    if fast[0] == "error":
+        assert fast[1] == slow[1]
+    else:
+        assert (fast[1].num_updated, fast[1].num_stale) == (slow[1].num_updated, slow[1].num_stale)
+        np.testing.assert_array_equal(fast[1].stale, slow[1].stale)
+        np.testing.assert_array_equal(a.sampler.probabilities(), b.sampler.probabilities())
+    assert (bad == "none") == (fast[0] == "ok")
+
+
+def test_all_finite_matches_numpy_and_a_write_refuses_nan_with_its_message():
+    from relive.replay.storage import SMALL, all_finite
+
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        for size in (1, 7, SMALL, SMALL + 1):
+            x = rng.normal(size=size).astype(dtype)
+            assert all_finite(x)
+            for bad in (np.nan, np.inf, -np.inf):
+                y = x.copy()
+                y[rng.integers(size)] = bad
+                assert not all_finite(y) and not np.isfinite(y).all()
+    assert not all_finite(np.array([[1.0, 2.0], [np.nan, 0.0]])[:, :1])  # not contiguous: the NumPy path
+    buf = ReplayBuffer(16, (3,), (2,), seed=0)
+    rows = random_transitions(4, 3, 2, rng=0)
+    rows["next_obs"][2, 1] = np.nan
+    with pytest.raises(ValueError, match=r"column 'next_obs' row 2 element \(1,\): value nan is not finite"):
+        buf.extend(rows)
+    assert buf.storage.num_rows == 0

@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relive.replay.sum_tree import MaxTree, SumTree
+from relive.replay.sum_tree import MaxTree, SumMaxTree, SumTree
 
 
 @st.composite
@@ -120,3 +120,71 @@ def test_bad_arguments():
         SumTree(4).update([0, 1], [1.0])
     with pytest.raises(ValueError):
         SumTree(4).find_prefix(np.array([0.0]))  # total is zero
+
+
+@KERNELS
+@settings(max_examples=150, deadline=None)
+@given(case=update_sequences(), data=st.data())
+def test_sum_max_tree_matches_a_sum_tree_and_the_naive_maxima(case, data, use_kernels):
+    """SumMaxTree keeps the maxima without leaves of their own: its sums are a SumTree's, bit for bit, and its
+    max / range_max those of the leaves, after batched updates and contiguous writes in any order."""
+    capacity, steps = case
+    tree, sums = SumMaxTree(capacity, use_kernels), SumTree(capacity, use_kernels)
+    naive = np.zeros(capacity)
+    for batch in steps:
+        if data.draw(st.booleans()):
+            idx = np.array([i for i, _ in batch])
+            val = np.array([v for _, v in batch])
+            tree.update(idx, val)
+            sums.update(idx, val)
+            for i, v in batch:
+                naive[i] = v
+        else:  # a contiguous write (what appending rows does)
+            start = data.draw(st.integers(0, capacity - 1))
+            val = np.array([v for _, v in batch])[: capacity - start]
+            tree.update_range(start, val)
+            sums.update_range(start, val)
+            naive[start : start + val.size] = val
+        np.testing.assert_array_equal(tree.nodes, sums.nodes)
+        assert tree.max == naive.max()
+        lo = data.draw(st.integers(0, capacity))
+        hi = data.draw(st.integers(lo, capacity))
+        assert tree.range_max(lo, hi) == (naive[lo:hi].max() if hi > lo else 0.0)
+
+
+def test_sum_max_tree_compiled_and_numpy_paths_agree_and_answer_like_a_max_tree():
+    rng = np.random.default_rng(3)
+    fast, slow, maxes = SumMaxTree(1000, True), SumMaxTree(1000, False), MaxTree(1000)
+    for _ in range(30):
+        idx, val = rng.integers(0, 1000, 64), rng.random(64) * (rng.random(64) < 0.8)
+        for t in (fast, slow, maxes):
+            t.update(idx, val)
+        start = int(rng.integers(0, 990))
+        for t in (fast, slow, maxes):
+            t.update_range(start, np.full(10, 0.5))
+    np.testing.assert_array_equal(fast.nodes, slow.nodes)
+    np.testing.assert_array_equal(fast.max_nodes, slow.max_nodes)
+    # the maxima are a MaxTree's internal levels: nothing lost by not storing their leaves
+    np.testing.assert_array_equal(fast.max_nodes, maxes.nodes[: maxes.leaf_offset])
+    for lo, hi in rng.integers(0, 1001, (50, 2)):
+        lo, hi = min(lo, hi), max(lo, hi)
+        assert fast.range_max(lo, hi) == slow.range_max(lo, hi) == maxes.range_max(lo, hi)
+
+
+@KERNELS
+def test_draw_is_find_prefix_with_its_probability_and_importance_ratio(use_kernels):
+    """draw(u): the leaves at masses u * total, probability = value / total and min(probability) / probability,
+    the same float64 operations as doing it by hand (bit for bit), on both paths."""
+    rng = np.random.default_rng(4)
+    t = SumTree(5000, use_kernels)
+    t.set_all(rng.random(5000) ** 3)
+    u = rng.random(256)
+    leaf, probability, ratio = t.draw(u.copy())
+    mass = u * t.total
+    want_leaf, values = t.find_prefix_with_values(mass)
+    want_p = values / t.total
+    np.testing.assert_array_equal(leaf, want_leaf)
+    np.testing.assert_array_equal(probability, want_p)
+    np.testing.assert_array_equal(ratio, want_p.min() / want_p)
+    with pytest.raises(ValueError, match="total is zero"):
+        SumTree(4, use_kernels).draw(np.array([0.5]))

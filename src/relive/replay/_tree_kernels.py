@@ -148,6 +148,91 @@ if AVAILABLE:
             leaf_value[k] = nodes[leaf_first + out[k]]
 
     @numba.njit(cache=True, nogil=True)
+    def update_max_levels(nodes, max_nodes, offsets, indices):  # pragma: no cover - compiled
+        # A sum tree's maxima (SumMaxTree): after leaves ``indices`` of ``nodes`` were written, recompute the
+        # max of each touched group, going up as in update (early stop included). ``max_nodes`` holds the
+        # internal levels only (same offsets); the level above the leaves reads its 8 children from the sum
+        # tree's leaf level -- the cache line the sum update just wrote -- so the maxima store no leaves.
+        depth = offsets.size - 1
+        shift = np.uint64(SHIFT)
+        n = indices.size
+        node = np.empty(n, np.uint64)
+        live = np.ones(n, np.bool_)
+        for k in range(n):
+            node[k] = np.uint64(indices[k])
+        for level in range(depth - 1, -1, -1):
+            child_level = np.uint64(offsets[level + 1])
+            parent_level = np.uint64(offsets[level])
+            children = nodes if level == depth - 1 else max_nodes
+            for k in range(n):
+                if live[k]:
+                    i = node[k]
+                    value = group_max(children, child_level + ((i >> shift) << shift))
+                    i >>= shift
+                    node[k] = i
+                    live[k] = max_nodes[parent_level + i] != value
+                    max_nodes[parent_level + i] = value
+
+    @numba.njit(cache=True, nogil=True)
+    def update_sum_max(nodes, max_nodes, offsets, indices, values):  # pragma: no cover - compiled
+        # SumMaxTree.update: the leaves and sums, then the maxima over the same leaves (one call)
+        update(nodes, offsets, indices, values, False)
+        update_max_levels(nodes, max_nodes, offsets, indices)
+
+    @numba.njit(cache=True, nogil=True)
+    def update_max_range(nodes, max_nodes, offsets, lo, hi):  # pragma: no cover - compiled
+        # SumMaxTree.update_range's maxima: leaves lo .. hi (inclusive) were written; each level's touched
+        # parents (a contiguous run) from their children (the sum tree's leaves for the level above them)
+        depth = offsets.size - 1
+        for level in range(depth - 1, -1, -1):
+            lo >>= SHIFT
+            hi >>= SHIFT
+            children = nodes if level == depth - 1 else max_nodes
+            for i in range(lo, hi + 1):
+                max_nodes[offsets[level] + i] = group_max(children, offsets[level + 1] + (i << SHIFT))
+
+    @numba.njit(cache=True, nogil=True)
+    def range_max_shared(nodes, max_nodes, offsets, lo, hi):  # pragma: no cover - compiled
+        # range_max of a SumMaxTree: the leaf level is the sum tree's, the levels above are ``max_nodes``
+        res = 0.0
+        level = offsets.size - 1
+        while lo < hi:
+            first = offsets[level]
+            src = nodes if level == offsets.size - 1 else max_nodes
+            while lo < hi and lo % FANOUT != 0:
+                v = src[first + lo]
+                res = v if v > res else res
+                lo += 1
+            while lo < hi and hi % FANOUT != 0:
+                hi -= 1
+                v = src[first + hi]
+                res = v if v > res else res
+            lo //= FANOUT
+            hi //= FANOUT
+            level -= 1
+        return res
+
+    # error_model="numpy": a probability that underflows to 0 gives an infinite ratio, as NumPy's divide does
+    @numba.njit(cache=True, nogil=True, error_model="numpy")
+    def draw_proportional(nodes, offsets, uniforms, out, probability, ratio):  # pragma: no cover - compiled
+        # A whole proportional draw in one call: mass_k = u_k * total (``uniforms`` is scratch), the descent of
+        # find_prefix, probability_k = leaf_k / total, and ratio_k = min_j probability_j / probability_k (PER's IS
+        # weight before the exponent). The same float64 operations, in the same order, as the NumPy path, so the
+        # draws and probabilities are bit-identical to it.
+        total = nodes[0]
+        n = uniforms.size
+        for k in range(n):
+            uniforms[k] *= total
+        find_prefix(nodes, offsets, uniforms, out, probability)
+        pmin = np.inf
+        for k in range(n):
+            p = probability[k] / total
+            probability[k] = p
+            pmin = p if p < pmin else pmin
+        for k in range(n):
+            ratio[k] = pmin / probability[k]
+
+    @numba.njit(cache=True, nogil=True)
     def build_alias(weights, prob, alias):  # pragma: no cover - compiled
         # Vose's alias method: O(n) build, O(1) draws (two array reads per draw)
         n = weights.size

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from relive.replay import checkpoint, returns
+from relive.replay import _check_kernels, checkpoint, returns
 from relive.replay.samplers import (
     MixtureSampler,
     PrioritizedSampler,
@@ -188,7 +188,8 @@ class ReplayBuffer:
 
     # -- sampling --------------------------------------------------------------------------------------
     def sample(self, batch_size: int) -> Batch:
-        if isinstance(batch_size, bool | np.bool_) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
+        if type(batch_size) is not int and (isinstance(batch_size, bool | np.bool_)  # (a plain int: one test)
+                                            or not isinstance(batch_size, int | np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         stored = self.storage.num_rows
         if batch_size > stored:
@@ -321,6 +322,23 @@ class ReplayBuffer:
         Rows whose slot was overwritten since ``info`` was sampled are skipped and counted (``num_stale``)."""
         if not signals:
             raise ValueError("update needs at least one signal, e.g. update(info, td_error=td)")
+        checked = self._check_update_compiled(info, signals) if _check_kernels.AVAILABLE else None
+        idx, arrays, stale, n_stale = checked if checked is not None else self._check_update(info, signals)
+        self.sampler.check_signals(idx, arrays)  # every part validates before any state changes
+        if n_stale:
+            fresh = ~stale
+            idx = idx[fresh]
+            arrays = {k: v[fresh] for k, v in arrays.items()}
+        if idx.size:
+            self.sampler.update(idx, arrays)
+        self.num_stale += n_stale
+        self.num_updated += idx.size
+        return UpdateReport(num_updated=idx.size, num_stale=n_stale, stale=stale)
+
+    def _check_update(self, info: SampleInfo, signals: dict) -> tuple[np.ndarray, dict, np.ndarray, int]:
+        """The update's checks with NumPy, naming the first problem: every index a stored slot, one generation
+        per index, each signal one number per row ([B] or [B, 1]), float signals finite. Returns the slots (int64),
+        the signals ([B] arrays), the stale mask (slot rewritten since sampled) and the number of stale rows."""
         idx = self.storage.check_slots(info.indices)
         gen = np.asarray(info.generation, dtype=np.int64).reshape(-1)
         if gen.size != idx.size:
@@ -339,18 +357,26 @@ class ReplayBuffer:
                 i = int(np.flatnonzero(~np.isfinite(arr))[0])
                 raise ValueError(f"signal {name!r} row {i}: value {arr[i]!r} is not finite (NaN/inf)")
             arrays[name] = arr
-        self.sampler.check_signals(idx, arrays)  # every part validates before any state changes
-        fresh = self.storage.meta["generation"].take(idx) == gen
-        stale = ~fresh
-        n_stale = 0 if fresh.all() else int(stale.sum())
-        if n_stale:
-            idx = idx[fresh]
-            arrays = {k: v[fresh] for k, v in arrays.items()}
-        if idx.size:
-            self.sampler.update(idx, arrays)
-        self.num_stale += n_stale
-        self.num_updated += int(idx.size)
-        return UpdateReport(num_updated=int(idx.size), num_stale=n_stale, stale=stale)
+        stale = self.storage.meta["generation"].take(idx) != gen
+        return idx, arrays, stale, int(stale.sum())
+
+    def _check_update_compiled(self, info: SampleInfo, signals: dict):
+        """:meth:`_check_update` in one compiled pass for the usual call (one float signal of shape [B], the
+        batch's own int64 indices and generations), None for any other call or any problem found (the NumPy
+        path then names it)."""
+        if len(signals) != 1:
+            return None
+        ((name, arr),) = signals.items()
+        idx, gen = info.indices, info.generation
+        if not (type(arr) is np.ndarray and type(idx) is np.ndarray and type(gen) is np.ndarray
+                and idx.dtype == np.int64 and gen.dtype.kind in "iu" and arr.dtype.kind == "f"
+                and idx.ndim == 1 and gen.shape == idx.shape and arr.shape == idx.shape):
+            return None
+        st = self.storage
+        gap_lo, gap_hi = (st.num_offline, st.ring_base) if st.has_gap else (0, 0)
+        stale = np.empty(idx.size, np.bool_)
+        n_stale = _check_kernels.check_update(idx, gen, st.meta["generation"], st.size, gap_lo, gap_hi, arr, stale)
+        return None if n_stale < 0 else (idx, {name: arr}, stale, n_stale)
 
     def _read_device_counts(self) -> None:
         """Fold counters a backend keeps elsewhere into the host ones (a device buffer's: a sync)."""

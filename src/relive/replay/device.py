@@ -225,7 +225,7 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         Sampler.bind(self, storage, source)
         cls = TorchScanLeaves if self.layout == "scan" else TorchSumTree
         self.tree = cls(storage.capacity, storage.device)
-        self.sum_tree = self.max_tree = None  # (the host trees: not used)
+        self.sum_tree = None  # (the host tree: not used)
 
     def on_insert(self, slots: np.ndarray) -> None:
         leaves = self.tree.leaves

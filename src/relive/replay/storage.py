@@ -65,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+from relive.replay import _check_kernels
 from relive.replay._state import state_array, state_field, state_int
 from relive.replay.bookkeeping import GEN_MAX, ID_MOD, Bookkeeping, BookkeepingQueries
 from relive.replay.checkpoint import DirectoryRef
@@ -113,6 +114,17 @@ def _check_backend(backend: str, device, directory) -> None:
     if backend == "memmap" and directory is None:
         raise ValueError("backend='memmap' needs a directory (e.g. the run directory's 'replay' folder) to "
                          "create its column files in")
+
+
+SMALL = 4096  # elements: below this a compiled loop beats NumPy's vectorized calls (their fixed cost dominates)
+
+
+def all_finite(arr: np.ndarray) -> bool:
+    """Whether every element is finite: for a small write one compiled pass, else NumPy (vectorized)."""
+    if (_check_kernels.AVAILABLE and arr.size <= SMALL and arr.dtype in (np.float32, np.float64)
+            and arr.flags.c_contiguous):
+        return bool(_check_kernels.all_finite(arr.reshape(-1)))
+    return bool(np.isfinite(arr).all())
 
 
 class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, BookkeepingQueries):
@@ -374,7 +386,13 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         for name, label, spec, finite in self._plan:  # flat columns (and flat obs) in a precomputed order
             value = data[name]
             if type(value) is np.ndarray and spec is not None:  # the common case first (an ABC isinstance costs more)
-                items = ((label, name, value, spec),)
+                shape = value.shape
+                if (shape and shape[1:] == spec.shape and value.dtype == spec.dtype and (n is None or shape[0] == n)
+                        and not (finite and value.dtype.kind == "f" and not all_finite(value))):
+                    n = shape[0]  # the column's own dtype and shape, finite: nothing to convert
+                    out[name] = value
+                    continue
+                items = ((label, name, value, spec),)  # (the checks below name what is wrong)
             elif spec is None:  # dict observations: one array per key
                 items = [(lbl, name + col[3:], arr, self.specs[col]) for lbl, col, arr in self._obs_parts(name, value)]
             else:
@@ -390,7 +408,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
                 elif arr.shape[0] != n:
                     raise ValueError(f"{label} has {arr.shape[0]} rows but 'obs' has {n}")
                 conv = convert(col, arr, spec.dtype, label)
-                if finite and conv.dtype.kind == "f" and not np.isfinite(conv).all():
+                if finite and conv.dtype.kind == "f" and not all_finite(conv):
                     where = tuple(int(i) for i in np.argwhere(~np.isfinite(conv))[0])
                     elem = f" element {where[1:]}" if len(where) > 1 else ""
                     raise ValueError(f"{label} row {where[0]}{elem}: value {conv[where]} is not finite; "

@@ -19,7 +19,7 @@ import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
 from relive.replay.samplers.base import MAX_EXPONENT, MAX_PRIORITY, Draw, Sampler, check_number, state_array, state_int
-from relive.replay.sum_tree import MaxTree, SumTree
+from relive.replay.sum_tree import SumMaxTree, SumTree
 
 
 def check_signal(name: str, values: np.ndarray, *, nonnegative: bool = False) -> np.ndarray:
@@ -53,21 +53,16 @@ def linear_anneal(start: float, final: float, steps: int, t: int) -> float:
     return start + min(1.0, t / steps) * (final - start)
 
 
-def proportional_draw(tree: SumTree, batch_size: int, rng: np.random.Generator, num_rows: int = 0,
+def proportional_draw(tree: SumTree, batch_size: int, rng: np.random.Generator,
                       is_exponent: float | None = None) -> Draw:
     """i.i.d. draws proportional to the tree's leaves; IS weights (N P)^-beta / batch max when ``is_exponent``
     is given, ones otherwise."""
-    total = tree.total
-    mass = rng.random(batch_size)
-    mass *= total
-    indices, probability = tree.find_prefix_with_values(mass)
-    probability /= total
+    indices, probability, ratio = tree.draw(rng.random(batch_size))
     if is_exponent is None:
         return Draw(indices, probability, np.ones(batch_size, np.float32))
     # (N P_i)^-beta / max_j (N P_j)^-beta = (min_j P_j / P_i)^beta: N cancels, the largest weight is exactly 1
-    is_weight = np.divide(probability.min(), probability)
-    np.power(is_weight, is_exponent, out=is_weight)
-    return Draw(indices, probability, is_weight.astype(np.float32))
+    np.power(ratio, is_exponent, out=ratio)
+    return Draw(indices, probability, ratio.astype(np.float32))
 
 
 def tree_probabilities(tree: SumTree) -> np.ndarray:
@@ -115,14 +110,18 @@ class PrioritizedSampler(Sampler):
         self.is_anneal_samples = int(o.is_anneal_samples or 0)
         self.eps, self.initial_priority = float(o.eps), float(o.initial_priority)
         self.num_samples = 0
-        # built in bind() (capacity unknown before; the buffer binds before any use): typed as built, no narrowing
-        self.sum_tree: SumTree = None  # type: ignore[assignment]
-        self.max_tree: MaxTree = None  # type: ignore[assignment]
+        # built in bind() (capacity unknown before; the buffer binds before any use): typed as built, no narrowing.
+        # One tree answers both sums (draws) and the largest stored priority (new rows): sum_tree is max_tree.
+        self.sum_tree: SumMaxTree = None  # type: ignore[assignment]
 
     def bind(self, storage, source=None) -> None:
         super().bind(storage, source)
-        self.sum_tree = SumTree(storage.capacity)
-        self.max_tree = MaxTree(storage.capacity)
+        self.sum_tree = SumMaxTree(storage.capacity)
+
+    @property
+    def max_tree(self) -> SumMaxTree:
+        """The tree that answers the largest stored priority (the sum tree itself: it keeps the maxima too)."""
+        return self.sum_tree
 
     @property
     def beta(self) -> float:
@@ -130,31 +129,31 @@ class PrioritizedSampler(Sampler):
         return linear_anneal(self.is_exponent, self.is_exponent_final, self.is_anneal_samples, self.num_samples)
 
     def on_insert(self, slots: np.ndarray) -> None:
+        tree = self.sum_tree
         runs = contiguous_runs(slots)
         # the overwritten rows no longer count towards "the largest priority currently stored"
         if runs is None:  # scattered slots (the storage always writes runs): clear them, then read the root
-            self.max_tree.update(slots, np.zeros(slots.size))
-            current = self.max_tree.max
+            tree.update(slots, np.zeros(slots.size))
+            current = tree.max
         else:  # the max over the leaves outside the runs: range queries, nothing written twice
             current, lo = 0.0, 0
             for start, n in sorted(runs):
-                current = max(current, self.max_tree.range_max(lo, start))
+                current = max(current, tree.range_max(lo, start))
                 lo = start + n
-            current = max(current, self.max_tree.range_max(lo, self.max_tree.capacity))
+            current = max(current, tree.range_max(lo, tree.capacity))
         p = current if current > 0 else self.initial_priority ** self.priority_exponent
         values = np.full(slots.size, p)
-        for tree in (self.sum_tree, self.max_tree):
-            if runs is None:
-                tree.update(slots, values)
-            else:
-                offset = 0
-                for start, n in runs:
-                    tree.update_range(start, values[offset : offset + n])
-                    offset += n
+        if runs is None:
+            tree.update(slots, values)
+        else:
+            offset = 0
+            for start, n in runs:
+                tree.update_range(start, values[offset : offset + n])
+                offset += n
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
         if self.sum_tree.total > 0:
-            draw = proportional_draw(self.sum_tree, batch_size, rng, self.num_rows(), self.beta)
+            draw = proportional_draw(self.sum_tree, batch_size, rng, self.beta)
         else:  # every stored priority is 0 (or underflowed): no proportional distribution, draw uniformly
             lo, hi = self.domain()
             draw = Draw(rng.integers(lo, hi, size=batch_size, dtype=np.int64), np.full(batch_size, 1.0 / (hi - lo)),
@@ -187,7 +186,6 @@ class PrioritizedSampler(Sampler):
         if p.size != slots.size:
             raise ValueError(f"got {p.size} signal values for {slots.size} rows")
         self.sum_tree.update(slots, p)
-        self.max_tree.update(slots, p)
 
     def leaf_values(self) -> np.ndarray:
         """p^alpha of every slot (a copy; length capacity)."""
@@ -195,7 +193,6 @@ class PrioritizedSampler(Sampler):
 
     def set_leaf_values(self, leaves: np.ndarray) -> None:
         self.sum_tree.set_all(leaves)
-        self.max_tree.set_all(leaves)
 
     def probabilities(self) -> np.ndarray:
         leaves = self.leaf_values()

@@ -1,0 +1,40 @@
+"""Compiled (numba) checks of the small hot calls, used when numba is importable: each replaces a few NumPy calls
+whose fixed cost (~1 us each) dominates a small batch.
+
+``check_update``: ``ReplayBuffer.update``'s checks in one pass -- every slot is stored, every signal value is
+finite, and which rows are stale (their slot rewritten since they were sampled). ``all_finite``: the finiteness
+check of a small write (``Storage.validate``). The kernels only *detect* a problem; the NumPy path then runs and
+names it, so both paths accept exactly the same inputs and raise the same errors (tests/replay/test_hot_paths.py
+runs both on the same inputs).
+"""
+
+from __future__ import annotations
+
+from relive.replay._tree_kernels import AVAILABLE
+
+if AVAILABLE:
+    import numba
+    import numpy as np
+
+    @numba.njit(cache=True, nogil=True)
+    def check_update(slots, generation, stamps, size, gap_lo, gap_hi, signal, stale):  # pragma: no cover - compiled
+        # Returns the number of stale rows and fills stale[k] (the slot's stamp differs from the one sampled), or
+        # -1 when a slot is not stored (outside [0, size) or in the empty demonstration slots [gap_lo, gap_hi)) or
+        # a signal value is NaN / inf: the caller then checks again with NumPy, which says which.
+        n_stale = 0
+        for k in range(slots.size):
+            s = slots[k]
+            if s < 0 or s >= size or (s >= gap_lo and s < gap_hi) or not np.isfinite(signal[k]):
+                return -1
+            is_stale = stamps[s] != generation[k]
+            stale[k] = is_stale
+            n_stale += is_stale
+        return n_stale
+
+    @numba.njit(cache=True, nogil=True)
+    def all_finite(values):  # pragma: no cover - compiled
+        # whether every element of a 1-D float array is finite (stops at the first that is not)
+        for k in range(values.size):
+            if not np.isfinite(values[k]):
+                return False
+        return True
