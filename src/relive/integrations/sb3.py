@@ -264,7 +264,7 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         staged["next_obs"][:, k] = asarray(next_obs).reshape(obs_shape)
         # infos are read only where an env is done (most steps: none), and only when timeouts are told apart
         # (handle_timeout_termination=False is SB3's meaning: a timeout counts as a termination)
-        if self.handle_timeout_termination and done.any():
+        if self.handle_timeout_termination and np.count_nonzero(done):  # (count_nonzero: no ufunc reduce)
             timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
             staged["terminated"][:, k] = done & ~timeout
             staged["truncated"][:, k] = done & timeout

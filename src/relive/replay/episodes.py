@@ -113,12 +113,12 @@ class EpisodeIndex:
             self._rec[name] = grown
 
     # -- writing ---------------------------------------------------------------------------------------
-    def append(self, source: int, start: int, episode_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def append(self, source: int, start: int, episode_end: np.ndarray) -> np.ndarray:
         """Register ``n`` new rows of ``source`` at logical positions ``start .. start + n - 1``.
 
         ``episode_end[i]`` is true when row ``i`` ends its episode (terminated or truncated). Online rows belong
-        to the lane in ``start``'s high bits (one stream: lane 0). Returns the episode id and the step within the
-        episode of every row.
+        to the lane in ``start``'s high bits (one stream: lane 0). Returns the episode id of every row (a row's
+        step within its episode follows from its position and the episode's start: ``Storage.step_of``).
         """
         if source == OFFLINE and self.next_id > self.num_offline_episodes and not self.demo_capacity:
             raise ValueError("offline rows must all be added before the first online row")
@@ -127,31 +127,27 @@ class EpisodeIndex:
         end = np.asarray(episode_end, dtype=bool).reshape(-1)
         n = end.size
         if n == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+            return np.zeros(0, np.int64)
         lane = int(start) >> LANE_BITS if source == ONLINE else 0
         open_id = self._get_open(source, lane)
-        if not end[:-1].any():  # fast path: all rows belong to one episode (the open one, or a new one)
+        if not np.count_nonzero(end[:-1]):  # fast path: all rows in one episode (the open one, or a new one)
             if open_id == -1:
                 open_id = self._new_record(source, start, n, bool(end[-1]))
-                base = 0
             else:
                 r = self._row(open_id)
-                base = int(self._rec["length"][r])
                 self._rec["length"][r] += n
                 self._rec["finished"][r] = end[-1]
             self._set_open(source, lane, -1 if end[-1] else open_id)
-            return np.full(n, open_id, dtype=np.int64), base + np.arange(n, dtype=np.int64)
+            return np.full(n, open_id, dtype=np.int64)
         seg_starts = np.concatenate(([0], np.flatnonzero(end[:-1]) + 1))
         seg_lengths = np.diff(seg_starts, append=n)
         seg_of_row = np.repeat(np.arange(seg_starts.size), seg_lengths)
-        steps = np.arange(n, dtype=np.int64) - np.repeat(seg_starts, seg_lengths)
 
         rec = self._rec
         new_segments = seg_starts
         new_lengths = seg_lengths
         if open_id != -1:  # the first segment continues an episode from an earlier call
             r = self._row(open_id)
-            steps[seg_of_row == 0] += rec["length"][r]
             rec["length"][r] += seg_lengths[0]
             rec["finished"][r] = end[seg_lengths[0] - 1]
             new_segments, new_lengths = seg_starts[1:], seg_lengths[1:]
@@ -164,7 +160,7 @@ class EpisodeIndex:
         else:
             ids = first_new + seg_of_row
         self._set_open(source, lane, -1 if end[-1] else int(ids[-1]))
-        return ids.astype(np.int64), steps
+        return ids.astype(np.int64)
 
     def _late_offline(self, k: int) -> int | None:
         """Offline episodes created after online ones (a demonstration segment): the record row of the first of

@@ -166,6 +166,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self.extra_names = self._add_extra_columns(extra_columns or {})
         _check_backend(backend, device, directory)
         self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
+        self._name_set = frozenset(self._names)
         obs_spec = self.obs_spec if self.obs_keys is None else None
         self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
                             name in FINITE_CHECKED or name in self.extra_names) for name in self._names)
@@ -373,7 +374,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         if not isinstance(data, Mapping):
             raise ValueError(f"rows must be a mapping of column name -> array, got {type(data).__name__}")
         names = self._names
-        if len(data) != len(names) or any(n not in data for n in names):
+        if data.keys() != self._name_set:
             missing = [n for n in names if n not in data]
             if missing:
                 raise ValueError(f"missing column(s) {missing}; every write needs {list(names)}")
@@ -485,7 +486,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
                              f"take episode ids {ID_MOD} past it (ids are stored modulo {ID_MOD}): a stream whose "
                              "episode never ends keeps it stored; end it (a truncated row, or "
                              "ReplayBuffer.close_stream)")
-        episode_id, _ = self.episodes.append(source, start, end)
+        episode_id = self.episodes.append(source, start, end)
         for dst_lo, lo, hi in ((first, 0, split), (self.ring_base, split, kept)):
             if hi > lo:
                 self._copy_rows(rows, slice(dst_lo, dst_lo + hi - lo), slice(skip + lo, skip + hi), episode_id, origin)
