@@ -121,9 +121,8 @@ SMALL = 4096  # elements: below this a compiled loop beats NumPy's vectorized ca
 
 def all_finite(arr: np.ndarray) -> bool:
     """Whether every element is finite: for a small write one compiled pass, else NumPy (vectorized)."""
-    if (_check_kernels.AVAILABLE and arr.size <= SMALL and arr.dtype in (np.float32, np.float64)
-            and arr.flags.c_contiguous):
-        return bool(_check_kernels.all_finite(arr.reshape(-1)))
+    if arr.size <= SMALL and arr.dtype.char in "fd" and _check_kernels.AVAILABLE:  # float32 / float64
+        return bool(_check_kernels.all_finite(arr.reshape(-1)))  # (a copy if not contiguous: small)
     return bool(np.isfinite(arr).all())
 
 
