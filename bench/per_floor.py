@@ -8,7 +8,9 @@ tree's maxima, :class:`~relive.replay.sum_tree.SumMaxTree`), checks its inputs, 
 row's source and drops rows overwritten since they were sampled (generation stamps: one more gathered column).
 "floor + max tree" is the floor on a SumMaxTree; "floor + relive's design" adds the IS weights, the stamps (gathered
 at sampling, read again at the update) and the source tags: the part of the gap that is a design choice rather
-than glue (Python calls, checks, the batch's records).
+than glue (Python calls, checks, the batch's records). "floor + design, clock stamps" computes the stamps from the
+ring's write clock instead of gathering a column (a ring slot's write count is a function of the slot and of the
+rows written): what that design step, not taken, would save.
 
     PYTHONPATH=src python bench/per_floor.py --rows 1000000 --seconds 0.3 --repeats 15
 
@@ -63,7 +65,20 @@ def setup(rows: int):
 
     stamps = st.meta["generation"]
 
-    def descent_gather_update(tree, design: bool = False):
+    import numba
+
+    @numba.njit(cache=True)
+    def clock_kernel(idx, num_offline, ring_base, written, ring, out):
+        for k in range(idx.size):
+            r = idx[k] - ring_base
+            out[k] = 1 if idx[k] < num_offline else ((written - r + ring - 1) // ring if r < written else 0)
+
+    def clock_stamps(idx):  # a ring slot's write count from the ring's clock (the design step not taken), compiled
+        out = np.empty(idx.size, np.int64)
+        clock_kernel(idx, st.num_offline, st.ring_base, st.num_online_written, st.online_capacity, out)
+        return out
+
+    def descent_gather_update(tree, design: str = ""):
         def step():
             mass = rng.random(BATCH)
             mass *= tree.total
@@ -72,9 +87,10 @@ def setup(rows: int):
             if design:  # what relive's design adds: IS weights, the stamps gathered and compared, source tags
                 prob = value / tree.total
                 np.power(prob.min() / prob, 0.4).astype(np.float32)
-                gen = stamps.take(idx)
+                stamps_of = clock_stamps if design == "clock" else stamps.take
+                gen = stamps_of(idx)
                 (idx >= st.num_offline).view(np.int8)
-                if not (stamps.take(idx) == gen).all():
+                if not (stamps_of(idx) == gen).all():
                     raise AssertionError("no row is overwritten here")
             p = np.power(np.abs(td) + 1e-6, alpha)
             tree.update(idx, p)
@@ -82,7 +98,8 @@ def setup(rows: int):
 
     return buf, {"relive PER sample + update": relive_step, "floor": descent_gather_update(plain),
                  "floor + max tree": descent_gather_update(with_max),
-                 "floor + relive's design": descent_gather_update(with_max, design=True)}
+                 "floor + relive's design": descent_gather_update(with_max, design="stamps"),
+                 "floor + design, clock stamps": descent_gather_update(with_max, design="clock")}
 
 
 def main() -> None:
