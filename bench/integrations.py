@@ -9,6 +9,12 @@ ReplayBuffer, with relive's ``ReliveReplayBuffer`` (uniform) under SB3's own alg
 subclasses and PER (IS weights + TD-error feedback). The variants run interleaved, round by round, in one process,
 each a fresh seeded model; the median over rounds is reported, with relive / SB3 ratios (> 1: relive faster).
 
+``--part sb3-chunks``: the end-to-end effect resolved finer. One model per variant (SB3's buffer, relive's buffer
+under SB3's algorithm), built once and warmed past ``learning_starts``; then ``learn(chunk,
+reset_num_timesteps=False)`` alternates between them, ``--chunk-rounds`` times, each chunk timed in process CPU time.
+A round's ratio compares two chunks a fraction of a second apart, so the machine's drift (+-25% between whole runs
+here) cancels; the median ratio and a bootstrap 95% interval over rounds are reported.
+
 TorchRL: microseconds per ``extend`` (a 100-transition batch), ``sample(256)`` and ``update_priority`` on a full
 100,000-row buffer (HalfCheetah-shaped: observation 17, action 6), relive's buffer against TorchRL's
 ``TensorDictReplayBuffer(LazyTensorStorage)``; TorchRL's prioritized buffer is tried and reported when it loads.
@@ -107,6 +113,43 @@ def sb3_part(rounds: int, dqn_steps: int, sac_steps: int) -> dict:
     return out
 
 
+def sb3_chunks(rounds: int, dqn_chunk: int, sac_chunk: int, seed: int = 0) -> dict:
+    import gymnasium as gym
+    import stable_baselines3 as sb3
+
+    from relive.integrations.sb3 import ReliveReplayBuffer
+
+    out = {}
+    for name, algo, env_id, chunk in (("DQN CartPole-v1", "DQN", "CartPole-v1", dqn_chunk),
+                                      ("SAC Pendulum-v1", "SAC", "Pendulum-v1", sac_chunk)):
+        cls = getattr(sb3, algo)
+        models = {
+            "SB3 ReplayBuffer": cls("MlpPolicy", gym.make(env_id), learning_starts=100, buffer_size=100_000,
+                                    seed=seed),
+            "relive buffer (uniform), SB3's algorithm": cls("MlpPolicy", gym.make(env_id), learning_starts=100,
+                                                            buffer_size=100_000, seed=seed,
+                                                            replay_buffer_class=ReliveReplayBuffer),
+        }
+        for m in models.values():  # past learning_starts: every chunk trains
+            m.learn(max(200, 2 * chunk))
+        rates: dict[str, list[float]] = {v: [] for v in models}
+        for _ in range(rounds):
+            for v, m in models.items():
+                start = time.process_time()
+                m.learn(chunk, reset_num_timesteps=False)
+                rates[v].append(chunk / (time.process_time() - start))
+        base, ours = np.array(rates["SB3 ReplayBuffer"]), np.array(rates["relive buffer (uniform), SB3's algorithm"])
+        ratios = ours / base
+        boot = np.random.default_rng(0).choice(ratios, (2000, ratios.size)).mean(axis=1)
+        out[name] = {"chunk_steps": chunk, "rounds": rounds,
+                     "steps_per_cpu_s": {v: round(statistics.median(r), 1) for v, r in rates.items()},
+                     "ratio_relive_over_sb3_median": round(float(np.median(ratios)), 4),
+                     "ratio_mean": round(float(ratios.mean()), 4),
+                     "ratio_mean_95ci": [round(float(x), 4) for x in np.percentile(boot, [2.5, 97.5])]}
+        print(name, json.dumps(out[name]), flush=True)
+    return out
+
+
 def _transitions(n: int, rng: np.random.Generator):
     from tensordict import TensorDict
 
@@ -168,9 +211,12 @@ def torchrl_part(rows: int, calls: int, repeats: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("all", "sb3", "sb3-buffer", "torchrl"), default="all",
+    p.add_argument("--part", choices=("all", "sb3", "sb3-buffer", "sb3-chunks", "torchrl"), default="all",
                    help="sb3-buffer: only the SB3 buffer calls (no learn())")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--chunk-rounds", type=int, default=40, help="sb3-chunks: alternations of the two models")
+    p.add_argument("--dqn-chunk", type=int, default=400, help="sb3-chunks: DQN env steps per chunk")
+    p.add_argument("--sac-chunk", type=int, default=20, help="sb3-chunks: SAC env steps per chunk")
     p.add_argument("--dqn-steps", type=int, default=2000)
     p.add_argument("--sac-steps", type=int, default=300)
     p.add_argument("--rows", type=int, default=100_000)
@@ -185,6 +231,8 @@ def main() -> None:
         res["sb3_buffer_calls"] = sb3_buffer_calls(args.calls, args.repeats)
     if args.part in ("all", "sb3"):
         res["sb3"] = sb3_part(args.rounds, args.dqn_steps, args.sac_steps)
+    if args.part == "sb3-chunks":
+        res["sb3_chunks"] = sb3_chunks(args.chunk_rounds, args.dqn_chunk, args.sac_chunk)
     if args.part in ("all", "torchrl"):
         res["torchrl"] = torchrl_part(args.rows, args.calls, args.repeats)
     if args.out:
