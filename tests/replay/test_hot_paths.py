@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer
+from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.testing import random_transitions
 
@@ -169,3 +169,47 @@ def test_all_finite_matches_numpy_and_a_write_refuses_nan_with_its_message():
     with pytest.raises(ValueError, match=r"column 'next_obs' row 2 element \(1,\): value nan is not finite"):
         buf.extend(rows)
     assert buf.storage.num_rows == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_episode_index_few_rows_branch_matches_the_numpy_branch(data):
+    """EpisodeIndex.append's plain-Python branch for writes of a few rows (several episodes in one write) builds the
+    same records and ids as its NumPy branch: offline rows, then online writes of 1-20 rows into two streams (a ring
+    that wraps), episode ends anywhere, and demonstrations written after online rows."""
+    from relive.replay import episodes
+
+    def build():
+        sampler = MixtureSampler(UniformSampler(), UniformSampler())
+        return ReplayBuffer(48, (2,), (1,), sampler=sampler, seed=0, demo_capacity=12)
+
+    fast, slow = build(), build()
+    offline = random_transitions(data.draw(st.integers(1, 10)), 2, 1, rng=0, episode_length=3)
+    writes = []
+    for _ in range(data.draw(st.integers(1, 14))):
+        n = data.draw(st.integers(1, 20))
+        rows = random_transitions(n, 2, 1, rng=data.draw(st.integers(0, 99)), episode_length=1000)
+        rows["terminated"] = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        rows["truncated"] = np.zeros(n, bool)
+        writes.append((data.draw(st.sampled_from(["online0", "online1", "demo"])), rows))
+    for buf, threshold in ((fast, episodes.FEW_ROWS), (slow, 0)):
+        old = episodes.FEW_ROWS
+        episodes.FEW_ROWS = threshold
+        try:
+            buf.add_offline(offline)
+            for kind, rows in writes:
+                if kind == "demo" and buf.storage.num_online_written:  # (before any online row: the dataset's)
+                    if buf.storage.ring_base - buf.storage.num_offline >= len(rows["reward"]):
+                        buf.add_demonstrations(rows)
+                else:
+                    buf.extend(rows, stream=int(kind[-1]) if kind != "demo" else 0)
+        finally:
+            episodes.FEW_ROWS = old
+    a, b = fast.storage, slow.storage
+    for name in a.episodes._rec:
+        np.testing.assert_array_equal(a.episodes._rec[name], b.episodes._rec[name])
+    assert (a.episodes.next_id, a.episodes._open, a.episodes._open_lanes) == (b.episodes.next_id, b.episodes._open,
+                                                                             b.episodes._open_lanes)
+    stored = np.flatnonzero(a.stored_mask())
+    np.testing.assert_array_equal(a.episode_ids(stored), b.episode_ids(stored))
+    np.testing.assert_array_equal(a.step_of(stored), b.step_of(stored))

@@ -51,6 +51,9 @@ LANE_MASK = (1 << LANE_BITS) - 1
 _FIELDS = (("start", np.int64), ("length", np.int64), ("finished", np.bool_), ("source", np.int8))
 
 
+FEW_ROWS = 16  # append: writes of up to this many rows take the plain-Python branch
+
+
 class EpisodeIndex:
     def __init__(self, demo_capacity: int = 0) -> None:
         self.demo_capacity = int(demo_capacity)
@@ -139,6 +142,8 @@ class EpisodeIndex:
                 self._rec["finished"][r] = end[-1]
             self._set_open(source, lane, -1 if end[-1] else open_id)
             return np.full(n, open_id, dtype=np.int64)
+        if n <= FEW_ROWS:  # a few rows (a vector env's step): plain Python beats the dozen NumPy calls below
+            return self._append_segments(source, start, lane, open_id, end.tolist())
         seg_starts = np.concatenate(([0], np.flatnonzero(end[:-1]) + 1))
         seg_lengths = np.diff(seg_starts, append=n)
         seg_of_row = np.repeat(np.arange(seg_starts.size), seg_lengths)
@@ -161,6 +166,25 @@ class EpisodeIndex:
             ids = first_new + seg_of_row
         self._set_open(source, lane, -1 if end[-1] else int(ids[-1]))
         return ids.astype(np.int64)
+
+    def _append_segments(self, source: int, start: int, lane: int, open_id: int, ends: list) -> np.ndarray:
+        """:meth:`append`'s several-episodes branch in plain Python, for a few rows: the same records and ids."""
+        rec, ids, first, current = self._rec, [], 0, open_id
+        for i, e in enumerate(ends):
+            if e or i == len(ends) - 1:  # row i closes a segment: rows first .. i
+                k = i + 1 - first
+                if current == -1:
+                    current = self._new_record(source, start + first, k, bool(e))
+                else:
+                    r = self._row(current)
+                    rec["length"][r] += k
+                    rec["finished"][r] = e
+                ids += [current] * k
+                first = i + 1
+                if e:
+                    current = -1
+        self._set_open(source, lane, current)
+        return np.array(ids, dtype=np.int64)
 
     def _late_offline(self, k: int) -> int | None:
         """Offline episodes created after online ones (a demonstration segment): the record row of the first of
