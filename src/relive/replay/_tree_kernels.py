@@ -45,30 +45,39 @@ if AVAILABLE:
 
     @numba.njit(cache=True, nogil=True)
     def update(nodes, offsets, indices, values, is_max):  # pragma: no cover - compiled
-        # Write every leaf in order (a later duplicate overwrites an earlier one: last write wins), then go up
-        # one level at a time over the whole batch, recomputing each touched parent from its 8 children (one
-        # cache line): the batch's independent parents overlap their latencies, as in find_prefix. A query
-        # stops as soon as its parent keeps its value: the ancestors then need nothing from it (the tree was
-        # consistent before the batch; a query that did change a shared node goes on), so the result is the
-        # full recompute's, bit for bit. Lowering a leaf that is not its group's maximum -- most PER updates of
-        # the max tree -- touches one level instead of 7. Duplicate parents are recomputed to the same value.
+        # Write every leaf in order (a later duplicate overwrites an earlier one: last write wins), then climb.
+        leaf_first = np.uint64(offsets[offsets.size - 1])
+        for k in range(indices.size):
+            nodes[leaf_first + np.uint64(indices[k])] = values[k]
+        climb(nodes, nodes, offsets, indices, is_max)
+
+    @numba.njit(cache=True, nogil=True)
+    def climb(bottom, nodes, offsets, indices, is_max):  # pragma: no cover - compiled
+        # After leaves ``indices`` changed, go up one level at a time over the whole batch, recomputing each
+        # touched parent of ``nodes`` from its 8 children (one cache line): the batch's independent parents
+        # overlap their latencies, as in find_prefix. The level just above the leaves reads its children from
+        # ``bottom``'s leaf level: ``nodes`` itself for a plain tree, the sum tree's leaves for a SumMaxTree's
+        # maxima (which store no leaves). A query stops as soon as its parent keeps its value: the ancestors then
+        # need nothing from it (the tree was consistent before the batch; a query that did change a shared node
+        # goes on), so the result is the full recompute's, bit for bit. Lowering a leaf that is not its group's
+        # maximum -- most PER updates of the maxima -- touches one level instead of 7. Duplicate parents are
+        # recomputed to the same value.
         depth = offsets.size - 1
         shift = np.uint64(SHIFT)
         n = indices.size
         node = np.empty(n, np.uint64)  # each query's node on the current level; live[k]: still going up
         live = np.ones(n, np.bool_)
-        leaf_first = np.uint64(offsets[depth])
         for k in range(n):
             node[k] = np.uint64(indices[k])
-            nodes[leaf_first + node[k]] = values[k]
         for level in range(depth - 1, -1, -1):
             child_level = np.uint64(offsets[level + 1])
             parent_level = np.uint64(offsets[level])
+            children = bottom if level == depth - 1 else nodes
             for k in range(n):
                 if live[k]:
                     i = node[k]
-                    value = group_max(nodes, child_level + ((i >> shift) << shift)) if is_max else \
-                        group_sum(nodes, child_level + ((i >> shift) << shift))
+                    value = group_max(children, child_level + ((i >> shift) << shift)) if is_max else \
+                        group_sum(children, child_level + ((i >> shift) << shift))
                     i >>= shift
                     node[k] = i
                     live[k] = nodes[parent_level + i] != value
@@ -76,34 +85,42 @@ if AVAILABLE:
 
     @numba.njit(cache=True, nogil=True)
     def update_range(nodes, offsets, start, values, is_max):  # pragma: no cover - compiled
-        # leaves start .. start + len - 1, then each level's touched parents (a contiguous run) from their children
-        depth = offsets.size - 1
-        lo = start
-        hi = start + values.size - 1  # inclusive
+        # leaves start .. start + len - 1, then their parents level by level
+        leaf_first = offsets[offsets.size - 1]
         for k in range(values.size):
-            nodes[offsets[depth] + lo + k] = values[k]
+            nodes[leaf_first + start + k] = values[k]
+        climb_range(nodes, nodes, offsets, start, start + values.size - 1, is_max)
+
+    @numba.njit(cache=True, nogil=True)
+    def climb_range(bottom, nodes, offsets, lo, hi, is_max):  # pragma: no cover - compiled
+        # leaves lo .. hi (inclusive) changed: each level's touched parents (a contiguous run) from their children
+        # (the level above the leaves from ``bottom``, as in climb)
+        depth = offsets.size - 1
         for level in range(depth - 1, -1, -1):
             lo >>= SHIFT
             hi >>= SHIFT
+            children = bottom if level == depth - 1 else nodes
             for i in range(lo, hi + 1):
                 b = offsets[level + 1] + (i << SHIFT)
-                nodes[offsets[level] + i] = group_max(nodes, b) if is_max else group_sum(nodes, b)
+                nodes[offsets[level] + i] = group_max(children, b) if is_max else group_sum(children, b)
 
     @numba.njit(cache=True, nogil=True)
-    def range_max(nodes, offsets, lo, hi):  # pragma: no cover - compiled
+    def range_max(bottom, nodes, offsets, lo, hi):  # pragma: no cover - compiled
         # max of leaves lo .. hi - 1 (0.0 for an empty range): on each level the partial groups at both ends
-        # one by one, then move up to the parents of the whole groups in between
+        # one by one, then move up to the parents of the whole groups in between. The leaves are ``bottom``'s
+        # (a plain max tree: ``nodes`` itself; a SumMaxTree: the sum tree's), the levels above ``nodes``'.
         res = 0.0
         level = offsets.size - 1
         while lo < hi:
             first = offsets[level]
+            src = bottom if level == offsets.size - 1 else nodes
             while lo < hi and lo % FANOUT != 0:
-                v = nodes[first + lo]
+                v = src[first + lo]
                 res = v if v > res else res
                 lo += 1
             while lo < hi and hi % FANOUT != 0:
                 hi -= 1
-                v = nodes[first + hi]
+                v = src[first + hi]
                 res = v if v > res else res
             lo //= FANOUT
             hi //= FANOUT
@@ -146,71 +163,6 @@ if AVAILABLE:
         leaf_first = offsets[depth]
         for k in range(n):
             leaf_value[k] = nodes[leaf_first + out[k]]
-
-    @numba.njit(cache=True, nogil=True)
-    def update_max_levels(nodes, max_nodes, offsets, indices):  # pragma: no cover - compiled
-        # A sum tree's maxima (SumMaxTree): after leaves ``indices`` of ``nodes`` were written, recompute the
-        # max of each touched group, going up as in update (early stop included). ``max_nodes`` holds the
-        # internal levels only (same offsets); the level above the leaves reads its 8 children from the sum
-        # tree's leaf level -- the cache line the sum update just wrote -- so the maxima store no leaves.
-        depth = offsets.size - 1
-        shift = np.uint64(SHIFT)
-        n = indices.size
-        node = np.empty(n, np.uint64)
-        live = np.ones(n, np.bool_)
-        for k in range(n):
-            node[k] = np.uint64(indices[k])
-        for level in range(depth - 1, -1, -1):
-            child_level = np.uint64(offsets[level + 1])
-            parent_level = np.uint64(offsets[level])
-            children = nodes if level == depth - 1 else max_nodes
-            for k in range(n):
-                if live[k]:
-                    i = node[k]
-                    value = group_max(children, child_level + ((i >> shift) << shift))
-                    i >>= shift
-                    node[k] = i
-                    live[k] = max_nodes[parent_level + i] != value
-                    max_nodes[parent_level + i] = value
-
-    @numba.njit(cache=True, nogil=True)
-    def update_sum_max(nodes, max_nodes, offsets, indices, values):  # pragma: no cover - compiled
-        # SumMaxTree.update: the leaves and sums, then the maxima over the same leaves (one call)
-        update(nodes, offsets, indices, values, False)
-        update_max_levels(nodes, max_nodes, offsets, indices)
-
-    @numba.njit(cache=True, nogil=True)
-    def update_max_range(nodes, max_nodes, offsets, lo, hi):  # pragma: no cover - compiled
-        # SumMaxTree.update_range's maxima: leaves lo .. hi (inclusive) were written; each level's touched
-        # parents (a contiguous run) from their children (the sum tree's leaves for the level above them)
-        depth = offsets.size - 1
-        for level in range(depth - 1, -1, -1):
-            lo >>= SHIFT
-            hi >>= SHIFT
-            children = nodes if level == depth - 1 else max_nodes
-            for i in range(lo, hi + 1):
-                max_nodes[offsets[level] + i] = group_max(children, offsets[level + 1] + (i << SHIFT))
-
-    @numba.njit(cache=True, nogil=True)
-    def range_max_shared(nodes, max_nodes, offsets, lo, hi):  # pragma: no cover - compiled
-        # range_max of a SumMaxTree: the leaf level is the sum tree's, the levels above are ``max_nodes``
-        res = 0.0
-        level = offsets.size - 1
-        while lo < hi:
-            first = offsets[level]
-            src = nodes if level == offsets.size - 1 else max_nodes
-            while lo < hi and lo % FANOUT != 0:
-                v = src[first + lo]
-                res = v if v > res else res
-                lo += 1
-            while lo < hi and hi % FANOUT != 0:
-                hi -= 1
-                v = src[first + hi]
-                res = v if v > res else res
-            lo //= FANOUT
-            hi //= FANOUT
-            level -= 1
-        return res
 
     # error_model="numpy": a probability that underflows to 0 gives an infinite ratio, as NumPy's divide does
     @numba.njit(cache=True, nogil=True, error_model="numpy")

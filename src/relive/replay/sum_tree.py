@@ -58,6 +58,33 @@ def _group_sums(children: np.ndarray) -> np.ndarray:
     return children[:, 0]
 
 
+def _climb(tree: SegmentTree, bottom: np.ndarray, nodes: np.ndarray, leaves: np.ndarray, is_max: bool) -> None:
+    """NumPy path: after ``leaves`` changed, recompute each touched parent of ``nodes`` from its 8 children, level by
+    level; the level above the leaves reads them from ``bottom`` (``nodes`` itself for a plain tree, the sum tree's
+    for a :class:`SumMaxTree`'s maxima). The kernels' ``climb``, vectorized."""
+    group = np.arange(FANOUT)
+    idx, offsets = leaves, tree.offsets
+    for level in range(tree.depth - 1, -1, -1):
+        idx = np.unique(idx // FANOUT)
+        children = (bottom if level == tree.depth - 1 else nodes)[offsets[level + 1] + FANOUT * idx[:, None] + group]
+        nodes[offsets[level] + idx] = children.max(axis=1) if is_max else _group_sums(children)
+
+
+def _range_max(tree: SegmentTree, bottom: np.ndarray, nodes: np.ndarray, lo: int, hi: int) -> float:
+    """Largest of leaves ``lo .. hi - 1`` (leaves in ``bottom``, maxima above them in ``nodes``): the kernels'
+    ``range_max`` in NumPy -- the partial groups at both ends of each level, then the whole groups' parents."""
+    res, level = 0.0, tree.depth
+    while lo < hi:
+        first, src = tree.offsets[level], (bottom if level == tree.depth else nodes)
+        head = min(hi, -(-lo // FANOUT) * FANOUT)
+        tail = max(head, hi // FANOUT * FANOUT)
+        for a, b in ((lo, head), (tail, hi)):
+            if b > a:
+                res = max(res, float(src[first + a : first + b].max()))
+        lo, hi, level = head // FANOUT, tail // FANOUT, level - 1
+    return res
+
+
 class SegmentTree:
     """An 8-ary tree over ``capacity`` leaves in one level-major array (see the module docstring)."""
 
@@ -102,20 +129,17 @@ class SegmentTree:
         values = np.asarray(values, dtype=np.float64).reshape(-1)
         if indices.size != values.size:
             raise ValueError(f"{indices.size} indices but {values.size} values")
-        if indices.size == 0:
-            return
+        if indices.size:
+            self._write(np.ascontiguousarray(indices), np.ascontiguousarray(values))
+
+    def _write(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """:meth:`update` of checked int64 / float64 arrays (a subclass keeping more per node extends this)."""
         if self._kernels:  # leaves written in order: a later duplicate simply overwrites an earlier one
-            kernels.update(self.nodes, self.offsets, np.ascontiguousarray(indices), np.ascontiguousarray(values),
-                           self._is_max)
+            kernels.update(self.nodes, self.offsets, indices, values, self._is_max)
             return
         indices, values = _dedupe_last(indices, values)
-        nodes, offsets = self.nodes, self.offsets
-        nodes[self.leaf_offset + indices] = values
-        group = np.arange(FANOUT)
-        for level in range(self.depth - 1, -1, -1):  # recompute each touched parent from its 8 children
-            indices = np.unique(indices // FANOUT)
-            children = nodes[offsets[level + 1] + FANOUT * indices[:, None] + group]
-            nodes[offsets[level] + indices] = children.max(axis=1) if self._is_max else _group_sums(children)
+        self.nodes[self.leaf_offset + indices] = values
+        _climb(self, self.nodes, self.nodes, indices, self._is_max)
 
     def update_range(self, start: int, values) -> None:
         """Set the contiguous leaves ``start .. start + len(values) - 1`` (the fast path for rows appended to the
@@ -220,18 +244,8 @@ class MaxTree(SegmentTree):
         """Largest of the leaves ``lo .. hi - 1`` in O(8 log_8 N); 0.0 (the padding value) for an empty range."""
         lo, hi = max(0, int(lo)), min(self.capacity, int(hi))
         if self._kernels:
-            return float(kernels.range_max(self.nodes, self.offsets, lo, hi))
-        nodes, res, level = self.nodes, 0.0, self.depth
-        while lo < hi:  # the partial groups at both ends on this level, then the whole groups' parents
-            first = self.offsets[level]
-            head = min(hi, -(-lo // FANOUT) * FANOUT)
-            tail = max(head, hi // FANOUT * FANOUT)
-            for a, b in ((lo, head), (tail, hi)):
-                if b > a:
-                    res = max(res, float(nodes[first + a : first + b].max()))
-            lo, hi, level = head // FANOUT, tail // FANOUT, level - 1
-        return res
-
+            return float(kernels.range_max(self.nodes, self.nodes, self.offsets, lo, hi))
+        return _range_max(self, self.nodes, self.nodes, lo, hi)
 
 
 class SumMaxTree(SumTree):
@@ -251,20 +265,12 @@ class SumMaxTree(SumTree):
         """The largest leaf (0.0 when every leaf is 0)."""
         return float(self.max_nodes[0]) if self.depth else float(self.nodes[0])
 
-    def update(self, indices, values) -> None:
-        """Set ``leaf[indices] = values`` (duplicates: the last one wins); sums and maxima follow."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-        values = np.asarray(values, dtype=np.float64).reshape(-1)
-        if indices.size != values.size:
-            raise ValueError(f"{indices.size} indices but {values.size} values")
-        if indices.size == 0:
-            return
+    def _write(self, indices: np.ndarray, values: np.ndarray) -> None:
+        super()._write(indices, values)  # the leaves and the sums
         if self._kernels:
-            kernels.update_sum_max(self.nodes, self.max_nodes, self.offsets, np.ascontiguousarray(indices),
-                                   np.ascontiguousarray(values))
-            return
-        super().update(indices, values)
-        self._max_from(np.unique(indices))
+            kernels.climb(self.nodes, self.max_nodes, self.offsets, indices, True)
+        else:
+            _climb(self, self.nodes, self.max_nodes, np.unique(indices), True)
 
     def update_range(self, start: int, values) -> None:
         super().update_range(start, values)  # (checks the range)
@@ -273,32 +279,13 @@ class SumMaxTree(SumTree):
             return
         lo, hi = int(start), int(start) + n - 1
         if self._kernels:
-            kernels.update_max_range(self.nodes, self.max_nodes, self.offsets, lo, hi)
-            return
-        self._max_from(np.arange(lo, hi + 1))
-
-    def _max_from(self, leaves: np.ndarray) -> None:
-        """NumPy path: recompute the maxima above ``leaves`` (sorted, unique), level by level."""
-        group = np.arange(FANOUT)
-        idx = leaves
-        for level in range(self.depth - 1, -1, -1):
-            idx = np.unique(idx // FANOUT)
-            children = self.nodes if level == self.depth - 1 else self.max_nodes
-            self.max_nodes[self.offsets[level] + idx] = children[self.offsets[level + 1] + FANOUT * idx[:, None]
-                                                                 + group].max(axis=1)
+            kernels.climb_range(self.nodes, self.max_nodes, self.offsets, lo, hi, True)
+        else:
+            _climb(self, self.nodes, self.max_nodes, np.arange(lo, hi + 1), True)
 
     def range_max(self, lo: int, hi: int) -> float:
         """Largest of the leaves ``lo .. hi - 1`` in O(8 log_8 N); 0.0 for an empty range."""
         lo, hi = max(0, int(lo)), min(self.capacity, int(hi))
         if self._kernels:
-            return float(kernels.range_max_shared(self.nodes, self.max_nodes, self.offsets, lo, hi))
-        res, level = 0.0, self.depth
-        while lo < hi:  # the partial groups at both ends on this level, then the whole groups' parents
-            first, src = self.offsets[level], (self.nodes if level == self.depth else self.max_nodes)
-            head = min(hi, -(-lo // FANOUT) * FANOUT)
-            tail = max(head, hi // FANOUT * FANOUT)
-            for a, b in ((lo, head), (tail, hi)):
-                if b > a:
-                    res = max(res, float(src[first + a : first + b].max()))
-            lo, hi, level = head // FANOUT, tail // FANOUT, level - 1
-        return res
+            return float(kernels.range_max(self.nodes, self.max_nodes, self.offsets, lo, hi))
+        return _range_max(self, self.nodes, self.max_nodes, lo, hi)
