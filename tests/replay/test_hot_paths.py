@@ -213,3 +213,39 @@ def test_episode_index_few_rows_branch_matches_the_numpy_branch(data):
     stored = np.flatnonzero(a.stored_mask())
     np.testing.assert_array_equal(a.episode_ids(stored), b.episode_ids(stored))
     np.testing.assert_array_equal(a.step_of(stored), b.step_of(stored))
+
+
+def test_record_builders_build_what_the_dataclass_constructors_build():
+    from dataclasses import FrozenInstanceError, fields
+
+    from relive.types import Batch, SampleInfo, UpdateReport, new_batch, new_sample_info, new_update_report
+
+    a, g, b, t, u = np.arange(3), np.arange(3) + 1, np.ones(3, np.float32), np.arange(3) > 0, np.arange(3) < 0
+    cases = [(new_sample_info(a, g, b, b, a, {"k": 1}), SampleInfo(a, g, b, b, a, {"k": 1}))]
+    info = cases[0][1]
+    cases.append((new_batch(a, b, b, g, t, u, info, {"x": a}, b), Batch(a, b, b, g, t, u, info, {"x": a}, b)))
+    cases.append((new_update_report(2, 1, t), UpdateReport(2, 1, t)))
+    for built, ref in cases:
+        assert type(built) is type(ref)
+        assert set(vars(built)) == {f.name for f in fields(ref)}  # a field added to the class must be built too
+        for f in fields(ref):
+            got, want = getattr(built, f.name), getattr(ref, f.name)
+            assert got is want or (isinstance(want, dict) and got == want) or want is None
+        with pytest.raises(FrozenInstanceError):
+            built.__setattr__(fields(ref)[0].name, None)
+    assert len(cases[1][0]) == 3 and cases[1][0].x is a  # Batch's extras as attributes
+
+
+@pytest.mark.skipif(not __import__("relive.replay._check_kernels", fromlist=["AVAILABLE"]).AVAILABLE,
+                    reason="numba not installed")
+def test_per_priority_kernel_gives_numpys_bits():
+    sampler = PrioritizedSampler(priority_exponent=0.6)
+    rng = np.random.default_rng(3)
+    td = np.concatenate([rng.normal(0, 5, 500), [0.0, -0.0, 1e-300, -3e25, 3e25, 1e20, -1e20 + 1e5],
+                         rng.normal(0, 1e-7, 100)])
+    fast = sampler.priority_from_signals({"td_error": td})  # float64 [B]: the compiled path
+    ref = np.abs(td) + sampler.eps
+    np.minimum(ref, 1e20, out=ref)
+    np.power(ref, 0.6, out=ref)
+    np.testing.assert_array_equal(fast, ref)
+    np.testing.assert_array_equal(sampler.priority_from_signals({"td_error": td[:, None]}), ref)  # NumPy path

@@ -3,7 +3,8 @@ whose fixed cost (~1 us each) dominates a small batch.
 
 ``check_update``: ``ReplayBuffer.update``'s checks in one pass -- every slot is stored, every signal value is
 finite, and which rows are stale (their slot rewritten since they were sampled). ``all_finite``: the finiteness
-check of a small write (``Storage.validate``). The kernels only *detect* a problem; the NumPy path then runs and
+check of a small write (``Storage.validate``). ``td_priority``: PER's |delta| + eps, capped, in one pass (not a
+check: the same small-call economy). The kernels only *detect* a problem; the NumPy path then runs and
 names it, so both paths accept exactly the same inputs and raise the same errors (tests/replay/test_hot_paths.py
 runs both on the same inputs).
 """
@@ -30,6 +31,14 @@ if AVAILABLE:
             stale[k] = is_stale
             n_stale += is_stale
         return n_stale
+
+    @numba.njit(cache=True, nogil=True)
+    def td_priority(td, eps, cap, out):  # pragma: no cover - compiled
+        # PER's priority base min(|delta| + eps, cap) per row: NumPy's abs, add and minimum on finite float64, the
+        # same IEEE operations, so the same bits (the exponent stays NumPy's power: its SIMD pow rounds differently)
+        for k in range(td.size):
+            p = abs(td[k]) + eps
+            out[k] = p if p < cap else cap
 
     @numba.njit(cache=True, nogil=True)
     def all_finite(values):  # pragma: no cover - compiled

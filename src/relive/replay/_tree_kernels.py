@@ -52,6 +52,12 @@ if AVAILABLE:
         climb(nodes, nodes, offsets, indices, is_max)
 
     @numba.njit(cache=True, nogil=True)
+    def update_sum_max(nodes, max_nodes, offsets, indices, values):  # pragma: no cover - compiled
+        # a SumMaxTree's update in one call: the leaves and the sums (update), then the maxima above the same leaves
+        update(nodes, offsets, indices, values, False)
+        climb(nodes, max_nodes, offsets, indices, True)
+
+    @numba.njit(cache=True, nogil=True)
     def climb(bottom, nodes, offsets, indices, is_max):  # pragma: no cover - compiled
         # After leaves ``indices`` changed, go up one level at a time over the whole batch, recomputing each
         # touched parent of ``nodes`` from its 8 children (one cache line): the batch's independent parents

@@ -32,7 +32,8 @@ from relive.replay.samplers import (
     sampler_from_config,
 )
 from relive.replay.storage import Storage, as_numpy
-from relive.types import INTERVENTION, OFFLINE, ONLINE, ORIGIN_NAMES, Batch, SampleInfo, UpdateReport
+from relive.types import (INTERVENTION, OFFLINE, ONLINE, ORIGIN_NAMES, Batch, SampleInfo, UpdateReport, new_batch,
+                          new_sample_info, new_update_report)
 
 # backend name -> the ReplayBuffer subclass built for it (relive.replay.device_buffer registers "torch")
 BACKEND_CLASSES: dict[str, type] = {}
@@ -200,9 +201,8 @@ class ReplayBuffer:
         draw = self.sampler.sample(batch_size, self.rng)
         batch = self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
                             hints=self.sampler.hints())
-        relabel = getattr(self.sampler, "relabel_batch", None)  # HER (samplers/her.py): new goals into the batch
-        if relabel is not None and getattr(self.sampler, "relabels", False):
-            batch = relabel(batch, self.n_step, self.gamma)
+        if getattr(self.sampler, "relabels", False):  # HER (samplers/her.py): new goals into the batch
+            batch = self.sampler.relabel_batch(batch, self.n_step, self.gamma)
         return batch
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
@@ -214,16 +214,15 @@ class ReplayBuffer:
         :mod:`relive.replay.returns`); obs, action and extra columns stay the row's own."""
         st = self.storage
         idx = np.asarray(indices, dtype=np.int64)
-        cols, meta = st.columns, st.meta
+        cols = st.columns
         n = idx.size
-        info = SampleInfo(
-            indices=idx,
-            generation=meta["generation"].take(idx),
-            probability=np.full(n, np.nan) if probability is None else probability,
-            is_weight=np.ones(n, np.float32) if is_weight is None else is_weight,
+        info = new_sample_info(
+            idx, st.meta["generation"].take(idx),
+            np.full(n, np.nan) if probability is None else probability,
+            np.ones(n, np.float32) if is_weight is None else is_weight,
             # offline rows are the prefix [0, num_offline): no read of meta["source"] (a cache miss per row)
-            source=(idx >= st.num_offline).view(np.int8),
-            hints=hints if hints is not None else {},
+            (idx >= st.num_offline).view(np.int8),
+            hints if hints is not None else {},
         )
         extras = {name: cols[name].take(idx, axis=0) for name in st.extra_names} if st.extra_names else {}
         last, discount = idx, None  # the row whose next_obs and flags the batch holds: the row itself (one step)
@@ -237,8 +236,8 @@ class ReplayBuffer:
             obs, next_obs = st.read("obs", idx), st.read("next_obs", last)
         else:
             obs, next_obs = cols["obs"].take(idx, axis=0), cols["next_obs"].take(last, axis=0)
-        return Batch(obs, cols["action"].take(idx, axis=0), reward, next_obs, cols["terminated"].take(last),
-                     cols["truncated"].take(last), info=info, extras=extras, discount=discount)
+        return new_batch(obs, cols["action"].take(idx, axis=0), reward, next_obs, cols["terminated"].take(last),
+                         cols["truncated"].take(last), info, extras, discount)
 
     def sample_sequences(self, batch_size: int, length: int, at_episode_end: str = "pad",
                          max_redraws: int = 64) -> Batch:
@@ -333,7 +332,7 @@ class ReplayBuffer:
             self.sampler.update(idx, arrays)
         self.num_stale += n_stale
         self.num_updated += idx.size
-        return UpdateReport(num_updated=idx.size, num_stale=n_stale, stale=stale)
+        return new_update_report(idx.size, n_stale, stale)
 
     def _check_update(self, info: SampleInfo, signals: dict) -> tuple[np.ndarray, dict, np.ndarray, int]:
         """The update's checks with NumPy, naming the first problem: every index a stored slot, one generation

@@ -125,12 +125,14 @@ class SegmentTree:
 
     def update(self, indices, values) -> None:
         """Set ``leaf[indices] = values``; duplicate indices: the last one wins."""
-        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-        values = np.asarray(values, dtype=np.float64).reshape(-1)
+        if not (type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1):
+            indices = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        if not (type(values) is np.ndarray and values.dtype == np.float64 and values.ndim == 1):
+            values = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
         if indices.size != values.size:
             raise ValueError(f"{indices.size} indices but {values.size} values")
         if indices.size:
-            self._write(np.ascontiguousarray(indices), np.ascontiguousarray(values))
+            self._write(indices, values)
 
     def _write(self, indices: np.ndarray, values: np.ndarray) -> None:
         """:meth:`update` of checked int64 / float64 arrays (a subclass keeping more per node extends this)."""
@@ -266,11 +268,11 @@ class SumMaxTree(SumTree):
         return float(self.max_nodes[0]) if self.depth else float(self.nodes[0])
 
     def _write(self, indices: np.ndarray, values: np.ndarray) -> None:
+        if self._kernels:  # the leaves, the sums and the maxima in one call
+            kernels.update_sum_max(self.nodes, self.max_nodes, self.offsets, indices, values)
+            return
         super()._write(indices, values)  # the leaves and the sums
-        if self._kernels:
-            kernels.climb(self.nodes, self.max_nodes, self.offsets, indices, True)
-        else:
-            _climb(self, self.nodes, self.max_nodes, np.unique(indices), True)
+        _climb(self, self.nodes, self.max_nodes, np.unique(indices), True)
 
     def update_range(self, start: int, values) -> None:
         super().update_range(start, values)  # (checks the range)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from relive.registry import ReplayBuild, register_replay
+from relive.replay import _check_kernels
 from relive.replay.samplers.base import MAX_EXPONENT, MAX_PRIORITY, Draw, Sampler, check_number, state_array, state_int
 from relive.replay.sum_tree import SumMaxTree, SumTree
 
@@ -165,7 +166,12 @@ class PrioritizedSampler(Sampler):
         """p^alpha from ``td_error`` ((|delta| + eps)^alpha) or from a raw ``priority`` (priority^alpha); the base
         is clamped to ``MAX_PRIORITY`` so that every probability and IS weight stays finite."""
         if "td_error" in signals:
-            p = np.abs(check_signal("td_error", signals["td_error"]))
+            td = signals["td_error"]
+            if _check_kernels.AVAILABLE and type(td) is np.ndarray and td.dtype == np.float64 and td.ndim == 1:
+                p = np.empty(td.size)  # the buffer's checked [B] signal: abs, eps and the cap in one compiled pass
+                _check_kernels.td_priority(td, self.eps, MAX_PRIORITY, p)
+                return np.power(p, self.priority_exponent, out=p)
+            p = np.abs(check_signal("td_error", td))
             p += self.eps
         elif "priority" in signals:
             p = check_signal("priority", signals["priority"], nonnegative=True).copy()
