@@ -146,7 +146,8 @@ def as_tensor(x, device="cpu"):
     import torch
 
     if isinstance(x, np.ndarray) and x.flags.writeable and (
-            device is None or device == "cpu" or torch.device(device).type == "cpu"):
+            device is None or getattr(device, "type", None) == "cpu" or device == "cpu"  # (a torch.device: no new one)
+            or (not isinstance(device, torch.device) and torch.device(device).type == "cpu")):
         try:
             return torch.from_numpy(x)
         except TypeError:  # a dtype torch does not take from NumPy: as_tensor converts it

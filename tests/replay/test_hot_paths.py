@@ -249,3 +249,20 @@ def test_per_priority_kernel_gives_numpys_bits():
     np.power(ref, 0.6, out=ref)
     np.testing.assert_array_equal(fast, ref)
     np.testing.assert_array_equal(sampler.priority_from_signals({"td_error": td[:, None]}), ref)  # NumPy path
+
+
+def test_gather_records_stamps_and_sources_as_numpy_does():
+    buf = ReplayBuffer(300, (3,), (2,), seed=0)
+    rng = np.random.default_rng(1)
+    buf.add_offline(random_transitions(40, (3,), (2,), rng=rng))
+    for _ in range(5):  # the ring wraps: stamps 1 and 2
+        buf.extend(random_transitions(97, (3,), (2,), rng=rng))
+    st = buf.storage
+    slots = np.random.default_rng(0).integers(0, st.size, 500)
+    info = buf.gather(slots).info
+    np.testing.assert_array_equal(info.generation, st.meta["generation"][slots])
+    np.testing.assert_array_equal(info.source, (slots >= st.num_offline).astype(np.int8))
+    assert info.generation.dtype == st.meta["generation"].dtype and info.source.dtype == np.int8
+    assert set(np.unique(info.generation)) == {1, 2}
+    with pytest.raises(IndexError):  # a slot outside the columns: refused, nothing read past them
+        buf.gather(np.array([3, st.capacity]))

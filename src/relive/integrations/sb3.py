@@ -79,6 +79,16 @@ class ReliveReplayBufferSamples(NamedTuple):
     info: SampleInfo | None = None
 
 
+def _cpu_tensor(x: np.ndarray) -> th.Tensor:
+    """A CPU tensor sharing ``x``'s memory (a batch's own arrays; ``as_tensor`` without its device checks)."""
+    if x.flags.writeable:
+        try:
+            return th.from_numpy(x)
+        except TypeError:  # a dtype torch does not take from NumPy
+            pass
+    return th.as_tensor(x)
+
+
 def _offline_rows(offline) -> tuple[dict | None, str | None]:
     """(rows, dataset id) of ``offline=``: a mapping of columns, or a dataset (Minari id, .npz, D4RL .hdf5, LeRobot
     directory) read with relive's loaders."""
@@ -277,9 +287,10 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
 
     def sample(self, batch_size: int, env=None) -> ReliveReplayBufferSamples:  # type: ignore[override]
         buf = self.relive  # (flushes the staged steps)
-        if len(buf) == 0:
+        stored = buf.storage.num_rows
+        if stored == 0:
             raise ValueError("ReliveReplayBuffer.sample: the buffer is empty")
-        if batch_size <= len(buf):
+        if batch_size <= stored:
             batch = buf.sample(batch_size)
         else:  # SB3 samples with replacement from the first step on; relive's samplers draw with replacement too
             draw = buf.sampler.sample(int(batch_size), buf.rng)
@@ -299,8 +310,11 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
 
     def to_samples(self, batch: Batch, env=None) -> ReliveReplayBufferSamples:
         """A relive batch as SB3's sample tuple on ``self.device`` (VecNormalize applied when ``env`` is given)."""
-        def t(x):  # (relive's gather already copied the rows: the tensors may share them)
-            return as_tensor(x, self.device)
+        if self.device.type == "cpu":  # (relive's gather already copied the rows: the tensors may share them)
+            t = _cpu_tensor
+        else:
+            def t(x):
+                return as_tensor(x, self.device)
 
         rewards = self._normalize_reward(batch.reward.reshape(-1, 1).astype(np.float32, copy=False), env)
         return ReliveReplayBufferSamples(

@@ -3,8 +3,9 @@ whose fixed cost (~1 us each) dominates a small batch.
 
 ``check_update``: ``ReplayBuffer.update``'s checks in one pass -- every slot is stored, every signal value is
 finite, and which rows are stale (their slot rewritten since they were sampled). ``all_finite``: the finiteness
-check of a small write (``Storage.validate``). ``td_priority``: PER's |delta| + eps, capped, in one pass (not a
-check: the same small-call economy). The kernels only *detect* a problem; the NumPy path then runs and
+check of a small write (``Storage.validate``). ``td_priority``: PER's |delta| + eps, capped, in one pass, and
+``stamps_and_source``: a batch's generation stamps and source tags in one pass (not checks: the same small-call
+economy). The kernels only *detect* a problem; the NumPy path then runs and
 names it, so both paths accept exactly the same inputs and raise the same errors (tests/replay/test_hot_paths.py
 runs both on the same inputs).
 """
@@ -31,6 +32,20 @@ if AVAILABLE:
             stale[k] = is_stale
             n_stale += is_stale
         return n_stale
+
+    @numba.njit(cache=True, nogil=True)
+    def stamps_and_source(slots, stamps, num_offline, generation, source):  # pragma: no cover - compiled
+        # a batch's record in one pass: each slot's generation stamp and its source (1: online, past the offline
+        # prefix). False, at once, for a slot outside [0, len(stamps)): the caller's NumPy path then raises (or wraps
+        # a negative index) as ``take`` does -- no read outside the column
+        n = stamps.size
+        for k in range(slots.size):
+            s = slots[k]
+            if s < 0 or s >= n:
+                return False
+            generation[k] = stamps[s]
+            source[k] = s >= num_offline
+        return True
 
     @numba.njit(cache=True, nogil=True)
     def td_priority(td, eps, cap, out):  # pragma: no cover - compiled

@@ -41,6 +41,11 @@ BACKEND_CLASSES: dict[str, type] = {}
 HOST = "host"  # ReplayBuffer.load(..., device=HOST): NumPy columns in RAM, whatever the checkpoint's backend
 
 
+_INT64 = np.dtype(np.int64)
+_STAMP_DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64))  # a batch's generations (int64: old buffers)
+_FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+
+
 class ReplayBuffer:
     storage: Storage
     sampler: Sampler
@@ -198,11 +203,11 @@ class ReplayBuffer:
         return self._draw_batch(int(batch_size))
 
     def _draw_batch(self, batch_size: int) -> Batch:
-        draw = self.sampler.sample(batch_size, self.rng)
-        batch = self.gather(draw.indices, probability=draw.probability, is_weight=draw.is_weight,
-                            hints=self.sampler.hints())
-        if getattr(self.sampler, "relabels", False):  # HER (samplers/her.py): new goals into the batch
-            batch = self.sampler.relabel_batch(batch, self.n_step, self.gamma)
+        sampler = self.sampler
+        indices, probability, is_weight = sampler.sample(batch_size, self.rng)
+        batch = self.gather(indices, probability, is_weight, sampler.hints())
+        if getattr(sampler, "relabels", False):  # HER (samplers/her.py): new goals into the batch
+            batch = sampler.relabel_batch(batch, self.n_step, self.gamma)
         return batch
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
@@ -216,14 +221,17 @@ class ReplayBuffer:
         idx = np.asarray(indices, dtype=np.int64)
         cols = st.columns
         n = idx.size
-        info = new_sample_info(
-            idx, st.meta["generation"].take(idx),
-            np.full(n, np.nan) if probability is None else probability,
-            np.ones(n, np.float32) if is_weight is None else is_weight,
-            # offline rows are the prefix [0, num_offline): no read of meta["source"] (a cache miss per row)
-            (idx >= st.num_offline).view(np.int8),
-            hints if hints is not None else {},
-        )
+        stamps = st.meta["generation"]
+        # offline rows are the prefix [0, num_offline): the source needs no read of a per-row column
+        if _check_kernels.AVAILABLE and type(stamps) is np.ndarray and idx.ndim == 1 and 0 < n:
+            generation, source = np.empty(n, stamps.dtype), np.empty(n, np.int8)
+            if not _check_kernels.stamps_and_source(idx, stamps, st.num_offline, generation, source):
+                generation, source = stamps.take(idx), (idx >= st.num_offline).view(np.int8)
+        else:
+            generation, source = stamps.take(idx), (idx >= st.num_offline).view(np.int8)
+        info = new_sample_info(idx, generation, np.full(n, np.nan) if probability is None else probability,
+                               np.ones(n, np.float32) if is_weight is None else is_weight, source,
+                               hints if hints is not None else {})
         extras = {name: cols[name].take(idx, axis=0) for name in st.extra_names} if st.extra_names else {}
         last, discount = idx, None  # the row whose next_obs and flags the batch holds: the row itself (one step)
         if self.n_step > 1:
@@ -367,9 +375,10 @@ class ReplayBuffer:
             return None
         ((name, arr),) = signals.items()
         idx, gen = info.indices, info.generation
+        # (dtypes compared by identity: NumPy's native dtypes are singletons; any other spelling takes the NumPy path)
         if not (type(arr) is np.ndarray and type(idx) is np.ndarray and type(gen) is np.ndarray
-                and idx.dtype == np.int64 and gen.dtype.kind in "iu" and arr.dtype.kind == "f"
-                and idx.ndim == 1 and gen.shape == idx.shape and arr.shape == idx.shape):
+                and idx.dtype is _INT64 and gen.dtype in _STAMP_DTYPES and arr.dtype in _FLOAT_DTYPES
+                and idx.ndim == 1 and gen.shape == idx.shape == arr.shape):
             return None
         st = self.storage
         gap_lo, gap_hi = (st.num_offline, st.ring_base) if st.has_gap else (0, 0)

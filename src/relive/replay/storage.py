@@ -270,20 +270,22 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
     def online_capacity(self) -> int:
         return self.capacity - self.ring_base
 
+    # (the counts below are read on every sample: each is one expression, no property calling another)
     @property
     def num_online(self) -> int:
-        return min(self.num_online_written, self.online_capacity)
+        return min(self.num_online_written, self.capacity - self.ring_base)
 
     @property
     def size(self) -> int:
         """One past the last stored slot (the rows' count, ``num_rows``, unless a demonstration segment has room
         left: its empty slots lie between the offline and the online rows)."""
-        return self.ring_base + self.num_online if self.num_online_written else self.num_offline
+        written = self.num_online_written
+        return min(self.capacity, self.ring_base + written) if written else self.num_offline
 
     @property
     def num_rows(self) -> int:
         """Rows stored, offline and online."""
-        return self.num_offline + self.num_online
+        return self.num_offline + min(self.num_online_written, self.capacity - self.ring_base)
 
     @property
     def num_before_online(self) -> int:
@@ -308,6 +310,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         """Stored slots of one source (or all) as a half-open range: each source's are contiguous (all of them
         too, unless a demonstration segment has room left: ``has_gap``). ``DATASET_ROWS`` / ``DEMONSTRATION_ROWS``:
         the offline rows written before / after the first online row."""
+        if source is None:
+            return 0, self.size
         if source == OFFLINE:
             return 0, self.num_offline
         if source == DATASET_ROWS:

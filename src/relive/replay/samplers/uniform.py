@@ -26,7 +26,10 @@ class UniformSampler(Sampler):
         lo, hi = self.domain()
         n = hi - lo
         indices = rng.integers(lo, hi, size=batch_size, dtype=np.int64)
-        return Draw(indices, np.full(batch_size, 1.0 / n), np.ones(batch_size, dtype=np.float32))
+        probability, weight = np.empty(batch_size), np.empty(batch_size, np.float32)
+        probability.fill(1.0 / n)  # (empty + fill: np.full / np.ones are Python functions around the same two calls)
+        weight.fill(1.0)
+        return Draw(indices, probability, weight)
 
     def probabilities(self) -> np.ndarray:
         p = np.zeros(self.storage.capacity)
