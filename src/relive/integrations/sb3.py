@@ -199,6 +199,7 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
                         "terminated": np.zeros((n, STAGED_STEPS), bool),
                         "truncated": np.zeros((n, STAGED_STEPS), bool)}
         self._num_staged = 0
+        self._staged_shapes = ((n, *self.obs_shape), (n, self.action_dim))  # one env step's obs and actions
         self.last_info: SampleInfo | None = None  # the latest batch's rows (``update`` takes any batch's info)
         self._samples_since_update = 0
         self._warned = False
@@ -266,7 +267,7 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         n = self.n_envs
         done = np.asarray(done, dtype=bool).reshape(n)
         k, staged = self._num_staged, self._staged
-        obs_shape, act_shape = (n, *self.obs_shape), (n, self.action_dim)
+        obs_shape, act_shape = self._staged_shapes
         asarray = np.asarray  # (SB3 hands ndarrays: asarray is then free, and .reshape a view)
         staged["obs"][:, k] = asarray(obs).reshape(obs_shape)
         staged["action"][:, k] = asarray(action).reshape(act_shape)
@@ -274,7 +275,7 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         staged["next_obs"][:, k] = asarray(next_obs).reshape(obs_shape)
         # infos are read only where an env is done (most steps: none), and only when timeouts are told apart
         # (handle_timeout_termination=False is SB3's meaning: a timeout counts as a termination)
-        if self.handle_timeout_termination and np.count_nonzero(done):  # (count_nonzero: no ufunc reduce)
+        if self.handle_timeout_termination and True in done.tolist():  # (a list of n bools: no ufunc call)
             timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
             staged["terminated"][:, k] = done & ~timeout
             staged["truncated"][:, k] = done & timeout

@@ -32,8 +32,18 @@ from relive.replay.samplers import (
     sampler_from_config,
 )
 from relive.replay.storage import Storage, as_numpy
-from relive.types import (INTERVENTION, OFFLINE, ONLINE, ORIGIN_NAMES, Batch, SampleInfo, UpdateReport, new_batch,
-                          new_sample_info, new_update_report)
+from relive.types import (
+    INTERVENTION,
+    OFFLINE,
+    ONLINE,
+    ORIGIN_NAMES,
+    Batch,
+    SampleInfo,
+    UpdateReport,
+    new_batch,
+    new_sample_info,
+    new_update_report,
+)
 
 # backend name -> the ReplayBuffer subclass built for it (relive.replay.device_buffer registers "torch")
 BACKEND_CLASSES: dict[str, type] = {}

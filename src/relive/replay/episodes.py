@@ -141,7 +141,9 @@ class EpisodeIndex:
                 self._rec["length"][r] += n
                 self._rec["finished"][r] = end[-1]
             self._set_open(source, lane, -1 if end[-1] else open_id)
-            return np.full(n, open_id, dtype=np.int64)
+            ids = np.empty(n, np.int64)
+            ids.fill(open_id)  # (np.full: a Python function around the same two calls)
+            return ids
         if n <= FEW_ROWS:  # a few rows (a vector env's step): plain Python beats the dozen NumPy calls below
             return self._append_segments(source, start, lane, open_id, end.tolist())
         seg_starts = np.concatenate(([0], np.flatnonzero(end[:-1]) + 1))

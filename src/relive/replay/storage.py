@@ -167,8 +167,12 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
         self._name_set = frozenset(self._names)
         obs_spec = self.obs_spec if self.obs_keys is None else None
-        self._plan = tuple((name, f"column {name!r}", obs_spec if name in ("obs", "next_obs") else self.specs[name],
-                            name in FINITE_CHECKED or name in self.extra_names) for name in self._names)
+        # (name, label, spec, finite): finite -- the column's values must be finite and can be NaN / inf (a float
+        # column; dict observations, spec None, decide per key)
+        checked = set(FINITE_CHECKED) | set(self.extra_names)
+        specs = [obs_spec if name in ("obs", "next_obs") else self.specs[name] for name in self._names]
+        self._plan = tuple((n, f"column {n!r}", spec, n in checked and (spec is None or spec.dtype.kind == "f"))
+                           for n, spec in zip(self._names, specs, strict=True))
         self.backend = backend
         self.device = None
         self._gen_t = None  # backend "torch": the generation stamps on the device too (stale checks there)
@@ -392,7 +396,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
             if type(value) is np.ndarray and spec is not None:  # the common case first (an ABC isinstance costs more)
                 shape = value.shape
                 if (shape and shape[1:] == spec.shape and value.dtype == spec.dtype and (n is None or shape[0] == n)
-                        and not (finite and value.dtype.kind == "f" and not all_finite(value))):
+                        and not (finite and not all_finite(value))):
                     n = shape[0]  # the column's own dtype and shape, finite: nothing to convert
                     out[name] = value
                     continue
