@@ -15,6 +15,10 @@ reset_num_timesteps=False)`` alternates between them, ``--chunk-rounds`` times, 
 A round's ratio compares two chunks a fraction of a second apart, so the machine's drift (+-25% between whole runs
 here) cancels; the median ratio and a bootstrap 95% interval over rounds are reported.
 
+``--part sb3-split``: where DQN's gap goes -- the time inside ``replay_buffer.sample`` and in the rest of ``train()``
+per env step, with two more variants that run both buffers side by side (one's batches, both's work), which tells a
+gradient step slowed by the buffer's data from one slowed by the work done between the steps.
+
 TorchRL: microseconds per ``extend`` (a 100-transition batch), ``sample(256)`` and ``update_priority`` on a full
 100,000-row buffer (HalfCheetah-shaped: observation 17, action 6), relive's buffer against TorchRL's
 ``TensorDictReplayBuffer(LazyTensorStorage)``; TorchRL's prioritized buffer is tried and reported when it loads.
@@ -150,6 +154,70 @@ def sb3_chunks(rounds: int, dqn_chunk: int, sac_chunk: int, seed: int = 0) -> di
     return out
 
 
+def _timed(fn, acc: dict, key: str):
+    """``fn`` adding its wall-clock time to ``acc[key]``."""
+    def timed(*a, **k):
+        start = time.perf_counter()
+        out = fn(*a, **k)
+        acc[key] += time.perf_counter() - start
+        return out
+    return timed
+
+
+def sb3_split(rounds: int, chunk: int, seed: int = 0) -> dict:
+    """Where DQN's end-to-end gap goes: per env step, the time inside ``replay_buffer.sample`` and the rest of
+    ``train()`` (SB3's gradient step), for four warmed models run in alternating ``learn`` chunks (wall clock): SB3's
+    buffer; relive's; SB3's buffer with relive's buffer beside it doing the same adds and samples (SB3's batches,
+    relive's work); relive's buffer with SB3's beside it. Whether a slower gradient step follows the data or the work
+    done between the steps (cache and allocator state: the buffer's in-situ cost beyond its own calls)."""
+    import gymnasium as gym
+    import stable_baselines3 as sb3
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    from relive.integrations.sb3 import ReliveReplayBuffer
+
+    def beside(main, other):  # ``main``'s batches, ``other``'s work too
+        class Both(main):
+            def __init__(self, *a, **k):
+                super().__init__(*a, **k)
+                self.shadow = other(*a, **k)
+
+            def add(self, *a, **k):
+                super().add(*a, **k)
+                self.shadow.add(*a, **k)
+
+            def sample(self, *a, **k):
+                self.shadow.sample(*a, **k)
+                return super().sample(*a, **k)
+        return Both
+
+    variants = {"SB3 ReplayBuffer": ReplayBuffer, "relive ReliveReplayBuffer": ReliveReplayBuffer,
+                "SB3's batches, relive's buffer beside": beside(ReplayBuffer, ReliveReplayBuffer),
+                "relive's batches, SB3's buffer beside": beside(ReliveReplayBuffer, ReplayBuffer)}
+    spent: dict[str, dict[str, float]] = {v: {"learn": 0.0, "train": 0.0, "sample": 0.0} for v in variants}
+    models = {}
+    for v, cls in variants.items():
+        m = sb3.DQN("MlpPolicy", gym.make("CartPole-v1"), learning_starts=100, buffer_size=100_000, seed=seed,
+                    replay_buffer_class=cls)
+        m.learn(2 * chunk)
+        for obj, attr in ((m.replay_buffer, "sample"), (m, "train")):
+            setattr(obj, attr, _timed(getattr(obj, attr), spent[v], attr))
+        models[v] = m
+    for _ in range(rounds):
+        for v, m in models.items():
+            start = time.perf_counter()
+            m.learn(chunk, reset_num_timesteps=False)
+            spent[v]["learn"] += time.perf_counter() - start
+    steps = rounds * chunk
+    out = {v: {"learn_us": round(t["learn"] * 1e6 / steps, 1), "sample_us": round(t["sample"] * 1e6 / steps, 1),
+               "train_minus_sample_us": round((t["train"] - t["sample"]) * 1e6 / steps, 1)}
+           for v, t in spent.items()}
+    for v, r in out.items():
+        print(f"{v:40s} per env step: learn {r['learn_us']:7.1f} us, inside sample {r['sample_us']:6.1f} us, "
+              f"rest of train() {r['train_minus_sample_us']:7.1f} us", flush=True)
+    return out
+
+
 def _transitions(n: int, rng: np.random.Generator):
     from tensordict import TensorDict
 
@@ -211,7 +279,7 @@ def torchrl_part(rows: int, calls: int, repeats: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("all", "sb3", "sb3-buffer", "sb3-chunks", "torchrl"), default="all",
+    p.add_argument("--part", choices=("all", "sb3", "sb3-buffer", "sb3-chunks", "sb3-split", "torchrl"), default="all",
                    help="sb3-buffer: only the SB3 buffer calls (no learn())")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--chunk-rounds", type=int, default=40, help="sb3-chunks: alternations of the two models")
@@ -233,6 +301,8 @@ def main() -> None:
         res["sb3"] = sb3_part(args.rounds, args.dqn_steps, args.sac_steps)
     if args.part == "sb3-chunks":
         res["sb3_chunks"] = sb3_chunks(args.chunk_rounds, args.dqn_chunk, args.sac_chunk)
+    if args.part == "sb3-split":
+        res["sb3_split"] = sb3_split(args.chunk_rounds // 4 or 1, args.dqn_chunk)
     if args.part in ("all", "torchrl"):
         res["torchrl"] = torchrl_part(args.rows, args.calls, args.repeats)
     if args.out:
