@@ -317,16 +317,18 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
             def t(x):
                 return as_tensor(x, self.device)
 
-        rewards = self._normalize_reward(batch.reward.reshape(-1, 1).astype(np.float32, copy=False), env)
+        obs, next_obs = batch.obs, batch.next_obs
+        rewards = batch.reward.reshape(-1, 1).astype(np.float32, copy=False)
+        if env is not None:  # VecNormalize
+            obs, next_obs = self._normalize_obs(obs, env), self._normalize_obs(next_obs, env)
+            rewards = self._normalize_reward(rewards, env)
         return ReliveReplayBufferSamples(
-            observations=t(self._normalize_obs(batch.obs, env)),
-            actions=t(batch.action),
-            next_observations=t(self._normalize_obs(batch.next_obs, env)),
-            dones=t(batch.terminated.astype(np.float32).reshape(-1, 1)),  # SB3's dones * (1 - timeouts)
-            rewards=t(rewards),
-            discounts=None if batch.discount is None else t(batch.discount.astype(np.float32).reshape(-1, 1)),
-            is_weights=t(np.asarray(batch.info.is_weight, dtype=np.float32).reshape(-1, 1)),
-            info=batch.info,
+            t(obs), t(batch.action), t(next_obs),
+            t(batch.terminated.astype(np.float32).reshape(-1, 1)),  # dones: SB3's dones * (1 - timeouts)
+            t(rewards),
+            None if batch.discount is None else t(batch.discount.astype(np.float32).reshape(-1, 1)),  # discounts
+            t(np.asarray(batch.info.is_weight, dtype=np.float32).reshape(-1, 1)),  # is_weights
+            batch.info,
         )
 
     # -- relive's feedback and checkpoint --------------------------------------------------------------

@@ -378,7 +378,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         The result is keyed by physical column: ``obs`` / ``next_obs`` for flat observations, ``obs.<key>`` /
         ``next_obs.<key>`` for dict ones (``next_obs`` columns are returned even when the storage does not keep
         them, to decide which rows must keep an explicit copy)."""
-        if not isinstance(data, Mapping):
+        if type(data) is not dict and not isinstance(data, Mapping):  # (a dict first: an ABC isinstance costs ~1 us)
             raise ValueError(f"rows must be a mapping of column name -> array, got {type(data).__name__}")
         names = self._names
         if data.keys() != self._name_set:
