@@ -13,7 +13,8 @@ each a fresh seeded model; the median over rounds is reported, with relive / SB3
 under SB3's algorithm), built once and warmed past ``learning_starts``; then ``learn(chunk,
 reset_num_timesteps=False)`` alternates between them, ``--chunk-rounds`` times, each chunk timed in process CPU time.
 A round's ratio compares two chunks a fraction of a second apart, so the machine's drift (+-25% between whole runs
-here) cancels; the median ratio and a bootstrap 95% interval over rounds are reported.
+here) cancels; the median ratio and a bootstrap 95% interval over rounds are reported. A third model on SB3's own
+buffer (another seed) is the control: its ratio to the first is what two models of one configuration differ by.
 
 ``--part sb3-split``: where DQN's gap goes -- the time inside ``replay_buffer.sample`` and in the rest of ``train()``
 per env step, with two more variants that run both buffers side by side (one's batches, both's work), which tells a
@@ -133,6 +134,9 @@ def sb3_chunks(rounds: int, dqn_chunk: int, sac_chunk: int, seed: int = 0) -> di
             "relive buffer (uniform), SB3's algorithm": cls("MlpPolicy", gym.make(env_id), learning_starts=100,
                                                             buffer_size=100_000, seed=seed,
                                                             replay_buffer_class=ReliveReplayBuffer),
+            # the control: a second model on SB3's buffer (A/A) -- what two models of one configuration differ by
+            "SB3 ReplayBuffer, second model": cls("MlpPolicy", gym.make(env_id), learning_starts=100,
+                                                  buffer_size=100_000, seed=seed + 1),
         }
         for m in models.values():  # past learning_starts: every chunk trains
             m.learn(max(200, 2 * chunk))
@@ -142,14 +146,18 @@ def sb3_chunks(rounds: int, dqn_chunk: int, sac_chunk: int, seed: int = 0) -> di
                 start = time.process_time()
                 m.learn(chunk, reset_num_timesteps=False)
                 rates[v].append(chunk / (time.process_time() - start))
-        base, ours = np.array(rates["SB3 ReplayBuffer"]), np.array(rates["relive buffer (uniform), SB3's algorithm"])
-        ratios = ours / base
+        base = np.array(rates["SB3 ReplayBuffer"])
+        ratios = np.array(rates["relive buffer (uniform), SB3's algorithm"]) / base
+        control = np.array(rates["SB3 ReplayBuffer, second model"]) / base
         boot = np.random.default_rng(0).choice(ratios, (2000, ratios.size)).mean(axis=1)
+        boot_control = np.random.default_rng(1).choice(control, (2000, control.size)).mean(axis=1)
         out[name] = {"chunk_steps": chunk, "rounds": rounds,
                      "steps_per_cpu_s": {v: round(statistics.median(r), 1) for v, r in rates.items()},
                      "ratio_relive_over_sb3_median": round(float(np.median(ratios)), 4),
                      "ratio_mean": round(float(ratios.mean()), 4),
-                     "ratio_mean_95ci": [round(float(x), 4) for x in np.percentile(boot, [2.5, 97.5])]}
+                     "ratio_mean_95ci": [round(float(x), 4) for x in np.percentile(boot, [2.5, 97.5])],
+                     "control_sb3_second_model_over_sb3_median": round(float(np.median(control)), 4),
+                     "control_mean_95ci": [round(float(x), 4) for x in np.percentile(boot_control, [2.5, 97.5])]}
         print(name, json.dumps(out[name]), flush=True)
     return out
 
