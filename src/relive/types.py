@@ -112,15 +112,12 @@ class Batch:
 
         info = self.info
         weight = info.is_weight
-        torch_info = SampleInfo(
-            indices=info.indices,
-            generation=info.generation,
-            probability=info.probability,
-            is_weight=as_tensor(np.asarray(weight, dtype=np.float32) if isinstance(weight, np.ndarray) else weight,
-                                device).to(torch.float32),
-            source=info.source,
-            hints={k: (torch.as_tensor(v, device=device) if isinstance(v, np.ndarray) else v)
-                   for k, v in info.hints.items()},
+        torch_info = new_sample_info(
+            info.indices, info.generation, info.probability,
+            as_tensor(np.asarray(weight, dtype=np.float32) if isinstance(weight, np.ndarray) else weight,
+                      device).to(torch.float32),
+            info.source,
+            {k: (torch.as_tensor(v, device=device) if isinstance(v, np.ndarray) else v) for k, v in info.hints.items()},
         )
         def conv_obs(x):  # dict observations: one tensor per key (uint8 images stay uint8)
             return {k: conv(v) for k, v in x.items()} if isinstance(x, Mapping) else conv(x)
@@ -146,8 +143,8 @@ def as_tensor(x, device="cpu"):
     import torch
 
     if isinstance(x, np.ndarray) and x.flags.writeable and (
-            device is None or getattr(device, "type", None) == "cpu" or device == "cpu"  # (a torch.device: no new one)
-            or (not isinstance(device, torch.device) and torch.device(device).type == "cpu")):
+            device is None or device == "cpu"
+            or (device.type == "cpu" if isinstance(device, torch.device) else torch.device(device).type == "cpu")):
         try:
             return torch.from_numpy(x)
         except TypeError:  # a dtype torch does not take from NumPy: as_tensor converts it
