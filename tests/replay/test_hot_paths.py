@@ -266,3 +266,17 @@ def test_gather_records_stamps_and_sources_as_numpy_does():
     assert set(np.unique(info.generation)) == {1, 2}
     with pytest.raises(IndexError):  # a slot outside the columns: refused, nothing read past them
         buf.gather(np.array([3, st.capacity]))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.longdouble])
+def test_update_takes_td_errors_of_every_float_dtype(dtype):
+    # float16 / longdouble signals take the NumPy checks (numba has no float16: the compiled check used to raise
+    # NotImplementedError); every dtype gives the priorities of its values as float64
+    rng = np.random.default_rng(0)
+    bufs = [ReplayBuffer(64, (3,), (2,), sampler=PrioritizedSampler(), seed=1) for _ in range(2)]
+    td = rng.random(16).astype(dtype)
+    for buf, signal in zip(bufs, (td, td.astype(np.float64)), strict=True):
+        buf.extend(random_transitions(40, (3,), (2,), rng=np.random.default_rng(2)))
+        report = buf.update(buf.sample(16).info, td_error=signal)
+        assert report.num_updated == 16
+    np.testing.assert_array_equal(bufs[0].sampler.leaf_values(), bufs[1].sampler.leaf_values())

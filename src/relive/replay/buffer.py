@@ -53,7 +53,7 @@ HOST = "host"  # ReplayBuffer.load(..., device=HOST): NumPy columns in RAM, what
 
 _INT64 = np.dtype(np.int64)
 _STAMP_DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64))  # a batch's generations (int64: old buffers)
-_FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
+_FLOAT_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64))  # (numba has no float16)
 
 
 class ReplayBuffer:

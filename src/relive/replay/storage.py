@@ -167,8 +167,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self._names = (*CORE_COLUMNS, *self.extra_names)  # the logical columns a write holds
         self._name_set = frozenset(self._names)
         obs_spec = self.obs_spec if self.obs_keys is None else None
-        # (name, label, spec, finite): finite -- the column's values must be finite and can be NaN / inf (a float
-        # column; dict observations, spec None, decide per key)
+        # (name, label, spec, finite): finite -- the write's values are checked for NaN / inf (a float column that
+        # must hold finite numbers; dict observations, spec None, are checked key by key)
         checked = set(FINITE_CHECKED) | set(self.extra_names)
         specs = [obs_spec if name in ("obs", "next_obs") else self.specs[name] for name in self._names]
         self._plan = tuple((n, f"column {n!r}", spec, n in checked and (spec is None or spec.dtype.kind == "f"))
