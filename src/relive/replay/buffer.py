@@ -217,7 +217,7 @@ class ReplayBuffer:
         indices, probability, is_weight = sampler.sample(batch_size, self.rng)
         batch = self.gather(indices, probability, is_weight, sampler.hints())
         if getattr(sampler, "relabels", False):  # HER (samplers/her.py): new goals into the batch
-            batch = sampler.relabel_batch(batch, self.n_step, self.gamma)
+            batch = sampler.relabel_batch(batch, self.n_step, self.gamma)  # type: ignore[attr-defined]
         return batch
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
