@@ -12,7 +12,10 @@ than glue (Python calls, checks, the batch's records). "floor + design, clock st
 ring's write clock instead of gathering a column (a ring slot's write count is a function of the slot and of the
 rows written): what that design step, not taken, would save.
 
-    PYTHONPATH=src python bench/per_floor.py --rows 1000000 --seconds 0.3 --repeats 15
+    PYTHONPATH=src python bench/per_floor.py --rows 1000000 --seconds 0.1 --repeats 60
+
+(Short rounds, many of them: a shared machine's speed drifts within a second, and the per-round ratio cancels the
+drift only when the variants of one round run close together.)
 
 All variants first run together for ``--warmup`` seconds (the first seconds after filling 1M rows are slower and
 uneven: pages of the new arrays settle), then in interleaved rounds. Prints each variant's median rate over the
