@@ -280,3 +280,25 @@ def test_update_takes_td_errors_of_every_float_dtype(dtype):
         report = buf.update(buf.sample(16).info, td_error=signal)
         assert report.num_updated == 16
     np.testing.assert_array_equal(bufs[0].sampler.leaf_values(), bufs[1].sampler.leaf_values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(slots=st.lists(st.integers(-130, 130), min_size=1, max_size=40))
+def test_gather_record_matches_takes_semantics_for_any_slot(slots):
+    # the compiled pass gives NumPy's take results for slots inside the columns and hands every other batch to take
+    # itself: negative slots wrap as take wraps them, slots past the columns raise its IndexError
+    buf = ReplayBuffer(120, (2,), (1,), seed=0)
+    rng = np.random.default_rng(0)
+    buf.add_offline(random_transitions(30, (2,), (1,), rng=rng))
+    buf.extend(random_transitions(150, (2,), (1,), rng=rng))  # the ring wraps: stamps 1 and 2
+    st_ = buf.storage
+    idx = np.array(slots, dtype=np.int64)
+    try:
+        want_gen = st_.meta["generation"].take(idx)
+    except IndexError:
+        with pytest.raises(IndexError):
+            buf.gather(idx)
+        return
+    info = buf.gather(idx).info
+    np.testing.assert_array_equal(info.generation, want_gen)
+    np.testing.assert_array_equal(info.source, (idx >= st_.num_offline).view(np.int8))
