@@ -79,16 +79,6 @@ class ReliveReplayBufferSamples(NamedTuple):
     info: SampleInfo | None = None
 
 
-def _cpu_tensor(x: np.ndarray) -> th.Tensor:
-    """A CPU tensor sharing ``x``'s memory (a batch's own arrays; ``as_tensor`` without its device checks)."""
-    if x.flags.writeable:
-        try:
-            return th.from_numpy(x)
-        except TypeError:  # a dtype torch does not take from NumPy
-            pass
-    return th.as_tensor(x)
-
-
 def _offline_rows(offline) -> tuple[dict | None, str | None]:
     """(rows, dataset id) of ``offline=``: a mapping of columns, or a dataset (Minari id, .npz, D4RL .hdf5, LeRobot
     directory) read with relive's loaders."""
@@ -311,11 +301,12 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
 
     def to_samples(self, batch: Batch, env=None) -> ReliveReplayBufferSamples:
         """A relive batch as SB3's sample tuple on ``self.device`` (VecNormalize applied when ``env`` is given)."""
-        if self.device.type == "cpu":  # (relive's gather already copied the rows: the tensors may share them)
-            t = _cpu_tensor
-        else:
-            def t(x):
-                return as_tensor(x, self.device)
+        # relive's gather already copied the rows: on CPU the tensors share them (device None: as_tensor's zero-copy
+        # path without a device check per column)
+        device = None if self.device.type == "cpu" else self.device
+
+        def t(x):
+            return as_tensor(x, device)
 
         obs, next_obs = batch.obs, batch.next_obs
         rewards = batch.reward.reshape(-1, 1).astype(np.float32, copy=False)

@@ -1,13 +1,13 @@
 """Compiled (numba) checks of the small hot calls, used when numba is importable: each replaces a few NumPy calls
 whose fixed cost (~1 us each) dominates a small batch.
 
-``check_update``: ``ReplayBuffer.update``'s checks in one pass -- every slot is stored, every signal value is
-finite, and which rows are stale (their slot rewritten since they were sampled). ``all_finite``: the finiteness
-check of a small write (``Storage.validate``). ``td_priority``: PER's |delta| + eps, capped, in one pass, and
-``stamps_and_source``: a batch's generation stamps and source tags in one pass (not checks: the same small-call
-economy). The kernels only *detect* a problem; the NumPy path then runs and
-names it, so both paths accept exactly the same inputs and raise the same errors (tests/replay/test_hot_paths.py
-runs both on the same inputs).
+Checks: ``check_update`` -- ``ReplayBuffer.update``'s checks in one pass (every slot is stored, every signal value
+is finite, which rows are stale: their slot rewritten since they were sampled); ``all_finite`` -- the finiteness
+check of a small write (``Storage.validate``). These only *detect* a problem; the NumPy path then runs and names it,
+so both paths accept exactly the same inputs and raise the same errors. Two small computations of the same economy:
+``stamps_and_source`` -- a batch's generation stamps and source tags (``ReplayBuffer.gather``; a slot outside the
+column hands the batch to NumPy's ``take``), ``td_priority`` -- PER's |delta| + eps, capped. tests/replay/
+test_hot_paths.py runs each against its NumPy counterpart.
 """
 
 from __future__ import annotations

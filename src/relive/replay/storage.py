@@ -274,22 +274,20 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
     def online_capacity(self) -> int:
         return self.capacity - self.ring_base
 
-    # (the counts below are read on every sample: each is one expression, no property calling another)
     @property
     def num_online(self) -> int:
-        return min(self.num_online_written, self.capacity - self.ring_base)
+        return min(self.num_online_written, self.online_capacity)
 
     @property
     def size(self) -> int:
         """One past the last stored slot (the rows' count, ``num_rows``, unless a demonstration segment has room
         left: its empty slots lie between the offline and the online rows)."""
-        written = self.num_online_written
-        return min(self.capacity, self.ring_base + written) if written else self.num_offline
+        return self.ring_base + self.num_online if self.num_online_written else self.num_offline
 
     @property
     def num_rows(self) -> int:
         """Rows stored, offline and online."""
-        return self.num_offline + min(self.num_online_written, self.capacity - self.ring_base)
+        return self.num_offline + self.num_online
 
     @property
     def num_before_online(self) -> int:

@@ -272,7 +272,7 @@ class SumMaxTree(SumTree):
             kernels.update_sum_max(self.nodes, self.max_nodes, self.offsets, indices, values)
             return
         super()._write(indices, values)  # the leaves and the sums
-        _climb(self, self.nodes, self.max_nodes, np.unique(indices), True)
+        _climb(self, self.nodes, self.max_nodes, indices, True)
 
     def update_range(self, start: int, values) -> None:
         super().update_range(start, values)  # (checks the range)

@@ -153,7 +153,7 @@ class PrioritizedSampler(Sampler):
                 offset += n
 
     def _draw(self, batch_size: int, rng: np.random.Generator) -> Draw:
-        if self.sum_tree.nodes[0] > 0.0:  # (the root: the total)
+        if self.sum_tree.total > 0:
             draw = proportional_draw(self.sum_tree, batch_size, rng, self.beta)
         else:  # every stored priority is 0 (or underflowed): no proportional distribution, draw uniformly
             lo, hi = self.domain()
