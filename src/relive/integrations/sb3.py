@@ -56,7 +56,7 @@ from relive.types import Batch, SampleInfo, UpdateReport, as_tensor
 
 TESTED_SB3 = "2.9.2"  # the version whose train() methods the subclasses below follow (pyproject: extra "sb3")
 COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-STAGED_STEPS = 64  # steps per env gathered before one relive.extend (see ReliveReplayBuffer._init_staging)
+STAGED_STEPS = 64  # steps per env gathered in a relive Stage before a commit (see ReliveReplayBuffer._init_staging)
 WARN_AFTER_SAMPLES = 1000  # a sampler that wants TD errors but got none after this many batches: warn once
 
 if sb3.__version__ != TESTED_SB3:  # train() below mirrors this version's; another may have changed its losses
@@ -180,14 +180,9 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         """SB3 adds one step at a time; the steps wait here (per env, in order) and go to relive in one ``extend``
         per env before anything reads the buffer (``sample``, ``size``, ``relive``, ``save``) or when
         ``STAGED_STEPS`` have gathered. Sampling therefore always sees every added step."""
-        st = self._relive.storage
         n = self.n_envs
-        self._staged = {"obs": np.zeros((n, STAGED_STEPS, *self.obs_shape), st.specs["obs"].dtype),
-                        "action": np.zeros((n, STAGED_STEPS, self.action_dim), st.specs["action"].dtype),
-                        "reward": np.zeros((n, STAGED_STEPS), np.float32),
-                        "next_obs": np.zeros((n, STAGED_STEPS, *self.obs_shape), st.specs["obs"].dtype),
-                        "terminated": np.zeros((n, STAGED_STEPS), bool),
-                        "truncated": np.zeros((n, STAGED_STEPS), bool)}
+        self._stage = self._relive.stage(streams=n, rows=STAGED_STEPS)  # env i -> stream i
+        self._staged = self._stage.columns  # (n, STAGED_STEPS, ...) per column, in the storage's dtypes
         self._num_staged = 0
         self._staged_shapes = ((n, *self.obs_shape), (n, self.action_dim))  # one env step's obs and actions
         self.last_info: SampleInfo | None = None  # the latest batch's rows (``update`` takes any batch's info)
@@ -199,8 +194,7 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         if k == 0:
             return
         self._num_staged = 0
-        for i in range(self.n_envs):
-            self._relive.extend({c: v[i, :k] for c, v in self._staged.items()}, stream=i)
+        self._stage.commit(k)
 
     @property
     def relive(self) -> ReplayBuffer:

@@ -17,12 +17,14 @@ from relive.replay.samplers import (
     register_sampler,
 )
 from relive.replay.samplers.base import Draw
+from relive.replay.stage import Stage
 from relive.replay.storage import ColumnSpec, Storage
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 
 __all__ = [
-    "ReplayBuffer", "DeviceReplayBuffer", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree", "MaxTree",
+    "ReplayBuffer", "DeviceReplayBuffer", "Stage", "Storage", "ColumnSpec", "EpisodeIndex", "EpisodeView", "SumTree",
+    "MaxTree",
     "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler", "ReaPERSampler",
     "ReaPERReferenceSampler", "BERBSampler", "SAMPLERS", "register_sampler", "Draw",
     "Batch", "SampleInfo", "UpdateReport", "CheckpointError", "OFFLINE", "ONLINE",

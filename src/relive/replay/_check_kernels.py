@@ -62,3 +62,11 @@ if AVAILABLE:
             if not np.isfinite(values[k]):
                 return False
         return True
+
+    @numba.njit(cache=True, nogil=True)
+    def all_finite_flat(values):  # pragma: no cover - compiled
+        # whether every element of an array of any shape is finite (a small write's column, as given)
+        for x in values.flat:
+            if not np.isfinite(x):
+                return False
+        return True

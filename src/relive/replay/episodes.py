@@ -96,6 +96,26 @@ class EpisodeIndex:
         else:
             self._open_lanes[lane] = episode_id
 
+    def lane0_state(self, rows: int) -> tuple | None:
+        """For a compiled write of ``rows`` online rows of lane 0 that keeps the records itself: (the open episode's
+        id and record row, -1 / -1 if none; the next id; the records held; the record arrays start, length,
+        finished, source, with room for ``rows`` new records), or None when the rows need another step first (an
+        offline episode still open, the online ids' base not fixed: :meth:`append` then). Afterwards
+        :meth:`lane0_written` records what the write did."""
+        if self._open[OFFLINE] != -1 or self._id_base < 0:
+            return None
+        self._grow(self._num_records + rows)
+        open_id, rec = self._open[ONLINE], self._rec
+        return (open_id, -1 if open_id == -1 else self._row(open_id), self.next_id, self._num_records,
+                rec["start"], rec["length"], rec["finished"], rec["source"])
+
+    def lane0_written(self, new_records: int, open_id: int) -> None:
+        """A compiled write (:meth:`lane0_state`) created ``new_records`` records and left ``open_id`` open (-1:
+        none)."""
+        self._num_records += new_records
+        self.next_id += new_records
+        self._open[ONLINE] = open_id
+
     # -- id <-> record row -----------------------------------------------------------------------------
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from relive.replay import _check_kernels
+from relive.replay import _check_kernels, _write_kernels
 from relive.replay._state import state_array, state_field, state_int
 from relive.replay.bookkeeping import GEN_MAX, ID_MOD, Bookkeeping, BookkeepingQueries
 from relive.replay.checkpoint import DirectoryRef
@@ -116,6 +116,7 @@ def _check_backend(backend: str, device, directory) -> None:
                          "create its column files in")
 
 
+SMALL_WRITE = 64  # rows: writes of up to this many take Storage._write_one_lane when they can
 SMALL = 4096  # elements: below this a compiled loop beats NumPy's vectorized calls (their fixed cost dominates)
 
 
@@ -173,6 +174,12 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         specs = [obs_spec if name in ("obs", "next_obs") else self.specs[name] for name in self._names]
         self._plan = tuple((n, f"column {n!r}", spec, n in checked and (spec is None or spec.dtype.kind == "f"))
                            for n, spec in zip(self._names, specs, strict=True))
+        # validate's fast path (flat columns, numba there): (name, dtype, row shape, finite checked) per column
+        self._fast_plan = None
+        if _check_kernels.AVAILABLE and self.obs_keys is None and all(
+                spec.dtype.char in "fd" for _, _, spec, finite in self._plan if finite):  # (float16: NumPy's check)
+            self._fast_plan = tuple((n, spec.dtype, spec.shape, finite) for n, _, spec, finite in self._plan)
+        self._row_bytes: tuple | None = None  # write_staged: every column as uint8 rows (made at its first call)
         self.backend = backend
         self.device = None
         self._gen_t = None  # backend "torch": the generation stamps on the device too (stale checks there)
@@ -386,6 +393,11 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
             unknown = [n for n in data if n not in names]
             raise ValueError(f"unknown column(s) {unknown}; declare extra columns with extra_columns=... "
                              f"(known: {list(names)})")
+        fast = self._fast_plan
+        if fast is not None and type(data) is dict:  # flat columns: each as stored and finite -> the rows as given
+            n = self._rows_as_stored(data, fast)
+            if n:
+                return data, n
         n: int | None = None
         out = {}
         items: Sequence[tuple[str, str, np.ndarray, ColumnSpec]]
@@ -422,6 +434,24 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
                 out[col] = conv
         return out, int(n or 0)  # (n is set: every write holds at least the obs column)
 
+    @staticmethod
+    def _rows_as_stored(data: dict, plan) -> int:
+        """The rows' count when every column of ``data`` is an ndarray of its column's dtype and row shape, the
+        same count of rows (at least one), and a checked float column holds small, finite values; else 0 (then
+        :meth:`validate`'s checks convert what they can and name what is wrong)."""
+        n = -1
+        for name, dtype, tail, finite in plan:
+            value = data[name]
+            if type(value) is not np.ndarray or value.dtype is not dtype:
+                return 0
+            shape = value.shape
+            if shape[1:] != tail or not shape or (n != -1 and shape[0] != n):
+                return 0
+            n = shape[0]
+            if finite and (value.size > SMALL or not _check_kernels.all_finite_flat(value)):
+                return 0
+        return max(n, 0)
+
     def specs_of_obs(self) -> list[ColumnSpec]:
         """Specs of the physical obs columns, in key order."""
         return list(self.obs_spec.values()) if self.obs_keys is not None else [self.obs_spec]
@@ -453,6 +483,10 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         dataset for offline rows, agent for online ones)."""
         self._check_open()
         rows, n = self.validate(data)
+        if source == ONLINE and origin is None and 0 < n <= SMALL_WRITE and self._pos is None:
+            slots = self._write_one_lane(rows, n, stream)  # (None: a case for the general path below)
+            if slots is not None:
+                return slots
         if source not in (OFFLINE, ONLINE):
             raise ValueError(f"source must be 0 (offline) or 1 (online), got {source!r}")
         if source == OFFLINE and stream != 0:
@@ -510,6 +544,86 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
             full[skip:] = slots
             return full
         return slots
+
+    def _one_lane_slot(self, n: int, stream: int) -> int:
+        """The first slot of a write of ``n`` online rows of ``stream`` in the common small case -- the only stream so
+        far, consecutive slots (no wrap), RAM / memmap columns, no next-obs dedup, no stamp or episode-id wrap near --
+        or -1 for every other case (the general path's)."""
+        if (self._pos is not None or self._lane_of.get(stream) != 0 or self.dedup_next_obs or self._gen_t is not None
+                or self._memmap_clean):
+            return -1
+        clock = self.num_online_written
+        first = self.ring_base + clock % (self.capacity - self.ring_base)
+        episodes = self.episodes
+        if (first + n > self.capacity or self.num_offline + clock + n >= GEN_MAX
+                or episodes.next_id + n - episodes.first_live_online_id >= ID_MOD):
+            return -1
+        return first
+
+    def _one_lane_ids(self, end: np.ndarray) -> np.ndarray:
+        """The rows' episode ids (as stored: modulo ID_MOD) in the common small case, the episode index updated."""
+        ids = self.episodes.append(ONLINE, self.lane_written[0], end)
+        return ids if self.episodes.next_id <= ID_MOD else ids % ID_MOD
+
+    def _one_lane_advance(self, n: int) -> None:
+        clock = self.num_online_written + n
+        self.num_online_written = clock
+        self.lane_written[0] += n
+        self.episodes.evict_online_before(clock - (self.capacity - self.ring_base))
+
+    def _write_one_lane(self, rows: dict, n: int, stream: int) -> np.ndarray | None:
+        """:meth:`write`'s common small case (:meth:`_one_lane_slot`) in fewer steps: the same rows, records and
+        clocks as the general path (the hypothesis state machines of tests/replay hold the two equal); None, before
+        anything changes, for every other case."""
+        first = self._one_lane_slot(n, stream)
+        if first < 0:
+            return None
+        ids = self._one_lane_ids(rows["terminated"] | rows["truncated"])
+        dst = slice(first, first + n)
+        for name, col in self.columns.items():
+            col[dst] = rows[name]
+        meta = self._meta
+        meta["episode_id"][dst] = ids
+        meta["origin"][dst] = AGENT
+        meta["generation"][dst] += 1
+        self._one_lane_advance(n)
+        return np.arange(first, first + n, dtype=np.int64)
+
+    def write_staged(self, views: tuple, k: int, stream: int) -> np.ndarray | None:
+        """Rows ``[0, k)`` of a :class:`~relive.replay.stage.Stage`'s stream written as ``write(ONLINE, rows, stream)``
+        writes them, in one compiled call: ``views`` = (every column's byte rows in this storage's column order,
+        float32 and float64 row views of the finite-checked columns, the terminated and truncated columns). None,
+        before anything changes, for a case the general path takes (:meth:`_one_lane_slot`, an offline episode still
+        open) and for rows with a value that is not finite (the general path then names it)."""
+        self._check_open()
+        first = self._one_lane_slot(k, stream)
+        if first < 0:
+            return None
+        episodes = self.episodes
+        state = episodes.lane0_state(k)
+        if state is None:
+            return None
+        if self._row_bytes is None:  # (the columns never move: their byte views are made once)
+            self._row_bytes = tuple(_write_kernels.row_bytes(col) for col in self.columns.values())
+        meta = self._meta
+        new, open_id = _write_kernels.commit_rows(self._row_bytes, *views, k, first, self.lane_written[0],
+                                                  meta["episode_id"], meta["origin"], AGENT, meta["generation"],
+                                                  *state[4:], ONLINE, *state[:4], ID_MOD)
+        if new < 0:
+            return None
+        episodes.lane0_written(new, open_id)
+        self._one_lane_advance(k)
+        return np.arange(first, first + k, dtype=np.int64)
+
+    def row_specs(self) -> dict[str, ColumnSpec]:
+        """The spec of every column a write holds (flat observations: ``obs`` / ``next_obs`` share the obs spec)."""
+        if self.obs_keys is not None:
+            raise ValueError("row_specs: this storage holds dict observations (a column per key)")
+        return {name: spec if spec is not None else self.specs[name] for name, _, spec, _ in self._plan}
+
+    def finite_checked(self) -> tuple[str, ...]:
+        """The columns of a write whose values must be finite (checked by every write)."""
+        return tuple(name for name, _, _, finite in self._plan if finite)
 
     def _place(self, source: int, n: int, stream: int) -> tuple[int, int, int, int, dict[int, int] | None]:
         """Where a write of ``n`` rows lands, checked before anything changes: (the rows' first logical position, the

@@ -1,0 +1,98 @@
+"""Compiled (numba) parts of a staged write (:mod:`relive.replay.stage`), used when numba is importable: the staged
+rows' finiteness check and their copy into consecutive slots with the bookkeeping, one call each -- where a small
+write through ``extend`` spends a NumPy call (~1 us of fixed cost) per column.
+
+Columns travel as *byte views*: each column as a 2-D ``uint8`` array of one row per line (``row_bytes``), so one
+compiled copy serves every dtype and row shape; float columns also as 2-D float views for the check.
+tests/replay/test_stage.py holds a staged commit equal to ``extend`` of the same rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from relive.replay._tree_kernels import AVAILABLE
+
+
+def row_bytes(arr: np.ndarray) -> np.ndarray:
+    """``arr`` (C-contiguous, rows first) as ``uint8`` rows: shape (rows, bytes per row), the same memory."""
+    arr = np.asarray(arr)  # (a memmap column: its ndarray view)
+    values = int(np.prod(arr.shape[1:], dtype=np.int64))
+    if values == 0:  # (no bytes to copy; NumPy cannot view an empty row as bytes)
+        return np.zeros((arr.shape[0], 0), np.uint8)
+    return arr.reshape(arr.shape[0], values).view(np.uint8)
+
+
+def row_values(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as a 2-D array of its dtype: (rows, values per row), the same memory."""
+    return np.asarray(arr).reshape(arr.shape[0], int(np.prod(arr.shape[1:], dtype=np.int64)))
+
+
+if AVAILABLE:
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def rows_finite(f32, f64, k):  # pragma: no cover - compiled
+        # whether rows [0, k) of every float column are finite: f32 / f64, tuples of 2-D row views
+        for j in range(len(f32)):
+            a = f32[j]
+            for i in range(k):
+                for c in range(a.shape[1]):
+                    if not np.isfinite(a[i, c]):
+                        return False
+        for j in range(len(f64)):
+            b = f64[j]
+            for i in range(k):
+                for c in range(b.shape[1]):
+                    if not np.isfinite(b[i, c]):
+                        return False
+        return True
+
+    @numba.njit(cache=True, nogil=True)
+    def copy_rows(dst, src, k, first, episode_col, episode_ids, origin_col, origin, generation):  # pragma: no cover
+        # rows [0, k) of each staged column (src, byte views) into slots [first, first + k) of the storage's (dst),
+        # with each row's bookkeeping: its episode id, its origin tag and a new generation (the caller has checked
+        # that no stamp wraps)
+        for j in range(len(dst)):
+            d, s = dst[j], src[j]
+            for i in range(k):
+                d[first + i, :] = s[i, :]
+        for i in range(k):
+            episode_col[first + i] = episode_ids[i]
+            origin_col[first + i] = origin
+            generation[first + i] += 1
+
+    @numba.njit(cache=True, nogil=True)
+    def commit_rows(dst, src, f32, f64, terminated, truncated, k, first, start, episode_col, origin_col, origin,
+                    generation, rec_start, rec_length, rec_finished, rec_source, source, open_id, open_row, next_id,
+                    num_records, id_mod):  # pragma: no cover - compiled
+        # A whole staged commit of one lane: (-1, 0) and nothing written when a value is not finite; else rows [0, k)
+        # of each staged column (src, byte views) copied into slots [first, first + k) of the storage's (dst), each
+        # row's bookkeeping (its episode id modulo id_mod, its origin tag, a new generation: the caller has checked
+        # that no stamp wraps) and the episode records as EpisodeIndex.append keeps them: the rows join the open
+        # episode (open_id, record row open_row; -1: none), each row that ends an episode finishes it, the next row
+        # starts a new record (ids from next_id, record rows from num_records: the caller made room for k). Returns
+        # (new records, the id of the episode left open or -1).
+        if not rows_finite(f32, f64, k):
+            return -1, 0
+        for j in range(len(dst)):
+            d, s = dst[j], src[j]
+            for i in range(k):
+                d[first + i, :] = s[i, :]
+        current, row, new = open_id, open_row, 0
+        for i in range(k):
+            if current == -1:  # row i starts an episode
+                row, current = num_records + new, next_id + new
+                new += 1
+                rec_start[row] = start + i
+                rec_length[row] = 0
+                rec_finished[row] = False
+                rec_source[row] = source
+            rec_length[row] += 1
+            episode_col[first + i] = current % id_mod
+            origin_col[first + i] = origin
+            generation[first + i] += 1
+            if terminated[i] or truncated[i]:
+                rec_finished[row] = True
+                current = -1
+        return new, current
