@@ -104,8 +104,10 @@ class EpisodeIndex:
         :meth:`lane0_written` records what the write did."""
         if self._open[OFFLINE] != -1 or self._id_base < 0:
             return None
-        self._grow(self._num_records + rows)
         open_id, rec = self._open[ONLINE], self._rec
+        if self._num_records + rows > rec["start"].size:
+            self._grow(self._num_records + rows)
+            rec = self._rec
         return (open_id, -1 if open_id == -1 else self._row(open_id), self.next_id, self._num_records,
                 rec["start"], rec["length"], rec["finished"], rec["source"])
 
