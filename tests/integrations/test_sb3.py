@@ -229,6 +229,10 @@ def test_refuses_what_it_cannot_do():
             replay_buffer_kwargs=dict(handle_timeout_termination=False))
     with pytest.raises(ValueError, match="missing column"):
         DQN("MlpPolicy", gym.make("CartPole-v1"), replay_buffer_kwargs=dict(offline={"obs": np.zeros((3, 4))}))
+    env = gym.make("CartPole-v1")
+    extra = ReplayBuffer(16, (4,), (1,), action_dtype=np.int64, extra_columns={"mc_return": ()})
+    with pytest.raises(ValueError, match=r"extra columns \['mc_return'\], which SB3's add does not provide"):
+        ReliveReplayBuffer.from_relive(extra, env.observation_space, env.action_space)
 
 
 @pytest.mark.parametrize("handle_timeouts", [True, False])

@@ -227,6 +227,9 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         if tuple(st.specs["action"].shape) != (buf.action_dim,):
             raise ValueError(f"the relive buffer's actions {tuple(st.specs['action'].shape)} do not match the action "
                              f"space ({buf.action_dim},)")
+        if st.extra_names:  # (SB3's add has no values for them: they would be written as zeros)
+            raise ValueError(f"the relive buffer has extra columns {list(st.extra_names)}, which SB3's add does not "
+                             "provide; wrap a buffer without extra columns")
         buf.optimize_memory_usage = False
         buf.handle_timeout_termination = handle_timeout_termination
         buf.buffer_size = max(st.online_capacity // n_envs, 1)
@@ -271,12 +274,16 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
             self._flush()
 
     def sample(self, batch_size: int, env=None) -> ReliveReplayBufferSamples:  # type: ignore[override]
-        buf = self.relive  # (flushes the staged steps)
+        if self._num_staged:
+            self._flush()  # (sampling sees every added step)
+        buf = self._relive
         stored = buf.storage.num_rows
         if stored == 0:
             raise ValueError("ReliveReplayBuffer.sample: the buffer is empty")
-        if batch_size <= stored:
-            batch = buf.sample(batch_size)
+        if type(batch_size) is int and 0 < batch_size <= stored:  # (SB3's int: ReplayBuffer.sample's checks hold)
+            batch = buf._draw_batch(batch_size)
+        elif batch_size <= stored:
+            batch = buf.sample(batch_size)  # (it names what is wrong)
         else:  # SB3 samples with replacement from the first step on; relive's samplers draw with replacement too
             draw = buf.sampler.sample(int(batch_size), buf.rng)
             batch = buf.gather(draw.indices, draw.probability, draw.is_weight, buf.sampler.hints())

@@ -175,10 +175,11 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self._plan = tuple((n, f"column {n!r}", spec, n in checked and (spec is None or spec.dtype.kind == "f"))
                            for n, spec in zip(self._names, specs, strict=True))
         # validate's fast path (flat columns, numba there): (name, dtype, row shape, finite checked) per column
-        self._fast_plan = None
-        if _check_kernels.AVAILABLE and self.obs_keys is None and all(
-                spec.dtype.char in "fd" for _, _, spec, finite in self._plan if finite):  # (float16: NumPy's check)
-            self._fast_plan = tuple((n, spec.dtype, spec.shape, finite) for n, _, spec, finite in self._plan)
+        self._fast_plan: tuple | None = None
+        flat = [(n, spec, finite) for n, _, spec, finite in self._plan if spec is not None]
+        if (_check_kernels.AVAILABLE and self.obs_keys is None
+                and all(spec.dtype.char in "fd" for _, spec, finite in flat if finite)):  # (float16: NumPy's check)
+            self._fast_plan = tuple((n, spec.dtype, spec.shape, finite) for n, spec, finite in flat)
         self._row_bytes: tuple | None = None  # write_staged: every column as uint8 rows (made at its first call)
         self.backend = backend
         self.device = None
@@ -395,9 +396,9 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
                              f"(known: {list(names)})")
         fast = self._fast_plan
         if fast is not None and type(data) is dict:  # flat columns: each as stored and finite -> the rows as given
-            n = self._rows_as_stored(data, fast)
-            if n:
-                return data, n
+            count = self._rows_as_stored(data, fast)
+            if count:
+                return data, count
         n: int | None = None
         out = {}
         items: Sequence[tuple[str, str, np.ndarray, ColumnSpec]]
@@ -595,7 +596,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         float32 and float64 row views of the finite-checked columns, the terminated and truncated columns). None,
         before anything changes, for a case the general path takes (:meth:`_one_lane_slot`, an offline episode still
         open) and for rows with a value that is not finite (the general path then names it)."""
-        self._check_open()
+        if self._lock is not None:  # (memmap)
+            self._check_open()
         first = self._one_lane_slot(k, stream)
         if first < 0:
             return None
@@ -606,9 +608,12 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         if self._row_bytes is None:  # (the columns never move: their byte views are made once)
             self._row_bytes = tuple(_write_kernels.row_bytes(col) for col in self.columns.values())
         meta = self._meta
-        new, open_id = _write_kernels.commit_rows(self._row_bytes, *views, k, first, self.lane_written[0],
-                                                  meta["episode_id"], meta["origin"], AGENT, meta["generation"],
-                                                  *state[4:], ONLINE, *state[:4], ID_MOD)
+        src, f32, f64, terminated, truncated = views
+        open_id, open_row, next_id, num_records, rec_start, rec_length, rec_finished, rec_source = state
+        new, open_id = _write_kernels.commit_rows(
+            self._row_bytes, src, f32, f64, terminated, truncated, k, first, self.lane_written[0], meta["episode_id"],
+            meta["origin"], AGENT, meta["generation"], rec_start, rec_length, rec_finished, rec_source, ONLINE, open_id,
+            open_row, next_id, num_records, ID_MOD)
         if new < 0:
             return None
         episodes.lane0_written(new, open_id)
