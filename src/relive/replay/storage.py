@@ -438,7 +438,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
     @staticmethod
     def _rows_as_stored(data: dict, plan) -> int:
         """The rows' count when every column of ``data`` is an ndarray of its column's dtype and row shape, the
-        same count of rows (at least one), and a checked float column holds small, finite values; else 0 (then
+        same count of rows (at least one), and a checked float column holds finite values; else 0 (then
         :meth:`validate`'s checks convert what they can and name what is wrong)."""
         n = -1
         for name, dtype, tail, finite in plan:
@@ -449,7 +449,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
             if shape[1:] != tail or not shape or (n != -1 and shape[0] != n):
                 return 0
             n = shape[0]
-            if finite and (value.size > SMALL or not _check_kernels.all_finite_flat(value)):
+            if finite and not (_check_kernels.all_finite_flat(value) if value.size <= SMALL
+                               else np.isfinite(value).all()):
                 return 0
         return max(n, 0)
 
