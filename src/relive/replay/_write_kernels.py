@@ -1,10 +1,11 @@
-"""Compiled (numba) parts of a staged write (:mod:`relive.replay.stage`), used when numba is importable: the staged
-rows' finiteness check and their copy into consecutive slots with the bookkeeping, one call each -- where a small
-write through ``extend`` spends a NumPy call (~1 us of fixed cost) per column.
+"""Compiled (numba) part of a staged write (:mod:`relive.replay.stage`), used when numba is importable: a commit of
+one stream's staged rows in one call -- their finiteness check, their copy into consecutive slots, their bookkeeping
+and the episode records -- where a small write through ``extend`` spends a NumPy call (~1 us of fixed cost) per
+column and a few dozen Python steps.
 
-Columns travel as *byte views*: each column as a 2-D ``uint8`` array of one row per line (``row_bytes``), so one
-compiled copy serves every dtype and row shape; float columns also as 2-D float views for the check.
-tests/replay/test_stage.py holds a staged commit equal to ``extend`` of the same rows.
+Columns travel as *byte views*: each column as a 2-D ``uint8`` array of one row per line (:func:`row_bytes`), so one
+compiled copy serves every dtype and row shape; the float columns also as 2-D float views for the check
+(:func:`row_values`). tests/replay/test_stage.py holds a commit equal to ``extend`` of the same rows.
 """
 
 from __future__ import annotations
@@ -32,35 +33,25 @@ if AVAILABLE:
     import numba
 
     @numba.njit(cache=True, nogil=True)
-    def rows_finite(f32, f64, k):  # pragma: no cover - compiled
-        # whether rows [0, k) of every float column are finite: f32 / f64, tuples of 2-D row views
-        for j in range(len(f32)):
-            a = f32[j]
-            for i in range(k):
-                for c in range(a.shape[1]):
-                    if not np.isfinite(a[i, c]):
-                        return False
-        for j in range(len(f64)):
-            b = f64[j]
-            for i in range(k):
-                for c in range(b.shape[1]):
-                    if not np.isfinite(b[i, c]):
-                        return False
+    def _finite(values, k):  # pragma: no cover - compiled
+        # whether rows [0, k) of a 2-D float array are finite
+        for i in range(k):
+            for c in range(values.shape[1]):
+                if not np.isfinite(values[i, c]):
+                    return False
         return True
 
     @numba.njit(cache=True, nogil=True)
-    def copy_rows(dst, src, k, first, episode_col, episode_ids, origin_col, origin, generation):  # pragma: no cover
-        # rows [0, k) of each staged column (src, byte views) into slots [first, first + k) of the storage's (dst),
-        # with each row's bookkeeping: its episode id, its origin tag and a new generation (the caller has checked
-        # that no stamp wraps)
-        for j in range(len(dst)):
-            d, s = dst[j], src[j]
-            for i in range(k):
-                d[first + i, :] = s[i, :]
-        for i in range(k):
-            episode_col[first + i] = episode_ids[i]
-            origin_col[first + i] = origin
-            generation[first + i] += 1
+    def rows_finite(f32, f64, k):  # pragma: no cover - compiled
+        # whether rows [0, k) of every float column are finite: f32 / f64, tuples of 2-D row views (one per dtype:
+        # a tuple's items share one type)
+        for j in range(len(f32)):
+            if not _finite(f32[j], k):
+                return False
+        for j in range(len(f64)):
+            if not _finite(f64[j], k):
+                return False
+        return True
 
     @numba.njit(cache=True, nogil=True)
     def commit_rows(dst, src, f32, f64, terminated, truncated, k, first, start, episode_col, origin_col, origin,

@@ -575,8 +575,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
 
     def _write_one_lane(self, rows: dict, n: int, stream: int) -> np.ndarray | None:
         """:meth:`write`'s common small case (:meth:`_one_lane_slot`) in fewer steps: the same rows, records and
-        clocks as the general path (the hypothesis state machines of tests/replay hold the two equal); None, before
-        anything changes, for every other case."""
+        clocks as the general path (tests/replay/test_stage.py holds the two equal); None, before anything changes,
+        for every other case."""
         first = self._one_lane_slot(n, stream)
         if first < 0:
             return None
