@@ -183,6 +183,9 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         n = self.n_envs
         self._stage = self._relive.stage(streams=n, rows=STAGED_STEPS)  # env i -> stream i
         self._staged = self._stage.columns  # (n, STAGED_STEPS, ...) per column, in the storage's dtypes
+        # step k of every env, per column (views made once: add writes into them)
+        self._step_views = [tuple(self._staged[c][:, k] for c in ("obs", "action", "reward", "next_obs", "terminated",
+                                                                    "truncated")) for k in range(STAGED_STEPS)]
         self._num_staged = 0
         self._staged_shapes = ((n, *self.obs_shape), (n, self.action_dim))  # one env step's obs and actions
         self.last_info: SampleInfo | None = None  # the latest batch's rows (``update`` takes any batch's info)
@@ -253,22 +256,23 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         """One step of every env; env i's row goes to stream i (its own episode sequence)."""
         n = self.n_envs
         done = np.asarray(done, dtype=bool).reshape(n)
-        k, staged = self._num_staged, self._staged
+        k = self._num_staged
+        obs_k, action_k, reward_k, next_obs_k, terminated_k, truncated_k = self._step_views[k]
         obs_shape, act_shape = self._staged_shapes
         asarray = np.asarray  # (SB3 hands ndarrays: asarray is then free, and .reshape a view)
-        staged["obs"][:, k] = asarray(obs).reshape(obs_shape)
-        staged["action"][:, k] = asarray(action).reshape(act_shape)
-        staged["reward"][:, k] = asarray(reward).reshape(n)
-        staged["next_obs"][:, k] = asarray(next_obs).reshape(obs_shape)
+        obs_k[...] = asarray(obs).reshape(obs_shape)
+        action_k[...] = asarray(action).reshape(act_shape)
+        reward_k[...] = asarray(reward).reshape(n)
+        next_obs_k[...] = asarray(next_obs).reshape(obs_shape)
         # infos are read only where an env is done (most steps: none), and only when timeouts are told apart
         # (handle_timeout_termination=False is SB3's meaning: a timeout counts as a termination)
         if self.handle_timeout_termination and True in done.tolist():  # (a list of n bools: no ufunc call)
             timeout = np.fromiter((bool(info.get("TimeLimit.truncated", False)) for info in infos), bool, n)
-            staged["terminated"][:, k] = done & ~timeout
-            staged["truncated"][:, k] = done & timeout
+            terminated_k[...] = done & ~timeout
+            truncated_k[...] = done & timeout
         else:
-            staged["terminated"][:, k] = done
-            staged["truncated"][:, k] = False
+            terminated_k[...] = done
+            truncated_k[...] = False
         self._num_staged = k + 1
         if self._num_staged == STAGED_STEPS:
             self._flush()
