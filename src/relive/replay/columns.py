@@ -148,6 +148,8 @@ class StorageFields:
     _memmap_token: str | None
     _lock: Any  # relive.files.DirectoryLock (memmap) or None
     _offline_hash: tuple[int, str] | None
+    _gen_t: Any  # backend "torch": the generation stamps on the device (a torch tensor); else None
+    _row_bytes: tuple | None  # relive.replay.small_writes: every column as uint8 rows (made at the first staged write)
 
     if TYPE_CHECKING:  # Storage's own methods and sizes that the parts call
         @property
@@ -168,3 +170,4 @@ class StorageFields:
         def episode_ids(self, slots) -> np.ndarray: ...
         def step_of(self, slots) -> np.ndarray: ...
         def stream_of(self, slots) -> np.ndarray: ...
+        def _check_open(self) -> None: ...

@@ -58,7 +58,7 @@ class Stage:
         views = []
         for i in range(len(self.streams)):
             src = tuple(_write_kernels.row_bytes(self.columns[n][i]) for n in st.columns)
-            by_dtype = {np.dtype(np.float32): [], np.dtype(np.float64): []}
+            by_dtype: dict[np.dtype, list[np.ndarray]] = {np.dtype(np.float32): [], np.dtype(np.float64): []}
             for n in checked:
                 by_dtype[self.columns[n].dtype].append(_write_kernels.row_values(self.columns[n][i]))
             f32, f64 = (tuple(v) or (np.zeros((self.rows, 0), dt),) for dt, v in by_dtype.items())

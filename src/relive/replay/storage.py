@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from relive.replay import _check_kernels, _write_kernels
+from relive.replay import _check_kernels
 from relive.replay._state import state_array, state_field, state_int
 from relive.replay.bookkeeping import GEN_MAX, ID_MOD, Bookkeeping, BookkeepingQueries
 from relive.replay.checkpoint import DirectoryRef
@@ -91,6 +91,7 @@ from relive.replay.memmap_files import (
 )
 from relive.replay.next_obs import NextObsDedup, NextObsStore
 from relive.replay.offline_hash import OfflineHashing
+from relive.replay.small_writes import SMALL_WRITE, SmallWrites
 from relive.replay.storage_view import StorageView
 from relive.replay.streams import MAX_STREAM, StreamLanes, check_stream
 from relive.types import (
@@ -116,7 +117,6 @@ def _check_backend(backend: str, device, directory) -> None:
                          "create its column files in")
 
 
-SMALL_WRITE = 64  # rows: writes of up to this many take Storage._write_one_lane when they can
 SMALL = 4096  # elements: below this a compiled loop beats NumPy's vectorized calls (their fixed cost dominates)
 
 
@@ -127,12 +127,12 @@ def all_finite(arr: np.ndarray) -> bool:
     return bool(np.isfinite(arr).all())
 
 
-class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, BookkeepingQueries):
+class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, BookkeepingQueries, SmallWrites):
     """The columns and their bookkeeping (this module), with the parts in their own modules: the column layout
     (:mod:`~relive.replay.columns`), streams' lanes (:mod:`~relive.replay.streams`), next-obs dedup
     (:mod:`~relive.replay.next_obs`), the memmap backend's files (:mod:`~relive.replay.memmap_files`), the offline
-    segment's hash (:mod:`~relive.replay.offline_hash`) and the sampler's read-only view
-    (:mod:`~relive.replay.storage_view`)."""
+    segment's hash (:mod:`~relive.replay.offline_hash`), the small one-stream writes
+    (:mod:`~relive.replay.small_writes`) and the sampler's read-only view (:mod:`~relive.replay.storage_view`)."""
 
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
@@ -174,12 +174,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         specs = [obs_spec if name in ("obs", "next_obs") else self.specs[name] for name in self._names]
         self._plan = tuple((n, f"column {n!r}", spec, n in checked and (spec is None or spec.dtype.kind == "f"))
                            for n, spec in zip(self._names, specs, strict=True))
-        # validate's fast path (flat columns, numba there): (name, dtype, row shape, finite checked) per column
-        self._fast_plan: tuple | None = None
-        flat = [(n, spec, finite) for n, _, spec, finite in self._plan if spec is not None]
-        if (_check_kernels.AVAILABLE and self.obs_keys is None
-                and all(spec.dtype.char in "fd" for _, spec, finite in flat if finite)):  # (float16: NumPy's check)
-            self._fast_plan = tuple((n, spec.dtype, spec.shape, finite) for n, spec, finite in flat)
+        self._fast_plan = self._flat_plan()
         self._row_bytes: tuple | None = None  # write_staged: every column as uint8 rows (made at its first call)
         self.backend = backend
         self.device = None
@@ -435,6 +430,15 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
                 out[col] = conv
         return out, int(n or 0)  # (n is set: every write holds at least the obs column)
 
+    def _flat_plan(self) -> tuple | None:
+        """validate's fast path: (name, dtype, row shape, finite checked) per column, for flat observations with numba
+        there (None otherwise, and with a float16 column to check: NumPy's check then)."""
+        flat = [(n, spec, finite) for n, _, spec, finite in self._plan if spec is not None]
+        if (not _check_kernels.AVAILABLE or self.obs_keys is not None
+                or any(spec.dtype.char not in "fd" for _, spec, finite in flat if finite)):
+            return None
+        return tuple((n, spec.dtype, spec.shape, finite) for n, spec, finite in flat)
+
     @staticmethod
     def _rows_as_stored(data: dict, plan) -> int:
         """The rows' count when every column of ``data`` is an ndarray of its column's dtype and row shape, the
@@ -546,80 +550,6 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
             full[skip:] = slots
             return full
         return slots
-
-    def _one_lane_slot(self, n: int, stream: int) -> int:
-        """The first slot of a write of ``n`` online rows of ``stream`` in the common small case -- the only stream so
-        far, consecutive slots (no wrap), RAM / memmap columns, no next-obs dedup, no stamp or episode-id wrap near --
-        or -1 for every other case (the general path's)."""
-        if (self._pos is not None or self._lane_of.get(stream) != 0 or self.dedup_next_obs or self._gen_t is not None
-                or self._memmap_clean):
-            return -1
-        clock = self.num_online_written
-        first = self.ring_base + clock % (self.capacity - self.ring_base)
-        episodes = self.episodes
-        if (first + n > self.capacity or self.num_offline + clock + n >= GEN_MAX
-                or episodes.next_id + n - episodes.first_live_online_id >= ID_MOD):
-            return -1
-        return first
-
-    def _one_lane_ids(self, end: np.ndarray) -> np.ndarray:
-        """The rows' episode ids (as stored: modulo ID_MOD) in the common small case, the episode index updated."""
-        ids = self.episodes.append(ONLINE, self.lane_written[0], end)
-        return ids if self.episodes.next_id <= ID_MOD else ids % ID_MOD
-
-    def _one_lane_advance(self, n: int) -> None:
-        clock = self.num_online_written + n
-        self.num_online_written = clock
-        self.lane_written[0] += n
-        self.episodes.evict_online_before(clock - (self.capacity - self.ring_base))
-
-    def _write_one_lane(self, rows: dict, n: int, stream: int) -> np.ndarray | None:
-        """:meth:`write`'s common small case (:meth:`_one_lane_slot`) in fewer steps: the same rows, records and
-        clocks as the general path (tests/replay/test_stage.py holds the two equal); None, before anything changes,
-        for every other case."""
-        first = self._one_lane_slot(n, stream)
-        if first < 0:
-            return None
-        ids = self._one_lane_ids(rows["terminated"] | rows["truncated"])
-        dst = slice(first, first + n)
-        for name, col in self.columns.items():
-            col[dst] = rows[name]
-        meta = self._meta
-        meta["episode_id"][dst] = ids
-        meta["origin"][dst] = AGENT
-        meta["generation"][dst] += 1
-        self._one_lane_advance(n)
-        return np.arange(first, first + n, dtype=np.int64)
-
-    def write_staged(self, views: tuple, k: int, stream: int) -> np.ndarray | None:
-        """Rows ``[0, k)`` of a :class:`~relive.replay.stage.Stage`'s stream written as ``write(ONLINE, rows, stream)``
-        writes them, in one compiled call: ``views`` = (every column's byte rows in this storage's column order,
-        float32 and float64 row views of the finite-checked columns, the terminated and truncated columns). None,
-        before anything changes, for a case the general path takes (:meth:`_one_lane_slot`, an offline episode still
-        open) and for rows with a value that is not finite (the general path then names it)."""
-        if self._lock is not None:  # (memmap)
-            self._check_open()
-        first = self._one_lane_slot(k, stream)
-        if first < 0:
-            return None
-        episodes = self.episodes
-        state = episodes.lane0_state(k)
-        if state is None:
-            return None
-        if self._row_bytes is None:  # (the columns never move: their byte views are made once)
-            self._row_bytes = tuple(_write_kernels.row_bytes(col) for col in self.columns.values())
-        meta = self._meta
-        src, f32, f64, terminated, truncated = views
-        open_id, open_row, next_id, num_records, rec_start, rec_length, rec_finished, rec_source = state
-        new, open_id = _write_kernels.commit_rows(
-            self._row_bytes, src, f32, f64, terminated, truncated, k, first, self.lane_written[0], meta["episode_id"],
-            meta["origin"], AGENT, meta["generation"], rec_start, rec_length, rec_finished, rec_source, ONLINE, open_id,
-            open_row, next_id, num_records, ID_MOD)
-        if new < 0:
-            return None
-        episodes.lane0_written(new, open_id)
-        self._one_lane_advance(k)
-        return np.arange(first, first + k, dtype=np.int64)
 
     def row_specs(self) -> dict[str, ColumnSpec]:
         """The spec of every column a write holds (flat observations: ``obs`` / ``next_obs`` share the obs spec)."""
