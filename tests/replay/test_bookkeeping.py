@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import relive.replay.bookkeeping as bk
+import relive.replay.small_writes as small_writes_mod
 import relive.replay.storage as storage_mod
 from relive.replay import PrioritizedSampler, ReplayBuffer, UniformSampler
 from relive.types import OFFLINE, ONLINE
@@ -46,6 +47,7 @@ def test_episode_ids_past_the_modulus_are_restored(monkeypatch):
     reads its full id (the episode table's), n-step returns and episode queries stay right."""
     monkeypatch.setattr(bk, "ID_MOD", 16)
     monkeypatch.setattr(storage_mod, "ID_MOD", 16)
+    monkeypatch.setattr(small_writes_mod, "ID_MOD", 16)
     buf = ReplayBuffer(24, (2,), (1,), sampler=UniformSampler(), seed=0, n_step=3, gamma=0.5)
     st = buf.storage
     for e in range(40):
@@ -66,6 +68,7 @@ def test_episode_ids_past_the_modulus_are_restored(monkeypatch):
 def test_more_live_episodes_than_the_modulus_are_refused_changing_nothing(monkeypatch):
     monkeypatch.setattr(bk, "ID_MOD", 8)
     monkeypatch.setattr(storage_mod, "ID_MOD", 8)
+    monkeypatch.setattr(small_writes_mod, "ID_MOD", 8)
     buf = ReplayBuffer(24, (2,), (1,), sampler=UniformSampler(), seed=0)
     buf.extend(episodes(5, 1))  # five one-row episodes, all live
     state = copy.deepcopy(buf.state_dict())
@@ -81,6 +84,7 @@ def test_generation_stamps_wrap_to_one_and_still_tell_a_stale_update(monkeypatch
     """Stamps wrap past 5 here (2**31 - 1 in the library): never 0 for a stored row, and an update for a row
     overwritten since its sample (stamp changed) is still dropped."""
     monkeypatch.setattr(storage_mod, "GEN_MAX", 5)
+    monkeypatch.setattr(small_writes_mod, "GEN_MAX", 5)
     buf = ReplayBuffer(4, (2,), (1,), sampler=PrioritizedSampler(priority_exponent=1.0), seed=0)
     st = buf.storage
     seen = []
