@@ -57,15 +57,7 @@ if AVAILABLE:
 
     @numba.njit(cache=True, nogil=True)
     def all_finite(values):  # pragma: no cover - compiled
-        # whether every element of a 1-D float array is finite (stops at the first that is not)
-        for k in range(values.size):
-            if not np.isfinite(values[k]):
-                return False
-        return True
-
-    @numba.njit(cache=True, nogil=True)
-    def all_finite_flat(values):  # pragma: no cover - compiled
-        # whether every element of an array of any shape is finite (a small write's column, as given)
+        # whether every element of a float array of any shape and layout is finite (stops at the first that is not)
         for x in values.flat:
             if not np.isfinite(x):
                 return False

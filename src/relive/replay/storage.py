@@ -123,7 +123,7 @@ SMALL = 4096  # elements: below this a compiled loop beats NumPy's vectorized ca
 def all_finite(arr: np.ndarray) -> bool:
     """Whether every element is finite: for a small write one compiled pass, else NumPy (vectorized)."""
     if arr.size <= SMALL and arr.dtype.char in "fd" and _check_kernels.AVAILABLE:  # float32 / float64
-        return bool(_check_kernels.all_finite(arr.reshape(-1)))  # (a copy if not contiguous: small)
+        return bool(_check_kernels.all_finite(arr))  # (any shape and layout: it walks arr.flat)
     return bool(np.isfinite(arr).all())
 
 
@@ -453,8 +453,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
             if shape[1:] != tail or not shape or (n != -1 and shape[0] != n):
                 return 0
             n = shape[0]
-            if finite and not (_check_kernels.all_finite_flat(value) if value.size <= SMALL
-                               else np.isfinite(value).all()):
+            if finite and not all_finite(value):
                 return 0
         return max(n, 0)
 
