@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 PIPC := $(PIP) install -c constraints.txt
 
-.PHONY: test test-all test-metaworld demo bench lint typecheck docs package clean
+.PHONY: test test-slow test-all test-metaworld demo bench lint typecheck docs package clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -46,12 +46,18 @@ test-metaworld: $(MWVENV)/.stamp
 	$(MWVENV)/bin/python -m pytest tests/metaworld
 
 # lint-imports: the floors of pyproject.toml's [tool.importlinter] (imports point down, no cycles; docs/extending.md)
+# The default suite runs on every core (pytest-xdist; each worker one torch thread: tests/conftest.py) and stays
+# within 5 minutes on a 2-core machine; tests over ~5 s there are marked slow and run by `make test-slow` (CI runs both)
 test: $(VENV)/.stamp-test
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -m "not slow"
+	$(VENV)/bin/ruff check src tests bench examples
+	$(PY) -m pytest -m "not slow" -n auto
+
+test-slow: $(VENV)/.stamp-test
+	$(PY) -m pytest -m slow -n auto
 
 test-all: $(VENV)/.stamp-test
-	$(PY) -m pytest
+	$(PY) -m pytest -n auto
 
 demo: $(VENV)/.stamp-demo
 	$(VENV)/bin/relive demo --out runs/demo

@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# Under pytest-xdist (`make test` runs one worker per core) every worker keeps to one torch thread: two workers of
+# two threads each on a 2-core machine only contend. A test that needs more threads sets them itself.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -76,7 +76,12 @@ def test_the_docs_have_blocks():
     assert len(SHELL) >= 20
 
 
-@pytest.mark.parametrize("path", sorted({b[0] for b in PY_BLOCKS}), ids=lambda p: p.name)
+# pages whose blocks train agents (migration.md: SB3 and TorchRL learning runs) run in the slow stage
+DOCS_THAT_TRAIN = {"migration.md"}
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=pytest.mark.slow) if p.name in DOCS_THAT_TRAIN else p
+                                  for p in sorted({b[0] for b in PY_BLOCKS})], ids=lambda p: p.name)
 def test_python_blocks_run(path, tmp_path, monkeypatch):
     """Each file's runnable Python blocks run in order, in one namespace, in a scratch directory. The namespace
     is a module's (in sys.modules while the blocks run: dataclasses look their module up); methods the blocks

@@ -12,6 +12,7 @@ TINY = ["--env-steps", "260", "--offline-rows", "150", "--warmup", "60", "--refr
 
 
 @pytest.mark.parametrize("name", ["own_loop.py", "relive_agents.py"])
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_example_runs_as_is(name, tmp_path):
     out = subprocess.run([sys.executable, str(EXAMPLES / name), *TINY], cwd=tmp_path, capture_output=True,
                          text=True, timeout=300)

@@ -55,6 +55,7 @@ def plugin_file(tmp_path, monkeypatch):
     sys.modules.pop("relive_plugin_my_samplers", None)
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_plugin_file_runs_with_relive_train_and_resumes(plugin_file, tmp_path):
     run = tmp_path / "run"
     assert cli.main(["--plugin", str(plugin_file), "train", "sac", "--env", "Pendulum-v1", "--replay",

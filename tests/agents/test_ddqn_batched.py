@@ -35,6 +35,7 @@ def params(agent):
 
 
 @pytest.mark.parametrize("max_grad_norm", [10.0, 0.05, None])
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_batched_updates_equal_single_agents_seed_by_seed(max_grad_norm):
     """20 updates (a target copy every 7) on the same batches: losses, TD errors, weights, targets and Adam states
     of every seed equal its single agent's; the clip at 0.05 binds on every step, so the per-seed norm is tested."""

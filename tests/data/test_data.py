@@ -157,6 +157,7 @@ def test_maze_shortest_path_and_scripted_collector_reach_the_goal():
     assert set(np.unique(scripted["reward"])) <= {0.0, 1.0}  # sparse reward
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_make_dataset_levels_from_one_training_run(tmp_path):
     from relive.train.generate import make_dataset
 

@@ -50,6 +50,7 @@ def current() -> dict[str, dict[str, dict[str, str]]]:
     return {("plans/" if p.parent.name == "plans" else "") + p.stem: run_configs(p) for p in grids}
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_every_built_in_grid_expands_to_the_recorded_runs():
     now = current()
     if os.environ.get("RELIVE_REGENERATE_GOLDEN"):

@@ -10,6 +10,8 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from relive.cli import build_parser
 from relive.config import EnvConfig, RunConfig
 from relive.experiments.grid import GRID_DIR, load_grid
@@ -38,6 +40,7 @@ def _settings(grid, run) -> dict:
             "agent_defaults": json.loads(json.dumps(dataclasses.asdict(type(cfg.agent)()), allow_nan=True))}
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_every_built_in_grid_expands_to_the_same_runs_as_before():
     seen = {}
     for path in sorted(GRID_DIR.glob("*.toml")):

@@ -20,6 +20,7 @@ def test_there_is_a_plan_for_each_paper_claim_family():
 
 
 @pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_plan_expands_into_train_configs_without_running(plan, tmp_path):
     grid = load_grid(f"plans/{plan}")  # the name `relive bench run plans/NAME` takes
     runs = grid.runs()

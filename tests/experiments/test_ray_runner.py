@@ -55,6 +55,7 @@ def metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_runs_spread_over_nodes_and_equal_the_local_runs(cluster, tmp_path):
     """Two seeds on two one-CPU nodes (shared storage): one run per node, each finished; seed 1's metrics.jsonl
     equal to the same seeded run by the local runner (one seed: each local run costs seconds); a rerun skips them."""
@@ -190,6 +191,7 @@ def test_an_interrupted_head_cancels_its_tasks_and_lets_go_of_its_claims(cluster
     assert held and [c.release() for c in claims]
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_retried_task_waits_for_the_dead_try_s_training_to_let_go_of_the_run(tmp_path):
     """A task retried after its node died can reach the run before the dead try's training is gone (its
     .relive.lock still held for a moment; on NFS until the lease expires): with the head's claim held, the node

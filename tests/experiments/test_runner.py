@@ -29,6 +29,7 @@ def grid(extra_variant=None):
     return parse_grid(raw)
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_runner_skips_finished_runs_records_crashes_and_reports(tmp_path):
     broken = {"label": "broken", "preset": "sac", "args": [*TINY, "--set", "agent.num_qs=0"]}
     g = grid(broken)
@@ -68,6 +69,7 @@ def test_grid_validation():
     assert g.runs()[0].args == ("--from", "runs/pre/A/seed_0", "--v", "--t")  # grid, variant, task
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
     """Every run of every shipped grid parses into a valid experiment config (catches typos in grid files)."""
     from relive.cli import build_parser
@@ -211,6 +213,7 @@ def test_a_run_held_by_a_live_runner_is_left_to_it_and_a_stale_lock_is_taken_ove
     assert status_line(execute(spec, tmp_path)) == "[done by another runner] bad/Pendulum-v1/seed_0 (0 s)"
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_training_started_by_hand_that_takes_the_run_first_leaves_it_busy_not_crashed(tmp_path, monkeypatch):
     """The runner's training refuses a run another process holds (exit 2, "in use"); the runner then finds the run
     held and reports it busy, without a crash.json. (Staged: the runner's own check that no training holds the run
@@ -369,6 +372,7 @@ def test_report_score_option_picks_the_column_the_tables_use(tmp_path):
     assert "| A | 0.2 ± 0.1 → 0.6 ± 0.1 (n=2) |" in text  # first (0.1, 0.3) -> final (0.7, 0.5)
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_run_interrupted_before_its_first_checkpoint_is_restarted_not_refused(tmp_path):
     import shutil
 
@@ -400,6 +404,7 @@ def test_a_report_without_rliable_says_how_to_install_it(monkeypatch):
         iqm_with_ci({"a": np.ones((3, 1))})
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_runs_log_shows_its_progress(tmp_path, monkeypatch):
     """Issue 31 item 6: `relive bench run`'s per-run logs get plain progress lines (the run's output is a file)."""
     from relive.experiments.runner import LOG

@@ -393,6 +393,7 @@ def _run(kind: str, examples: int, steps: int, derandomize: bool) -> None:
 
 
 @pytest.mark.parametrize("kind", list(SAMPLERS))
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_fuzz_buffer_api(kind):
     _run(kind, examples=4, steps=15, derandomize=True)
 

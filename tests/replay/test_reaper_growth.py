@@ -27,6 +27,7 @@ def test_probabilities_and_checkpoint_while_growing(one_leaf, use_kernels, tmp_p
 
 
 @pytest.mark.parametrize("use_kernels", test_streams.KERNELS[-1:])  # the compiled path when there is one (~20 s)
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_several_streams_while_growing(one_leaf, use_kernels):
     test_streams.test_ring_wraps_with_open_episodes_in_several_streams(use_kernels)  # hypothesis: many cases
 

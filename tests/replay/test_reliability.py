@@ -301,6 +301,7 @@ print("ok", len(makers))
 """
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_every_sampler_samples_updates_and_refreshes_without_numba():
     src = str(Path(__file__).resolve().parents[2] / "src")
     env = os.environ | {"RELIVE_NO_NUMBA": "1", "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}

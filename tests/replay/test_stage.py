@@ -42,6 +42,7 @@ def fill(stage, rows, i, k):
 
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_commit_stores_what_extend_of_the_same_rows_stores(data):
     """Random commits (1-9 rows each, episode ends anywhere, now and then a NaN) into a small ring that wraps, one or
     two streams, with or without offline rows first, under uniform, PER and a mixture: after every commit the whole

@@ -180,6 +180,7 @@ def _episodes_of_stored_rows(buf):
 @example(seed=5683, capacity=6, n_streams=4)  # more open, emptied episodes than the ring has slots: parked
 @example(seed=8455, capacity=6, n_streams=2)  # found by a random search on 2026-11-24: a write longer than a
 # ring that still had an empty slot (see test_a_write_longer_than_a_part_empty_ring_keeps_the_evicted_sums)
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_ring_wraps_with_open_episodes_in_several_streams(use_kernels, seed, capacity, n_streams):
     """Small rings, long episodes: every write evicts rows of open episodes of other streams (an open episode may
     lose every stored row and get rows again). The index stays exact (each live episode = its stored rows, steps

@@ -220,6 +220,7 @@ def test_fetch_push_makes_a_goal_buffer():
 
 
 # -- learning --------------------------------------------------------------------------------------------------
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_sac_her_learns_a_sparse_goal_task_that_sac_without_relabeling_does_not(tmp_path):
     """Same seed, same budget (1500 env steps), same networks: HER (k = 4, future) reaches the goal in most
     evaluation episodes, the same run with her.k = 0 (no relabeled goal) in few."""
@@ -233,6 +234,7 @@ def test_sac_her_learns_a_sparse_goal_task_that_sac_without_relabeling_does_not(
 
 
 @pytest.mark.usefixtures("local_ray")
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_sac_her_with_ray_collectors_on_an_episodic_maze(tmp_path):
     """2 Ray collectors step PointMaze (mujoco 4 runs it; the collectors make their envs with the goal dicts the
     learner's buffer stores); reaching the goal ends a maze episode, so relabeled rows get terminated recomputed."""

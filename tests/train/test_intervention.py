@@ -205,6 +205,7 @@ def test_checkpoints_every_so_many_seconds_of_wall_clock_at_episode_ends(tmp_pat
         train(cfg_for([*args, "--set", "intervention.budget=61"], tmp_path / "full"))
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_sigkilled_run_keeps_its_interventions_and_resumes_bit_exact(tmp_path):
     """A real SIGKILL of `relive train` with interventions and a wall-clock checkpoint cadence, wherever it falls
     (mid-episode, mid-update), then `relive train --resume`: the checkpoint holds every intervention stored as of it,

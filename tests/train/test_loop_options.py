@@ -214,6 +214,7 @@ def test_online_steps_within_the_warmup_are_warned_about(tmp_path, capsys):
     assert "warning" not in capsys.readouterr().out
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_closed_pipe_ends_a_command_quietly():
     """``relive presets | head -1``: the reader closes the pipe; relive stops without a traceback or an error line.
     (Here stdout is a pipe whose reader is already closed, so the first write fails as it would after head exits.)"""

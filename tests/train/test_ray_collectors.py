@@ -140,6 +140,7 @@ def check_integrity(chunks, storage, num_rows, envs=1):
                 assert step[i] == step[i - 1] + 1 and ep[i] == ep[i - 1]
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_two_collectors_of_two_envs_fill_one_buffer_with_exact_counts(local_ray, tmp_path):
     """2 collectors x 2 envs (a vector env in each actor) = 4 streams; exactly 600 env steps and 500 updates."""
     from relive.train.trainer import train
@@ -157,6 +158,7 @@ def test_two_collectors_of_two_envs_fill_one_buffer_with_exact_counts(local_ray,
     assert any(c["policy_version"] > 0 for c in chunks)
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_collector_killed_with_sigkill_is_restarted_and_nothing_is_lost_or_stored_twice(local_ray, tmp_path, pools):
     """The first collector to have delivered a seeded random number (1 or 2) of chunks gets SIGKILL while its next
     request is in flight, i.e. mid-chunk (or just after: 50 Pendulum steps take ~10 ms). (Which collector that is
@@ -229,6 +231,7 @@ def test_a_learner_crash_resumes_from_its_checkpoint_with_new_collectors(local_r
             assert storage.meta["step_in_episode"][slots[rows]] == 0
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_ddqn_epsilon_follows_the_runs_env_steps_on_collectors(local_ray, tmp_path):
     """DDQN's epsilon counts act calls; with collectors the learner keeps that clock at its env steps received and
     the copies get it with the weights: epsilon at the end is the schedule's value at 300 env steps."""

@@ -162,6 +162,7 @@ def test_offline_only_from_a_dataset_without_an_environment(tmp_path, capsys):
     assert dataset_spec(cfg).action_shape == (1,)
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_eval_writes_a_video_per_episode_with_the_same_returns(runs, tmp_path):
     pytest.importorskip("av")
     import av

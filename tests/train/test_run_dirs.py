@@ -104,6 +104,7 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_run_is_held_by_one_process_and_a_killed_one_does_not_leave_it_stuck(tmp_path, capsys):
     """A fresh `relive train` (a subprocess) holds its run directory from the start: a `relive train --resume` of
     it in another process (this one) is refused by name (it would write every log line twice); a fresh start there

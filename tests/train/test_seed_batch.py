@@ -66,6 +66,7 @@ def test_unsupported_or_mixed_configurations_are_refused(tmp_path):
         train_seeds([cfg_for([*ARGS, "--seed", "0"], tmp_path / "a"), cfg_for([*ARGS, "--seed", "0"], tmp_path / "b")])
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_bench_run_with_seed_batch_trains_each_cell_in_one_process_and_reports(tmp_path):
     """A 2-variant x 3-seed DDQN grid with --seed-batch 2: cells of 2 + 1 seeds, every run finished with its own
     directory (the second seed's log points to the first's), a started run resumed alone; a SAC grid refused."""

@@ -66,6 +66,7 @@ def _logs_without_times(run_dir):
     return metrics, rows
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_cli_train_writes_a_complete_run_directory(tmp_path):
     run = tmp_path / "run"
     code = main(["train", "sac", "--env", "Pendulum-v1", "--online-steps", "400", "--warmup", "100",
@@ -95,6 +96,7 @@ def test_cli_train_writes_a_complete_run_directory(tmp_path):
         main(["--debug", "train", "sac", "--env", "Pendulum-v1", "--run-dir", str(run), *TINY])
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_resume_after_a_kill_in_the_online_phase_reproduces_the_uninterrupted_run(tmp_path):
     """Cal-QL + ARB with chunks of 40 env steps: killed in the middle of a chunk's updates, resumed from the
     last checkpoint, the run ends with the same parameters, optimizer states, evaluations and log lines."""
@@ -113,6 +115,7 @@ def test_resume_after_a_kill_in_the_online_phase_reproduces_the_uninterrupted_ru
     assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")  # each line once
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_resume_after_a_kill_in_the_offline_phase(tmp_path):
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 400, seed=1))
     args = ["calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "120", "--online-steps", "200",
@@ -127,6 +130,7 @@ def test_resume_after_a_kill_in_the_offline_phase(tmp_path):
     assert _logs_without_times(tmp_path / "cut") == _logs_without_times(tmp_path / "full")
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_run_checkpoints_refer_to_the_dataset_and_a_changed_dataset_is_refused_on_resume(tmp_path):
     """The offline rows are not copied into run checkpoints (dataset path + SHA-256 instead); resuming loads the
     dataset again (mc_return recomputed: Cal-QL) and gets the uninterrupted result; a dataset file changed in
@@ -170,6 +174,7 @@ def sigkill_after_first_checkpoint(args: list[str], run) -> None:
     assert not (run / "summary.json").exists()
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_resume_after_the_process_is_killed(tmp_path):
     """A real SIGKILL of `relive train` in a subprocess, then `relive train --resume`."""
     args = ["sac", "--env", "Pendulum-v1", "--online-steps", "1500", "--warmup", "100", "--eval-every", "500",
@@ -195,6 +200,7 @@ def test_resume_without_a_checkpoint_starts_over_and_bad_resume_dirs(tmp_path):
         main(["--debug", "train", "--resume", str(tmp_path / "full")])
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_a_run_resumes_on_another_device_and_other_options_are_refused(tmp_path, capsys):
     """A run whose config names a GPU (and keeps its replay on a device) goes on without one: --device cpu
     --replay-device none; the config then says where it runs. Options that would change what it computes are
@@ -370,6 +376,7 @@ def test_a_dataset_smaller_than_a_batch_is_refused_before_training(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_demo_quick_runs_end_to_end_and_plots(tmp_path, capsys):
     assert main(["demo", "--quick", "--out", str(tmp_path / "demo")]) == 0
     out = capsys.readouterr().out

@@ -194,6 +194,7 @@ def test_ddpg_ou_noise_is_kept_and_reset_per_env():
 
 @pytest.mark.parametrize("preset", ["rlpd", "calql", "calql_arb", "ddqn_per", "ddpg", "ddpg_per", "ddpg_refer",
                                     "sac_refer", "vracer", "vracer_refer", "residual_sac"])
+@pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_path, monkeypatch, preset):
     """Each preset for a few steps with 2 envs (sac and ddqn above): behaviour records (ReF-ER's mu/sigma,
     V-RACER's), ARB's re-scoring, Cal-QL's returns-to-go, DDPG's OU noise and residual SAC's probing per stream."""
