@@ -165,3 +165,25 @@ def test_shell_commands_parse(path, line, argv):
     except SystemExit as stop:
         raise AssertionError(f"{where}: `relive {shlex.join(argv)}` does not parse") from stop
     _check_names(argv, where)
+
+
+def test_the_readme_preset_list_names_every_preset():
+    """README's `relive presets` line lists every preset (a name, or a stem with its suffixes in parentheses)."""
+    import re
+
+    line = next(x for x in (ROOT / "README.md").read_text().splitlines() if x.startswith("relive presets  "))
+    listed = line.split("#", 1)[1]
+    names = set()
+    for stem, suffixes in re.findall(r"([a-z0-9_]+)(?:\(([^)]*)\))?", listed):
+        names.add(stem)
+        for part in (suffixes or "").replace(";", ",").split(","):
+            part = part.strip()
+            if part.startswith("each also "):
+                continue
+            if part:
+                names.add(stem + part)
+    also = re.search(r"each also (_[a-z]+)", listed)
+    if also:
+        names |= {n + also.group(1) for n in list(names) if n.startswith("ddpg") and not n.endswith("_her")}
+    missing = sorted(set(PRESETS) - names)
+    assert not missing, f"README's preset list lacks {missing}"

@@ -28,7 +28,7 @@ REGISTERED: dict[str, tuple[str, ...]] = {
     "sac": ("sac", "rlpd"),
     "calql": ("calql", "calql_lagrange", "calql_corl"),
     "ddqn": ("ddqn",),
-    "ddpg": ("ddpg", "ddpg_refer"),
+    "ddpg": ("ddpg", "ddpg_refer", "td3"),
     "sac_refer": ("sac_refer",),
     "vracer": ("vracer", "vracer_refer"),
     "residual_sac": ("residual_sac", "residual_sac_pretrain"),
@@ -44,7 +44,7 @@ HINTED = ("ddpg_refer", "sac_refer", "vracer_refer")
 # the per-sample signals each kind's update promises (what the samplers read: PER td_error, ARB log_likelihood,
 # ReF-ER rho)
 SIGNALS = {k: {"td_error", "log_likelihood"} for k in ("sac", "rlpd", "calql", "calql_lagrange", "calql_corl")} | {
-    "ddqn": {"td_error"}, "ddpg": {"td_error"}, "ddpg_refer": {"td_error", "rho"},
+    "ddqn": {"td_error"}, "ddpg": {"td_error"}, "td3": {"td_error"}, "ddpg_refer": {"td_error", "rho"},
     "sac_refer": {"td_error", "log_likelihood", "rho"}, "vracer": {"rho", "td_error"},
     "vracer_refer": {"rho", "td_error"},
     "residual_sac": {"td_error"}, "residual_sac_pretrain": {"td_error"}}
@@ -85,6 +85,9 @@ def make(kind: str, seed: int = 0, **overrides):
         return DDQN(OBS, NUM_ACTIONS, DDQNConfig(**(dict(SMALL, target_update_period=2) | overrides)), seed=seed)
     if kind in ("ddpg", "ddpg_refer"):
         return DDPG(OBS, ACT, LOW, HIGH, DDPGConfig(**(SMALL | overrides)), seed=seed)
+    if kind == "td3":  # twin critics and smoothing; actor every step so that one update exercises everything
+        cfg = dict(SMALL, num_critics=2, target_noise=0.2, actor_every=1)
+        return DDPG(OBS, ACT, LOW, HIGH, DDPGConfig(**(cfg | overrides)), seed=seed)
     if kind == "sac_refer":
         return SACReFER(OBS, ACT, LOW, HIGH, SACReFERConfig(**(SMALL | overrides)), seed=seed)
     if kind in ("vracer", "vracer_refer"):

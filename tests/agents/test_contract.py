@@ -136,6 +136,7 @@ NOT_IS_WEIGHTED = {
     "ddpg": (("actor", "target_actor"), "the deterministic policy gradient (DDPG Eq. 6) averages over the batch's "
              "states unweighted; is_weight corrects the critic's TD loss only"),
     "ddpg_refer": (("actor", "target_actor"), "as ddpg; and ReF-ER's Rule 2 KL is over every covered row"),
+    "td3": (("actor", "target_actor"), "as ddpg (TD3 changes the critic side: twin critics, smoothed targets)"),
     "sac_refer": (("actor",), "under ReF-ER hints the Rule 2 KL penalty (Eq. 10) is over every covered row, "
                   "unweighted (the SAC part of the actor loss is weighted)"),
 }

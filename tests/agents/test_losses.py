@@ -9,6 +9,7 @@ import torch
 
 from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQL, CalQLConfig
+from relive.agents.ddpg import DDPGConfig
 from relive.agents.sac import SAC, SACConfig
 from relive.testing import chisquare_pvalue
 from tests.agents.factory import ACT, HIGH, LOW, OBS, SMALL, B, batch, flat_params, make
@@ -342,3 +343,56 @@ def test_calql_lagrange_multiplier_ascends_on_the_gap():
         metrics = agent.update(batch("calql")).metrics
         assert np.sign(metrics["train/alpha_prime"] - before) == direction
         assert before == pytest.approx(math.e)  # log alpha' starts at 1 (official / CORL)
+
+
+def test_td3_target_is_the_min_of_the_target_critics_and_each_critic_regresses_on_it():
+    """TD3 Eq. 10: y = r + gamma (1 - d) min_i Q'_i(s', a~'); the critic loss sums (Q_i - y)^2 over both critics."""
+    agent = make("td3", target_noise=0.0)
+    b = agent._to_torch(batch("td3", seed=3))
+    with torch.no_grad():
+        q_next = agent.target_critic(b.next_obs, agent.target_actor(b.next_obs))  # [2, B]
+        assert q_next.shape[0] == 2 and not torch.equal(q_next[0], q_next[1])
+        expected = b.reward + 0.99 * (1.0 - b.terminated) * torch.minimum(q_next[0], q_next[1])
+        torch.testing.assert_close(agent.critic_target(b.reward, b.next_obs, b.terminated), expected)
+        loss, q1, y = agent.critic_loss(b, torch.ones_like(b.reward))
+        q = agent.critic(b.obs, b.action)
+        torch.testing.assert_close(q1, q[0])
+        torch.testing.assert_close(loss, (b.info.is_weight * ((q[0] - y) ** 2 + (q[1] - y) ** 2)).mean())
+
+
+def test_td3_updates_the_actor_and_the_targets_every_second_critic_step():
+    """TD3 Alg. 1 (d = 2): critic every step; actor and Polyak targets on the 2nd, 4th, ... update."""
+    agent = make("td3", actor_every=2)
+
+    def snap():
+        return [[p.clone() for p in m.parameters()] for m in (agent.actor, agent.target_actor, agent.target_critic,
+                                                              agent.critic)]
+
+    def changed(before, after):
+        return [not all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) for a, b in zip(before, after,
+                                                                                                strict=True)]
+
+    for step in range(4):
+        before = snap()
+        metrics = agent.update(batch("td3", seed=step)).metrics
+        moved = changed(before, snap())
+        actor_turn = step % 2 == 1
+        assert moved == [actor_turn, actor_turn, actor_turn, True], step  # actor, its target, critic target, critic
+        assert ("train/actor_loss" in metrics) == actor_turn
+
+
+def test_td3_preset_follows_the_authors_code():
+    from relive.presets import get_preset
+
+    cfg = get_preset("td3")
+    a = cfg.agent
+    assert (cfg.agent_kind, a.num_critics, a.actor_every, a.sigma, a.target_noise, a.target_noise_clip) == \
+        ("ddpg", 2, 2, 0.1, 0.2, 0.5)
+    assert (a.gamma, a.tau, a.hidden, a.actor_lr, a.critic_lr) == (0.99, 0.005, (256, 256), 3e-4, 3e-4)
+    assert (cfg.schedule.batch_size, cfg.schedule.num_warmup_env_steps, cfg.schedule.warmup_policy) == \
+        (256, 25_000, "random")
+    assert (cfg.replay.name, cfg.replay.capacity) == ("uniform", 1_000_000)
+    with pytest.raises(ValueError, match="num_critics must be an integer >= 1"):
+        DDPGConfig(num_critics=0)
+    with pytest.raises(ValueError, match="actor_every must be an integer >= 1"):
+        DDPGConfig(actor_every=True)

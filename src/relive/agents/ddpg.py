@@ -80,6 +80,12 @@ class DDPGConfig:
     # -clip, clip), both in units of the action box's half-width (TD3: 0.2, 0.5); 0: plain DDPG targets
     target_noise: float = 0.0
     target_noise_clip: float = 0.5
+    # TD3's clipped double-Q (Eq. 10): this many critics, each regressed on one target built from the min of the
+    # target critics (TD3: 2; 1: DDPG's single critic). The actor ascends the first critic (TD3 Alg. 1)
+    num_critics: int = 1
+    # TD3's delayed policy updates (Alg. 1, d = 2): the actor and the target networks step once every this many
+    # critic steps (1: every step, DDPG)
+    actor_every: int = 1
     # the HER paper's actor penalty (Andrychowicz et al. 2017, App. A: "we penalize the square of the
     # pre-activations"; its code: the mean squared action in half-widths, coefficient 1): + action_l2 E[(a/scale)^2]
     action_l2: float = 0.0
@@ -112,6 +118,10 @@ class DDPGConfig:
                                               or not self.target_range[0] < self.target_range[1]):
             raise ValueError(f"target_range must be (low, high) with low < high, or null, got {self.target_range}")
         enc.check_obs_keys(self.obs_keys)
+        for name in ("num_critics", "actor_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
     @classmethod
     def paper(cls, **overrides) -> DDPGConfig:
@@ -157,7 +167,7 @@ class DDPG:
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration noise
         with nets.private_rng():
             actor = DeterministicActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
-            critic = nets.EnsembleCritic(1, obs_dim, action_dim, cfg.hidden)
+            critic = nets.EnsembleCritic(cfg.num_critics, obs_dim, action_dim, cfg.hidden)
         self.actor = nets.init_(actor, init_gen, cfg.init).to(self.device)
         self.critic = nets.init_(critic, init_gen, cfg.init).to(self.device)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
@@ -263,26 +273,28 @@ class DDPG:
     # -- losses (pure; unit-tested) --------------------------------------------------------------------
     @torch.no_grad()
     def critic_target(self, reward, next_obs, terminated, discount=None) -> torch.Tensor:
-        """y = r + gamma (1 - terminated) Q'(s', m'(s')) (Eq. 2 with the target networks): [B]. ``discount``: an
-        n-step batch's gamma^{n'} (1 - terminated) (``reward`` its n-step return, ``next_obs`` s_{t+n'})."""
+        """y = r + gamma (1 - terminated) Q'(s', m'(s')) (Eq. 2 with the target networks; with several critics the
+        min over the target critics, TD3 Eq. 10): [B]. ``discount``: an n-step batch's gamma^{n'} (1 - terminated)
+        (``reward`` its n-step return, ``next_obs`` s_{t+n'})."""
         next_a = self.target_actor(next_obs)
         if self.cfg.target_noise > 0:  # TD3's target policy smoothing, in half-widths of the box
             eps = torch.randn(next_a.shape, generator=self.gen, device=self.device) * self.cfg.target_noise
             eps = eps.clamp(-self.cfg.target_noise_clip, self.cfg.target_noise_clip)
             next_a = torch.maximum(torch.minimum(next_a + self.actor.scale * eps, self.actor.center + self.actor.scale),
                                    self.actor.center - self.actor.scale)
-        q_next = self.target_critic(next_obs, next_a)[0]
+        q_next = self.target_critic(next_obs, next_a).min(dim=0).values  # one critic: its value
         if discount is None:
             discount = self.cfg.gamma * (1.0 - terminated)
         y = reward + discount * q_next
         return y if self.cfg.target_range is None else y.clamp(*self.cfg.target_range)
 
     def critic_loss(self, b: Batch, near: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """E[is_weight * near * (Q(s, a) - y)^2] over the batch (Rule 1 masks far rows): (loss, Q [B], y [B])."""
+        """E[is_weight * near * sum_i (Q_i(s, a) - y)^2] over the batch (Rule 1 masks far rows; TD3 sums its two
+        critics' losses): (loss, Q_1 [B], y [B])."""
         y = self.critic_target(b.reward, b.next_obs, b.terminated,
                                nets.td_discount(b, self.cfg.n_step, type(self).__name__))
-        q = self.critic(b.obs, b.action)[0]
-        return nets.weighted_mean((q - y) ** 2, b.info.is_weight * near), q, y
+        q = self.critic(b.obs, b.action)  # [E, B]
+        return nets.weighted_mean(((q - y) ** 2).sum(0), b.info.is_weight * near), q[0], y
 
     def actor_loss(self, b: Batch, near, covered, beta: float, mu_std=None) -> tuple[torch.Tensor, torch.Tensor]:
         """E[beta * near * (-Q(s, m^w(s))) + (1 - beta) * covered * KL(mu || pi^w)] (Eq. 3, 10, 11): its negative
@@ -316,20 +328,27 @@ class DDPG:
         critic_steps = bool((b.info.is_weight * near).any())
         if critic_steps:
             _step(self.critic_opt, critic_loss)
-        # 2. actor: beta * DPG on near rows - (1 - beta) * grad KL on all rows (Eq. 3, 10, 11)
-        self.critic.requires_grad_(False)
-        actor_loss, kl = self.actor_loss(b, near, covered, beta, mu_std)
-        actor_steps = bool(near.any()) or beta < 1.0
-        if actor_steps:
-            _step(self.actor_opt, actor_loss)
-        self.critic.requires_grad_(True)
+        # 2. actor: beta * DPG on near rows - (1 - beta) * grad KL on all rows (Eq. 3, 10, 11); with delayed policy
+        # updates (TD3 Alg. 1) only every actor_every-th update, like the target networks
+        actor_turn = (self.num_updates + 1) % self.cfg.actor_every == 0
+        actor_steps = False
+        kl = torch.zeros_like(near)
+        if actor_turn:
+            self.critic.requires_grad_(False)
+            actor_loss, kl = self.actor_loss(b, near, covered, beta, mu_std)
+            actor_steps = bool(near.any()) or beta < 1.0
+            if actor_steps:
+                _step(self.actor_opt, actor_loss)
+            self.critic.requires_grad_(True)
         # 3. target networks (Polyak)
-        if critic_steps or actor_steps:
+        if actor_turn and (critic_steps or actor_steps):
             nets.polyak(self.target_critic, self.critic, self.cfg.tau)
             nets.polyak(self.target_actor, self.actor, self.cfg.tau)
         self.num_updates += 1
-        metrics = {"train/critic_loss": critic_loss.item(), "train/actor_loss": actor_loss.item(),
-                   "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()} | kl_metric
+        metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(),
+                   "train/target_mean": y.mean().item()} | kl_metric
+        if actor_turn:  # (as SAC's delayed actor: no actor loss on a critic-only step)
+            metrics["train/actor_loss"] = actor_loss.item()
         signals = nets.signals_out(batch, td_error=q - y)
         if refer_on:
             metrics |= {"train/refer_near_fraction": near.mean().item(), "train/refer_beta": beta,
