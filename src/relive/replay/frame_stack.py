@@ -280,8 +280,8 @@ class FrameStackStorage(Storage):
                 arr = as_numpy(value if self.obs_keys is None else value[key])
                 label = f"column {logical!r}" + ("" if self.obs_keys is None else f" key {key!r}")
                 if arr.ndim == 0 or arr.shape[1:] != lay.stack.shape:
-                    hint = " (single frames: pass the env's stacked observation)" if arr.shape[1:] == \
-                        lay.frame.shape else ""
+                    single = arr.ndim and np.prod(arr.shape[1:]) == np.prod(lay.frame.shape)
+                    hint = " (single frames? pass the env's stacked observation)" if single else ""
                     raise ValueError(f"{label}: expected stacks of {lay.k} frames, shape (n, "
                                      f"{', '.join(map(str, lay.stack.shape))}), got {arr.shape}{hint}")
                 arr = convert(col, arr, lay.stack.dtype, label)
@@ -306,7 +306,8 @@ class FrameStackStorage(Storage):
             open_id, t0 = self.episodes.is_open(OFFLINE), self.num_offline
         elif source == ONLINE and stream in self._lane_of:
             lane = self._lane_of[stream]
-            open_id, t0, online = self.episodes.is_open(ONLINE, lane), (lane << LANE_BITS) + self.lane_written[lane], True
+            open_id, online = self.episodes.is_open(ONLINE, lane), True
+            t0 = (lane << LANE_BITS) + self.lane_written[lane]
         first = np.zeros(n, bool)  # rows that start an episode
         first[0] = open_id == -1
         first[1:] = end[:-1]
