@@ -173,6 +173,14 @@ def stack_layouts(frame_stack, obs_shape, obs_dtype) -> dict[str, StackLayout]:
             for k, v in frame_stack.items()}
 
 
+def _kept_cols(lanes: np.ndarray, q: np.ndarray, gone: np.ndarray, lo: int) -> tuple[np.ndarray, np.ndarray]:
+    """The kept entries of a :meth:`FrameStackStorage._resolve` grid that lie in its columns ``lo:``."""
+    if lo == 0:
+        return lanes, q
+    mine = np.broadcast_to(np.arange(gone.shape[1]) >= lo, gone.shape)[gone]
+    return lanes[mine], q[mine]
+
+
 class FrameStackStorage(Storage):
     """A :class:`~relive.replay.storage.Storage` whose stacked observation columns hold one frame a row (see the
     module docstring). ``obs_spec`` is the stacked observation (what writes take and reads return); the physical
@@ -367,20 +375,18 @@ class FrameStackStorage(Storage):
             bounds[lane] = max(bounds.get(lane, 0), start + skip)
         pending = {}
         for lane_, bound in bounds.items():
-            q = np.arange(max(bound - d, lane_ << LANE_BITS), bound, dtype=np.int64)
-            evicted = int(self.episodes.lane_evicted[lane_]) if lane_ < self.episodes.lane_evicted.size else 0
-            end_ = (lane_ << LANE_BITS) + self.lane_written[lane_]
-            kept, new = q < evicted, q >= end_  # in the kept frames / rows of this write
-            stored = ~kept & ~new
+            # the positions newly below the bound; those kept already stay at their entries (position % depth)
+            evicted = int(self.episodes.lane_evicted[lane_])
+            q = np.arange(max(bound - d, evicted, lane_ << LANE_BITS), bound, dtype=np.int64)
+            new = q >= (lane_ << LANE_BITS) + self.lane_written[lane_]  # rows of this write, never stored
             frames = {}
             for col in self.frame_stack:
+                if not new.any():
+                    frames[col] = self.columns[col].take(self.online_slot(q), axis=0)
+                    continue
                 f = np.empty((q.size, *self.specs[col].shape), self.specs[col].dtype)
-                if stored.any():
-                    f[stored] = self.columns[col].take(self.online_slot(q[stored]), axis=0)
-                if new.any():
-                    f[new] = rows[col][q[new] - start]
-                if kept.any():
-                    f[kept] = self._kept_frames(col, np.full(int(kept.sum()), lane_), q[kept])
+                f[~new] = self.columns[col].take(self.online_slot(q[~new]), axis=0)
+                f[new] = rows[col][q[new] - start]
                 frames[col] = f
             pending[lane_] = (q, frames)
         return pending
@@ -414,13 +420,20 @@ class FrameStackStorage(Storage):
         at the episode's first frame (``reset``), which is stored or kept whenever a stored row needs it."""
         q = pos[:, None] + (np.arange(shift - depth, shift, dtype=np.int64))[None, :]
         pad = q < start[:, None]
-        q = np.where(pad, start[:, None], q)
+        if pad.any():
+            q = np.where(pad, start[:, None], q)
         if not online.any():
             return q, None, pad
-        lane = q >> LANE_BITS
-        gone = online[:, None] & (q < self.episodes.lane_evicted[np.where(online[:, None], lane, 0)])
-        slots = np.where(online[:, None], self.online_slot(np.where(gone, pos[:, None], q)), q)
-        kept = (lane[gone], q[gone], gone) if gone.any() else None
+        if self.episodes.multi:
+            lane = q >> LANE_BITS
+            gone = online[:, None] & (q < self.episodes.lane_evicted[np.where(online[:, None], lane, 0)])
+        else:
+            gone = online[:, None] & (q < self.episodes.lane_evicted[0])
+        any_gone = gone.any()
+        slots = self.online_slot(np.where(gone, pos[:, None], q) if any_gone else q)
+        if not online.all():
+            slots = np.where(online[:, None], slots, q)
+        kept = (q[gone] >> LANE_BITS, q[gone], gone) if any_gone else None
         return slots, kept, pad
 
     def _older(self, col: str, grid: tuple, k: int) -> np.ndarray:
@@ -435,40 +448,56 @@ class FrameStackStorage(Storage):
         return g if k - 1 == self._depth else g[:, self._depth - (k - 1):]
 
     def read(self, name: str, slots: np.ndarray, keys=None):
-        """As :meth:`Storage.read`; ``obs`` / ``next_obs`` come back as stacks, rebuilt from the frames."""
-        out = super().read(name, slots, keys)
+        """As :meth:`Storage.read`; ``obs`` / ``next_obs`` come back as stacks, rebuilt from the frames: one gather of
+        k frames a row from the frame column into the stack's memory (a view for ``axis`` 0), patched where a frame
+        is kept, padding or an explicit next frame."""
         if name != "obs" and name != "next_obs":
-            return out
+            return super().read(name, slots, keys)
         slots = np.asarray(slots, np.int64)
+        dict_obs = self.obs_keys is not None
         cols = [c for c in self.frame_stack if keys is None or c[len("obs."):] in keys]
-        if not cols or slots.size == 0:
-            return self._empty_stacks(out, cols) if cols else out
-        shape = slots.shape
-        flat = slots.reshape(-1)
+        out = {}
+        if dict_obs:
+            others = [k for k in (self.obs_keys if keys is None else keys) if f"obs.{k}" not in self.frame_stack]
+            if others:
+                out = super().read(name, slots, others)
+        if not cols:
+            return out
+        shape, flat = slots.shape, slots.reshape(-1)
+        b, d = flat.size, self._depth
         pos = self.position_of(flat)
         start = self.episodes.start_of(self.episode_ids(flat))
-        online = flat >= self.ring_base if self.num_online_written else np.zeros(flat.size, bool)
-        shift = 1 if name == "next_obs" else 0
-        grid = self._resolve(pos, start, online, self._depth, shift)
+        online = flat >= self.ring_base if self.num_online_written else np.zeros(b, bool)
+        nxt = name == "next_obs"
+        grid, kept, pad = self._resolve(pos, start, online, d, 1 if nxt else 0)
+        newest, explicit = flat, None
+        if nxt:  # the next frame: the next row's, or an explicit copy (relive.replay.next_obs)
+            entry = self._nx.entry.take(flat)
+            explicit = entry >= 0
+            if explicit.all():
+                newest = flat
+            else:
+                newest = np.where(explicit, flat, self.next_slot(flat)) if explicit.any() else self.next_slot(flat)
+            explicit = (np.flatnonzero(explicit), entry[explicit]) if explicit.any() else None
+        full = np.empty((b, d + 1), np.int64)
+        full[:, :d] = grid
+        full[:, d] = newest
         for col in cols:
             lay = self.frame_stack[col]
-            newest = out if self.obs_keys is None else out[col[len("obs."):]]
-            older = self._older(col, grid, lay.k)
-            g = np.concatenate((older, newest.reshape(flat.size, 1, *lay.frame.shape)), axis=1)
+            lo = d - (lay.k - 1)
+            g = self.columns[col].take(full[:, lo:] if lo else full, axis=0)  # [B, k, *frame]
+            if kept is not None:
+                lanes, q, gone = kept
+                g[:, : lay.k - 1][gone[:, lo:]] = self._kept_frames(col, *_kept_cols(lanes, q, gone, lo))
+            if lay.fs.padding == "zero" and pad.any():
+                g[:, : lay.k - 1][pad[:, lo:]] = 0
+            if explicit is not None:
+                g[explicit[0], lay.k - 1] = self._nx.values["next_" + col][explicit[1]]
             stacks = lay.stacks(g).reshape(*shape, *lay.stack.shape)
-            if self.obs_keys is None:
+            if not dict_obs:
                 return stacks
             out[col[len("obs."):]] = stacks
-        return out
-
-    def _empty_stacks(self, out, cols):
-        for col in cols:
-            lay = self.frame_stack[col]
-            empty = np.zeros((0, *lay.stack.shape), lay.stack.dtype)
-            if self.obs_keys is None:
-                return empty
-            out[col[len("obs."):]] = empty
-        return out
+        return {k: out[k] for k in (self.obs_keys if keys is None else keys)}
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self, offline: str = "copy") -> dict:
