@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from relive.replay import _check_kernels, checkpoint, returns
+from relive.replay.frame_stack import FrameStackStorage
 from relive.replay.samplers import (
     MixtureSampler,
     PrioritizedSampler,
@@ -71,7 +72,8 @@ class ReplayBuffer:
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
                  *, obs_dtype=np.float32, action_dtype=np.float32, extra_columns: Mapping | None = None,
                  n_step: int = 1, gamma: float = 0.99, dedup_next_obs: bool | None = None, backend: str = "ram",
-                 directory: str | os.PathLike | None = None, device=None, demo_capacity: int = 0):
+                 directory: str | os.PathLike | None = None, device=None, demo_capacity: int = 0,
+                 frame_stack=None):
         """``obs_shape``: a shape (flat observations of ``obs_dtype``), or a dict key -> shape / (shape, dtype)
         for dict observations (``{"image": ((3, 64, 64), np.uint8), "state": (7,)}``: each key its own column;
         batches hold ``batch.obs["image"]``). ``dedup_next_obs`` (default: on for dict observations, off for flat
@@ -83,7 +85,11 @@ class ReplayBuffer:
         are drawn, gathered and updated there (:mod:`relive.replay.device`; uniform, PER and symmetric samplers,
         converted from their host classes; batches and ``batch.info`` hold tensors). ``demo_capacity``: rows of room
         for demonstrations written during online training (:meth:`add_demonstrations`; the layout:
-        :mod:`relive.replay.storage`); needs a mixture sampler (uniform / PER parts) and a host backend."""
+        :mod:`relive.replay.storage`); needs a mixture sampler (uniform / PER parts) and a host backend.
+        ``frame_stack``: the observation is a stack of k frames (``4``, a :class:`~relive.replay.frame_stack.FrameStack`
+        such as ``FrameStack.sb3(4)``, or for dict observations ``{"image": 3}``): writes take the env's stacks,
+        checked against their episode, and the storage keeps each frame once (:mod:`relive.replay.frame_stack`;
+        RAM backend)."""
         self.n_step, self.gamma = returns.check_n_step(n_step, capacity), returns.check_gamma(gamma)
         if demo_capacity and backend == "torch":
             raise ValueError("demo_capacity (a demonstration segment) needs a host backend ('ram' or 'memmap'), not "
@@ -91,10 +97,11 @@ class ReplayBuffer:
         sampler = sampler if sampler is not None else UniformSampler()
         if demo_capacity:
             check_demo_sampler(sampler)
-        self.storage = Storage(capacity, obs_shape, action_shape, obs_dtype=obs_dtype,
-                               action_dtype=action_dtype, extra_columns=extra_columns,
-                               dedup_next_obs=dedup_next_obs, backend=backend, directory=directory, device=device,
-                               demo_capacity=demo_capacity)
+        stacked = {} if frame_stack is None else {"frame_stack": frame_stack}  # (frames stored once: its own class)
+        self.storage = (Storage if frame_stack is None else FrameStackStorage)(
+            capacity, obs_shape, action_shape, obs_dtype=obs_dtype, action_dtype=action_dtype,
+            extra_columns=extra_columns, dedup_next_obs=dedup_next_obs, backend=backend, directory=directory,
+            device=device, demo_capacity=demo_capacity, **stacked)
         self.sampler = self._own_sampler(sampler)
         if self.sampler.storage is not None:
             raise ValueError("this sampler is already bound to another buffer; give each buffer its own")
@@ -490,10 +497,12 @@ class ReplayBuffer:
             if scfg.get("obs_keys") is not None and cfg["storage"].get("dedup_next_obs"):
                 raise ValueError("this checkpoint stores next_obs deduplicated (dict observations): it loads on the "
                                  "host only")
+        if "frame_stack" in scfg and scfg.get("backend", "ram") != "ram":
+            raise ValueError("a checkpoint with frame stacks (frame_stack) loads on the host only (device=None)")
         if scfg.get("demo_capacity") and scfg.get("backend") == "torch":
             raise ValueError("a checkpoint with a demonstration segment (demo_capacity) loads on the host only")
         buf: ReplayBuffer = object.__new__(BACKEND_CLASSES.get(scfg.get("backend", "ram"), ReplayBuffer))
-        buf.storage = Storage.from_config(scfg)
+        buf.storage = (FrameStackStorage if "frame_stack" in scfg else Storage).from_config(scfg)
         try:
             buf._load_state(state, cfg, offline_rows)
         except BaseException:

@@ -1,0 +1,380 @@
+"""Frame stacks stored once (relive.replay.frame_stack): every stacked obs / next_obs a buffer returns equals a naive
+stack built from its episode's frames, over episode boundaries, ring wrap-around, several streams, the offline prefix,
+n-step returns, sequences and checkpoints; stacks that do not follow their episode are refused; samplers see the same
+distribution as over a buffer of full stacks."""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from relive.replay import MixtureSampler, PrioritizedSampler, ReaPERSampler, ReplayBuffer, UniformSampler
+from relive.replay.frame_stack import FrameStack
+
+FRAME = (2, 3)  # a frame's (H, W) (channel axis added by the layout)
+
+
+class Layout:
+    """How an env presents a stack of k frames of shape FRAME: Gymnasium (k, H, W), SB3 channels-last (H, W, k) and
+    channels-first (k * 1, H, W)."""
+
+    def __init__(self, name: str, k: int, padding: str = "reset"):
+        self.name, self.k, self.padding = name, k, padding
+        if name == "gym":
+            self.fs, self.shape = FrameStack(k, 0, padding), (k, *FRAME)
+        elif name == "sb3_last":
+            self.fs, self.shape = FrameStack.sb3(k), (*FRAME, k)
+        else:
+            self.fs, self.shape = FrameStack.sb3(k, "first"), (k, *FRAME)
+
+    def stack(self, frames: np.ndarray, t: int) -> np.ndarray:
+        """The env's stack at step t of an episode whose frames are ``frames`` [T + 1, H, W] (naive)."""
+        pad = "zero" if self.name != "gym" else self.padding
+        parts = [frames[j] if j >= 0 else (frames[0] if pad == "reset" else np.zeros_like(frames[0]))
+                 for j in range(t - self.k + 1, t + 1)]
+        return np.stack(parts, axis=-1 if self.name == "sb3_last" else 0)
+
+
+class World:
+    """Streams of episodes with random frames; rows carry a ``row_id`` extra column keyed to the naive stacks."""
+
+    def __init__(self, layout: Layout, seed: int, dict_obs: bool = False):
+        self.layout, self.rng, self.dict_obs = layout, np.random.default_rng(seed), dict_obs
+        self.ref_obs: list[np.ndarray] = []
+        self.ref_next: list[np.ndarray] = []
+        self.where: list[tuple[int, int]] = []  # row id -> (episode, step)
+        self.episodes: list[dict] = []
+        self.current: dict[int, int] = {}  # stream -> its open episode
+
+    def rows(self, stream: int, n: int, end_p: float = 0.15) -> dict:
+        obs, nxt, ids, term, trunc = [], [], [], [], []
+        for _ in range(n):
+            e = self.current.get(stream)
+            if e is None:
+                e = len(self.episodes)
+                self.episodes.append({"frames": [self.new_frame()], "written": 0})
+                self.current[stream] = e
+            ep = self.episodes[e]
+            t = ep["written"]
+            ep["frames"].append(self.new_frame())
+            frames = np.stack(ep["frames"])
+            obs.append(self.layout.stack(frames, t))
+            nxt.append(self.layout.stack(frames, t + 1))
+            ep["written"] += 1
+            ids.append(len(self.ref_obs))
+            self.ref_obs.append(obs[-1])
+            self.ref_next.append(nxt[-1])
+            self.where.append((e, t))
+            end = self.rng.random() < end_p
+            is_term = end and self.rng.random() < 0.5
+            term.append(is_term)
+            trunc.append(end and not is_term)
+            if end:
+                del self.current[stream]
+        o, x = np.stack(obs), np.stack(nxt)
+        if self.dict_obs:
+            state = self.rng.normal(size=(n, 2)).astype(np.float32)
+            o, x = {"image": o, "state": state}, {"image": x, "state": state + 1}
+        return {"obs": o, "action": self.rng.normal(size=(n, 1)).astype(np.float32),
+                "reward": self.rng.normal(size=n).astype(np.float32), "next_obs": x,
+                "terminated": np.array(term), "truncated": np.array(trunc), "row_id": np.array(ids, np.int64)}
+
+    def new_frame(self) -> np.ndarray:
+        return self.rng.integers(1, 255, FRAME, dtype=np.uint8)
+
+    def buffer(self, capacity: int, **kwargs) -> ReplayBuffer:
+        lay = self.layout
+        obs = {"image": (lay.shape, np.uint8), "state": ((2,), np.float32)} if self.dict_obs else lay.shape
+        fs = {"image": lay.fs} if self.dict_obs else lay.fs
+        return ReplayBuffer(capacity, obs, (1,), obs_dtype=np.uint8, extra_columns={"row_id": ((), np.int64)},
+                            frame_stack=fs, **kwargs)
+
+    def check(self, buf: ReplayBuffer, slots=None) -> None:
+        """Every stored row's obs / next_obs stacks equal the naive ones (and n-step next_obs the bootstrap row's)."""
+        stor = buf.storage
+        slots = np.flatnonzero(stor.stored_mask()) if slots is None else slots
+        if slots.size == 0:
+            return
+        b = buf.gather(slots)
+        ids = b.extras["row_id"]
+        obs = b.obs["image"] if self.dict_obs else b.obs
+        nxt = b.next_obs["image"] if self.dict_obs else b.next_obs
+        np.testing.assert_array_equal(obs, np.stack([self.ref_obs[i] for i in ids]))
+        want = []
+        for i, left in zip(ids, self.rows_left(stor, slots), strict=True):
+            e, t = self.where[i]
+            frames = np.stack(self.episodes[e]["frames"])
+            want.append(self.layout.stack(frames, t + min(buf.n_step, left)))
+        np.testing.assert_array_equal(nxt, np.stack(want))
+
+    @staticmethod
+    def rows_left(stor, slots):
+        return stor.episodes.end_of(stor.episode_ids(slots)) - stor.position_of(slots)
+
+
+LAYOUTS = ("gym", "sb3_last", "sb3_first")
+
+
+@st.composite
+def scenarios(draw):
+    layout = Layout(draw(st.sampled_from(LAYOUTS)), draw(st.integers(2, 4)),
+                    draw(st.sampled_from(("reset", "zero"))))
+    writes = draw(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 9)), min_size=1, max_size=12))
+    return {"layout": layout, "capacity": draw(st.integers(4, 30)), "offline": draw(st.integers(0, 12)),
+            "writes": writes, "seed": draw(st.integers(0, 2**16)), "n_step": draw(st.sampled_from((1, 1, 3))),
+            "dict_obs": draw(st.booleans()), "end_p": draw(st.sampled_from((0.0, 0.1, 0.4)))}
+
+
+def run_scenario(s, save_at: int | None = None) -> None:
+    world = World(s["layout"], s["seed"], s["dict_obs"])
+    capacity = s["capacity"] + s["offline"]
+    buf = world.buffer(capacity, n_step=s["n_step"])
+    if s["offline"]:
+        rows = world.rows(99, s["offline"], s["end_p"])
+        buf.add_offline(rows)
+        world.current.pop(99, None)  # (offline rows' last episode: open, continued by nothing)
+    for j, (stream, n) in enumerate(s["writes"]):
+        buf.extend(world.rows(stream, n, s["end_p"]), stream=stream)
+        world.check(buf)
+        if save_at == j:
+            with tempfile.TemporaryDirectory() as d:
+                buf.save(f"{d}/ckpt")
+                buf = ReplayBuffer.load(f"{d}/ckpt")
+            world.check(buf)
+    world.check(buf)
+
+
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(scenarios())
+def test_stacks_equal_naive_stacks(s):
+    run_scenario(s)
+
+
+@settings(max_examples=10, **SETTINGS)
+@given(scenarios(), st.integers(0, 11))
+def test_checkpoint_round_trip_then_more_writes(s, save_at):
+    run_scenario(s, save_at=min(save_at, len(s["writes"]) - 1))
+
+
+@pytest.mark.slow
+@settings(max_examples=400, **SETTINGS)
+@given(scenarios(), st.integers(0, 11))
+def test_stacks_equal_naive_stacks_long(s, save_at):
+    run_scenario(s, save_at=save_at)
+
+
+def test_ring_wrap_keeps_the_frames_the_oldest_rows_look_back_at():
+    world = World(Layout("gym", 4), 0)
+    buf = world.buffer(10)
+    for _ in range(7):  # one long episode over several wraps: every stored row's look-back reaches evicted frames
+        buf.extend(world.rows(0, 4, end_p=0.0))
+        world.check(buf)
+    stor = buf.storage
+    bound = int(stor.episodes.lane_evicted[0])
+    assert sorted(stor._kept_pos[0].tolist()) == list(range(bound - 3, bound))
+    # one write longer than the ring: its first rows are never stored, the kept frames come from them
+    buf.extend(world.rows(0, 25, end_p=0.0))
+    world.check(buf)
+
+
+def test_sample_and_sample_sequences_return_the_naive_stacks():
+    world = World(Layout("sb3_last", 4), 1)
+    buf = world.buffer(40, seed=3)
+    for stream in (0, 1, 0, 1, 0):
+        buf.extend(world.rows(stream, 13), stream=stream)
+    b = buf.sample(32)
+    np.testing.assert_array_equal(b.obs, np.stack([world.ref_obs[i] for i in b.extras["row_id"]]))
+    seq = buf.sample_sequences(8, 5)
+    ids, mask = seq.extras["row_id"], seq.mask
+    want = np.stack([world.ref_obs[i] for i in ids[mask]])
+    np.testing.assert_array_equal(seq.obs[mask], want)
+    np.testing.assert_array_equal(seq.next_obs[mask], np.stack([world.ref_next[i] for i in ids[mask]]))
+    assert (seq.obs[~mask] == 0).all()
+
+
+# -- refusals ---------------------------------------------------------------------------------------------
+def good_rows(k=4, n=6):
+    world = World(Layout("gym", k), 5)
+    return world, world.rows(0, n, end_p=0.0)
+
+
+def test_a_stack_that_does_not_follow_its_episode_is_refused_with_column_and_row():
+    world, rows = good_rows()
+    buf = world.buffer(20)
+    bad = {k: v.copy() for k, v in rows.items()}
+    bad["obs"][3, 1] += 1  # row 3's older frame is not row 2's newer one
+    with pytest.raises(ValueError, match=r"column 'obs' row 3: the stack does not follow its episode"):
+        buf.extend(bad)
+    assert len(buf) == 0
+    bad = {k: v.copy() for k, v in rows.items()}
+    bad["obs"][0, 0] += 1  # an episode's first stack with a wrong padding frame
+    with pytest.raises(ValueError, match=r"row 0: .*starts an episode.*padding 'reset'"):
+        buf.extend(bad)
+    bad = {k: v.copy() for k, v in rows.items()}
+    bad["next_obs"][4, 2] += 1  # next_obs is not obs shifted by one frame
+    with pytest.raises(ValueError, match=r"column 'next_obs' row 4"):
+        buf.extend(bad)
+    assert len(buf) == 0
+    buf.extend(rows)
+    world.rows(0, 1, end_p=0.0)  # a step left out: the next write does not follow the stored rows
+    with pytest.raises(ValueError, match=r"column 'obs' row 0: .*previous 3 frames \(the stored rows'\)"):
+        buf.extend(world.rows(0, 2, end_p=0.0))
+    assert len(buf) == 6
+
+
+def test_refusals_for_dict_keys_and_streams_name_the_key():
+    world = World(Layout("gym", 3), 6, dict_obs=True)
+    buf = world.buffer(20)
+    buf.extend(world.rows(0, 4, end_p=0.0), stream=0)
+    rows1 = world.rows(1, 4, end_p=0.0)
+    rows1["obs"]["image"][2] = rows1["obs"]["image"][1]  # the stack stands still: not the next step
+    with pytest.raises(ValueError, match=r"column 'obs' key 'image' row 2"):
+        buf.extend(rows1, stream=1)
+    assert len(buf) == 4
+
+
+def test_single_frames_or_wrong_shapes_are_refused_clearly():
+    world, rows = good_rows()
+    buf = world.buffer(20)
+    frames = dict(rows, obs=rows["obs"][:, -1])
+    with pytest.raises(ValueError, match=r"expected stacks of 4 frames.*single frames"):
+        buf.extend(frames)
+
+
+def test_options_refused_where_frames_would_not_be_rebuilt(tmp_path):
+    with pytest.raises(ValueError, match="backend='ram'"):
+        ReplayBuffer(10, (4, 2, 3), 1, obs_dtype=np.uint8, frame_stack=4, backend="memmap", directory=tmp_path / "m")
+    with pytest.raises(ValueError, match="backend='ram'"):
+        ReplayBuffer(10, (4, 2, 3), 1, obs_dtype=np.uint8, frame_stack=4, backend="torch")
+    with pytest.raises(ValueError, match="dedup_next_obs=False"):
+        ReplayBuffer(10, (4, 2, 3), 1, obs_dtype=np.uint8, frame_stack=4, dedup_next_obs=False)
+    with pytest.raises(ValueError, match="not a multiple of 3"):
+        ReplayBuffer(10, (4, 2, 3), 1, obs_dtype=np.uint8, frame_stack=3)
+    with pytest.raises(ValueError, match="name the stacked key"):
+        ReplayBuffer(10, {"image": ((4, 2, 3), np.uint8)}, 1, frame_stack=4)
+    with pytest.raises(ValueError, match="num_frames must be an integer >= 2"):
+        FrameStack(1)
+    with pytest.raises(ValueError, match="padding must be one of"):
+        FrameStack(4, padding="edge")
+
+
+def test_checkpoint_holds_frames_once_and_refuses_tampered_kept_frames(tmp_path):
+    world = World(Layout("gym", 4), 7)
+    buf = world.buffer(12)
+    buf.extend(world.rows(0, 30, end_p=0.0))
+    state = buf.state_dict()
+    assert state["storage"]["columns"]["obs"].shape == (12, 1, *FRAME)  # frames, not stacks
+    assert "next_obs" not in state["storage"]["columns"]
+    buf.save(tmp_path / "c")
+    loaded = ReplayBuffer.load(tmp_path / "c")
+    world.check(loaded)
+    state["storage"]["frame_stack_kept"]["position"] = state["storage"]["frame_stack_kept"]["position"] - 1
+    with pytest.raises(ValueError, match="frame_stack_kept"):
+        ReplayBuffer.from_state_dict(state)
+
+
+# -- real wrappers ------------------------------------------------------------------------------------------
+class FramesEnv:
+    """A tiny pixel env (gymnasium API): random uint8 frames, episodes of random length."""
+
+    def __new__(cls, shape, seed):
+        import gymnasium as gym
+
+        class _Env(gym.Env):
+            observation_space = gym.spaces.Box(0, 255, shape, np.uint8)
+            action_space = gym.spaces.Discrete(2)
+
+            def __init__(self):
+                self.rng = np.random.default_rng(seed)
+
+            def reset(self, *, seed=None, options=None):
+                self.t = 0
+                return self.rng.integers(0, 256, shape, dtype=np.uint8), {}
+
+            def step(self, action):
+                self.t += 1
+                end = self.rng.random() < 0.1
+                return self.rng.integers(0, 256, shape, dtype=np.uint8), 1.0, end, self.t >= 15, {}
+
+        return _Env()
+
+
+def test_gymnasium_frame_stack_observation_output_is_taken_unchanged():
+    from gymnasium.wrappers import FrameStackObservation
+
+    env = FrameStackObservation(FramesEnv((5, 6), 0), 4)  # padding_type="reset", the default
+    buf = ReplayBuffer(50, (4, 5, 6), (), obs_dtype=np.uint8, frame_stack=4)
+    obs, _ = env.reset(seed=0)
+    seen_obs, seen_next = [], []
+    for _ in range(120):
+        nxt, r, term, trunc, _ = env.step(0)
+        buf.add(obs=obs, action=0.0, reward=r, next_obs=nxt, terminated=term, truncated=trunc)
+        seen_obs.append(obs)
+        seen_next.append(nxt)
+        obs = env.reset()[0] if term or trunc else nxt
+    b = buf.gather(np.flatnonzero(buf.storage.stored_mask()))
+    pos = buf.storage.position_of(b.info.indices)
+    np.testing.assert_array_equal(b.obs, np.stack(seen_obs)[pos])
+    np.testing.assert_array_equal(b.next_obs, np.stack(seen_next)[pos])
+
+
+def test_sb3_vec_frame_stack_output_is_taken_unchanged():
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
+
+    venv = VecFrameStack(DummyVecEnv([lambda i=i: FramesEnv((5, 6, 1), i) for i in range(2)]), 4)
+    assert venv.observation_space.shape == (5, 6, 4)  # channels-last: frames along the last axis, zeros before
+    buf = ReplayBuffer(60, (5, 6, 4), (), obs_dtype=np.uint8, frame_stack=FrameStack.sb3(4))
+    obs = venv.reset()
+    seen: list[list] = [[], []]
+    for _ in range(60):
+        nxt, r, done, infos = venv.step(np.zeros(2, np.int64))
+        for i in range(2):
+            true_next = infos[i]["terminal_observation"] if done[i] else nxt[i]
+            term = bool(done[i] and not infos[i].get("TimeLimit.truncated", False))
+            buf.extend({"obs": obs[i:i + 1], "action": np.zeros(1, np.float32), "reward": r[i:i + 1],
+                        "next_obs": true_next[None], "terminated": np.array([term]),
+                        "truncated": np.array([bool(done[i]) and not term])}, stream=i)
+            seen[i].append((obs[i].copy(), true_next.copy()))
+        obs = nxt
+    slots = np.flatnonzero(buf.storage.stored_mask())
+    b = buf.gather(slots)
+    streams, pos = buf.storage.stream_of(slots), buf.storage.position_of(slots) & ((1 << 40) - 1)
+    for j in range(slots.size):
+        o, x = seen[streams[j]][pos[j]]
+        np.testing.assert_array_equal(b.obs[j], o)
+        np.testing.assert_array_equal(b.next_obs[j], x)
+
+
+# -- samplers see slots only ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [
+    UniformSampler, PrioritizedSampler, lambda: ReaPERSampler(use_kernels=False),
+    lambda: MixtureSampler(UniformSampler(), PrioritizedSampler()),
+])
+def test_sampling_probabilities_equal_a_buffer_of_full_stacks(make):
+    world = World(Layout("gym", 4), 8)
+    offline = world.rows(0, 10, end_p=0.2)
+    online = [world.rows(s, 9, end_p=0.2) for s in (0, 1, 0, 1, 0)]
+    bufs = []
+    for fs in (FrameStack(4), None):
+        buf = ReplayBuffer(40, (4, *FRAME), (1,), make(), seed=1, obs_dtype=np.uint8,
+                           extra_columns={"row_id": ((), np.int64)}, frame_stack=fs)
+        buf.add_offline(offline)
+        for j, rows in enumerate(online):
+            buf.extend(rows, stream=j % 2)
+        bufs.append(buf)
+    for _ in range(3):
+        batches = [buf.sample(16) for buf in bufs]
+        np.testing.assert_array_equal(batches[0].info.indices, batches[1].info.indices)
+        np.testing.assert_array_equal(batches[0].obs, batches[1].obs)
+        np.testing.assert_array_equal(batches[0].next_obs, batches[1].next_obs)
+        td = np.random.default_rng(0).normal(size=16)
+        for buf, b in zip(bufs, batches, strict=True):
+            buf.update(b.info, td_error=td)
+        np.testing.assert_array_equal(bufs[0].sampler.probabilities(), bufs[1].sampler.probabilities())
