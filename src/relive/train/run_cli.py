@@ -13,20 +13,24 @@ import csv
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 from relive.agents.export import FORMATS, export_policy
+from relive.agents.run_dir import TRUST_FLAG, open_run_dir
 from relive.cli import non_negative_int, positive_int, refuse_overwrite
-from relive.config import ExperimentConfig, load_config
+from relive.config import ExperimentConfig
 from relive.data.lerobot_io import write_video
-from relive.envs import check_env_id, env_spec, make_env
-from relive.replay.checkpoint import load_tree
+from relive.envs import env_spec, make_env
 from relive.train.checkpoint import has_checkpoint, load_checkpoint
 from relive.train.evaluation import evaluate_episodes
 from relive.train.trainer import build_agent
+
+TRUST_HELP = ("let the run's base policy be a file that can run code when loaded (TorchScript, torch.export .pt2): "
+              "only for runs you trust; a run directory's config.json never says it (docs/guarantees.md)")
 
 
 def add_parsers(subparsers) -> None:
@@ -44,6 +48,7 @@ def add_parsers(subparsers) -> None:
                     "env's rgb_array frames, lossless H.264; needs PyAV)")
     ev.add_argument("--out", type=Path, help="also write the results as JSON here")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    ev.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     ev.set_defaults(func=_eval)
     ex = subparsers.add_parser("export", help="write a run's deterministic policy for deployment",
                                description="The policy a run's agent acts with at evaluation (SAC / RLPD / Cal-QL: "
@@ -56,6 +61,7 @@ def add_parsers(subparsers) -> None:
     ex.add_argument("--out", type=Path, required=True, help="the file to write")
     ex.add_argument("--checkpoint", action="store_true", help="the last checkpoint's agent (an unfinished run)")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    ex.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     ex.set_defaults(func=_export)
     pl = subparsers.add_parser("plot", help="curves of several runs: mean and confidence band across seeds",
                                description="One curve per configuration (runs that differ only in their seed are "
@@ -71,31 +77,29 @@ def add_parsers(subparsers) -> None:
 
 # -- relive eval ---------------------------------------------------------------------------------------------
 def run_config(run_dir: Path) -> ExperimentConfig:
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{run_dir} is not a relive run directory (no config.json)")
-    try:
-        cfg = load_config(path)
-    except (TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"{path} is not a relive configuration ({type(e).__name__}: {e})") from None
-    if cfg.env.id:
-        check_env_id(cfg.env.id)  # (an env id from a file never imports a module)
-    return cfg
+    """A run's configuration as every command reads it (``relive.agents.run_dir.open_run_dir``: no trust, the
+    directory where it is)."""
+    return open_run_dir(run_dir).config
 
 
-def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu", render_mode: str | None = None):
-    """(config, env, agent, where its state came from) of a run: ``agent_final/``, or the last checkpoint's."""
-    run_dir = Path(run_dir)
-    cfg = run_config(run_dir)
+def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu", render_mode: str | None = None,
+                   *, trusted: bool = False):
+    """(config, env, spec, agent, where its state came from) of a run: ``agent_final/``, or the last checkpoint's.
+    ``trusted``: the caller's opt-in (``--trust-code``) to a base policy file that can run code; config.json's is
+    never taken (``open_run_dir``), and what it said is noted on stderr."""
+    run = open_run_dir(run_dir, trusted=trusted)
+    for note in run.notes:
+        print(f"relive: note: {note}", file=sys.stderr)
+    cfg = run.config
     if checkpoint:
-        if not has_checkpoint(run_dir):
-            raise ValueError(f"{run_dir} has no checkpoint yet")
-        state, source = load_checkpoint(run_dir)["agent"], "last checkpoint"
+        if not has_checkpoint(run.path):
+            raise ValueError(f"{run.path} has no checkpoint yet")
+        state, source = load_checkpoint(run.path)["agent"], "last checkpoint"
     else:
-        if not (run_dir / "agent_final").is_dir():
-            raise ValueError(f"{run_dir} has no agent_final/ (the run has not finished): evaluate its last "
+        if not run.agent_final.is_dir():
+            raise ValueError(f"{run.path} has no agent_final/ (the run has not finished): evaluate its last "
                              "checkpoint's agent with --checkpoint")
-        state, source = load_tree(run_dir / "agent_final", kind="agent"), "agent_final"
+        state, source = run.final_agent_state(), "agent_final"
     if not cfg.env.id:  # an offline-only run without an environment: its spec from its dataset
         from relive.train.trainer import dataset_spec
 
@@ -128,11 +132,12 @@ class FrameRecorder(gym.Wrapper):
 
 
 def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu",
-                 video: Path | None = None) -> dict:
+                 video: Path | None = None, *, trusted: bool = False) -> dict:
     """The run's agent on ``episodes`` episodes seeded ``seed, seed + 1, ...``: returns, successes and their
-    summary; with ``video``, each episode as ``video/episode_<i>.mp4``."""
+    summary; with ``video``, each episode as ``video/episode_<i>.mp4``. ``trusted``: see :func:`load_run_agent`."""
     cfg, env, _, agent, source = load_run_agent(run_dir, checkpoint, device,
-                                                render_mode="rgb_array" if video is not None else None)
+                                                render_mode="rgb_array" if video is not None else None,
+                                                trusted=trusted)
     if env is None:
         raise ValueError(f"{run_dir} trained without an environment (offline only): nothing to evaluate it on; "
                          "`relive export` writes its policy")
@@ -164,7 +169,8 @@ def _eval(args: argparse.Namespace) -> int:
     if args.video is not None:
         for i in range(args.episodes):
             refuse_overwrite(args.video / f"episode_{i}.mp4", args.overwrite)
-    res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device, args.video)
+    res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device, args.video,
+                       trusted=args.trust_code)
     success = f", success rate {res['success_rate']:.2f}" if "success_rate" in res else ""
     print(f"{res['run_dir']} ({res['agent']}) on {res['env']}: {res['episodes']} episodes, return "
           f"{res['return_mean']:.1f} +- {res['return_std']:.1f} (min {res['return_min']:.1f}, max "
@@ -178,7 +184,7 @@ def _eval(args: argparse.Namespace) -> int:
 # -- relive export ---------------------------------------------------------------------------------------------
 def _export(args: argparse.Namespace) -> int:
     refuse_overwrite(args.out, args.overwrite)
-    cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint)
+    cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint, trusted=args.trust_code)
     if env is not None:
         env.close()
     if not isinstance(spec.obs_shape, tuple) or len(spec.obs_shape) != 1:
