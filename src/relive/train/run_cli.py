@@ -2,8 +2,10 @@
 deterministic policy as TorchScript, ONNX or safetensors) and ``relive plot RUN_DIR...`` (curves of several runs,
 mean and a bootstrap confidence band across the seeds of each configuration).
 
-Both only read the run directories they are given (config.json, agent_final/ or the last checkpoint, eval.csv,
-metrics.jsonl) and write only the file named by ``--out`` (refused over an existing file without ``--overwrite``).
+They only read the run directories they are given (config.json, agent_final/ or the last checkpoint, eval.csv,
+metrics.jsonl; ``relive.agents.run_dir.open_run_dir``) and write only the file named by ``--out`` (and ``--video``'s
+episode files): refused over an existing file or symbolic link without ``--overwrite``, never over a directory;
+written whole through a temporary renamed over it, so a symbolic link there is replaced, never written through.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import numpy as np
 
 from relive.agents.export import FORMATS, export_policy
 from relive.agents.run_dir import TRUST_FLAG, open_run_dir
-from relive.cli import non_negative_int, positive_int, refuse_overwrite
+from relive.cli import non_negative_int, positive_int
 from relive.config import ExperimentConfig
 from relive.data.lerobot_io import write_video
 from relive.envs import env_spec, make_env
+from relive.files import refuse_existing_output, replace_file, write_text_atomic
 from relive.train.checkpoint import has_checkpoint, load_checkpoint
 from relive.train.evaluation import evaluate_episodes
 from relive.train.trainer import build_agent
@@ -147,11 +150,13 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
                                            success_at=cfg.env.success_at)
     if video is not None:
         fps = int(env.metadata.get("render_fps") or 30)
+        Path(video).mkdir(parents=True, exist_ok=True)
         for i, frames in enumerate(env.episodes):
             hwc = np.stack(frames)
             if hwc.ndim != 4 or hwc.shape[-1] != 3 or hwc.dtype != np.uint8:
                 raise ValueError(f"{cfg.env.id}: rendered frames of shape {hwc.shape} {hwc.dtype}, not RGB images")
-            write_video(Path(video) / f"episode_{i}.mp4", hwc.transpose(0, 3, 1, 2), fps)
+            replace_file(Path(video) / f"episode_{i}.mp4",  # (a symbolic link there: replaced, not written through)
+                         lambda tmp, hwc=hwc: write_video(tmp, hwc.transpose(0, 3, 1, 2), fps))
     env.close()
     out = {"run_dir": str(run_dir), "agent": source, "env": cfg.env.id, "episodes": episodes, "seed": seed,
            "returns": returns.tolist(), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
@@ -165,10 +170,13 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
 
 def _eval(args: argparse.Namespace) -> int:
     if args.out is not None:
-        refuse_overwrite(args.out, args.overwrite)
+        refuse_existing_output(args.out, args.overwrite)
     if args.video is not None:
+        if args.video.is_symlink() and not args.video.exists() or args.video.exists() and not args.video.is_dir():
+            raise ValueError(f"--video {args.video} is {'a dangling link' if args.video.is_symlink() else 'a file'}, "
+                             "not a directory: give the directory to write episode_<i>.mp4 files into")
         for i in range(args.episodes):
-            refuse_overwrite(args.video / f"episode_{i}.mp4", args.overwrite)
+            refuse_existing_output(args.video / f"episode_{i}.mp4", args.overwrite, "--video")
     res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device, args.video,
                        trusted=args.trust_code)
     success = f", success rate {res['success_rate']:.2f}" if "success_rate" in res else ""
@@ -177,13 +185,13 @@ def _eval(args: argparse.Namespace) -> int:
           f"{res['return_max']:.1f}){success}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=1))
+        write_text_atomic(args.out, json.dumps(res, indent=1))  # (a symbolic link there: replaced, not followed)
     return 0
 
 
 # -- relive export ---------------------------------------------------------------------------------------------
 def _export(args: argparse.Namespace) -> int:
-    refuse_overwrite(args.out, args.overwrite)
+    refuse_existing_output(args.out, args.overwrite)
     cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint, trusted=args.trust_code)
     if env is not None:
         env.close()
@@ -278,13 +286,15 @@ def plot_runs(run_dirs, metric: str, out: Path) -> dict[str, int]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:  # (a symbolic link at out: replaced, not written through)
+        replace_file(out, lambda tmp: fig.savefig(tmp, dpi=120, format=out.suffix[1:] or "png"))
+    finally:
+        plt.close(fig)
     return {label: len(curves) for label, curves in groups.items()}
 
 
 def _plot(args: argparse.Namespace) -> int:
-    refuse_overwrite(args.out, args.overwrite)
+    refuse_existing_output(args.out, args.overwrite)
     counts = plot_runs(args.run_dirs, args.metric, args.out)
     print(f"wrote {args.out}: " + "; ".join(f"{k}: {v} run{'s' if v > 1 else ''}" for k, v in counts.items()))
     return 0
