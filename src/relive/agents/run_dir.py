@@ -30,7 +30,7 @@ from relive.replay.checkpoint import CheckpointError, load_tree
 
 CONFIG_FILE = "config.json"
 AGENT_FINAL = "agent_final"
-CHECKPOINT = "checkpoint"
+CHECKPOINT = "checkpoint"  # (its reader: relive.train.checkpoint)
 #: config fields that switch on code loading: set only by the current call (``--trust-code``), never by a file
 TRUST_FIELDS = ("trust_code",)
 #: the command-line flag that says it
@@ -54,11 +54,6 @@ class RunDirectory:
     def checkpoint(self) -> Path:
         return self.path / CHECKPOINT
 
-    @property
-    def finished(self) -> bool:
-        """Whether the run saved its final agent (``agent_final/MANIFEST.json``)."""
-        return (self.agent_final / "MANIFEST.json").is_file()
-
     def final_agent_state(self) -> dict:
         """The state of ``agent_final/`` (hash-checked, data only); a ValueError naming the run when it has none."""
         if not self.agent_final.is_dir():
@@ -72,8 +67,8 @@ class RunDirectory:
 def open_run_dir(path: str | Path, *, trusted: bool = False, where: str | None = None) -> RunDirectory:
     """Read the run directory ``path``: its config.json (migrated from earlier versions, its env id checked never to
     import a module), with every :data:`TRUST_FIELDS` setting set to ``trusted`` -- the caller's opt-in, never the
-    file's. ``where`` prefixes the errors (default: the path), e.g.
-    ``"cannot resume RUN"``. ``trusted=True`` for an agent that loads no code is refused (nothing to trust)."""
+    file's. ``where`` prefixes the errors (default: the path), e.g. ``"cannot resume RUN"``. ``trusted=True`` for
+    an agent that loads no code is refused (nothing to trust)."""
     path = Path(path)
     where = where or str(path)
     cfg_path = path / CONFIG_FILE
