@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -11,11 +12,52 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Replace ``path``'s contents with ``text`` through a temporary file renamed over it: a process killed
     mid-write leaves the previous file (or none), never a truncated one -- for files that are rewritten
     (config.json on a resume that moves a run, logs cut back to a checkpoint) or whose presence means something
-    (summary.json: the run finished)."""
+    (summary.json: the run finished). A symbolic link at ``path`` (or at the temporary's name) is replaced, never
+    written through."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    replace_file(path, lambda tmp: tmp.write_text(text), tmp=path.with_name(path.name + ".tmp"))
+
+
+def replace_file(path: str | os.PathLike, write: Callable[[Path], object], *, tmp: Path | None = None) -> Path:
+    """Write the file ``path`` whole: ``write(tmp)`` fills a temporary file beside it (same suffix, so that writers
+    that read the format off the name -- matplotlib, PyAV -- still do), which is then renamed over ``path``. The
+    temporary is created by this function (``O_EXCL``, not following a link), so ``write`` writes into a new regular
+    file; the rename replaces whatever entry ``path`` is -- a symbolic link, dangling or not, is replaced itself,
+    never its target. A failed ``write`` removes the temporary and leaves ``path`` as it was."""
+    path = Path(path)
+    tmp = tmp if tmp is not None else path.with_name(f".partial-{path.name}")
+    _fresh_file(tmp)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        raise
+    return path
+
+
+def _fresh_file(path: Path) -> None:
+    """An empty regular file at ``path``, created here: whatever entry had that name (a leftover of a killed write,
+    a symbolic link) is removed first, and the create refuses to follow a link or to reuse a file."""
+    if path.is_symlink() or path.exists():
+        path.unlink()  # (a directory there: IsADirectoryError / PermissionError, an OSError naming it)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    os.close(fd)
+
+
+def refuse_existing_output(path: str | os.PathLike, overwrite: bool, flag: str = "--out") -> None:
+    """An output file named on the command line (``flag``): a ValueError when something is there -- a file or a
+    symbolic link (even a dangling one) unless ``overwrite``; a directory always (an output file never replaces a
+    directory; nothing in it is deleted)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise ValueError(f"{flag} {path} is a directory: give the path of the file to write (a directory is never "
+                         "replaced)")
+    if (path.exists() or path.is_symlink()) and not overwrite:
+        what = "is a symbolic link" if path.is_symlink() else "exists"
+        raise ValueError(f"{flag} {path} {what}; pass --overwrite to replace it"
+                         + (" (the link itself, never what it points to)" if path.is_symlink() else ""))
 
 
 def swap_into_place(staged: Path, target: Path) -> None:

@@ -273,10 +273,13 @@ def test_the_cli_refuses_code_formats_without_trust_code_and_writes_nothing(tmp_
     assert "--trust-code" in capsys.readouterr().err and not run.exists()
 
 
-def test_trust_code_reaches_the_loader_and_a_resume_must_say_it_again():
-    """--trust-code sets agent.trust_code (which from_spec passes to load_base_policy as trusted=); a resumed run
-    starts from agent.trust_code = false whatever its config.json says, and `--resume ... --trust-code` sets it."""
+def test_trust_code_reaches_the_loader_and_a_resume_must_say_it_again(tmp_path):
+    """--trust-code sets agent.trust_code (which from_spec passes to load_base_policy as trusted=); a run directory
+    read back (open_run_dir, which a resume uses) has agent.trust_code = false whatever its config.json says, and
+    `--resume ... --trust-code` sets it."""
+    from relive.agents.run_dir import open_run_dir
     from relive.cli import build_parser
+    from relive.config import save_config
     from relive.train.cli import config_from_args, resume_settings
     from relive.train.trainer import _resume_config
 
@@ -285,10 +288,13 @@ def test_trust_code_reaches_the_loader_and_a_resume_must_say_it_again():
     cfg = config_from_args(args)
     assert cfg.agent.trust_code is True and cfg.agent.base_policy == "p.pt2"
     assert config_from_args(parser.parse_args(["train", "residual_sac"])).agent.trust_code is False
-    assert _resume_config(cfg, []).agent.trust_code is False
+    save_config(cfg, tmp_path / "config.json")  # (an edited config.json: relive itself never writes it true)
+    read = open_run_dir(tmp_path)
+    assert read.config.agent.trust_code is False and "agent.trust_code = true is ignored" in read.notes[0]
+    assert _resume_config(read.config, []).agent.trust_code is False
     again = resume_settings(parser.parse_args(["train", "--resume", "RUN", "--trust-code"]))
     assert "agent.trust_code=true" in again
-    assert _resume_config(cfg, again).agent.trust_code is True
+    assert _resume_config(read.config, again).agent.trust_code is True
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -13,6 +13,7 @@ import torch
 
 from relive.agents.bc import BCConfig, load_bc_policy, new_policy, save_bc_policy
 from relive.agents.distill import distill, hybrid_rollouts, successful_rows
+from relive.config import override, save_config
 from relive.envs import (
     ReturnThresholdSuccess,
     episode_success,
@@ -20,6 +21,7 @@ from relive.envs import (
     reports_success,
     with_success,
 )
+from relive.presets import get_preset
 
 H = 20  # time limit of the toy task
 NEED = 5  # full-speed steps from the start to the goal
@@ -190,8 +192,8 @@ def test_cli_distill(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "relive.agents.residual_sac", fake)
     with pytest.raises(ValueError, match="pass --env and --base"):
         main(["--debug", *args])
-    (run / "config.json").write_text(json.dumps({"env": {"id": "LineGoal-v0"},
-                                                 "agent": {"base_policy": str(base_dir)}}))
+    save_config(override(get_preset("residual_sac"), ['env.id="LineGoal-v0"', f'agent.base_policy="{base_dir}"']),
+                run / "config.json")
     capsys.readouterr()
     assert main(args) == 0
     assert '"successful_episodes"' in capsys.readouterr().out
@@ -243,8 +245,8 @@ def test_cli_distill_keeps_the_runs_time_limit_and_base_and_never_replaces_out_s
     monkeypatch.setitem(sys.modules, "relive.agents.residual_sac", fake)
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text(json.dumps({"env": {"id": "LineGoal-v0", "max_episode_steps": 8},
-                                                 "agent": {"base_policy": str(base_dir)}}))
+    save_config(override(get_preset("residual_sac"), ['env.id="LineGoal-v0"', "env.max_episode_steps=8",
+                                                      f'agent.base_policy="{base_dir}"']), run / "config.json")
     out = tmp_path / "new"
     args = ["pld", "distill", "--run", str(run), "--episodes", "30", "--out", str(out), "--steps", "5",
             "--eval-episodes", "0"]

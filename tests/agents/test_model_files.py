@@ -80,5 +80,5 @@ def test_base_policy_api_inputs_get_one_clear_error(tmp_path):
     save_tree(tmp_path / "run" / "agent_final", agent.state_dict(), kind="agent")
     for text in ("{garbage", '{"agent": 5}', "[1]"):
         (tmp_path / "run" / "config.json").write_text(text)
-        with pytest.raises(ValueError, match=r"config.json cannot be read"):
+        with pytest.raises(ValueError, match=r"the run .*config.json is not a relive configuration"):
             load_base_policy(tmp_path / "run", spec)

@@ -178,6 +178,12 @@ def test_eval_writes_a_video_per_episode_with_the_same_returns(runs, tmp_path):
     assert main(["eval", str(runs / "sac0"), "--episodes", "2", "--seed", "7", "--out", str(plain)]) == 0
     assert json.loads(out.read_text())["returns"] == json.loads(plain.read_text())["returns"]  # (same returns)
     assert main(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(videos)]) == 2  # no overwrite
+    victim = tmp_path / "victim.mp4"  # --overwrite onto a link: the link is replaced, its target kept
+    victim.write_bytes(b"precious")
+    (videos / "episode_0.mp4").unlink()
+    (videos / "episode_0.mp4").symlink_to(victim)
+    assert main(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(videos), "--overwrite"]) == 0
+    assert victim.read_bytes() == b"precious" and not (videos / "episode_0.mp4").is_symlink()
 
 
 def test_eval_of_a_her_run_makes_its_env_as_the_run_did(tmp_path, capsys):
@@ -206,3 +212,86 @@ def test_a_ddpg_policy_exports_its_actors_actions(tmp_path):
     path = export_policy(agent, tmp_path / "a.safetensors", "safetensors", 3)
     np.testing.assert_array_equal(load_safetensors_policy(path)(torch.as_tensor(obs)).numpy(),
                                   agent.act(obs, explore=False).action)
+
+
+# -- where eval / export / plot write (issue 44, items 5 and lesser) --------------------------------------------------
+def _error(argv, capsys) -> str:
+    """The command's one error line (exit code 2)."""
+    capsys.readouterr()
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("relive: error: "), lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "onnx", "torchscript"])
+def test_export_over_a_directory_is_one_clear_error_and_the_directory_is_kept(runs, tmp_path, capsys, fmt):
+    """`export --out EXISTING_DIR --overwrite` (a SafetensorError traceback before): refused before any work, naming
+    the directory; nothing in it is touched, with or without --overwrite."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    for extra in ([], ["--overwrite"]):
+        line = _error(["export", str(runs / "sac0"), "--format", fmt, "--out", str(out), *extra], capsys)
+        assert f"--out {out} is a directory" in line and "Safetensor" not in line
+    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+
+
+def test_eval_out_over_a_directory_and_video_onto_a_file_are_clear_errors(runs, tmp_path, capsys):
+    d = tmp_path / "d"
+    d.mkdir()
+    assert f"--out {d} is a directory" in _error(["eval", str(runs / "sac0"), "--episodes", "1", "--out", str(d),
+                                                  "--overwrite"], capsys)
+    file = tmp_path / "video.mp4"
+    file.write_text("not a directory")
+    line = _error(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(file)], capsys)
+    assert f"--video {file} is a file, not a directory" in line and "FileExistsError" not in line
+    assert file.read_text() == "not a directory"
+
+
+def _outputs(runs, tmp_path):
+    """(name, argv without --out, the file's suffix) of every command that writes an output file."""
+    run = str(runs / "sac0")
+    return [("eval json", ["eval", run, "--episodes", "1"], ".json"),
+            ("export safetensors", ["export", run, "--format", "safetensors"], ".safetensors"),
+            ("export onnx", ["export", run, "--format", "onnx"], ".onnx"),
+            ("export torchscript", ["export", run, "--format", "torchscript"], ".pt"),
+            ("plot png", ["plot", run], ".png")]
+
+
+def test_outputs_onto_symbolic_links_replace_the_link_never_its_target(runs, tmp_path, capsys):
+    """A dangling link at --out is refused without --overwrite (it was written through before, creating its
+    target); with --overwrite, a link -- dangling or to a file -- is replaced by the new file and its target is
+    neither created nor changed."""
+    for name, argv, suffix in _outputs(runs, tmp_path):
+        where = tmp_path / name.replace(" ", "_")
+        where.mkdir()
+        dangling, missing = where / f"dangling{suffix}", where / f"missing{suffix}"
+        dangling.symlink_to(missing)
+        line = _error([*argv, "--out", str(dangling)], capsys)
+        assert "is a symbolic link; pass --overwrite" in line and "marker" not in line, name
+        assert main([*argv, "--out", str(dangling), "--overwrite"]) == 0, name
+        assert not missing.exists() and not missing.is_symlink(), name  # (the target was never created)
+        assert dangling.is_file() and not dangling.is_symlink() and dangling.stat().st_size > 0, name
+        victim, link = where / "victim.txt", where / f"link{suffix}"
+        victim.write_text("precious")
+        link.symlink_to(victim)
+        assert main([*argv, "--out", str(link), "--overwrite"]) == 0, name
+        assert victim.read_text() == "precious" and not link.is_symlink() and link.stat().st_size > 0, name
+
+
+def test_overwrite_refusals_of_binary_outputs_name_no_marker_line(runs, tmp_path, capsys):
+    """The "notes below its marker line are kept" wording belongs to generated Markdown with a marker; a refused
+    PNG / ONNX / safetensors / TorchScript / JSON / mp4 says only how to replace it."""
+    pytest.importorskip("av")
+    for name, argv, suffix in _outputs(runs, tmp_path):
+        out = tmp_path / f"existing{suffix}"
+        out.write_bytes(b"old")
+        line = _error([*argv, "--out", str(out)], capsys)
+        assert f"{out} exists; pass --overwrite to replace it" in line and "marker" not in line, name
+        assert out.read_bytes() == b"old"
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    (videos / "episode_0.mp4").write_bytes(b"old")
+    line = _error(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(videos)], capsys)
+    assert "episode_0.mp4 exists; pass --overwrite" in line and "marker" not in line

@@ -17,8 +17,9 @@ changes a parameter (``digest()`` lets a test or a run check that).
 Trust: (a), (b) and the safetensors MLP are data only (``.npy`` + JSON read with ``allow_pickle=False``, safetensors'
 flat tensor format): nothing in them can run. TorchScript carries a program and ``torch.export.load`` unpickles
 archive entries marked ``use_pickle`` (any Python code), so those two are read only with ``trusted=True`` (the
-command line's ``--trust-code``, a config's ``agent.trust_code``); without it they are refused before the file is
-opened (docs/guarantees.md, "Files that can carry code").
+command line's ``--trust-code``, ``agent.trust_code`` of a config given to the call -- never one read from a run
+directory, ``relive.agents.run_dir``); without it they are refused before the file is opened (docs/guarantees.md,
+"Files that can carry code").
 
 Example::
 
@@ -42,7 +43,7 @@ from relive.agents import bc
 from relive.agents import networks as nets
 from relive.agents.bc import SquashedMLP
 from relive.agents.ddpg import DeterministicActor
-from relive.config import load_config
+from relive.agents.run_dir import CONFIG_FILE, open_run_dir
 from relive.replay.checkpoint import CheckpointError, load_tree
 
 TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".jit", ".torchscript")
@@ -50,7 +51,7 @@ EXPORT_SUFFIX = ".pt2"
 #: file formats that can run code when loaded: read only with ``trusted=True`` (``--trust-code``)
 CODE_FORMATS = {EXPORT_SUFFIX: "torch.export program", **{s: "TorchScript" for s in TORCHSCRIPT_SUFFIXES}}
 TRUST_HINT = ("--trust-code on the command line, load_base_policy(..., trusted=True) in Python, agent.trust_code=true "
-              "in a config")
+              "in a config given to the call; never a run directory's config.json")
 
 
 class UntrustedCodeError(ValueError):
@@ -241,12 +242,8 @@ def _load_directory(p: Path) -> tuple[nn.Module, str]:
 def _run_config(agent_dir: Path):
     """The config.json of the run an agent directory belongs to (agent_final/ or snapshots/agent_N/), or None."""
     for run in (agent_dir.parent, agent_dir.parent.parent):
-        if (run / "config.json").is_file():
-            try:
-                return load_config(run / "config.json")
-            except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
-                raise ValueError(f"base policy {agent_dir}: the run's {run / 'config.json'} cannot be read "
-                                 f"({type(e).__name__}: {e})") from None
+        if (run / CONFIG_FILE).is_file():  # (read as every command reads a run directory: nothing to trust in it)
+            return open_run_dir(run, where=f"base policy {agent_dir}: the run {run}").config
     return None
 
 

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +22,14 @@ from relive.agents.bc import (
     train_bc,
 )
 from relive.agents.distill import collect_successes, distill
+from relive.agents.run_dir import CONFIG_FILE, TRUST_FLAG, open_run_dir
 from relive.cli import non_negative_int, positive_float, positive_int
 from relive.data.columns import split_episodes
 from relive.data.loaders import load_rows
 
 TRUST_CODE_HELP = ("also read a base policy in a format that can run code when loaded (TorchScript .pt / .pth / .ts / "
-                   ".jit, torch.export .pt2): only for files you trust (docs/guarantees.md)")
+                   ".jit, torch.export .pt2): only for files you trust; a run directory's config.json never says "
+                   "it (docs/guarantees.md)")
 
 
 def add_parsers(subparsers) -> None:
@@ -90,7 +93,7 @@ def add_parsers(subparsers) -> None:
     d.add_argument("--eval-episodes", type=non_negative_int, default=50,
                    help="evaluate the old and the new base (0: none)")
     d.add_argument("--threads", type=positive_int, default=1)
-    d.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
+    d.add_argument(TRUST_FLAG, action="store_true", help=TRUST_CODE_HELP)
     d.set_defaults(func=run_distill)
 
     c = sub.add_parser("collect", help="roll out the base alone and save its successful episodes (D_offline)",
@@ -105,7 +108,7 @@ def add_parsers(subparsers) -> None:
                    "info['success'])")
     add_success_key_flags(c)
     c.add_argument("--seed", type=int, default=0, help="first reset seed (default 0)")
-    c.add_argument("--trust-code", action="store_true", help=TRUST_CODE_HELP)
+    c.add_argument(TRUST_FLAG, action="store_true", help=TRUST_CODE_HELP)
     c.set_defaults(func=run_collect)
 
 
@@ -198,24 +201,16 @@ def run_bc(args: argparse.Namespace) -> int:
 
 
 def _run_settings(run_dir: Path) -> dict:
-    """env.id, env.max_episode_steps and the base policy path a run's config.json names (any key called
-    base_policy), if any."""
-    cfg_path = run_dir / "config.json"
-    if not cfg_path.is_file():
+    """env.id, env.max_episode_steps and the base policy path of a run, read as every command reads a run directory
+    (``open_run_dir``: its trust setting is never taken; ``--trust-code`` here is this command's)."""
+    if not (run_dir / CONFIG_FILE).is_file():  # (a load_residual of a plug-in may read another layout)
         return {}
-    cfg = json.loads(cfg_path.read_text())
-    env = cfg.get("env") or {}
-    found: dict = {"env_id": env.get("id"), "max_episode_steps": env.get("max_episode_steps")}
-
-    def search(node):
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k in ("base_policy", "base_policy_path") and isinstance(v, str):
-                    found.setdefault("base_policy", v)
-                search(v)
-
-    search(cfg)
-    return found
+    run = open_run_dir(run_dir)
+    for note in run.notes:
+        print(f"relive: note: {note}", file=sys.stderr)
+    cfg = run.config
+    return {"env_id": cfg.env.id or None, "max_episode_steps": cfg.env.max_episode_steps,
+            "base_policy": getattr(cfg.agent, "base_policy", "") or None}
 
 
 def run_distill(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ from relive.agents import networks as nets
 from relive.agents.ddpg import DDPG, DeterministicActor
 from relive.agents.ddqn import DDQN
 from relive.agents.sac import SAC
+from relive.files import replace_file
 
 FORMATS = ("torchscript", "onnx", "safetensors")
 
@@ -107,34 +108,42 @@ def deterministic_policy(agent) -> nn.Module:
 
 
 def export_policy(agent, path: str | Path, fmt: str, obs_dim: int) -> Path:
-    """Write ``agent``'s deterministic policy to ``path`` as ``fmt`` (torchscript | onnx | safetensors)."""
+    """Write ``agent``'s deterministic policy to ``path`` as ``fmt`` (torchscript | onnx | safetensors): through a
+    temporary file renamed over ``path`` (a symbolic link there is replaced, never written through; a directory is
+    refused)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     policy = deterministic_policy(agent)
     path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        raise ValueError(f"{path} is a directory: export writes one file (a directory is never replaced)")
     path.parent.mkdir(parents=True, exist_ok=True)
     example = torch.zeros(2, int(obs_dim))
-    with torch.no_grad():
-        if fmt == "torchscript":
-            torch.jit.save(torch.jit.trace(policy, example), str(path))
-        elif fmt == "onnx":
-            import warnings
 
-            with warnings.catch_warnings():  # (the TorchScript-based exporter: no onnxscript needed)
-                warnings.simplefilter("ignore")
-                torch.onnx.export(policy, (example,), str(path), input_names=["obs"], output_names=["action"],
-                                  dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
-        else:
-            from safetensors.torch import save_file
+    def write(tmp: Path) -> None:
+        with torch.no_grad():
+            if fmt == "torchscript":
+                torch.jit.save(torch.jit.trace(policy, example), str(tmp))
+            elif fmt == "onnx":
+                import warnings
 
-            layers = [m.out_features for m in policy.trunk if isinstance(m, nn.Linear)]
-            meta = {"kind": policy.kind, "obs_dim": int(obs_dim), "hidden": layers[:-1], "out": layers[-1]}
-            if policy.kind != "greedy":
-                meta |= {"action_dim": int(policy.low.numel()), "low": policy.low.tolist(),
-                         "high": policy.high.tolist()}
-            save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(path),
-                      metadata={"relive_policy": json.dumps(meta)})
-    return path
+                with warnings.catch_warnings():  # (the TorchScript-based exporter: no onnxscript needed)
+                    warnings.simplefilter("ignore")
+                    torch.onnx.export(policy, (example,), str(tmp), input_names=["obs"], output_names=["action"],
+                                      dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)
+            else:
+                from safetensors.torch import save_file
+
+                layers = [m.out_features for m in policy.trunk if isinstance(m, nn.Linear)]
+                meta = {"kind": policy.kind, "obs_dim": int(obs_dim), "hidden": layers[:-1], "out": layers[-1]}
+                if policy.kind != "greedy":
+                    meta |= {"action_dim": int(policy.low.numel()), "low": policy.low.tolist(),
+                             "high": policy.high.tolist()}
+                save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(tmp),
+                          metadata={"relive_policy": json.dumps(meta)})
+
+    # (whole or not at all; a symbolic link at ``path`` is replaced, never written through)
+    return replace_file(path, write)
 
 
 def load_safetensors_policy(path: str | Path) -> nn.Module:

@@ -55,10 +55,9 @@ import torch
 from relive.agents import networks as nets
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.encoders import flat_obs_batch
-from relive.config import load_config
+from relive.agents.run_dir import AGENT_FINAL, CONFIG_FILE, open_run_dir
 from relive.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.registry import register_agent
-from relive.replay.checkpoint import load_tree
 from relive.replay.returns import write_returns_to_go
 from relive.types import Acted, Batch, ColumnDecl, TensorMetrics, UpdateResult
 
@@ -78,8 +77,9 @@ class ResidualSACConfig:
     values where they differ from the template."""
 
     base_policy: str = ""  # frozen base policy (a path for load_base_policy); "": set_base_policy(fn)
-    # also read a base_policy file in a format that can run code (TorchScript, torch.export): --trust-code; a resumed
-    # run does not inherit it (relive train --resume ... --trust-code says it again); docs/guarantees.md
+    # also read a base_policy file in a format that can run code (TorchScript, torch.export): the current call's
+    # opt-in (--trust-code) only -- never recorded true in a run's config.json, never taken from one (a resume, eval,
+    # export say it again; relive.agents.run_dir.open_run_dir); docs/guarantees.md
     trust_code: bool = False
     hidden: tuple[int, ...] = (256, 256)  # widths of the residual actor and both critics (spec: open; Table 5: 256)
     condition_on_base: bool = True  # residual actor input (x, a_base) as PLD; False: x only
@@ -619,17 +619,20 @@ def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     from relive.envs import env_spec, make_env  # (gymnasium, optional: imported only where an env is made)
 
     run_dir = Path(run_dir)
-    if not (run_dir / "config.json").is_file() or not (run_dir / "agent_final" / "MANIFEST.json").is_file():
+    if not (run_dir / CONFIG_FILE).is_file() or not (run_dir / AGENT_FINAL / "MANIFEST.json").is_file():
         raise ValueError(f"{run_dir} is not a finished run directory (config.json and agent_final/ expected)")
-    cfg = load_config(run_dir / "config.json")
+    run = open_run_dir(run_dir)  # (no base policy is loaded here: nothing to trust)
+    cfg = run.config
     if cfg.agent_kind != "residual_sac":
         raise ValueError(f"{run_dir} is a {cfg.agent_kind!r} run, not a residual_sac one")
+    if not cfg.env.id:
+        raise ValueError(f"{run_dir} trained without an environment (offline only): no env to roll its residual in")
     env = make_env(cfg.env.id, cfg.env.max_episode_steps)
     spec = env_spec(env)
     env.close()
     agent = ResidualSAC(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high,
                         cfg.agent)
-    state = load_tree(run_dir / "agent_final", kind="agent")
+    state = run.final_agent_state()
     agent.load_state_dict(state)  # (no base installed: nothing to check here)
     residual = agent.combined_policy()
     residual.base_sha256 = str(state.get("base_sha256", ""))

@@ -15,9 +15,9 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from relive.agents.run_dir import CHECKPOINT
 from relive.replay.checkpoint import CheckpointError, load_tree, save_tree
 
-CHECKPOINT = "checkpoint"
 KIND = "run"
 CONFIG = "config"  # the tree's entry holding the run configuration (a JSON string)
 

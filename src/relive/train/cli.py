@@ -44,8 +44,8 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--base-policy", metavar="PATH", help="frozen base policy of a residual agent (residual_sac): "
                    "same as --set agent.base_policy=PATH")
     p.add_argument("--trust-code", action="store_true", default=None, help="let --base-policy be a file that can "
-                   "run code when loaded (TorchScript, torch.export .pt2): only for files you trust; a resumed run "
-                   "needs it again (agent.trust_code; docs/guarantees.md)")
+                   "run code when loaded (TorchScript, torch.export .pt2): only for files you trust; for this process "
+                   "only (config.json records it false: a resume, eval, export say it again; docs/guarantees.md)")
     _add_collection_arguments(p)
     _add_schedule_arguments(p)
     p.add_argument("--threads", type=positive_int, help="torch threads (default 1)")

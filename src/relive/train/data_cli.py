@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.agents.run_dir import CONFIG_FILE, open_run_dir
 from relive.cli import positive_int, refuse_overwrite, write_generated
-from relive.config import load_config
 from relive.data.columns import split_episodes
 from relive.data.lerobot_io import buffer_rows, write_lerobot
 from relive.data.loaders import load_rows
@@ -173,18 +173,16 @@ def load_experience(source: str | Path, rows: str = "online") -> tuple[dict, dic
     replay buffer directory (``ReplayBuffer.save``), or any dataset ``load_rows`` reads (all its rows)."""
     p = Path(source)
     meta: dict = {"source": str(p)}
-    if (p / "config.json").is_file():
-        try:
-            meta["env_id"] = json.loads((p / "config.json").read_text())["env"]["id"]
-        except (ValueError, KeyError, TypeError):
-            pass
+    run = open_run_dir(p) if (p / CONFIG_FILE).is_file() else None  # (read as every command reads a run)
+    if run is not None and run.config.env.id:
+        meta["env_id"] = run.config.env.id
     if (p / "buffer_final").is_dir():
         return buffer_rows(ReplayBuffer.load(p / "buffer_final", device=HOST), rows), meta
     if has_checkpoint(p):
         from relive.train.trainer import run_offline_rows  # (gymnasium, optional: only for a run checkpoint)
 
         state = load_checkpoint(p)["buffer"]
-        offline = run_offline_rows(load_config(p / "config.json"), state, p) if (p / "config.json").is_file() else None
+        offline = run_offline_rows(run.config, state, p) if run is not None else None
         return buffer_rows(ReplayBuffer.from_state_dict(state, offline_rows=offline, device=HOST), rows), meta
     if (p / "MANIFEST.json").is_file():
         return buffer_rows(ReplayBuffer.load(p, device=HOST), rows), meta

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from relive.config import load_config, override
+from relive.agents.run_dir import open_run_dir
+from relive.config import override
 from relive.data.columns import split_episodes
 from relive.data.maze import waypoint_policy
 from relive.data.minari_io import default_root, write_minari, write_task_references
@@ -164,7 +165,7 @@ def _load_agent(run_dir: Path, snapshot: str):
     from relive.envs import env_spec, make_env
     from relive.train.trainer import build_agent
 
-    cfg = load_config(run_dir / "config.json")
+    cfg = open_run_dir(run_dir).config  # (as every command reads a run directory: no trust from it)
     agent = build_agent(cfg, env_spec(make_env(cfg.env.id)))
     agent.load_state_dict(load_tree(run_dir / snapshot, kind="agent"))
     return agent

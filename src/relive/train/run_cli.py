@@ -2,8 +2,10 @@
 deterministic policy as TorchScript, ONNX or safetensors) and ``relive plot RUN_DIR...`` (curves of several runs,
 mean and a bootstrap confidence band across the seeds of each configuration).
 
-Both only read the run directories they are given (config.json, agent_final/ or the last checkpoint, eval.csv,
-metrics.jsonl) and write only the file named by ``--out`` (refused over an existing file without ``--overwrite``).
+They only read the run directories they are given (config.json, agent_final/ or the last checkpoint, eval.csv,
+metrics.jsonl; ``relive.agents.run_dir.open_run_dir``) and write only the file named by ``--out`` (and ``--video``'s
+episode files): refused over an existing file or symbolic link without ``--overwrite``, never over a directory;
+written whole through a temporary renamed over it, so a symbolic link there is replaced, never written through.
 """
 
 from __future__ import annotations
@@ -13,20 +15,25 @@ import csv
 import dataclasses
 import json
 import math
+import sys
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 
 from relive.agents.export import FORMATS, export_policy
-from relive.cli import non_negative_int, positive_int, refuse_overwrite
-from relive.config import ExperimentConfig, load_config
+from relive.agents.run_dir import TRUST_FLAG, open_run_dir
+from relive.cli import non_negative_int, positive_int
+from relive.config import ExperimentConfig
 from relive.data.lerobot_io import write_video
-from relive.envs import check_env_id, env_spec, make_env
-from relive.replay.checkpoint import load_tree
+from relive.envs import env_spec, make_env
+from relive.files import refuse_existing_output, replace_file, write_text_atomic
 from relive.train.checkpoint import has_checkpoint, load_checkpoint
 from relive.train.evaluation import evaluate_episodes
 from relive.train.trainer import build_agent
+
+TRUST_HELP = ("let the run's base policy be a file that can run code when loaded (TorchScript, torch.export .pt2): "
+              "only for runs you trust; a run directory's config.json never says it (docs/guarantees.md)")
 
 
 def add_parsers(subparsers) -> None:
@@ -44,6 +51,7 @@ def add_parsers(subparsers) -> None:
                     "env's rgb_array frames, lossless H.264; needs PyAV)")
     ev.add_argument("--out", type=Path, help="also write the results as JSON here")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    ev.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     ev.set_defaults(func=_eval)
     ex = subparsers.add_parser("export", help="write a run's deterministic policy for deployment",
                                description="The policy a run's agent acts with at evaluation (SAC / RLPD / Cal-QL: "
@@ -56,6 +64,7 @@ def add_parsers(subparsers) -> None:
     ex.add_argument("--out", type=Path, required=True, help="the file to write")
     ex.add_argument("--checkpoint", action="store_true", help="the last checkpoint's agent (an unfinished run)")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    ex.add_argument(TRUST_FLAG, action="store_true", help=TRUST_HELP)
     ex.set_defaults(func=_export)
     pl = subparsers.add_parser("plot", help="curves of several runs: mean and confidence band across seeds",
                                description="One curve per configuration (runs that differ only in their seed are "
@@ -71,31 +80,29 @@ def add_parsers(subparsers) -> None:
 
 # -- relive eval ---------------------------------------------------------------------------------------------
 def run_config(run_dir: Path) -> ExperimentConfig:
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{run_dir} is not a relive run directory (no config.json)")
-    try:
-        cfg = load_config(path)
-    except (TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"{path} is not a relive configuration ({type(e).__name__}: {e})") from None
-    if cfg.env.id:
-        check_env_id(cfg.env.id)  # (an env id from a file never imports a module)
-    return cfg
+    """A run's configuration as every command reads it (``relive.agents.run_dir.open_run_dir``: no trust, the
+    directory where it is)."""
+    return open_run_dir(run_dir).config
 
 
-def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu", render_mode: str | None = None):
-    """(config, env, agent, where its state came from) of a run: ``agent_final/``, or the last checkpoint's."""
-    run_dir = Path(run_dir)
-    cfg = run_config(run_dir)
+def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu", render_mode: str | None = None,
+                   *, trusted: bool = False):
+    """(config, env, spec, agent, where its state came from) of a run: ``agent_final/``, or the last checkpoint's.
+    ``trusted``: the caller's opt-in (``--trust-code``) to a base policy file that can run code; config.json's is
+    never taken (``open_run_dir``), and what it said is noted on stderr."""
+    run = open_run_dir(run_dir, trusted=trusted)
+    for note in run.notes:
+        print(f"relive: note: {note}", file=sys.stderr)
+    cfg = run.config
     if checkpoint:
-        if not has_checkpoint(run_dir):
-            raise ValueError(f"{run_dir} has no checkpoint yet")
-        state, source = load_checkpoint(run_dir)["agent"], "last checkpoint"
+        if not has_checkpoint(run.path):
+            raise ValueError(f"{run.path} has no checkpoint yet")
+        state, source = load_checkpoint(run.path)["agent"], "last checkpoint"
     else:
-        if not (run_dir / "agent_final").is_dir():
-            raise ValueError(f"{run_dir} has no agent_final/ (the run has not finished): evaluate its last "
+        if not run.agent_final.is_dir():
+            raise ValueError(f"{run.path} has no agent_final/ (the run has not finished): evaluate its last "
                              "checkpoint's agent with --checkpoint")
-        state, source = load_tree(run_dir / "agent_final", kind="agent"), "agent_final"
+        state, source = run.final_agent_state(), "agent_final"
     if not cfg.env.id:  # an offline-only run without an environment: its spec from its dataset
         from relive.train.trainer import dataset_spec
 
@@ -128,11 +135,12 @@ class FrameRecorder(gym.Wrapper):
 
 
 def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = False, device: str = "cpu",
-                 video: Path | None = None) -> dict:
+                 video: Path | None = None, *, trusted: bool = False) -> dict:
     """The run's agent on ``episodes`` episodes seeded ``seed, seed + 1, ...``: returns, successes and their
-    summary; with ``video``, each episode as ``video/episode_<i>.mp4``."""
+    summary; with ``video``, each episode as ``video/episode_<i>.mp4``. ``trusted``: see :func:`load_run_agent`."""
     cfg, env, _, agent, source = load_run_agent(run_dir, checkpoint, device,
-                                                render_mode="rgb_array" if video is not None else None)
+                                                render_mode="rgb_array" if video is not None else None,
+                                                trusted=trusted)
     if env is None:
         raise ValueError(f"{run_dir} trained without an environment (offline only): nothing to evaluate it on; "
                          "`relive export` writes its policy")
@@ -142,11 +150,13 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
                                            success_at=cfg.env.success_at)
     if video is not None:
         fps = int(env.metadata.get("render_fps") or 30)
+        Path(video).mkdir(parents=True, exist_ok=True)
         for i, frames in enumerate(env.episodes):
             hwc = np.stack(frames)
             if hwc.ndim != 4 or hwc.shape[-1] != 3 or hwc.dtype != np.uint8:
                 raise ValueError(f"{cfg.env.id}: rendered frames of shape {hwc.shape} {hwc.dtype}, not RGB images")
-            write_video(Path(video) / f"episode_{i}.mp4", hwc.transpose(0, 3, 1, 2), fps)
+            replace_file(Path(video) / f"episode_{i}.mp4",  # (a symbolic link there: replaced, not written through)
+                         lambda tmp, hwc=hwc: write_video(tmp, hwc.transpose(0, 3, 1, 2), fps))
     env.close()
     out = {"run_dir": str(run_dir), "agent": source, "env": cfg.env.id, "episodes": episodes, "seed": seed,
            "returns": returns.tolist(), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
@@ -160,25 +170,29 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
 
 def _eval(args: argparse.Namespace) -> int:
     if args.out is not None:
-        refuse_overwrite(args.out, args.overwrite)
+        refuse_existing_output(args.out, args.overwrite)
     if args.video is not None:
+        if args.video.is_symlink() and not args.video.exists() or args.video.exists() and not args.video.is_dir():
+            raise ValueError(f"--video {args.video} is {'a dangling link' if args.video.is_symlink() else 'a file'}, "
+                             "not a directory: give the directory to write episode_<i>.mp4 files into")
         for i in range(args.episodes):
-            refuse_overwrite(args.video / f"episode_{i}.mp4", args.overwrite)
-    res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device, args.video)
+            refuse_existing_output(args.video / f"episode_{i}.mp4", args.overwrite, "--video")
+    res = evaluate_run(args.run_dir, args.episodes, args.seed, args.checkpoint, args.device, args.video,
+                       trusted=args.trust_code)
     success = f", success rate {res['success_rate']:.2f}" if "success_rate" in res else ""
     print(f"{res['run_dir']} ({res['agent']}) on {res['env']}: {res['episodes']} episodes, return "
           f"{res['return_mean']:.1f} +- {res['return_std']:.1f} (min {res['return_min']:.1f}, max "
           f"{res['return_max']:.1f}){success}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(res, indent=1))
+        write_text_atomic(args.out, json.dumps(res, indent=1))  # (a symbolic link there: replaced, not followed)
     return 0
 
 
 # -- relive export ---------------------------------------------------------------------------------------------
 def _export(args: argparse.Namespace) -> int:
-    refuse_overwrite(args.out, args.overwrite)
-    cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint)
+    refuse_existing_output(args.out, args.overwrite)
+    cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint, trusted=args.trust_code)
     if env is not None:
         env.close()
     if not isinstance(spec.obs_shape, tuple) or len(spec.obs_shape) != 1:
@@ -272,13 +286,15 @@ def plot_runs(run_dirs, metric: str, out: Path) -> dict[str, int]:
     ax.legend(fontsize=8)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:  # (a symbolic link at out: replaced, not written through)
+        replace_file(out, lambda tmp: fig.savefig(tmp, dpi=120, format=out.suffix[1:] or "png"))
+    finally:
+        plt.close(fig)
     return {label: len(curves) for label, curves in groups.items()}
 
 
 def _plot(args: argparse.Namespace) -> int:
-    refuse_overwrite(args.out, args.overwrite)
+    refuse_existing_output(args.out, args.overwrite)
     counts = plot_runs(args.run_dirs, args.metric, args.out)
     print(f"wrote {args.out}: " + "; ".join(f"{k}: {v} run{'s' if v > 1 else ''}" for k, v in counts.items()))
     return 0

@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from relive import hooks as H
-from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, load_config, override, save_config
+from relive.agents.run_dir import CONFIG_FILE, open_run_dir, without_trust
+from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, override, save_config
 from relive.data.columns import spec_from_rows
 from relive.data.loaders import fill_offline, load_rows
 from relive.envs import env_spec, goal_functions, make_env, make_vector_env
@@ -185,9 +186,7 @@ def _resume_config(cfg: ExperimentConfig, settings: Sequence[str]) -> Experiment
         if key not in RESUME_SETTINGS:
             raise ValueError(f"a resumed run continues as it was configured; only {', '.join(RESUME_SETTINGS)} may "
                              f"change (where and how it runs), got {item!r}")
-    if getattr(cfg.agent, "trust_code", False):  # trusting a model file that runs code is never inherited from a
-        cfg = override(cfg, ["agent.trust_code=false"])  # run directory: --resume ... --trust-code says it again
-    return override(cfg, list(settings))
+    return override(cfg, list(settings))  # (trust only from them: open_run_dir read config.json without it)
 
 
 def _changed(before: ExperimentConfig, after: ExperimentConfig) -> list[tuple[str, object]]:
@@ -246,14 +245,6 @@ def check_new_run_dir(run_dir: Path) -> None:
                          f"writes its files into a new or empty directory only; pick another --run-dir")
 
 
-def _read_run_config(run_dir: Path) -> ExperimentConfig:
-    try:
-        return load_config(run_dir / "config.json")
-    except (ValueError, TypeError, KeyError, AttributeError) as e:  # (JSON of the wrong shape)
-        raise ValueError(f"cannot resume {run_dir}: its config.json is not a relive configuration "
-                         f"({type(e).__name__}: {e})") from None
-
-
 def _check_checkpoint_config(run_dir: Path, tree: dict, saved: ExperimentConfig) -> None:
     """config.json must describe the configuration the checkpoint was made with (recorded in it), but for where
     and how the run goes on (:data:`RESUME_SETTINGS`); a checkpoint of an earlier version records none."""
@@ -287,8 +278,9 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
 
 def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None,
            resume_settings: Sequence[str], held: list, allow_other_base: bool = False) -> Run:
+    notes: tuple[str, ...] = ()
     if resume_dir is not None:
-        run_dir, saved, cfg, tree = _open_resumed_run(Path(resume_dir), resume_settings, held)
+        run_dir, saved, cfg, tree, notes = _open_resumed_run(Path(resume_dir), resume_settings, held)
     elif resume_settings:
         raise ValueError("resume_settings change a resumed run; give resume_dir (a new run takes them in its config)")
     else:
@@ -313,7 +305,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
             eval_env.reset(seed=_int(seeds["eval"]))
         spec = env_spec(eval_env)
-    agent = build_agent(cfg, spec, seeds["agent"])
+    agent = build_agent(cfg, spec, seeds["agent"])  # (the only use of the call's trust: loading a base policy)
+    saved_cfg = without_trust(cfg)[0]  # what the run records (config.json, checkpoints): trust is the command's
     if allow_other_base:  # (checked by the agent's load_state_dict: resume and run.init_from)
         agent.allow_other_base = True
     if wrap_agent is not None:
@@ -345,8 +338,10 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if remote:
         collector.connect()  # start or join Ray (a bad address fails here, before the directory is written)
     if resume_dir is None:  # everything is built: only now does the directory become a run
-        _create_run_dir(cfg, run_dir, held, env)
+        _create_run_dir(saved_cfg, run_dir, held, env)
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    for note in notes:
+        logger.print(f"note: {note}")
     if eval_env is None:
         logger.print("no environment (offline only, from the dataset; action bounds from its actions): evaluation "
                      "skipped (eval rows are NaN); export the trained policy with `relive export RUN_DIR`")
@@ -354,7 +349,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         logger.print(f"warning: {s.num_online_env_steps} online env steps do not exceed the warm-up of "
                      f"{s.num_warmup_env_steps} (--warmup): the online phase makes no gradient step; raise "
                      "--online-steps or lower --warmup")
-    run = Run(cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
+    run = Run(saved_cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
         _continue_resumed_run(run, tree, saved, gamma)
@@ -365,21 +360,23 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
 
 
 def _open_resumed_run(run_dir: Path, resume_settings: Sequence[str],
-                      held: list) -> tuple[Path, ExperimentConfig, ExperimentConfig, dict | None]:
+                      held: list) -> tuple[Path, ExperimentConfig, ExperimentConfig, dict | None, tuple[str, ...]]:
     """A run directory to resume, held by this process: (run_dir, its saved config, the config it resumes with,
-    its checkpoint or None)."""
-    if not (run_dir / "config.json").is_file():
+    its checkpoint or None, notes on what its config.json said that was not taken). config.json is read by
+    ``open_run_dir`` (no trust from it: ``resume_settings`` are the call's, ``--trust-code`` among them)."""
+    if not (run_dir / CONFIG_FILE).is_file():
         raise ValueError(f"cannot resume {run_dir}: no config.json (not a run directory)")
     held.append(_hold_run(run_dir))  # a second `--resume` of this run stops here
     if (run_dir / "summary.json").is_file():
         raise ValueError(f"{run_dir} has already finished (summary.json); nothing to resume")
-    saved = _read_run_config(run_dir)
+    opened = open_run_dir(run_dir, where=f"cannot resume {run_dir}")
+    saved = opened.config
     cfg = _resume_config(saved, resume_settings)
     tree = None
     if has_checkpoint(run_dir):
         tree = load_checkpoint(run_dir)
         _check_checkpoint_config(run_dir, tree, saved)
-    return run_dir, saved, cfg, tree
+    return run_dir, saved, cfg, tree, opened.notes
 
 
 def dataset_spec(cfg: ExperimentConfig, loaded: tuple[dict, dict] | None = None):
