@@ -81,7 +81,7 @@ def reference_sac_update(agent, b):
 
 def reference_actor_steps(agent, b) -> dict:
     w = b.info.is_weight
-    if agent.num_critic_steps % agent.cfg.actor_every != 0:
+    if agent.num_critic_steps % agent.critic_steps_per_actor_step != 0:
         return {}
     mean, log_std = agent.actor(b.obs)
     agent.critic.requires_grad_(False)
@@ -133,7 +133,8 @@ def reference_calql_update(agent, b):
 @pytest.mark.parametrize("kind,overrides", [
     ("sac", {}),
     ("rlpd", dict(num_qs=6, num_min_qs=2)),  # subset-min target, LayerNorm, mean actor reduce, xavier init
-    ("rlpd", dict(num_qs=6, num_min_qs=2, actor_every=2)),  # critic-only updates: the shared actor forward
+    # critic-only updates: the shared actor forward
+    ("rlpd", dict(num_qs=6, num_min_qs=2, actor_per_env_step=False, actor_every=2)),
     ("calql", dict(num_qs=4, num_min_qs=2)),
 ])
 def test_optimized_update_equals_the_previous_formulation(kind, overrides):

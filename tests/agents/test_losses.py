@@ -159,8 +159,8 @@ def test_layer_norm_follows_every_hidden_critic_layer():
 
 def test_rlpd_preset():
     cfg = SACConfig.rlpd()
-    assert (cfg.num_qs, cfg.num_min_qs, cfg.critic_layer_norm, cfg.actor_every, cfg.actor_q_reduce) == \
-        (10, 2, True, 20, "mean")
+    assert (cfg.num_qs, cfg.num_min_qs, cfg.critic_layer_norm, cfg.actor_every, cfg.actor_per_env_step,
+            cfg.actor_q_reduce) == (10, 2, True, 1, True, "mean")
     agent = SAC(OBS, ACT, LOW, HIGH, SACConfig.rlpd(hidden=(8,)), seed=0)
     assert agent.target_entropy == -ACT / 2
     assert SACConfig.rlpd(num_min_qs=1).num_min_qs == 1
@@ -169,7 +169,7 @@ def test_rlpd_preset():
 
 
 def test_rlpd_actor_steps_once_per_utd_critic_steps():
-    agent = make("rlpd", num_qs=3, actor_every=4)
+    agent = make("rlpd", num_qs=3, actor_per_env_step=False, actor_every=4)
     actor_before = [p.clone() for p in agent.actor.parameters()]
     keys = [set(agent.update(batch("rlpd", seed=s)).metrics) for s in range(4)]
     assert all("train/actor_loss" not in k for k in keys[:3]) and "train/actor_loss" in keys[3]
@@ -396,3 +396,21 @@ def test_td3_preset_follows_the_authors_code():
         DDPGConfig(num_critics=0)
     with pytest.raises(ValueError, match="actor_every must be an integer >= 1"):
         DDPGConfig(actor_every=True)
+
+
+def test_the_per_env_step_actor_rule_follows_the_utd_ratio_and_equals_the_fixed_count():
+    """RLPD's rule (one actor step per env step) with UTD 4 trains exactly the agent actor_every = 4 trains; the
+    rule and a count are never both set; outside a run the rule needs the ratio."""
+    rule = make("rlpd", num_qs=3, actor_every=1, actor_per_env_step=True)
+    count = make("rlpd", num_qs=3, actor_every=4, actor_per_env_step=False)
+    rule.follow_utd_ratio(4)
+    for s in range(8):
+        rule.update(batch("rlpd", seed=s))
+        count.update(batch("rlpd", seed=s))
+    assert rule.num_actor_steps == count.num_actor_steps == 2
+    for a, b in zip(flat_params(rule), flat_params(count), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="say two things"):
+        SACConfig.rlpd(actor_every=4)
+    with pytest.raises(ValueError, match="needs agent.actor_per_env_step"):
+        make("sac").follow_utd_ratio(4)

@@ -54,6 +54,9 @@ def test_every_built_in_grid_expands_to_the_same_runs_as_before():
             want["sampler"]["params"].pop("seed")
         got = json.loads(json.dumps(seen[key], allow_nan=True))
         agent_defaults = got.pop("agent_defaults")
+        if got["agent"].pop("actor_per_env_step", False):  # RLPD's actor once per env step: a rule since issue 46,
+            assert got["agent"]["actor_every"] == 1, key  # was actor_every = utd_ratio (the count it trains with)
+            got["agent"]["actor_every"] = got["schedule"]["utd_ratio"]
         for name in set(got["agent"]) - set(want["agent"]):  # agent settings added since (n_step, encoder, ...)
             assert got["agent"].pop(name) == agent_defaults[name], f"{key}: agent.{name}"
         for section, cls in (("run", RunConfig), ("env", EnvConfig)):  # settings added since: at their defaults

@@ -116,8 +116,9 @@ class CalQL(SAC):
     def loop_hooks(self, ctx) -> list:
         """The offline -> online switch (``set_online``), and true returns-to-go of every finished online
         episode written into ``mc_return`` (official Cal-QL)."""
-        return [OnPhase(lambda phase: self.set_online(phase == "online")),
-                OnEpisodeEnd(lambda slots: write_returns_to_go(ctx.buffer, slots, ctx.gamma, "mc_return"))]
+        return super().loop_hooks(ctx) + [
+            OnPhase(lambda phase: self.set_online(phase == "online")),
+            OnEpisodeEnd(lambda slots: write_returns_to_go(ctx.buffer, slots, ctx.gamma, "mc_return"))]
 
     def __init__(self, obs_dim, action_dim, action_low, action_high, config: CalQLConfig | None = None,
                  seed: int = 0, device: str = "cpu", obs_spec=None):

@@ -79,8 +79,12 @@ class SACConfig:
     target_entropy: float | None = None  # explicit target entropy; None: -target_entropy_scale * |A|
     target_entropy_scale: float = 1.0  # SAC: 1 (-|A|); RLPD: 0.5 (-|A|/2)
     backup_entropy: bool = True  # subtract alpha log pi(a'|s') in the critic target (RLPD: off for antmaze/adroit)
-    actor_every: int = 1  # actor + temperature step every this many critic steps (RLPD: utd_ratio, i.e. once
-    #                       per env step, on the last minibatch)
+    actor_every: int = 1  # actor + temperature step every this many critic steps (a fixed count)
+    # RLPD (ikostrikov/rlpd: each env step's utd_ratio critic minibatches, then one actor step) and HIL-SERL: one
+    # actor + temperature step per env step, on the last of the critic steps that env step brings -- whatever the
+    # UTD ratio (flag, --set, grid, preset or resume). The loop tells the agent the run's ratio (loop_hooks); in an
+    # own loop call agent.follow_utd_ratio(utd). actor_every must then stay 1
+    actor_per_env_step: bool = False
     compute_log_likelihood: bool = True  # return log pi(stored action | s) as a signal (on-policyness samplers)
     compile: bool = False  # torch.compile the critic ensembles: fuses LayerNorm / ReLU passes (10 LayerNorm
     #                        critics ~1.4x faster on CPU); slower for plain twin critics; first steps compile
@@ -107,6 +111,9 @@ class SACConfig:
             raise ValueError(f"tau must be in (0, 1] and gamma in [0, 1], got tau={self.tau}, gamma={self.gamma}")
         if self.actor_every < 1:
             raise ValueError(f"actor_every must be >= 1, got {self.actor_every}")
+        if self.actor_per_env_step and self.actor_every != 1:
+            raise ValueError(f"actor_per_env_step (one actor step per env step) and actor_every = {self.actor_every} "
+                             "(one per so many critic steps) say two things; set one of them")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
         if self.actor_q_reduce not in ACTOR_Q_REDUCTIONS:
@@ -134,11 +141,11 @@ class SACConfig:
     def rlpd(cls, **overrides) -> SACConfig:
         """RLPD's defaults (Ball et al., ICML 2023, arXiv 2302.02948; ``configs/rlpd_config.py`` of ikostrikov/rlpd):
         E = 10, subset-min of 2, LayerNorm critics, actor on the ensemble mean, Xavier init, target entropy
-        -|A|/2, one actor/temperature step per 20 critic steps (with ``schedule.utd_ratio = 20``: once per env
-        step). For antmaze/adroit the reference
+        -|A|/2, one actor/temperature step per env step (``actor_per_env_step``: on the last of the env step's
+        ``schedule.utd_ratio`` critic steps, as rlpd's ``update(batch, utd_ratio)``). For antmaze/adroit the reference
         commands also set ``backup_entropy=False`` (and antmaze ``num_min_qs=1``, hidden (256, 256, 256))."""
         base = dict(num_qs=10, num_min_qs=2, critic_layer_norm=True, actor_q_reduce="mean", init="xavier",
-                    actor_every=20, target_entropy_scale=0.5)
+                    actor_per_env_step=True, target_entropy_scale=0.5)
         return replace(cls(**base), **overrides)
 
     def to_dict(self) -> dict:
@@ -222,10 +229,37 @@ class SAC:
         self.alpha_opt = nets.adam([self.log_alpha], cfg.temp_lr)
         self.num_critic_steps = 0
         self.num_actor_steps = 0
+        # critic steps per actor step: actor_every, or (actor_per_env_step) the run's UTD ratio once it is known
+        self.critic_steps_per_actor_step = cfg.actor_every
 
     @property
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp()
+
+    def follow_utd_ratio(self, utd_ratio: int) -> None:
+        """``actor_per_env_step``: one actor step per ``utd_ratio`` critic steps (the critic steps of one env
+        step); without the rule, a ValueError (actor_every says the count)."""
+        if not self.cfg.actor_per_env_step:
+            raise ValueError("follow_utd_ratio needs agent.actor_per_env_step = true (actor_every sets a fixed count)")
+        if isinstance(utd_ratio, bool) or not isinstance(utd_ratio, int) or utd_ratio < 1:
+            raise ValueError(f"utd_ratio must be an integer >= 1, got {utd_ratio!r}")
+        self.critic_steps_per_actor_step = utd_ratio
+
+    def loop_hooks(self, ctx) -> list:
+        """With ``actor_per_env_step``: the run's gradient steps per env step (``schedule.utd_ratio``, or
+        ``grad_steps_per_chunk / env_steps_per_chunk`` when the chunk's count is set) become the critic steps per
+        actor step. Declares no hook."""
+        if self.cfg.actor_per_env_step:
+            s = ctx.config.schedule
+            per_env_step = s.utd_ratio
+            if s.grad_steps_per_chunk:
+                per_env_step, rest = divmod(s.grad_steps_per_chunk, s.env_steps_per_chunk)
+                if rest or not per_env_step:
+                    raise ValueError(f"agent.actor_per_env_step needs a whole number of gradient steps per env step; "
+                                     f"schedule.grad_steps_per_chunk {s.grad_steps_per_chunk} over env_steps_per_chunk "
+                                     f"{s.env_steps_per_chunk} is not")
+            self.follow_utd_ratio(per_env_step)
+        return []
 
     # -- acting ----------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -326,7 +360,7 @@ class SAC:
     def _actor_due(self, update_actor: bool | None) -> bool:
         """Whether this update (the ``num_critic_steps + 1``-th critic step) also steps the actor."""
         if update_actor is None:
-            return (self.num_critic_steps + 1) % self.cfg.actor_every == 0
+            return (self.num_critic_steps + 1) % self.critic_steps_per_actor_step == 0
         return bool(update_actor)
 
     @torch.no_grad()
@@ -347,7 +381,7 @@ class SAC:
         actor's (mean, log_std) at s when already computed (without gradient; only when the actor does not
         step)."""
         if update_actor is None:  # called after the critic step's count
-            update_actor = self.num_critic_steps % self.cfg.actor_every == 0
+            update_actor = self.num_critic_steps % self.critic_steps_per_actor_step == 0
         log_likelihood = None
         if not update_actor:
             if self.cfg.compute_log_likelihood:

@@ -139,7 +139,7 @@ class SACReFER(SAC):
         if self.cfg.compute_log_likelihood:  # under the policy before its step, as SAC's signal
             with torch.no_grad():
                 log_likelihood = self.actor.log_prob_from(*(pre or self.actor(b.obs)), b.action).mean(-1)
-        if update_actor if update_actor is not None else self.num_critic_steps % self.cfg.actor_every == 0:
+        if update_actor if update_actor is not None else self.num_critic_steps % self.critic_steps_per_actor_step == 0:
             metrics |= self._refer_actor_step(b, near, covered, beta, mu_std)
         metrics |= kl_metric
         if refer_on:

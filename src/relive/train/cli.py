@@ -204,8 +204,8 @@ def config_from_args(args: argparse.Namespace):
         value = getattr(args, flag, None)
         if value is not None:
             sets.append(_flag_setting(flag, value))
-    if getattr(args, "utd", None) is not None:
-        sets += utd_settings(cfg, args.utd)
+    if getattr(args, "utd", None) is not None:  # one setting (RLPD's once-per-env-step actor is a rule of the agent)
+        sets.append(f"schedule.utd_ratio={args.utd}")
     if getattr(args, "no_progress", False):
         sets.append("run.progress=false")
     cfg = override(cfg, sets)
@@ -219,15 +219,6 @@ def config_from_args(args: argparse.Namespace):
             and not any(s.startswith("env.id=") for s in args.set):  # offline only, without an environment
         cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, id=""))
     return cfg
-
-
-def utd_settings(cfg, utd: int) -> list[str]:
-    """``--utd N``: the schedule's ratio; a preset that updates the actor once per env step (RLPD:
-    ``actor_every == utd_ratio``) keeps doing so."""
-    sets = [f"schedule.utd_ratio={utd}"]
-    if getattr(cfg.agent, "actor_every", 1) == cfg.schedule.utd_ratio > 1:
-        sets.append(f"agent.actor_every={utd}")
-    return sets
 
 
 def _json(value) -> str:
