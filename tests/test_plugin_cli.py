@@ -52,7 +52,8 @@ def plugin_file(tmp_path, monkeypatch):
     yield path
     REPLAYS.pop("shell_uniform", None)
     SAMPLERS.pop("ShellUniformSampler", None)
-    sys.modules.pop("relive_plugin_my_samplers", None)
+    for name in [m for m in sys.modules if m.startswith("relive_plugin_my_samplers")]:
+        sys.modules.pop(name)
 
 
 @pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
@@ -100,3 +101,26 @@ def test_only_options_before_the_command_name_plugins():
     assert cli._plugin_args(["--debug", "--plugin", "a", "--plugin=b.py", "train", "--plugin", "c"]) == ["a", "b.py"]
     assert cli._plugin_args(["train", "--set", "x=1"]) == []
     assert Path(cli.__file__).name == "cli.py"
+
+
+def test_two_plugin_files_with_the_same_name_are_both_loaded(tmp_path, monkeypatch):
+    """Issue 44: ``a/samplers.py`` and ``b/samplers.py`` were one module name: the second was silently skipped (its
+    replay unknown). Each file is its own module; the same file named twice is imported once."""
+    monkeypatch.delenv(cli.PLUGIN_ENV, raising=False)
+    paths = []
+    for d, name in (("a", "same_stem_a"), ("b", "same_stem_b")):
+        (tmp_path / d).mkdir()
+        path = tmp_path / d / "same_stem.py"
+        path.write_text(PLUGIN.replace("ShellUniform", f"Shell{d.upper()}").replace('"shell_uniform"', repr(name)))
+        paths.append(path)
+    try:
+        assert cli.load_plugins([str(paths[0]), str(paths[1]), str(paths[0])]) == [str(p.resolve()) for p in paths]
+        assert "same_stem_a" in REPLAYS and "same_stem_b" in REPLAYS
+        assert len([m for m in sys.modules if m.startswith("relive_plugin_same_stem")]) == 2
+    finally:
+        for name in ("same_stem_a", "same_stem_b"):
+            REPLAYS.pop(name, None)
+        for name in ("ShellASampler", "ShellBSampler"):
+            SAMPLERS.pop(name, None)
+        for name in [m for m in sys.modules if m.startswith("relive_plugin_same_stem")]:
+            sys.modules.pop(name)

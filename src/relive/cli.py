@@ -10,10 +10,12 @@ Errors: a bad argument or a refused input (``ValueError``, which includes ``Chec
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,7 +98,10 @@ def load_plugins(names: Sequence[str] = ()) -> list[str]:
             if not path.is_file():
                 raise ValueError(f"--plugin {name}: no such file")
             path = path.resolve()
-            module_name = f"relive_plugin_{path.stem}"
+            # one module per file: two plug-ins named samplers.py in two directories are two modules (the name
+            # carries the path's digest; the same file named twice is imported once)
+            digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+            module_name = f"relive_plugin_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
             if module_name not in sys.modules:
                 spec = importlib.util.spec_from_file_location(module_name, path)
                 if spec is None or spec.loader is None:

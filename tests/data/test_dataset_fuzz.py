@@ -64,14 +64,19 @@ def _files(dataset: Path) -> list[Path]:
 
 
 def _read(dataset: Path, named: str) -> None:
-    """Read as ``--dataset`` does; anything but a load or a ValueError / OSError naming ``named`` fails."""
+    """Read as ``--dataset`` does; anything but a load or a ValueError / OSError naming ``named`` fails. What loads
+    has a number per row in every column (no zero-width ``obs`` / ``action`` / ``next_obs``: issue 44)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            load_rows(dataset)
+            rows, _ = load_rows(dataset)
         except (ValueError, OSError) as e:
             assert named in str(e), f"the error does not name {named}: {type(e).__name__}: {e}"
             assert "\n" not in str(e).strip(), f"not one line: {e}"
+            return
+    for c in ("obs", "action", "next_obs"):
+        for k, arr in (rows[c].items() if isinstance(rows[c], dict) else [("", rows[c])]):
+            assert 0 not in np.shape(arr)[1:], f"{c} {k}: zero-width column {np.shape(arr)} loaded"
 
 
 def _copy(original: Path, into: Path) -> Path:
@@ -230,3 +235,38 @@ def test_mutated_npz_columns_load_or_give_one_named_error(originals, pick, shape
         path = Path(tmp) / "d.npz"
         np.savez(path, **arrays)
         _read(path, path.name)
+
+
+# the per-row columns of each format's file: relive .npz members, D4RL keys, Minari episode datasets
+_WIDE = {"npz": ("obs", "action", "next_obs"), "d4rl": ("observations", "actions", "next_observations"),
+         "minari": ("observations", "actions")}
+
+
+@pytest.mark.parametrize("fmt", sorted(_WIDE))
+@FUZZ
+@given(pick=st.floats(0, 1, exclude_max=True), trailing=st.lists(st.integers(0, 3), min_size=1, max_size=2),
+       dtype=st.sampled_from(["f4", "f8", "i8", "u1"]))
+def test_zero_width_columns_give_one_named_error(originals, fmt, pick, trailing, dtype):
+    """Issue 44: a per-row column (observations, actions) replaced by one with a zero among its trailing dimensions
+    ((N, 0), (N, 2, 0), ...) in every format: refused naming the dataset (never loaded and left to train on NaN)."""
+    import h5py
+
+    trailing = [*trailing[:-1], 0] if 0 not in trailing else trailing
+    with tempfile.TemporaryDirectory() as tmp:
+        dataset = _copy(originals[fmt], Path(tmp))
+        if fmt == "npz":
+            with np.load(dataset, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            name = _WIDE[fmt][int(pick * 3)]
+            arrays[name] = np.zeros((len(arrays[name]), *trailing), dtype)
+            np.savez(dataset, **arrays)
+        else:
+            with h5py.File(_hdf5_file(dataset), "a") as f:
+                names: list[str] = []
+                f.visit(names.append)
+                names = [n for n in names if n.rsplit("/", 1)[-1] in _WIDE[fmt] and isinstance(f[n], h5py.Dataset)]
+                name = names[int(pick * len(names))]
+                rows = len(f[name])
+                del f[name]
+                f[name] = np.zeros((rows, *trailing), dtype)
+        _read(dataset, str(dataset) if dataset.is_dir() else dataset.name)

@@ -71,12 +71,12 @@ def test_a_grid_that_breaks_the_schema_is_refused_naming_what(raw, message):
 
 
 def test_what_the_schema_accepts_expands_as_before():
-    g = parse_grid(_grid(name="ok.v2", seeds=[5, 7], args=["--run-note", "{task}-{seed}", "{{literal}}"],
+    g = parse_grid(_grid(name="ok.v2", seeds=[5, 7], args=["--dataset", "d/{task}-{seed}", "--set", "a.b={{lit}}"],
                          task_args={"Pendulum-v1": ["--eval-episodes", "2"]},
                          report={"thresholds": {"Pendulum-v1": -200}, "auc": True,
                                  "figure": [{"name": "f1", "labels": ["a"], "log_y": True}]}))
     assert [r.key for r in g.runs()] == ["a/Pendulum-v1/seed_5", "a/Pendulum-v1/seed_7"]
-    assert g.runs()[0].args == ("--run-note", "Pendulum-v1-5", "{literal}", "--eval-episodes", "2")
+    assert g.runs()[0].args == ("--dataset", "d/Pendulum-v1-5", "--set", "a.b={lit}", "--eval-episodes", "2")
 
 
 def test_a_run_directory_never_leaves_the_root(tmp_path):

@@ -61,12 +61,14 @@ def test_grid_validation():
     with pytest.raises(ValueError, match="no tasks"):
         parse_grid({"variant": [{"label": "a", "preset": "sac"}]})
     g = parse_grid({"seeds": [3, 4], "tasks": ["A", "B"], "variant": [{"label": "a", "preset": "sac",
-                                                                         "args": ["--seed-note", "{seed}"]}]})
+                                                                         "args": ["--set", "run.x={seed}"]}]})
     assert [r.key for r in g.runs()] == ["a/A/seed_3", "a/B/seed_3", "a/A/seed_4", "a/B/seed_4"]
-    assert g.runs()[0].args == ("--seed-note", "3")
-    g = parse_grid({"tasks": ["A"], "args": ["--from", "runs/pre/{task}/seed_{seed}"], "task_args": {"A": ["--t"]},
-                    "variant": [{"label": "a", "preset": "sac", "args": ["--v"]}]})
-    assert g.runs()[0].args == ("--from", "runs/pre/A/seed_0", "--v", "--t")  # grid, variant, task
+    assert g.runs()[0].args == ("--set", "run.x=3")
+    g = parse_grid({"tasks": ["A"], "args": ["--init-from", "runs/pre/{task}/seed_{seed}"],
+                    "task_args": {"A": ["--no-progress"]},
+                    "variant": [{"label": "a", "preset": "sac", "args": ["--utd", "2"]}]})
+    assert g.runs()[0].args == ("--init-from", "runs/pre/A/seed_0", "--utd", "2", "--no-progress")  # grid, variant,
+    # task
 
 
 @pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it

@@ -32,6 +32,7 @@ def check_columns(rows: dict, where: str) -> int:
                 name = f"{c!r} key {k!r}" if k else repr(c)
                 raise ValueError(f"{where}: column {name} must be an array of numbers or booleans with a row per "
                                  f"transition, got {arr.dtype} of shape {arr.shape}")
+    check_widths(rows, where)
     if isinstance(rows["obs"], dict) or isinstance(rows["next_obs"], dict):
         keys = [sorted(rows[c]) if isinstance(rows[c], dict) else None for c in ("obs", "next_obs")]
         if keys[0] != keys[1]:
@@ -56,6 +57,18 @@ def check_columns(rows: dict, where: str) -> int:
                 name = f"{c!r} key {k!r}" if k else repr(c)
                 raise ValueError(f"{where}: column {name} row {row} is not finite (NaN/inf)")
     return n
+
+
+def check_widths(rows: dict, where: str) -> None:
+    """Every per-row column holds at least one number per row: a column of shape (N, 0) (or (N, 3, 0), a dict
+    observation key of width 0) is refused, naming it -- an agent built on it has no input or no action (its
+    losses are NaN from the first step), so the dataset is refused before anything is created."""
+    for c in ("obs", "action", "next_obs"):
+        for k, arr in (obs_parts(rows, c) if isinstance(rows[c], dict) else {"": np.asarray(rows[c])}).items():
+            if 0 in arr.shape[1:]:
+                name = f"{c!r} key {k!r}" if k else repr(c)
+                raise ValueError(f"{where}: column {name} has shape {arr.shape}, zero numbers per row (every row "
+                                 "must hold at least one)")
 
 
 def split_episodes(rows: dict) -> list[slice]:

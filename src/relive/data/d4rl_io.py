@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.data.columns import check_widths
 from relive.data.trust import one_line, open_hdf5
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
@@ -83,6 +84,7 @@ def read_d4rl_hdf5(path: str | Path) -> tuple[dict, dict]:
         if meta["dropped_rows"]:
             warnings.warn(f"{path}: no next_observations; dropped {meta['dropped_rows']} rows whose next "
                           "observation is unknown (episode ends by timeout or at the end of the file)", stacklevel=2)
+    check_widths(rows, str(path))
     return rows, meta
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from relive.data.columns import check_widths
 from relive.data.trust import MAX_COMPRESSION_RATIO, SLACK_BYTES, check_allocation, one_line
 
 
@@ -75,4 +76,5 @@ def load_dataset(path: str | Path) -> tuple[dict, dict]:
     missing = {"obs", "action", "reward", "next_obs", "terminated", "truncated"} - set(rows)
     if missing:
         raise ValueError(f"dataset {path} lacks column(s) {sorted(missing)}")
+    check_widths(rows, f"dataset {path}")
     return rows, meta

@@ -39,6 +39,10 @@ def add_parsers(subparsers) -> None:
                           "under --root")
     run.add_argument("--gpus-per-run", type=positive_float, default=None, help="with --ray-address: GPUs per run "
                      "(e.g. 1, or 0.5 for two runs per GPU; default none)")
+    run.add_argument("--trust-code", action="store_true", help="let every run whose args name a base policy read "
+                     "a file that can run code when loaded (TorchScript, torch.export .pt2): `relive train "
+                     "--trust-code` for those runs, again when they resume; only for files you trust (a grid file "
+                     "cannot say it: docs/guarantees.md)")
     run.add_argument("--report", action="store_true", help="write the report when the runs are done")
     run.add_argument("--out", default="reports", help="report directory (with --report; default reports/)")
     run.add_argument("--overwrite", action="store_true", help="with --report: replace an existing report (notes "
@@ -61,6 +65,8 @@ def add_parsers(subparsers) -> None:
 
 def _grid(args):
     grid = load_grid(args.grid)
+    if getattr(args, "trust_code", False):
+        grid = replace(grid, trust_code=True)
     if getattr(args, "seeds", None):
         grid = replace(grid, seeds=grid.seeds[: args.seeds])
     if getattr(args, "tasks", None):

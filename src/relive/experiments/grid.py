@@ -25,6 +25,12 @@
     column = "replay/online_fraction"
 
 Grids ship in ``relive/experiments/grids/``; ``relive bench run NAME`` finds them by name or path.
+
+A grid decides what its runs train and read, never where a run goes, what it trusts or which code it imports:
+its ``args`` hold only the flags of ``GRID_FLAGS``, each followed by its value; ``--run-dir``, ``--resume``,
+``--trust-code``, ``--plugin``, ``--seed`` and a ``--set`` of ``run.run_dir`` / ``agent.trust_code`` /
+``collectors.ray_address`` are refused at the schema check (``relive bench run --trust-code``, ``relive --plugin
+FILE bench run`` say them on the command line).
 """
 
 from __future__ import annotations
@@ -44,6 +50,34 @@ MAX_RUNS = 10_000  # runs of a grid (variants x tasks x seeds), counted before a
 MAX_ARGS, MAX_ARG_CHARS = 200, 4096  # per args list, per argument: every run gets its own copy
 # a grid name, variant label, task or figure name: one directory / file name component under --root or --out
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,99}")
+
+# What a grid's `args` may say: the `relive train` flags of what a run trains (schedule, replay, agent settings,
+# devices) and of the data it reads, each with the number of values it takes. An allow-list: a flag not here (a
+# new `relive train` flag included, until it is added) is refused by name at the schema check. Where a run goes,
+# what it trusts and which code it imports are decided by the command line of the person running the grid, never
+# by a grid file (docs/guarantees.md, "Grid files").
+GRID_FLAGS = {
+    "--env": 1, "--dataset": 1, "--replay": 1, "--base-policy": 1, "--init-from": 1, "--allow-other-base": 0,
+    "--num-envs": 1, "--vector-mode": 1, "--collectors": 1, "--threads": 1, "--device": 1, "--replay-device": 1,
+    "--set": 1, "--no-progress": 0, "--offline-steps": 1, "--online-steps": 1, "--utd": 1, "--chunk": 1,
+    "--grad-steps-per-chunk": 1, "--stop-at-return": 1, "--warmup": 1, "--warmup-policy": 1, "--batch-size": 1,
+    "--capacity": 1, "--offline-fraction": 1, "--eval-every": 1, "--eval-episodes": 1, "--log-every": 1,
+    "--checkpoint-every": 1, "--offline-checkpoint-every": 1,
+}
+# flags a grid file may not pass, with who decides instead (the refusal says so)
+NOT_GRID_FLAGS = {
+    "--run-dir": "the runner puts every run at --root/GRID/LABEL/TASK/seed_N",
+    "--resume": "the runner resumes a started run itself",
+    "--seed": "the grid's seeds are its `seeds`", "--seeds": "the grid's seeds are its `seeds`",
+    "--trust-code": "trust comes from the command line only: relive bench run --trust-code",
+    "--plugin": "plug-ins are named on the command line: relive --plugin FILE bench run GRID",
+    "--ray-address": "a cluster to join is named on the command line (relive bench run --ray-address)",
+    "--debug": "the runner starts every run with --debug",
+}
+# `--set` keys that are the same decisions under another name
+NOT_GRID_SETTINGS = {"run.run_dir": "--run-dir", "agent.trust_code": "--trust-code",
+                     "collectors.ray_address": "--ray-address"}
+_NUMBER = re.compile(r"-\d+|-\d*\.\d+")  # argparse's negative number: a value, not a flag
 
 
 @dataclass(frozen=True)
@@ -83,6 +117,9 @@ class Grid:
     task_args: dict = field(default_factory=dict)
     args: tuple[str, ...] = ()  # arguments of every run, before the variant's and the task's
     only_tasks: tuple[str, ...] = ()  # when set, runs() keeps these tasks only (`relive bench run --tasks`)
+    # `relive bench run --trust-code` (never the file: its schema refuses the flag): runs() gives --trust-code to
+    # every run whose arguments name a base policy, and the runner says it again when it resumes one
+    trust_code: bool = False
 
     def runs(self) -> list[RunSpec]:
         """Every run of the grid, seeds innermost-last so that a partial sweep covers all variants early."""
@@ -96,6 +133,8 @@ class Grid:
                         continue
                     args = tuple(a.format(task=task, seed=seed)
                                  for a in (*self.args, *v.args, *self.task_args.get(task, ())))
+                    if self.trust_code and names_base_policy(args) and "--trust-code" not in args:
+                        args = (*args, "--trust-code")
                     out.append(RunSpec(self.name, v.label, v.preset, task, seed, args))
         return out
 
@@ -190,7 +229,63 @@ def _args(value, where: str) -> tuple[str, ...]:
         if bad:
             raise ValueError(f"{where}[{i}] = {_short(a)}: only {{task}} and {{seed}} are substituted (no format spec "
                              f"or conversion), got {{{bad[0]}...}}; write {{{{ and }}}} for a literal brace")
+    _check_flags(out, where)
     return out
+
+
+def _check_flags(args: tuple[str, ...], where: str) -> None:
+    """Each argument a flag of ``GRID_FLAGS`` followed by its value (in the same list), never a flag the command
+    line decides (``NOT_GRID_FLAGS``) or a ``--set`` of such a setting (``NOT_GRID_SETTINGS``). A flag and a
+    ``--set`` key are never substituted: ``{task}`` / ``{seed}`` go in values only."""
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-") or _NUMBER.fullmatch(a):
+            raise ValueError(f"{where}[{i}] = {_short(a)}: a value without a flag before it (each flag and its value "
+                             "go in the same args list)")
+        flag, inline, value = a.partition("=") if a.startswith("--") else (a, "", "")
+        if "{" in flag or "}" in flag:
+            raise ValueError(f"{where}[{i}] = {_short(a)}: a flag is never substituted ({{task}} and {{seed}} go in "
+                             "values)")
+        if flag in NOT_GRID_FLAGS:
+            raise ValueError(f"{where}[{i}]: {flag} is not for a grid file to decide ({NOT_GRID_FLAGS[flag]})")
+        if flag not in GRID_FLAGS:
+            raise ValueError(f"{where}[{i}] = {_short(a)}: not a flag a grid may pass; a grid's args hold "
+                             f"`relive train` flags of what a run trains and reads: {', '.join(sorted(GRID_FLAGS))}")
+        if GRID_FLAGS[flag] == 0:
+            if inline:
+                raise ValueError(f"{where}[{i}] = {_short(a)}: {flag} takes no value")
+            i += 1
+            continue
+        if not inline:
+            if i + 1 >= len(args) or (args[i + 1].startswith("-") and not _NUMBER.fullmatch(args[i + 1])):
+                raise ValueError(f"{where}[{i}]: {flag} needs a value after it (in the same args list)")
+            i += 1
+            value = args[i]
+        if flag == "--set":
+            key = "".join(value.partition("=")[0].split())
+            if "{" in key or "}" in key:
+                raise ValueError(f"{where}[{i}] = {_short(value)}: a --set key is never substituted ({{task}} and "
+                                 "{{seed}} go in its value)")
+            if key in NOT_GRID_SETTINGS:
+                flag = NOT_GRID_SETTINGS[key]
+                raise ValueError(f"{where}[{i}]: --set {key} is not for a grid file to decide "
+                                 f"({NOT_GRID_FLAGS[flag]})")
+        i += 1
+
+
+def names_base_policy(args: tuple[str, ...]) -> bool:
+    """Whether a run's arguments give it a base policy (``--base-policy`` or ``--set agent.base_policy=``): the
+    runs that ``relive bench run --trust-code`` passes ``--trust-code`` to."""
+    for i, a in enumerate(args):
+        value = args[i + 1] if i + 1 < len(args) else ""
+        if a == "--base-policy" or a.startswith("--base-policy="):
+            return True
+        if a.startswith("--set="):
+            value, a = a.partition("=")[2], "--set"
+        if a == "--set" and "".join(value.partition("=")[0].split()) == "agent.base_policy":
+            return True
+    return False
 
 
 def _seeds(value, where: str) -> tuple[int, ...]:
@@ -277,7 +372,8 @@ def parse_grid(raw: dict, default_name: str = "grid") -> Grid:
         v_seeds = _seeds(v["seeds"], f"{w} seeds") if "seeds" in v else ()
         if set(v_seeds) - set(seeds):
             raise ValueError(f"{w} has seeds outside the grid's {list(seeds)}")
-        variants.append(Variant(label, _str(v["preset"], f"{w} preset"), _args(v.get("args", []), f"{w} args"),
+        preset = check_name(_str(v["preset"], f"{w} preset"), "preset", f"{w}: ")  # (a name, never a flag)
+        variants.append(Variant(label, preset, _args(v.get("args", []), f"{w} args"),
                                 _tasks(v.get("tasks", []), f"{w} tasks"), v_seeds))
     if not variants:
         raise ValueError(f"{where} no [[variant]] entries")

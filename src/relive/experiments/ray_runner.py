@@ -40,6 +40,7 @@ import shutil
 import tarfile
 import tempfile
 import uuid
+import zlib
 from pathlib import Path
 
 from relive.experiments.grid import Grid, RunSpec
@@ -122,9 +123,7 @@ def run_grid_ray(grid: Grid, root: str | Path, address: str = "auto", storage: s
                     results = [_failed(s, root, e) for s in held]
                 for out in results:
                     if isinstance(out, tuple):  # gather: (outcome on the node, the run directory packed)
-                        out, archive = out
-                        _unpack(archive, run_dir_of(root, out.spec))
-                        out = RunOutcome(out.spec, out.status, out.seconds, run_dir_of(root, out.spec), out.node)
+                        out = _gathered(root, *out)
                     outcomes.append(out)
                     bar.console.print(status_line(out), markup=False)
                     bar.advance(line)
@@ -198,17 +197,44 @@ def _pack(run_dir: Path) -> bytes | None:
     return buf.getvalue()
 
 
+def _gathered(root: Path, out: RunOutcome, archive: bytes | None) -> RunOutcome:
+    """A gather task's outcome on the head: its run directory unpacked under ``root``. A refused archive makes the
+    run crashed (``crash.json`` names the archive and why; the run directory is left as it was); the others go on."""
+    d = run_dir_of(root, out.spec)
+    try:
+        _unpack(archive, d)
+    except ValueError as e:
+        return _failed(out.spec, root, e)
+    return RunOutcome(out.spec, out.status, out.seconds, d, out.node)
+
+
+def _plain_entries(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
+    """tarfile's "data" filter (nothing absolute, nothing outside the destination), and plain files and
+    directories only: a run directory holds no links or devices."""
+    if member.name.startswith(("/", "\\")):  # (the "data" filter would strip the slash and extract it)
+        raise tarfile.AbsolutePathError(member)
+    member = tarfile.data_filter(member, path)
+    if not (member.isfile() or member.isdir()):
+        raise tarfile.FilterError(f"member {member.name!r} is not a plain file or directory")
+    return member
+
+
 def _unpack(archive: bytes | None, run_dir: Path) -> None:
     """Replace ``run_dir``'s contents (its lock files kept: the head holds the claim) with the archive's: each
     entry moved into place, ``summary.json`` last, so the run looks finished only once it is complete. Only plain
-    files and directories under ``run_dir`` are extracted (tarfile's "data" filter)."""
+    files and directories under ``run_dir`` are extracted; an archive that is not a gzipped tar, or holds anything
+    else (an absolute path, a ``..``, a link, a device), is one ``ValueError`` naming it, with nothing changed."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if archive is None:
         return
     staged = Path(tempfile.mkdtemp(prefix=".gather-", dir=run_dir.parent))
     try:
-        with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-            tar.extractall(staged, filter="data")
+        try:
+            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+                tar.extractall(staged, filter=_plain_entries)
+        except (tarfile.TarError, EOFError, zlib.error) as e:  # (FilterError, ReadError, a cut gzip stream)
+            raise ValueError(f"gather archive of run {run_dir}: refused, the run directory is left as it was "
+                             f"({type(e).__name__}: {' '.join(str(e).split())})") from None
         entries = sorted(staged.iterdir(), key=lambda p: p.name == FINISHED)
         if not (staged / CRASHED).exists():
             (run_dir / CRASHED).unlink(missing_ok=True)  # (an earlier try's, cleared on the node)

@@ -54,7 +54,9 @@ def train_command(spec: RunSpec, run_dir: Path) -> list[str]:
     """The `relive train` invocation of one run; resumes when the directory holds a started run (``config.json``:
     from its last checkpoint, or from the beginning when it stopped before the first one)."""
     base = [sys.executable, "-m", "relive.cli", "--debug", "train"]  # --debug: the crash log keeps the traceback
-    if (run_dir / "config.json").exists():  # (a resume does not inherit --trust-code: the grid file says it again)
+    if (run_dir / "config.json").exists():  # (a resume does not inherit --trust-code: the runner says it again when
+        # the run was given it -- by `relive bench run --trust-code` (Grid.trust_code) or a RunSpec made in Python;
+        # a grid file's args cannot hold it)
         return [*base, "--resume", str(run_dir), *(["--trust-code"] if "--trust-code" in spec.args else [])]
     # (progress on: its output is the run's log file, not a terminal, so the run prints a plain progress line with
     # an ETA every $RELIVE_PROGRESS_SECONDS, default 30 -- `tail -f` a run's log to follow it)

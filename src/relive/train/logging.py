@@ -128,7 +128,7 @@ class RunLogger:
             write_text_atomic(path, "".join(ln + "\n" for ln in keep))  # (a kill here keeps the old file)
         path = self.run_dir / "eval.csv"
         if path.is_file():
-            header, rows = _eval_rows(path)
+            header, rows = _eval_rows(path, max_env_step=self._totals["online"])
             if header:
                 out = io.StringIO(newline="")
                 w = csv.writer(out)
@@ -164,10 +164,13 @@ def _is_count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _eval_rows(path: Path) -> tuple[list[str], list[tuple[tuple[int, int], list[str]]]]:
+def _eval_rows(path: Path,
+               max_env_step: int | None = None) -> tuple[list[str], list[tuple[tuple[int, int], list[str]]]]:
     """eval.csv's header and its rows with their (env_step, grad_step). A row is whole when it has one number per
     header column; a partial last row (a kill during the write) is dropped, any other bad row is refused, naming
-    the file and line (as metrics.jsonl's)."""
+    the file and line (as metrics.jsonl's). The run appends rows in order of (env_step, grad_step), so a row after
+    a later one is refused too, and so is (``max_env_step``: the run's budget of online env steps) a row no
+    evaluation of the run could have written: a row from the future is refused, never dropped on resume."""
     with open(path, newline="") as f:
         try:
             records = [(n, row) for n, row in _csv_lines(f) if row]
@@ -179,11 +182,20 @@ def _eval_rows(path: Path) -> tuple[list[str], list[tuple[tuple[int, int], list[
     if header[:2] != ["env_step", "grad_step"] or len(set(header)) != len(header):
         raise ValueError(f"{path}: line 1 is not eval.csv's header (env_step, grad_step, ...): {header[:4]}; the log "
                          "is corrupted")
-    rows = []
+    rows, last = [], None
     for i, (line, row) in enumerate(body):
         problem = _eval_problem(row, len(header))
         if problem is None:
-            rows.append(((int(row[0]), int(row[1])), row))
+            step = (int(row[0]), int(row[1]))
+            if max_env_step is not None and step[0] > max_env_step:
+                raise ValueError(f"{path}: line {line} has env_step {step[0]}, beyond the run's {max_env_step} online "
+                                 "env steps (no evaluation of this run wrote it); the log is corrupted")
+            if last is not None and step < last[1]:
+                raise ValueError(f"{path}: line {last[0]} (env_step {last[1][0]}, grad_step {last[1][1]}) comes "
+                                 f"before line {line} (env_step {step[0]}, grad_step {step[1]}), out of the order "
+                                 "the run writes; the log is corrupted")
+            rows.append((step, row))
+            last = (line, step)
         elif i < len(body) - 1:
             raise ValueError(f"{path}: line {line} {problem}; the log is corrupted (not a partial last line)")
     return header, rows
