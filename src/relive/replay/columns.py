@@ -147,6 +147,7 @@ class StorageFields:
     _memmap_clean: bool
     _memmap_token: str | None
     _lock: Any  # relive.files.DirectoryLock (memmap) or None
+    _made: list[Path]  # memmap, a new buffer: the directories and lock file it created (removed if it is refused)
     _offline_hash: tuple[int, str] | None
     _gen_t: Any  # backend "torch": the generation stamps on the device (a torch tensor); else None
     _row_bytes: tuple | None  # relive.replay.small_writes: every column as uint8 rows (made at the first staged write)

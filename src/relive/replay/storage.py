@@ -238,7 +238,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         except BaseException:
             for path in self._created:
                 path.unlink(missing_ok=True)
-            self._lock.release()
+            self._give_up_new_directory()  # (the lock file and directories this buffer made go too)
             raise
 
     def _allocate(self, name: str, spec: ColumnSpec) -> Any:  # np.ndarray, np.memmap or TorchColumn
