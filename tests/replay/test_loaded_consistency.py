@@ -5,7 +5,6 @@ field, instead of loading and failing later; and the replay calls refuse slots t
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -272,7 +271,3 @@ def test_a_tail_pointing_at_another_row_is_refused(tmp_path):
     edit_array(tmp_path / "c", "storage/next_obs_store/tails", lambda a: a.__setitem__((0, 1), 3))
     refused(tmp_path / "c", "tails")
 
-
-def test_the_state_json_of_a_good_checkpoint_is_valid_json(saved):
-    path, _ = saved
-    json.loads((path / "state.json").read_text())
