@@ -519,7 +519,7 @@ class ReplayBuffer:
             raise
         return buf
 
-    def _load_state(self, state: dict, cfg: dict, offline_rows) -> None:
+    def _load_state(self, state: Mapping, cfg: Mapping, offline_rows) -> None:
         buf = self
         ref = state["storage"].get("offline_ref")
         if ref is not None:
