@@ -90,9 +90,39 @@ def test_sac_offline_rows_symmetric_share_is_exact():
     assert buf.num_updated > 0
 
 
+def test_a_checkpoint_naming_another_dataset_does_not_make_load_replay_buffer_open_it(tmp_path):
+    """A checkpoint edited to name a dataset the caller never gave (issue 44): nothing is opened, the load is refused
+    naming the id (before, ``load_replay_buffer`` read whatever id the checkpoint named)."""
+    from relive.data.npz_io import save_dataset
+
+    path = save_dataset(tmp_path / "pendulum.npz", _random_rows("Pendulum-v1", 40))
+    kw = dict(seed=0, buffer_size=60, learning_starts=30, batch_size=8, policy_kwargs=dict(net_arch=[8]))
+    model = SAC("MlpPolicy", gym.make("Pendulum-v1"), replay_buffer_kwargs=dict(offline=str(path)), **kw)
+    model.learn(40)
+    model.save_replay_buffer(tmp_path / "buf")
+    other = save_dataset(tmp_path / "other.npz", _random_rows("Pendulum-v1", 40, seed=1))
+    opened = []
+    import relive.data.loaders as loaders
+
+    real = loaders.load_rows
+    loaders.load_rows = lambda p, *a, **k: opened.append(str(p)) or real(p, *a, **k)
+    try:
+        from tests.replay.ckpt_edit import edit_state
+
+        edit_state(tmp_path / "buf", lambda t: t["storage"]["offline_ref"].__setitem__("dataset_id", str(other)))
+        fresh = SAC("MlpPolicy", gym.make("Pendulum-v1"), replay_buffer_kwargs=dict(offline=str(path)), **kw)
+        opened.clear()
+        with pytest.raises(ValueError, match=f"refers to offline dataset '{other}'"):
+            fresh.load_replay_buffer(tmp_path / "buf")
+        assert opened == [], opened
+    finally:
+        loaders.load_rows = real
+
+
 def test_offline_dataset_by_path_and_a_checkpoint_that_refers_to_it(tmp_path):
     """``offline=path``: relive reads the dataset; the checkpoint refers to it by path + SHA-256 (no copy), and
-    load_replay_buffer reads and prepares it again (Box actions rescaled as when it was added)."""
+    load_replay_buffer takes the rows from its caller -- the model's own buffer built from that dataset, or
+    ``offline_rows`` -- never from the id the checkpoint names (Box actions rescaled as when it was added)."""
     from relive.data.npz_io import save_dataset
 
     path = save_dataset(tmp_path / "pendulum.npz", _random_rows("Pendulum-v1", 120))
@@ -102,8 +132,14 @@ def test_offline_dataset_by_path_and_a_checkpoint_that_refers_to_it(tmp_path):
     model.save_replay_buffer(tmp_path / "buf")
     with pytest.raises(ValueError, match="refers to offline dataset"):  # the rows are not copied into it
         ReplayBuffer.load(tmp_path / "buf")
-    again = SAC("MlpPolicy", gym.make("Pendulum-v1"), **kw)
-    again.load_replay_buffer(tmp_path / "buf")
+    # the checkpoint does not choose what is read (issue 44): a model not built from that dataset is refused, naming it
+    bare = SAC("MlpPolicy", gym.make("Pendulum-v1"), **kw)
+    with pytest.raises(ValueError, match=f"refers to offline dataset '{path}', which this model's buffer was not"):
+        bare.load_replay_buffer(tmp_path / "buf")
+    bare.load_replay_buffer(tmp_path / "buf", offline_rows=str(path))  # the caller names it: read and prepared
+    assert bare.replay_buffer.relive.num_offline == 120
+    again = SAC("MlpPolicy", gym.make("Pendulum-v1"), replay_buffer_kwargs=dict(offline=str(path)), **kw)
+    again.load_replay_buffer(tmp_path / "buf")  # the model's own offline rows, from the same dataset id
     assert again.replay_buffer.relive.num_offline == 120
     np.testing.assert_array_equal(again.replay_buffer.relive.storage.columns["action"][:120],
                                   model.replay_buffer.relive.storage.columns["action"][:120])

@@ -155,3 +155,30 @@ def test_stale_rows_are_skipped_and_streams_kept():
     assert sorted(np.unique(rb2.relive.storage.meta["stream"][:60]).tolist()) == [0, 1]
     with pytest.raises(ValueError, match="lacks the key"):
         rb2.extend(TensorDict({"observation": torch.zeros(3, 4)}, batch_size=[3]))
+
+
+def _transitions(n: int, done) -> TensorDict:
+    nxt = TensorDict({"observation": torch.randn(n, 4), "reward": torch.randn(n, 1),
+                      "done": torch.as_tensor(done).reshape(n, 1)}, batch_size=[n])
+    return TensorDict({"observation": torch.randn(n, 4), "action": torch.randn(n, 2), "next": nxt}, batch_size=[n])
+
+
+def test_a_done_flag_other_than_0_or_1_is_refused_not_cast_to_true():
+    """Issue 44: ``done = 2`` was cast to True; a flag is bool or 0 / 1, as relive's ``extend`` requires."""
+    rb = ReliveTensorDictReplayBuffer(50)
+    with pytest.raises(ValueError, match=r"\('next', 'done'\) row 2: expected a boolean flag .* got 2"):
+        rb.extend(_transitions(4, [0, 0, 2, 0]))
+    assert len(rb) == 0
+    rb.extend(_transitions(4, [0, 0, 1, 0]))  # 0 / 1 numbers: fine
+    rb.extend(_transitions(2, torch.tensor([False, True])))
+    assert rb.relive.storage.columns["terminated"][:6].tolist() == [False, False, True, False, False, True]
+
+
+@pytest.mark.parametrize("state", [{"relive": {}}, {"relive": {"config": {}}}, {"relive": None}])
+def test_an_incomplete_state_is_one_checkpoint_error(state):
+    """Issue 44: ``load_state_dict({"relive": {}})`` raised a raw KeyError."""
+    from relive.replay.checkpoint import CheckpointError
+
+    rb = ReliveTensorDictReplayBuffer(50)
+    with pytest.raises(CheckpointError, match="from_state_dict: .*(has no field '(config|storage)'|mapping)"):
+        rb.load_state_dict(state)

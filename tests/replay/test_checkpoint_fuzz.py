@@ -139,3 +139,185 @@ def test_a_mutated_checkpoint_loads_as_saved_or_fails_with_one_checkpoint_error(
             assert np.isfinite(p).all() and (p >= 0).all()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+# -- hash-valid edits of every array (issue 44) ---------------------------------------------------------------------
+# A checkpoint of each kind -- HER over dict observations (n-step, offline prefix, two streams), dict observations with
+# deduplicated next_obs, a demonstration segment with room left (empty slots between offline and online rows), a flat
+# buffer written through a Stage of two streams (PER) -- has one of its arrays edited (an entry set to an extreme or a
+# neighbouring value, bytes flipped, entries swapped, reversed, cut or repeated), then re-hashed as the format
+# requires. Either the load refuses it (one CheckpointError line naming the checkpoint) or the loaded buffer survives
+# more of the API -- writes (a Stage's too), samples, sequences, updates, a save and a load -- without an error: nothing
+# loads that fails later.
+DICT = {"observation": (3,), "achieved_goal": (2,), "desired_goal": (2,)}
+
+
+def _dict_rows(rng, n: int, episode: int) -> dict:
+    obs = {k: rng.normal(size=(n + 1, *s)).astype(np.float32) for k, s in DICT.items()}
+    end = np.arange(n) % episode == episode - 1
+    return {"obs": {k: v[:-1] for k, v in obs.items()}, "next_obs": {k: v[1:] for k, v in obs.items()},
+            "action": rng.normal(size=(n, 1)).astype(np.float32), "reward": rng.normal(size=n).astype(np.float32),
+            "terminated": np.zeros(n, bool), "truncated": end}
+
+
+def _her_reward(achieved, desired, info):
+    return -(np.linalg.norm(achieved - desired, axis=-1) > 0.5).astype(np.float32)
+
+
+def _flat_rows(rng, n: int, episode: int) -> dict:
+    rows = _rows(n, int(rng.integers(2**31)))
+    rows["terminated"], rows["truncated"] = np.zeros(n, bool), np.arange(n) % episode == episode - 1
+    return rows
+
+
+def _build(kind: str, rng) -> ReplayBuffer:
+    if kind == "her":
+        from relive.replay.samplers.her import HindsightSampler
+
+        buf = ReplayBuffer(60, DICT, (1,), sampler=HindsightSampler(PrioritizedSampler(), k=4, reward_fn=_her_reward),
+                           n_step=3, seed=1)
+        buf.add_offline(_dict_rows(rng, 12, 5))
+        for i in range(6):
+            buf.extend(_dict_rows(rng, 9, 4 + i % 3), stream=i % 2)
+    elif kind == "dict":
+        buf = ReplayBuffer(30, DICT, (1,), seed=2)
+        for i in range(5):
+            buf.extend(_dict_rows(rng, 8, 3 + i), stream=(0, 3)[i % 2])
+    elif kind == "demo":
+        buf = ReplayBuffer(40, (3,), (2,), sampler=MixtureSampler(UniformSampler(), PrioritizedSampler(),
+                                                                offline_fraction=0.5), demo_capacity=8, seed=3)
+        buf.add_offline(_flat_rows(rng, 6, 4))
+        buf.extend(_flat_rows(rng, 30, 7))
+        buf.add_demonstrations(_flat_rows(rng, 3, 3))
+        buf.extend(_flat_rows(rng, 5, 7))
+    else:  # "stage"
+        buf = ReplayBuffer(24, (3,), (2,), sampler=PrioritizedSampler(), seed=4)
+        stage = buf.stage(streams=2, rows=8)
+        for _ in range(4):
+            for s in range(2):
+                for name, col in _flat_rows(rng, 8, 5 + s).items():
+                    stage.columns[name][s] = col
+            stage.commit(int(rng.integers(3, 9)))
+    batch = buf.sample(6)
+    buf.update(batch.info, td_error=rng.random(6) + 0.1)
+    return buf
+
+
+def _more(kind: str, buf: ReplayBuffer, rng, path) -> None:
+    """The API after a load: every call must work on a buffer that loaded."""
+    if kind == "her":
+        buf.sampler.set_reward_fn(_her_reward)
+    for _ in range(2):
+        if kind in ("her", "dict"):
+            buf.extend(_dict_rows(rng, 7, 3), stream=0)
+            buf.extend(_dict_rows(rng, 4, 5), stream=9)
+        elif kind == "demo":
+            buf.extend(_flat_rows(rng, 9, 4))
+            if buf.storage.ring_base - buf.num_offline >= 2:
+                buf.add_demonstrations(_flat_rows(rng, 2, 2))
+        else:
+            stage = buf.stage(streams=(0, 1), rows=6)
+            for s in range(2):
+                for name, col in _flat_rows(rng, 6, 4).items():
+                    stage.columns[name][s] = col
+            stage.commit(6)
+        batch = buf.sample(min(8, len(buf)))
+        buf.update(batch.info, td_error=rng.random(batch.info.indices.size) + 0.1)
+        if kind != "her":
+            buf.sample_sequences(2, 3)
+        buf.gather(batch.info.indices)
+    buf.save(path)
+    back = ReplayBuffer.load(path)
+    if kind == "her":
+        back.sampler.set_reward_fn(_her_reward)
+    back.sample(min(4, len(back)))
+
+
+@pytest.fixture(scope="module")
+def saved_kinds():
+    root = Path(tempfile.mkdtemp(prefix="relive-ckpt-arrays-"))
+    out = {}
+    for kind in ("her", "dict", "demo", "stage"):
+        buf = _build(kind, np.random.default_rng(7))
+        buf.save(root / kind, offline="copy")
+        out[kind] = root / kind
+    yield out
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _edit(arr: np.ndarray, data) -> np.ndarray:
+    """One hash-valid edit of an array, drawn."""
+    how = data.draw(st.sampled_from(["set", "nudge", "flip_byte", "swap", "reverse", "cut", "repeat", "fill"]))
+    if arr.size == 0 or arr.ndim == 0:
+        how = "repeat" if arr.ndim else "set"
+    flat = arr.reshape(-1).copy()
+    if how in ("set", "nudge", "flip_byte", "swap", "fill") and flat.size:
+        i = data.draw(st.integers(0, flat.size - 1))
+        if how == "set":
+            if arr.dtype.kind == "f":
+                flat[i] = data.draw(st.sampled_from([np.nan, np.inf, -np.inf, 0.0, -1.0, 1e30, 1e-300]))
+            elif arr.dtype.kind == "b":
+                flat[i] = not flat[i]
+            else:
+                info = np.iinfo(arr.dtype)
+                flat[i] = data.draw(st.sampled_from([0, -1, 1, 2, info.max, info.min, 1 << 40]).filter(
+                    lambda v: info.min <= v <= info.max))
+        elif how == "nudge":
+            if arr.dtype.kind == "b":
+                flat[i] = not flat[i]
+            else:
+                flat[i] = flat[i] + data.draw(st.sampled_from([-1, 1, 2, -2]))
+        elif how == "flip_byte":
+            raw = flat.view(np.uint8)
+            raw[data.draw(st.integers(0, raw.size - 1))] = data.draw(st.integers(0, 255))
+        elif how == "swap":
+            j = data.draw(st.integers(0, flat.size - 1))
+            flat[i], flat[j] = flat[j], flat[i]
+        else:
+            flat[:] = flat[i]
+        return flat.reshape(arr.shape)
+    if how == "reverse":
+        return arr[::-1].copy()
+    if how == "cut":
+        return arr[:-1].copy()
+    return np.concatenate([arr, arr[-1:]]) if arr.size else np.zeros((1, *arr.shape[1:]), arr.dtype)
+
+
+def _array_edit_case(saved_kinds, data) -> None:
+    from tests.replay.ckpt_edit import array_keys, edit_array
+
+    kind = data.draw(st.sampled_from(sorted(saved_kinds)), label="kind")
+    work = Path(tempfile.mkdtemp(prefix="relive-ckpt-edit-"))
+    try:
+        path = work / "ckpt"
+        shutil.copytree(saved_kinds[kind], path)
+        key = data.draw(st.sampled_from(sorted(array_keys(path))), label="array")
+        edit_array(path, key, lambda a: _edit(a, data))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                loaded = ReplayBuffer.load(path)
+        except CheckpointError as e:
+            message = str(e)
+            assert "\n" not in message and str(path) in message, message
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _more(kind, loaded, np.random.default_rng(data.draw(st.integers(0, 2**16))), work / "again")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_hash_valid_edit_of_any_array_is_refused_or_loads_a_buffer_that_keeps_working(saved_kinds, data):
+    _array_edit_case(saved_kinds, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_hash_valid_edit_of_any_array_long(saved_kinds, data):
+    _array_edit_case(saved_kinds, data)

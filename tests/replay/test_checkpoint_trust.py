@@ -188,6 +188,51 @@ def test_a_checkpoint_copied_without_its_column_files_is_refused_naming_both(tmp
     ReplayBuffer.load(tmp_path / "p2" / "ckpt").close()
 
 
+def test_a_moved_original_is_not_called_a_copy_after_its_copy_loaded(tmp_path):
+    """Issue 44: copy a checkpoint (sharing the column directory), move the original away, load the copy: the copy
+    took the record over, and the moved original was then refused as "a copy". A checkpoint is known by its
+    directory's identity, which a move keeps."""
+    buf = ReplayBuffer(16, OBS, ACT, backend="memmap", directory=tmp_path / "shared_mm")
+    buf.extend(rows(10))
+    buf.save(tmp_path / "p1" / "ckpt")
+    buf.close()
+    shutil.copytree(tmp_path / "p1", tmp_path / "p2")
+    os.rename(tmp_path / "p1", tmp_path / "moved")  # the original, moved: out of sight at its recorded path
+    ReplayBuffer.load(tmp_path / "p2" / "ckpt").close()  # (its original cannot be found: the copy loads)
+    ReplayBuffer.load(tmp_path / "moved" / "ckpt").close()  # the original is still the original
+
+
+def test_a_memmap_buffer_refused_for_its_size_leaves_nothing_behind(tmp_path, monkeypatch):
+    """Issue 44: the refusal left the directory it made and its ``.relive.lock``."""
+    real = os.statvfs
+
+    class Small:
+        def __init__(self, st):
+            self.f_frsize, self.f_bavail = st.f_frsize, (20 << 20) // st.f_frsize  # 20 MB free
+
+    monkeypatch.setattr(storage_mod.os, "statvfs", lambda p: Small(real(p)))
+    with pytest.raises(ValueError, match="GB free"):
+        ReplayBuffer(10_000_000, (1000,), ACT, backend="memmap", directory=tmp_path / "new" / "mm")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "there").mkdir()
+    with pytest.raises(ValueError, match="GB free"):
+        ReplayBuffer(10_000_000, (1000,), ACT, backend="memmap", directory=tmp_path / "there")
+    assert list((tmp_path / "there").iterdir()) == []
+
+
+def test_a_memmap_buffer_whose_reservation_fails_leaves_no_lock_file(tmp_path, monkeypatch):
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    (tmp_path / "mm").mkdir()
+    monkeypatch.setattr(storage_mod.os, "posix_fallocate", no_space)
+    with pytest.raises(OSError, match="cannot reserve"):
+        ReplayBuffer(100, OBS, ACT, backend="memmap", directory=tmp_path / "mm")
+    assert list((tmp_path / "mm").iterdir()) == []
+    monkeypatch.undo()
+    ReplayBuffer(100, OBS, ACT, backend="memmap", directory=tmp_path / "mm").close()
+
+
 # -- item 9: a full disk is an error at creation, never a SIGBUS later ----------------------------------------------
 def test_memmap_refuses_a_buffer_larger_than_the_free_space(tmp_path, monkeypatch):
     real = os.statvfs
@@ -251,13 +296,13 @@ def _priority(value):
     (lambda t: t["sampler"].update(num_samples=-3), r"'num_samples' must be an integer in \[0, "),
     (lambda t: t["storage"].update(num_online_written=2**62), r"'num_online_written' must be an integer in \[0, "),
     (lambda t: t["storage"].update(num_offline=-1), r"'num_offline' must be an integer in \[0, 32\]"),
-    (lambda t: t["storage"]["meta"]["episode_id"].__setitem__(7, 0), r"'episode_id' disagrees with the episode table"),
+    (lambda t: t["storage"]["meta"]["episode_id"].__setitem__(7, 0), r"'episode_id' slot 7: 0 disagrees"),
     (lambda t: t["storage"]["episodes"]["rec_length"].__setitem__(1, 9),
      r"episodes.*do not cover the 20 stored rows exactly once"),
     # (a checkpoint from before 2026-11-27 stores step_in_episode; it must be what the episode table says)
     (lambda t: t["storage"]["meta"].update(step_in_episode=np.full(20, 7)), r"'step_in_episode' is not consecutive"),
-    (lambda t: t["storage"]["meta"]["generation"].__setitem__(3, 0), r"'generation': a stored row has generation < 1"),
-    (lambda t: t["storage"]["columns"]["reward"].__setitem__(4, np.nan), r"column 'reward' row 4: value is not finite"),
+    (lambda t: t["storage"]["meta"]["generation"].__setitem__(3, 0), r"'generation' slot 3: stamp 0 is not"),
+    (lambda t: t["storage"]["columns"]["reward"].__setitem__(4, np.nan), r"'reward' row 4: value nan is not finite"),
     (lambda t: t["storage"].pop("meta"), r"storage state has no field 'meta'"),
     (lambda t: t["sampler"].pop("priority"), r"has no field 'priority'"),
 ])

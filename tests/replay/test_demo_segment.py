@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler, consistency
 from relive.testing import chisquare_pvalue
 from relive.types import AGENT, DATASET, INTERVENTION, OFFLINE, ONLINE
 from tests.replay.test_fuzz import EXTRA, BufferMachine, _rows, _same
@@ -291,7 +291,7 @@ class DemoMachine(BufferMachine):
         for slot, obs in getattr(self, "demos", {}).items():  # never evicted, never moved
             assert slot < k and st_.meta["origin"][slot] == INTERVENTION
             np.testing.assert_array_equal(st_.columns["obs"][slot], obs)
-        st_._check_rows_and_episodes()  # the episode table covers exactly the stored rows
+        consistency.check_loaded(st_)  # every invariant a loaded checkpoint is held to (the episode table, flags, ...)
 
 
 @pytest.mark.parametrize("kind", ["mixture_uniform", "mixture_uniform_per", "per_source"])

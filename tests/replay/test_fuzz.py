@@ -44,6 +44,7 @@ from relive.replay import (
     ReaPERSampler,
     ReplayBuffer,
     UniformSampler,
+    consistency,
 )
 
 OBS, ACT = (3,), (2,)
@@ -377,6 +378,7 @@ class BufferMachine(RuleBasedStateMachine):
         st_ = self.buf.storage
         assert st_.size == st_.num_offline + st_.num_online <= st_.capacity
         assert (st_.meta["generation"][: st_.size] >= 1).all()
+        consistency.check_loaded(st_)  # what a loaded checkpoint is held to, every live buffer holds
         assert not any(p.name.endswith(".partial") and not (p / "MANIFEST.json").exists() and
                        not (p / ckpt.PARTIAL_MARKER).exists() for p in self.dir.iterdir())
 

@@ -261,7 +261,7 @@ def test_gather_records_stamps_and_sources_as_numpy_does():
     np.testing.assert_array_equal(info.source, (slots >= st.num_offline).astype(np.int8))
     assert info.generation.dtype == st.meta["generation"].dtype and info.source.dtype == np.int8
     assert set(np.unique(info.generation)) == {1, 2}
-    with pytest.raises(IndexError):  # a slot outside the columns: refused, nothing read past them
+    with pytest.raises(ValueError, match="does not exist"):  # a slot outside the columns: refused, nothing read
         buf.gather(np.array([3, st.capacity]))
 
 
@@ -280,22 +280,22 @@ def test_update_takes_td_errors_of_every_float_dtype(dtype):
 
 
 @settings(max_examples=60, deadline=None)
-@given(slots=st.lists(st.integers(-130, 130), min_size=1, max_size=40))
-def test_gather_record_matches_takes_semantics_for_any_slot(slots):
-    # the compiled pass gives NumPy's take results for slots inside the columns and hands every other batch to take
-    # itself: negative slots wrap as take wraps them, slots past the columns raise its IndexError
+@given(slots=st.lists(st.integers(-130, 130), min_size=1, max_size=40), online=st.sampled_from([50, 150]))
+def test_gather_record_matches_takes_semantics_for_any_slot(slots, online):
+    # the compiled pass gives NumPy's take results for stored slots and hands every other batch to the storage's
+    # check, which refuses it by index (issue 44: negative slots used to wrap, unwritten ones to read zeros)
     buf = ReplayBuffer(120, (2,), (1,), seed=0)
     rng = np.random.default_rng(0)
     buf.add_offline(random_transitions(30, (2,), (1,), rng=rng))
-    buf.extend(random_transitions(150, (2,), (1,), rng=rng))  # the ring wraps: stamps 1 and 2
+    buf.extend(random_transitions(online, (2,), (1,), rng=rng))  # 150: the ring wraps, stamps 1 and 2; 50: not full
     st_ = buf.storage
     idx = np.array(slots, dtype=np.int64)
-    try:
-        want_gen = st_.meta["generation"].take(idx)
-    except IndexError:
-        with pytest.raises(IndexError):
+    if ((idx < 0) | (idx >= st_.size)).any():
+        bad = int(np.flatnonzero((idx < 0) | (idx >= st_.size))[0])
+        with pytest.raises(ValueError, match=f"index {idx[bad]} at position {bad} does not exist"):
             buf.gather(idx)
         return
+    want_gen = st_.meta["generation"].take(idx)
     info = buf.gather(idx).info
     np.testing.assert_array_equal(info.generation, want_gen)
     np.testing.assert_array_equal(info.source, (idx >= st_.num_offline).view(np.int8))

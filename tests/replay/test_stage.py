@@ -131,6 +131,31 @@ def test_rows_extend_refuses_are_refused_by_a_commit_with_the_same_message_and_n
     assert buf.storage.num_rows == 6
 
 
+@pytest.mark.parametrize("path", ["compiled", "two streams", "no numba"])
+@pytest.mark.parametrize("column", ["terminated", "truncated"])
+def test_a_flag_holding_a_byte_other_than_0_or_1_is_refused_naming_column_and_row(path, column, monkeypatch):
+    """Issue 44: a bool column written through a byte view holding 7 was stored as-is (neither False nor a clean
+    True); refused, as extend refuses a flag other than 0 / 1, with nothing written for that stream."""
+    if path == "no numba":
+        monkeypatch.setattr(_write_kernels, "AVAILABLE", False)
+    streams = 2 if path == "two streams" else 1
+    buf = ReplayBuffer(32, (3,), (2,), seed=0)
+    stage = buf.stage(streams=streams, rows=4)
+    for i in range(streams):
+        fill(stage, random_transitions(4, 3, 2, rng=i), i, 4)
+    stage.commit(4)  # (the first commit makes the lanes: the next one takes the compiled path where it can)
+    before = buf.state_dict()
+    stage.columns[column].view(np.uint8)[streams - 1, 2] = 7
+    with pytest.raises(ValueError, match=f"stage column '{column}' stream {streams - 1} row 2: expected a boolean "
+                                         "flag .* got byte 7"):
+        stage.commit(3)
+    if streams == 1:
+        assert_same(before, buf.state_dict())
+    assert not (buf.storage.columns[column].view(np.uint8) > 1).any()
+    stage.commit(2)  # rows 0-1 are fine
+    assert buf.storage.num_rows == 4 * streams + 2 * streams + (3 if streams == 2 else 0)
+
+
 @pytest.mark.parametrize("backend", ["memmap", "torch", "no numba"])
 def test_a_commit_equals_extend_on_every_backend(backend, tmp_path, monkeypatch):
     if backend == "no numba":

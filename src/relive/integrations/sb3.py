@@ -418,19 +418,37 @@ class _ReliveAlgorithm:
                            offline_rows=None) -> None:
         """Load a directory written by :meth:`save_replay_buffer` (no unpickling): same rows, sampler state and
         generator, so the same next batches. A checkpoint whose offline rows came from a dataset id / path
-        (``offline="..."``) refers to them by id and SHA-256: they are read from there again (``offline_rows``:
-        give them instead, prepared as the buffer stored them). ``truncate_last_traj`` is HER's and ignored."""
+        (``offline="..."``) refers to them by id and SHA-256, and the checkpoint never decides which dataset is
+        opened: the rows come from this call -- ``offline_rows`` (the rows prepared as the buffer stored them, a
+        function dataset id -> such rows, or a dataset id / path to read and prepare), or by default the offline rows
+        of this model's own buffer when it was built from the same dataset id (``replay_buffer_kwargs=dict(offline=
+        ...)``); anything else is refused, naming the id. ``truncate_last_traj`` is HER's and ignored."""
         if not isinstance(path, str | os.PathLike):
             raise ValueError("load_replay_buffer: give the checkpoint's directory path")
-        if offline_rows is None:  # a checkpoint that refers to its dataset by id: read it and prepare it again
-            def offline_rows(dataset_id: str):
+        me: Any = self
+        rows = offline_rows
+        if isinstance(offline_rows, str | os.PathLike):  # a dataset the caller names: read it and prepare it
+            named = str(offline_rows)
+
+            def rows(dataset_id: str):
                 from relive.data.loaders import load_rows
 
-                me: Any = self
                 action_dtype = SB3ReplayBuffer._maybe_cast_dtype(me.action_space.dtype)
-                return offline_columns(load_rows(dataset_id)[0], get_obs_shape(me.observation_space), me.action_space,
+                return offline_columns(load_rows(named)[0], get_obs_shape(me.observation_space), me.action_space,
                                        action_dtype)
-        relive = ReplayBuffer.load(path, offline_rows=offline_rows)
+        elif offline_rows is None:  # this model's own offline rows, if they came from the dataset the checkpoint names
+            def rows(dataset_id: str):
+                current = me.replay_buffer
+                if isinstance(current, ReliveReplayBuffer):
+                    st = current.relive.storage
+                    if set(st.offline_dataset_ids) == {dataset_id}:
+                        slots = np.arange(st.num_before_online)
+                        return {c: st.read(c, slots) for c in COLUMNS}
+                raise ValueError(f"load_replay_buffer: the checkpoint refers to offline dataset {dataset_id!r}, which "
+                                 "this model's buffer was not built from; a checkpoint does not choose what is read: "
+                                 "build the model with replay_buffer_kwargs=dict(offline=...) naming that dataset, or "
+                                 "pass offline_rows=(the rows, or the dataset id / path)")
+        relive = ReplayBuffer.load(path, offline_rows=rows)
         old = self.replay_buffer
         self._replay_hooks = None  # the sampler's hooks are built again for the loaded buffer
         self.replay_buffer = ReliveReplayBuffer.from_relive(

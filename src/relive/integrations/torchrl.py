@@ -41,6 +41,7 @@ import torchrl
 from tensordict import TensorDict, TensorDictBase
 
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
+from relive.replay.columns import convert
 from relive.types import Batch, SampleInfo, UpdateReport
 
 TESTED = {"torchrl": "0.14.1", "tensordict": "0.14.3"}  # pyproject: extra "torchrl"
@@ -55,6 +56,15 @@ def _numpy(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
     return np.asarray(x)
+
+
+def _flag(value, n: int, key: str) -> np.ndarray:
+    """A ``("next", key)`` entry as [n] booleans: bool, or numbers 0 / 1 (a ``done`` of 2 is refused, naming the row,
+    as relive's ``extend`` refuses it; never cast to True)."""
+    arr = _numpy(value).reshape(n)
+    if arr.dtype == np.bool_:
+        return arr
+    return convert(key, arr, np.dtype(np.bool_), f"extend: ('next', {key!r})")
 
 
 def _to_tensors(state):
@@ -161,11 +171,11 @@ class ReliveTensorDictReplayBuffer:
         if terminated is None and done is None:
             raise ValueError(f"extend: the TensorDict has neither ('next', {k['terminated']!r}) nor "
                              f"('next', {k['done']!r})")
-        term = _numpy(terminated if terminated is not None else done).reshape(n).astype(bool)
+        term = _flag(terminated, n, k["terminated"]) if terminated is not None else _flag(done, n, k["done"])
         if truncated is not None:
-            trunc = _numpy(truncated).reshape(n).astype(bool)
+            trunc = _flag(truncated, n, k["truncated"])
         elif done is not None:  # done without a truncated key: what is done but not terminated was truncated
-            trunc = _numpy(done).reshape(n).astype(bool) & ~term
+            trunc = _flag(done, n, k["done"]) & ~term
         else:
             trunc = np.zeros(n, bool)
         return {"obs": _numpy(obs), "action": _numpy(action), "reward": _numpy(reward).reshape(n).astype(np.float32),

@@ -5,9 +5,9 @@ Checks: ``check_update`` -- ``ReplayBuffer.update``'s checks in one pass (every 
 is finite, which rows are stale: their slot rewritten since they were sampled); ``all_finite`` -- the finiteness
 check of a small write (``Storage.validate``). These only *detect* a problem; the NumPy path then runs and names it,
 so both paths accept exactly the same inputs and raise the same errors. Two small computations of the same economy:
-``stamps_and_source`` -- a batch's generation stamps and source tags (``ReplayBuffer.gather``; a slot outside the
-column hands the batch to NumPy's ``take``), ``td_priority`` -- PER's |delta| + eps, capped. tests/replay/
-test_hot_paths.py runs each against its NumPy counterpart.
+``stamps_and_source`` -- a batch's generation stamps and source tags (``ReplayBuffer.gather``; a slot that holds no
+row hands the batch to the storage's NumPy check, which names it), ``td_priority`` -- PER's |delta| + eps, capped.
+tests/replay/test_hot_paths.py runs each against its NumPy counterpart.
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ if AVAILABLE:
         return n_stale
 
     @numba.njit(cache=True, nogil=True)
-    def stamps_and_source(slots, stamps, num_offline, generation, source):  # pragma: no cover - compiled
+    def stamps_and_source(slots, stamps, num_offline, size, gap_lo, gap_hi, generation, source):  # pragma: no cover
         # a batch's record in one pass: each slot's generation stamp and its source (1: online, past the offline
-        # prefix). False, at once, for a slot outside [0, len(stamps)): the caller's NumPy path then raises (or wraps
-        # a negative index) as ``take`` does -- no read outside the column
-        n = stamps.size
+        # prefix). False, at once, for a slot that holds no row (outside [0, size), or in the empty demonstration
+        # slots [gap_lo, gap_hi)): the caller's NumPy check then names it -- no read of an unwritten slot
         for k in range(slots.size):
             s = slots[k]
-            if s < 0 or s >= n:
+            if s < 0 or s >= size or (s >= gap_lo and s < gap_hi):
                 return False
             generation[k] = stamps[s]
             source[k] = s >= num_offline

@@ -71,6 +71,9 @@ def state_array(state, name: str, owner: str, *, length: int | None = None, dtyp
         info = np.iinfo(dtype)
         if arr.min() < info.min or arr.max() > info.max:
             raise ValueError(f"{owner} field {name!r}: values beyond {dtype}")
+    if arr.dtype.kind == "b" and arr.size and (arr.view(np.uint8) > 1).any():  # (a cast would keep the byte)
+        i = int(np.argwhere(arr.reshape(arr.shape[0], -1).view(np.uint8) > 1)[0][0])
+        raise ValueError(f"{owner} field {name!r} entry {i}: a boolean holding a byte other than 0 / 1")
     out = arr.astype(dtype)
     flat = out.reshape(out.shape[0], math.prod(out.shape[1:]))
     bad = np.zeros(flat.shape, bool)

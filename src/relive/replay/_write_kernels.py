@@ -57,15 +57,19 @@ if AVAILABLE:
     def commit_rows(dst, src, f32, f64, terminated, truncated, k, first, start, episode_col, origin_col, origin,
                     generation, rec_start, rec_length, rec_finished, rec_source, source, open_id, open_row, next_id,
                     num_records, id_mod):  # pragma: no cover - compiled
-        # A whole staged commit of one lane: (-1, 0) and nothing written when a value is not finite; else rows [0, k)
-        # of each staged column (src, byte views) copied into slots [first, first + k) of the storage's (dst), each
-        # row's bookkeeping (its episode id modulo id_mod, its origin tag, a new generation: the caller has checked
-        # that no stamp wraps) and the episode records as EpisodeIndex.append keeps them: the rows join the open
-        # episode (open_id, record row open_row; -1: none), each row that ends an episode finishes it, the next row
-        # starts a new record (ids from next_id, record rows from num_records: the caller made room for k). Returns
-        # (new records, the id of the episode left open or -1).
+        # A whole staged commit of one lane: (-1, 0) and nothing written when a value is not finite or a flag
+        # (terminated, truncated: their bytes) is not 0 / 1; else rows [0, k) of each staged column (src, byte views)
+        # copied into slots [first, first + k) of the storage's (dst), each row's bookkeeping (its episode id modulo
+        # id_mod, its origin tag, a new generation: the caller has checked that no stamp wraps) and the episode
+        # records as EpisodeIndex.append keeps them: the rows join the open episode (open_id, record row open_row;
+        # -1: none), each row that ends an episode finishes it, the next row starts a new record (ids from next_id,
+        # record rows from num_records: the caller made room for k). Returns (new records, the id of the episode
+        # left open or -1).
         if not rows_finite(f32, f64, k):
             return -1, 0
+        for i in range(k):  # flags (their bytes): 0 or 1, else the NumPy path refuses them by name
+            if terminated[i] > 1 or truncated[i] > 1:
+                return -1, 0
         for j in range(len(dst)):
             d, s = dst[j], src[j]
             for i in range(k):

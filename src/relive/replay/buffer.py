@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from relive.replay import _check_kernels, checkpoint, returns
+from relive.replay._state import state_field, state_int
 from relive.replay.frame_stack import FrameStackStorage
 from relive.replay.samplers import (
     MixtureSampler,
@@ -244,16 +245,23 @@ class ReplayBuffer:
         ``truncated`` come from its bootstrap row and ``discount`` = gamma^{n'} (1 - terminated) (the formulas:
         :mod:`relive.replay.returns`); obs, action and extra columns stay the row's own."""
         st = self.storage
-        idx = np.asarray(indices, dtype=np.int64)
+        idx = as_numpy(indices)
+        if idx.dtype != np.int64:
+            idx = st.check_slots(idx).reshape(idx.shape)  # (integers only: a float index is refused, never cast)
         cols = st.columns
         n = idx.size
         stamps = st.meta["generation"]
-        # offline rows are the prefix [0, num_offline): the source needs no read of a per-row column
+        # offline rows are the prefix [0, num_offline): the source needs no read of a per-row column. Every slot must
+        # hold a row (as update and the n-step path require): the compiled pass checks it on the way, else NumPy
+        gap_lo, gap_hi = (st.num_offline, st.ring_base) if st.has_gap else (0, 0)
         if _check_kernels.AVAILABLE and type(stamps) is np.ndarray and idx.ndim == 1 and 0 < n:
             generation, source = np.empty(n, stamps.dtype), np.empty(n, np.int8)
-            if not _check_kernels.stamps_and_source(idx, stamps, st.num_offline, generation, source):
+            if not _check_kernels.stamps_and_source(idx, stamps, st.num_offline, st.size, gap_lo, gap_hi, generation,
+                                                    source):
+                st.check_slots(idx)  # raises, naming the slot
                 generation, source = stamps.take(idx), (idx >= st.num_offline).view(np.int8)
         else:
+            st.check_slots(idx)
             generation, source = stamps.take(idx), (idx >= st.num_offline).view(np.int8)
         info = new_sample_info(idx, generation, np.full(n, np.nan) if probability is None else probability,
                                np.ones(n, np.float32) if is_weight is None else is_weight, source,
@@ -475,7 +483,7 @@ class ReplayBuffer:
         host generator; a RAM or memmap one loads as saved), None: as it was saved."""
         state = checkpoint.load_tree(path, kind="replay_buffer", check_hashes=check_hashes)
         with checkpoint.loading(path, "replay buffer state"):
-            buf = cls.from_state_dict(state, offline_rows=offline_rows, device=device)
+            buf = cls._from_state(state, offline_rows, device)
             try:
                 buf.storage.claim_checkpoint(path, loading=True)
             except BaseException:
@@ -485,6 +493,16 @@ class ReplayBuffer:
 
     @classmethod
     def from_state_dict(cls, state: dict, offline_rows=None, device=None) -> ReplayBuffer:
+        """Rebuild a buffer from :meth:`state_dict` (arguments as :meth:`load`'s), checked as a loaded checkpoint is:
+        a missing, mistyped or contradictory field is one :class:`~relive.replay.checkpoint.CheckpointError` naming
+        it (``replay buffer state: ...``), never a KeyError / TypeError from inside."""
+        with checkpoint.loading("ReplayBuffer.from_state_dict", "replay buffer state"):
+            if not isinstance(state, Mapping):
+                raise ValueError(f"expected a mapping (a ReplayBuffer.state_dict()), got {type(state).__name__}")
+            return cls._from_state(state, offline_rows, device)
+
+    @classmethod
+    def _from_state(cls, state: Mapping, offline_rows, device) -> ReplayBuffer:
         cfg = state["config"]
         scfg = dict(cfg["storage"])
         if device == HOST:  # NumPy columns (the checkpoint format is the host's for every backend)
@@ -510,7 +528,7 @@ class ReplayBuffer:
             raise
         return buf
 
-    def _load_state(self, state: dict, cfg: dict, offline_rows) -> None:
+    def _load_state(self, state: Mapping, cfg: Mapping, offline_rows) -> None:
         buf = self
         ref = state["storage"].get("offline_ref")
         if ref is not None:
@@ -528,12 +546,15 @@ class ReplayBuffer:
             check_demo_sampler(buf.sampler)
         buf.sampler.bind(buf.storage)
         buf.sampler.load_state_dict(state["sampler"])
-        buf.seed = int(cfg["seed"])
-        buf.n_step, buf.gamma = int(cfg.get("n_step", 1)), float(cfg.get("gamma", 0.99))  # (older checkpoints: 1)
+        buf.seed = state_int(cfg, "seed", "replay buffer config", high=2**128)  # (a seed as default_rng takes it)
+        # (checkpoints before n-step returns: one-step rows) -- checked as the constructor checks them
+        buf.n_step = returns.check_n_step(cfg.get("n_step", 1), buf.capacity)
+        buf.gamma = returns.check_gamma(cfg.get("gamma", 0.99))
         buf.rng = np.random.default_rng()
         buf.rng.bit_generator.state = state["rng"]
-        buf.num_stale = int(state["counters"]["num_stale"])
-        buf.num_updated = int(state["counters"]["num_updated"])
+        counters = state_field(state, "counters", "replay buffer state")
+        buf.num_stale = state_int(counters, "num_stale", "replay buffer counters")
+        buf.num_updated = state_int(counters, "num_updated", "replay buffer counters")
         buf._init_backend_state()
         buf._load_backend_state(state.get("device", {}))
 

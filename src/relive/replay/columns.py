@@ -86,9 +86,9 @@ def convert(name: str, arr: np.ndarray, dtype: np.dtype, label: str | None = Non
         if arr.dtype.kind in "iuf":
             bad = (arr != 0) & (arr != 1)
             if bad.any():
-                row = int(np.argwhere(bad)[0][0])
-                raise ValueError(f"{label} row {row}: expected a boolean flag (True/False or 0/1), "
-                                 f"got {arr.reshape(arr.shape[0], -1)[row][0]!r}")
+                where = tuple(int(i) for i in np.argwhere(bad)[0])
+                raise ValueError(f"{label} row {where[0]}: expected a boolean flag (True/False or 0/1), "
+                                 f"got {arr[where].item()!r}")
             return arr.astype(np.bool_)
     elif dtype.kind == "f" and arr.dtype.kind in "fiub":
         if arr.dtype.kind == "f" and arr.dtype.itemsize > dtype.itemsize and arr.size:
@@ -147,6 +147,7 @@ class StorageFields:
     _memmap_clean: bool
     _memmap_token: str | None
     _lock: Any  # relive.files.DirectoryLock (memmap) or None
+    _made: list[Path]  # memmap, a new buffer: the directories and lock file it created (removed if it is refused)
     _offline_hash: tuple[int, str] | None
     _gen_t: Any  # backend "torch": the generation stamps on the device (a torch tensor); else None
     _row_bytes: tuple | None  # relive.replay.small_writes: every column as uint8 rows (made at the first staged write)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from relive.replay import returns
+from relive.replay._state import state_int
 from relive.replay.buffer import BACKEND_CLASSES, ReplayBuffer
 from relive.replay.samplers import Sampler
 from relive.types import Batch, SampleInfo, UpdateReport
@@ -140,7 +141,7 @@ class DeviceReplayBuffer(ReplayBuffer):
         return "cpu" if device is None else device.type
 
     def _load_backend_state(self, saved: Mapping) -> None:
-        self.num_invalid = int(saved.get("num_invalid", 0))
+        self.num_invalid = state_int(saved, "num_invalid", "device buffer state") if "num_invalid" in saved else 0
         if saved.get("torch_rng_device") == self._device_type():  # (a generator's state is per device type)
             import torch  # (torch: `import relive.replay` does not load it)
 

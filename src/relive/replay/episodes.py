@@ -461,6 +461,11 @@ class EpisodeIndex:
             lane_evicted = np.array([state_int(state, "online_evicted_before", owner)], np.int64)
         if lane_evicted.size < 1 or ((lane_evicted >> LANE_BITS) != np.arange(lane_evicted.size)).any():
             raise ValueError(f"{owner} field 'lane_evicted': one bound per stream, each in its stream's positions")
+        if "online_evicted_before" in state and "lane_evicted" in state:  # (the first stream's bound, twice)
+            scalar = state_int(state, "online_evicted_before", owner)
+            if scalar != int(lane_evicted[0]):
+                raise ValueError(f"{owner} field 'online_evicted_before': {scalar} disagrees with the first stream's "
+                                 f"bound in 'lane_evicted' ({int(lane_evicted[0])})")
         open_ids = (state_int(state, "open_offline", owner, low=-1, high=next_id - 1),
                     state_int(state, "open_online", owner, low=-1, high=next_id - 1))
         pairs = (state_array(state, "open_lanes", owner, dtype=np.int64, shape=(2,))

@@ -18,6 +18,7 @@ from relive.files import DirectoryLock, write_text_atomic
 from relive.replay.columns import StorageFields
 
 MEMMAP_STATE = "relive_memmap.json"  # in a memmap directory: the token of the checkpoint its files match
+LOCK_NAME = ".relive.lock"  # the DirectoryLock's file in a memmap directory
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -98,23 +99,44 @@ class MemmapBackend(StorageFields):
         ends) and, for a new buffer, check that the file system has room for every column file before creating
         them (each file is then allocated for real: writes through the map never meet a full disk)."""
         self.directory = Path(os.path.abspath(self.memmap_directory))
-        if not self._open_existing:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        elif not self.directory.is_dir():
-            raise ValueError(f"memmap directory {self.directory} does not exist; the checkpoint refers to its column "
-                             "files instead of holding its rows (copy it along with the checkpoint)")
-        self._lock = DirectoryLock(self.directory, what="memmap directory")
+        self._made: list[Path] = []  # a new buffer: what it created (the directory, the lock file), removed if refused
         if self._open_existing:
+            if not self.directory.is_dir():
+                raise ValueError(f"memmap directory {self.directory} does not exist; the checkpoint refers to its "
+                                 "column files instead of holding its rows (copy it along with the checkpoint)")
+            self._lock = DirectoryLock(self.directory, what="memmap directory")
             return
         need = sum(self.capacity * int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize + 4096
                    for s in self.specs.values())
-        fs = os.statvfs(self.directory)
+        probe = self.directory  # (before anything is created: a refused buffer leaves nothing behind)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        fs = os.statvfs(probe)
         free = fs.f_bavail * fs.f_frsize
         if need > free:
-            self._lock.release()
             raise ValueError(f"memmap buffer of capacity {self.capacity} needs {need / 1e9:.3g} GB of column files in "
                              f"{self.directory}, but its file system has {free / 1e9:.3g} GB free; choose a smaller "
                              "capacity or another directory")
+        missing = [d for d in (self.directory, *self.directory.parents) if not d.exists()]
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._made = missing[::-1]  # (outermost first; removed innermost first)
+        lock_file = self.directory / LOCK_NAME
+        new_lock = not (lock_file.exists() or lock_file.is_symlink())
+        self._lock = DirectoryLock(self.directory, name=LOCK_NAME, what="memmap directory")
+        if new_lock:
+            self._made.append(lock_file)
+
+    def _give_up_new_directory(self) -> None:
+        """A new buffer refused after its directory was taken: remove the lock file and the directories it created
+        (if they are empty), then give the directory up."""
+        for path in reversed(self._made):
+            try:
+                path.unlink() if path.name == LOCK_NAME else path.rmdir()
+            except OSError:  # (not empty: something else is there; leave it)
+                break
+        self._made = []
+        if self._lock is not None:
+            self._lock.release()
 
     def close(self) -> None:
         """Memmap: flush the column files and give the directory up (another buffer may then load it); the
@@ -133,24 +155,36 @@ class MemmapBackend(StorageFields):
         """Memmap: record that the checkpoint at ``path`` refers to this directory's files (``loading=False``,
         after a save), or check, when it is loaded, that it is not a copy of another checkpoint that refers to the
         same files: a checkpoint copied without its column directory (which stayed where it was) would make this
-        buffer write into the other checkpoint's rows, so it is refused, naming both."""
+        buffer write into the other checkpoint's rows, so it is refused, naming both.
+
+        Each recorded checkpoint is kept with its directory's identity (device and inode): a checkpoint moved
+        elsewhere keeps it, a copy gets a new one. So a moved checkpoint is recognised as the one saved here wherever
+        it is now, and loading a copy first (while the original was moved away, out of sight) does not make the
+        original "a copy" afterwards: loads add to the record, never replace it."""
         if self.backend != "memmap":
             return
         marker_path = self.memmap_directory / MEMMAP_STATE
         marker = read_json(marker_path)
         me = os.path.abspath(path)
-        listed = [c for c in marker.get("checkpoints", []) if isinstance(c, str)]
-        if loading and me not in listed:
-            others = [c for c in listed if Path(c, "MANIFEST.json").is_file()]
-            if others:
-                raise ValueError(f"checkpoint {me} refers to memmap directory {self.directory}, whose rows belong to "
-                                 f"checkpoint {others[0]} (saved there): {me} is a copy made without the column "
-                                 f"files, and extending it would change {others[0]}'s rows. Copy the memmap "
-                                 "directory along with the checkpoint (at the same place relative to it), or move "
-                                 "the checkpoint instead of copying it")
-        if me not in listed:
-            write_json(marker_path, marker | {"checkpoints": [*listed, me] if not loading else [me],
-                                               "directory": str(self.directory)})
+        mine = _identity(me)
+        entries = [e for e in (_entry(c) for c in marker.get("checkpoints", [])) if e is not None]
+        if loading:
+            known = [e for e in entries if mine is not None and e["id"] == mine] or [e for e in entries
+                                                                                   if e["path"] == me]
+            if not known:  # not a checkpoint saved (or loaded) here: a copy, refused while its original exists
+                others = [e["path"] for e in entries if Path(e["path"], "MANIFEST.json").is_file()
+                          and (e["id"] is None or _identity(e["path"]) == e["id"])]
+                if others:
+                    raise ValueError(f"checkpoint {me} refers to memmap directory {self.directory}, whose rows belong "
+                                     f"to checkpoint {others[0]} (saved there): {me} is a copy made without the "
+                                     f"column files, and extending it would change {others[0]}'s rows. Copy the "
+                                     "memmap directory along with the checkpoint (at the same place relative to "
+                                     "it), or move the checkpoint instead of copying it")
+        # this checkpoint, at its path and identity now (a save's swap gives the path a new directory)
+        kept = [e for e in entries if e["path"] != me and (mine is None or e["id"] != mine)]
+        updated = [*kept, {"path": me, "id": mine}]
+        if updated != entries:
+            write_json(marker_path, marker | {"checkpoints": updated, "directory": str(self.directory)})
 
     def _touch(self) -> None:
         """Memmap: the first change after a save marks the files as changed, so the checkpoint that refers to them
@@ -179,3 +213,23 @@ class MemmapBackend(StorageFields):
                           stacklevel=3)  # (the caller of load_state_dict)
             write_json(self.memmap_directory / MEMMAP_STATE, marker | {"directory": str(self.directory),
                                                                   "checkpoints": []})
+
+
+def _identity(path) -> list[int] | None:
+    """A directory's (device, inode): kept by a move, new for a copy; None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [int(st.st_dev), int(st.st_ino)]
+
+
+def _entry(value) -> dict | None:
+    """A recorded checkpoint: ``{"path", "id"}`` (markers before issue 44: a bare path, identity unknown)."""
+    if isinstance(value, str):
+        return {"path": value, "id": None}
+    if isinstance(value, Mapping) and isinstance(value.get("path"), str):
+        ident = value.get("id")
+        ok = isinstance(ident, list) and len(ident) == 2 and all(isinstance(x, int) for x in ident)
+        return {"path": value["path"], "id": ident if ok else None}
+    return None

@@ -82,9 +82,27 @@ class NextObsStore:
             if v.shape != (slots.size, *spec.shape) or v.dtype != spec.dtype:
                 raise ValueError(f"checkpoint next_obs copies {n!r} have shape {v.shape} dtype {v.dtype}, expected "
                                  f"{(slots.size, *spec.shape)} {spec.dtype}")
+            check_values(v, f"{owner} values {n!r}", slots)  # as a write checks next_obs
             values[n] = v
         self.put(slots, values)
         self.tails = {int(k): (int(s), int(g)) for k, s, g in tails}
+
+
+def check_values(arr: np.ndarray, label: str, slots: np.ndarray | None = None, first: int = 0) -> None:
+    """Loaded rows checked as a write checks them: a float array finite, a bool array's bytes 0 or 1 (a flag
+    holding another byte is neither False nor a clean True: ``~flag`` of it is True too). A ValueError names the
+    row (``first`` + its index; or the entry and its slot, given ``slots``) and the value."""
+    if not arr.size or arr.dtype.kind not in "fb":
+        return
+    flat = arr.reshape(arr.shape[0], -1)
+    bad = ~np.isfinite(flat) if arr.dtype.kind == "f" else flat.view(np.uint8) > 1
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        where = f"row {first + row}" if slots is None else f"entry {row} (slot {int(slots[row])})"
+        value = flat[row, col].item() if arr.dtype.kind == "f" else int(flat.view(np.uint8)[row, col])
+        what = "is not finite (a write would have refused it)" if arr.dtype.kind == "f" else \
+            "is not a boolean flag (bytes 0 / 1; a write would have refused it)"
+        raise ValueError(f"{label} {where}: value {value!r} {what}")
 
 
 def as_bytes(a: np.ndarray) -> np.ndarray:

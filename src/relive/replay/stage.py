@@ -10,7 +10,8 @@ case (a stream's rows in consecutive slots of a RAM or memmap buffer, one stream
 checks the rows are finite, copies every column and writes the rows' bookkeeping and episode records
 (:mod:`relive.replay._write_kernels`); every other case goes through ``extend``. Either way a commit stores exactly
 what ``extend`` of the same rows stores (tests/replay/test_stage.py), and rows ``extend`` refuses (NaN, ...) are
-refused the same way, with nothing written for that stream (the streams before it stay written). Commit before
+refused the same way, with nothing written for that stream (the streams before it stay written); so is a flag column
+holding a byte other than 0 / 1 (written through a byte view), naming column and row. Commit before
 anything reads the buffer (a sample sees committed rows only) and before any other write of the same stream. Flat
 observations only (a dict-observation buffer: ``extend``).
 """
@@ -62,7 +63,9 @@ class Stage:
             for n in checked:
                 by_dtype[self.columns[n].dtype].append(_write_kernels.row_values(self.columns[n][i]))
             f32, f64 = (tuple(v) or (np.zeros((self.rows, 0), dt),) for dt, v in by_dtype.items())
-            views.append((src, f32, f64, self.columns["terminated"][i], self.columns["truncated"][i]))
+            # the flags as bytes: the compiled commit refuses (hands to the NumPy path) a byte other than 0 / 1
+            views.append((src, f32, f64, self.columns["terminated"][i].view(np.uint8),
+                          self.columns["truncated"][i].view(np.uint8)))
         return views
 
     def commit(self, k: int | None = None) -> np.ndarray:
@@ -95,6 +98,18 @@ class Stage:
                 if slots is not None:
                     sampler.on_insert(slots)
             if slots is None:  # every other case, and rows the compiled check refused (extend names what is wrong)
+                self._check_flags(i, k)
                 slots = buf.extend({n: v[i, :k] for n, v in cols.items()}, stream=stream)
             out.append(slots)
         return out[0].reshape(1, k) if len(out) == 1 else np.stack(out)
+
+    def _check_flags(self, i: int, k: int) -> None:
+        """Stream ``i``'s staged flags hold bytes 0 / 1: a bool column written through a byte view (or shared memory)
+        can hold another byte, which is neither False nor a clean True (``~flag`` of it is True too); refused as
+        ``extend`` refuses a flag other than 0 / 1, naming column and row (``extend`` keeps a bool array's bytes)."""
+        for name in ("terminated", "truncated"):
+            raw = self.columns[name][i, :k].view(np.uint8)
+            if raw.max(initial=0) > 1:
+                row = int(np.argmax(raw > 1))
+                raise ValueError(f"stage column {name!r} stream {self.streams[i]} row {row}: expected a boolean flag "
+                                 f"(True/False or 0/1), got byte {int(raw[row])}")

@@ -65,7 +65,7 @@ from typing import Any
 
 import numpy as np
 
-from relive.replay import _check_kernels
+from relive.replay import _check_kernels, consistency
 from relive.replay._state import state_array, state_field, state_int
 from relive.replay.bookkeeping import GEN_MAX, ID_MOD, Bookkeeping, BookkeepingQueries
 from relive.replay.checkpoint import DirectoryRef
@@ -89,7 +89,7 @@ from relive.replay.memmap_files import (
     reserve,
     write_json,
 )
-from relive.replay.next_obs import NextObsDedup, NextObsStore
+from relive.replay.next_obs import NextObsDedup, NextObsStore, check_values
 from relive.replay.offline_hash import OfflineHashing
 from relive.replay.small_writes import SMALL_WRITE, SmallWrites
 from relive.replay.storage_view import StorageView
@@ -238,7 +238,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         except BaseException:
             for path in self._created:
                 path.unlink(missing_ok=True)
-            self._lock.release()
+            self._give_up_new_directory()  # (the lock file and directories this buffer made go too)
             raise
 
     def _allocate(self, name: str, spec: ColumnSpec) -> Any:  # np.ndarray, np.memmap or TorchColumn
@@ -811,8 +811,9 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
 
     def load_state_dict(self, state: Mapping) -> None:
         """Restore a :meth:`state_dict`, checked like input: counters in range, per-row arrays of the stored size,
-        data rows finite where a write requires it, and the episode table consistent with the rows (every stored
-        row in exactly one live episode, its id and step as recorded). A ValueError names the bad field."""
+        data rows finite where a write requires it (flags 0 / 1), then every invariant the writers keep, together
+        (:func:`relive.replay.consistency.check_loaded`: stamps, lanes, the episode table against the rows, open
+        episodes, flags, next_obs copies). A ValueError names the bad field."""
         owner = "storage state"
         if not isinstance(state, Mapping):
             raise ValueError(f"{owner} is not a mapping")
@@ -833,7 +834,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
         if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
             self._load_lane_maps(streams or {}, owner, size)
-        self._check_rows_and_episodes()
+        consistency.check_loaded(self)  # every invariant the writers keep, together (relive.replay.consistency)
 
     def _load_counters(self, state: Mapping, owner: str) -> Mapping | None:
         """The row counters and the streams' lanes of a state; returns its ``streams`` field (None in a checkpoint
@@ -881,10 +882,8 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
                 raise ValueError(f"checkpoint column {name!r} has shape {src.shape} dtype {src.dtype}, "
                                  f"expected {(size - first, *arr.shape[1:])} {arr.dtype}")
             finite = name in self.extra_names or name.split(".")[0] in FINITE_CHECKED
-            if finite and src.dtype.kind == "f" and not np.isfinite(src).all():
-                row = int(np.argwhere(~np.isfinite(src.reshape(src.shape[0], -1)))[0][0])
-                raise ValueError(f"checkpoint column {name!r} row {first + row}: value is not finite (a write would "
-                                 "have refused it)")
+            if finite or src.dtype.kind == "b":  # (finite where a write requires it; every flag 0 / 1)
+                check_values(src, f"checkpoint column {name!r}", first=first)
             arr[first:size] = src
 
     def _load_meta(self, state: Mapping, owner: str, size: int) -> None:
@@ -913,84 +912,10 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         else:  # a checkpoint from before origins: dataset rows offline, agent rows online
             self._meta["origin"][meta_lo:size] = np.where(self.source_of(slots) == OFFLINE, DATASET, AGENT)
         # the computed fields, stored by checkpoints from before 2026-11-27: checked against the rows once the
-        # episode index is loaded (_check_rows_and_episodes)
+        # episode index is loaded (relive.replay.consistency)
         self._legacy_meta = {name: state_array(meta, name, where, length=size - meta_lo, dtype=np.int64)
                              for name in ("source", "step_in_episode", "stream") if name in meta}
         self._legacy_meta_lo = meta_lo
-
-
-    def _check_rows_and_episodes(self) -> None:
-        """A loaded state: bookkeeping per row agrees with the episode table (so a sampler never reads an episode
-        that does not hold its rows)."""
-        size, k, base = self.size, self.num_offline, self.ring_base if self.num_online_written else self.num_offline
-        meta = self._meta
-        if (meta["generation"][:k] < 1).any() or (meta["generation"][base:size] < 1).any():
-            raise ValueError("storage state meta field 'generation': a stored row has generation < 1")
-        legacy, self._legacy_meta = self._legacy_meta, {}
-        lo = self._legacy_meta_lo
-        if "source" in legacy:
-            src = legacy["source"]
-            if (src[: max(k - lo, 0)] != OFFLINE).any() or (src[base - lo :] != ONLINE).any():
-                raise ValueError("storage state meta field 'source' disagrees with num_offline")
-        if not np.isin(meta["origin"][:size], list(ORIGIN_NAMES)).all():
-            raise ValueError(f"storage state meta field 'origin': values must be in {ORIGIN_NAMES}")
-        try:
-            view = self.episodes.live()
-            if (view.length < 0).any():
-                raise IndexError
-            slots = self.episode_slots(view.start, view.length, view.source)
-            bad = slots.size != self.num_rows or (slots.size and (slots.min() < 0 or slots.max() >= size))
-            if not bad:
-                bad = (np.bincount(slots, minlength=size) != self.stored_mask()).any()
-        except (IndexError, ValueError, OverflowError):
-            bad = True
-        if bad:
-            raise ValueError(f"storage state field 'episodes': the live episodes do not cover the {self.num_rows} "
-                             "stored rows exactly once (episode table inconsistent with the rows)")
-        ids = np.repeat(view.ids, view.length)
-        if (self.episode_ids(slots) != ids).any():
-            raise ValueError("storage state meta field 'episode_id' disagrees with the episode table")
-        for name, query in (("step_in_episode", self.step_of), ("stream", self.stream_of)):
-            if name in legacy:  # an old checkpoint's stored copy: it must be what the rows say
-                mine = slots >= lo
-                if (legacy[name][slots[mine] - lo] != query(slots[mine])).any():
-                    what = "is not consecutive within its episodes" if name == "step_in_episode" else \
-                        "disagrees with the streams' lanes"
-                    raise ValueError(f"storage state meta field {name!r} {what}")
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 __all__ = ["Storage", "StorageView", "ColumnSpec", "CORE_COLUMNS", "OFFLINE", "ONLINE", "SOURCE_NAMES",
