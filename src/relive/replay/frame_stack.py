@@ -112,7 +112,7 @@ class FrameStack:
     def from_json(d) -> FrameStack:
         if not isinstance(d, Mapping):
             raise ValueError(f"frame_stack entry must be a mapping, got {type(d).__name__}")
-        return FrameStack(d.get("num_frames"), d.get("axis", 0), d.get("padding", "reset"))
+        return FrameStack(d.get("num_frames"), d.get("axis", 0), d.get("padding", "reset"))  # type: ignore[arg-type]
 
 
 def as_frame_stack(value) -> FrameStack:
@@ -159,6 +159,7 @@ def stack_layouts(frame_stack, obs_shape, obs_dtype) -> dict[str, StackLayout]:
     dict observations: key -> int or FrameStack)."""
     keys, spec, _ = obs_layout(obs_shape, obs_dtype)
     if keys is None:
+        assert isinstance(spec, ColumnSpec)  # (flat observations: one spec)
         if isinstance(frame_stack, Mapping):
             raise ValueError(f"frame_stack={dict(frame_stack)!r} names keys, but the observations are flat (shape "
                              f"{spec.shape}): pass frame_stack=k or a FrameStack")
@@ -166,6 +167,7 @@ def stack_layouts(frame_stack, obs_shape, obs_dtype) -> dict[str, StackLayout]:
     if not isinstance(frame_stack, Mapping) or not frame_stack:
         raise ValueError(f"dict observations (keys {list(keys)}): name the stacked key(s), e.g. "
                          f"frame_stack={{{keys[0]!r}: 4}}, got {frame_stack!r}")
+    assert isinstance(spec, dict)  # (dict observations: a spec per key)
     unknown = [k for k in frame_stack if k not in keys]
     if unknown:
         raise ValueError(f"frame_stack names unknown observation key(s) {unknown} (keys: {list(keys)})")
@@ -197,7 +199,8 @@ class FrameStackStorage(Storage):
         layouts = stack_layouts(frame_stack, obs_shape, obs_dtype)
         keys, stacked, _ = obs_layout(obs_shape, obs_dtype)
         frames = layouts["obs"].frame if keys is None else {
-            k: layouts[f"obs.{k}"].frame if f"obs.{k}" in layouts else s for k, s in stacked.items()}
+            k: layouts[f"obs.{k}"].frame if f"obs.{k}" in layouts else s
+            for k, s in stacked.items()}  # type: ignore[union-attr]
         super().__init__(capacity, frames, action_shape, obs_dtype=obs_dtype, dedup_next_obs=True, backend=backend,
                          **kwargs)
         self.obs_spec = stacked  # what writes take and reads return (the physical columns hold frames)
@@ -276,7 +279,7 @@ class FrameStackStorage(Storage):
         if not isinstance(data, Mapping) or "obs" not in data or "next_obs" not in data:
             return data, None
         out = dict(data)
-        stacks = {}
+        stacks: dict = {}
         for logical in ("obs", "next_obs"):
             value = data[logical]
             if self.obs_keys is not None:
@@ -458,7 +461,8 @@ class FrameStackStorage(Storage):
         cols = [c for c in self.frame_stack if keys is None or c[len("obs."):] in keys]
         out = {}
         if dict_obs:
-            others = [k for k in (self.obs_keys if keys is None else keys) if f"obs.{k}" not in self.frame_stack]
+            others = [k for k in (self.obs_keys if keys is None else keys)  # type: ignore[union-attr]
+                      if f"obs.{k}" not in self.frame_stack]
             if others:
                 out = super().read(name, slots, others)
         if not cols:
@@ -497,7 +501,7 @@ class FrameStackStorage(Storage):
             if not dict_obs:
                 return stacks
             out[col[len("obs."):]] = stacks
-        return {k: out[k] for k in (self.obs_keys if keys is None else keys)}
+        return {k: out[k] for k in (self.obs_keys if keys is None else keys)}  # type: ignore[union-attr]
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self, offline: str = "copy") -> dict:
