@@ -123,8 +123,8 @@ def rlpd_loop(args, replay_device: str | None, compile_mode: str | None) -> dict
     torch.manual_seed(0)
     env = gym.make(args.env)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
-    cfg = SACConfig.rlpd(actor_every=args.utd, **({"compile": True, "compile_mode": compile_mode}
-                                                   if compile_mode else {}))
+    cfg = SACConfig.rlpd(actor_per_env_step=False, actor_every=args.utd,
+                         **({"compile": True, "compile_mode": compile_mode} if compile_mode else {}))
     agent = SAC(obs_dim, act_dim, env.action_space.low, env.action_space.high, cfg, seed=0, device=args.device)
     kw = {"backend": "torch", "device": replay_device} if replay_device else {}
     buf = ReplayBuffer(args.offline_rows + args.env_steps + 2_000, obs_dim, act_dim,

@@ -78,7 +78,8 @@ def main(out_path: str, dev: str = "cuda", n_rows: int = 1_000_000) -> dict:
                     b.update(batch.info, td_error=td if label == "device" else td.cpu().numpy())
 
             prof(f"{label} {sname}", call)
-    agent = SAC(OBS, ACT, -np.ones(ACT), np.ones(ACT), SACConfig.rlpd(actor_every=20), seed=0, device=dev)
+    cfg = SACConfig.rlpd(actor_per_env_step=False, actor_every=20)  # (a benchmark's own loop: the count)
+    agent = SAC(OBS, ACT, -np.ones(ACT), np.ones(ACT), cfg, seed=0, device=dev)
     buf = ReplayBuffer(20_000, OBS, ACT, sampler=MixtureSampler(UniformSampler(), UniformSampler(), 0.5),
                        backend="torch", device=dev)
     buf.add_offline({k: v[:min(n_rows, 20_000) // 2] for k, v in data.items()})

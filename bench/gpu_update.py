@@ -44,7 +44,8 @@ def main(argv=None) -> int:
         print("no GPU (torch.cuda.is_available() is False): nothing measured")
         return 0
     data = rows(12_000, np.random.default_rng(0))
-    agent = SAC(OBS, 3, -np.ones(3), np.ones(3), SACConfig.rlpd(actor_every=20), seed=0, device=args.device)
+    cfg = SACConfig.rlpd(actor_per_env_step=False, actor_every=20)  # (a benchmark's own loop: the count)
+    agent = SAC(OBS, 3, -np.ones(3), np.ones(3), cfg, seed=0, device=args.device)
     buf = ReplayBuffer(20_000, OBS, 3, sampler=MixtureSampler(UniformSampler(), UniformSampler(), 0.5),
                        backend="torch", device=args.device)
     buf.add_offline({k: v[:10_000] for k, v in data.items()})

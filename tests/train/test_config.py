@@ -181,8 +181,8 @@ def test_utd_flag_keeps_the_agent_in_step():
     def cfg(*args):
         return config_from_args(build_parser().parse_args(["train", *args]))
 
-    rlpd = cfg("rlpd", "--utd", "10")  # RLPD updates the actor once per env step: actor_every follows the UTD
-    assert (rlpd.schedule.utd_ratio, rlpd.agent.actor_every) == (10, 10)
+    rlpd = cfg("rlpd", "--utd", "10")  # RLPD updates the actor once per env step: a rule, the flag sets the UTD only
+    assert (rlpd.schedule.utd_ratio, rlpd.agent.actor_every, rlpd.agent.actor_per_env_step) == (10, 1, True)
     sac = cfg("sac", "--utd", "4")  # plain SAC keeps one actor step per critic step
     assert (sac.schedule.utd_ratio, sac.agent.actor_every) == (4, 1)
     assert not hasattr(cfg("ddqn", "--utd", "2").agent, "utd_ratio")  # one place: the schedule

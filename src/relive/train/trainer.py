@@ -340,15 +340,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if resume_dir is None:  # everything is built: only now does the directory become a run
         _create_run_dir(saved_cfg, run_dir, held, env)
     logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
-    for note in notes:
-        logger.print(f"note: {note}")
-    if eval_env is None:
-        logger.print("no environment (offline only, from the dataset; action bounds from its actions): evaluation "
-                     "skipped (eval rows are NaN); export the trained policy with `relive export RUN_DIR`")
-    if 0 < s.num_online_env_steps <= s.num_warmup_env_steps:  # gradient steps start once the stored rows pass it
-        logger.print(f"warning: {s.num_online_env_steps} online env steps do not exceed the warm-up of "
-                     f"{s.num_warmup_env_steps} (--warmup): the online phase makes no gradient step; raise "
-                     "--online-steps or lower --warmup")
+    _print_start_notes(logger, notes, s, has_env=eval_env is not None)
     run = Run(saved_cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
     if resume_dir is not None:
@@ -357,6 +349,20 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if cfg.intervention.kind != "none":  # intervened stretches into the demonstration segment (of the resumed buffer)
         run.demo_writer = DemoWriter(run.buffer)
     return run
+
+
+def _print_start_notes(logger: RunLogger, notes: Sequence[str], s, has_env: bool) -> None:
+    """What a user should know before the run starts: the loader's notes, a run without an environment, a warm-up
+    that leaves the online phase without a gradient step."""
+    for note in notes:
+        logger.print(f"note: {note}")
+    if not has_env:
+        logger.print("no environment (offline only, from the dataset; action bounds from its actions): evaluation "
+                     "skipped (eval rows are NaN); export the trained policy with `relive export RUN_DIR`")
+    if 0 < s.num_online_env_steps <= s.num_warmup_env_steps:  # gradient steps start once the stored rows pass it
+        logger.print(f"warning: {s.num_online_env_steps} online env steps do not exceed the warm-up of "
+                     f"{s.num_warmup_env_steps} (--warmup): the online phase makes no gradient step; raise "
+                     "--online-steps or lower --warmup")
 
 
 def _open_resumed_run(run_dir: Path, resume_settings: Sequence[str],
