@@ -20,6 +20,7 @@ envs a checkpoint falls mid-episode; resuming resets the envs and ends each stre
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import time
@@ -168,7 +169,9 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
                              torch_version=torch.__version__, num_stored_online_env_steps=stored_env_steps(run),
                              num_probing_env_steps=run.collector.num_unstored_steps)
         # (atomic: its presence means the run finished, so it is never seen half-written; still under the lock)
-        write_text_atomic(run.run_dir / "summary.json", json.dumps(summary.__dict__, indent=1, allow_nan=True))
+        # strict JSON (any reader parses it): a value that is not a finite number (no evaluation ran) is null
+        fields = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in summary.__dict__.items()}
+        write_text_atomic(run.run_dir / "summary.json", json.dumps(fields, indent=1, allow_nan=False))
     finally:
         run.logger.close()
         if hasattr(run.collector, "close"):
