@@ -277,3 +277,16 @@ def test_presets_command_lists_and_shows(capsys):
         main(["--debug", "train", "sac", "--set", "agent.no_such_key=1"])
     with pytest.raises(SystemExit, match="PRESET"):
         main(["--debug", "train"])
+
+
+def test_a_default_run_directory_names_a_replay_other_than_the_presets_and_one_directory_per_env_id():
+    from relive.train.trainer import default_run_dir
+
+    def cfg(*args):
+        return config_from_args(build_parser().parse_args(["train", *args]))
+
+    own = default_run_dir(cfg("rlpd", "--env", "Pendulum-v1")).name
+    other = default_run_dir(cfg("rlpd", "--env", "Pendulum-v1", "--replay", "per")).name
+    assert own.startswith("rlpd-Pendulum-v1-seed") and other.startswith("rlpd-per-Pendulum-v1-seed")
+    atari = default_run_dir(cfg("ddqn", "--env", "ALE/Pong-v5"))
+    assert atari.parent.name == "runs" and atari.name.startswith("ddqn-ALE_Pong-v5-seed")

@@ -33,3 +33,4 @@ def test_the_utd_flag_changes_one_setting_only():
     changed = {(section, k) for section, d in base.items() if isinstance(d, dict)
                for k in d if d[k] != flagged[section][k]}
     assert changed == {("schedule", "utd_ratio")}
+

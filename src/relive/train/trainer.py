@@ -39,6 +39,7 @@ from relive.data.columns import spec_from_rows
 from relive.data.loaders import fill_offline, load_rows
 from relive.envs import env_spec, goal_functions, make_env, make_vector_env
 from relive.files import DirectoryLock, LockedError, write_text_atomic
+from relive.presets import get_preset
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
@@ -131,8 +132,17 @@ def build_agent(cfg: ExperimentConfig, spec, seed: np.random.SeedSequence | None
 
 
 def default_run_dir(cfg: ExperimentConfig) -> Path:
+    """``runs/PRESET[-REPLAY]-ENV-seedN-STAMP``: the replay strategy named when it is not the preset's own (so two
+    runs of one preset with other strategies are told apart at a glance); an env id's ``/`` (``ALE/Pong-v5``)
+    becomes ``_`` (one directory, not two)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{cfg.preset}-{cfg.env.id}-seed{cfg.run.seed}-{stamp}"
+    try:
+        own = get_preset(cfg.preset).replay.name
+    except ValueError:  # (a configuration built in Python under a name that is not a preset)
+        own = cfg.replay.name
+    replay = "" if cfg.replay.name == own else f"-{cfg.replay.name}"
+    env = (cfg.env.id or "offline").replace("/", "_").replace(":", "_")
+    return Path("runs") / f"{cfg.preset}{replay}-{env}-seed{cfg.run.seed}-{stamp}"
 
 
 #: what a resumed run may change: where and how it runs, never what it computes (``train(resume_settings=...)``)
