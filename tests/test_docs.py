@@ -187,3 +187,29 @@ def test_the_readme_preset_list_names_every_preset():
         names |= {n + also.group(1) for n in list(names) if n.startswith("ddpg") and not n.endswith("_her")}
     missing = sorted(set(PRESETS) - names)
     assert not missing, f"README's preset list lacks {missing}"
+
+
+def _slug(heading: str) -> str:
+    """The anchor mkdocs gives a heading (Python-Markdown's toc slugify, after inline markup is dropped)."""
+    import unicodedata
+
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").replace("*", "")
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_the_readme_links_into_the_docs_resolve():
+    """README.md is outside the docs site, so `make docs` (which fails on a broken link or anchor of a page) does not
+    check it: every docs/PAGE.md or docs/PAGE.md#anchor the README links to exists."""
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\((docs/[^)#\s]+)(?:#([^)\s]+))?\)", readme)
+    assert links, "the README links to no docs page"
+    bad = []
+    for page, anchor in links:
+        path = ROOT / page
+        if not path.is_file():
+            bad.append(page)
+        elif anchor and anchor not in {_slug(h) for h in re.findall(r"^#{1,6}\s+(.+?)\s*$", path.read_text(), re.M)}:
+            bad.append(f"{page}#{anchor}")
+    assert not bad, f"README links to missing docs pages or headings: {bad}"
