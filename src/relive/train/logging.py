@@ -35,6 +35,7 @@ class RunLogger:
         self._plain_every = _seconds_from_env("RELIVE_PROGRESS_SECONDS", 30.0)
         self._last_plain = -math.inf
         self._phase_start: dict[str, tuple[float, int]] = {}
+        self._phases_done: set[str] = set()  # phases whose last line was printed (never again: Ray collectors call on)
         if progress and not self._plain:
             # (only when a progress bar is shown)
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -55,13 +56,15 @@ class RunLogger:
             self._plain_line(phase, done, info)
 
     def _plain_line(self, phase: str, done: int, info: str) -> None:
-        """At most one line per ``_plain_every`` seconds (and the phase's last step): steps done of the phase's total,
-        the rates, an ETA from the phase's rate so far, the latest evaluation."""
+        """At most one line per ``_plain_every`` seconds (and the phase's last step, once): steps done of the phase's
+        total, the rates, an ETA from the phase's rate so far, the latest evaluation."""
         now = time.perf_counter()
         t0, done0 = self._phase_start.setdefault(phase, (now, done))
         total = self._totals.get(phase, 0)
-        if now - self._last_plain < self._plain_every and done < total:
+        if phase in self._phases_done or (now - self._last_plain < self._plain_every and done < total):
             return
+        if done >= total:
+            self._phases_done.add(phase)
         self._last_plain = now
         rate = (done - done0) / max(now - t0, 1e-9)
         eta = _duration((total - done) / rate) if rate > 0 and done < total else "-"
