@@ -299,3 +299,24 @@ def test_overwrite_refusals_of_binary_outputs_name_no_marker_line(runs, tmp_path
     (videos / "episode_0.mp4").write_bytes(b"old")
     line = _error(["eval", str(runs / "sac0"), "--episodes", "1", "--video", str(videos)], capsys)
     assert "episode_0.mp4 exists; pass --overwrite" in line and "marker" not in line
+
+
+def test_plot_refuses_a_seed_twice_and_labels_runs_of_other_lengths(runs, tmp_path, capsys):
+    """A curve averages over seeds: one seed's run given twice (a copy, a rerun) is refused, naming both; runs of one
+    configuration that end at other steps are drawn on their common steps, and the legend says where they end."""
+    import shutil
+
+    twin = tmp_path / "sac0-again"
+    shutil.copytree(runs / "sac0", twin)
+    assert main(["plot", str(runs / "sac0"), str(twin), "--out", str(tmp_path / "a.png")]) == 2
+    err = capsys.readouterr().err
+    assert "seed 0" in err and "sac0-again" in err
+    longer = tmp_path / "long"
+    assert main(["train", "sac", "--env", "Pendulum-v1", "--seed", "2", "--run-dir", str(longer),
+                 *[a if a != "300" else "400" for a in TINY]]) == 0
+    from relive.train.run_cli import curve_label
+
+    assert main(["plot", str(runs / "sac0"), str(longer), "--out", str(tmp_path / "b.png")]) == 0
+    curves = [read_curve(d, "eval/return_mean") for d in (runs / "sac0", longer)]
+    assert curve_label("sac", curves, 300) == "sac, 2 runs, cut to step 300 (runs end at 300-400)"
+    assert curve_label("sac", curves[:1], 300) == "sac, 1 run"

@@ -255,6 +255,13 @@ def bootstrap_band(values: np.ndarray, rng: np.random.Generator, resamples: int 
     return lo, hi
 
 
+def curve_label(label: str, curves: list[tuple[np.ndarray, np.ndarray]], last_common_step: int) -> str:
+    """A curve's legend: its configuration, its runs and, when they end at other steps, where it is cut."""
+    ends = sorted({int(x[-1]) for x, _ in curves if len(x)})
+    cut = f", cut to step {last_common_step:,} (runs end at {ends[0]:,}-{ends[-1]:,})" if len(ends) > 1 else ""
+    return f"{label}, {len(curves)} run{'s' if len(curves) > 1 else ''}{cut}"
+
+
 def plot_runs(run_dirs, metric: str, out: Path) -> dict[str, int]:
     """One curve per configuration: the mean over its runs on the env steps every run of it logged, with a 95%
     bootstrap band over runs (two or more). Returns the runs per curve."""
@@ -264,8 +271,15 @@ def plot_runs(run_dirs, metric: str, out: Path) -> dict[str, int]:
     import matplotlib.pyplot as plt
 
     groups: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    seeds: dict[tuple[str, int], Path] = {}
     for d in run_dirs:
-        groups.setdefault(group_label(run_config(d)), []).append(read_curve(d, metric))
+        cfg = run_config(d)
+        label = group_label(cfg)
+        twin = seeds.setdefault((label, cfg.run.seed), Path(d))
+        if twin != Path(d):  # a seed twice would count as two seeds in the mean and the band
+            raise ValueError(f"{twin} and {d} are both {label}, seed {cfg.run.seed}: a curve averages over seeds, "
+                             "so give each seed's run once")
+        groups.setdefault(label, []).append(read_curve(d, metric))
     fig, ax = plt.subplots(figsize=(7, 4.2))
     rng = np.random.default_rng(0)
     for label, curves in sorted(groups.items()):
@@ -276,7 +290,7 @@ def plot_runs(run_dirs, metric: str, out: Path) -> dict[str, int]:
         at = [dict(zip(x.tolist(), y.tolist(), strict=True)) for x, y in curves]  # step -> value (the last wins)
         values = np.asarray([[run[s] for s in common] for run in at])
         mean = values.mean(axis=0)
-        (line,) = ax.plot(grid, mean, label=f"{label}, {len(curves)} run{'s' if len(curves) > 1 else ''}")
+        (line,) = ax.plot(grid, mean, label=curve_label(label, curves, int(grid[-1])))
         if len(curves) > 1:
             lo, hi = bootstrap_band(values, rng)
             ax.fill_between(grid, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
