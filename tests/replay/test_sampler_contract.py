@@ -250,3 +250,18 @@ def test_a_checkpoint_round_trip_keeps_the_distribution_and_the_draws(name, tmp_
     np.testing.assert_array_equal(other.probabilities(), rig.probabilities(), err_msg=name)
     for _ in range(3):
         np.testing.assert_array_equal(loaded.sample(16).info.indices, rig.buf.sample(16).info.indices, err_msg=name)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLER_CLASSES))
+def test_a_sampler_class_shows_its_options_as_its_signature(name):
+    """help() and inspect.signature (what IDEs and notebooks show) list a sampler's options with their defaults,
+    not ``*args, **kwargs`` (issue 47, item 4)."""
+    import inspect
+
+    cls = SAMPLER_CLASSES[name]
+    params = inspect.signature(cls).parameters
+    assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params.values()), (name, params)
+    config = getattr(cls, "Config", None)
+    if config is not None and dataclasses.is_dataclass(config):
+        for field in dataclasses.fields(config):
+            assert field.name in params, (name, field.name)

@@ -18,6 +18,7 @@ a run derives (PER's ``is_anneal_samples``: the run's gradient steps) defaults t
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any, ClassVar, Literal, NamedTuple, overload
 
@@ -79,6 +80,19 @@ class Sampler:
     signals: tuple[str, ...] = ()
     #: the sampler's settings: a frozen dataclass, every field with its default, validated in ``__post_init__``
     Config: ClassVar[type] = NoOptions
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A sampler built from its ``Config`` (``__init__(*args, **kwargs)``) shows the Config's fields as its
+        signature: ``help(PrioritizedSampler)`` and ``inspect.signature`` list ``priority_exponent=0.6, ...``."""
+        super().__init_subclass__(**kwargs)
+        config = cls.__dict__.get("Config")
+        init = inspect.signature(cls.__init__).parameters.values()
+        generic = all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name == "self" for p in init)
+        if config is not None and dataclasses.is_dataclass(config) and generic:
+            defaults = cls.Config()  # (every option has a default: a sampler builds with none)
+            cls.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+                inspect.Parameter(f.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=getattr(defaults, f.name),
+                                  annotation=f.type) for f in dataclasses.fields(config) if f.init])
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         cls = type(self).Config
