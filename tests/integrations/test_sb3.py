@@ -289,3 +289,20 @@ def test_a_timeout_is_a_truncation_and_other_ends_terminate_as_sb3_counts_them(h
     assert trunc[rows[0]].tolist() == [False, handle_timeouts, False, False]
     assert term[rows[1]].tolist() == [False, False, True, False]
     assert trunc[rows[1]].tolist() == [False, False, False, False]
+
+
+def test_per_is_exponent_anneals_over_learn_unless_configured():
+    """SB3's schedules run over learn(total_timesteps); so does an unconfigured IS exponent (beta 0.4 -> 1 at the
+    last gradient step), while a configured is_anneal_samples is kept."""
+    def run(sampler):
+        model = DQN("MlpPolicy", gym.make("CartPole-v1"), seed=0, replay_buffer_class=ReliveReplayBuffer,
+                    replay_buffer_kwargs=dict(sampler=sampler), learning_starts=100, train_freq=4, gradient_steps=2,
+                    batch_size=16, buffer_size=1000, policy_kwargs=dict(net_arch=[8]))
+        model.learn(500)
+        return model.replay_buffer.relive.sampler
+
+    s = run(PrioritizedSampler())
+    assert s.num_samples == 2 * (500 - 100) // 4 == 200 and s.is_anneal_samples == 200
+    assert s.beta == pytest.approx(1.0)
+    kept = run(PrioritizedSampler(is_anneal_samples=10_000))
+    assert kept.is_anneal_samples == 10_000 and kept.beta == pytest.approx(0.4 + 0.6 * 200 / 10_000)

@@ -46,6 +46,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
 from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+from stable_baselines3.common.type_aliases import TrainFrequencyUnit
 from stable_baselines3.common.utils import get_device, polyak_update
 from torch.nn import functional as F
 
@@ -374,6 +375,29 @@ class _ReliveAlgorithm:
         # the buffer's arguments hold the sampler and offline rows: not pickled into the model's zip (the buffer,
         # sampler included, is saved by save_replay_buffer); the hooks are functions of the buffer, built again
         return super()._excluded_save_params() + ["replay_buffer_kwargs", "_replay_hooks"]  # type: ignore[misc]
+
+    def _setup_learn(self, total_timesteps: int, *args, **kwargs):
+        """SB3's set-up, then the sampler's unconfigured schedules (PER's / ReaPER's IS exponent, as SB3's own
+        schedules run over ``learn``) over the gradient steps this ``learn`` call will make."""
+        total_timesteps, callback = super()._setup_learn(total_timesteps, *args, **kwargs)  # type: ignore[misc]
+        if isinstance(self.replay_buffer, ReliveReplayBuffer):
+            planned = self._planned_grad_steps(total_timesteps)
+            if planned is not None:
+                self.replay_buffer.relive.sampler.anneal_over_next(planned)
+        return total_timesteps, callback
+
+    def _planned_grad_steps(self, total_timesteps: int) -> int | None:
+        """Gradient steps (one sample call each) from now to ``total_timesteps`` env steps: a train call every
+        ``train_freq`` steps of every env after ``learning_starts``, ``gradient_steps`` each (-1: as many as env
+        steps collected). None for ``train_freq`` in episodes (the count is not known ahead)."""
+        freq = self.train_freq  # type: ignore[attr-defined]
+        if freq.unit != TrainFrequencyUnit.STEP:
+            return None
+        per_call_env_steps = freq.frequency * self.n_envs  # type: ignore[attr-defined]
+        start = max(self.num_timesteps, self.learning_starts)  # type: ignore[attr-defined]
+        calls = max(0, total_timesteps - start) // per_call_env_steps
+        steps = self.gradient_steps  # type: ignore[attr-defined]
+        return calls * (steps if steps >= 0 else per_call_env_steps)
 
     def _feed_back(self, replay_data, td_error: th.Tensor) -> None:
         info = getattr(replay_data, "info", None)

@@ -165,6 +165,12 @@ class Sampler:
         and ``beta``). Called once per ``sample``, after the draw."""
         return {}
 
+    def anneal_over_next(self, num_samples: int) -> None:
+        """A schedule over sample calls that was not configured (PER's and ReaPER's IS exponent with
+        ``is_anneal_samples=None``) reaches its final value after ``num_samples`` more calls; others: nothing. A loop
+        that knows its length calls it (the SB3 adapter at each ``learn``; relive's trainer configures the length
+        through ``from_run``)."""
+
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
         """Whole-buffer recompute from an agent-supplied ``score_fn(obs, action)``. Returns whether the
         sampler uses it (uniform and PER do not)."""

@@ -149,6 +149,9 @@ class HindsightSampler(Sampler):
     def update(self, slots, signals):
         self.inner.update(slots, signals)
 
+    def anneal_over_next(self, num_samples: int) -> None:
+        self.inner.anneal_over_next(num_samples)
+
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
         return self.inner.refresh(score_fn, chunk_size)
 

@@ -237,6 +237,11 @@ class MixtureSampler(Sampler):
     def loop_hooks(self, ctx) -> list:
         return collect_hooks(ctx, *(part for _, part in self.parts()))
 
+    def anneal_over_next(self, num_samples: int) -> None:
+        """Every part's schedule (each part draws at most once per batch)."""
+        for _, part in self.parts():
+            part.anneal_over_next(num_samples)
+
     def refresh(self, score_fn, chunk_size: int = 65536) -> bool:
         used = [part.refresh(score_fn, chunk_size) for _, part in self.parts()]
         return any(used)

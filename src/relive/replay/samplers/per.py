@@ -124,6 +124,12 @@ class PrioritizedSampler(Sampler):
         """The tree that answers the largest stored priority (the sum tree itself: it keeps the maxima too)."""
         return self.sum_tree
 
+    def anneal_over_next(self, num_samples: int) -> None:
+        """beta reaches ``is_exponent_final`` after ``num_samples`` more sample calls, unless ``is_anneal_samples``
+        was configured."""
+        if self.options.is_anneal_samples is None:
+            self.is_anneal_samples = self.num_samples + int(num_samples)
+
     @property
     def beta(self) -> float:
         """Current importance-sampling exponent of the linear schedule."""
@@ -223,7 +229,8 @@ class PrioritizedSampler(Sampler):
 
     def state_dict(self) -> dict:
         return super().state_dict() | {"priority": self.leaf_values()[: self.storage.size],
-                                       "num_samples": self.num_samples}
+                                       "num_samples": self.num_samples,
+                                       "is_anneal_samples": self.is_anneal_samples}  # (planned by anneal_over_next)
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
@@ -232,5 +239,8 @@ class PrioritizedSampler(Sampler):
         pr = state_array(state, "priority", owner, length=self.storage.size, low=0.0)
         leaves[: pr.size] = pr
         num_samples = state_int(state, "num_samples", owner)
+        horizon = state_int(state, "is_anneal_samples", owner) if "is_anneal_samples" in state else None
         self.set_leaf_values(leaves)
         self.num_samples = num_samples
+        if horizon is not None:  # (checkpoints before anneal_over_next have none: the configured one stays)
+            self.is_anneal_samples = horizon

@@ -163,6 +163,12 @@ class ReaPERSampler(Sampler):
     def beta(self) -> float:
         return linear_anneal(self.is_exponent, self.is_exponent_final, self.is_anneal_samples, self.num_samples)
 
+    def anneal_over_next(self, num_samples: int) -> None:
+        """beta reaches ``is_exponent_final`` after ``num_samples`` more sample calls, unless ``is_anneal_samples``
+        was configured."""
+        if self.options.is_anneal_samples is None:
+            self.is_anneal_samples = self.num_samples + int(num_samples)
+
     @property
     def F(self) -> float:
         return self.total_tree.max
@@ -543,6 +549,7 @@ class ReaPERSampler(Sampler):
             "slots": {name: getattr(self, name)[:size].copy() for name in self._SLOT_ARRAYS},
             "leaves": {name: getattr(self, name)[:n_leaves].copy() for name in self._LEAF_ARRAYS},
             "max_delta": self.max_delta, "num_samples": self.num_samples, "seen_next_id": self._seen_next_id,
+            "is_anneal_samples": self.is_anneal_samples,  # (planned by anneal_over_next)
             "open_offline_id": self._open_offline_id,
             "parked": {"ids": np.array(list(self._parked), np.int64),
                        "sums": np.array(list(self._parked.values()), np.float64).reshape(-1, 2)}}
@@ -568,6 +575,7 @@ class ReaPERSampler(Sampler):
         max_delta = state_float(state, "max_delta", owner, low=0.0)
         counters = (state_int(state, "num_samples", owner), state_int(state, "seen_next_id", owner),
                     state_int(state, "open_offline_id", owner, low=-1))
+        horizon = state_int(state, "is_anneal_samples", owner) if "is_anneal_samples" in state else None
         parked = state.get("parked")  # (absent in checkpoints written before parking existed)
         if parked is not None:
             ids = state_array(parked, "ids", f"{owner} parked", dtype=np.int64, low=0)
@@ -577,6 +585,8 @@ class ReaPERSampler(Sampler):
             restore_array(getattr(self, name), arr, fill=-1 if name in ("slot_leaf", "leaf_id") else 0)
         self.max_delta = max_delta
         self.num_samples, self._seen_next_id, self._open_offline_id = counters
+        if horizon is not None:  # (checkpoints before anneal_over_next have none: the configured one stays)
+            self.is_anneal_samples = horizon
         self._leaf_by_id, self._free_leaves = None, []
         self._parked = {} if parked is None else {
             int(i): (float(d), float(u)) for i, (d, u) in zip(ids.tolist(), sums.tolist(), strict=True)}
