@@ -26,8 +26,9 @@ $(VENV)/.stamp-docs: pyproject.toml constraints.txt | $(PY)
 	$(PIPC) -e ".[docs]"
 	touch $@
 
+# (export, video: `relive export --format onnx|safetensors` and `relive eval --video`, which the README shows)
 $(VENV)/.stamp-demo: pyproject.toml constraints.txt | $(PY)
-	$(PIPC) -e ".[train,experiments]"
+	$(PIPC) -e ".[train,experiments,export,video]"
 	touch $@
 
 $(VENV)/.stamp-bench: pyproject.toml constraints.txt | $(PY)

@@ -25,6 +25,7 @@ from relive.agents import networks as nets
 from relive.agents.ddpg import DDPG, DeterministicActor
 from relive.agents.ddqn import DDQN
 from relive.agents.sac import SAC
+from relive.extras import require
 from relive.files import replace_file
 
 FORMATS = ("torchscript", "onnx", "safetensors")
@@ -113,6 +114,8 @@ def export_policy(agent, path: str | Path, fmt: str, obs_dim: int) -> Path:
     refused)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if fmt != "torchscript":  # (before any work: one line naming the extra, never a traceback from inside torch)
+        require("onnx" if fmt == "onnx" else "safetensors", f"--format {fmt}")
     policy = deterministic_policy(agent)
     path = Path(path)
     if path.is_dir() and not path.is_symlink():

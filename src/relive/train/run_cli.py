@@ -27,6 +27,7 @@ from relive.cli import non_negative_int, positive_int
 from relive.config import ExperimentConfig
 from relive.data.lerobot_io import write_video
 from relive.envs import env_spec, make_env
+from relive.extras import require
 from relive.files import refuse_existing_output, replace_file, write_text_atomic
 from relive.train.checkpoint import has_checkpoint, load_checkpoint
 from relive.train.evaluation import evaluate_episodes
@@ -145,6 +146,7 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
         raise ValueError(f"{run_dir} trained without an environment (offline only): nothing to evaluate it on; "
                          "`relive export` writes its policy")
     if video is not None:
+        require("av", "--video (mp4 files)")  # (before the episodes run)
         env = FrameRecorder(env)
     returns, successes = evaluate_episodes(env, agent, episodes, seed, success_key=cfg.env.success_key,
                                            success_at=cfg.env.success_at)
