@@ -247,11 +247,18 @@ HER_RUN = RunConfig(eval_every_env_steps=1000, eval_episodes=10)  # Fetch episod
 
 
 def sac_her() -> ExperimentConfig:
-    """SAC + HER (k = 4, future) on goal-conditioned tasks (FetchReach-v4, FetchPush-v4; needs mujoco 3.3.0): the
-    HER paper's discount 0.98, Adam 1e-3, batch 256, a 10^6-row buffer (App. A); SAC's twin critics and learned
-    temperature, Polyak 0.05 per gradient step, 2x256 networks, 1 gradient step per env step after 1000 random
-    steps (as Stable-Baselines3's SAC + HerReplayBuffer on Fetch in the RL Zoo, which also uses tau 0.05 and lr
-    1e-3). Success: info["is_success"] at the last step. Without HER: --set her.k=0."""
+    """SAC + HER (k = 4, future) on goal-conditioned tasks (FetchReach-v4, FetchPush-v4; needs mujoco 3.3.0).
+    Each value with its source (checked: OpenAI baselines her/experiment/config.py DEFAULT_PARAMS; the RL Zoo's
+    hyperparams/sac.yml FetchReach entry, SB3's SAC + HerReplayBuffer; the HER paper's App. A as cited by ddpg_her,
+    not re-read here): discount 0.98 (the HER paper; the Zoo's entry: 0.95); Adam 1e-3 for actor, critic and
+    temperature (the paper and baselines' Q_lr / pi_lr; the Zoo's learning_rate 1e-3); batch 256 (baselines'
+    batch_size per worker, the Zoo's entry; the paper: 128); a 10^6-row buffer (all three); k = 4 future (all
+    three); 1000 random steps, then 1 gradient step per env step (the Zoo's learning_starts and train_freq). relive's
+    own choices, in no source: Polyak tau 0.05 per gradient step (the Zoo's SAC FetchReach entry keeps SB3's 0.005;
+    0.05 is the Zoo's TQC entries for FetchPush / Slide / PickAndPlace), 2x256 networks (the Zoo's entry: 2x64;
+    baselines: 3x256), no observation normalisation (the Zoo's entry normalizes; baselines normalizes and clips to
+    5). SAC's twin critics and learned temperature (the Zoo's ent_coef 'auto'). Success: info["is_success"] at the
+    last step. Without HER: --set her.k=0."""
     return ExperimentConfig(preset="sac_her", agent_kind="sac",
                             agent=SACConfig(gamma=HER_GAMMA, tau=0.05, actor_lr=1e-3, critic_lr=1e-3, temp_lr=1e-3,
                                             obs_keys=HER_OBS_KEYS),
@@ -278,6 +285,11 @@ HER_CYCLE_ENV_STEPS, HER_CYCLE_GRAD_STEPS = 100, 40  # App. A: a cycle = 2 episo
 #   std, clipped to [-5, 5]; test episodes with the target actor (relive evaluates the online actor). The actor
 #   penalty: the paper penalizes the squared tanh pre-activations, its code (OpenAI baselines) the squared action
 #   in half-widths with coefficient 1 -- agent.action_l2 = 1 is the code's.
+# The authors' code differs from the paper's App. A (checked: openai/baselines her/experiment/config.py
+# DEFAULT_PARAMS): networks 3 x 256 (layers 3, hidden 256), batch_size 256 per worker, random_eps 0.3 (30% random
+# actions), noise_eps 0.2 (Gaussian std of 20% of max_u), polyak 0.95 per cycle, n_batches 40 per cycle of
+# rollout_batch_size 2 episodes, buffer 10^6, action_l2 1.0, norm_clip 5, clip_obs 200, gamma 1 - 1/T (0.98 for
+# T = 50), replay_k 4 future. ddpg_her follows the paper's values above, not these.
 
 
 def ddpg_her() -> ExperimentConfig:
