@@ -427,7 +427,8 @@ class ExperimentConfig:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {k: (v.to_dict() if isinstance(v, ReplayConfig) else asdict(v) if dataclasses.is_dataclass(v) else v)
+        return {k: (v.to_dict() if isinstance(v, ReplayConfig)
+                    else asdict(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v)
                 for k, v in d.items()}
 
 
@@ -671,8 +672,8 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
     if section in sections and len(parts) == 2:
         obj = getattr(cfg, section)
         return dataclasses.replace(cfg, **{section: _set_field(obj, parts[1], raw, key, section)})
-    known = {s: [f.name for f in dataclasses.fields(getattr(cfg, s))] for s in ("agent", *sections)}
-    raise ValueError(f"unknown setting {key!r}; known: {known} and replay.name, replay.capacity, "
+    fields_of = {s: [f.name for f in dataclasses.fields(getattr(cfg, s))] for s in ("agent", *sections)}
+    raise ValueError(f"unknown setting {key!r}; known: {fields_of} and replay.name, replay.capacity, "
                      f"replay.{cfg.replay.name}.*")
 
 

@@ -89,4 +89,8 @@ def of_type(hooks: list, kind: type) -> list:
 def episode_start_fns(hooks: list) -> list[Callable[[int], Any]]:
     """The ``OnEpisodeStart`` hooks as ``fn(env index)`` callables (a hook without ``per_env`` ignores the index:
     the loop allows it only with one env)."""
-    return [h.fn if h.per_env else (lambda env, f=h.fn: f()) for h in of_type(hooks, OnEpisodeStart)]
+    return [h.fn if h.per_env else _ignoring_env(h.fn) for h in of_type(hooks, OnEpisodeStart)]
+
+
+def _ignoring_env(fn: Callable[[], Any]) -> Callable[[int], Any]:
+    return lambda env: fn()

@@ -22,6 +22,8 @@ task (for the ``scripted`` and ``noisy-scripted`` dataset levels, ``relive data 
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -71,7 +73,8 @@ class SeededPlacement(gym.Wrapper):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         self.placement = int(self._rng.integers(len(self.tasks)))
-        self.env.unwrapped.set_task(self.tasks[self.placement])
+        task_env: Any = self.env.unwrapped  # a Meta-World env (set_task; the package has no types)
+        task_env.set_task(self.tasks[self.placement])
         return self.env.reset(seed=seed, options=options)
 
 

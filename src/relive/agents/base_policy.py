@@ -125,7 +125,8 @@ def _eval_mode(module: nn.Module) -> nn.Module:
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
-def load_base_policy(path: str | Path, spec, device: str = "cpu", *, trusted: bool = False) -> BasePolicy:
+def load_base_policy(path: str | Path, spec, device: str | torch.device = "cpu", *,
+                     trusted: bool = False) -> BasePolicy:
     """The frozen base policy stored at ``path`` (see the module docstring for the formats), checked against
     ``spec`` (a ``relive.envs.EnvSpec``): observation size, the action shape of one call, finite weights
     and a finite action. ``trusted``: also read formats that can run code when loaded (TorchScript,
@@ -276,6 +277,8 @@ def _load_agent(agent_dir: Path) -> tuple[nn.Module, str]:
                          f"has {hidden}")
     low = np.asarray(actor_state["center"]) - np.asarray(actor_state["scale"])
     high = np.asarray(actor_state["center"]) + np.asarray(actor_state["scale"])
+    actor: nn.Module
+    module: nn.Module
     with nets.private_rng():
         if prefix == "trunk":
             actor = nets.TanhGaussianActor(obs_dim, out_dim // 2, hidden, low, high)

@@ -105,6 +105,7 @@ def check_env_spaces(rows: dict, env_id: str, where: str) -> None:
         return
     if tuple(act.shape[1:]) != tuple(spec.action_shape):
         raise ValueError(f"{where}: actions have shape {tuple(act.shape[1:])}, {env_id} expects {spec.action_shape}")
+    assert spec.action_low is not None and spec.action_high is not None  # a continuous spec has its bounds
     low, high = spec.action_low - 1e-6, spec.action_high + 1e-6
     bad = (act < low) | (act > high)
     if bad.any():

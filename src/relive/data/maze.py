@@ -16,7 +16,7 @@ import numpy as np
 
 def shortest_path(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int]) -> list[tuple[int, int]]:
     """Cells from start to goal (inclusive) over free cells (4-connected), or [start] if unreachable."""
-    prev = {start: None}
+    prev: dict[tuple[int, int], tuple[int, int] | None] = {start: None}
     queue = deque([start])
     while queue:
         cell = queue.popleft()
@@ -29,10 +29,11 @@ def shortest_path(free: np.ndarray, start: tuple[int, int], goal: tuple[int, int
                 queue.append(nxt)
     if goal not in prev:
         return [start]
-    path, cell = [], goal
-    while cell is not None:
-        path.append(cell)
-        cell = prev[cell]
+    path: list[tuple[int, int]] = []
+    step: tuple[int, int] | None = goal
+    while step is not None:
+        path.append(step)
+        step = prev[step]
     return path[::-1]
 
 
@@ -44,8 +45,10 @@ def waypoint_policy(env, rng: np.random.Generator, noise: float = 0.3, kp: float
     def act(obs: np.ndarray) -> np.ndarray:
         o = obs[0]
         goal, pos, vel = o[2:4], o[4:6], o[6:8]
-        cur = tuple(int(x) for x in maze.cell_xy_to_rowcol(pos))
-        tgt = tuple(int(x) for x in maze.cell_xy_to_rowcol(goal))
+        row, col = maze.cell_xy_to_rowcol(pos)
+        cur = (int(row), int(col))
+        row, col = maze.cell_xy_to_rowcol(goal)
+        tgt = (int(row), int(col))
         path = shortest_path(free, cur, tgt)
         way = goal if len(path) <= 2 else np.asarray(maze.cell_rowcol_to_xy(np.array(path[1])), dtype=np.float64)
         a = kp * (way - pos) - kd * vel + noise * rng.normal(size=2)

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -190,18 +191,19 @@ def write_task_references(root: str | Path, dataset_id: str, refs: dict) -> Path
 def _read_episodes(ds, dataset_id: str, flatten: bool = True) -> tuple[dict, dict]:
     """Columns and metadata of an opened Minari dataset (read_minari names the file on any error)."""
     flat_keys = _flat_keys(ds.spec.observation_space, dataset_id)
-    keep_dict = flat_keys is not None and not flatten
-    cols = {c: [] for c in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
+    dict_keys = flat_keys if not flatten else None  # the keys of observations kept as dicts
+    keep_dict = dict_keys is not None
+    cols: dict[str, list[Any]] = {c: [] for c in ("obs", "action", "reward", "next_obs", "terminated", "truncated")}
     for ep in ds.iterate_episodes():
-        if keep_dict:
+        if dict_keys is not None:
             _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)  # the same checks of keys and lengths
-            obs = {k: np.asarray(ep.observations[k]) for k in flat_keys}
+            obs = {k: np.asarray(ep.observations[k]) for k in dict_keys}
             cols["obs"].append({k: v[:-1] for k, v in obs.items()})
             cols["next_obs"].append({k: v[1:] for k, v in obs.items()})
         else:
-            obs = _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)
-            cols["obs"].append(obs[:-1])
-            cols["next_obs"].append(obs[1:])
+            flat = _flatten_obs(ep.observations, flat_keys, dataset_id, ep.id)
+            cols["obs"].append(flat[:-1])
+            cols["next_obs"].append(flat[1:])
         cols["action"].append(np.asarray(ep.actions))
         cols["reward"].append(np.asarray(ep.rewards, np.float32))
         cols["terminated"].append(np.asarray(ep.terminations, bool))
@@ -209,7 +211,7 @@ def _read_episodes(ds, dataset_id: str, flatten: bool = True) -> tuple[dict, dic
         if not (trunc[-1] or ep.terminations[-1]):
             trunc[-1] = True  # an episode cut without a flag ends there (bootstrap, no terminal)
         cols["truncated"].append(trunc)
-    rows = {k: ({key: np.concatenate([d[key] for d in v]) for key in flat_keys} if keep_dict and k in
+    rows = {k: ({key: np.concatenate([d[key] for d in v]) for key in dict_keys} if dict_keys is not None and k in
                 ("obs", "next_obs") else np.concatenate(v)) for k, v in cols.items()}
     spec = ds.spec
     stored = ds.storage.metadata

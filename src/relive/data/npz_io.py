@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,8 @@ def save_dataset(path: str | Path, rows: dict, **meta) -> Path:
     """A dataset as one .npz of columns (no pickle); ``meta`` values are stored as 0-d arrays."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **rows, **{f"meta_{k}": np.asarray(v) for k, v in meta.items()})
+    meta_arrays: dict[str, Any] = {f"meta_{k}": np.asarray(v) for k, v in meta.items()}  # (not savez's flags)
+    np.savez(path, **rows, **meta_arrays)
     return path
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -158,7 +159,7 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
             if hwc.ndim != 4 or hwc.shape[-1] != 3 or hwc.dtype != np.uint8:
                 raise ValueError(f"{cfg.env.id}: rendered frames of shape {hwc.shape} {hwc.dtype}, not RGB images")
             replace_file(Path(video) / f"episode_{i}.mp4",  # (a symbolic link there: replaced, not written through)
-                         lambda tmp, hwc=hwc: write_video(tmp, hwc.transpose(0, 3, 1, 2), fps))
+                         _video_writer(hwc, fps))
     env.close()
     out = {"run_dir": str(run_dir), "agent": source, "env": cfg.env.id, "episodes": episodes, "seed": seed,
            "returns": returns.tolist(), "return_mean": float(returns.mean()), "return_std": float(returns.std()),
@@ -168,6 +169,11 @@ def evaluate_run(run_dir: Path, episodes: int, seed: int, checkpoint: bool = Fal
     elif cfg.env.success_return is not None:
         out["success_rate"] = float(np.mean(returns >= cfg.env.success_return))
     return out
+
+
+def _video_writer(hwc: np.ndarray, fps: int) -> Callable[[Path], object]:
+    """``write(tmp)`` for :func:`~relive.files.replace_file`: frames ``[T, H, W, 3]`` as an mp4 at ``fps``."""
+    return lambda tmp: write_video(tmp, hwc.transpose(0, 3, 1, 2), fps)
 
 
 def _eval(args: argparse.Namespace) -> int:

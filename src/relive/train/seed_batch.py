@@ -18,6 +18,7 @@ stopped single run leaves them).
 from __future__ import annotations
 
 import threading
+from typing import Protocol
 
 from relive.registry import AGENTS, agent_entry, load_builtins
 
@@ -27,6 +28,14 @@ def batchable_agents() -> list[str]:
     configuration (``seed_batcher(agents)``) whose ``update(batches)`` updates them as one (DDQN's BatchedDDQN)."""
     load_builtins()
     return sorted(name for name, entry in AGENTS.items() if getattr(entry.target, "seed_batcher", None))
+
+
+class _SeedBatcher(Protocol):
+    """What the coordinator asks of ``seed_batcher(agents)`` (DDQN's BatchedDDQN)."""
+
+    def update(self, batches: list) -> list: ...
+    def sync(self, weights_only: bool = False) -> None: ...
+    def drop(self, index: int) -> object: ...
 
 
 class _Coordinator:
@@ -39,7 +48,7 @@ class _Coordinator:
         self.live = set(range(n))
         self.pending: dict[int, object] = {}
         self.results: dict[int, object] = {}
-        self.batched = None  # the seed_batcher over the live seeds, built at the first complete round
+        self.batched: _SeedBatcher | None = None  # seed_batcher(live seeds' agents), built at the first complete round
         self.order: list[int] = []  # seed index of each position of self.batched
         self.stale_weights: set[int] = set()  # seeds whose single agent's Q-network lags the batched weights
         self.stale_all: set[int] = set()  # ... whose target network / Adam state / counters lag
