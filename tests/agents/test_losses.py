@@ -184,6 +184,21 @@ def test_xavier_init_scheme():
     assert torch.all(layer.bias == 0) and layer.weight.abs().max() <= bound and layer.weight.abs().max() > 0.9 * bound
 
 
+@pytest.mark.parametrize("scheme", ["torch", "xavier"])
+def test_init_takes_layers_without_a_bias(scheme):
+    # (found by mypy, issue 48: a bias-free Linear / Conv2d raised AttributeError on its None bias)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, bias=False), torch.nn.Flatten(), torch.nn.Linear(4, 2),
+                              torch.nn.Linear(2, 5, bias=False))
+    nets.init_(net, torch.Generator().manual_seed(0), scheme)
+    bound = 1.0 / math.sqrt(2) if scheme == "torch" else math.sqrt(6.0 / (2 + 5))
+    assert net[3].bias is None and 0 < net[3].weight.abs().max() <= bound
+    with_bias = torch.nn.Linear(2, 5)  # a layer with a bias draws the same weights as before
+    nets.init_(with_bias, torch.Generator().manual_seed(0), scheme)
+    free = torch.nn.Linear(2, 5, bias=False)
+    nets.init_(free, torch.Generator().manual_seed(0), scheme)
+    torch.testing.assert_close(free.weight, with_bias.weight)
+
+
 # -- Double DQN ---------------------------------------------------------------------------------------
 def test_ddqn_selects_with_the_online_net_and_evaluates_with_the_target_net():
     agent = make("ddqn")

@@ -268,10 +268,13 @@ def init_(module: nn.Module, generator: torch.Generator, scheme: str = "torch") 
     ``"torch"``: PyTorch's ``nn.Linear`` default, weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (what
     CleanRL and Stable-Baselines3 use). ``"xavier"``: Xavier-uniform weights, zero biases (RLPD's reference
     code). Ensemble layers are initialized member by member with the same rule; convolutions (image encoders)
-    with the same rule over their fan-in (in_channels x kernel area).
+    with the same rule over their fan-in (in_channels x kernel area). A layer made with ``bias=False`` has its
+    weight initialized only.
     """
     if scheme not in INIT_SCHEMES:
         raise ValueError(f"init scheme must be one of {INIT_SCHEMES}, got {scheme!r}")
+    weight: torch.Tensor
+    bias: torch.Tensor | None
     with torch.no_grad():
         for m in module.modules():
             if isinstance(m, nn.Linear):
@@ -286,11 +289,13 @@ def init_(module: nn.Module, generator: torch.Generator, scheme: str = "torch") 
             if scheme == "torch":
                 bound = 1.0 / math.sqrt(fan_in)
                 weight.uniform_(-bound, bound, generator=generator)
-                bias.uniform_(-bound, bound, generator=generator)
+                if bias is not None:
+                    bias.uniform_(-bound, bound, generator=generator)
             else:
                 bound = math.sqrt(6.0 / (fan_in + fan_out))
                 weight.uniform_(-bound, bound, generator=generator)
-                bias.zero_()
+                if bias is not None:
+                    bias.zero_()
     return module
 
 
