@@ -12,6 +12,7 @@ import math
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from relive.replay.returns import MAX_N_STEP
+from relive.types import Batch
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC / RLPD clipping of the state-dependent log-std
 INIT_SCHEMES = ("torch", "xavier")
@@ -131,6 +133,7 @@ class _EnsembleLayerNorm(torch.autograd.Function):
         grad_b = torch.empty_like(bias) if mask[2] else None
         for i in range(x.shape[0]):
             if all(mask):  # written in place
+                assert grad_x is not None and grad_w is not None and grad_b is not None  # (every mask entry set)
                 torch.ops.aten.native_layer_norm_backward.out(grad[i], x[i], [d], mean[i], rstd[i], weight[i, 0],
                                                               bias[i, 0], mask, out0=grad_x[i], out1=grad_w[i, 0],
                                                               out2=grad_b[i, 0])
@@ -195,6 +198,9 @@ class TanhGaussianActor(nn.Module):
     """pi(a|s): a = center + scale * tanh(u), u ~ N(mu(s), sigma(s)^2) with a state-dependent, clipped
     log-std (SAC, Haarnoja et al. 2018, arXiv 1812.05905, App. C)."""
 
+    scale: torch.Tensor  # the action box (buffers registered in __init__)
+    center: torch.Tensor
+
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__()
         low, high = action_box(action_low, action_high, action_dim)
@@ -213,7 +219,8 @@ class TanhGaussianActor(nn.Module):
     def sample(self, obs: torch.Tensor, generator: torch.Generator | None = None,
                deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Reparameterized action in the env's box and its log-density log pi(a|s), summed over dims."""
-        return self.sample_from(*self(obs), generator, deterministic)
+        mean, log_std = self(obs)
+        return self.sample_from(mean, log_std, generator, deterministic)
 
     def sample_from(self, mean: torch.Tensor, log_std: torch.Tensor, generator: torch.Generator | None = None,
                     deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +237,8 @@ class TanhGaussianActor(nn.Module):
 
     def log_prob(self, obs: torch.Tensor, action: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
         """log pi(a|s) of given (stored) actions, per dimension: [B, A] (tanh-squash corrected)."""
-        return self.log_prob_from(*self(obs), action, eps)
+        mean, log_std = self(obs)
+        return self.log_prob_from(mean, log_std, action, eps)
 
     def log_prob_from(self, mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor,
                       eps: float = 1e-6) -> torch.Tensor:
@@ -408,6 +416,13 @@ def signals_out(batch, **signals) -> dict:
     return {k: (v.detach() if on_device else v.detach().cpu().numpy()) for k, v in signals.items() if v is not None}
 
 
+def is_weight_of(batch: Batch) -> torch.Tensor:
+    """``batch.info.is_weight`` of a batch moved to torch (``Batch.to_torch`` makes it a float32 tensor)."""
+    w = batch.info.is_weight
+    assert isinstance(w, torch.Tensor), "the importance weights of a batch moved to torch are a tensor"
+    return w
+
+
 def weighted_mean(per_sample: torch.Tensor, is_weight: torch.Tensor) -> torch.Tensor:
     """mean_i w_i l_i: every per-sample loss is multiplied by its importance-sampling weight (PER Alg. 1
     l.12); rows with weight 0 contribute nothing, not even through the normalization."""
@@ -496,13 +511,13 @@ def load_generator_state(gen: torch.Generator, state) -> None:
     gen.set_state(torch.as_tensor(saved))
 
 
-def concat_keys(obs: Mapping) -> np.ndarray:
+def concat_keys(obs: Mapping) -> np.ndarray | torch.Tensor:
     """[N, D] float32: the keys of a dict observation ([N, ...] each), each flattened, concatenated in sorted key
     order (torch tensors -- a batch from a device buffer -- are concatenated on their device)."""
     if not obs:
         raise ValueError("a dict observation needs at least one key")
     on_device = all(torch.is_tensor(v) for v in obs.values())  # a device batch: concatenated where it is
-    parts = [obs[k] if on_device else np.asarray(obs[k]) for k in sorted(obs)]
+    parts: list[Any] = [obs[k] if on_device else np.asarray(obs[k]) for k in sorted(obs)]  # tensors or arrays
     n = parts[0].shape[0] if parts[0].ndim else 1
     for k, p in zip(sorted(obs), parts, strict=True):
         if (p.shape[0] if p.ndim else 1) != n:

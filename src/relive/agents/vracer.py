@@ -191,6 +191,11 @@ def retrace_targets(reward: np.ndarray, terminated: np.ndarray, v_next: np.ndarr
 class VRACERNet(nn.Module):
     """One MLP s -> (V(s), mean(s), std(s)): [B], [B, A], [B, A], mean and std in the env's action units."""
 
+    low: torch.Tensor  # the action box (buffers registered in __init__)
+    high: torch.Tensor
+    scale: torch.Tensor
+    center: torch.Tensor
+
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], activation: str, action_low,
                  action_high, init_std: float, min_std: float):
         super().__init__()
@@ -427,7 +432,7 @@ class VRACER:
             raise ValueError(f"batch row {row} (slot {int(batch.info.indices[row])}): the behaviour std mu_std must "
                              f"be > 0, got {b.mu_std[row].tolist()} (a row stored without a behaviour record?)")
         c_max, beta, covered = self.refer_view(b)
-        w = b.info.is_weight
+        w = nets.is_weight_of(b)
         v, mean, std = self.net(b.obs)  # 1.
         task, kl, d = self.losses(b, v, mean, std, c_max, covered)  # 2.-4.
         loss = beta * nets.weighted_mean(task, w) + (1.0 - beta) * nets.weighted_mean(kl, w)  # 5. Eq. 10

@@ -155,6 +155,7 @@ def _remote_job(specs: list[RunSpec], root: str, storage: str, archives: dict | 
                           "otherwise")
         work = Path(root)
     else:
+        assert archives is not None  # gather: the head sends each run's directory packed
         work = Path(tempfile.mkdtemp(prefix="relive-ray-"))
         for s in specs:
             _unpack(archives[s.key], run_dir_of(work, s))

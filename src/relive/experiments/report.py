@@ -247,7 +247,7 @@ def _group(grid: Grid, data: list[RunData], reps: int) -> _Grouped:
     by = defaultdict(list)
     for r in data:
         by[(r.label, r.task)].append(r)
-    final = defaultdict(dict)
+    final: defaultdict[str, dict[str, np.ndarray]] = defaultdict(dict)
     for (label, task), runs in by.items():
         final[label][task] = np.array([r.scores[-1] for r in runs])
     fractions = np.concatenate([r.curves[FRACTION_KEY] for r in data if FRACTION_KEY in r.curves] or [[]])

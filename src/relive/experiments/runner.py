@@ -21,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +131,9 @@ def execute_job(specs: list[RunSpec], root: Path, threads_per_run: int, timeout:
     task retried after its node died can arrive before the dead try's training is gone, or before a network file
     system releases its lock). ``die_with_parent``: the training is killed when this process dies (Linux),
     so that a Ray worker killed with its node leaves no training running on alone."""
+    held: list[RunSpec]
+    claims: list[DirectoryLock]
+    outcomes: list[RunOutcome]
     if claimed:
         held, claims, outcomes = [], [], []
         for spec in specs:
@@ -248,8 +251,9 @@ def run_grid(grid: Grid, root: str | Path, workers: int | None = None, threads_p
         task = bar.add_task(f"{grid.name}: {len(todo)} runs ({len(specs) - len(todo)} already done)",
                             total=len(todo))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            futures = [pool.submit(execute, job[0], root, threads_per_run, timeout) if len(job) == 1 else
-                       pool.submit(execute_batch, job, root, threads_per_run, timeout) for job in jobs]
+            futures: list[Future[RunOutcome | list[RunOutcome]]] = [
+                pool.submit(execute, job[0], root, threads_per_run, timeout) if len(job) == 1 else
+                pool.submit(execute_batch, job, root, threads_per_run, timeout) for job in jobs]
             for fut in as_completed(futures):
                 result = fut.result()
                 for out in result if isinstance(result, list) else [result]:
@@ -270,7 +274,8 @@ def seed_batches(todo: list[RunSpec], root: Path, seed_batch: int) -> list[list[
     if presets:
         raise ValueError(f"--seed-batch {seed_batch}: seeds batched in one process support the presets "
                          f"{batchable}; this grid's unfinished runs use {presets} (run it without --seed-batch)")
-    jobs, groups = [], {}
+    jobs: list[list[RunSpec]] = []
+    groups: dict[tuple, list[RunSpec]] = {}
     for s in todo:
         if (run_dir_of(root, s) / "config.json").exists():
             jobs.append([s])  # started: resumed on its own from its checkpoint

@@ -122,7 +122,7 @@ class ReliveTensorDictReplayBuffer:
         self._draws: deque = deque(maxlen=DRAWS_KEPT)
         if rows is not None:
             self._create(rows, num_offline=len(rows["reward"]))
-            self._relive.add_offline(rows)  # type: ignore[union-attr]
+            self.relive.add_offline(rows)
 
     @staticmethod
     def _offline_mapping(rows: Mapping) -> dict:

@@ -58,7 +58,7 @@ class EpisodeIndex:
     def __init__(self, demo_capacity: int = 0) -> None:
         self.demo_capacity = int(demo_capacity)
         self._id_base = -1  # first online id, fixed by the first online row (-1 before)
-        self._rec = {name: np.zeros(64, dtype=dt) for name, dt in _FIELDS}
+        self._rec: dict[str, np.ndarray] = {name: np.zeros(64, dtype=dt) for name, dt in _FIELDS}
         self._num_records = 0  # records held (offline + online, dead online ones before compaction too)
         self._shift = 0  # online ids removed from the table by compaction
         self.num_offline_episodes = 0
@@ -119,7 +119,7 @@ class EpisodeIndex:
         self._open[ONLINE] = open_id
 
     # -- id <-> record row -----------------------------------------------------------------------------
-    def _rows(self, ids: np.ndarray) -> np.ndarray:
+    def _rows(self, ids: np.ndarray | int) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
         return np.where(ids < self.id_base, ids, ids - self._shift)
 
