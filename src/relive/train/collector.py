@@ -12,10 +12,20 @@ already returns the next episode's first observation, and the stored ``next_obs`
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Protocol
+
 import numpy as np
 
 from relive.envs import EnvSpec, env_spec, make_env, num_obs, one_row, random_actions, stack_obs
 from relive.types import unpack_acted
+
+
+class _ColumnSource(Protocol):
+    """What ``Collector._columns`` reads (a Collector's or a VectorCollector's)."""
+
+    spec: EnvSpec
+    record_columns: tuple
 
 
 class Collector:
@@ -70,7 +80,7 @@ class Collector:
         """Run ``n`` env steps with ``policy``; return the stored rows (core columns + records), which may be
         fewer than ``n``."""
         names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-        rows = {k: [] for k in names}
+        rows: dict[str, list] = {k: [] for k in names}
         records: list[dict] = []
         for _ in range(n):
             if self.needs_reset:
@@ -82,7 +92,7 @@ class Collector:
                 if self.intervener is not None:
                     self.intervener.on_episode_start()
             action, record, store = unpack_acted(policy(one_row(self.obs)))
-            action, store = action[0], bool(store[0])
+            action, stored = action[0], bool(store[0])
             if self.intervener is not None:  # the agent proposes, the intervener may take over
                 proposed = action
                 taken, action = self.intervener(self.obs, proposed)
@@ -90,7 +100,7 @@ class Collector:
                 self.episode_interventions += int(taken)
                 self.num_intervened_steps += int(taken)
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
-            if store:
+            if stored:
                 for k, v in zip(names, (self.obs, action, reward, next_obs, terminated, truncated), strict=True):
                     rows[k].append(v)
                 records.append({k: np.asarray(v)[0] for k, v in record.items()})
@@ -114,7 +124,7 @@ class Collector:
                 self.obs = next_obs
         return self._columns(rows, records)
 
-    def _columns(self, rows: dict, records: list[dict]) -> dict:
+    def _columns(self: _ColumnSource, rows: dict, records: list[dict]) -> dict:  # (VectorCollector's too)
         m = len(records)
         spec = self.spec
         act_shape = tuple(spec.action_shape)
@@ -205,13 +215,13 @@ class VectorCollector:
         N = self.num_envs
         steps = -(-int(n) // N)
         names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-        rows = [{k: [] for k in names} for _ in range(N)]
+        rows: list[dict[str, list]] = [{k: [] for k in names} for _ in range(N)]
         records: list[list[dict]] = [[] for _ in range(N)]
         for _ in range(steps):
             if self.on_episode_start:
-                for i in np.flatnonzero(self.episode_length == 0):
+                for j in np.flatnonzero(self.episode_length == 0):
                     for fn in self.on_episode_start:
-                        fn(int(i))
+                        fn(int(j))
             action, record, store = unpack_acted(policy(self.obs))
             store = np.asarray(store, bool).reshape(N)
             next_obs, reward, terminated, truncated, info = self.envs.step(action)
@@ -219,8 +229,8 @@ class VectorCollector:
             true_next = next_obs
             if done.any():  # SAME_STEP autoreset: next_obs holds the new episodes' first observations
                 true_next = _copy_obs(next_obs)
-                for i in np.flatnonzero(done):
-                    _set_row(true_next, i, info["final_obs"][i])
+                for j in np.flatnonzero(done):
+                    _set_row(true_next, j, info["final_obs"][j])
             for i in range(N):
                 if store[i]:
                     r = rows[i]
@@ -239,9 +249,9 @@ class VectorCollector:
                     self.num_unstored_steps += 1
             self.episode_return += np.asarray(reward, np.float64)
             self.episode_length += 1
-            for i in np.flatnonzero(done):
-                self.finished_returns.append(float(self.episode_return[i]))
-                self.episode_return[i], self.episode_length[i], self.stored_in_episode[i] = 0.0, 0, False
+            for j in np.flatnonzero(done):
+                self.finished_returns.append(float(self.episode_return[j]))
+                self.episode_return[j], self.episode_length[j], self.stored_in_episode[j] = 0.0, 0, False
             self.obs = next_obs
         return [(i, Collector._columns(self, rows[i], records[i])) for i in range(N)], steps * N
 
@@ -278,7 +288,7 @@ def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_epi
     rng = np.random.default_rng(seed)
     collector = Collector(env, spec, seed)
     act = policy if policy is not None else (lambda obs: random_actions(spec, num_obs(obs), rng))
-    chunks = [min(10_000, num_steps - i) for i in range(0, num_steps, 10_000)]
+    chunks: Iterable[int] = [min(10_000, num_steps - i) for i in range(0, num_steps, 10_000)]
     if progress:
         from rich.progress import track  # (only when a progress bar is shown)
 
@@ -299,7 +309,7 @@ def _copy_obs(obs):
     return {k: np.array(v, copy=True) for k, v in obs.items()} if isinstance(obs, dict) else np.array(obs, copy=True)
 
 
-def _set_row(obs, i: int, value) -> None:
+def _set_row(obs, i: int | np.integer, value) -> None:
     if isinstance(obs, dict):
         for k in obs:
             obs[k][i] = value[k]

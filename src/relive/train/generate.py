@@ -25,8 +25,10 @@ from __future__ import annotations
 import csv
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, overload
 
 import numpy as np
 
@@ -126,7 +128,11 @@ def random_dataset(env_id: str, num_steps: int, seed: int, progress: str | None 
     return collect_dataset(env_id, num_steps, seed=seed, progress=progress)
 
 
-def _cached_reference(path: Path, key: str, compute=None) -> float | None:
+@overload
+def _cached_reference(path: Path, key: str, compute: Callable[[], float]) -> float: ...
+@overload
+def _cached_reference(path: Path, key: str, compute: None = None) -> float | None: ...
+def _cached_reference(path: Path, key: str, compute: Callable[[], float] | None = None) -> float | None:
     """A reference return stored under ``key`` in the JSON file ``path``; computed and stored on a miss
     (or None on a miss without ``compute``)."""
     cache = json.loads(path.read_text()) if path.is_file() else {}
@@ -220,7 +226,11 @@ def make_dataset(task: str, level: str, *, steps: int | None = None, seed: int =
     random_rows = random_dataset(env_id, steps, seed, progress=label) if level == "random" else None
     ref_min = _cached_reference(task_refs, f"random/seed{seed}-steps{steps}", lambda: _episode_returns(
         random_rows if random_rows is not None else random_dataset(env_id, steps, seed, progress=label)).mean())
+    rows: dict
+    ref_max: float | None
+    extra: dict
     if level == "random":
+        assert random_rows is not None  # (made above for this level)
         # never records R_expert (it would depend on whether the expert was made first): readers take it from
         # the task's references.json, which the levels that know R_expert write (read_minari)
         rows, ref_max, extra = random_rows, None, {}
@@ -332,7 +342,7 @@ def _policy_level(req: _Request, ref_min: float) -> tuple[dict, float, dict]:
 
 def _concat_rows(parts: list[dict]) -> dict:
     """Row dicts one after the other."""
-    out = {}
+    out: dict[str, Any] = {}
     for k, first in parts[0].items():
         if isinstance(first, dict):  # dict observations: key by key
             out[k] = {o: np.concatenate([p[k][o] for p in parts]) for o in first}

@@ -45,6 +45,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import torch
@@ -82,7 +84,7 @@ def acting_state(agent) -> dict:
     (an exploration schedule that counts the env steps acted for, e.g. DDQN's epsilon)."""
     names = getattr(agent, "acting_modules", None) or [k for k, v in vars(agent).items()
                                                        if isinstance(v, torch.nn.Module)]
-    state = {"modules": {name: nets.module_state(getattr(agent, name)) for name in names}}
+    state: dict[str, Any] = {"modules": {name: nets.module_state(getattr(agent, name)) for name in names}}
     clock = getattr(agent, "acting_clock", None)
     if clock:
         state["clock"] = int(getattr(agent, clock))
@@ -134,7 +136,7 @@ class CollectorWorker:
         cfg = config_from_dict(cfg_dict)
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device="cpu"))
         agent_seed, env_seed, random_seed = np.random.SeedSequence([int(seed), int(index), int(incarnation)]).spawn(3)
-        goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts kept, as the learner's buffer stores them
+        goal: dict[str, Any] = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts kept, as the buffer stores them
         one = make_env(cfg.env.id, cfg.env.max_episode_steps, **goal)
         self.spec = env_spec(one)
         n = cfg.env.num_envs
@@ -210,7 +212,7 @@ class RayCollectors:
         self.log_lines = 0  # lines of chunks.jsonl (a checkpoint records how many belong to it)
         self.resumed = False
         self.started_ray = False
-        self.ray = None
+        self.ray: ModuleType | None = None  # the ray module, once connect() has run
         self.on_episode_start: list = []  # (the collectors run the agent's episode-start hooks themselves)
 
     # -- Ray ----------------------------------------------------------------------------------------------
@@ -227,6 +229,10 @@ class RayCollectors:
                 raise ValueError(f"cannot start or join Ray (collectors.ray_address = {self.address!r}): {e}") from None
             self.started_ray = True
         self.worker_cls = ray.remote(num_cpus=1, max_restarts=0)(CollectorWorker)
+
+    def _ray(self) -> ModuleType:
+        assert self.ray is not None, "connect() first"
+        return self.ray
 
     def close(self) -> None:
         if self.ray is None:
@@ -247,7 +253,7 @@ class RayCollectors:
     # -- requests and chunks ---------------------------------------------------------------------------------
     def publish(self, agent, version: int) -> None:
         """``ray.put`` the acting weights once; collectors pull them with their next request."""
-        self.weights, self.version = self.ray.put(acting_state(agent)), int(version)
+        self.weights, self.version = self._ray().put(acting_state(agent)), int(version)
 
     @property
     def in_flight_env_steps(self) -> int:
@@ -283,14 +289,14 @@ class RayCollectors:
         if not self.in_flight:
             return
         refs = list(self.in_flight)
-        ready, _ = self.ray.wait(refs, num_returns=1, timeout=None if block else 0)
+        ready, _ = self._ray().wait(refs, num_returns=1, timeout=None if block else 0)
         if ready:
-            ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
+            ready, _ = self._ray().wait(refs, num_returns=len(refs), timeout=0)
         for ref in ready:
             c, _ = self.in_flight.pop(ref)
             try:
-                chunk = self.ray.get(ref)
-            except self.ray.exceptions.RayActorError as e:
+                chunk = self._ray().get(ref)
+            except self._ray().exceptions.RayActorError as e:
                 self._restart(c, e)
                 yield "lost", c
                 continue
@@ -310,7 +316,7 @@ class RayCollectors:
             raise RuntimeError(f"collector {c} died {int(self.failures[c])} times without delivering a chunk: "
                                f"{error}") from None
         if self.actors[c] is not None:
-            self.ray.kill(self.actors[c], no_restart=True)
+            self._ray().kill(self.actors[c], no_restart=True)
         self.actors[c] = None  # a new actor, with the next incarnation's seeds, at the next request
         self.incarnation[c] += 1
         self.num_restarts += 1
