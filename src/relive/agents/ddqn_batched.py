@@ -25,6 +25,8 @@ ordinary single-seed format.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -75,7 +77,7 @@ class BatchedDDQN:
 
     # -- networks --------------------------------------------------------------------------------------
     @staticmethod
-    def forward(params: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def forward(params: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Q-values [S, B, A] of observations [S, B, obs_dim]: Linear -> ReLU per hidden layer, linear head."""
         n = len(params) // 2
         for i in range(n):
@@ -106,7 +108,7 @@ class BatchedDDQN:
         obs, next_obs = torch.stack([b.obs for b in bs]), torch.stack([b.next_obs for b in bs])
         reward, terminated = torch.stack([b.reward for b in bs]), torch.stack([b.terminated for b in bs])
         action = torch.stack([b.action.long() for b in bs])
-        weight = torch.stack([b.info.is_weight for b in bs])
+        weight = torch.stack([nets.is_weight_of(b) for b in bs])
         discounts = [nets.td_discount(b, self.cfg.n_step, "DDQN") for b in bs]
         discount = (self.cfg.gamma * (1.0 - terminated) if discounts[0] is None else torch.stack(discounts))
         # 1. Double DQN target (Eq. 4): the online nets select a', the target nets evaluate it
@@ -121,10 +123,11 @@ class BatchedDDQN:
         per_seed.sum().backward()
         if self.cfg.max_grad_norm is not None:  # each seed's own norm (clip_grad_norm_ per network)
             with torch.no_grad():
-                sq = sum(p.grad.reshape(self.num_seeds, -1).pow(2).sum(dim=1) for p in self.params)
+                sq = sum(_grad(p).reshape(self.num_seeds, -1).pow(2).sum(dim=1) for p in self.params)
+                assert isinstance(sq, torch.Tensor)  # (a sum over the non-empty parameter list)
                 coef = (self.cfg.max_grad_norm / (sq.sqrt() + 1e-6)).clamp(max=1.0)
                 for p in self.params:
-                    p.grad.mul_(coef.view(-1, *([1] * (p.dim() - 1))))
+                    _grad(p).mul_(coef.view(-1, *([1] * (p.dim() - 1))))
         if not (isinstance(self.opt, nets.LeanAdam) and self.opt.fused_step()):
             self.opt.step()
         self.num_updates += 1
@@ -198,3 +201,8 @@ class BatchedDDQN:
             self.opt.state[p] = {"step": states[0][k]["step"].clone(),
                                  "exp_avg": torch.stack([s[k]["exp_avg"] for s in states]).to(self.device),
                                  "exp_avg_sq": torch.stack([s[k]["exp_avg_sq"] for s in states]).to(self.device)}
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    assert p.grad is not None  # every parameter is in the loss: backward gave it a gradient
+    return p.grad

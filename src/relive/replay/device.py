@@ -30,7 +30,7 @@ host).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -41,13 +41,16 @@ from relive.replay.samplers.per import PrioritizedSampler
 from relive.replay.samplers.uniform import UniformSampler
 from relive.replay.torch_column import TorchColumn, torch_dtype
 
+if TYPE_CHECKING:
+    from relive.replay.storage_view import StorageView
+
 ARITY = 8
 
 
 class DeviceDraw(NamedTuple):
-    indices: object  # int64 tensor [B] on the device
-    probability: object  # float64 tensor [B]
-    is_weight: object  # float32 tensor [B]
+    indices: torch.Tensor  # int64 tensor [B] on the device
+    probability: torch.Tensor  # float64 tensor [B]
+    is_weight: torch.Tensor  # float32 tensor [B]
 
 
 # -- the tree -------------------------------------------------------------------------------------------------
@@ -170,6 +173,13 @@ class DeviceSamplerMixin:
     """What a device sampler adds to its host class: ``sample_device`` / ``update_device`` on tensors (the host
     ``sample`` is refused: its draws would be NumPy arrays the device batch cannot use)."""
 
+    if TYPE_CHECKING:  # what it reads of the host sampler class it is mixed into (and of the device class)
+        storage: StorageView
+
+        def num_rows(self) -> int: ...
+        def _domain_name(self) -> str: ...
+        def _draw_device(self, batch_size: int, gen) -> DeviceDraw: ...
+
     def sample_device(self, batch_size: int, gen) -> DeviceDraw:
         if self.num_rows() == 0:
             raise ValueError(f"cannot sample: no {self._domain_name()} rows stored yet")
@@ -225,7 +235,7 @@ class DevicePrioritizedSampler(DeviceSamplerMixin, PrioritizedSampler):
         Sampler.bind(self, storage, source)
         cls = TorchScanLeaves if self.layout == "scan" else TorchSumTree
         self.tree = cls(storage.capacity, storage.device)
-        self.sum_tree = None  # (the host tree: not used)
+        self.sum_tree = None  # type: ignore[assignment]  # (the host tree: not used on the device, so not kept)
 
     def on_insert(self, slots: np.ndarray) -> None:
         leaves = self.tree.leaves
@@ -291,8 +301,10 @@ class DeviceMixtureSampler(DeviceSamplerMixin, MixtureSampler):
 
     def update_device(self, slots, signals: dict, keep) -> None:
         online = slots >= self.storage.num_offline
-        self.offline.update_device(slots, signals, keep & ~online)
-        self.online.update_device(slots, signals, keep & online)
+        offline_part, online_part = self.offline, self.online
+        assert isinstance(offline_part, DeviceSamplerMixin) and isinstance(online_part, DeviceSamplerMixin)  # (twins)
+        offline_part.update_device(slots, signals, keep & ~online)
+        online_part.update_device(slots, signals, keep & online)
 
 
 DEVICE_SAMPLERS = (DeviceUniformSampler, DevicePrioritizedSampler, DeviceMixtureSampler)
