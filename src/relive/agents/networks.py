@@ -12,7 +12,7 @@ import math
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +21,8 @@ from torch import nn
 
 from relive.replay.returns import MAX_N_STEP
 from relive.types import Batch
+
+_ModuleT = TypeVar("_ModuleT", bound=nn.Module)
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # SAC / RLPD clipping of the state-dependent log-std
 INIT_SCHEMES = ("torch", "xavier")
@@ -270,7 +272,7 @@ def private_rng() -> Iterator[None]:
         yield
 
 
-def init_(module: nn.Module, generator: torch.Generator, scheme: str = "torch") -> nn.Module:
+def init_(module: _ModuleT, generator: torch.Generator, scheme: str = "torch") -> _ModuleT:
     """(Re-)initialize every linear layer of ``module`` from ``generator``.
 
     ``"torch"``: PyTorch's ``nn.Linear`` default, weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (what

@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,8 +145,8 @@ class SACConfig:
         -|A|/2, one actor/temperature step per env step (``actor_per_env_step``: on the last of the env step's
         ``schedule.utd_ratio`` critic steps, as rlpd's ``update(batch, utd_ratio)``). For antmaze/adroit the reference
         commands also set ``backup_entropy=False`` (and antmaze ``num_min_qs=1``, hidden (256, 256, 256))."""
-        base = dict(num_qs=10, num_min_qs=2, critic_layer_norm=True, actor_q_reduce="mean", init="xavier",
-                    actor_per_env_step=True, target_entropy_scale=0.5)
+        base: dict[str, Any] = dict(num_qs=10, num_min_qs=2, critic_layer_norm=True, actor_q_reduce="mean",
+                                    init="xavier", actor_per_env_step=True, target_entropy_scale=0.5)
         return replace(cls(**base), **overrides)
 
     def to_dict(self) -> dict:
@@ -157,6 +158,8 @@ class SAC:
     """SAC / RLPD agent (see the module docstring for the update and its equations)."""
 
     acting_modules = ("actor",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
+    actor: nets.TanhGaussianActor  # (encoder="cnn": an EncodedActor / EncodedCritic, their subclasses)
+    critic: nets.EnsembleCritic
 
     @classmethod
     def from_spec(cls, spec, config, seed, device: str = "cpu"):
@@ -192,6 +195,8 @@ class SAC:
         self.action_low = np.asarray(action_low, np.float32).reshape(-1)
         self.action_high = np.asarray(action_high, np.float32).reshape(-1)
         init_gen = torch.Generator().manual_seed(int(seed))  # parameters (CPU: identical on every device)
+        actor: nets.TanhGaussianActor
+        critic: nets.EnsembleCritic
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration, targets, ...
         if self.obs_spec is not None:  # a CNN per image key, one encoder in the actor and one in the critic
             if cfg.actor_encoder == "shared":  # DrQ: one CNN, trained by the critic; the actor reads it detached
@@ -297,7 +302,8 @@ class SAC:
         a' ~ pi(s') (SAC Eq. 3 and 5; RLPD Alg. 1). Only ``terminated`` stops the bootstrap: [B].
         ``next_policy``: the actor's (mean, log_std) at s' when the caller already computed them. ``discount``:
         an n-step batch's gamma^{n'} (1 - terminated) in place of gamma (1 - terminated)."""
-        next_a, next_logp = self.actor.sample_from(*(next_policy or self.actor(next_obs)), self.gen)
+        mean, log_std = next_policy or self.actor(next_obs)
+        next_a, next_logp = self.actor.sample_from(mean, log_std, self.gen)
         v_next = self.target_value(next_obs, next_a)
         if self.cfg.backup_entropy:
             v_next = v_next - self.alpha * next_logp
@@ -348,7 +354,7 @@ class SAC:
         actor's (mean, log_std) at s / s' before any step, where :meth:`_policy_before_step` computed them (a
         variant's penalty may use them: Cal-QL overrides this method with its calibrated conservative gap)."""
         q = self.critic(b.obs, b.action)  # [E, B]
-        critic_loss = nets.weighted_mean(self.td_loss(q, y), b.info.is_weight)
+        critic_loss = nets.weighted_mean(self.td_loss(q, y), nets.is_weight_of(b))
         nets.optimize(self.critic_opt, critic_loss)
         return {"train/critic_loss": critic_loss.detach(), "train/q_mean": q.detach().mean(),
                 "train/target_mean": y.mean()}, q
@@ -389,7 +395,7 @@ class SAC:
                     mean, log_std = policy if policy is not None else self.actor(b.obs)
                     log_likelihood = self.actor.log_prob_from(mean, log_std, b.action).mean(-1)
             return {}, log_likelihood
-        w = b.info.is_weight
+        w = nets.is_weight_of(b)
         mean, log_std = self.actor(b.obs)
         if self.cfg.compute_log_likelihood:
             with torch.no_grad():
@@ -440,8 +446,10 @@ class SAC:
             b = batch.to_torch(self.device, dtype=torch.float32)
             obs, next_obs = (enc.obs_to_torch(o, self.device, list(self.obs_spec)) for o in (b.obs, b.next_obs))
             if self.cfg.augment_pad:
+                assert isinstance(self.actor, enc.EncodedActor)  # (obs_spec: the CNN encoder's actor)
                 for o in (obs, next_obs):
-                    for k in self.actor.encoder.image_keys:
+                    # (EncodedActor.encoder is typed nn.Module; it is a PixelEncoder or a DetachedEncoder)
+                    for k in self.actor.encoder.image_keys:  # type: ignore[union-attr]
                         o[k] = enc.random_shift(o[k], self.cfg.augment_pad, self.gen)
             return replace(b, obs=obs, next_obs=next_obs)
         batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)

@@ -57,6 +57,8 @@ class SACReFERConfig(SACConfig):
 class SACReFER(SAC):
     """SAC whose update applies ReF-ER's Rules 1 and 2 when the batch carries ReF-ER hints (see the module)."""
 
+    cfg: SACReFERConfig
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: SACReFERConfig | None = None, seed: int = 0, device: str = "cpu", obs_spec=None):
         """``obs_spec`` (SAC.from_spec passes it for dict observations): taken as the concatenation of the keys;
@@ -96,7 +98,8 @@ class SACReFER(SAC):
         """The sampler's recount: clipped log rho of stored rows under the current actor: [n] NumPy."""
         o, a, m, s = (torch.as_tensor(np.asarray(x, np.float32), device=self.device)
                       for x in (flat_obs(obs), action, mu_mean, mu_std))
-        return self.log_rho(*self.actor(o), a, m, s).cpu().numpy()
+        mean, log_std = self.actor(o)
+        return self.log_rho(mean, log_std, a, m, s).cpu().numpy()
 
     @torch.no_grad()
     def behaviour_kl(self, b: Batch, pre: tuple | None = None) -> dict[str, float]:
@@ -115,8 +118,12 @@ class SACReFER(SAC):
         # 0. ReF-ER: annealed learning rates (Eq. 13) and the near/far split under the current policy (Sec. 3)
         with torch.no_grad():  # the policy before the step: rho, and the KL metric (Fig. 2), when rows have records
             pre = self.actor(b.obs) if "mu_std" in b.extras else None
-        covered, near, rho, mu_std = refer.batch_rows(
-            b, lambda s: self.log_rho(*pre, b.action, b.mu_mean, s), self.cfg.refer_rule1)
+        def log_rho(mu_std: torch.Tensor) -> torch.Tensor:
+            assert pre is not None  # (batch_rows asks only for a batch with the behaviour columns: pre was computed)
+            mean, log_std = pre
+            return self.log_rho(mean, log_std, b.action, b.mu_mean, mu_std)
+
+        covered, near, rho, mu_std = refer.batch_rows(b, log_rho, self.cfg.refer_rule1)
         kl_metric = self.behaviour_kl(b, pre)
         refer_on = "c_max" in hints
         beta = float(hints["beta"]) if refer_on and self.cfg.refer_rule2 else 1.0
@@ -138,7 +145,8 @@ class SACReFER(SAC):
         log_likelihood = None
         if self.cfg.compute_log_likelihood:  # under the policy before its step, as SAC's signal
             with torch.no_grad():
-                log_likelihood = self.actor.log_prob_from(*(pre or self.actor(b.obs)), b.action).mean(-1)
+                mean, log_std = pre or self.actor(b.obs)
+                log_likelihood = self.actor.log_prob_from(mean, log_std, b.action).mean(-1)
         if update_actor if update_actor is not None else self.num_critic_steps % self.critic_steps_per_actor_step == 0:
             metrics |= self._refer_actor_step(b, near, covered, beta, mu_std)
         metrics |= kl_metric
@@ -149,7 +157,7 @@ class SACReFER(SAC):
         return UpdateResult(result.metrics, signals)
 
     def _refer_actor_step(self, b: Batch, near, covered, beta: float, mu_std) -> dict[str, float]:
-        w = b.info.is_weight
+        w = nets.is_weight_of(b)
         mean, log_std = self.actor(b.obs)
         self.critic.requires_grad_(False)
         per_sample, logp = self.actor_loss(b.obs, mean, log_std)
