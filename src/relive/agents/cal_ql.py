@@ -107,6 +107,8 @@ def cql_gap(q_rand: torch.Tensor, q_pi: torch.Tensor, q_next: torch.Tensor, q_da
 class CalQL(SAC):
     """Cal-QL agent (see the module docstring). ``set_online(True)`` marks the offline -> online switch."""
 
+    cfg: CalQLConfig
+
     # -- what it needs from the loop ---------------------------------------------------------------------
     def stored_columns(self) -> tuple[ColumnDecl, ...]:
         """``mc_return``: Monte-Carlo returns-to-go, the calibration bound V_mu(s). Dataset loaders compute it
@@ -226,7 +228,7 @@ class CalQL(SAC):
     def critic_step(self, b: Batch, y: torch.Tensor, policy=None, next_policy=None) -> tuple[dict, torch.Tensor]:
         """TD loss + alpha_cql (alpha') calibrated conservative gap, one critic step (Cal-QL Alg. 1 l.3), then with
         ``lagrange`` the dual step on alpha'. (metrics, Q(s, a) [E, B] before the step)."""
-        cfg, w = self.cfg, b.info.is_weight
+        cfg, w = self.cfg, nets.is_weight_of(b)
         n, batch_size = cfg.cql_n_actions, b.obs.shape[0]
         ood_a, pi_logp, next_logp = self.ood_actions(b, policy, next_policy)
         obs_rep = b.obs.repeat_interleave(n, dim=0)  # [B n, O]
@@ -270,4 +272,5 @@ class CalQL(SAC):
 
 def _repeat_rows(policy: tuple[torch.Tensor, torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean, log_std) [B, A] -> [B n, A]: row i*n + k is state i's (``repeat_interleave``)."""
-    return tuple(t.repeat_interleave(n, dim=0) for t in policy)
+    mean, log_std = policy
+    return mean.repeat_interleave(n, dim=0), log_std.repeat_interleave(n, dim=0)

@@ -139,6 +139,9 @@ class DDPGConfig:
 class DeterministicActor(nn.Module):
     """m^w(s) = center + scale * tanh(f(s)): a deterministic action inside the box."""
 
+    scale: torch.Tensor  # the action box (buffers registered in __init__)
+    center: torch.Tensor
+
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__()
         low, high = nets.action_box(action_low, action_high, action_dim)
@@ -294,7 +297,7 @@ class DDPG:
         y = self.critic_target(b.reward, b.next_obs, b.terminated,
                                nets.td_discount(b, self.cfg.n_step, type(self).__name__))
         q = self.critic(b.obs, b.action)  # [E, B]
-        return nets.weighted_mean(((q - y) ** 2).sum(0), b.info.is_weight * near), q[0], y
+        return nets.weighted_mean(((q - y) ** 2).sum(0), nets.is_weight_of(b) * near), q[0], y
 
     def actor_loss(self, b: Batch, near, covered, beta: float, mu_std=None) -> tuple[torch.Tensor, torch.Tensor]:
         """E[beta * near * (-Q(s, m^w(s))) + (1 - beta) * covered * KL(mu || pi^w)] (Eq. 3, 10, 11): its negative

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,6 +34,11 @@ FORMATS = ("torchscript", "onnx", "safetensors")
 
 class _BoxPolicy(nn.Module):
     """A policy into the action box: center + scale * tanh(u), clipped to [low, high] as the agents' ``act`` does."""
+
+    low: torch.Tensor  # (buffers registered in __init__)
+    high: torch.Tensor
+    scale: torch.Tensor
+    center: torch.Tensor
 
     def __init__(self, trunk: nn.Sequential, action_dim: int, low, high):
         super().__init__()
@@ -137,12 +143,12 @@ def export_policy(agent, path: str | Path, fmt: str, obs_dim: int) -> Path:
             else:
                 from safetensors.torch import save_file
 
-                layers = [m.out_features for m in policy.trunk if isinstance(m, nn.Linear)]
-                meta = {"kind": policy.kind, "obs_dim": int(obs_dim), "hidden": layers[:-1], "out": layers[-1]}
-                if policy.kind != "greedy":
-                    meta |= {"action_dim": int(policy.low.numel()), "low": policy.low.tolist(),
-                             "high": policy.high.tolist()}
-                save_file({k: v.contiguous() for k, v in policy.state_dict().items()}, str(tmp),
+                mlp: Any = policy  # (one of the policies above, or an agent's own with their trunk / kind / low / high)
+                layers = [m.out_features for m in mlp.trunk if isinstance(m, nn.Linear)]
+                meta = {"kind": mlp.kind, "obs_dim": int(obs_dim), "hidden": layers[:-1], "out": layers[-1]}
+                if mlp.kind != "greedy":
+                    meta |= {"action_dim": int(mlp.low.numel()), "low": mlp.low.tolist(), "high": mlp.high.tolist()}
+                save_file({k: v.contiguous() for k, v in mlp.state_dict().items()}, str(tmp),
                           metadata={"relive_policy": json.dumps(meta)})
 
     # (whole or not at all; a symbolic link at ``path`` is replaced, never written through)
