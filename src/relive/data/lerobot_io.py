@@ -69,6 +69,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -301,11 +302,11 @@ def _observations(root: Path, cols: dict[str, np.ndarray], sel: _Selection, last
         return obs, next_obs, (f"features {sel.has_next} where present; other keys: the next frame of the episode, "
                                "an episode's last frame its own observation")
     n = last.size
-    obs = np.concatenate([cols[k].reshape(n, -1) for k in sel.obs_keys], axis=1).astype(np.float32)
+    flat = np.concatenate([cols[k].reshape(n, -1) for k in sel.obs_keys], axis=1).astype(np.float32)
     if len(sel.has_next) == len(sel.next_keys):
-        next_obs = np.concatenate([cols[k].reshape(n, -1) for k in sel.next_keys], axis=1).astype(np.float32)
-        return obs, next_obs, f"features {sel.next_keys}"
-    return obs, _following(obs, last), "the next frame of the episode; an episode's last frame: its own observation"
+        flat_next = np.concatenate([cols[k].reshape(n, -1) for k in sel.next_keys], axis=1).astype(np.float32)
+        return flat, flat_next, f"features {sel.next_keys}"
+    return flat, _following(flat, last), "the next frame of the episode; an episode's last frame: its own observation"
 
 
 def _terminated(root: Path, cols: dict[str, np.ndarray], episode_end: str, last: np.ndarray, ep: np.ndarray,
@@ -556,14 +557,14 @@ def _decode_nearest(av, path: Path, chw: tuple[int, int, int], fps: float, want:
     missing = np.flatnonzero(~np.isfinite(best))
     if missing.size:
         i = int(missing[0])
-        t = np.asarray(times)
-        near = float(t[np.argmin(np.abs(t - want[i]))])
+        ts = np.asarray(times)
+        near = float(ts[np.argmin(np.abs(ts - want[i]))])
         bounds = np.cumsum([length for _, _, length, _ in eps])
         k = int(np.searchsorted(bounds, i, side="right"))
         e, j = eps[k][0], i - (int(bounds[k - 1]) if k else 0)
         raise ValueError(f"{path}: no frame within half a frame period of timestamp {want[i]:.4f} s (row {j} of "
-                         f"episode {e}; nearest frame at {near:.4f} s; the video has {t.size} "
-                         f"frames from {t.min():.4f} to {t.max():.4f} s)")
+                         f"episode {e}; nearest frame at {near:.4f} s; the video has {ts.size} "
+                         f"frames from {ts.min():.4f} to {ts.max():.4f} s)")
 
 
 def _video_locations(root: Path, info: dict, key: str, episodes: np.ndarray) -> dict[int, tuple[dict, float]]:
@@ -645,9 +646,9 @@ def _check_episode_lengths(root: Path, version: str, found: dict[int, int]) -> N
         extra = sorted(set(found) - set(declared))[:5]
         raise ValueError(f"{root}: the data files and meta/episodes disagree on the episodes (missing from data: "
                          f"{missing}, not in meta: {extra})")
-    for e, length in found.items():
-        if declared[e] != length:
-            raise ValueError(f"{root}: episode {e} has {length} frames in data/ but meta/episodes says {declared[e]}")
+    for ep, length in found.items():
+        if declared[ep] != length:
+            raise ValueError(f"{root}: episode {ep} has {length} frames in data/ but meta/episodes says {declared[ep]}")
 
 
 # -- writing -------------------------------------------------------------------------------------------------
@@ -725,6 +726,8 @@ def _frame_columns(rows: dict, n: int, lengths: np.ndarray, fps: int, images: st
     """Every frame's values by feature name (observations, action, reward, done, next observations, the default
     features), their ``info.json`` features in the same order, and the camera keys."""
     act = np.asarray(rows["action"])
+    action: np.ndarray
+    act_ft: dict[str, Any]
     if act.ndim == 1 and act.dtype.kind in "iu":  # discrete: an int64 (1,) feature
         action, act_ft = act.astype(np.int64), {"dtype": "int64", "shape": [1], "names": None}
     else:
@@ -774,6 +777,7 @@ def _write_data_files(pq, staging: Path, table, lengths: np.ndarray) -> list[tup
         writer.write_table(table.slice(int(bounds[e]), length))
         rows_in_file += length
         file_of_episode.append((chunk, file))
+    assert writer is not None  # (at least one episode: write_lerobot refuses empty rows)
     writer.close()
     return file_of_episode
 
@@ -813,7 +817,9 @@ def _obs_columns(rows: dict, n: int, images: str, where) -> tuple[dict, dict, li
         ft = {"dtype": "float32", "shape": [obs.shape[1]], "names": names}
         return ({"observation.state": obs, "next.observation.state": np.asarray(rows["next_obs"], np.float32)
                  .reshape(n, -1)}, {"observation.state": ft, "next.observation.state": dict(ft)}, [])
-    values, features, cameras = {}, {}, []
+    values: dict[str, np.ndarray] = {}
+    features: dict[str, dict[str, Any]] = {}
+    cameras: list[str] = []
     for key, arr in rows["obs"].items():
         arr, name = np.asarray(arr), f"observation.{key}"
         if arr.dtype == np.uint8 and arr.ndim == 4:  # a camera: [N, C, H, W]

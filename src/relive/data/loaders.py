@@ -8,6 +8,7 @@ storage's episode index) and get Monte-Carlo returns-to-go in ``mc_return`` when
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ from relive.data.npz_io import load_dataset
 from relive.replay.returns import returns_to_go
 
 
-def load_rows(source: str | Path, env_id: str | None = None, root: str | Path | None = None) -> tuple[dict, dict]:
+def load_rows(source: str | os.PathLike, env_id: str | None = None,
+              root: str | Path | None = None) -> tuple[dict, dict]:
     """Columns + metadata of a dataset; with ``env_id``, shapes and action bounds are checked against it."""
     p = Path(source)
     if p.suffix == ".npz":

@@ -130,7 +130,8 @@ def _dict_space(parts: dict[str, np.ndarray]):
 STAGING_PREFIX = ".relive-partial-"  # hidden: list_local skips it
 
 
-def read_minari(dataset: str | Path, root: str | Path | None = None, *, flatten: bool = True) -> tuple[dict, dict]:
+def read_minari(dataset: str | os.PathLike, root: str | Path | None = None, *,
+                flatten: bool = True) -> tuple[dict, dict]:
     """Columns and metadata of a local Minari dataset, given its id (under ``root``) or its directory.
 
     A Dict observation space is flattened into one array per row by default (keys in the space's order, as relive's
@@ -264,7 +265,7 @@ def _flatten_obs(observations, keys: list[str] | None, dataset_id: str, episode:
     return np.concatenate([p.reshape(n, -1) for p in parts], axis=1)
 
 
-def _locate(dataset: str | Path, root: str | Path | None) -> tuple[str, Path, Path | None]:
+def _locate(dataset: str | os.PathLike, root: str | Path | None) -> tuple[str, Path, Path | None]:
     """(dataset id, its ``data`` directory, the Minari root it lies in or None). A directory is read as named: its
     id comes from its metadata (for messages and the task's references.json, which are looked up only when the
     directory sits at ``<root>/<id>``), never to find another directory."""

@@ -360,9 +360,11 @@ class _ReliveAlgorithm:
     the sampler's loop hooks (ARB's periodic re-scoring)."""
 
     replay_buffer: Any
+    replay_buffer_class: Any  # (SB3's attribute; set here when None)
+    _replay_hooks: list | None
 
     def _setup_model(self) -> None:
-        if self.replay_buffer_class is None:  # type: ignore[attr-defined]
+        if self.replay_buffer_class is None:
             self.replay_buffer_class = ReliveReplayBuffer
         if issubclass(self.replay_buffer_class, ReliveReplayBuffer):
             kw = self.replay_buffer_kwargs  # type: ignore[attr-defined]
@@ -429,7 +431,7 @@ class _ReliveAlgorithm:
         raise ValueError(f"replay ARB re-scores rows with the policy's likelihood of the stored action; "
                          f"{type(self).__name__}'s policy has none (use relive.integrations.sb3.SAC)")
 
-    def save_replay_buffer(self, path) -> None:  # type: ignore[override]
+    def save_replay_buffer(self, path) -> None:
         """relive's checkpoint directory at ``path`` (``.npy`` + JSON + SHA-256 manifest; nothing is pickled)."""
         if not isinstance(self.replay_buffer, ReliveReplayBuffer):
             raise ValueError(f"save_replay_buffer: the replay buffer is {type(self.replay_buffer).__name__}, not "
@@ -438,8 +440,7 @@ class _ReliveAlgorithm:
             raise ValueError("save_replay_buffer: give a directory path (relive's checkpoint is a directory)")
         self.replay_buffer.save(path)
 
-    def load_replay_buffer(self, path, truncate_last_traj: bool = True, *,  # type: ignore[override]
-                           offline_rows=None) -> None:
+    def load_replay_buffer(self, path, truncate_last_traj: bool = True, *, offline_rows=None) -> None:
         """Load a directory written by :meth:`save_replay_buffer` (no unpickling): same rows, sampler state and
         generator, so the same next batches. A checkpoint whose offline rows came from a dataset id / path
         (``offline="..."``) refers to them by id and SHA-256, and the checkpoint never decides which dataset is
@@ -458,8 +459,9 @@ class _ReliveAlgorithm:
                 from relive.data.loaders import load_rows
 
                 action_dtype = SB3ReplayBuffer._maybe_cast_dtype(me.action_space.dtype)
-                return offline_columns(load_rows(named)[0], get_obs_shape(me.observation_space), me.action_space,
-                                       action_dtype)
+                obs_shape = get_obs_shape(me.observation_space)
+                assert isinstance(obs_shape, tuple)  # (a flat observation space: ReliveReplayBuffer is not a Dict one)
+                return offline_columns(load_rows(named)[0], obs_shape, me.action_space, action_dtype)
         elif offline_rows is None:  # this model's own offline rows, if they came from the dataset the checkpoint names
             def rows(dataset_id: str):
                 current = me.replay_buffer
@@ -490,7 +492,7 @@ class DQN(_ReliveAlgorithm, sb3.DQN):
         losses = []
         for _ in range(gradient_steps):
             self._before_grad_step()
-            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
+            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
             with th.no_grad():
                 next_q_values = self.q_net_target(replay_data.next_observations)
@@ -542,7 +544,7 @@ class SAC(_ReliveAlgorithm, sb3.SAC):
         actor_losses, critic_losses = [], []
         for gradient_step in range(gradient_steps):
             self._before_grad_step()
-            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
+            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)
             discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
             if self.use_sde:
                 self.actor.reset_noise()
@@ -551,7 +553,8 @@ class SAC(_ReliveAlgorithm, sb3.SAC):
             ent_coef_loss = None
             if self.ent_coef_optimizer is not None and self.log_ent_coef is not None:
                 ent_coef = th.exp(self.log_ent_coef.detach())
-                ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()
+                # (SB3's _setup_model made target_entropy a float; its type still allows the "auto" it was given)
+                ent_coef_loss = -(self.log_ent_coef * (log_prob + self.target_entropy).detach()).mean()  # type: ignore[operator]
                 ent_coef_losses.append(ent_coef_loss.item())
             else:
                 ent_coef = self.ent_coef_tensor
@@ -569,9 +572,10 @@ class SAC(_ReliveAlgorithm, sb3.SAC):
             current_q_values = self.critic(replay_data.observations, replay_data.actions)
             critic_loss = 0.5 * sum(_weighted_mean(F.mse_loss(current_q, target_q_values, reduction="none"),
                                                    replay_data) for current_q in current_q_values)
-            critic_losses.append(critic_loss.item())  # type: ignore[union-attr]
+            assert isinstance(critic_loss, th.Tensor)  # (a sum over the critics, at least one)
+            critic_losses.append(critic_loss.item())
             self.critic.optimizer.zero_grad()
-            critic_loss.backward()  # type: ignore[union-attr]
+            critic_loss.backward()
             self.critic.optimizer.step()
             self._feed_back(replay_data, th.stack([(q - target_q_values).detach() for q in current_q_values])
                             .abs().mean(0))
@@ -617,6 +621,7 @@ class _TD3Train(_ReliveAlgorithm):
             current_q_values = s.critic(replay_data.observations, replay_data.actions)
             critic_loss = sum(_weighted_mean(F.mse_loss(current_q, target_q_values, reduction="none"), replay_data)
                               for current_q in current_q_values)
+            assert isinstance(critic_loss, th.Tensor)  # (a sum over the critics, at least one)
             critic_losses.append(critic_loss.item())
             s.critic.optimizer.zero_grad()
             critic_loss.backward()
