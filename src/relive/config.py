@@ -225,8 +225,8 @@ class DataConfig:
     def __post_init__(self):
         if self.discount is not None and not 0.0 <= self.discount <= 1.0:
             raise ValueError(f"data.discount must be in [0, 1], got {self.discount}")
-        refs = (self.ref_min_return, self.ref_max_return)
-        if None not in refs and not refs[0] < refs[1]:
+        lo, hi = refs = (self.ref_min_return, self.ref_max_return)
+        if lo is not None and hi is not None and not lo < hi:
             raise ValueError(f"data.ref_min_return must be below data.ref_max_return, got {refs}")
 
 
