@@ -38,10 +38,14 @@ from __future__ import annotations
 import json
 import re
 import string
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # (Python 3.10: the same parser as a package, a dependency there)
+    import tomli as tomllib
 
 GRID_DIR = Path(__file__).parent / "grids"
 MAX_SEEDS = 1000  # seeds of a grid (``seeds = N`` or a list's length) above this are refused

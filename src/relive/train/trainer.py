@@ -600,7 +600,10 @@ def _must_fit(where: str, what: str, *also: type[BaseException]):
     except torch.cuda.OutOfMemoryError:
         raise
     except (KeyError, TypeError, IndexError, AttributeError, *also) as e:
-        raise ValueError(f"{where}: {what} ({type(e).__name__}: {' '.join(str(e).split())[:300]})") from None
+        text = " ".join(str(e).split())
+        if len(text) > 600:  # (the end kept: that is where a message says what to do)
+            text = f"{text[:250]} ... {text[-300:]}"
+        raise ValueError(f"{where}: {what} ({type(e).__name__}: {text})") from None
 
 
 
