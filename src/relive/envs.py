@@ -8,6 +8,7 @@ from functools import partial
 import gymnasium as gym
 import numpy as np
 
+from relive.atari_envs import ATARI_PREFIX, MINATAR_PREFIX, make_atari, make_minatar
 from relive.pixel_envs import register_pixel_envs
 
 
@@ -21,6 +22,10 @@ class EnvSpec:
     action_low: np.ndarray | None
     action_high: np.ndarray | None
     max_episode_steps: int | None
+    obs_dtype: np.dtype = np.dtype(np.float32)  # a Box observation's dtype (uint8 Atari frames, bool MinAtar planes)
+    # a Box observation that is a stack of frames (Gymnasium's FrameStackObservation: (k, *frame), newest last):
+    # (k, padding) -- the buffer stores each frame once (ReplayBuffer(frame_stack=...)); None: not a stack
+    frame_stack: tuple[int, str] | None = None
 
 
 ROBOTICS_PREFIXES = ("PointMaze", "AntMaze")  # Gymnasium-Robotics mazes (made episodic by make_env)
@@ -29,14 +34,21 @@ METAWORLD_PREFIX = "MetaWorld/"  # relive.metaworld_envs
 
 
 def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dict: bool = False,
-             render_mode: str | None = None) -> gym.Env:
+             render_mode: str | None = None, evaluation: bool = False) -> gym.Env:
     """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.pixel_envs``) are
-    registered on demand. Dict observations are flattened into one Box (goal-conditioned tasks: achieved_goal,
-    desired_goal, observation) unless they hold an image key (:func:`has_image_keys`), which keeps them dicts.
+    registered on demand. Atari (``ALE/...``) comes with the DQN preprocessing and MinAtar (``MinAtar/...``) channels
+    first (:mod:`relive.atari_envs`); ``evaluation=True``: the env that evaluates (Atari: full games, a lost life
+    does not end the episode as it does for training). Dict observations are flattened into one Box
+    (goal-conditioned tasks: achieved_goal, desired_goal, observation) unless they hold an image key
+    (:func:`has_image_keys`), which keeps them dicts.
     ``keep_goal_dict=True``: a goal-conditioned Dict (:func:`has_goal_keys`) stays a dict too, so that a buffer
     stores it key by key and :class:`~relive.replay.samplers.her.HindsightSampler` can relabel its
     ``desired_goal`` (docs/her.md); a non-goal env with it is a ValueError."""
     check_env_id(env_id)
+    if env_id.startswith(ATARI_PREFIX):
+        return make_atari(env_id, evaluation=evaluation, max_episode_steps=max_episode_steps, render_mode=render_mode)
+    if env_id.startswith(MINATAR_PREFIX):
+        return make_minatar(env_id, max_episode_steps=max_episode_steps, render_mode=render_mode)
     kwargs: dict = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     if render_mode is not None:  # (``"rgb_array"``: frames for a video of the episodes, relive eval --video)
         kwargs["render_mode"] = render_mode
@@ -145,12 +157,31 @@ def env_spec(env: gym.Env) -> EnvSpec:
         raise ValueError(f"{env.spec.id}: only Box observation spaces (or Dicts of Boxes with an image key) are "
                          f"supported, got {obs}")
     steps = env.spec.max_episode_steps if env.spec else None
+    pixels = {}  # a Box's dtype (uint8 frames are stored as bytes) and its frame stack
+    if isinstance(obs, gym.spaces.Box):
+        pixels = {"obs_dtype": np.dtype(obs.dtype) if obs.dtype in (np.uint8, np.bool_) else np.dtype(np.float32),
+                  "frame_stack": frame_stack_of(env)}
     if isinstance(act, gym.spaces.Discrete):
-        return EnvSpec(env.spec.id, obs_shape, True, (), int(act.n), None, None, steps)
+        return EnvSpec(env.spec.id, obs_shape, True, (), int(act.n), None, None, steps, **pixels)
     if isinstance(act, gym.spaces.Box):
         return EnvSpec(env.spec.id, obs_shape, False, act.shape, 0, act.low.astype(np.float32),
-                       act.high.astype(np.float32), steps)
+                       act.high.astype(np.float32), steps, **pixels)
     raise ValueError(f"{env.spec.id}: unsupported action space {act}")
+
+
+def frame_stack_of(env: gym.Env) -> tuple[int, str] | None:
+    """``(k, padding)`` when ``env``'s observation is the output of Gymnasium's ``FrameStackObservation`` (the
+    outermost observation wrapper: a stack of k frames along axis 0, padded with the episode's first frame
+    ("reset") or zeros ("zero")), else None. A custom padding value is not a frame the buffer can rebuild: None."""
+    e = env
+    while isinstance(e, gym.Wrapper):
+        if isinstance(e, gym.wrappers.FrameStackObservation):
+            padding = e.padding_type if isinstance(e.padding_type, str) else None
+            return (int(e.stack_size), padding) if padding in ("reset", "zero") and e.stack_size > 1 else None
+        if isinstance(e, gym.ObservationWrapper) or e.observation_space is not e.env.observation_space:
+            return None  # (an observation wrapper above the stack: its output is not the stack)
+        e = e.env
+    return None
 
 
 def one_row(obs):

@@ -85,6 +85,83 @@ def ddqn_per() -> ExperimentConfig:
     return replace(cfg, preset="ddqn_per", replay=ReplayConfig.of("per", capacity=cfg.replay.capacity))
 
 
+# -- pixels: Atari and MinAtar (relive.atari_envs; the image Q-networks of relive.agents.encoders) ----------------
+# Mnih et al. 2015 (Nature 518), Extended Data Table 1: RMSProp with squared gradient momentum 0.95 and min squared
+# gradient 0.01 (Graves' centered RMSProp), read as torch's RMSprop(alpha=0.95, eps=0.01, centered=True) as MinAtar's
+# reference code (examples/dqn.py) passes them.
+DQN_RMSPROP = {"optimizer": "rmsprop", "rmsprop_alpha": 0.95, "optimizer_eps": 0.01, "rmsprop_centered": True}
+ATARI_ENV_STEPS_PER_UPDATE = 4  # ReaPER App. D, "Steps per model update" (one gradient step per 4 agent steps)
+
+
+def ddqn_atari() -> ExperimentConfig:
+    """Double DQN on Atari at ReaPER's Atari column (Pleiss et al. 2025, seed 003, App. D, "Training
+    specifications" table; preprocessing: App. D, "Atari preprocessing" -> relive.atari_envs; network: App. D,
+    "Network architecture" = Mnih et al. 2015's Nature CNN): RMSprop 6.25e-5, budget 5e7 agent steps (SB3's
+    total_timesteps; App. D does not name the unit), buffer 1e6, learning starts at 5e4, one gradient step every 4
+    env steps, target copy every 3e4 env steps (SB3's target_update_interval counts env steps: 7,500 gradient steps
+    here), batch 32, epsilon 1 -> 0.01 over 2% of the budget (1e6 steps), evaluation epsilon 0.001, gamma 0.99, no
+    gradient clipping, 200 evaluations of one full game each; rewards clipped to their sign in the learner (Mnih et
+    al. 2015; SB3's AtariWrapper clips them, App. D does not list it); replay uniform (App. D compares PER, alpha 0.6,
+    and ReaPER, alpha 0.4 / omega 0.2, beta 0.4 -> 1: ``--replay per`` / ``--replay reaper``, whose defaults are
+    those). Not checked (not in App. D): RMSprop's other settings (Mnih et al. 2015's: DQN_RMSPROP), the Huber loss
+    (SB3's DQN: delta 1). Not as App. D: v5's sticky actions and no fire-on-reset (relive.atari_envs). Checkpoints
+    every 1e6 env steps (a full buffer is ~7 GB on disk); on this 2-core machine pick --online-steps."""
+    agent = DDQNConfig(encoder="nature", lr=6.25e-5, gamma=0.99,
+                       target_update_period=30_000 // ATARI_ENV_STEPS_PER_UPDATE,
+                       eps_start=1.0, eps_end=0.01, eps_decay_steps=1_000_000, max_grad_norm=None, clip_reward=True,
+                       eval_epsilon=0.001, **DQN_RMSPROP)
+    return ExperimentConfig(
+        preset="ddqn_atari", agent_kind="ddqn", agent=agent, env=EnvConfig(id="ALE/Pong-v5"),
+        schedule=ScheduleConfig(num_online_env_steps=50_000_000, env_steps_per_chunk=ATARI_ENV_STEPS_PER_UPDATE,
+                                grad_steps_per_chunk=1, num_warmup_env_steps=50_000, batch_size=32),
+        replay=ReplayConfig.of("uniform", capacity=1_000_000),
+        run=RunConfig(eval_every_env_steps=250_000, eval_episodes=1, eval_fresh_starts=True, eval_at_start=False,
+                      log_every_env_steps=10_000, checkpoint_every_env_steps=1_000_000))
+
+
+def ddqn_atari100k() -> ExperimentConfig:
+    """Double DQN on Atari-100k (100,000 agent steps = 400k frames) at DrQ(epsilon)'s setting (Agarwal et al.,
+    NeurIPS 2021, "Deep RL at the Edge of the Statistical Precipice", Sec. / App. on Atari 100k; its published
+    configuration, Dopamine's labs/atari_100k/configs/DrQ_eps.gin, checked): Double DQN, Adam 1e-4 with epsilon
+    1.5e-4 (DER's, van Hasselt et al. 2019), batch 32, learning from 1,600 steps, one gradient step per env step,
+    target copy every gradient step (target_update_period 1), epsilon 1 -> 0.01 over 5,000 steps, evaluation
+    epsilon 0.001, gamma 0.99, replay uniform over every step (1M in the gin, "a proxy for unbounded": 100k holds the
+    whole run), episodes of at most 27,000 steps (v5's 108,000 frames). Not as DrQ(epsilon): one-step targets, not
+    10-step (rewards are clipped in the learner, which needs one-step rows); no dueling head and no random-shift
+    augmentation (relive's DDQN has neither); v5's sticky actions (the 100k benchmark uses none); evaluation every
+    10k steps on 10 full games (DrQ(epsilon): 100 episodes at the end); the Nature CNN, the Huber loss and the reward
+    clipping as ddqn_atari. ``--replay per|reaper`` as ddqn_atari."""
+    base = ddqn_atari()
+    agent = replace(base.agent, lr=1e-4, optimizer="adam", optimizer_eps=1.5e-4, rmsprop_alpha=0.99,
+                    rmsprop_centered=False, target_update_period=1, eps_end=0.01, eps_decay_steps=5000)
+    return replace(base, preset="ddqn_atari100k", agent=agent,
+                   schedule=ScheduleConfig(num_online_env_steps=100_000, num_warmup_env_steps=1600, batch_size=32),
+                   replay=ReplayConfig.of("uniform", capacity=100_000),
+                   run=replace(base.run, eval_every_env_steps=10_000, eval_episodes=10, log_every_env_steps=1000,
+                               checkpoint_every_env_steps=25_000))
+
+
+def ddqn_minatar() -> ExperimentConfig:
+    """Double DQN on MinAtar (``MinAtar/Breakout-v1`` ...) at MinAtar's DQN baseline (Young & Tian 2019, arXiv
+    1903.03176, Sec. 4 and its reference code examples/dqn.py, checked): one 16-channel 3x3 conv and 128 units (the
+    "minatar" Q-network), no frame stacking, centered RMSprop 2.5e-4 (squared-gradient decay 0.95, epsilon 0.01,
+    momentum 0.95), batch 32, buffer 100k, learning from 5,000 steps (uniformly random actions until then), one
+    gradient step per env step, target copy every 1,000 gradient steps, epsilon 1 -> 0.1 over the 100k steps after
+    them, gamma 0.99, Huber loss, no gradient or reward clipping, 5M frames (agent steps: MinAtar has no frame
+    skip). Not as the baseline: Double DQN's target (the ReaPER comparison's agent), not DQN's max; evaluations every
+    100k steps of 10 greedy episodes (the paper reports training returns). ``--replay per|reaper`` (defaults:
+    PER's alpha 0.6, ReaPER's App. D alpha 0.4 / omega 0.2, beta 0.4 -> 1)."""
+    agent = DDQNConfig(encoder="minatar", lr=2.5e-4, gamma=0.99, target_update_period=1000, eps_start=1.0,
+                       eps_end=0.1, eps_decay_steps=100_000, max_grad_norm=None, optimizer="rmsprop",
+                       rmsprop_alpha=0.95, optimizer_eps=0.01, rmsprop_momentum=0.95, rmsprop_centered=True)
+    return ExperimentConfig(
+        preset="ddqn_minatar", agent_kind="ddqn", agent=agent, env=EnvConfig(id="MinAtar/Breakout-v1"),
+        schedule=ScheduleConfig(num_online_env_steps=5_000_000, num_warmup_env_steps=5000, batch_size=32),
+        replay=ReplayConfig.of("uniform", capacity=100_000),
+        run=RunConfig(eval_every_env_steps=100_000, eval_episodes=10, log_every_env_steps=10_000,
+                      checkpoint_every_env_steps=100_000))
+
+
 REFER_CAPACITY = 2**18  # the ReF-ER paper's buffer (N, Sec. 3), for every DDPG variant of its Fig. 1
 
 
@@ -347,6 +424,7 @@ PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "ddpg_refer_paper": ddpg_refer_paper, "ddpg_refer1_paper": ddpg_refer1_paper,
     "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
     "sac_her": sac_her, "ddpg_her": ddpg_her, "hil_rlpd": hil_rlpd, "wsrl": wsrl, "td3": td3,
+    "ddqn_atari": ddqn_atari, "ddqn_atari100k": ddqn_atari100k, "ddqn_minatar": ddqn_minatar,
 }
 
 

@@ -8,9 +8,18 @@
   2. per-sample Huber loss of Q_online(s, a) - y, multiplied by ``batch.info.is_weight`` (PER Alg. 1 l.12),
      one Adam step with the gradient norm clipped (RL Zoo: 10);
   3. hard target copy every ``target_update_period`` gradient steps.
-Exploration is epsilon-greedy with epsilon decaying linearly from ``eps_start`` to ``eps_end`` over
-``eps_decay_steps`` exploring env steps (an ``act`` call for N envs is N of them). Signal: ``td_error`` [B].
-Several seeds of one configuration train as one batched agent in :mod:`relive.agents.ddqn_batched`.
+Rewards are clipped to their sign in step 1 with ``clip_reward`` (Mnih et al. 2015: Atari; one-step rows only, as an
+n-step return is a sum of rewards that were not clipped). Exploration is epsilon-greedy with epsilon decaying
+linearly from ``eps_start`` to ``eps_end`` over ``eps_decay_steps`` exploring env steps (an ``act`` call for N envs
+is N of them). Signal: ``td_error`` [B].
+Evaluation acts greedily, or epsilon-greedily with ``eval_epsilon`` (Atari: 0.001, ReaPER App. D; from a
+generator of its own, so evaluations leave the training draws as they were).
+Several seeds of one configuration train as one batched agent in :mod:`relive.agents.ddqn_batched` (MLP, Adam).
+
+Images (``agent.encoder``): a flat observation of shape [C, H, W] and dtype uint8 (Atari frame stacks, scaled to
+[0, 1] on the device) or bool (MinAtar's planes) goes through an image Q-network of
+:mod:`relive.agents.encoders` -- ``"nature"`` (Mnih et al. 2015) or ``"minatar"`` (Young & Tian 2019); ``"auto"``
+picks by size (the Nature CNN from 36 pixels a side); ``"mlp"``: ``hidden`` over the flattened observation.
 
 Example::
 
@@ -21,12 +30,14 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import copy
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from relive.agents import encoders as enc
 from relive.agents import networks as nets
 from relive.agents.ddqn_batched import BatchedDDQN
 from relive.agents.encoders import flat_obs_batch
@@ -49,6 +60,16 @@ class DDQNConfig:
     eps_decay_steps: int = 10_000  # exploring act() calls of the linear epsilon schedule (Zoo: fraction x budget)
     max_grad_norm: float | None = 10.0  # gradient-norm clip (Zoo: 10); None: no clipping
     init: str = "torch"  # parameter init: "torch" (nn.Linear default, as SB3) or "xavier"
+    # images [C, H, W] (uint8 / bool): "auto" (nature from 36 pixels a side, else minatar), "nature" (Mnih et al.
+    # 2015), "minatar" (Young & Tian 2019), or "mlp" (hidden over the flattened image); vectors: the MLP
+    encoder: str = "auto"
+    optimizer: str = "adam"  # "adam" or "rmsprop" (torch's RMSprop: the DQN papers' optimizer)
+    optimizer_eps: float | None = None  # the optimizer's epsilon; None: torch's default (1e-8)
+    rmsprop_alpha: float = 0.99  # RMSprop's squared-gradient decay (torch's default; DQN: 0.95)
+    rmsprop_momentum: float = 0.0  # RMSprop's momentum
+    rmsprop_centered: bool = False  # centered RMSprop (Graves 2013: DQN's)
+    clip_reward: bool = False  # learn from sign(reward) (Atari, Mnih et al. 2015); needs n_step = 1
+    eval_epsilon: float = 0.0  # epsilon of evaluation episodes (act with explore=False); 0: greedy
 
     def __post_init__(self):
         if self.target_update_period < 1 or self.eps_decay_steps < 0 or not 0 <= self.eps_end <= self.eps_start <= 1:
@@ -60,9 +81,48 @@ class DDQNConfig:
         if self.init not in nets.INIT_SCHEMES:
             raise ValueError(f"init must be one of {nets.INIT_SCHEMES}, got {self.init!r}")
         nets.check_n_step(self.n_step)
+        if self.encoder not in (*DDQN_ENCODERS, *enc.IMAGE_Q_NETS):
+            raise ValueError(f"encoder must be one of {(*DDQN_ENCODERS, *enc.IMAGE_Q_NETS)}, got {self.encoder!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if (self.optimizer_eps is not None and not self.optimizer_eps > 0) or not 0 <= self.rmsprop_alpha < 1 \
+                or self.rmsprop_momentum < 0 or not 0 <= self.eval_epsilon <= 1:
+            raise ValueError("need optimizer_eps > 0 (or None), 0 <= rmsprop_alpha < 1, rmsprop_momentum >= 0 and "
+                             f"0 <= eval_epsilon <= 1, got {self.optimizer_eps}, {self.rmsprop_alpha}, "
+                             f"{self.rmsprop_momentum}, {self.eval_epsilon}")
+        if self.clip_reward and self.n_step > 1:
+            raise ValueError(f"clip_reward clips one-step rewards; with n_step = {self.n_step} the batch holds n-step "
+                             "returns (sums of rewards that were not clipped): use n_step = 1 with clip_reward")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+DDQN_ENCODERS = ("auto", "mlp")  # and the image Q-networks (encoders.IMAGE_Q_NETS)
+OPTIMIZERS = ("adam", "rmsprop")
+
+
+def build_optimizer(params, cfg: DDQNConfig) -> torch.optim.Optimizer:
+    """The Q-network's optimizer: Adam (the fused one at torch's default epsilon) or RMSprop."""
+    params = list(params)
+    if cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.optimizer_eps or 1e-8,
+                                   momentum=cfg.rmsprop_momentum, centered=cfg.rmsprop_centered)
+    if cfg.optimizer_eps is None:
+        return nets.adam(params, cfg.lr)
+    return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.optimizer_eps)
+
+
+def image_net_name(cfg: DDQNConfig, obs_shape, obs_dtype) -> str | None:
+    """The image Q-network an observation of this shape and dtype gets (None: the MLP)."""
+    if cfg.encoder == "mlp":
+        return None
+    if not enc.is_image_shape(obs_shape, obs_dtype):
+        if cfg.encoder != "auto":
+            raise ValueError(f"agent.encoder = {cfg.encoder!r} reads images [C, H, W] of uint8 or bool; the "
+                             f"observations are {np.dtype(obs_dtype)} of shape {tuple(obs_shape)}")
+        return None
+    return enc.image_q_net_name(tuple(obs_shape)) if cfg.encoder == "auto" else cfg.encoder
 
 
 @register_agent("ddqn", DDQNConfig)
@@ -80,24 +140,38 @@ class DDQN:
         """Build for an environment (``relive.envs.EnvSpec``); ``seed``: int or SeedSequence."""
         if not spec.discrete:
             raise ValueError(f"ddqn needs a discrete action space; {spec.id} has a continuous one")
-        return cls(nets.vector_obs_dim(spec, "DDQN"), spec.num_actions, config, seed=nets.seed_int(seed),
-                   device=device)
+        obs_dim = nets.vector_obs_dim(spec, "DDQN")
+        dtype = getattr(spec, "obs_dtype", np.float32)
+        image = (tuple(spec.obs_shape), dtype) if image_net_name(config, spec.obs_shape, dtype) else None
+        return cls(obs_dim, spec.num_actions, config, seed=nets.seed_int(seed), device=device, image=image)
 
     def __init__(self, obs_dim: int, num_actions: int, config: DDQNConfig | None = None, seed: int = 0,
-                 device: str = "cpu"):
+                 device: str = "cpu", image: tuple | None = None):
+        """``image``: ``(shape, dtype)`` of image observations [C, H, W] (uint8 or bool) for an image Q-network
+        (``config.encoder``); None: the MLP over ``obs_dim`` features."""
         self.cfg = cfg = config if config is not None else DDQNConfig()
         if int(num_actions) < 2:
             raise ValueError(f"num_actions must be >= 2, got {num_actions}")
         self.obs_dim, self.num_actions = int(obs_dim), int(num_actions)
         self.device = torch.device(device)
         self.rng = np.random.default_rng(seed)  # epsilon-greedy draws
-        with nets.private_rng():
-            q = nets.mlp(obs_dim, cfg.hidden, num_actions)
-            target_q = nets.mlp(obs_dim, cfg.hidden, num_actions)
-        self.q = nets.init_(q, torch.Generator().manual_seed(int(seed)), cfg.init).to(self.device)
-        self.target_q = target_q.to(self.device).requires_grad_(False)
+        self.eval_rng = np.random.default_rng([int(seed), 1])  # evaluation's epsilon-greedy draws (eval_epsilon)
+        self.image_shape = None
+        gen = torch.Generator().manual_seed(int(seed))
+        name = image_net_name(cfg, *image) if image is not None else None
+        if name is not None:  # an image Q-network (the target a copy of it)
+            self.image_shape = tuple(int(d) for d in image[0])
+            self.image_dtype = np.dtype(image[1])
+            self.q = enc.image_q_net(name, self.image_shape, self.image_dtype, num_actions, gen).to(self.device)
+            self.target_q = copy.deepcopy(self.q).requires_grad_(False)
+        else:
+            with nets.private_rng():
+                q = nets.mlp(obs_dim, cfg.hidden, num_actions)
+                target_q = nets.mlp(obs_dim, cfg.hidden, num_actions)
+            self.q = nets.init_(q, gen, cfg.init).to(self.device)
+            self.target_q = target_q.to(self.device).requires_grad_(False)
         self.target_q.load_state_dict(self.q.state_dict())
-        self.opt = nets.adam(self.q.parameters(), cfg.lr)
+        self.opt = build_optimizer(self.q.parameters(), cfg)
         self.num_updates = 0
         self.num_act_steps = 0
 
@@ -110,11 +184,28 @@ class DDQN:
     @torch.no_grad()
     def act(self, obs: np.ndarray, explore: bool) -> np.ndarray:
         """int64 actions [N]: greedy in Q_online, or epsilon-greedy (and N schedule steps, one per env) if explore."""
-        o, single = nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        o, single = self.obs_tensor(obs)
         action = self.q(o).argmax(dim=-1).cpu().numpy().astype(np.int64)
         if explore:
             action = self.explore(action)
+        elif self.cfg.eval_epsilon > 0:
+            random = self.eval_rng.random(action.shape[0]) < self.cfg.eval_epsilon
+            action[random] = self.eval_rng.integers(0, self.num_actions, int(random.sum()))
         return action[0] if single else action
+
+    def obs_tensor(self, obs) -> tuple[torch.Tensor, bool]:
+        """Observations as the Q-network's input: [N, obs_dim] float32, or images [N, C, H, W] in their own dtype
+        (uint8 / bool: scaled by the network on the device); a single observation flagged (``act`` returns one)."""
+        if self.image_shape is None:
+            return nets.as_obs_tensor(obs, self.obs_dim, self.device)
+        o = torch.as_tensor(np.asarray(obs, dtype=self.image_dtype), device=self.device)
+        single = o.dim() == len(self.image_shape)
+        if single:
+            o = o.unsqueeze(0)
+        if tuple(o.shape[1:]) != self.image_shape:
+            raise ValueError(f"obs must have shape [N, {', '.join(map(str, self.image_shape))}], got "
+                             f"{tuple(np.shape(obs))}")
+        return o, single
 
     def explore(self, greedy: np.ndarray) -> np.ndarray:
         """Epsilon-greedy on the greedy actions [N] (each replaced by a uniform action with probability epsilon),
@@ -143,13 +234,16 @@ class DDQN:
 
     def update(self, batch: Batch) -> UpdateResult:
         batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
-        if batch.obs.ndim != 2 or batch.obs.shape[1] != self.obs_dim:
-            raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
+        expected = (self.obs_dim,) if self.image_shape is None else self.image_shape
+        if tuple(batch.obs.shape[1:]) != expected:
+            raise ValueError(f"batch.obs must have shape [B, {', '.join(map(str, expected))}], got "
+                             f"{tuple(batch.obs.shape)}")
         if batch.action.ndim != 1:
             raise ValueError(f"batch.action must hold integer actions of shape [B], got {tuple(batch.action.shape)}")
-        b = batch.to_torch(self.device, dtype=torch.float32)
-        # 1. Double DQN target (Eq. 4)
-        y = self.target(b.reward, b.next_obs, b.terminated, nets.td_discount(b, self.cfg.n_step, "DDQN"))
+        b = self.batch_to_torch(batch)
+        # 1. Double DQN target (Eq. 4), on sign(r) with clip_reward
+        reward = torch.sign(b.reward) if self.cfg.clip_reward else b.reward
+        y = self.target(reward, b.next_obs, b.terminated, nets.td_discount(b, self.cfg.n_step, "DDQN"))
         # 2. importance-weighted Huber loss, one Adam step
         per_sample, q = self.loss(b, y)
         loss = nets.weighted_mean(per_sample, b.info.is_weight)
@@ -165,9 +259,18 @@ class DDQN:
         return UpdateResult(TensorMetrics({"train/loss": loss.detach(), "train/q_mean": q.detach().mean(),
                                            "train/epsilon": self.epsilon}), nets.signals_out(batch, td_error=q - y))
 
+    def batch_to_torch(self, batch: Batch) -> Batch:
+        """The batch on the device, float columns float32; image observations keep their dtype (uint8 frames travel
+        as bytes, the network scales them there); integer or bool vectors (an MLP's input) become float32."""
+        b = batch.to_torch(self.device, dtype=torch.float32)
+        if self.image_shape is None and not b.obs.is_floating_point():
+            b = replace(b, obs=b.obs.float(), next_obs=b.next_obs.float())
+        return b
+
     def state_dict(self) -> dict:
         return {"q": nets.module_state(self.q), "target_q": nets.module_state(self.target_q),
                 "opt": nets.optimizer_state(self.opt), "rng": self.rng.bit_generator.state,
+                "eval_rng": self.eval_rng.bit_generator.state,
                 "counters": {"num_updates": self.num_updates, "num_act_steps": self.num_act_steps}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -175,5 +278,7 @@ class DDQN:
         nets.load_module_state(self.target_q, state["target_q"])
         nets.load_optimizer_state(self.opt, state["opt"])
         self.rng.bit_generator.state = state["rng"]
+        if "eval_rng" in state:  # (agents saved before eval_epsilon have none: theirs starts fresh)
+            self.eval_rng.bit_generator.state = state["eval_rng"]
         self.num_updates = int(state["counters"]["num_updates"])
         self.num_act_steps = int(state["counters"]["num_act_steps"])

@@ -60,6 +60,12 @@ class BatchedDDQN:
                                  "actions and device); they differ")
             if a.num_updates != first.num_updates:
                 raise ValueError("BatchedDDQN needs agents at the same update count (the target copy is shared)")
+        c = first.cfg
+        if getattr(first, "image_shape", None) is not None or c.optimizer != "adam" or c.optimizer_eps is not None \
+                or c.clip_reward or c.eval_epsilon:
+            raise ValueError("BatchedDDQN stacks MLP Q-networks trained with Adam at its default epsilon, rewards "
+                             "unclipped, greedy evaluation; train image agents (agent.encoder), agent.optimizer = "
+                             "'rmsprop', agent.optimizer_eps, agent.clip_reward or agent.eval_epsilon one seed a run")
         self.agents = list(agents)
         self.cfg, self.device = first.cfg, first.device
         self.num_updates = first.num_updates

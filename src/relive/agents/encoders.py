@@ -269,3 +269,60 @@ class EncodedCritic(nets.EnsembleCritic):
 
     def forward(self, obs, action, members=None):
         return super().forward(self.encoder(obs), action, members)
+
+
+# -- image Q-networks (DDQN on Atari and MinAtar: ``agent.encoder``) ---------------------------------------------
+#: conv layers (out channels, kernel, stride) and the fully connected width of each image Q-network:
+#: "nature": Mnih et al. 2015 (Nature 518, Methods, "Model architecture"): 32 8x8/4, 64 4x4/2, 64 3x3/1, 512 fc,
+#: ReLU after each, for 84 x 84 x 4 frames; "minatar": Young & Tian 2019 (arXiv 1903.03176, Sec. 4: the DQN
+#: baseline): one 16-channel 3x3/1 conv, 128 fc, for MinAtar's 10 x 10 x C planes.
+IMAGE_Q_NETS = {"nature": (((32, 8, 4), (64, 4, 2), (64, 3, 1)), 512),
+                "minatar": (((16, 3, 1),), 128)}
+
+
+def is_image_shape(shape, dtype) -> bool:
+    """A flat observation that is an image (or a frame stack): [C, H, W] of uint8 (pixels) or bool (MinAtar)."""
+    return len(tuple(shape)) == 3 and np.dtype(dtype) in (np.dtype(np.uint8), np.dtype(np.bool_))
+
+
+def image_q_net_name(shape) -> str:
+    """``agent.encoder = "auto"`` for an image [C, H, W]: the Nature CNN when it fits (at least 36 pixels a side:
+    its three convs need them), else MinAtar's small one."""
+    return "nature" if min(shape[1:]) >= 36 else "minatar"
+
+
+class ImageScale(nn.Module):
+    """uint8 pixels -> float32 in [0, 1] (divided by 255), bool planes -> 0. / 1., on the tensor's device: the
+    frames travel as bytes and become floats where the network runs."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.scale = 1.0 / 255.0 if np.dtype(dtype) == np.uint8 else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.float() * self.scale if self.scale != 1.0 else x.float()
+
+
+def image_q_net(name: str, shape, dtype, num_actions: int, generator) -> nn.Sequential:
+    """Q(s, .) over images [C, H, W] (:data:`IMAGE_Q_NETS`): scale, the convs with ReLU, the fully connected layer
+    with ReLU, a linear layer to ``num_actions``; every layer initialized with PyTorch's default rule from
+    ``generator`` (the reference codes' default init)."""
+    if name not in IMAGE_Q_NETS:
+        raise ValueError(f"image Q-network must be one of {sorted(IMAGE_Q_NETS)}, got {name!r}")
+    convs, fc = IMAGE_Q_NETS[name]
+    shape = tuple(int(d) for d in shape)
+    layers: list[nn.Module] = [ImageScale(dtype)]
+    channels = shape[0]
+    with nets.private_rng():
+        for out, kernel, stride in convs:
+            layers += [nn.Conv2d(channels, out, kernel, stride=stride), nn.ReLU()]
+            channels = out
+        body = nn.Sequential(*layers, nn.Flatten())
+        try:
+            with torch.no_grad():
+                flat = body(torch.zeros(1, *shape, dtype=torch.uint8)).shape[1]
+        except RuntimeError:
+            raise ValueError(f"images of shape {shape} are too small for the {name!r} Q-network's convolutions "
+                             f"{convs} (agent.encoder = 'minatar' for small images)") from None
+        net = nn.Sequential(*body, nn.Linear(flat, fc), nn.ReLU(), nn.Linear(fc, num_actions))
+    return nets.init_(net, generator, "torch")

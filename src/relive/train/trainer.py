@@ -44,6 +44,7 @@ from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
+from relive.replay.frame_stack import FrameStack
 from relive.replay.samplers.her import HindsightSampler
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
@@ -312,7 +313,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         spec = dataset_spec(cfg, loaded)
     else:
         goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts stored as columns, relabeled at sample time
-        eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, **goal)
+        eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, evaluation=True, **goal)  # (Atari: full games)
         env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps, **goal) if num_envs == 1 else \
             make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps, **goal)
         if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
@@ -433,7 +434,9 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
 def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuffer:
     return ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
                         sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
-                        action_dtype=np.int64 if spec.discrete else np.float32,
+                        obs_dtype=spec.obs_dtype, action_dtype=np.int64 if spec.discrete else np.float32,
+                        # the env's frame stacks (Atari): each frame stored once, stacks rebuilt when sampled
+                        frame_stack=_frame_stack(cfg, spec),
                         extra_columns={c.name: c.spec for c in columns} or None,
                         # the agent's n-step TD targets: the buffer sums the returns at sample time
                         n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
@@ -441,6 +444,16 @@ def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuf
                         demo_capacity=cfg.intervention.demo_capacity if cfg.intervention.kind != "none" else 0,
                         # replay.device: columns, draws and priorities on a torch device (relive.replay.device)
                         **({"backend": "torch", "device": cfg.replay.device} if cfg.replay.device else {}))
+
+
+def _frame_stack(cfg: ExperimentConfig, spec) -> FrameStack | None:
+    """The buffer's ``frame_stack`` for an env whose observation is a frame stack (``spec.frame_stack``, read from
+    Gymnasium's FrameStackObservation by ``env_spec``), else None. A replay on a torch device (replay.device) keeps
+    whole stacks: its backend does not rebuild them (k times the frames' memory)."""
+    if spec.frame_stack is None or cfg.replay.device:
+        return None
+    k, padding = spec.frame_stack
+    return FrameStack.gymnasium(k, padding)
 
 
 def _load_start(cfg: ExperimentConfig, agent, buffer: ReplayBuffer, columns: tuple, gamma: float,

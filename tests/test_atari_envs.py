@@ -1,0 +1,73 @@
+"""Atari's DQN preprocessing and MinAtar (relive.atari_envs through relive.envs.make_env): shapes, dtypes, the frame
+stack the trainer reads, and life loss as a termination of training episodes only."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from relive.envs import env_spec, frame_stack_of, make_env
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+FIRE = 1  # Breakout's FIRE: the ball launches, the paddle stays, a life is lost within a few dozen steps
+
+
+def test_atari_observations_are_uint8_stacks_of_four_84x84_grey_frames():
+    env = make_env("ALE/Breakout-v5")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+    assert all(np.array_equal(obs[0], obs[i]) for i in range(4))  # a first step: padded with its own frame
+    obs, *_ = env.step(FIRE)
+    spec = env_spec(env)
+    assert (spec.obs_shape, spec.obs_dtype, spec.frame_stack, spec.discrete) == ((4, 84, 84), np.uint8,
+                                                                                  (4, "reset"), True)
+    env.close()
+
+
+def _steps_to_first_life_loss(env) -> tuple[int, bool, dict]:
+    env.reset(seed=0)
+    lives = env.unwrapped.ale.lives()
+    for t in range(1, 2000):
+        _, _, terminated, truncated, info = env.step(FIRE)
+        if env.unwrapped.ale.lives() < lives:
+            return t, terminated, info
+        assert not (terminated or truncated)
+    raise AssertionError("no life lost in 2000 steps")
+
+
+def test_a_lost_life_ends_a_training_episode_and_the_game_goes_on():
+    env = make_env("ALE/Breakout-v5")
+    _, terminated, info = _steps_to_first_life_loss(env)
+    assert terminated and info["game_over"] is False
+    lives = env.unwrapped.ale.lives()
+    obs, _ = env.reset()  # continues the game (one no-op step), not a new one
+    assert env.unwrapped.ale.lives() == lives and obs.shape == (4, 84, 84)
+    env.close()
+
+
+def test_evaluation_plays_full_games():
+    env = make_env("ALE/Breakout-v5", evaluation=True)
+    _, terminated, _ = _steps_to_first_life_loss(env)
+    assert not terminated
+    env.close()
+
+
+def test_minatar_observations_are_bool_planes_channels_first_without_a_stack():
+    env = make_env("MinAtar/Breakout-v1")
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 10, 10) and obs.dtype == np.bool_
+    spec = env_spec(env)
+    assert (spec.obs_shape, spec.obs_dtype, spec.frame_stack, spec.num_actions) == ((4, 10, 10), np.bool_, None, 3)
+    env.close()
+
+
+def test_frame_stack_of_reads_gymnasiums_wrapper_and_nothing_above_it():
+    base = gym.make("CartPole-v1")
+    assert frame_stack_of(base) is None
+    assert frame_stack_of(gym.wrappers.FrameStackObservation(base, 3, padding_type="zero")) == (3, "zero")
+    custom = gym.wrappers.FrameStackObservation(gym.make("CartPole-v1"), 3, padding_type=np.zeros(4, np.float32))
+    assert frame_stack_of(custom) is None  # a custom padding is no frame the buffer can rebuild
+    flat = gym.wrappers.FlattenObservation(gym.wrappers.FrameStackObservation(gym.make("CartPole-v1"), 3))
+    assert frame_stack_of(flat) is None
+    assert env_spec(make_env("CartPole-v1")).obs_dtype == np.float32  # vectors: as before
