@@ -527,14 +527,11 @@ def test_a_base_policy_with_the_wrong_shape_is_refused():
 def test_from_spec_loads_the_base_policy_named_in_the_config(monkeypatch):
     """config.base_policy = PATH: from_spec calls relive.agents.base_policy.load_base_policy(PATH, spec) (a stand-in
     module here, so the test does not depend on the loader's branch); a wrong shape from it is refused."""
-    import sys
-    import types
 
     spec = EnvSpec("Toy-v0", (OBS,), False, (ACT,), 0, LOW, HIGH, 10)
     calls = []
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, s, trusted=False: calls.append((path, s)) or LinearBase(out_dim=int(path[-1]))
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                        lambda path, s, trusted=False: calls.append((path, s)) or LinearBase(out_dim=int(path[-1])))
     agent = ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL, base_policy="dir/base2"), np.random.SeedSequence(0))
     assert calls == [("dir/base2", spec)]
     np.testing.assert_array_equal(agent.act(obs_rows(3), explore=False), np.clip(LinearBase()(obs_rows(3)), LOW, HIGH))
@@ -772,8 +769,6 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
     (the real one lives in relive.agents.base_policy, another branch) returning a tiny frozen torch policy: the run
     finishes, probing steps are executed but never stored (stored online rows = env steps - probing steps), the
     stored records are there, and the final agent state reloads."""
-    import sys
-    import types
 
     from relive.cli import main
     from relive.envs import env_spec, make_env
@@ -789,9 +784,7 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
         with torch.no_grad():
             return base(torch.as_tensor(obs, dtype=torch.float32)).numpy()
 
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec, trusted=False: policy
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy", lambda path, spec, trusted=False: policy)
     run = tmp_path / "run"
     code = main(["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "tiny", "--offline-steps", "0",
                  "--online-steps", "150", "--eval-every", "150", "--eval-episodes", "1", "--batch-size", "32",
@@ -829,8 +822,6 @@ def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
     """Cal-QL pre-training on a dataset, then online with warm-up and probing (50-step episodes), killed after the
     env-step-100 checkpoint and resumed: the same final agent (networks, optimizers, generators, probing state,
     counters) as the uninterrupted run."""
-    import sys
-    import types
 
     from relive.cli import build_parser
     from relive.data.npz_io import save_dataset
@@ -838,9 +829,8 @@ def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
     from relive.train.collector import collect_dataset
     from relive.train.trainer import train
 
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                        lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32))
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
     args = ["residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--dataset", str(data),
             "--offline-steps", "20", "--online-steps", "200", "--eval-every", "100", "--eval-episodes", "1",
@@ -914,16 +904,13 @@ def test_the_trainers_random_warmup_is_refused_by_name_at_start(tmp_path, monkey
     before an episode's probing steps and the run aborted mid-way ("act returned store=False after a stored step
     of the same episode"); now it is refused before anything runs, naming the agent's own warm-up. With
     --warmup-policy agent (the agent acts; the updates wait for N stored steps) the run goes through."""
-    import sys
-    import types
 
     from relive.cli import build_parser
     from relive.train.cli import config_from_args
     from relive.train.trainer import train
 
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                        lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32))
     args = ["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--offline-steps", "0",
             "--online-steps", "160", "--eval-every", "1000", "--eval-episodes", "1", "--batch-size", "16",
             "--warmup", "120", "--no-progress", "--set", "env.max_episode_steps=50", "--set", "agent.hidden=[8,8]",

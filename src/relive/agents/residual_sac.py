@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ import numpy as np
 import torch
 
 from relive.agents import networks as nets
+from relive.agents.base_policy import load_base_policy
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.encoders import flat_obs_batch
 from relive.agents.run_dir import AGENT_FINAL, CONFIG_FILE, open_run_dir
@@ -254,14 +254,7 @@ class ResidualSAC:
             if not config.base_policy:
                 raise ValueError("residual_sac needs a frozen base policy: --base-policy PATH (agent.base_policy), or "
                                  "build ResidualSAC(...) and call set_base_policy(fn)")
-            try:
-                loader = importlib.import_module("relive.agents.base_policy").load_base_policy
-            except ModuleNotFoundError as e:
-                if e.name != "relive.agents.base_policy":
-                    raise
-                raise ValueError("agent.base_policy is set but relive.agents.base_policy (the loader) is not "
-                                 "available in this build; pass the policy with agent.set_base_policy(fn)") from None
-            base_policy = loader(config.base_policy, spec, trusted=config.trust_code)
+            base_policy = load_base_policy(config.base_policy, spec, trusted=config.trust_code)
         agent.set_base_policy(base_policy)
         return agent
 
