@@ -406,6 +406,39 @@ def test_temperature_loss_uses_the_residuals_log_prob():
     assert g.item() == pytest.approx(-0.3 * (logp + agent.target_entropy).mean().item(), rel=1e-5)
 
 
+def test_the_update_is_sacs_where_the_arithmetic_is_the_same():
+    """Issue 48 item 3: the TD loss (13), the temperature loss (18), alpha and the n-step discount are SAC's own
+    functions (bench/residual_sac_fingerprint.py checks the update bit for bit against the code before sharing)."""
+    from relive.agents.sac import SAC
+
+    assert ResidualSAC.td_loss is SAC.td_loss and ResidualSAC.temperature_loss is SAC.temperature_loss
+    assert ResidualSAC.alpha is SAC.alpha and ResidualSAC._discount is SAC._discount
+
+
+def test_optimize_clips_the_gradient_norm_of_the_optimizers_parameters():
+    """(14), (17): ``nets.optimize(opt, loss, max_grad_norm)`` = zero_grad, backward, clip_grad_norm_, step -- the
+    same parameters as a hand-written clipped step; 0 leaves the gradient alone."""
+    def step(max_grad_norm, by_hand):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(3, 2)
+        opt = nets.adam(net.parameters(), 1e-2)
+        loss = (100.0 * net(torch.ones(4, 3))).pow(2).mean()
+        if by_hand:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+            opt.step()
+        else:
+            nets.optimize(opt, loss, max_grad_norm)
+        return [p.detach().clone() for p in net.parameters()]
+
+    for clip in (0.0, 1.0):
+        for a, b in zip(step(clip, False), step(clip, True), strict=True):
+            assert torch.equal(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(step(0.0, False), step(1.0, False), strict=True))
+
+
 def test_actor_and_temperature_step_at_every_critic_step_by_default():
     """The spec's loop (§10.2) and template update the actor and alpha at every gradient step (issue 28 item 3)."""
     agent = make()
