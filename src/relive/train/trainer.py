@@ -58,7 +58,7 @@ from relive.train.loop import (
     stored_env_steps,
     stored_rows,
 )
-from relive.train.process import retain_freed_memory
+from relive.train.malloc import retain_freed_memory
 from relive.train.ray_collectors import RayCollectors, check_agent
 
 STREAMS = ("agent", "buffer", "sampler", "warmup", "env", "eval")  # one SeedSequence child each, in this order
