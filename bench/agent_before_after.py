@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from relive.train.process import retain_freed_memory
+    from relive.train.malloc import retain_freed_memory
 
     torch.set_num_threads(args.threads)
     retain_freed_memory()  # the process setting, for both versions

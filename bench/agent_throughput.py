@@ -190,7 +190,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     if not args.default_malloc:  # as relive's trainer does for its process; every contender runs with it
-        from relive.train.process import retain_freed_memory
+        from relive.train.malloc import retain_freed_memory
 
         retain_freed_memory()
     warnings.filterwarnings("ignore")

@@ -24,15 +24,3 @@ def test_every_import_points_down_and_no_cycle():
                          timeout=120)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "Contracts: 2 kept, 0 broken." in run.stdout
-
-
-def test_moved_modules_keep_their_old_public_paths():
-    """relive.train.envs / hooks / pixel_envs moved down to the ground floor; the old paths re-export them."""
-    import relive.envs
-    import relive.hooks
-    import relive.pixel_envs
-    from relive.train import envs, hooks, pixel_envs
-
-    assert envs.make_env is relive.envs.make_env and envs.EnvSpec is relive.envs.EnvSpec
-    assert hooks.OnEpisodeEnd is relive.hooks.OnEpisodeEnd and hooks.collect_hooks is relive.hooks.collect_hooks
-    assert pixel_envs.register_pixel_envs is relive.pixel_envs.register_pixel_envs

@@ -26,7 +26,7 @@ COMMAND_MODULES = (
     "relive.train.cli",  # train, presets, demo
     "relive.train.data_cli",  # data make / list / info
     "relive.experiments.cli",  # bench run / report
-    "relive.agents.cli",  # bc, pld distill
+    "relive.train.pld_cli",  # bc, pld collect / distill
     "relive.train.run_cli",  # eval, plot (after training)
 )
 

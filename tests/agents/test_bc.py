@@ -11,14 +11,13 @@ import torch
 
 from relive.agents.bc import (
     BCConfig,
-    episode_successes,
     fine_tune,
     load_bc_policy,
     new_policy,
     save_bc_policy,
-    select_episodes,
     train_bc,
 )
+from relive.data.selection import episode_successes, select_episodes
 
 LOW, HIGH = -np.ones(2, np.float32), np.ones(2, np.float32)
 W = np.array([[0.3, -0.2], [0.1, 0.25], [-0.15, 0.05]], np.float32)  # a linear expert a = s W, inside (-1, 1)

@@ -13,10 +13,10 @@ import torch
 
 from relive.agents.base import Agent
 from relive.agents.encoders import concat_keys
+from relive.envs import EnvSpec
 from relive.registry import AGENTS, load_builtins
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import load_tree, save_tree
-from relive.train.envs import EnvSpec
 from relive.train.ray_collectors import acting_state, check_agent, load_acting_state
 from relive.types import Acted, unpack_acted
 from tests.agents.factory import (

@@ -264,7 +264,7 @@ def test_sac_refer_takes_dict_observations_concatenated_and_refuses_the_cnn_enco
     keys (it was a TypeError: SAC.from_spec passed obs_spec, which SACReFER did not accept); the CNN encoder is
     refused by name instead of failing at the first act."""
     from relive.agents.sac_refer import SACReFER, SACReFERConfig
-    from relive.train.envs import EnvSpec
+    from relive.envs import EnvSpec
 
     low, high = np.array([-1.0, -1.0], np.float32), np.array([1.0, 1.0], np.float32)
     flat = EnvSpec("Toy-v0", {"a": ((3,), np.float32), "b": ((2,), np.float32)}, False, (2,), 0, low, high, 10)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import gymnasium as gym
 import numpy as np
@@ -187,9 +185,7 @@ def test_cli_distill(tmp_path, monkeypatch, capsys):
             "--eval-episodes", "0"]
     # a directory that is not a finished residual run: one line, exit code 2
     assert main(args) == 2 and "not a finished run directory" in capsys.readouterr().err
-    fake = types.ModuleType("relive.agents.residual_sac")
-    fake.load_residual = lambda run_dir: full_speed
-    monkeypatch.setitem(sys.modules, "relive.agents.residual_sac", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_residual", lambda run_dir: full_speed)
     with pytest.raises(ValueError, match="pass --env and --base"):
         main(["--debug", *args])
     save_config(override(get_preset("residual_sac"), ['env.id="LineGoal-v0"', f'agent.base_policy="{base_dir}"']),
@@ -202,9 +198,9 @@ def test_cli_distill(tmp_path, monkeypatch, capsys):
 
 def test_collect_keeps_the_base_policys_successful_episodes_as_a_dataset(tmp_path):
     """PLD's D_offline: the base alone, successes only, saved as a relive .npz (and never overwritten)."""
-    from relive.agents.distill import collect_successes
     from relive.cli import main
     from relive.data.npz_io import load_dataset
+    from relive.train.pld_cli import collect_successes
 
     with pytest.raises(ValueError, match="succeeded in none of 4 episodes"):
         collect_successes(idle_base(tmp_path), "LineGoal-v0", 4, tmp_path / "none.npz")
@@ -240,9 +236,7 @@ def test_cli_distill_keeps_the_runs_time_limit_and_base_and_never_replaces_out_s
         return full_speed(obs, base_action)
 
     residual.base_sha256 = digest  # what residual_sac.load_residual attaches: the run's base
-    fake = types.ModuleType("relive.agents.residual_sac")
-    fake.load_residual = lambda run_dir: residual
-    monkeypatch.setitem(sys.modules, "relive.agents.residual_sac", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_residual", lambda run_dir: residual)
     run = tmp_path / "run"
     run.mkdir()
     save_config(override(get_preset("residual_sac"), ['env.id="LineGoal-v0"', "env.max_episode_steps=8",

@@ -236,7 +236,7 @@ def test_ensemble_layer_norm_kernel_gradcheck_and_frozen_affine():
 
 
 def test_retain_freed_memory_is_a_safe_process_setting():
-    from relive.train.process import retain_freed_memory
+    from relive.train.malloc import retain_freed_memory
 
     assert retain_freed_memory() in (True, False)
     x = torch.randn(10, 256, 256)  # allocations work as before

@@ -406,6 +406,39 @@ def test_temperature_loss_uses_the_residuals_log_prob():
     assert g.item() == pytest.approx(-0.3 * (logp + agent.target_entropy).mean().item(), rel=1e-5)
 
 
+def test_the_update_is_sacs_where_the_arithmetic_is_the_same():
+    """Issue 48 item 3: the TD loss (13), the temperature loss (18), alpha and the n-step discount are SAC's own
+    functions (bench/residual_sac_fingerprint.py checks the update bit for bit against the code before sharing)."""
+    from relive.agents.sac import SAC
+
+    assert ResidualSAC.td_loss is SAC.td_loss and ResidualSAC.temperature_loss is SAC.temperature_loss
+    assert ResidualSAC.alpha is SAC.alpha and ResidualSAC._discount is SAC._discount
+
+
+def test_optimize_clips_the_gradient_norm_of_the_optimizers_parameters():
+    """(14), (17): ``nets.optimize(opt, loss, max_grad_norm)`` = zero_grad, backward, clip_grad_norm_, step -- the
+    same parameters as a hand-written clipped step; 0 leaves the gradient alone."""
+    def step(max_grad_norm, by_hand):
+        torch.manual_seed(0)
+        net = torch.nn.Linear(3, 2)
+        opt = nets.adam(net.parameters(), 1e-2)
+        loss = (100.0 * net(torch.ones(4, 3))).pow(2).mean()
+        if by_hand:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), max_grad_norm)
+            opt.step()
+        else:
+            nets.optimize(opt, loss, max_grad_norm)
+        return [p.detach().clone() for p in net.parameters()]
+
+    for clip in (0.0, 1.0):
+        for a, b in zip(step(clip, False), step(clip, True), strict=True):
+            assert torch.equal(a, b)
+    assert not all(torch.equal(a, b) for a, b in zip(step(0.0, False), step(1.0, False), strict=True))
+
+
 def test_actor_and_temperature_step_at_every_critic_step_by_default():
     """The spec's loop (§10.2) and template update the actor and alpha at every gradient step (issue 28 item 3)."""
     agent = make()
@@ -527,14 +560,11 @@ def test_a_base_policy_with_the_wrong_shape_is_refused():
 def test_from_spec_loads_the_base_policy_named_in_the_config(monkeypatch):
     """config.base_policy = PATH: from_spec calls relive.agents.base_policy.load_base_policy(PATH, spec) (a stand-in
     module here, so the test does not depend on the loader's branch); a wrong shape from it is refused."""
-    import sys
-    import types
 
     spec = EnvSpec("Toy-v0", (OBS,), False, (ACT,), 0, LOW, HIGH, 10)
     calls = []
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, s, trusted=False: calls.append((path, s)) or LinearBase(out_dim=int(path[-1]))
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                        lambda path, s, trusted=False: calls.append((path, s)) or LinearBase(out_dim=int(path[-1])))
     agent = ResidualSAC.from_spec(spec, ResidualSACConfig(**SMALL, base_policy="dir/base2"), np.random.SeedSequence(0))
     assert calls == [("dir/base2", spec)]
     np.testing.assert_array_equal(agent.act(obs_rows(3), explore=False), np.clip(LinearBase()(obs_rows(3)), LOW, HIGH))
@@ -772,8 +802,6 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
     (the real one lives in relive.agents.base_policy, another branch) returning a tiny frozen torch policy: the run
     finishes, probing steps are executed but never stored (stored online rows = env steps - probing steps), the
     stored records are there, and the final agent state reloads."""
-    import sys
-    import types
 
     from relive.cli import main
     from relive.envs import env_spec, make_env
@@ -789,9 +817,7 @@ def test_relive_train_residual_sac_end_to_end(tmp_path, monkeypatch):
         with torch.no_grad():
             return base(torch.as_tensor(obs, dtype=torch.float32)).numpy()
 
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec, trusted=False: policy
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy", lambda path, spec, trusted=False: policy)
     run = tmp_path / "run"
     code = main(["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "tiny", "--offline-steps", "0",
                  "--online-steps", "150", "--eval-every", "150", "--eval-episodes", "1", "--batch-size", "32",
@@ -829,8 +855,6 @@ def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
     """Cal-QL pre-training on a dataset, then online with warm-up and probing (50-step episodes), killed after the
     env-step-100 checkpoint and resumed: the same final agent (networks, optimizers, generators, probing state,
     counters) as the uninterrupted run."""
-    import sys
-    import types
 
     from relive.cli import build_parser
     from relive.data.npz_io import save_dataset
@@ -838,9 +862,8 @@ def test_relive_train_residual_sac_resumes_exactly(tmp_path, monkeypatch):
     from relive.train.collector import collect_dataset
     from relive.train.trainer import train
 
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                        lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32))
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
     args = ["residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--dataset", str(data),
             "--offline-steps", "20", "--online-steps", "200", "--eval-every", "100", "--eval-episodes", "1",
@@ -914,16 +937,13 @@ def test_the_trainers_random_warmup_is_refused_by_name_at_start(tmp_path, monkey
     before an episode's probing steps and the run aborted mid-way ("act returned store=False after a stored step
     of the same episode"); now it is refused before anything runs, naming the agent's own warm-up. With
     --warmup-policy agent (the agent acts; the updates wait for N stored steps) the run goes through."""
-    import sys
-    import types
 
     from relive.cli import build_parser
     from relive.train.cli import config_from_args
     from relive.train.trainer import train
 
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32)
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                        lambda path, spec, trusted=False: lambda o: (-0.4 * np.asarray(o)[:, :1]).astype(np.float32))
     args = ["train", "residual_sac", "--env", "Pendulum-v1", "--base-policy", "lin", "--offline-steps", "0",
             "--online-steps", "160", "--eval-every", "1000", "--eval-episodes", "1", "--batch-size", "16",
             "--warmup", "120", "--no-progress", "--set", "env.max_episode_steps=50", "--set", "agent.hidden=[8,8]",

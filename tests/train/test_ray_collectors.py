@@ -64,11 +64,9 @@ def test_without_ray_the_error_says_how_to_install_it(tmp_path, monkeypatch):
 
 
 def test_residual_sac_refuses_collectors_naming_why(tmp_path, monkeypatch):
-    import types
 
-    fake = types.ModuleType("relive.agents.base_policy")
-    fake.load_base_policy = lambda path, spec, trusted=False: (lambda obs: np.zeros((len(obs), 1), np.float32))
-    monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+    monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                        lambda path, spec, trusted=False: (lambda obs: np.zeros((len(obs), 1), np.float32)))
     with pytest.raises(ValueError, match="ResidualSAC cannot act in collector processes: its beta schedule"):
         main(["--debug", "train", "residual_sac", "--env", "Pendulum-v1", "--collectors", "2", "--base-policy", "x",
               "--offline-steps", "0", "--run-dir", str(tmp_path / "r"), *TINY])

@@ -205,12 +205,8 @@ def test_every_preset_that_acts_through_the_collector_runs_with_two_envs(tmp_pat
             "--offline-steps", "0", "--eval-every", "80", "--capacity", "5000", "--run-dir", str(tmp_path / "r"),
             *TINY]
     if preset == "residual_sac":  # a stand-in base policy (as tests/agents/test_residual_sac.py does)
-        import sys
-        import types
-
-        fake = types.ModuleType("relive.agents.base_policy")
-        fake.load_base_policy = lambda path, spec, trusted=False: (lambda obs: np.zeros((len(obs), 1), np.float32))
-        monkeypatch.setitem(sys.modules, "relive.agents.base_policy", fake)
+        monkeypatch.setattr("relive.agents.residual_sac.load_base_policy",
+                            lambda path, spec, trusted=False: (lambda obs: np.zeros((len(obs), 1), np.float32)))
         args += ["--base-policy", "tiny", "--set", "agent.warmup=20", "--set", "agent.probe_max_steps=5", "--set",
                  "env.max_episode_steps=10",  # (episodes that start after the warm-up probe)
                  "--warmup", "0"]  # its own base-only warm-up: the trainer's random one is refused (issue 28 item 5)

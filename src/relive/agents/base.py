@@ -65,7 +65,7 @@ OPTIONAL_CAPABILITIES: dict[str, str] = {
                       "Acted.record, or a column a hook fills, like mc_return); read by the trainer and each Ray "
                       "collector to build the buffer / record the columns. Default: none.",
     "loop_hooks": "loop_hooks(ctx: LoopContext) -> list[Hook]: what the agent needs from the loop (phase switch, "
-                  "episode start / end, every k gradient steps); read by relive.train.hooks.collect_hooks. "
+                  "episode start / end, every k gradient steps); read by relive.hooks.collect_hooks. "
                   "Default: none.",
     "score_fn": "score_fn(mode) -> score(obs, action) -> [n]: per-row on-policyness of stored actions; read by the ARB "
                 "sampler's hooks (relive.replay.samplers.arb), which refuse an agent without it.",

@@ -16,8 +16,8 @@ parameters (.npy) and the architecture (JSON); ``relive.agents.base_policy.load_
 
 Example::
 
-    rows, meta = load_rows("relive/pointmaze-umaze-v3/scripted-v0")
-    rows = select_episodes(rows, episodes=10)                       # few demos
+    rows, meta = load_rows("relive/pointmaze-umaze-v3/scripted-v0")  # relive.data.loaders
+    rows = select_episodes(rows, episodes=10)                          # few demos (relive.data.selection)
     policy, losses = train_bc(rows, low, high, BCConfig(num_steps=2000), seed=0)
     save_bc_policy("runs/bc", policy, info={"dataset": ...})
 """
@@ -35,7 +35,6 @@ import torch
 from torch import nn
 
 from relive.agents import networks as nets
-from relive.data.columns import split_episodes
 from relive.replay.checkpoint import load_tree, save_tree
 
 KIND = "bc_policy"
@@ -89,44 +88,6 @@ class SquashedMLP(nn.Module):
         except KeyError as e:
             raise ValueError(f"an MLP policy description needs obs_dim, action_dim, hidden, action_low and "
                              f"action_high; {e.args[0]!r} is missing") from None
-
-
-# -- data selection -----------------------------------------------------------------------------------------
-def episode_successes(rows: dict, success_return: float | None = None) -> np.ndarray:
-    """Per-episode success of a dataset ([num_episodes] bool, episodes as ``split_episodes`` cuts them):
-    with ``success_return``, episode return >= it; without, the episode ended by termination (the goal
-    tasks relive makes episodic, e.g. PointMaze, terminate exactly when the goal is reached; for MuJoCo
-    locomotion a termination is a fall, so pass ``success_return`` there)."""
-    slices = split_episodes(rows)
-    if success_return is not None:
-        return np.array([float(np.sum(rows["reward"][sl])) >= success_return for sl in slices], bool)
-    return np.array([bool(rows["terminated"][sl.stop - 1]) for sl in slices], bool)
-
-
-def select_episodes(rows: dict, episodes: int | None = None, successful_only: bool = False,
-                    success_return: float | None = None, skip: int = 0) -> dict:
-    """Rows of whole episodes: only successful ones if asked (see :func:`episode_successes`), then, after
-    skipping the first ``skip`` of them, the next ``episodes`` (few demos; ``skip`` picks another demo set).
-    Raises a ValueError when fewer episodes than asked are available."""
-    slices = split_episodes(rows)
-    if successful_only:
-        ok = episode_successes(rows, success_return)
-        slices = [sl for sl, s in zip(slices, ok, strict=True) if s]
-    if not slices:
-        raise ValueError("no episodes to train on" + (" (no successful episode)" if successful_only else ""))
-    if skip < 0 or skip >= len(slices):
-        raise ValueError(f"skip must be in [0, {len(slices)}) (the number of episodes), got {skip}")
-    slices = slices[skip:]
-    if episodes is not None:
-        if episodes < 1:
-            raise ValueError(f"episodes must be >= 1, got {episodes}")
-        if episodes > len(slices):
-            what = "successful episodes" if successful_only else "episodes"
-            after = f" after skipping {skip}" if skip else ""
-            raise ValueError(f"asked for {episodes} {what}, the dataset has {len(slices)}{after}")
-        slices = slices[:episodes]
-    idx = np.concatenate([np.arange(sl.start, sl.stop) for sl in slices])
-    return {k: np.asarray(v)[idx] for k, v in rows.items()}
 
 
 # -- training -------------------------------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from relive.agents.bc import (
     save_bc_policy,
     train_bc,
 )
-from relive.data.npz_io import save_dataset
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 
@@ -78,22 +77,20 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
     return episodes
 
 
-def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out: str | Path, *, seed: int = 0,
-                      success_return: float | None = None, max_episode_steps: int | None = None,
-                      trusted: bool = False, success_key: str | None = None, success_at: str = "any") -> dict:
+def base_successes(base_path: str | Path, env_id: str, num_episodes: int, *, seed: int = 0,
+                   success_return: float | None = None, max_episode_steps: int | None = None,
+                   trusted: bool = False, success_key: str | None = None,
+                   success_at: str = "any") -> tuple[dict, dict]:
     """PLD's D_offline (spec Sec. 8; paper stage 1 step 1): roll out the frozen base alone for ``num_episodes``
-    episodes (reset seeds ``seed, seed + 1, ...``), keep the successful ones and save their rows as a relive
-    ``.npz`` dataset at ``out`` (``--dataset`` of a residual run; returns-to-go are computed when it is loaded).
-    Returns the success rate and the number of rows kept; refuses to overwrite ``out`` and to write an empty set.
+    episodes (reset seeds ``seed, seed + 1, ...``) and keep the successful ones. Returns their rows (``COLUMNS``)
+    and statistics (success rate, episodes, successes, rows); a base that succeeds in none is a ValueError.
+    Writing the rows is the caller's (``relive.train.pld_cli.collect_successes``: a relive ``.npz``).
     ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``).
     ``success_key`` / ``success_at``: success from the task's own info flag (``relive.envs.with_success``; Fetch:
     ``"is_success"`` at the ``"last"`` step), as a training run's ``env.success_key`` / ``env.success_at``."""
     # (gymnasium, optional: imported only where an env is made)
     from relive.envs import env_spec, make_env, with_success
 
-    out = Path(out)
-    if out.exists():
-        raise ValueError(f"{out} exists; pick another --out (datasets are never overwritten)")
     env = with_success(make_env(env_id, max_episode_steps), success_return, success_key, success_at)
     base = load_base_policy(base_path, env_spec(env), trusted=trusted)
     episodes = hybrid_rollouts(env, base, lambda obs, a_base: a_base, num_episodes, seed, horizon=0)
@@ -103,9 +100,8 @@ def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out
         raise ValueError(f"the base policy at {base_path} succeeded in none of {num_episodes} episodes on {env_id}: "
                          f"no D_offline to save")
     rows = {k: v for k, v in rows.items() if k in COLUMNS}
-    save_dataset(out, rows, env_id=env_id, base_policy=str(base_path), success_rate=rate)
-    return {"success_rate": rate, "episodes": num_episodes, "successes": int(sum(e["success"] for e in episodes)),
-            "rows": int(len(rows["reward"])), "out": str(out)}
+    return rows, {"success_rate": rate, "episodes": num_episodes,
+                  "successes": int(sum(e["success"] for e in episodes)), "rows": int(len(rows["reward"]))}
 
 
 def successful_rows(episodes: list[dict]) -> dict | None:

@@ -376,8 +376,15 @@ class LeanAdam(torch.optim.Adam):
         return True
 
 
-def optimize(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:
-    """One gradient step of ``opt`` on ``loss``: gradients reset to None, backward, step."""
+def optimize(opt: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float = 0.0) -> None:
+    """One gradient step of ``opt`` on ``loss``: gradients reset to None, backward, step. ``max_grad_norm`` > 0:
+    the gradient of ``opt``'s parameters is first scaled to at most that norm (``clip_grad_norm_``)."""
+    if max_grad_norm > 0:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for group in opt.param_groups for p in group["params"]], max_grad_norm)
+        opt.step()
+        return
     if isinstance(opt, LeanAdam):
         opt.minimize(loss)
         return

@@ -27,6 +27,10 @@ Offline phase (the trainer's ``OnPhase("offline")``; or call :meth:`pretrain_cri
 ``truncated`` never enters a target. The base policy is called under ``no_grad`` on NumPy arrays and belongs to
 no optimizer: its parameters never change (tested bit-identical).
 
+The update is SAC's where the arithmetic is the same (``relive.agents.sac.SAC``: ``alpha``, ``td_loss`` (13),
+``temperature_loss`` (18), the n-step discount; ``networks.optimize`` with the gradient-norm clip (14), (17) and
+``networks.polyak`` (15)); what differs is what the actor acts on: the residual, scaled by beta and added to a_base.
+
 Per-step records (spec Sec. 12.1), stored by the trainer from ``Acted.record``: ``base_action``,
 ``delta_action`` (the unscaled residual), ``beta``. The update never reads them (it recomputes pi_theta(x), which
 is deterministic); offline rows get 0 for all three (``offline="fill"``: beta = 0 and delta = 0 say "no
@@ -44,7 +48,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,9 +56,11 @@ import numpy as np
 import torch
 
 from relive.agents import networks as nets
+from relive.agents.base_policy import load_base_policy
 from relive.agents.cal_ql import CalQLConfig, cql_gap
 from relive.agents.encoders import flat_obs_batch
 from relive.agents.run_dir import AGENT_FINAL, CONFIG_FILE, open_run_dir
+from relive.agents.sac import SAC
 from relive.hooks import OnEpisodeEnd, OnEpisodeStart, OnPhase
 from relive.registry import register_agent
 from relive.replay.returns import write_returns_to_go
@@ -193,6 +198,12 @@ class ResidualSAC:
     # it from train(allow_other_base=True), `relive train ... --allow-other-base`)
     allow_other_base = False
 
+    # -- SAC's, shared: the residual differs in what the actor acts on, not in the update's arithmetic --------------
+    alpha = SAC.alpha  # alpha = exp(log alpha), without gradient
+    td_loss = staticmethod(SAC.td_loss)  # (13): (Q_i(x, a) - y)^2 averaged over the members: [E, B] -> [B]
+    temperature_loss = SAC.temperature_loss  # (18) per sample: -alpha (log dpi(delta_a | x, .) + H_tgt)
+    _discount = SAC._discount  # the batch's n-step discount (None: one-step, gamma (1 - terminated))
+
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
                  base_policy: BasePolicy | None = None):
@@ -254,14 +265,7 @@ class ResidualSAC:
             if not config.base_policy:
                 raise ValueError("residual_sac needs a frozen base policy: --base-policy PATH (agent.base_policy), or "
                                  "build ResidualSAC(...) and call set_base_policy(fn)")
-            try:
-                loader = importlib.import_module("relive.agents.base_policy").load_base_policy
-            except ModuleNotFoundError as e:
-                if e.name != "relive.agents.base_policy":
-                    raise
-                raise ValueError("agent.base_policy is set but relive.agents.base_policy (the loader) is not "
-                                 "available in this build; pass the policy with agent.set_base_policy(fn)") from None
-            base_policy = loader(config.base_policy, spec, trusted=config.trust_code)
+            base_policy = load_base_policy(config.base_policy, spec, trusted=config.trust_code)
         agent.set_base_policy(base_policy)
         return agent
 
@@ -297,10 +301,6 @@ class ResidualSAC:
 
     def _base_t(self, obs: torch.Tensor) -> torch.Tensor:
         return torch.as_tensor(self.base_action(obs.detach().cpu().numpy()), device=self.device)
-
-    @property
-    def alpha(self) -> torch.Tensor:
-        return self.log_alpha.detach().exp()
 
     def beta(self) -> float:
         """beta_t at the agent's clock (stored online env steps)."""
@@ -454,21 +454,12 @@ class ResidualSAC:
             discount = self.cfg.gamma * (1.0 - terminated)
         return reward + discount * v_otf  # (12)
 
-    @staticmethod
-    def td_loss(q: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """(13): (Q_i(x, a) - y)^2 averaged over the members: [E, B] -> [B]."""
-        return ((q - y) ** 2).mean(dim=0)
-
     def actor_loss(self, obs: torch.Tensor, base: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(16) per sample: alpha log dpi(delta_a | x, .) - min_i Q_i(x, clip(a_base + beta delta_a)), delta_a
         reparameterized; the entropy term is the residual's log-prob. Returns ([B], log dpi [B])."""
         delta, logp = self.residual(obs, base)
         q = self.critic(obs, self.executed(base, delta, beta)).min(dim=0).values
         return self.alpha * logp - q, logp
-
-    def temperature_loss(self, logp: torch.Tensor) -> torch.Tensor:
-        """(18) per sample: -alpha (log dpi(delta_a | x, .) + H_tgt)."""
-        return -self.log_alpha.exp() * (logp.detach() + self.target_entropy)
 
     def conservative_gap(self, b: Batch, base: torch.Tensor, next_base: torch.Tensor, q_data: torch.Tensor,
                          beta: float) -> tuple[torch.Tensor, dict[str, float]]:
@@ -503,7 +494,7 @@ class ResidualSAC:
         y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta, self._discount(b))  # (8)-(12)
         q = self.critic(b.obs, b.action)  # Q_i(x, a) on the executed, stored action
         critic_loss = nets.weighted_mean(self.td_loss(q, y), w)  # (13)
-        self._clipped_step(self.critic_opt, self.critic, critic_loss)  # (14)
+        nets.optimize(self.critic_opt, critic_loss, self.cfg.grad_clip_norm)  # (14)
         self.num_critic_steps += 1
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)  # (15)
         metrics = {"train/critic_loss": critic_loss.item(), "train/q_mean": q.mean().item(),
@@ -514,11 +505,12 @@ class ResidualSAC:
             self.critic.requires_grad_(False)
             per_sample, logp = self.actor_loss(b.obs, base, beta)  # (16)
             actor_loss = nets.weighted_mean(per_sample, w)
-            self._clipped_step(self.actor_opt, self.actor, actor_loss)  # (17)
+            nets.optimize(self.actor_opt, actor_loss, self.cfg.grad_clip_norm)  # (17)
             self.critic.requires_grad_(True)
             self.num_actor_steps += 1
             metrics |= {"train/actor_loss": actor_loss.item(), "train/entropy": -logp.mean().item()}
-            if self.cfg.learn_temperature:
+            if self.cfg.learn_temperature:  # (SAC's _temperature_step writes this gradient out by hand; it rounds
+                # apart from autograd's in the last bit when the batch size is not a power of two, so not shared)
                 nets.optimize(self.alpha_opt, nets.weighted_mean(self.temperature_loss(logp), w))  # (18)-(19)
             metrics["train/alpha"] = self.alpha.item()
         return UpdateResult(metrics, nets.signals_out(batch, td_error=q.mean(dim=0) - y))
@@ -541,24 +533,13 @@ class ResidualSAC:
         gap, metrics = self.conservative_gap(b, base, next_base, q, beta)  # R_CalQL of (20)
         td = self.td_loss(q, y)
         loss = nets.weighted_mean(td + self.cfg.cql_alpha * gap.mean(dim=0), w)
-        self._clipped_step(self.critic_opt, self.critic, loss)  # (21)
+        nets.optimize(self.critic_opt, loss, self.cfg.grad_clip_norm)  # (21)
         self.num_pretrain_steps += 1
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)
         metrics |= {"train/critic_loss": loss.item(), "train/td_loss": nets.weighted_mean(td, w).item(),
                     "train/cql_gap": nets.weighted_mean(gap.detach().mean(dim=0), w).item(),
                     "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()}
         return UpdateResult(TensorMetrics(metrics), nets.signals_out(batch, td_error=q.mean(dim=0) - y))
-
-    def _clipped_step(self, opt: torch.optim.Optimizer, module: torch.nn.Module, loss: torch.Tensor) -> None:
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if self.cfg.grad_clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), self.cfg.grad_clip_norm)
-        opt.step()
-
-    def _discount(self, b: Batch):
-        """The batch's n-step discount (None: one-step, gamma (1 - terminated)); see ``nets.td_discount``."""
-        return nets.td_discount(b, self.cfg.n_step, "ResidualSAC")
 
     def _to_torch(self, batch: Batch) -> Batch:
         batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)

@@ -3,9 +3,9 @@
 A gradient step is [the components' due ``EveryGradSteps`` hooks] -> sample -> ``agent.update`` ->
 ``buffer.update(signals)`` -> ``AfterUpdate`` hooks. The online phase is one loop over a *collection strategy*:
 :class:`LocalCollection` (one env, or a Gymnasium vector env, in this process: collect ``env_steps_per_chunk``
-steps -> ``OnEpisodeEnd`` hooks -> ``stored rows x utd_ratio`` gradient steps) or :class:`RayCollection` (Ray
-actors ship chunks of rows; a rate limiter interleaves chunks and gradient steps at the same update-to-data
-ratio; :mod:`relive.train.ray_collectors`). Both call :func:`cadence` (evaluation when due, the stop at
+steps -> ``OnEpisodeEnd`` hooks -> ``stored rows x utd_ratio`` gradient steps) or, chosen by the trainer,
+:class:`relive.train.ray_collection.RayCollection` (Ray actors ship chunks of rows; a rate limiter interleaves chunks
+and gradient steps at the same update-to-data ratio). Both call :func:`cadence` (evaluation when due, the stop at
 ``run.stop_at_return``, a checkpoint when due) and the loop logs both the same way (:func:`log_online`).
 
 The update clock counts stored rows: a step an agent executes without storing it (``Acted.store = False``, PLD's
@@ -16,19 +16,19 @@ trainer`; the loop names no method (what a method needs it declares in :mod:`rel
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from relive import hooks as H
 from relive.config import ExperimentConfig, ScheduleConfig
 from relive.envs import num_obs, random_actions
-from relive.files import DirectoryLock, write_text_atomic
+from relive.files import DirectoryLock
 from relive.replay import ReplayBuffer
 from relive.replay.checkpoint import save_tree
 from relive.train.checkpoint import save_checkpoint
@@ -36,7 +36,6 @@ from relive.train.collector import Collector, VectorCollector
 from relive.train.evaluation import evaluate_episodes, normalized_score
 from relive.train.intervention import DemoWriter
 from relive.train.logging import RunLogger
-from relive.train.ray_collectors import RateLimiter, RayCollectors
 
 FINISHED = "finished"  # a collection strategy's step result: the online budget is spent and nothing is owed
 
@@ -169,15 +168,16 @@ def offline_phase(run: Run) -> None:
 
 
 # -- online phase --------------------------------------------------------------------------------------------
-def online_phase(run: Run) -> dict:
-    """Collect and update on the collection strategy (``collectors.num > 0``: Ray actors; else this process's env or
-    vector env) with evaluation, checkpoints and the stop on :func:`cadence`, logging and progress here. Returns
-    the last evaluation row."""
+def online_phase(run: Run, strategy: Callable[[Run], Collection] | None = None) -> dict:
+    """Collect and update on the collection strategy, ``strategy(run)`` (the trainer's choice: Ray actors,
+    :class:`relive.train.ray_collection.RayCollection`, for ``collectors.num > 0``; by default
+    :class:`LocalCollection`, this process's env or vector env), with evaluation, checkpoints and the stop on
+    :func:`cadence`, logging and progress here. Returns the last evaluation row."""
     st = run.state
     if st.online_start_grad_step < 0:
         st.online_start_grad_step = st.grad_steps
     enter_phase(run, "online")
-    collection = RayCollection(run) if run.cfg.collectors.num else LocalCollection(run)
+    collection = (strategy or LocalCollection)(run)
     phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
     try:
         stop = collection.start()
@@ -217,6 +217,20 @@ def cadence(run: Run, before_checkpoint: Callable[[], None] | None = None) -> di
     return None
 
 
+class Collection(Protocol):
+    """A collection strategy of the online phase: ``start()`` and then ``step()`` until one returns a stop (the
+    evaluation row that reached ``run.stop_at_return``, or :data:`FINISHED`); ``log_extra()`` adds to the online
+    log; ``close()`` at the end."""
+
+    def start(self) -> dict | None: ...
+
+    def step(self) -> dict | str | None: ...
+
+    def log_extra(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+
 class LocalCollection:
     """One env or a vector env in this process: each step is the cadences, one chunk of ``env_steps_per_chunk``
     env steps, then the gradient steps it earned (once the stored rows pass the warm-up)."""
@@ -246,103 +260,6 @@ class LocalCollection:
 
     def close(self) -> None:
         pass
-
-
-class RayCollection:
-    """Ray collectors (:class:`~relive.train.ray_collectors.RayCollectors`, ``run.collector``): requests for chunks,
-    the chunks as they arrive (the cadences after each stored one, as after every local chunk) and gradient steps,
-    interleaved under a rate limiter that keeps the update-to-data ratio; ``chunks.jsonl`` records every chunk."""
-
-    def __init__(self, run: Run):
-        st, s, cc = run.state, run.cfg.schedule, run.cfg.collectors
-        self.run, self.pool = run, run.collector
-        ratio = (s.grad_steps_per_chunk, s.env_steps_per_chunk) if s.grad_steps_per_chunk else (s.utd_ratio, 1)
-        self.limiter = self.pool.limiter = RateLimiter(ratio, s.num_warmup_env_steps, cc.max_lag)
-        # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/base.py)
-        self.limiter.inserts, self.limiter.samples = stored_env_steps(run), getattr(self.pool, "resume_samples", 0)
-        self.log = _chunk_log(run.run_dir / "chunks.jsonl", self.pool.log_lines)
-        self.random_below = s.num_warmup_env_steps if s.warmup_policy == "random" else 0
-        self.lags: list[int] = []
-        self.pool.publish(run.agent, st.grad_steps)
-
-    def _request(self) -> None:
-        self.pool.request(self.limiter, self.run.cfg.schedule.num_online_env_steps - self.run.state.env_steps,
-                          self.random_below)
-
-    def _cadence(self) -> dict | None:
-        if self.run.state.env_steps >= self.run.cfg.schedule.num_online_env_steps:
-            return None  # (the budget is spent: the owed gradient steps run, the final evaluation follows)
-        return cadence(self.run, before_checkpoint=self.log.flush)
-
-    def start(self) -> dict | None:
-        self._request()  # (actors start during the evaluation)
-        return self._cadence()
-
-    def step(self) -> dict | str | None:
-        run, st, s, pool, limiter = self.run, self.run.state, self.run.cfg.schedule, self.pool, self.limiter
-        self._request()
-        budget = limiter.sample_budget()
-        if not budget and not pool.in_flight:
-            if st.env_steps >= s.num_online_env_steps:
-                return FINISHED
-            raise RuntimeError(f"rate limiter: no request allowed and nothing to update at env step {st.env_steps} "
-                               f"(collectors.max_lag_env_steps = {run.cfg.collectors.max_lag})")
-        for kind, payload in pool.poll(block=not budget):
-            if kind == "lost":
-                close_streams(run, pool.streams_of(payload))
-                pool.log_lines += _write(self.log, {"lost": payload, "incarnation": int(pool.incarnation[payload]) - 1,
-                                                    "env_steps_total": st.env_steps})
-                run.logger.print(f"collector {payload} died: restarted; its open episodes end as truncated")
-                continue
-            _ingest(run, pool, payload)
-            limiter.inserts = stored_env_steps(run)
-            self.lags.append(st.grad_steps - payload["policy_version"])
-            pool.log_lines += _write(self.log, {k: payload[k] for k in ("collector", "incarnation", "chunk_id", "pid",
-                                                                          "policy_version", "env_steps")}
-                                     | {"rows": [len(r["reward"]) for _, r in payload["streams"]],
-                                        "env_steps_total": st.env_steps})
-            if run.on_step is not None:
-                run.on_step(st.env_steps, st.grad_steps)
-            stop = self._cadence()
-            if stop is not None:
-                return stop
-        if budget:
-            gradient_step(run, "online")
-            limiter.samples += 1
-            if limiter.samples % run.cfg.collectors.sync_weights_every_grad_steps == 0:
-                pool.publish(run.agent, st.grad_steps)
-        return None
-
-    def log_extra(self) -> dict:
-        extra = {"collect/policy_lag_grad_steps": float(np.mean(self.lags)) if self.lags else math.nan,
-                 "collect/num_collector_restarts": float(self.pool.num_restarts)}
-        self.lags = []
-        return extra
-
-    def close(self) -> None:
-        self.log.close()
-
-
-def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
-    store_chunks(run, chunk["streams"], stream_offset=chunk["collector"] * pool.envs_per_collector)
-    run.state.env_steps += chunk["env_steps"]
-    clock = getattr(run.agent, "acting_clock", None)
-    if clock:  # the learner never acts: its clock is the env steps all collectors took
-        setattr(run.agent, clock, run.state.env_steps)
-    pool.finished_returns += chunk["finished_returns"]
-    pool.num_unstored_steps += chunk["num_unstored_steps"]
-
-
-def _chunk_log(path: Path, keep_lines: int):
-    """``chunks.jsonl`` cut back to the first ``keep_lines`` lines (those before the checkpoint resumed from)."""
-    lines = path.read_text().splitlines(keepends=True)[:keep_lines] if path.exists() else []
-    write_text_atomic(path, "".join(lines))
-    return path.open("a", buffering=1)  # (line-buffered: the file shows what the learner has received)
-
-
-def _write(log, record: dict) -> int:
-    log.write(json.dumps(record) + "\n")
-    return 1
 
 
 def stored_env_steps(run: Run) -> int:

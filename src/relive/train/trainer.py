@@ -59,7 +59,8 @@ from relive.train.loop import (
     stored_env_steps,
     stored_rows,
 )
-from relive.train.process import retain_freed_memory
+from relive.train.malloc import retain_freed_memory
+from relive.train.ray_collection import RayCollection
 from relive.train.ray_collectors import RayCollectors, check_agent
 
 STREAMS = ("agent", "buffer", "sampler", "warmup", "env", "eval")  # one SeedSequence child each, in this order
@@ -166,7 +167,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings, allow_other_base)
     try:
         offline_phase(run)
-        final = online_phase(run)
+        final = online_phase(run, RayCollection if run.cfg.collectors.num else None)  # (None: this process's envs)
         st = run.state
         run.logger.metrics(st.env_steps, run.train_metrics | run.buffer.stats()
                            | {"grad_step": st.grad_steps, "phase": "final"})

@@ -1,7 +1,9 @@
 """Stable-Baselines3's SAC + ``HerReplayBuffer`` beside relive's ``sac_her`` (issue 30), in relive's run layout.
 
-    python -m relive.experiments.sb3_her run --root runs --seeds 0 1 2 3 4          # one run at a time, resumable
-    python -m relive.experiments.sb3_her report --grid-root runs --root runs --out docs/results
+    python bench/sb3_her.py run --root runs --seeds 0 1 2 3 4          # one run at a time, resumable
+    python bench/sb3_her.py report --grid-root runs --root runs --out docs/results
+
+A peer's baseline beside relive, not part of the library (it needs the ``bench`` extra: stable-baselines3).
 
 **Settings** come from relive's preset (:func:`sb3_kwargs`, ``sac_her`` by default), so the two sides cannot drift
 apart: discount, Adam learning rate (SB3 has one for actor, critics and temperature; relive's three are equal),
@@ -191,7 +193,7 @@ def run_one(run_dir: str | Path, seed: int, *, task: str = TASK, env_steps: int 
         eval_env.reset(seed=e_seed)
         model = build_model(env, seed, settings)
         versions = _versions()
-        config = {"runner": "relive.experiments.sb3_her", "preset": preset, "task": task, "seed": seed,
+        config = {"runner": "bench/sb3_her.py", "preset": preset, "task": task, "seed": seed,
                   "env_steps": env_steps, "eval_every": eval_every, "eval_episodes": eval_episodes,
                   "eval_seed": e_seed, "sb3": settings, "versions": versions}
         (run_dir / "config.json").write_text(json.dumps(config, indent=1))
@@ -305,7 +307,7 @@ def report(grid_root: str | Path, root: str | Path, out: str | Path, grid_name: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m relive.experiments.sb3_her", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python bench/sb3_her.py", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="SB3 SAC + HerReplayBuffer runs, one after another (finished seeds skipped)")
     r.add_argument("--root", required=True, help="runs go to ROOT/her-fetch/sb3_sac_her/TASK/seed_N")

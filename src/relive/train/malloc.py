@@ -1,5 +1,5 @@
-"""Settings of the training process itself (applied by the trainer to its own process, like its torch thread
-count)."""
+"""glibc malloc's thresholds for the training process: freed memory kept for reuse (``retain_freed_memory``, which the
+trainer applies to its own process, like its torch thread count)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,31 @@
-"""SB3's SAC + HerReplayBuffer beside relive's sac_her (issue 30): relive.experiments.sb3_her writes relive's run
-layout (a tiny budget here), skips finished runs, takes the run lock, and its report combines the grid's runs."""
+"""SB3's SAC + HerReplayBuffer beside relive's sac_her (issue 30): bench/sb3_her.py writes relive's run layout (a
+tiny budget here), skips finished runs, takes the run lock, and its report combines the grid's runs."""
 
 import csv
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
-from relive.experiments import sb3_her
 from relive.experiments.grid import load_grid
 from relive.files import DirectoryLock, LockedError
 from relive.presets import get_preset
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "sb3_her.py"
+
+
+def _load():
+    """bench/sb3_her.py as a module (bench/ is scripts, not a package); in sys.modules for its dataclasses."""
+    spec = importlib.util.spec_from_file_location("bench_sb3_her", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sb3_her = _load()
 
 
 def fetch_or_skip():

@@ -1,10 +1,11 @@
-"""`relive bc` (behaviour cloning of a base policy) and `relive pld distill` (PLD's stage 3)."""
+"""`relive bc` (behaviour cloning of a base policy from a dataset), `relive pld collect` (the base's successful
+episodes as a dataset: ``collect_successes``) and `relive pld distill` (PLD's stage 3). The datasets are read and
+written here, above ``agents``: ``relive.agents.bc`` and ``relive.agents.distill`` take and give rows."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -12,20 +13,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from relive.agents import residual_sac
 from relive.agents.bc import (
     BCConfig,
     config_dict,
     evaluate_policy,
     refuse_existing_out,
     save_bc_policy,
-    select_episodes,
     train_bc,
 )
-from relive.agents.distill import collect_successes, distill
+from relive.agents.distill import base_successes, distill
 from relive.agents.run_dir import CONFIG_FILE, TRUST_FLAG, open_run_dir
 from relive.cli import non_negative_int, positive_float, positive_int
 from relive.data.columns import split_episodes
 from relive.data.loaders import load_rows
+from relive.data.npz_io import save_dataset
+from relive.data.selection import select_episodes
 
 TRUST_CODE_HELP = ("also read a base policy in a format that can run code when loaded (TorchScript .pt / .pth / .ts / "
                    ".jit, torch.export .pt2): only for files you trust; a run directory's config.json never says "
@@ -119,6 +122,24 @@ def add_success_key_flags(p: argparse.ArgumentParser) -> None:
                    "training run's env.success_key)")
     p.add_argument("--success-at", choices=("any", "last"), default="any", help="with --success-key: true at some "
                    "step of the episode (any, default) or at its last step (last: Fetch)")
+
+
+def collect_successes(base_path: str | Path, env_id: str, num_episodes: int, out: str | Path, *, seed: int = 0,
+                      success_return: float | None = None, max_episode_steps: int | None = None,
+                      trusted: bool = False, success_key: str | None = None, success_at: str = "any") -> dict:
+    """PLD's D_offline (spec Sec. 8; paper stage 1 step 1) as a file: the frozen base's successful episodes
+    (``relive.agents.distill.base_successes``, which takes the same settings) saved as a relive ``.npz`` dataset at
+    ``out`` (``--dataset`` of a residual run; returns-to-go are computed when it is loaded). Returns the success
+    rate and the number of rows kept; refuses to overwrite ``out`` (before any rollout) and to write an empty set.
+    ``trusted``: the base may be a format that can run code (TorchScript, torch.export; ``load_base_policy``)."""
+    out = Path(out)
+    if out.exists():
+        raise ValueError(f"{out} exists; pick another --out (datasets are never overwritten)")
+    rows, stats = base_successes(base_path, env_id, num_episodes, seed=seed, success_return=success_return,
+                                 max_episode_steps=max_episode_steps, trusted=trusted, success_key=success_key,
+                                 success_at=success_at)
+    save_dataset(out, rows, env_id=env_id, base_policy=str(base_path), success_rate=stats["success_rate"])
+    return {**stats, "out": str(out)}
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -217,16 +238,6 @@ def run_distill(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     refuse_existing_out(args.out, args.overwrite)  # before any work
     run_dir = Path(args.run)
-    try:
-        residual_sac = importlib.import_module("relive.agents.residual_sac")
-    except ModuleNotFoundError as e:
-        if e.name != "relive.agents.residual_sac":
-            raise
-        raise ValueError("`relive pld distill` loads the residual policy with relive.agents.residual_sac."
-                         "load_residual(run_dir), which this version does not have (the residual SAC agent is "
-                         "not installed); call relive.agents.distill.distill with your own residual callable") from None
-    if not hasattr(residual_sac, "load_residual"):
-        raise ValueError("relive.agents.residual_sac has no load_residual(run_dir) -> residual(obs, base_action)")
     residual = residual_sac.load_residual(run_dir)
     settings = _run_settings(run_dir)
     env_id = args.env or settings.get("env_id")
