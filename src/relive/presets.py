@@ -315,7 +315,7 @@ def vracer_refer() -> ExperimentConfig:
 # goals per real one, "future": the paper's best, Sec. 4.5) with the task's compute_reward. The agents read
 # observation + desired_goal (agent.obs_keys). Success = info["is_success"] at an episode's last step (Fetch, as the
 # paper and SB3 count it; PointMaze: --set env.success_key=success). No HER at the same settings: --set her.k=0.
-# sac_her's SAC settings are the ones relive.experiments.sb3_her hands Stable-Baselines3's SAC + HerReplayBuffer (the
+# sac_her's SAC settings are the ones bench/sb3_her.py hands Stable-Baselines3's SAC + HerReplayBuffer (the
 # her-fetch comparison): change them here and the SB3 side follows.
 HER_OBS_KEYS = ("desired_goal", "observation")
 HER_GAMMA = 0.98  # the HER paper, App. A ("discount factor of 0.98 for all transitions")
