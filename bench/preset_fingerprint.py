@@ -2,10 +2,10 @@
 
 Issue 29's check for a redesign that must not change behaviour: run this at the commit before and at the commit
 after, on the same machine, and compare. Each preset trains a few hundred seeded steps (CartPole-v1 for the DQN
-presets, FetchReach-v4 for the HER presets, Pendulum-v1 for the rest; a tiny random Pendulum dataset for the
-offline ones, and a tiny BC base
-for residual SAC) in its own process with one torch thread; the digest covers every logged value of metrics.jsonl
-and eval.csv except wall-clock ones (``time/*``). Floating point differs between CPUs, so compare fingerprints
+presets, MinAtar/Breakout-v1 and ALE/Pong-v5 for the image ones, FetchReach-v4 for the HER presets, Pendulum-v1 for
+the rest; a tiny random Pendulum dataset for the offline ones, and a tiny BC base for residual SAC) in its own
+process with one torch thread; the digest covers every logged value of metrics.jsonl and eval.csv except wall-clock
+ones (``time/*``). Floating point differs between CPUs, so compare fingerprints
 from one machine only.
 
     python bench/preset_fingerprint.py --out /tmp/before.json               # at the old commit
@@ -42,6 +42,10 @@ def presets() -> list[str]:
 
 
 def preset_args(name: str, data: Path, base: Path) -> list[str]:
+    if name == "ddqn_minatar":  # image Q-networks: their own envs (MinAtar's 10x10 planes, Atari's 84x84 frames)
+        return ["--env", "MinAtar/Breakout-v1", "--warmup", "100"]
+    if name.startswith("ddqn_atari"):
+        return ["--env", "ALE/Pong-v5", "--warmup", "100"]
     if name.startswith("ddqn"):
         return ["--env", "CartPole-v1", "--warmup", "100"]
     if name.endswith("_her"):  # goal-conditioned (HER): Gymnasium-Robotics' FetchReach (MuJoCo 3.3.0)
