@@ -115,6 +115,17 @@ class Sampler:
         """The contiguous slot range this sampler draws from."""
         return self.storage.slot_range(self.source)
 
+    def drawable(self, length: int) -> np.ndarray:
+        """Per slot of ``[0, length)``: whether this sampler may draw it -- inside its source's slots, and holding a
+        row (a demonstration segment's empty slots hold none). A loaded per-row state must be zero elsewhere."""
+        mask = np.zeros(length, bool)
+        lo, hi = self.domain()
+        mask[lo:min(hi, length)] = True
+        st = self.storage
+        if st.has_gap:
+            mask[st.num_offline : min(st.ring_base, length)] = False
+        return mask
+
     def num_rows(self) -> int:
         """Rows this sampler draws from (all stored rows when unrestricted: a demonstration segment's empty slots,
         between the offline and the online rows, are not rows)."""

@@ -237,6 +237,10 @@ class PrioritizedSampler(Sampler):
         owner = self._owner()
         leaves = np.zeros(self.storage.capacity)
         pr = state_array(state, "priority", owner, length=self.storage.size, low=0.0)
+        stray = np.flatnonzero((pr != 0) & ~self.drawable(pr.size))
+        if stray.size:  # (it would be drawn: a row this sampler does not hold, or an empty demonstration slot)
+            raise ValueError(f"{owner} field 'priority' entry {stray[0]}: slot {stray[0]} is not a row this sampler "
+                             f"draws, yet has priority {pr[stray[0]]!r}")
         leaves[: pr.size] = pr
         num_samples = state_int(state, "num_samples", owner)
         horizon = state_int(state, "is_anneal_samples", owner) if "is_anneal_samples" in state else None
