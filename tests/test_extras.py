@@ -16,22 +16,15 @@ from relive.extras import EXTRA_OF, MissingExtra, require
 def without(monkeypatch):
     """Make ``import NAME`` (and its submodules) fail as if the package were not installed."""
     def hide(*names):
-        real = builtins.__import__
+        def missing(real):
+            def fake(name, *args, **kwargs):
+                if name.split(".")[0] in names:
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
+                return real(name, *args, **kwargs)
+            return fake
 
-        def fake(name, *args, **kwargs):
-            if name.split(".")[0] in names:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
-            return real(name, *args, **kwargs)
-
-        monkeypatch.setattr(builtins, "__import__", fake)
-        real_import_module = importlib.import_module
-
-        def fake_import_module(name, *args, **kwargs):
-            if name.split(".")[0] in names:
-                raise ModuleNotFoundError(f"No module named {name!r}", name=name.split(".")[0])
-            return real_import_module(name, *args, **kwargs)
-
-        monkeypatch.setattr(importlib, "import_module", fake_import_module)
+        monkeypatch.setattr(builtins, "__import__", missing(builtins.__import__))
+        monkeypatch.setattr(importlib, "import_module", missing(importlib.import_module))
     return hide
 
 
