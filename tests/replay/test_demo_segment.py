@@ -302,7 +302,7 @@ def test_fuzz_buffer_with_a_growing_demonstration_segment(kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mixture_uniform", "mixture_uniform_per", "per_source"])
 def test_fuzz_buffer_with_a_growing_demonstration_segment_long(kind):
-    _run_demo(kind, examples=60, steps=40)
+    _run_demo(kind, examples=25, steps=30)  # (about a minute per kind on 2 idle cores)
 
 
 def _run_demo(kind, examples, steps):
