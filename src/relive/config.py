@@ -271,7 +271,7 @@ class ReplayConfig:
     capacity: int = 1_000_000  # rows, offline + online
     options: Any = None  # the strategy's own config dataclass (``replay.<name>.*``); None: its defaults
     device: str | None = None  # torch device of the buffer's columns and sampling (uniform, per, and mixtures of
-    #                            them; relive.replay.device), e.g. the agent's "cuda"; None: NumPy on the host
+    #                            them; relive.replay.samplers.device), e.g. the agent's "cuda"; None: NumPy on the host
 
     def __post_init__(self):
         if self.device is not None:

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler, consistency
+from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.replay.storage import consistency
 from relive.testing import chisquare_pvalue
 from relive.types import AGENT, DATASET, INTERVENTION, OFFLINE, ONLINE
 from tests.replay.test_fuzz import EXTRA, BufferMachine, _rows, _same

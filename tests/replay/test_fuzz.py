@@ -48,8 +48,8 @@ from relive.replay import (
     ReaPERSampler,
     ReplayBuffer,
     UniformSampler,
-    consistency,
 )
+from relive.replay.storage import consistency
 
 OBS, ACT = (3,), (2,)
 EXTRA = {"count": ((), np.int16)}

@@ -35,8 +35,8 @@ import torch
 from relive import hooks as H
 from relive.agents.run_dir import CONFIG_FILE, open_run_dir, without_trust
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, override, save_config
-from relive.data.columns import spec_from_rows
 from relive.data.loaders import fill_offline, load_rows
+from relive.data.rows import spec_from_rows
 from relive.envs import env_spec, goal_functions, make_env, make_vector_env
 from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.presets import get_preset
@@ -44,8 +44,8 @@ from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
-from relive.replay.frame_stack import FrameStack
 from relive.replay.samplers.her import HindsightSampler
+from relive.replay.storage import FrameStack
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
 from relive.train.intervention import DemoWriter, build_intervener, intervention_columns
@@ -443,7 +443,7 @@ def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuf
                         n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
                         # interventions: room for them in the never-evicted demonstration segment
                         demo_capacity=cfg.intervention.demo_capacity if cfg.intervention.kind != "none" else 0,
-                        # replay.device: columns, draws and priorities on a torch device (relive.replay.device)
+                        # replay.device: columns, draws and priorities on a torch device (relive.replay.samplers.device)
                         **({"backend": "torch", "device": cfg.replay.device} if cfg.replay.device else {}))
 
 

@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Literal, NamedTuple, overload
 import numpy as np
 
 from relive.registry import SAMPLER_CLASSES, ReplayBuild, options_dict, register_sampler_class
-from relive.replay._state import MAX_COUNTER, state_array, state_field, state_float, state_int  # noqa: F401
-from relive.replay.storage_view import StorageView
+from relive.replay.state_checks import MAX_COUNTER, state_array, state_field, state_float, state_int  # noqa: F401
+from relive.replay.storage import StorageView
 from relive.types import SOURCE_NAMES
 
 #: largest priority base a sampler stores: |td_error| + eps and raw ``priority`` signals are clamped to it, so that

@@ -15,7 +15,7 @@ episode e gets the new goal g' = achieved goal of the next observation of a goal
     episode  j ~ U{first stored row, ..., last stored row of e}   (Sec. 4.5 "episode")
     random   j ~ U{all stored rows of the buffer}    (Sec. 4.5 "random")
 
-"Stored" is the episode index's view (:mod:`relive.replay.episodes`): per stream, across ring wraps (evicted rows are
+"Stored" is the episode index's view (relive.replay.storage.episodes): per stream, across ring wraps (evicted rows are
 never used), the offline prefix (an offline row is relabeled within its dataset episode), and an open episode uses only
 the rows stored so far. Then, in the batch, ``obs[desired_key]`` and ``next_obs[desired_key]`` become g' and the reward
 is recomputed with the task's vectorized ``reward_fn(achieved_goal, desired_goal, info)`` (Gymnasium-Robotics'
