@@ -311,8 +311,8 @@ def test_sac_her_learns_a_sparse_goal_task_that_sac_without_relabeling_does_not(
     rates = {}
     for k in (4, 0):
         run_dir = cli_train(tmp_path, f"k{k}", "sac_her", "--env", GOAL_ENV, "--online-steps", "1500", "--warmup",
-                            "300", "--eval-every", "1500", "--set", f"replay.her.k={k}", "--set", "agent.hidden=[64,64]",
-                            "--batch-size", "64", "--eval-episodes", "20", "--no-progress")
+                            "300", "--eval-every", "1500", "--set", f"replay.her.k={k}", "--set",
+                            "agent.hidden=[64,64]", "--batch-size", "64", "--eval-episodes", "20", "--no-progress")
         rates[k] = eval_rows(run_dir)[-1]["eval/success_rate"]
     assert rates[4] >= 0.7 and rates[0] <= 0.4 and rates[4] > rates[0] + 0.3, rates
 
