@@ -232,9 +232,7 @@ class ReplayBuffer:
         sampler = self.sampler
         indices, probability, is_weight = sampler.sample(batch_size, self.rng)
         batch = self.gather(indices, probability, is_weight, sampler.hints())
-        if getattr(sampler, "relabels", False):  # HER (samplers/her.py): new goals into the batch
-            batch = sampler.relabel_batch(batch, self.n_step, self.gamma)  # type: ignore[attr-defined]
-        return batch
+        return sampler.relabel_batch(batch, self.n_step, self.gamma)  # (HER: new goals; others: the batch as is)
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
         """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1,
@@ -308,7 +306,7 @@ class ReplayBuffer:
         if batch_size > self.storage.num_rows:
             raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.num_rows} rows are "
                              "stored")
-        if getattr(self.sampler, "relabels", False):
+        if self.sampler.relabels:
             raise ValueError(f"sample_sequences does not relabel goals: {type(self.sampler).__name__} relabels rows of "
                              "sample() only (use sample(), or the inner sampler for sequences)")
         st = self.storage
