@@ -69,7 +69,7 @@ bench: $(VENV)/.stamp-bench
 lint: $(VENV)/.stamp-test
 	$(VENV)/bin/ruff check src tests bench examples
 
-# mypy over the modules listed in pyproject.toml's [tool.mypy] (95 of the files of src/relive; issue 48 item 6)
+# mypy over src/relive (pyproject.toml's [tool.mypy]: files, less exclude; issue 48 item 6)
 typecheck: $(VENV)/.stamp-typecheck
 	$(VENV)/bin/mypy
 

@@ -109,7 +109,10 @@ class ChannelsFirst(gym.ObservationWrapper):
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
-        h, w, c = env.observation_space.shape
+        shape = env.observation_space.shape
+        if shape is None or len(shape) != 3:
+            raise ValueError(f"ChannelsFirst reads (H, W, C) observations, got {env.observation_space}")
+        h, w, c = shape
         self.observation_space = gym.spaces.Box(0, 1, (c, h, w), np.bool_)
 
     def observation(self, observation) -> np.ndarray:

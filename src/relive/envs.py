@@ -149,24 +149,31 @@ def env_spec(env: gym.Env) -> EnvSpec:
     ``make_env`` (image tasks, goal tasks with ``keep_goal_dict``) a dict key -> (shape, dtype), as
     ``ReplayBuffer(obs_shape=...)`` takes it."""
     obs, act = env.observation_space, env.action_space
-    if (has_image_keys(obs) or has_goal_keys(obs)) and all(isinstance(s, gym.spaces.Box) for s in obs.spaces.values()):
-        obs_shape = {k: (tuple(s.shape), np.dtype(s.dtype)) for k, s in obs.spaces.items()}
+    env_id = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
+    unsupported = (f"{env_id}: only Box observation spaces (or Dicts of Boxes with an image key) are supported, "
+                   f"got {obs}")
+    obs_shape: tuple[int, ...] | dict
+    if isinstance(obs, gym.spaces.Dict) and (has_image_keys(obs) or has_goal_keys(obs)):
+        boxes = {k: s for k, s in obs.spaces.items() if isinstance(s, gym.spaces.Box)}
+        if len(boxes) < len(obs.spaces):
+            raise ValueError(unsupported)
+        obs_shape = {k: (tuple(s.shape), np.dtype(s.dtype)) for k, s in boxes.items()}
     elif isinstance(obs, gym.spaces.Box):
         obs_shape = obs.shape
     else:
-        raise ValueError(f"{env.spec.id}: only Box observation spaces (or Dicts of Boxes with an image key) are "
-                         f"supported, got {obs}")
+        raise ValueError(unsupported)
     steps = env.spec.max_episode_steps if env.spec else None
-    pixels = {}  # a Box's dtype (uint8 frames are stored as bytes) and its frame stack
+    # a Box's dtype (uint8 frames are stored as bytes) and its frame stack; a dict's: EnvSpec's defaults
+    obs_dtype, frame_stack = np.dtype(np.float32), None
     if isinstance(obs, gym.spaces.Box):
-        pixels = {"obs_dtype": np.dtype(obs.dtype) if obs.dtype in (np.uint8, np.bool_) else np.dtype(np.float32),
-                  "frame_stack": frame_stack_of(env)}
+        obs_dtype = np.dtype(obs.dtype) if obs.dtype in (np.uint8, np.bool_) else np.dtype(np.float32)
+        frame_stack = frame_stack_of(env)
     if isinstance(act, gym.spaces.Discrete):
-        return EnvSpec(env.spec.id, obs_shape, True, (), int(act.n), None, None, steps, **pixels)
+        return EnvSpec(env_id, obs_shape, True, (), int(act.n), None, None, steps, obs_dtype, frame_stack)
     if isinstance(act, gym.spaces.Box):
-        return EnvSpec(env.spec.id, obs_shape, False, act.shape, 0, act.low.astype(np.float32),
-                       act.high.astype(np.float32), steps, **pixels)
-    raise ValueError(f"{env.spec.id}: unsupported action space {act}")
+        return EnvSpec(env_id, obs_shape, False, act.shape, 0, act.low.astype(np.float32),
+                       act.high.astype(np.float32), steps, obs_dtype, frame_stack)
+    raise ValueError(f"{env_id}: unsupported action space {act}")
 
 
 def frame_stack_of(env: gym.Env) -> tuple[int, str] | None:
@@ -208,6 +215,7 @@ def num_obs(obs) -> int:
 def random_actions(spec: EnvSpec, n: int, rng: np.random.Generator) -> np.ndarray:
     if spec.discrete:
         return rng.integers(0, spec.num_actions, n)
+    assert spec.action_low is not None and spec.action_high is not None  # (a continuous spec has its box)
     return rng.uniform(spec.action_low, spec.action_high, (n, *spec.action_shape)).astype(np.float32)
 
 
@@ -345,7 +353,10 @@ def goal_functions(env: gym.Env):
                          "info): HER cannot recompute rewards for new goals")
     if getattr(u, "continuing_task", True) is not False:
         return reward_fn, None
-    terminated = u.compute_terminated
+    terminated = getattr(u, "compute_terminated", None)
+    if not callable(terminated):
+        raise ValueError(f"{name} ends its episodes at the goal (continuing_task=False) but has no "
+                         "compute_terminated(achieved_goal, desired_goal, info): HER cannot tell success for new goals")
 
     def success_fn(achieved, desired, info):  # (compute_terminated takes one row)
         return np.array([bool(terminated(a, d, info)) for a, d in zip(achieved, desired, strict=True)], bool)

@@ -20,8 +20,13 @@ gives the same images. ``relive.envs.make_env`` registers the pixel tasks on dem
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import gymnasium as gym
 import numpy as np
+
+if TYPE_CHECKING:
+    from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
 PIXEL_ENVS = {"PixelPendulum-v0": "relive.pixel_envs:make_pixel_pendulum"}
 ROD_RGB = np.array([204, 77, 77], np.uint8)  # Gymnasium's Pendulum rod colour
@@ -46,24 +51,25 @@ def pendulum_image(theta: float, size: int) -> np.ndarray:
 class PixelPendulum(gym.ObservationWrapper):
     """Pendulum-v1 with observations ``{"image": uint8 [3, S, S], "state": [theta_dot]}`` (module docstring)."""
 
-    def __init__(self, env: gym.Env, size: int = 32):
+    def __init__(self, env: PendulumEnv, size: int = 32):
         super().__init__(env)
         if size < 16:
             raise ValueError(f"PixelPendulum needs size >= 16 pixels, got {size}")
         self.size = int(size)
-        max_speed = float(env.unwrapped.max_speed)
+        self.pendulum = env  # (the unwrapped Pendulum-v1: its state, speed limit and own observation)
+        max_speed = float(env.max_speed)
         self.observation_space = gym.spaces.Dict({
             "image": gym.spaces.Box(0, 255, (3, self.size, self.size), np.uint8),
             "state": gym.spaces.Box(-max_speed, max_speed, (1,), np.float32)})
 
     def observation(self, observation) -> dict:
-        theta, theta_dot = self.env.unwrapped.state
+        theta, theta_dot = self.pendulum.state
         return {"image": pendulum_image(float(theta), self.size), "state": np.array([theta_dot], np.float32)}
 
     def true_state_obs(self) -> np.ndarray:
         """Pendulum-v1's own observation [cos theta, sin theta, theta_dot] of the current state (a state-based
         policy driving the pixel task: the generated dataset's medium level)."""
-        return np.asarray(self.env.unwrapped._get_obs(), np.float32)
+        return np.asarray(self.pendulum._get_obs(), np.float32)
 
 
 def make_pixel_pendulum(size: int = 24, render_mode: str | None = None) -> gym.Env:

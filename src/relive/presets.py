@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from relive.agents.cal_ql import CalQLConfig
 from relive.agents.ddpg import DDPGConfig
@@ -88,7 +89,8 @@ def ddqn_per() -> ExperimentConfig:
 # Mnih et al. 2015 (Nature 518), Extended Data Table 1: RMSProp with squared gradient momentum 0.95 and min squared
 # gradient 0.01 (Graves' centered RMSProp), read as torch's RMSprop(alpha=0.95, eps=0.01, centered=True) as MinAtar's
 # reference code (examples/dqn.py) passes them.
-DQN_RMSPROP = {"optimizer": "rmsprop", "rmsprop_alpha": 0.95, "optimizer_eps": 0.01, "rmsprop_centered": True}
+DQN_RMSPROP: dict[str, Any] = {"optimizer": "rmsprop", "rmsprop_alpha": 0.95, "optimizer_eps": 0.01,
+                               "rmsprop_centered": True}
 ATARI_ENV_STEPS_PER_UPDATE = 4  # ReaPER App. D, "Steps per model update" (one gradient step per 4 agent steps)
 
 

@@ -193,6 +193,39 @@ def test_own_actor_encoder_is_trained_by_the_actor_loss():
         SACConfig(actor_encoder="tied")
 
 
+@pytest.mark.parametrize("actor_encoder", ["shared", "own"])
+def test_actor_critic_draws_the_encoders_then_the_heads_from_one_stream(actor_encoder):
+    """``encoders.actor_critic``'s order (what keeps a seeded SAC's parameters as they were): the critic's CNN, then
+    the actor's projection over its convs ("shared"; DrQ), or the actor's CNN, then the critic's ("own"); then the
+    actor's head, then the critic's -- each equal to the module drawn by hand from a generator of the same seed."""
+    from relive.agents import encoders as enc
+    from relive.agents import networks as nets
+
+    cfg = SACConfig(hidden=(16, 16), encoder="cnn", encoder_feature_dim=8, actor_encoder=actor_encoder)
+    actor, critic = enc.actor_critic(0, 2, -np.ones(2), np.ones(2), cfg, torch.Generator().manual_seed(5), PIX)
+    gen = torch.Generator().manual_seed(5)
+
+    def cnn():
+        return enc.pixel_encoder(PIX, gen, 8, cfg.encoder_channels, cfg.encoder_layers)
+
+    if actor_encoder == "shared":
+        critic_encoder = cnn()
+        actor_encoder_ = enc.detached_encoder(critic_encoder, gen)
+        assert actor.encoder.source is critic.encoder  # the actor reads the critic's convs
+    else:
+        actor_encoder_ = cnn()
+        critic_encoder = cnn()
+    with nets.private_rng():
+        actor_head = nets.TanhGaussianActor(actor_encoder_.out_dim, 2, cfg.hidden, -np.ones(2), np.ones(2))
+        critic_head = nets.EnsembleCritic(cfg.num_qs, critic_encoder.out_dim, 2, cfg.hidden)
+    nets.init_(actor_head.trunk, gen)
+    nets.init_(critic_head.net, gen)
+    for built, by_hand in ((actor.encoder, actor_encoder_), (critic.encoder, critic_encoder),
+                           (actor.trunk, actor_head.trunk), (critic.net, critic_head.net)):
+        got, want = built.state_dict(), by_hand.state_dict()
+        assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in got)
+
+
 def test_encoder_shapes():
     agent = cnn_agent("rlpd")
     obs = agent._obs_in(pixel_batch(np.random.default_rng(0), n=7).obs)[0]

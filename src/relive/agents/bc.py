@@ -61,6 +61,11 @@ class BCConfig:
 class SquashedMLP(nn.Module):
     """Deterministic policy ``center + scale * tanh(mlp((obs - obs_mean) / obs_std))``: [N, obs_dim] -> [N, A]."""
 
+    obs_mean: torch.Tensor  # (buffers registered in __init__)
+    obs_std: torch.Tensor
+    scale: torch.Tensor
+    center: torch.Tensor
+
     def __init__(self, obs_dim: int, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__()
         low, high = nets.action_box(action_low, action_high, action_dim)
@@ -240,7 +245,8 @@ def evaluate_policy(policy, env_id: str, episodes: int, seed: int, success_retur
     returns, successes, lengths = [], [], []
     for i in range(episodes):
         obs, _ = env.reset(seed=int(seed) + i)
-        total, t, done, info = 0.0, 0, False, {}
+        total, t, done = 0.0, 0, False
+        info: dict = {}
         while not done:
             a = np.asarray(policy(np.asarray(obs, np.float32)[None]))[0]
             obs, reward, terminated, truncated, info = env.step(a)

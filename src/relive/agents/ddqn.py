@@ -159,7 +159,7 @@ class DDQN:
         self.image_shape = None
         gen = torch.Generator().manual_seed(int(seed))
         name = image_net_name(cfg, *image) if image is not None else None
-        if name is not None:  # an image Q-network (the target a copy of it)
+        if image is not None and name is not None:  # an image Q-network (the target a copy of it)
             self.image_shape = tuple(int(d) for d in image[0])
             self.image_dtype = np.dtype(image[1])
             self.q = enc.image_q_net(name, self.image_shape, self.image_dtype, num_actions, gen).to(self.device)
@@ -211,8 +211,9 @@ class DDQN:
         """Epsilon-greedy on the greedy actions [N] (each replaced by a uniform action with probability epsilon),
         and N steps of epsilon's schedule (env steps: with N envs one call is N steps)."""
         eps = self.epsilon
-        self.num_act_steps += greedy.shape[0]
-        random = self.rng.random(greedy.shape[0]) < eps
+        n = int(greedy.shape[0])
+        self.num_act_steps += n
+        random = self.rng.random(n) < eps
         greedy[random] = self.rng.integers(0, self.num_actions, int(random.sum()))
         return greedy
 
@@ -246,7 +247,7 @@ class DDQN:
         y = self.target(reward, b.next_obs, b.terminated, nets.td_discount(b, self.cfg.n_step, "DDQN"))
         # 2. importance-weighted Huber loss, one Adam step
         per_sample, q = self.loss(b, y)
-        loss = nets.weighted_mean(per_sample, b.info.is_weight)
+        loss = nets.weighted_mean(per_sample, nets.is_weight_of(b))
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.cfg.max_grad_norm is not None:

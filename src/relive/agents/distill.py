@@ -59,7 +59,7 @@ def hybrid_rollouts(env, base, residual, num_episodes: int, seed: int, horizon: 
     for i in range(num_episodes):
         t_base = int(rng.integers(0, horizon + 1))
         obs, _ = env.reset(seed=int(seed) + i)
-        rows = {k: [] for k in (*COLUMNS, "base_action")}
+        rows: dict[str, list] = {k: [] for k in (*COLUMNS, "base_action")}
         t, done, info = 0, False, {}
         while not done:
             o = np.asarray(obs, np.float32)[None]

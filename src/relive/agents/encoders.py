@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -138,7 +139,8 @@ def random_shift(images, pad: int, generator):
     return out.permute(0, 3, 1, 2).to(images.dtype)
 
 
-def pixel_encoder(obs_spec: Mapping, generator, feature_dim: int = 50, channels: int = 32, conv_layers: int = 4):
+def pixel_encoder(obs_spec: Mapping, generator: torch.Generator, feature_dim: int = 50, channels: int = 32,
+                  conv_layers: int = 4) -> PixelEncoder:
     """A :class:`PixelEncoder` with its parameters drawn from ``generator`` (PyTorch's default rule for every
     conv and linear layer: U(-1/sqrt(fan_in), 1/sqrt(fan_in)))."""
     with nets.private_rng():
@@ -148,11 +150,21 @@ def pixel_encoder(obs_spec: Mapping, generator, feature_dim: int = 50, channels:
             if isinstance(m, torch.nn.Conv2d):
                 bound = 1.0 / float(np.sqrt(m.in_channels * m.kernel_size[0] * m.kernel_size[1]))
                 m.weight.uniform_(-bound, bound, generator=generator)
-                m.bias.uniform_(-bound, bound, generator=generator)
+                if m.bias is not None:  # (every conv layer here has one)
+                    m.bias.uniform_(-bound, bound, generator=generator)
     return nets.init_(enc, generator, "torch")
 
 
-class PixelEncoder(nn.Module):
+class FeatureEncoder(nn.Module):
+    """What the encoded networks read of an encoder: dict observations (key -> [B, ...]) -> features
+    [B, ``out_dim``]; ``keys`` in the order they are concatenated, ``image_keys`` those that go through a CNN."""
+
+    keys: list[str]
+    image_keys: list[str]
+    out_dim: int
+
+
+class PixelEncoder(FeatureEncoder):
     """Image keys (uint8 [C, H, W]) through a small CNN each (DrQ / SAC-AE: a 3x3 conv of stride 2, then
     ``conv_layers - 1`` of stride 1, ``channels`` wide, ReLU; a linear layer to ``feature_dim``, LayerNorm,
     tanh), pixels scaled to [0, 1]; the other keys flattened; everything concatenated in sorted key order:
@@ -199,7 +211,7 @@ class PixelEncoder(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-class DetachedEncoder(nn.Module):
+class DetachedEncoder(FeatureEncoder):
     """The actor's encoder in DrQ's convention (Kostrikov et al. 2020, arXiv 2004.13649, Sec. 3 / reference code
     ``drq.py``: ``actor.encoder.copy_conv_weights_from(critic.encoder)`` and ``encoder(obs, detach=True)``; the
     same choice as SAC-AE, Yarats et al. 2019, Sec. 6): the conv layers are the critic's, read with a
@@ -230,7 +242,7 @@ class DetachedEncoder(nn.Module):
         return torch.cat(parts, dim=-1)
 
 
-def detached_encoder(source: PixelEncoder, generator) -> DetachedEncoder:
+def detached_encoder(source: PixelEncoder, generator: torch.Generator) -> DetachedEncoder:
     """A :class:`DetachedEncoder` over ``source``'s conv layers, its projection drawn from ``generator``."""
     return nets.init_(DetachedEncoder(source), generator, "torch")
 
@@ -250,7 +262,9 @@ class EncodedActor(nets.TanhGaussianActor):
     critic's conv layers without their gradient, the actor's own projection; ``actor_encoder="shared"``) or a
     whole CNN of its own, trained by the actor loss (``actor_encoder="own"``)."""
 
-    def __init__(self, encoder: nn.Module, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
+    encoder: FeatureEncoder
+
+    def __init__(self, encoder: FeatureEncoder, action_dim: int, hidden: tuple[int, ...], action_low, action_high):
         super().__init__(encoder.out_dim, action_dim, hidden, action_low, action_high)
         self.encoder = encoder
 
@@ -262,13 +276,87 @@ class EncodedCritic(nets.EnsembleCritic):
     """The critic ensemble over an encoder's features (one encoder shared by the members; the target critic, a
     copy, has its own, Polyak-averaged with the rest)."""
 
-    def __init__(self, encoder: nn.Module, num_members: int, action_dim: int, hidden: tuple[int, ...],
+    encoder: FeatureEncoder
+
+    def __init__(self, encoder: FeatureEncoder, num_members: int, action_dim: int, hidden: tuple[int, ...],
                  layer_norm: bool = False):
         super().__init__(num_members, encoder.out_dim, action_dim, hidden, layer_norm)
         self.encoder = encoder
 
     def forward(self, obs, action, members=None):
         return super().forward(self.encoder(obs), action, members)
+
+
+class ActorCriticSettings(Protocol):
+    """The agent settings :func:`actor_critic` builds from (``SACConfig`` and its variants' configs have them)."""
+
+    @property
+    def hidden(self) -> tuple[int, ...]: ...
+    @property
+    def num_qs(self) -> int: ...
+    @property
+    def critic_layer_norm(self) -> bool: ...
+    @property
+    def init(self) -> str: ...
+    @property
+    def encoder_feature_dim(self) -> int: ...
+    @property
+    def encoder_channels(self) -> int: ...
+    @property
+    def encoder_layers(self) -> int: ...
+    @property
+    def actor_encoder(self) -> str: ...
+
+
+def cnn_obs_spec(encoder: str, obs_spec) -> dict | None:
+    """The dict observation spec (key -> ColumnSpec or (shape, dtype)) an agent's CNN encoder is built for:
+    ``encoder="cnn"`` (a ValueError without ``obs_spec``), or ``"auto"`` when ``obs_spec`` has an image key; None
+    when the networks read flat (concatenated) observations."""
+    if encoder == "cnn" or encoder == "auto" and isinstance(obs_spec, Mapping) and image_keys(obs_spec):
+        if not isinstance(obs_spec, Mapping):
+            raise ValueError("encoder='cnn' needs obs_spec: the dict observation's keys -> (shape, dtype), e.g. "
+                             "buffer.storage.obs_spec")
+        return dict(obs_spec)
+    return None
+
+
+def actor_critic(obs_dim: int, action_dim: int, action_low, action_high, cfg: ActorCriticSettings,
+                 generator: torch.Generator, obs_spec: Mapping | None = None
+                 ) -> tuple[nets.TanhGaussianActor, nets.EnsembleCritic]:
+    """SAC's actor pi(a | s) and critic ensemble Q_e(s, a), every parameter drawn from ``generator`` (on the CPU).
+
+    Flat observations (``obs_spec`` None): MLPs over ``obs_dim`` inputs, the actor's layers drawn first, then the
+    critic's (``cfg.init``'s rule). With ``obs_spec`` (:func:`cnn_obs_spec`): an :class:`EncodedActor` and an
+    :class:`EncodedCritic` over a CNN per image key (``obs_dim`` unused). ``actor_encoder="shared"`` (DrQ): the
+    critic's :class:`PixelEncoder`, then the actor's :class:`DetachedEncoder` projection over its conv layers;
+    ``"own"``: two PixelEncoders, the actor's first. Then the actor's head, then the critic's (``cfg.init``)."""
+    if obs_spec is None:
+        with nets.private_rng():
+            actor = nets.TanhGaussianActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
+            critic = nets.EnsembleCritic(cfg.num_qs, obs_dim, action_dim, cfg.hidden, cfg.critic_layer_norm)
+        return nets.init_(actor, generator, cfg.init), nets.init_(critic, generator, cfg.init)
+    actor_encoder, critic_encoder = _pixel_encoders(obs_spec, cfg, generator)
+    with nets.private_rng():
+        encoded_actor = EncodedActor(actor_encoder, action_dim, cfg.hidden, action_low, action_high)
+        encoded_critic = EncodedCritic(critic_encoder, cfg.num_qs, action_dim, cfg.hidden, cfg.critic_layer_norm)
+    for part in (encoded_actor, encoded_critic):  # the heads (the encoders are drawn above, from the same stream)
+        for name, module in part.named_children():
+            if name != "encoder":
+                nets.init_(module, generator, cfg.init)
+    return encoded_actor, encoded_critic
+
+
+def _pixel_encoders(obs_spec: Mapping, cfg: ActorCriticSettings,
+                    generator: torch.Generator) -> tuple[FeatureEncoder, PixelEncoder]:
+    """(the actor's encoder, the critic's), drawn in :func:`actor_critic`'s order."""
+    def cnn() -> PixelEncoder:
+        return pixel_encoder(obs_spec, generator, cfg.encoder_feature_dim, cfg.encoder_channels, cfg.encoder_layers)
+
+    if cfg.actor_encoder == "shared":  # DrQ: one CNN, trained by the critic; the actor reads it detached
+        critic_encoder = cnn()
+        return detached_encoder(critic_encoder, generator), critic_encoder
+    actor_encoder = cnn()  # "own": the actor's CNN, trained by the actor loss
+    return actor_encoder, cnn()
 
 
 # -- image Q-networks (DDQN on Atari and MinAtar: ``agent.encoder``) ---------------------------------------------

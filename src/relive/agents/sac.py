@@ -184,43 +184,18 @@ class SAC:
         """``obs_spec``: with ``encoder="cnn"``, the dict observation's keys -> (shape, dtype) (or a storage's
         ``obs_spec``); ``obs_dim`` is then the encoder's output size (pass anything, e.g. 0)."""
         self.cfg = cfg = config if config is not None else SACConfig()
-        self.obs_spec = None
-        if cfg.encoder == "cnn" or cfg.encoder == "auto" and isinstance(obs_spec, Mapping) and enc.image_keys(obs_spec):
-            if not isinstance(obs_spec, Mapping):
-                raise ValueError("encoder='cnn' needs obs_spec: the dict observation's keys -> (shape, dtype), e.g. "
-                                 "buffer.storage.obs_spec")
-            self.obs_spec = dict(obs_spec)
-        self.obs_dim, self.action_dim = int(obs_dim), int(action_dim)
+        self.obs_spec = enc.cnn_obs_spec(cfg.encoder, obs_spec)  # None: flat observations (dict keys concatenated)
+        self.action_dim = int(action_dim)
         self.device = torch.device(device)
         self.action_low = np.asarray(action_low, np.float32).reshape(-1)
         self.action_high = np.asarray(action_high, np.float32).reshape(-1)
         init_gen = torch.Generator().manual_seed(int(seed))  # parameters (CPU: identical on every device)
-        actor: nets.TanhGaussianActor
-        critic: nets.EnsembleCritic
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # exploration, targets, ...
-        if self.obs_spec is not None:  # a CNN per image key, one encoder in the actor and one in the critic
-            if cfg.actor_encoder == "shared":  # DrQ: one CNN, trained by the critic; the actor reads it detached
-                critic_encoder = enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim,
-                                                   cfg.encoder_channels, cfg.encoder_layers)
-                encoders = [enc.detached_encoder(critic_encoder, init_gen), critic_encoder]
-            else:
-                encoders = [enc.pixel_encoder(self.obs_spec, init_gen, cfg.encoder_feature_dim,
-                                                   cfg.encoder_channels, cfg.encoder_layers) for _ in range(2)]
-            self.obs_dim = encoders[0].out_dim
-            with nets.private_rng():
-                actor = enc.EncodedActor(encoders[0], action_dim, cfg.hidden, action_low, action_high)
-                critic = enc.EncodedCritic(encoders[1], cfg.num_qs, action_dim, cfg.hidden, cfg.critic_layer_norm)
-            for part in (actor, critic):  # the heads (the encoders were initialized above, from the same stream)
-                for name, module in part.named_children():
-                    if name != "encoder":
-                        nets.init_(module, init_gen, cfg.init)
-            self.actor, self.critic = actor.to(self.device), critic.to(self.device)
-        else:
-            with nets.private_rng():
-                actor = nets.TanhGaussianActor(obs_dim, action_dim, cfg.hidden, action_low, action_high)
-                critic = nets.EnsembleCritic(cfg.num_qs, obs_dim, action_dim, cfg.hidden, cfg.critic_layer_norm)
-            self.actor = nets.init_(actor, init_gen, cfg.init).to(self.device)
-            self.critic = nets.init_(critic, init_gen, cfg.init).to(self.device)
+        actor, critic = enc.actor_critic(int(obs_dim), action_dim, action_low, action_high, cfg, init_gen,
+                                         self.obs_spec)
+        # what the actor's and the critic's MLPs read: the observation, or the CNN encoder's features
+        self.obs_dim = actor.encoder.out_dim if isinstance(actor, enc.EncodedActor) else int(obs_dim)
+        self.actor, self.critic = actor.to(self.device), critic.to(self.device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         if cfg.compile:  # in place: parameter names (and checkpoints) stay the same
             self.critic.compile(mode=cfg.compile_mode)
@@ -448,8 +423,7 @@ class SAC:
             if self.cfg.augment_pad:
                 assert isinstance(self.actor, enc.EncodedActor)  # (obs_spec: the CNN encoder's actor)
                 for o in (obs, next_obs):
-                    # (EncodedActor.encoder is typed nn.Module; it is a PixelEncoder or a DetachedEncoder)
-                    for k in self.actor.encoder.image_keys:  # type: ignore[union-attr]
+                    for k in self.actor.encoder.image_keys:
                         o[k] = enc.random_shift(o[k], self.cfg.augment_pad, self.gen)
             return replace(b, obs=obs, next_obs=next_obs)
         batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+import gymnasium as gym
 import numpy as np
 
 from relive import hooks as H
+from relive.agents.contract import Agent
 from relive.config import ExperimentConfig, ScheduleConfig
-from relive.envs import num_obs, random_actions
+from relive.envs import EnvSpec, num_obs, random_actions
 from relive.files import DirectoryLock
 from relive.replay import ReplayBuffer
 from relive.replay.checkpoint import save_tree
@@ -36,6 +38,9 @@ from relive.train.collector import Collector, VectorCollector
 from relive.train.evaluation import evaluate_episodes, normalized_score
 from relive.train.intervention import DemoWriter
 from relive.train.logging import RunLogger
+
+if TYPE_CHECKING:
+    from relive.train.ray_collectors import RayCollectors
 
 FINISHED = "finished"  # a collection strategy's step result: the online budget is spent and nothing is owed
 
@@ -65,18 +70,18 @@ class Run:
 
     cfg: ExperimentConfig
     run_dir: Path
-    agent: object
+    agent: Agent
     buffer: ReplayBuffer
-    collector: Collector | VectorCollector  # or ray_collectors.RayCollectors (collectors.num > 0)
-    eval_env: object
-    spec: object
+    collector: Collector | VectorCollector | RayCollectors  # (Ray actors: collectors.num > 0)
+    eval_env: gym.Env | None  # None: an offline-only run without an environment
+    spec: EnvSpec
     warmup_rng: np.random.Generator
     eval_seed: int
     logger: RunLogger
     state: LoopState
     on_step: Callable[[int, int], None] | None
     hooks: list = field(default_factory=list)
-    train_metrics: dict = field(default_factory=dict)
+    train_metrics: Mapping[str, float] = field(default_factory=dict)  # the last update's (read when logged)
     start: float = field(default_factory=time.perf_counter)
     last_checkpoint: float | None = None  # wall-clock (monotonic) of the last checkpoint, or of the first cadence
     demo_writer: DemoWriter | None = None  # interventions: intervened stretches into the demonstration segment
@@ -161,7 +166,7 @@ def offline_phase(run: Run) -> None:
             rate = (st.grad_steps - phase_grad) / max(time.perf_counter() - phase_start, 1e-9)
             run.logger.progress("offline", st.offline_done, f"{rate:.0f} grad/s")
         if st.offline_done % rc.log_every_env_steps == 0:
-            run.logger.metrics(0, run.train_metrics | {"grad_step": st.grad_steps, "phase": "offline"})
+            run.logger.metrics(0, dict(run.train_metrics) | {"grad_step": st.grad_steps, "phase": "offline"})
         if st.offline_done % rc.checkpoint_every_offline_grad_steps == 0 \
                 or st.offline_done == s.num_offline_grad_steps:
             checkpoint(run)
@@ -180,7 +185,7 @@ def online_phase(run: Run, strategy: Callable[[Run], Collection] | None = None) 
     collection = (strategy or LocalCollection)(run)
     phase_start, phase_env, phase_grad = time.perf_counter(), st.env_steps, st.grad_steps
     try:
-        stop = collection.start()
+        stop: dict | str | None = collection.start()
         while stop is None:
             stop = collection.step()
             if stop is not None:
@@ -281,14 +286,16 @@ def collect(run: Run, k: int) -> int:
     """``k`` env steps into the buffer (warm-up: uniform random actions unless ``warmup_policy = "agent"``), then
     the ``OnEpisodeEnd`` hooks of the episodes that ended among the stored rows. With ``num_envs`` envs, k is
     rounded up to a multiple of it and env i's rows go to stream i. Returns the env steps taken."""
-    st, s = run.state, run.cfg.schedule
+    st, s, collector = run.state, run.cfg.schedule, run.collector
+    if not isinstance(collector, Collector | VectorCollector):
+        raise TypeError(f"collect() steps this process's env or vector env, not a {type(collector).__name__}")
 
     def policy(obs):
         if st.env_steps < s.num_warmup_env_steps and s.warmup_policy == "random":
             return random_actions(run.spec, num_obs(obs), run.warmup_rng)
         return run.agent.act(obs, explore=True)  # (may return a behaviour record, or store=False to probe)
 
-    chunks, k = run.collector.step_streams(policy, k)  # truncation: next_obs is the true final obs
+    chunks, k = collector.step_streams(policy, k)  # truncation: next_obs is the true final obs
     store_chunks(run, chunks)
     st.env_steps += k
     if run.on_step is not None:
@@ -364,7 +371,7 @@ def log_online(run: Run, env_rate: float, grad_rate: float, extra: dict | None =
     returns of the episodes finished since the last row), with ``extra`` (the collection strategy's own)."""
     st, c = run.state, run.collector
     returns = c.finished_returns
-    run.logger.metrics(st.env_steps, run.train_metrics | run.buffer.stats() | {
+    run.logger.metrics(st.env_steps, dict(run.train_metrics) | run.buffer.stats() | {
         "grad_step": st.grad_steps, "phase": "online", "time/env_steps_per_s": env_rate,
         "time/grad_steps_per_s": grad_rate, "collect/num_unstored_steps": float(c.num_unstored_steps),
         "train/episode_return": float(np.mean(returns)) if returns else math.nan}
@@ -379,7 +386,7 @@ def intervention_metrics(run: Run) -> dict:
     (all time) and ``replay/num_demonstrations`` (rows that joined the demonstration segment during online training;
     a stretch still going on joins when it ends)."""
     c = run.collector
-    if getattr(c, "intervener", None) is None:
+    if not isinstance(c, Collector) or c.intervener is None:  # (an intervener steps one env in this process)
         return {}
     per_episode, lengths = c.finished_interventions, c.finished_lengths
     c.finished_interventions, c.finished_lengths = [], []

@@ -190,8 +190,8 @@ def run_bc(args: argparse.Namespace) -> int:
         spec = env_spec(make_env(env_id))
         low, high = spec.action_low, spec.action_high
     else:  # no env: the box spanned by the data
-        act = np.asarray(rows["action"], np.float32)
-        low, high = act.min(0) - 1e-3, act.max(0) + 1e-3
+        actions = np.asarray(rows["action"], np.float32)
+        low, high = actions.min(0) - 1e-3, actions.max(0) + 1e-3
     print(f"BC on {args.dataset}: {len(rows['obs']):,} of {n_all:,} rows, {n_episodes} episodes, "
           f"{args.steps} steps, seed {args.seed}")
     advance, bar = _progress(not args.no_progress, args.steps, "behaviour cloning")

@@ -36,7 +36,10 @@ class RayCollection:
 
     def __init__(self, run: Run):
         st, s, cc = run.state, run.cfg.schedule, run.cfg.collectors
-        self.run, self.pool = run, run.collector
+        pool = run.collector
+        if not isinstance(pool, RayCollectors):
+            raise TypeError(f"RayCollection runs Ray collectors (collectors.num > 0), not a {type(pool).__name__}")
+        self.run, self.pool = run, pool
         ratio = (s.grad_steps_per_chunk, s.env_steps_per_chunk) if s.grad_steps_per_chunk else (s.utd_ratio, 1)
         self.limiter = self.pool.limiter = RateLimiter(ratio, s.num_warmup_env_steps, cc.max_lag)
         # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/contract.py)
@@ -104,7 +107,7 @@ class RayCollection:
         self.log.close()
 
 
-def _ingest(run, pool: RayCollectors, chunk: dict) -> None:
+def _ingest(run: Run, pool: RayCollectors, chunk: dict) -> None:
     store_chunks(run, chunk["streams"], stream_offset=chunk["collector"] * pool.envs_per_collector)
     run.state.env_steps += chunk["env_steps"]
     clock = getattr(run.agent, "acting_clock", None)

@@ -153,7 +153,7 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         offline_phase(run)
         final = online_phase(run, RayCollection if run.cfg.collectors.num else None)  # (None: this process's envs)
         st = run.state
-        run.logger.metrics(st.env_steps, run.train_metrics | run.buffer.stats()
+        run.logger.metrics(st.env_steps, dict(run.train_metrics) | run.buffer.stats()
                            | {"grad_step": st.grad_steps, "phase": "final"})
         agent: Any = run.agent  # (any registered agent: loop.Run types it as object)
         save_tree(run.run_dir / "agent_final", agent.state_dict(), kind="agent")  # the trained policy
