@@ -46,6 +46,7 @@ from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.replay.frame_stack import FrameStack
 from relive.replay.samplers.her import HindsightSampler
+from relive.train.callbacks import Callback, as_callbacks
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
 from relive.train.intervention import DemoWriter, build_intervener, intervention_columns
@@ -153,18 +154,23 @@ RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progre
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
           resume_settings: Sequence[str] = (), on_step: Callable[[int, int], None] | None = None,
-          wrap_agent: Callable | None = None, allow_other_base: bool = False) -> RunSummary:
+          wrap_agent: Callable | None = None, allow_other_base: bool = False,
+          callbacks: Sequence[Callback] = ()) -> RunSummary:
     """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint; ``resume_settings``:
     ``section.key=value`` changes of :data:`RESUME_SETTINGS` for the resumed part (e.g. ``run.device=cpu`` and
     ``replay.device=none`` to continue a GPU run on a machine without one), written to its config.json.
 
-    ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk (tests
-    raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
+    ``callbacks``: :class:`relive.train.callbacks.Callback` objects called on every step, evaluation and
+    checkpoint; one that returns ``False`` or raises ``StopTraining`` ends the run cleanly (summary.json ``status =
+    "stopped"``). ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk
+    (tests raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
     the agent (seeds batched in one process, :mod:`relive.train.seed_batch`). ``allow_other_base``: an agent on a
     frozen base policy (``allow_other_base`` attribute) may load a checkpoint / ``run.init_from`` state recorded on
     a base with another digest (refused otherwise).
     """
-    run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings, allow_other_base)
+    checked = as_callbacks(callbacks, on_step)  # (a wrong one is refused before anything is built)
+    run = build(cfg, resume_dir, None, wrap_agent, resume_settings, allow_other_base)  # (on_step: a callback now)
+    run.callbacks = checked
     try:
         offline_phase(run)
         final = online_phase(run, RayCollection if run.cfg.collectors.num else None)  # (None: this process's envs)
@@ -177,7 +183,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         st, s = run.state, run.cfg.schedule
         summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
                              final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
-                             st.best_return, time.perf_counter() - run.start, git_sha=_git_sha(),
+                             st.best_return, time.perf_counter() - run.start,
+                             status="stopped" if run.stop_reason else "finished", git_sha=_git_sha(),
                              torch_version=torch.__version__, num_stored_online_env_steps=stored_env_steps(run),
                              num_probing_env_steps=run.collector.num_unstored_steps)
         # (atomic: its presence means the run finished, so it is never seen half-written; still under the lock)
