@@ -50,7 +50,7 @@ from relive.train.callbacks import Callback, as_callbacks
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
 from relive.train.intervention import DemoWriter, build_intervener, intervention_columns
-from relive.train.logging import RunLogger
+from relive.train.logging import RunLogger, check_loggers
 from relive.train.loop import (
     LoopState,
     Run,
@@ -169,6 +169,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     a base with another digest (refused otherwise).
     """
     checked = as_callbacks(callbacks, on_step)  # (a wrong one is refused before anything is built)
+    if cfg is not None:  # (a missing wandb / mlflow: one line, before the run directory is written)
+        check_loggers(cfg.run.loggers)
     run = build(cfg, resume_dir, None, wrap_agent, resume_settings, allow_other_base)  # (on_step: a callback now)
     run.callbacks = checked
     try:
@@ -320,7 +322,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         loaded = load_rows(cfg.data.dataset) if cfg.data.dataset else None
         spec = dataset_spec(cfg, loaded)
     else:
-        goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts stored as columns, relabeled at sample time
+        # HER: goal dicts stored as columns, relabeled at sample time; env.kwargs: gym.make's keyword arguments
+        goal = {"keep_goal_dict": cfg.her.enabled, "env_kwargs": cfg.env.kwargs}
         eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, evaluation=True, **goal)  # (Atari: full games)
         env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps, **goal) if num_envs == 1 else \
             make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps, **goal)
@@ -361,7 +364,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         collector.connect()  # start or join Ray (a bad address fails here, before the directory is written)
     if resume_dir is None:  # everything is built: only now does the directory become a run
         _create_run_dir(saved_cfg, run_dir, held, env)
-    logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress,
+                       loggers=cfg.run.loggers, config=saved_cfg.to_dict())
     _print_start_notes(logger, notes, s, has_env=eval_env is not None)
     run = Run(saved_cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
               _int(seeds["eval"]), logger, state, on_step, hooks)
