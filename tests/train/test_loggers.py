@@ -103,6 +103,7 @@ def test_wandb_and_mlflow_runs_hold_the_runs_numbers(tmp_path, monkeypatch):
         assert want and sorted(got) == sorted(want), key
 
 
+@pytest.mark.slow  # (importing mlflow: ~6 s here)
 def test_mlflow_resumed_run_logs_into_the_same_run(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
@@ -121,8 +122,6 @@ def test_mlflow_resumed_run_logs_into_the_same_run(tmp_path, monkeypatch):
 
 
 def test_offline_lines_go_under_offline_against_gradient_steps(tmp_path):
-    pytest.importorskip("wandb")
-
     class Spy:
         def __init__(self):
             self.calls = []

@@ -181,7 +181,8 @@ def _num_envs(text: str) -> int:
 
 FLAG_TO_SETTING = {
     "env": "env.id", "dataset": "data.dataset", "base_policy": "agent.base_policy", "replay": "replay.name",
-    "env_kwargs": "env.kwargs", "logger": "run.loggers", "seed": "run.seed", "run_dir": "run.run_dir", "num_envs": "env.num_envs", "vector_mode": "env.vector_mode",
+    "env_kwargs": "env.kwargs", "logger": "run.loggers",
+    "seed": "run.seed", "run_dir": "run.run_dir", "num_envs": "env.num_envs", "vector_mode": "env.vector_mode",
     "collectors": "collectors.num", "ray_address": "collectors.ray_address",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",

@@ -6,10 +6,10 @@ same figures and an ETA.
 
 Every logger gets the same numbers: the finite numbers of each metrics.jsonl line (offline-phase lines under
 ``offline/`` against gradient steps, online lines against env steps) and the ``eval/`` numbers of each eval.csv row.
-W&B runs offline (``$WANDB_MODE``, default offline: nothing leaves the machine; ``wandb sync RUN_DIR/wandb/offline-run-*``
-uploads later) in RUN_DIR/wandb, each row with its ``env_step`` and ``grad_step``; MLflow logs into
-``$MLFLOW_TRACKING_URI`` or else a file store in RUN_DIR/mlruns (experiment "relive", a run named after the run
-directory, resumed by a resumed run), the step of each value as TensorBoard's."""
+W&B runs offline (``$WANDB_MODE``, default offline: nothing leaves the machine; ``wandb sync
+RUN_DIR/wandb/offline-run-*`` uploads later) in RUN_DIR/wandb, each row with its ``env_step`` and ``grad_step``;
+MLflow logs into ``$MLFLOW_TRACKING_URI`` or else a file store in RUN_DIR/mlruns (experiment "relive", a run named
+after the run directory, resumed by a resumed run), the step of each value as TensorBoard's."""
 
 from __future__ import annotations
 
