@@ -145,9 +145,10 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         if optimize_memory_usage:
             raise ValueError("ReliveReplayBuffer: optimize_memory_usage=True is SB3's own buffer layout; relive keeps "
                              "next_obs per row (leave optimize_memory_usage off)")
-        is_dict = isinstance(observation_space, spaces.Dict)
+        subspaces = observation_space.spaces if isinstance(observation_space, spaces.Dict) else None
+        is_dict = subspaces is not None
         if not (isinstance(observation_space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary)
-                or is_dict and all(isinstance(sub, spaces.Box) for sub in observation_space.spaces.values())):
+                or subspaces is not None and all(isinstance(sub, spaces.Box) for sub in subspaces.values())):
             raise ValueError(f"ReliveReplayBuffer: observation space {observation_space} is not supported (Box, "
                              "Discrete, MultiDiscrete, MultiBinary, or a Dict of Boxes)")
         if sampler is not None and not isinstance(sampler, Sampler):
@@ -168,7 +169,7 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         num_offline = 0 if rows is None else len(np.asarray(rows["reward"]))
         # a Dict: key -> (shape, dtype), a column per key (dict observations' next_obs is read from the next row
         # where it is that row's obs: relive's dedup_next_obs, stored only at episode ends)
-        obs_shape = ({k: (tuple(sub.shape), sub.dtype) for k, sub in observation_space.spaces.items()} if is_dict
+        obs_shape = ({k: (sub.shape, sub.dtype) for k, sub in subspaces.items()} if subspaces is not None
                      else self.obs_shape)
         self._relive = ReplayBuffer(self.buffer_size * n_envs + num_offline, obs_shape, (self.action_dim,),
                                    sampler=sampler, seed=seed, obs_dtype=observation_space.dtype,
