@@ -108,3 +108,17 @@ def test_a_resumed_run_keeps_its_kwargs(tmp_path):
     gym.registry.pop("ReliveLevel-v0")
     assert summary.num_online_env_steps == 40 and summary.final_return == 15.0
     assert _returns(tmp_path / "k")[0] == [15.0, 15.0, 15.0]
+
+
+@pytest.mark.parametrize("num_envs", [1, 2])
+def test_a_ray_collector_makes_its_envs_with_the_kwargs(num_envs):
+    """The Ray collector's worker (the class its actor runs, built here in-process) gets env.kwargs from the config
+    the learner ships it."""
+    pytest.importorskip("ray")
+    from relive.train.ray_collectors import CollectorWorker
+
+    cfg = config_from_args(build_parser().parse_args(["train", "sac", "--env", "Pendulum-v1", "--env-kwargs",
+                                                      '{"g": 1.5}', "--num-envs", str(num_envs), *TINY]))
+    collector = CollectorWorker(cfg.to_dict(), 0, 0, 0, seed=0).collector
+    envs = collector.envs.envs if num_envs > 1 else [collector.env]
+    assert [e.unwrapped.g for e in envs] == [1.5] * num_envs
