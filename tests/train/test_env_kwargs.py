@@ -110,6 +110,7 @@ def test_a_resumed_run_keeps_its_kwargs(tmp_path):
     assert _returns(tmp_path / "k")[0] == [15.0, 15.0, 15.0]
 
 
+@pytest.mark.slow  # (importing ray: ~10 s here)
 @pytest.mark.parametrize("num_envs", [1, 2])
 def test_a_ray_collector_makes_its_envs_with_the_kwargs(num_envs):
     """The Ray collector's worker (the class its actor runs, built here in-process) gets env.kwargs from the config
