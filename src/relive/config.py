@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import keyword
 import math
 import re
 import types
@@ -42,6 +43,9 @@ def check_device(key: str, device: str) -> None:
         raise ValueError(f"{key} must be 'cpu', 'cuda', 'cuda:N' (N a device number) or 'mps', got {device!r}")
 
 
+LOGGERS = ("tensorboard", "wandb", "mlflow")  # run.loggers: what relive.train.logging writes to
+
+
 @dataclass(frozen=True)
 class RunConfig:
     seed: int = 0  # run seed: every component gets its own stream from SeedSequence(seed).spawn
@@ -70,8 +74,15 @@ class RunConfig:
     # offline pre-training shared by fine-tuning runs that differ only in their replay (the ARB paper's protocol)
     init_from: str | None = None
     stop_at_return: float | None = None  # end the online phase at the first evaluation with mean return >= this
+    # where metrics go besides metrics.jsonl / eval.csv (relive.train.logging): tensorboard (tb/), wandb (offline,
+    # RUN/wandb/), mlflow (a file store RUN/mlruns/, or $MLFLOW_TRACKING_URI); [] for none of them
+    loggers: tuple[str, ...] = ("tensorboard",)
 
     def __post_init__(self):
+        bad = [x for x in self.loggers if x not in LOGGERS] if isinstance(self.loggers, tuple) else [self.loggers]
+        if bad or len(set(self.loggers)) != len(self.loggers):
+            raise ValueError(f"run.loggers must be a list of distinct names out of {', '.join(LOGGERS)}, got "
+                             f"{list(self.loggers) if isinstance(self.loggers, tuple) else self.loggers!r}")
         for name in ("log_every_env_steps", "eval_every_env_steps", "eval_episodes", "checkpoint_every_env_steps",
                      "checkpoint_every_offline_grad_steps", "num_threads"):
             if getattr(self, name) < 1:
@@ -81,6 +92,28 @@ class RunConfig:
                                 or sec <= 0):
             raise ValueError(f"run.checkpoint_every_seconds must be a number of seconds > 0 (or None), got {sec!r}")
         check_device("run.device", self.device)
+
+
+def check_env_kwargs(kwargs: object, key: str = "env.kwargs") -> None:
+    """``kwargs`` must be what ``gymnasium.make(id, **kwargs)`` takes from a command line: a dict whose keys are Python
+    identifiers and whose values are JSON scalars (null, true/false, numbers, strings) or lists of them (nested lists
+    too); a ValueError naming ``key`` otherwise."""
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{key} must be a JSON object of keyword arguments, e.g. {{\"g\": 9.81}}, got {kwargs!r}")
+    for name, value in kwargs.items():
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise ValueError(f"{key}: {name!r} is not a keyword argument name (a Python identifier)")
+        if not _json_value(value):
+            raise ValueError(f"{key}: {name} = {value!r} is not a JSON scalar (null, true/false, a finite number, a "
+                             "string) or a list of them")
+
+
+def _json_value(value: object) -> bool:
+    if isinstance(value, list | tuple):
+        return all(_json_value(v) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return value is None or isinstance(value, bool | int | str)
 
 
 SUCCESS_AT = ("any", "last")  # env.success_at: at which step of an episode info[success_key] counts
@@ -109,8 +142,12 @@ class EnvConfig:
     # cadences) count the steps of every env: a chunk is rounded up to a multiple of num_envs. 1: one env, as before
     num_envs: int = 1
     vector_mode: str = "sync"  # num_envs > 1: "sync" (SyncVectorEnv, one process) or "async" (a subprocess per env)
+    # keyword arguments of gymnasium.make(id, **kwargs) for every env of the run (training, evaluation, vector envs,
+    # Ray collectors), e.g. {"g": 9.81}: a JSON object, keys Python identifiers, values JSON scalars or lists
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        check_env_kwargs(self.kwargs)
         if not isinstance(self.id, str):
             raise ValueError(f"env.id must name a Gymnasium environment, e.g. 'Pendulum-v1' (or be '' for an "
                              f"offline-only run from a dataset), got {self.id!r}")
@@ -615,6 +652,11 @@ def parse_value(tp, raw: str, key: str):
             if len(text) >= 2 and text[0] == text[-1] == '"':
                 return json.loads(text)
             return raw
+        if origin is dict:  # (env.kwargs: a JSON object; its __post_init__ checks the keys and values)
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
         if origin is tuple:
             value = json.loads(text)
             if not isinstance(value, list):
@@ -635,6 +677,8 @@ def _type_name(tp) -> str:
     if origin is tuple:
         plural = {int: "integers", float: "numbers", bool: "booleans", str: "strings"}
         return f"a list of {plural.get(args[0], 'values') if args else 'values'} (e.g. [256,256])"
+    if origin is dict:
+        return 'a JSON object (e.g. {"g": 9.81})'
     names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
     return names.get(tp, getattr(tp, "__name__", str(tp)))
 

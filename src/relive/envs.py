@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -34,7 +36,8 @@ METAWORLD_PREFIX = "MetaWorld/"  # relive.metaworld_envs
 
 
 def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dict: bool = False,
-             render_mode: str | None = None, evaluation: bool = False) -> gym.Env:
+             render_mode: str | None = None, evaluation: bool = False,
+             env_kwargs: Mapping[str, Any] | None = None) -> gym.Env:
     """``gym.make``; Gymnasium-Robotics mazes and relive's pixel tasks (``relive.pixel_envs``) are
     registered on demand. Atari (``ALE/...``) comes with the DQN preprocessing and MinAtar (``MinAtar/...``) channels
     first (:mod:`relive.atari_envs`); ``evaluation=True``: the env that evaluates (Atari: full games, a lost life
@@ -43,8 +46,18 @@ def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dic
     (:func:`has_image_keys`), which keeps them dicts.
     ``keep_goal_dict=True``: a goal-conditioned Dict (:func:`has_goal_keys`) stays a dict too, so that a buffer
     stores it key by key and :class:`~relive.replay.samplers.her.HindsightSampler` can relabel its
-    ``desired_goal`` (docs/her.md); a non-goal env with it is a ValueError."""
+    ``desired_goal`` (docs/her.md); a non-goal env with it is a ValueError. ``env_kwargs`` (``env.kwargs``, ``relive
+    train --env-kwargs``): more keyword arguments of ``gym.make`` (not the ones relive sets from its own settings:
+    ``max_episode_steps``, ``render_mode``)."""
     check_env_id(env_id)
+    env_kwargs = dict(env_kwargs or {})
+    taken = sorted(set(env_kwargs) & {"max_episode_steps", "render_mode"})
+    if taken:
+        raise ValueError(f"env.kwargs: {', '.join(taken)} has a setting of its own (env.max_episode_steps; render_mode "
+                         "is chosen by the command that renders), not a keyword argument of env.kwargs")
+    if env_kwargs and env_id.startswith((ATARI_PREFIX, MINATAR_PREFIX)):
+        raise ValueError(f"env.kwargs: {env_id} is made with relive's Atari / MinAtar preprocessing, which takes no "
+                         "keyword arguments; drop --env-kwargs")
     if env_id.startswith(ATARI_PREFIX):
         return make_atari(env_id, evaluation=evaluation, max_episode_steps=max_episode_steps, render_mode=render_mode)
     if env_id.startswith(MINATAR_PREFIX):
@@ -67,10 +80,15 @@ def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dic
 
         task_of(env_id)  # an unknown task: a ValueError listing the known ones
         register_metaworld_envs()
+    kwargs |= env_kwargs  # (the user's: they may set a maze's continuing_task too)
     try:
         env = gym.make(env_id, **kwargs)
     except gym.error.Error as e:
         raise ValueError(f"cannot make environment {env_id!r}: {e}") from None
+    except TypeError as e:  # (an env constructor refusing a keyword argument it does not take)
+        if not env_kwargs:
+            raise
+        raise ValueError(f"env.kwargs: cannot make environment {env_id!r} with {env_kwargs}: {e}") from None
     except AssertionError:  # Gymnasium-Robotics' Fetch under mujoco 4: an assertion on its joint types, no message
         if not env_id.startswith(FETCH_PREFIX):
             raise
@@ -128,7 +146,7 @@ VECTOR_MODES = ("sync", "async")
 
 
 def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_steps: int | None = None, *,
-                    keep_goal_dict: bool = False):
+                    keep_goal_dict: bool = False, env_kwargs: Mapping[str, Any] | None = None):
     """``num_envs`` copies of :func:`make_env` in a Gymnasium vector env: ``"sync"`` (SyncVectorEnv, one process)
     or ``"async"`` (AsyncVectorEnv, one subprocess per env). Autoreset is SAME_STEP: the step that ends an
     episode returns the next episode's first observation, and the true final observation in
@@ -138,8 +156,11 @@ def make_vector_env(env_id: str, num_envs: int, mode: str = "sync", max_episode_
 
     if mode not in VECTOR_MODES:
         raise ValueError(f"vector mode must be one of {VECTOR_MODES}, got {mode!r}")
-    make_env(env_id, max_episode_steps, keep_goal_dict=keep_goal_dict).close()  # a bad id fails here, not in a worker
-    fns = [partial(make_env, env_id, max_episode_steps, keep_goal_dict=keep_goal_dict) for _ in range(num_envs)]
+    env_kwargs = dict(env_kwargs or {})
+    # a bad id or keyword argument fails here, not in a worker
+    make_env(env_id, max_episode_steps, keep_goal_dict=keep_goal_dict, env_kwargs=env_kwargs).close()
+    fns = [partial(make_env, env_id, max_episode_steps, keep_goal_dict=keep_goal_dict, env_kwargs=env_kwargs)
+           for _ in range(num_envs)]
     cls = SyncVectorEnv if mode == "sync" else AsyncVectorEnv
     return cls(fns, autoreset_mode=AutoresetMode.SAME_STEP)
 

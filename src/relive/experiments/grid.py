@@ -66,7 +66,7 @@ GRID_FLAGS = {
     "--set": 1, "--no-progress": 0, "--offline-steps": 1, "--online-steps": 1, "--utd": 1, "--chunk": 1,
     "--grad-steps-per-chunk": 1, "--stop-at-return": 1, "--warmup": 1, "--warmup-policy": 1, "--batch-size": 1,
     "--capacity": 1, "--offline-fraction": 1, "--eval-every": 1, "--eval-episodes": 1, "--log-every": 1,
-    "--checkpoint-every": 1, "--offline-checkpoint-every": 1,
+    "--checkpoint-every": 1, "--offline-checkpoint-every": 1, "--env-kwargs": 1, "--logger": 1,
 }
 # flags a grid file may not pass, with who decides instead (the refusal says so)
 NOT_GRID_FLAGS = {

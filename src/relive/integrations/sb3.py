@@ -30,7 +30,9 @@ Two parts:
   (``ARBSampler``) re-scores the stored rows every ``refresh_every_grad_steps`` with SAC's actor (``SAC.score_fn``,
   relive's scoring functions; TD3 / DDPG have a deterministic actor and DQN none, so ARB needs SAC).
 
-Observation spaces: Box and Discrete (dict observations: SB3's ``DictReplayBuffer``, not this one yet).
+Observation spaces: Box, Discrete, MultiDiscrete, MultiBinary, and a Dict of Boxes (SB3's ``MultiInputPolicy``, in
+place of SB3's ``DictReplayBuffer``: each key its own relive column ``obs.<key>``, batches of dicts of tensors; offline
+rows and ``from_relive`` take flat observations only).
 """
 
 from __future__ import annotations
@@ -143,16 +145,21 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         if optimize_memory_usage:
             raise ValueError("ReliveReplayBuffer: optimize_memory_usage=True is SB3's own buffer layout; relive keeps "
                              "next_obs per row (leave optimize_memory_usage off)")
-        if not isinstance(observation_space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete
-                          | spaces.MultiBinary):
-            raise ValueError(f"ReliveReplayBuffer: observation space {type(observation_space).__name__} is not "
-                             "supported (Box, Discrete, MultiDiscrete, MultiBinary)")
+        subspaces = observation_space.spaces if isinstance(observation_space, spaces.Dict) else None
+        is_dict = subspaces is not None
+        if not (isinstance(observation_space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary)
+                or subspaces is not None and all(isinstance(sub, spaces.Box) for sub in subspaces.values())):
+            raise ValueError(f"ReliveReplayBuffer: observation space {observation_space} is not supported (Box, "
+                             "Discrete, MultiDiscrete, MultiBinary, or a Dict of Boxes)")
         if sampler is not None and not isinstance(sampler, Sampler):
             raise ValueError(f"sampler must be a relive Sampler (relive.replay), got {type(sampler).__name__}")
         self.optimize_memory_usage = False
         self.handle_timeout_termination = handle_timeout_termination
         self.buffer_size = max(buffer_size // n_envs, 1)
         rows, dataset_id = _offline_rows(offline)
+        if rows is not None and is_dict:
+            raise ValueError("ReliveReplayBuffer: offline rows with a Dict observation space are not supported yet "
+                             "(flat observations only)")
         if rows is not None and not isinstance(sampler, MixtureSampler):
             sampler = MixtureSampler(offline=UniformSampler(), online=sampler, offline_fraction=offline_fraction)
         wants = sampler.signals if sampler is not None else ()
@@ -160,7 +167,11 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
             raise ValueError(f"ReliveReplayBuffer: {type(sampler).__name__} needs the signal(s) {list(wants)}, "
                              "which SB3's algorithms do not compute (td_error only)")
         num_offline = 0 if rows is None else len(np.asarray(rows["reward"]))
-        self._relive = ReplayBuffer(self.buffer_size * n_envs + num_offline, self.obs_shape, (self.action_dim,),
+        # a Dict: key -> (shape, dtype), a column per key (dict observations' next_obs is read from the next row
+        # where it is that row's obs: relive's dedup_next_obs, stored only at episode ends)
+        obs_shape = ({k: (sub.shape, sub.dtype) for k, sub in subspaces.items()} if subspaces is not None
+                     else self.obs_shape)
+        self._relive = ReplayBuffer(self.buffer_size * n_envs + num_offline, obs_shape, (self.action_dim,),
                                    sampler=sampler, seed=seed, obs_dtype=observation_space.dtype,
                                    action_dtype=self._maybe_cast_dtype(action_space.dtype), n_step=n_steps,
                                    gamma=gamma)
@@ -182,13 +193,19 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         per env before anything reads the buffer (``sample``, ``size``, ``relive``, ``save``) or when
         ``STAGED_STEPS`` have gathered. Sampling therefore always sees every added step."""
         n = self.n_envs
-        self._stage = self._relive.stage(streams=n, rows=STAGED_STEPS)  # env i -> stream i
-        self._staged = self._stage.columns  # (n, STAGED_STEPS, ...) per column, in the storage's dtypes
+        if self._relive.storage.obs_keys is not None:  # dict observations: NumPy arrays here, one extend per env
+            self._stage = None
+            self._staged = _dict_stage(self._relive, n, STAGED_STEPS)
+        else:
+            self._stage = self._relive.stage(streams=n, rows=STAGED_STEPS)  # env i -> stream i
+            self._staged = self._stage.columns  # (n, STAGED_STEPS, ...) per column, in the storage's dtypes
         # step k of every env, per column (views made once: add writes into them)
-        self._step_views = [tuple(self._staged[c][:, k] for c in ("obs", "action", "reward", "next_obs", "terminated",
-                                                                    "truncated")) for k in range(STAGED_STEPS)]
+        names = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
+        self._step_views = [tuple(_step(self._staged[c], k) for c in names) for k in range(STAGED_STEPS)]
         self._num_staged = 0
-        self._staged_shapes = ((n, *self.obs_shape), (n, self.action_dim))  # one env step's obs and actions
+        # one env step's obs and actions (a Dict: its obs are written key by key)
+        self._staged_shapes = ((n, *self.obs_shape) if isinstance(self.obs_shape, tuple) else None,
+                               (n, self.action_dim))
         self.last_info: SampleInfo | None = None  # the latest batch's rows (``update`` takes any batch's info)
         self._samples_since_update = 0
         self._warned = False
@@ -198,7 +215,12 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         if k == 0:
             return
         self._num_staged = 0
-        self._stage.commit(k)
+        if self._stage is not None:
+            self._stage.commit(k)
+            return
+        for i in range(self.n_envs):  # (dict observations: the rows of env i into stream i)
+            self._relive.extend({c: {key: v[i, :k] for key, v in col.items()} if isinstance(col, dict) else col[i, :k]
+                                 for c, col in self._staged.items()}, stream=i)
 
     @property
     def relive(self) -> ReplayBuffer:
@@ -261,10 +283,16 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         obs_k, action_k, reward_k, next_obs_k, terminated_k, truncated_k = self._step_views[k]
         obs_shape, act_shape = self._staged_shapes
         asarray = np.asarray  # (SB3 hands ndarrays: asarray is then free, and .reshape a view)
-        obs_k[...] = asarray(obs).reshape(obs_shape)
+        if obs_shape is None:  # a Dict space: key by key
+            for key, view in obs_k.items():
+                view[...] = asarray(obs[key]).reshape(view.shape)
+            for key, view in next_obs_k.items():
+                view[...] = asarray(next_obs[key]).reshape(view.shape)
+        else:
+            obs_k[...] = asarray(obs).reshape(obs_shape)
+            next_obs_k[...] = asarray(next_obs).reshape(obs_shape)
         action_k[...] = asarray(action).reshape(act_shape)
         reward_k[...] = asarray(reward).reshape(n)
-        next_obs_k[...] = asarray(next_obs).reshape(obs_shape)
         # infos are read only where an env is done (most steps: none), and only when timeouts are told apart
         # (handle_timeout_termination=False is SB3's meaning: a timeout counts as a termination)
         if self.handle_timeout_termination and True in done.tolist():  # (a list of n bools: no ufunc call)
@@ -312,6 +340,8 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         device = None if self.device.type == "cpu" else self.device
 
         def t(x):
+            if isinstance(x, dict):  # (a Dict observation space: a dict of tensors, as SB3's DictReplayBuffer)
+                return {k: as_tensor(v, device) for k, v in x.items()}
             return as_tensor(x, device)
 
         obs, next_obs = batch.obs, batch.next_obs
@@ -346,6 +376,22 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
     def __getstate__(self):
         raise TypeError("ReliveReplayBuffer is not pickled: save it with buffer.save(path) or the "
                         "relive.integrations.sb3 algorithms' save_replay_buffer (a pickle-free checkpoint)")
+
+
+def _step(column, k: int):
+    """Step ``k`` of every env of a staging column (a dict of them for dict observations)."""
+    return {key: v[:, k] for key, v in column.items()} if isinstance(column, dict) else column[:, k]
+
+
+def _dict_stage(relive: ReplayBuffer, n: int, rows: int) -> dict:
+    """The staging columns of a dict-observation buffer: (n, rows, ...) arrays in the storage's dtypes, ``obs`` and
+    ``next_obs`` dicts of one array per key (``add`` writes step k of every env, ``_flush`` extends per env)."""
+    specs = relive.storage.specs
+    out: dict[str, Any] = {c: np.zeros((n, rows, *specs[c].shape), specs[c].dtype)
+                           for c in ("action", "reward", "terminated", "truncated")}
+    for c in ("obs", "next_obs"):
+        out[c] = {k: np.zeros((n, rows, *spec.shape), spec.dtype) for k, spec in relive.storage.obs_spec.items()}
+    return out
 
 
 # -- the algorithms ------------------------------------------------------------------------------------

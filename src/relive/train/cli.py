@@ -10,7 +10,7 @@ import math
 import textwrap
 
 from relive.cli import build_parser, non_negative_int, positive_int
-from relive.config import MAX_NUM_ENVS, ReplayConfig, describe, override
+from relive.config import LOGGERS, MAX_NUM_ENVS, ReplayConfig, check_env_kwargs, describe, override
 from relive.presets import PRESETS, get_preset
 from relive.registry import AGENTS, ALIASES, REPLAYS, load_builtins, replay_names
 from relive.train.seed_batch import train_seeds
@@ -31,6 +31,9 @@ def _add_train_parser(subparsers) -> None:
                     "events and checkpoints; `relive train --resume RUN_DIR` continues a stopped run.")
     p.add_argument("preset", nargs="?", help=f"one of {sorted(PRESETS)}")
     p.add_argument("--env", help="Gymnasium environment id, e.g. Pendulum-v1, Hopper-v5, CartPole-v1")
+    p.add_argument("--env-kwargs", type=_env_kwargs, metavar="JSON", help="keyword arguments of gymnasium.make for "
+                   "every env of the run, a JSON object, e.g. '{\"g\": 9.81}' (env.kwargs); a custom env: register it "
+                   "in a file you name with --plugin")
     p.add_argument("--dataset", help="offline dataset: a local Minari dataset id or directory (see `relive data "
                    "list`), a LeRobot dataset directory (meta/info.json + parquet), a D4RL-format .hdf5 file, or a "
                    "relive .npz")
@@ -56,6 +59,10 @@ def _add_train_parser(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any other setting, e.g. --set agent.num_qs=10 --set agent.hidden=[64,64] (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    p.add_argument("--logger", type=_loggers, metavar="NAMES", help="where metrics go besides metrics.jsonl and "
+                   f"eval.csv: a comma list of {', '.join(LOGGERS)}, or none (default tensorboard; wandb: an offline "
+                   "run in RUN_DIR/wandb, pip install wandb; mlflow: a file store RUN_DIR/mlruns or "
+                   "$MLFLOW_TRACKING_URI, pip install mlflow-skinny)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint, as it "
                    "was configured; --device, --replay-device, --threads and --no-progress may change where it runs "
                    "(e.g. a GPU run on a CPU machine: --device cpu --replay-device none)")
@@ -139,6 +146,31 @@ def _add_demo_parser(subparsers) -> None:
     d.set_defaults(func=run_demo)
 
 
+def _env_kwargs(text: str) -> dict:
+    """argparse ``type`` of ``--env-kwargs``: a JSON object of keyword arguments (``config.check_env_kwargs``)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON ({e}): give an object, e.g. '{{\"g\": 9.81}}'") from None
+    try:
+        check_env_kwargs(value, "--env-kwargs")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def _loggers(text: str) -> list[str]:
+    """argparse ``type`` of ``--logger``: a comma list of :data:`relive.config.LOGGERS` (or ``none``)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["none"]:
+        return []
+    bad = [n for n in names if n not in LOGGERS]
+    if bad or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"expected a comma list of distinct names out of {', '.join(LOGGERS)} (or "
+                                         f"none), got {text!r}")
+    return names
+
+
 def _num_envs(text: str) -> int:
     """argparse ``type`` of ``--num-envs``: 1 to MAX_NUM_ENVS."""
     value = positive_int(text)
@@ -149,6 +181,7 @@ def _num_envs(text: str) -> int:
 
 FLAG_TO_SETTING = {
     "env": "env.id", "dataset": "data.dataset", "base_policy": "agent.base_policy", "replay": "replay.name",
+    "env_kwargs": "env.kwargs", "logger": "run.loggers",
     "seed": "run.seed", "run_dir": "run.run_dir", "num_envs": "env.num_envs", "vector_mode": "env.vector_mode",
     "collectors": "collectors.num", "ray_address": "collectors.ray_address",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",

@@ -1,7 +1,15 @@
-"""A run directory people can watch: metrics.jsonl, eval.csv, summary.json, TensorBoard events, and progress:
+"""A run directory people can watch: metrics.jsonl, eval.csv, summary.json, the loggers of ``run.loggers``
+(``--logger``: TensorBoard events in tb/, a Weights & Biases run, an MLflow run; :class:`Scalars`), and progress:
 on a terminal a bar with env steps/s, gradient steps/s and the latest evaluation; elsewhere (a log file, a pipe,
 the per-run logs of `relive bench run`) a plain line every ``$RELIVE_PROGRESS_SECONDS`` (default 30) with the
-same figures and an ETA."""
+same figures and an ETA.
+
+Every logger gets the same numbers: the finite numbers of each metrics.jsonl line (offline-phase lines under
+``offline/`` against gradient steps, online lines against env steps) and the ``eval/`` numbers of each eval.csv row.
+W&B runs offline (``$WANDB_MODE``, default offline: nothing leaves the machine; ``wandb sync
+RUN_DIR/wandb/offline-run-*`` uploads later) in RUN_DIR/wandb, each row with its ``env_step`` and ``grad_step``;
+MLflow logs into ``$MLFLOW_TRACKING_URI`` or else a file store in RUN_DIR/mlruns (experiment "relive", a run named
+after the run directory, resumed by a resumed run), the step of each value as TensorBoard's."""
 
 from __future__ import annotations
 
@@ -12,22 +20,145 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+from relive.extras import require
 from relive.files import write_text_atomic
 
 
+class Scalars:
+    """A logger beside the run's files: ``scalars(values, env_step, grad_step, offline)`` (finite numbers; an
+    ``offline`` row's keys start with ``offline/`` and its step is ``grad_step``), ``close()`` at the end."""
+
+    def scalars(self, values: dict[str, float], env_step: int, grad_step: int, offline: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoard(Scalars):
+    def __init__(self, run_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter  # (tensorboard: optional, the files carry the same numbers)
+
+        self.writer = SummaryWriter(str(run_dir / "tb"))
+
+    def scalars(self, values: dict[str, float], env_step: int, grad_step: int, offline: bool) -> None:
+        for k, v in values.items():
+            self.writer.add_scalar(k, v, grad_step if offline else env_step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandB(Scalars):
+    """A W&B run in ``run_dir/wandb``, offline unless ``$WANDB_MODE`` says otherwise; every row also carries
+    ``env_step`` and ``grad_step`` (choose either as the x-axis)."""
+
+    def __init__(self, run_dir: Path, config: dict | None):
+        wandb = require("wandb", "--logger wandb")
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "relive"), dir=str(run_dir),
+                              mode=os.environ.get("WANDB_MODE", "offline"), name=run_dir.name, config=config,
+                              settings=wandb.Settings(console="off", silent=True, save_code=False),
+                              reinit="create_new")
+
+    def scalars(self, values: dict[str, float], env_step: int, grad_step: int, offline: bool) -> None:
+        self.run.log({**values, "env_step": env_step, "grad_step": grad_step})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MLflow(Scalars):
+    """An MLflow run in experiment "relive" of ``$MLFLOW_TRACKING_URI``, or of a file store in ``run_dir/mlruns``
+    (MLflow 3 keeps its file store in maintenance mode and asks for an opt-in, given here for that store only);
+    a resumed run logs on into the run of its run directory (tag ``relive.run_dir``)."""
+
+    def __init__(self, run_dir: Path, config: dict | None):
+        require("mlflow", "--logger mlflow")
+        from mlflow.tracking import MlflowClient  # (mlflow-skinny: optional, imported only with --logger mlflow)
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        with _file_store_allowed(uri):  # (MLflow caches the store per URI: later calls need no opt-in)
+            self.client = MlflowClient(tracking_uri=uri)
+            found = self.client.get_experiment_by_name("relive")
+            experiment = found.experiment_id if found is not None else self.client.create_experiment("relive")
+            tag = str(run_dir.resolve())
+            runs = self.client.search_runs([experiment], filter_string=f"tags.`relive.run_dir` = '{tag}'")
+            self.run_id = runs[0].info.run_id if runs else self.client.create_run(
+                experiment, run_name=run_dir.name, tags={"relive.run_dir": tag}).info.run_id
+        if config and not runs:
+            from mlflow.entities import Param
+
+            params = [Param(k, str(v)[:500]) for k, v in _flat(config)]
+            for i in range(0, len(params), 100):  # (MLflow takes at most 100 params per batch)
+                self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def scalars(self, values: dict[str, float], env_step: int, grad_step: int, offline: bool) -> None:
+        from mlflow.entities import Metric
+
+        now, step = int(time.time() * 1000), grad_step if offline else env_step
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in values.items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+@contextmanager
+def _file_store_allowed(uri: str) -> Iterator[None]:
+    old = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    if uri.startswith("file:"):
+        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+        else:
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = old
+
+
+def _flat(d: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def check_loggers(loggers: Sequence[str]) -> None:
+    """The packages ``loggers`` need, before a run starts: a MissingExtra (one line with the install command)."""
+    for name, module in (("wandb", "wandb"), ("mlflow", "mlflow")):
+        if name in loggers:
+            require(module, f"--logger {name}")
+
+
+def open_loggers(run_dir: Path, loggers: Sequence[str], config: dict | None = None) -> list[Scalars]:
+    out: list[Scalars] = []
+    for name in loggers:
+        if name == "tensorboard":
+            try:
+                out.append(TensorBoard(run_dir))
+            except ImportError:  # tensorboard is optional: the JSONL/CSV files carry the same numbers
+                pass
+        elif name == "wandb":
+            out.append(WandB(run_dir, config))
+        elif name == "mlflow":
+            out.append(MLflow(run_dir, config))
+        else:
+            raise ValueError(f"run.loggers: unknown logger {name!r}")
+    return out
+
+
 class RunLogger:
-    def __init__(self, run_dir: Path, total_env_steps: int, total_grad_steps_offline: int, progress: bool):
+    def __init__(self, run_dir: Path, total_env_steps: int, total_grad_steps_offline: int, progress: bool,
+                 loggers: Sequence[str] = ("tensorboard",), config: dict | None = None):
         self.run_dir = Path(run_dir)
         self.start = time.perf_counter()
-        self._tb = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.run_dir / "tb"))
-        except ImportError:  # tensorboard is optional: the JSONL/CSV files carry the same numbers
-            self._tb = None
+        self._loggers = open_loggers(self.run_dir, loggers, config)
         self._eval_fields: list[str] | None = None
         self._bar = None
         self._plain = bool(progress) and not sys.stdout.isatty()  # progress as plain lines (not a terminal)
@@ -80,12 +211,12 @@ class RunLogger:
             clean["grad_step"] = int(values["grad_step"])
         with open(self.run_dir / "metrics.jsonl", "a") as f:
             f.write(json.dumps({"env_step": step, **clean}, allow_nan=True) + "\n")
-        if self._tb is not None:  # offline-phase lines: under offline/ against gradient steps (env_step is 0)
-            offline = clean.get("phase") == "offline"
-            for k, v in clean.items():
-                if not isinstance(v, str) and math.isfinite(v) and k != "grad_step":
-                    self._tb.add_scalar(f"offline/{k}" if offline else k, v,
-                                        int(clean.get("grad_step", 0)) if offline else step)
+        if self._loggers:  # offline-phase lines: under offline/ against gradient steps (env_step is 0)
+            offline, grad_step = clean.get("phase") == "offline", int(clean.get("grad_step", 0))
+            numbers = {f"offline/{k}" if offline else k: v for k, v in clean.items()
+                       if not isinstance(v, str) and math.isfinite(v) and k != "grad_step"}
+            for sink in self._loggers:
+                sink.scalars(numbers, step, grad_step, offline)
 
     def evaluation(self, row: dict) -> None:
         path = self.run_dir / "eval.csv"
@@ -103,10 +234,9 @@ class RunLogger:
         has_score = score is not None and math.isfinite(score)
         shown = f"score {score:.1f}" if has_score else f"return {row['eval/return_mean']:.1f}"
         self.latest_eval = f"| eval @{row['env_step']}: {shown}"
-        if self._tb is not None:
-            for k, v in row.items():
-                if k.startswith("eval/") and isinstance(v, float) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, row["env_step"])
+        numbers = {k: v for k, v in row.items() if k.startswith("eval/") and isinstance(v, float) and math.isfinite(v)}
+        for sink in self._loggers:
+            sink.scalars(numbers, row["env_step"], int(row.get("grad_step", 0)), False)
 
     def print(self, msg: str) -> None:
         if self._bar is not None:
@@ -117,8 +247,8 @@ class RunLogger:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
-        if self._tb is not None:
-            self._tb.close()
+        for sink in self._loggers:
+            sink.close()
 
     def truncate_after(self, env_step: int, grad_step: int) -> None:
         """On resume, drop log lines written after the checkpoint so files hold each step once."""

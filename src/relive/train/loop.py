@@ -33,6 +33,7 @@ from relive.envs import EnvSpec, num_obs, random_actions
 from relive.files import DirectoryLock
 from relive.replay import ReplayBuffer
 from relive.replay.checkpoint import save_tree
+from relive.train.callbacks import Callback, dispatch
 from relive.train.checkpoint import save_checkpoint
 from relive.train.collector import Collector, VectorCollector
 from relive.train.evaluation import evaluate_episodes, normalized_score
@@ -79,13 +80,15 @@ class Run:
     eval_seed: int
     logger: RunLogger
     state: LoopState
-    on_step: Callable[[int, int], None] | None
+    on_step: Callable[[int, int], None] | None  # (unused by the loop: train() passes on_step as a callback)
     hooks: list = field(default_factory=list)
     train_metrics: Mapping[str, float] = field(default_factory=dict)  # the last update's (read when logged)
     start: float = field(default_factory=time.perf_counter)
     last_checkpoint: float | None = None  # wall-clock (monotonic) of the last checkpoint, or of the first cadence
     demo_writer: DemoWriter | None = None  # interventions: intervened stretches into the demonstration segment
     lock: DirectoryLock | None = None  # the run directory, held by this process for the whole run
+    callbacks: list[Callback] = field(default_factory=list)  # train(callbacks=...): notify() calls them
+    stop_reason: str | None = None  # a callback asked the run to stop (it ends cleanly, as a finished run)
 
 
 def stored_rows(cfg: ExperimentConfig, rows: dict) -> dict:
@@ -109,6 +112,23 @@ def checkpoint(run: Run) -> None:
         tree["eval_rng"] = run.eval_env.unwrapped.np_random.bit_generator.state
     save_checkpoint(run.run_dir, tree, config=run.cfg.to_dict())  # (resume compares config.json with it)
     run.last_checkpoint = time.monotonic()
+    notify(run, "on_checkpoint", run.run_dir, run.state.env_steps, run.state.grad_steps)
+
+
+def notify(run: Run, event: str, *args) -> None:
+    """The callbacks' ``event`` (``on_step`` after every gradient step and collected chunk, ``on_evaluation``,
+    ``on_checkpoint``; ``train(on_step=fn)`` is one too). One that asks to stop sets ``run.stop_reason``: the phases
+    end at the end of the current step, with a checkpoint, and the run finishes as at the end (summary.json
+    ``status = "stopped"``)."""
+    reason = dispatch(run.callbacks, event, *args) if run.callbacks else None
+    if reason is not None and run.stop_reason is None:
+        run.stop_reason = reason
+        run.logger.print(f"stopping at env step {run.state.env_steps}, gradient step {run.state.grad_steps}: "
+                         f"{reason}")
+
+
+def stopping(run: Run) -> bool:
+    return run.stop_reason is not None
 
 
 def close_streams(run: Run, streams) -> None:
@@ -143,8 +163,7 @@ def gradient_step(run: Run, phase: str) -> None:
     st.online_share_sum += float(np.mean(source)) if isinstance(source, np.ndarray) else source.float().mean()
     st.online_share_batches += 1
     st.grad_steps += 1
-    if run.on_step is not None:
-        run.on_step(st.env_steps, st.grad_steps)
+    notify(run, "on_step", st.env_steps, st.grad_steps)
 
 
 def enter_phase(run: Run, phase: str) -> None:
@@ -159,7 +178,7 @@ def offline_phase(run: Run) -> None:
     if st.offline_done < s.num_offline_grad_steps:
         enter_phase(run, "offline")
     phase_start, phase_grad = time.perf_counter(), st.grad_steps
-    while st.offline_done < s.num_offline_grad_steps:
+    while st.offline_done < s.num_offline_grad_steps and not stopping(run):
         gradient_step(run, "offline")
         st.offline_done += 1
         if st.offline_done % 100 == 0 or st.offline_done == s.num_offline_grad_steps:
@@ -168,7 +187,7 @@ def offline_phase(run: Run) -> None:
         if st.offline_done % rc.log_every_env_steps == 0:
             run.logger.metrics(0, dict(run.train_metrics) | {"grad_step": st.grad_steps, "phase": "offline"})
         if st.offline_done % rc.checkpoint_every_offline_grad_steps == 0 \
-                or st.offline_done == s.num_offline_grad_steps:
+                or st.offline_done == s.num_offline_grad_steps or stopping(run):
             checkpoint(run)
 
 
@@ -179,6 +198,8 @@ def online_phase(run: Run, strategy: Callable[[Run], Collection] | None = None) 
     :class:`LocalCollection`, this process's env or vector env), with evaluation, checkpoints and the stop on
     :func:`cadence`, logging and progress here. Returns the last evaluation row."""
     st = run.state
+    if stopping(run):  # a callback stopped the offline phase: no online phase, the final evaluation
+        return evaluation(run)
     if st.online_start_grad_step < 0:
         st.online_start_grad_step = st.grad_steps
     enter_phase(run, "online")
@@ -197,6 +218,8 @@ def online_phase(run: Run, strategy: Callable[[Run], Collection] | None = None) 
             run.logger.progress("online", st.env_steps, f"{env_rate:.0f} env/s {grad_rate:.0f} grad/s")
     finally:
         collection.close()
+    if stopping(run) and run.collector.can_checkpoint:  # (one env mid-episode: the last checkpoint stays the last)
+        checkpoint(run)
     if run.demo_writer is not None:  # the run stops: an intervened stretch still going on ends where it stands
         run.demo_writer.flush()
     return stop if isinstance(stop, dict) else evaluation(run)
@@ -248,15 +271,19 @@ class LocalCollection:
 
     def step(self) -> dict | str | None:
         run, st, s = self.run, self.run.state, self.run.cfg.schedule
-        if st.env_steps >= s.num_online_env_steps:
+        if st.env_steps >= s.num_online_env_steps or stopping(run):
             return FINISHED
         stop = cadence(run)
         if stop is not None:
             return stop
+        if stopping(run):  # (a callback of the checkpoint just written)
+            return FINISHED
         stored_before = stored_env_steps(run)
         k = collect(run, min(s.env_steps_per_chunk, s.num_online_env_steps - st.env_steps))  # (a multiple of N)
         if stored_env_steps(run) > s.num_warmup_env_steps:
             for _ in range(grad_steps_earned(s, k, stored_env_steps(run) - stored_before)):
+                if stopping(run):
+                    break
                 gradient_step(run, "online")
         return None
 
@@ -298,8 +325,7 @@ def collect(run: Run, k: int) -> int:
     chunks, k = collector.step_streams(policy, k)  # truncation: next_obs is the true final obs
     store_chunks(run, chunks)
     st.env_steps += k
-    if run.on_step is not None:
-        run.on_step(st.env_steps, st.grad_steps)
+    notify(run, "on_step", st.env_steps, st.grad_steps)
     return k
 
 
@@ -333,6 +359,8 @@ def due_evaluation(run: Run) -> dict | None:
     if st.env_steps == 0:
         st.offline_return = row["eval/return_mean"]
     st.next_eval += rc.eval_every_env_steps
+    if stopping(run):  # a callback's on_evaluation asked to stop: this row is the final one
+        return row
     if rc.stop_at_return is not None and row["eval/return_mean"] >= rc.stop_at_return:
         run.logger.print(f"evaluation return {row['eval/return_mean']:.1f} >= {rc.stop_at_return}: stopping "
                          f"at env step {st.env_steps} (run.stop_at_return)")
@@ -360,6 +388,7 @@ def evaluation(run: Run) -> dict:
     elif run.cfg.env.success_return is not None:  # goal tasks (return 1 on success) or a return threshold (PLD)
         row["eval/success_rate"] = float(np.mean(returns >= run.cfg.env.success_return))
     run.logger.evaluation(row)
+    notify(run, "on_evaluation", dict(row))
     if rc.save_agent_snapshots:
         save_tree(run.run_dir / "snapshots" / f"agent_{st.env_steps}", run.agent.state_dict(), kind="agent")
     st.online_share_sum, st.online_share_batches = 0.0, 0  # the next row reports the batches since this one

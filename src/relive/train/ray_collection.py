@@ -23,6 +23,8 @@ from relive.train.loop import (
     cadence,
     close_streams,
     gradient_step,
+    notify,
+    stopping,
     store_chunks,
     stored_env_steps,
 )
@@ -64,6 +66,8 @@ class RayCollection:
 
     def step(self) -> dict | str | None:
         run, st, s, pool, limiter = self.run, self.run.state, self.run.cfg.schedule, self.pool, self.limiter
+        if stopping(run):  # a callback asked to stop (train(callbacks=...))
+            return FINISHED
         self._request()
         budget = limiter.sample_budget()
         if not budget and not pool.in_flight:
@@ -85,9 +89,8 @@ class RayCollection:
                                                                           "policy_version", "env_steps")}
                                      | {"rows": [len(r["reward"]) for _, r in payload["streams"]],
                                         "env_steps_total": st.env_steps})
-            if run.on_step is not None:
-                run.on_step(st.env_steps, st.grad_steps)
-            stop = self._cadence()
+            notify(run, "on_step", st.env_steps, st.grad_steps)
+            stop = FINISHED if stopping(run) else self._cadence()
             if stop is not None:
                 return stop
         if budget:

@@ -111,8 +111,8 @@ def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu",
         env, spec = None, dataset_spec(cfg)
     else:
         env = make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=render_mode, evaluation=True,
-                       **cfg.replay.env_options)  # (as the run made it: its replay's needs, HER keeps goal dicts;
-        # Atari: full games, as the run's evaluations)
+                       env_kwargs=cfg.env.kwargs, **cfg.replay.env_options)  # (as the run made it: its replay's
+        # needs, HER keeps goal dicts; Atari: full games, as the run's evaluations; its env.kwargs)
         spec = env_spec(env)
     agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), spec)
     agent.load_state_dict(state)

@@ -46,10 +46,11 @@ from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
 from relive.replay.storage import FrameStack
+from relive.train.callbacks import Callback, as_callbacks
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
 from relive.train.intervention import DemoWriter, build_intervener, intervention_columns
-from relive.train.logging import RunLogger
+from relive.train.logging import RunLogger, check_loggers
 from relive.train.loop import (
     LoopState,
     Run,
@@ -137,18 +138,25 @@ RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progre
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
           resume_settings: Sequence[str] = (), on_step: Callable[[int, int], None] | None = None,
-          wrap_agent: Callable | None = None, allow_other_base: bool = False) -> RunSummary:
+          wrap_agent: Callable | None = None, allow_other_base: bool = False,
+          callbacks: Sequence[Callback] = ()) -> RunSummary:
     """Run an experiment, or resume the one in ``resume_dir`` from its last checkpoint; ``resume_settings``:
     ``section.key=value`` changes of :data:`RESUME_SETTINGS` for the resumed part (e.g. ``run.device=cpu`` and
     ``replay.device=none`` to continue a GPU run on a machine without one), written to its config.json.
 
-    ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk (tests
-    raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
+    ``callbacks``: :class:`relive.train.callbacks.Callback` objects called on every step, evaluation and
+    checkpoint; one that returns ``False`` or raises ``StopTraining`` ends the run cleanly (summary.json ``status =
+    "stopped"``). ``on_step(env_steps, grad_steps)`` is called after every gradient step and every collected chunk
+    (tests raise from it to simulate a run killed at an arbitrary point). ``wrap_agent(agent)``: what the loop uses as
     the agent (seeds batched in one process, :mod:`relive.train.seed_batch`). ``allow_other_base``: an agent on a
     frozen base policy (``allow_other_base`` attribute) may load a checkpoint / ``run.init_from`` state recorded on
     a base with another digest (refused otherwise).
     """
-    run = build(cfg, resume_dir, on_step, wrap_agent, resume_settings, allow_other_base)
+    checked = as_callbacks(callbacks, on_step)  # (a wrong one is refused before anything is built)
+    if cfg is not None:  # (a missing wandb / mlflow: one line, before the run directory is written)
+        check_loggers(cfg.run.loggers)
+    run = build(cfg, resume_dir, None, wrap_agent, resume_settings, allow_other_base)  # (on_step: a callback now)
+    run.callbacks = checked
     try:
         offline_phase(run)
         final = online_phase(run, RayCollection if run.cfg.collectors.num else None)  # (None: this process's envs)
@@ -162,7 +170,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         st, s = run.state, run.cfg.schedule
         summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
                              final["eval/return_mean"], final["eval/normalized_score"], st.offline_return,
-                             st.best_return, time.perf_counter() - run.start, git_sha=_git_sha(),
+                             st.best_return, time.perf_counter() - run.start,
+                             status="stopped" if run.stop_reason else "finished", git_sha=_git_sha(),
                              torch_version=torch.__version__, num_stored_online_env_steps=stored_env_steps(run),
                              num_probing_env_steps=run.collector.num_unstored_steps)
         # (atomic: its presence means the run finished, so it is never seen half-written; still under the lock)
@@ -305,7 +314,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     if resume_dir is None:  # everything is built: only now does the directory become a run
         _create_run_dir(saved_cfg, start.run_dir, held, envs.env)
     s = cfg.schedule
-    logger = RunLogger(start.run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    logger = RunLogger(start.run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress,
+                       loggers=cfg.run.loggers, config=saved_cfg.to_dict())
     _print_start_notes(logger, start.notes, s, has_env=envs.eval_env is not None)
     run = Run(saved_cfg, start.run_dir, agent, buffer, collector, envs.eval_env, envs.spec,
               np.random.default_rng(seeds["warmup"]), _int(seeds["eval"]), logger, state, on_step, hooks)
@@ -365,11 +375,12 @@ class _Envs:
 
 def _make_envs(cfg: ExperimentConfig, seeds: dict[str, np.random.SeedSequence]) -> _Envs:
     """The evaluation env and the training env(s), made as the replay needs them (``replay.env_options``: HER keeps
-    goal dicts); without an env id (offline only, from a dataset: real-robot data) the spec is read from the data."""
+    goal dicts) with the run's ``env.kwargs`` (gym.make's keyword arguments); without an env id (offline only, from
+    a dataset: real-robot data) the spec is read from the data."""
     if not cfg.env.id:
         loaded = load_rows(cfg.data.dataset) if cfg.data.dataset else None
         return _Envs(None, None, dataset_spec(cfg, loaded), loaded)
-    e, kw = cfg.env, cfg.replay.env_options
+    e, kw = cfg.env, {**cfg.replay.env_options, "env_kwargs": cfg.env.kwargs}
     eval_env = make_env(e.id, e.max_episode_steps, evaluation=True, **kw)  # (Atari: full games)
     if cfg.collectors.num:  # Ray collectors make their own envs
         env = None
