@@ -48,7 +48,7 @@ from relive.replay.frame_stack import FrameStack
 from relive.replay.samplers.her import HindsightSampler
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
-from relive.train.intervention import DemoWriter, build_intervener, intervention_columns
+from relive.train.intervention import DemoWriter, build_intervener, intervention_columns, renders
 from relive.train.logging import RunLogger
 from relive.train.loop import (
     LoopState,
@@ -148,7 +148,8 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 #: what a resumed run may change: where and how it runs, never what it computes (``train(resume_settings=...)``)
-RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progress", "agent.trust_code")
+RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progress", "agent.trust_code",
+                   "intervention.console_host", "intervention.console_port", "intervention.console_start_paused")
 
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
@@ -315,7 +316,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     else:
         goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts stored as columns, relabeled at sample time
         eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, evaluation=True, **goal)  # (Atari: full games)
-        env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps, **goal) if num_envs == 1 else \
+        env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=renders(cfg), **goal) \
+            if num_envs == 1 else \
             make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps, **goal)
         if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
             eval_env.reset(seed=_int(seeds["eval"]))
@@ -346,7 +348,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
         collector = NoCollector()
     else:
         collector = (Collector(env, spec, _int(seeds["env"]), record_columns=columns,
-                               intervener=build_intervener(cfg, spec, env)) if num_envs == 1
+                               intervener=build_intervener(cfg, spec, env, run_dir)) if num_envs == 1
                      else VectorCollector(env, spec, _int(seeds["env"]), record_columns=columns))
     # (a component that cannot run here refuses now, before the directory is written)
     hooks = _new_run_hooks(cfg, agent, buffer, gamma, env) if resume_dir is None else []
