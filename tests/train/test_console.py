@@ -230,3 +230,55 @@ def test_a_registered_device_is_an_intervention_kind():
     entry = intervener_entry("test_console_pad")
     assert "always holds" in entry.doc and isinstance(entry.build(InterventionBuild(cfg, PENDULUM, None)),
                                                       DeviceIntervener)
+
+
+PLUGIN = '''
+import numpy as np
+from relive.train.intervention import DeviceState, register_device
+
+
+@register_device("plugin_pad")
+class PluginPad:
+    """Holds its button on every other step, with the action at the box's high bound."""
+
+    def __init__(self, spec):
+        self.dim, self.reads = int(np.prod(spec.action_shape)), 0
+
+    def read(self):
+        self.reads += 1
+        return DeviceState(self.reads % 2 == 1, np.full(self.dim, 100.0, np.float32))
+'''
+
+
+def test_a_plugin_device_drives_a_run_from_the_command_line(tmp_path):
+    from relive import cli
+    from relive.replay import ReplayBuffer
+
+    (tmp_path / "pad.py").write_text(PLUGIN)
+    run = tmp_path / "run"
+    assert cli.main(["--plugin", str(tmp_path / "pad.py"), "train", "sac", "--env", "Pendulum-v1", "--set",
+                     "env.max_episode_steps=20", "--replay", "symmetric", "--warmup", "0", "--online-steps", "40",
+                     "--eval-every", "1000", "--capacity", "100", "--set", "intervention.kind=plugin_pad",
+                     "--set", "intervention.demo_capacity=50", "--set", "run.save_final_buffer=true",
+                     "--set", "agent.hidden=[8,8]", "--batch-size", "8",
+                     "--eval-episodes", "1", "--no-progress", "--run-dir", str(run)]) == 0
+    st = ReplayBuffer.load(run / "buffer_final").storage
+    demos = slice(st.num_before_online, st.num_offline)
+    assert st.num_offline - st.num_before_online == 20  # every other step of 40
+    assert (st.columns["action"][demos] == 2.0).all() and st.columns["intervened"][demos].all()
+    assert json.loads((run / "config.json").read_text())["intervention"]["kind"] == "plugin_pad"
+
+
+def test_the_console_flags_set_the_intervention_section_and_may_change_on_resume():
+    from relive.cli import build_parser
+    from relive.train.cli import config_from_args, resume_settings
+
+    args = build_parser().parse_args(["train", "hil_rlpd", "--env", "Pendulum-v1", "--console", "--console-host",
+                                      "0.0.0.0", "--console-port", "0"])
+    ic = config_from_args(args).intervention
+    assert (ic.kind, ic.console_host, ic.console_port, ic.console_start_paused) == ("console", "0.0.0.0", 0, True)
+    assert config_from_args(build_parser().parse_args(["train", "hil_rlpd"])).intervention.kind == "scripted"
+    resumed = build_parser().parse_args(["train", "--resume", "RUN", "--console-port", "8800"])
+    assert resume_settings(resumed) == ["intervention.console_port=8800"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "hil_rlpd", "--console-port", "70000"])
