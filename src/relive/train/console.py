@@ -194,7 +194,8 @@ class ConsoleIntervener:
     @property
     def url(self) -> str:
         port = self.server.port if self.server is not None else 0
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = socket.gethostname() if self.host in ("0.0.0.0", "::") else self.host  # (every address: this machine)
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{port}/" + (f"?token={self.token}" if self.token else "")
 
     def __call__(self, obs, proposed: np.ndarray) -> tuple[bool, np.ndarray]:
