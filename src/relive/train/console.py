@@ -271,9 +271,10 @@ def _console(ctx: InterventionBuild) -> ConsoleIntervener:
 class MetricsTail:
     """The plotted columns of a run's ``metrics.jsonl`` (online rows), read incrementally (whole lines only)."""
 
-    def __init__(self, path: Path | None, keep: int = 2000):
+    def __init__(self, path: Path | None, keep: int = 1000):
         self.path, self.offset = path, 0
         self.rows: deque[dict] = deque(maxlen=keep)
+        self.num_read = 0  # rows read so far (a page is sent the rows again only when this grew)
         self.lock = threading.Lock()
 
     def read(self) -> list[dict]:
@@ -291,6 +292,7 @@ class MetricsTail:
                         continue
                     if isinstance(row, dict) and row.get("phase") == "online":
                         self.rows.append({k: _finite(row.get(k)) for k in ("env_step", *PLOTTED) if k in row})
+                        self.num_read += 1
             return list(self.rows)
 
 
@@ -322,9 +324,9 @@ def create_app(console: ConsoleIntervener):
     app = FastAPI(title="relive console", docs_url=None, redoc_url=None, openapi_url=None)
     page = resources.files("relive.train").joinpath("console_static/index.html").read_text(encoding="utf-8")
 
-    def status() -> dict:
-        return st.status() | {"bindings": console.keymap.bindings(), "metrics": console.metrics.read(),
-                              "discrete": console.keymap.discrete}
+    def status(with_metrics: bool = True) -> dict:
+        out = st.status() | {"bindings": console.keymap.bindings(), "discrete": console.keymap.discrete}
+        return out | {"metrics": console.metrics.read()} if with_metrics else out
 
     @app.get("/")
     def index() -> HTMLResponse:
@@ -370,7 +372,7 @@ def create_app(console: ConsoleIntervener):
                 st.clients -= 1
 
     async def _send_loop(socket_: WebSocket, status_fn) -> None:
-        seq, last_status = 0, -math.inf
+        seq, last_status, rows_sent = 0, -math.inf, -1
         try:
             while True:
                 seq, frame = st.take_frame(seq)
@@ -378,7 +380,10 @@ def create_app(console: ConsoleIntervener):
                     await socket_.send_bytes(await asyncio.to_thread(encode_jpeg, frame))
                 now = time.monotonic()
                 if now - last_status >= STATUS_EVERY_S:
-                    await socket_.send_text(json.dumps(status_fn()))
+                    console.metrics.read()  # (the plotted rows go out again only when new ones were logged)
+                    fresh = console.metrics.num_read != rows_sent
+                    rows_sent = console.metrics.num_read
+                    await socket_.send_text(json.dumps(status_fn(fresh)))
                     last_status = now
                 await asyncio.sleep(1.0 / (2 * MAX_FPS))
         except (asyncio.CancelledError, RuntimeError, OSError):
