@@ -282,3 +282,21 @@ def test_the_console_flags_set_the_intervention_section_and_may_change_on_resume
     assert resume_settings(resumed) == ["intervention.console_port=8800"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["train", "hil_rlpd", "--console-port", "70000"])
+
+
+def test_page_messages_set_the_pad_the_gain_and_the_pause_and_malformed_ones_are_ignored():
+    from relive.train.console import handle_message
+
+    c = console(box([-1.0, -1.0], [1.0, 1.0]))
+    for text in ('{"type": "pad", "engaged": true, "axes": [0.5, "x"]}', "[1, 2]", '{"type": "gain", "value": 5}',
+                 '{"type": "keys", "down": "ArrowLeft"}', '{"type": "nothing"}'):
+        handle_message(c.state, text)
+    assert c.state.pad == {"engaged": True, "axes": []} and c.state.gain == 1.0 and c.state.held == set()
+    assert c(None, np.full(2, 0.3, np.float32)) == (True, pytest.approx([0.0, 0.0]))  # pad engaged, no valid axes
+    handle_message(c.state, '{"type": "pad", "engaged": true, "axes": [0.5, -0.25]}')
+    assert c(None, np.zeros(2, np.float32))[1].tolist() == [0.5, -0.25]
+    handle_message(c.state, '{"type": "pause"}')
+    assert c.state.paused and not c.state.resumed.is_set()
+    handle_message(c.state, '{"type": "resume"}')
+    handle_message(c.state, '{"type": "release"}')
+    assert not c.state.paused and c.state.pad is None
