@@ -357,7 +357,7 @@ def create_app(console: ConsoleIntervener):
         await socket_.accept()
         with st.lock:
             st.clients += 1
-        sender = asyncio.create_task(_send_loop(socket_, status))
+        sender = asyncio.create_task(_send_loop(socket_, console, status))
         try:
             while True:
                 text = await socket_.receive_text()
@@ -371,30 +371,34 @@ def create_app(console: ConsoleIntervener):
             with st.lock:
                 st.clients -= 1
 
-    async def _send_loop(socket_: WebSocket, status_fn) -> None:
-        seq, last_status, rows_sent = 0, -math.inf, -1
-        try:
-            while True:
-                seq, frame = st.take_frame(seq)
-                if frame is not None:
-                    await socket_.send_bytes(await asyncio.to_thread(encode_jpeg, frame))
-                now = time.monotonic()
-                if now - last_status >= STATUS_EVERY_S:
-                    console.metrics.read()  # (the plotted rows go out again only when new ones were logged)
-                    fresh = console.metrics.num_read != rows_sent
-                    rows_sent = console.metrics.num_read
-                    await socket_.send_text(json.dumps(status_fn(fresh)))
-                    last_status = now
-                await asyncio.sleep(1.0 / (2 * MAX_FPS))
-        except (asyncio.CancelledError, RuntimeError, OSError):
-            pass
-        except Exception as e:  # (a closed socket: websockets / starlette raise their own types)
-            if type(e).__name__ not in ("WebSocketDisconnect", "ConnectionClosed", "ConnectionClosedOK",
-                                        "ConnectionClosedError"):
-                raise
-
     app.router.routes.append(WebSocketRoute("/ws", ws))
     return Guard(app, console.token, local=console.host in LOCAL_HOSTS)
+
+
+async def _send_loop(socket_, console: ConsoleIntervener, status_fn) -> None:
+    """A page's outgoing messages: each new frame (JPEG, encoded off the event loop), a status every
+    ``STATUS_EVERY_S`` (with the plotted rows when new ones were logged)."""
+    st = console.state
+    seq, last_status, rows_sent = 0, -math.inf, -1
+    try:
+        while True:
+            seq, frame = st.take_frame(seq)
+            if frame is not None:
+                await socket_.send_bytes(await asyncio.to_thread(encode_jpeg, frame))
+            now = time.monotonic()
+            if now - last_status >= STATUS_EVERY_S:
+                console.metrics.read()  # (the plotted rows go out again only when new ones were logged)
+                fresh = console.metrics.num_read != rows_sent
+                rows_sent = console.metrics.num_read
+                await socket_.send_text(json.dumps(status_fn(fresh)))
+                last_status = now
+            await asyncio.sleep(1.0 / (2 * MAX_FPS))
+    except (asyncio.CancelledError, RuntimeError, OSError):
+        pass
+    except Exception as e:  # (a closed socket: websockets / starlette raise their own types)
+        if type(e).__name__ not in ("WebSocketDisconnect", "ConnectionClosed", "ConnectionClosedOK",
+                                    "ConnectionClosedError"):
+            raise
 
 
 def handle_message(st: ConsoleState, text: str) -> None:
