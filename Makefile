@@ -48,7 +48,7 @@ test-metaworld: $(MWVENV)/.stamp
 
 # lint-imports: the floors of pyproject.toml's [tool.importlinter] (imports point down, no cycles; docs/extending.md)
 # The default suite runs on every core (pytest-xdist; each worker one torch thread: tests/conftest.py) and stays
-# within 5 minutes on a 2-core machine; tests over ~5 s there are marked slow and run by `make test-slow` (not yet in CI)
+# within 5 minutes on a 2-core machine; tests over ~5 s there are marked slow and run by `make test-slow` (CI runs both: .ci/run)
 test: $(VENV)/.stamp-test
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check src tests bench examples

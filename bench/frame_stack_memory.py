@@ -97,7 +97,7 @@ def nbytes(*arrays) -> int:
 # -- relive --------------------------------------------------------------------------------------------------
 def relive_case(rows: int, last: bool):
     from relive.replay import ReplayBuffer
-    from relive.replay.frame_stack import FrameStack
+    from relive.replay.storage.frame_stack import FrameStack
 
     shape, fs = ((H, W, K), FrameStack.sb3(K)) if last else ((K, H, W), FrameStack(K))
     eps = Episodes(last)

@@ -61,8 +61,8 @@ def replay_ops(args) -> dict:
     import torch
 
     from relive.replay import ReplayBuffer
-    from relive.replay.device import DevicePrioritizedSampler
     from relive.replay.samplers import PrioritizedSampler, UniformSampler
+    from relive.replay.samplers.device import DevicePrioritizedSampler
 
     rng = np.random.default_rng(0)
     data = rows(args.rows, rng)

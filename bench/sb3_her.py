@@ -61,8 +61,13 @@ def sb3_kwargs(preset: str = "sac_her") -> dict:
     """SB3 ``SAC(...)`` keyword arguments (and HER's) at the settings of relive's ``preset``."""
     cfg = get_preset(preset)
     a, s = cfg.agent, cfg.schedule
-    if cfg.agent_kind != "sac" or not cfg.her.enabled:
-        raise ValueError(f"sb3_her: preset {preset!r} is not a SAC + HER preset (agent {cfg.agent_kind!r})")
+    if cfg.agent_kind != "sac" or cfg.replay.name != "her":
+        raise ValueError(f"sb3_her: preset {preset!r} is not a SAC + HER preset (agent {cfg.agent_kind!r}, replay "
+                         f"{cfg.replay.label!r})")
+    her = cfg.replay.options
+    if her.inner.name != "uniform":
+        raise ValueError(f"sb3_her: SB3's HerReplayBuffer draws rows uniformly; preset {preset!r} relabels "
+                         f"{her.inner.name!r}")
     if not a.actor_lr == a.critic_lr == a.temp_lr:
         raise ValueError(f"sb3_her: SB3's SAC has one learning rate; preset {preset!r} has actor / critic / "
                          f"temperature rates {a.actor_lr} / {a.critic_lr} / {a.temp_lr}")
@@ -76,7 +81,7 @@ def sb3_kwargs(preset: str = "sac_her") -> dict:
         "ent_coef": f"auto_{a.init_temperature}" if a.learn_temperature else a.init_temperature,
         "target_entropy": "auto", "target_update_interval": 1,
         "policy_kwargs": {"net_arch": list(a.hidden), "obs_keys": sorted(a.obs_keys)},
-        "her": {"n_sampled_goal": int(cfg.her.k), "goal_selection_strategy": cfg.her.strategy},
+        "her": {"n_sampled_goal": int(her.k), "goal_selection_strategy": her.strategy},
         "eval": {"success_key": cfg.env.success_key, "success_at": cfg.env.success_at},
     }
 

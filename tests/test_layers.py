@@ -23,4 +23,6 @@ def test_every_import_points_down_and_no_cycle():
     run = subprocess.run([exe, "--no-cache", "--no-logo"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "Contracts: 2 kept, 0 broken." in run.stdout
+    declared = (ROOT / "pyproject.toml").read_text().count("[[tool.importlinter.contracts]]")  # (tomllib: 3.11+)
+    assert declared >= 3  # the floors, inside relive.replay (storage below samplers below buffer), no cycles
+    assert f"Contracts: {declared} kept, 0 broken." in run.stdout

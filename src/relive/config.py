@@ -26,6 +26,7 @@ from relive.registry import (
     REPLAYS,
     ReplaySpec,
     agent_entry,
+    env_options,
     field_docs,
     intervener_entry,
     load_builtins,
@@ -169,26 +170,6 @@ class CollectorsConfig:
         return self.max_lag_env_steps if self.max_lag_env_steps is not None else 2 * self.num * self.chunk_env_steps
 
 
-HER_STRATEGIES = ("future", "final", "episode", "random")  # relive.replay.samplers.her.STRATEGIES (a floor below)
-
-
-@dataclass(frozen=True)
-class HERConfig:
-    """Hindsight Experience Replay (``relive.replay.samplers.her``; docs/her.md): a goal-conditioned run."""
-
-    # true: the envs keep their goal dicts (observation / achieved_goal / desired_goal as columns), the replay
-    # strategy is wrapped in a HindsightSampler with the task's compute_reward; false: no HER (goal dicts flattened)
-    enabled: bool = False
-    k: float = 4.0  # relabeled goals per real one: a share k / (k + 1) of every batch relabeled (0: none, same input)
-    strategy: str = "future"  # where a new goal comes from: future, final, episode (same episode) or random
-
-    def __post_init__(self):
-        if isinstance(self.k, bool) or not isinstance(self.k, int | float) or not math.isfinite(self.k) or self.k < 0:
-            raise ValueError(f"her.k must be a finite number >= 0, got {self.k!r}")
-        if self.strategy not in HER_STRATEGIES:
-            raise ValueError(f"her.strategy must be one of {HER_STRATEGIES}, got {self.strategy!r}")
-
-
 INTERVENTION_KINDS = ("none", "scripted", "device", "console")  # the built-ins (relive.registry.INTERVENERS: plug-ins)
 
 
@@ -286,7 +267,7 @@ class ReplayConfig:
     capacity: int = 1_000_000  # rows, offline + online
     options: Any = None  # the strategy's own config dataclass (``replay.<name>.*``); None: its defaults
     device: str | None = None  # torch device of the buffer's columns and sampling (uniform, per, and mixtures of
-    #                            them; relive.replay.device), e.g. the agent's "cuda"; None: NumPy on the host
+    #                            them; relive.replay.samplers.device), e.g. the agent's "cuda"; None: NumPy on the host
 
     def __post_init__(self):
         if self.device is not None:
@@ -319,8 +300,15 @@ class ReplayConfig:
 
     @property
     def label(self) -> str:
-        """The strategy in a few words: ``per``, ``mixture(offline=uniform, online=per)``."""
+        """The strategy in a few words: ``per``, ``mixture(offline=uniform, online=per)``,
+        ``her(k=4, future, inner=per)``."""
         return str(ReplaySpec(self.name, self.options))
+
+    @property
+    def env_options(self) -> dict[str, Any]:
+        """What this replay needs of the run's envs, as ``make_env`` keyword arguments (HER: goal dicts kept;
+        ``relive.registry.env_options``): every place that makes a run's env passes them, none names a replay."""
+        return env_options(self.options)
 
     def to_dict(self) -> dict:
         return {"name": self.name, "capacity": self.capacity, self.name: options_dict(self.options)} | (
@@ -417,7 +405,6 @@ class ExperimentConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     collectors: CollectorsConfig = field(default_factory=CollectorsConfig)
-    her: HERConfig = field(default_factory=HERConfig)
     intervention: InterventionConfig = field(default_factory=InterventionConfig)
 
     def __post_init__(self):
@@ -483,10 +470,53 @@ def _migrate(d: dict) -> dict:
         if refresh is not None and "refresh_every_grad_steps" in names:
             opts["refresh_every_grad_steps"] = refresh
         replay = {"name": name, "capacity": replay.get("capacity", 1_000_000), name: opts}
-    d["replay"], d["schedule"] = replay, schedule
+    d["replay"], d["schedule"] = _migrate_her(d.pop("her", None), replay), schedule
     if isinstance(d.get("agent"), dict):
         d["agent"] = {k: v for k, v in d["agent"].items() if k != "utd_ratio"}
     return d
+
+
+_OLD_HER = {"enabled": False, "k": 4.0, "strategy": "future"}  # the top-level her section (issue 30) and its defaults
+
+
+def _migrate_her(her, replay: dict) -> dict:
+    """The replay of a config.json that still has the top-level ``her`` section (before issue 48): with
+    ``her.enabled``, ``her(inner=<that replay>, k, strategy)``; without, the replay as it was (k, strategy unused)."""
+    if her is None:
+        return replay
+    if not isinstance(her, dict) or set(her) - set(_OLD_HER):
+        raise ValueError(f"her: expected a table of {sorted(_OLD_HER)} (the settings of earlier versions; HER is now "
+                         f"the replay her: replay.her.k, replay.her.strategy, replay.her.inner), got {her!r}")
+    her = _OLD_HER | her
+    if not isinstance(her["enabled"], bool):
+        raise ValueError(f"her.enabled must be true or false, got {her['enabled']!r}")
+    if not her["enabled"]:
+        return replay
+    if replay.get("name") == "her":
+        raise ValueError("her.enabled = true and replay.name = her: HER is the replay now; drop the her section")
+    inner = {k: v for k, v in replay.items() if k not in ("capacity", "device")}
+    out = {"name": "her", "her": {"inner": inner, "k": her["k"], "strategy": her["strategy"]}}
+    return out | {k: replay[k] for k in ("capacity", "device") if k in replay}
+
+
+def _her_alias(r: ReplayConfig, name: str, raw: str, key: str) -> ReplayConfig:
+    """``--set her.enabled=...`` / ``her.k=...`` / ``her.strategy=...`` of earlier versions on today's replay: enabled
+    wraps the replay in her (or unwraps it), k and strategy set ``replay.her.*`` of a her replay."""
+    if name not in _OLD_HER:
+        raise ValueError(f"unknown setting {key!r}: HER is the replay her now (replay.her.k, replay.her.strategy, "
+                         "replay.her.inner.name)")
+    if name == "enabled":
+        if parse_value(bool, raw, key) == (r.name == "her"):
+            return r
+        if r.name == "her":  # off: the replay it wrapped
+            return ReplayConfig(r.options.inner.name, r.capacity, r.options.inner.options, r.device)
+        return ReplayConfig("her", r.capacity, replay_entry("her").config_cls(inner=ReplaySpec(r.name, r.options)),
+                            r.device)
+    if r.name != "her":
+        raise ValueError(f"--set {key}: HER is the replay her now and this run's replay is {r.label!r}: set "
+                         f"replay.her.{name} with --replay her (replay.her.inner.name={r.name}), or --set "
+                         f"her.enabled=true first")
+    return dataclasses.replace(r, options=set_option(r.options, [name], raw, f"replay.her.{name}", raw=True))
 
 
 def _reaches(options, path: list[str]) -> bool:
@@ -547,7 +577,7 @@ def config_from_dict(d: dict) -> ExperimentConfig:
     replay = ReplayConfig(spec.name, r.get("capacity", 1_000_000), spec.options, r.get("device"))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
                                                    ("schedule", ScheduleConfig),
-                                                   ("collectors", CollectorsConfig), ("her", HERConfig),
+                                                   ("collectors", CollectorsConfig),
                                                    ("intervention", InterventionConfig)) if k in d}
     return ExperimentConfig(preset=d.get("preset", "sac"), agent_kind=kind, agent=agent, replay=replay, **sections)
 
@@ -682,8 +712,10 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
         known = ["replay.name", "replay.capacity", "replay.device"] + [f"replay.{r.name}.{f.name}"
                                                       for f in dataclasses.fields(r.options)]
         raise ValueError(f"unknown setting {key!r}; known: {known}")
+    if section == "her" and len(parts) == 2:  # the top-level her.* of earlier versions: HER is a replay now
+        return dataclasses.replace(cfg, replay=_her_alias(cfg.replay, parts[1], raw, key))
     sections = {"run": "run", "env": "env", "data": "data", "schedule": "schedule", "collectors": "collectors",
-                "her": "her", "intervention": "intervention"}
+                "intervention": "intervention"}
     if section in sections and len(parts) == 2:
         obj = getattr(cfg, section)
         return dataclasses.replace(cfg, **{section: _set_field(obj, parts[1], raw, key, section)})

@@ -80,7 +80,7 @@ def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dic
                          f"(constraints.txt), this environment has mujoco {mujoco.__version__}") from None
     if keep_goal_dict and not has_goal_keys(env.observation_space):
         env.close()
-        raise ValueError(f"{env_id} is not a goal-conditioned task: keep_goal_dict=True (HER: her.enabled, the "
+        raise ValueError(f"{env_id} is not a goal-conditioned task: keep_goal_dict=True (HER: --replay her, the "
                          f"sac_her / ddpg_her presets) needs dict observations with keys {GOAL_KEYS} (Gymnasium-"
                          f"Robotics' FetchReach-v4, PointMaze_UMaze-v3, ...); its observations are "
                          f"{env.observation_space}")
@@ -335,7 +335,7 @@ def goal_functions(env: gym.Env):
     name = env.spec.id if env.spec is not None else type(env.unwrapped).__name__
     space = env.observation_space
     if not has_goal_keys(space):
-        raise ValueError(f"{name} is not a goal-conditioned task: HER (her.enabled, the sac_her / ddpg_her presets) "
+        raise ValueError(f"{name} is not a goal-conditioned task: HER (--replay her, the sac_her / ddpg_her presets) "
                          f"needs dict observations with keys {GOAL_KEYS} and a compute_reward (Gymnasium-Robotics' "
                          f"FetchReach-v4, FetchPush-v4, PointMaze_UMaze-v3, ...); its observations are {space}")
     u = env.unwrapped

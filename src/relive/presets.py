@@ -15,7 +15,6 @@ from relive.agents.vracer import VRACERConfig
 from relive.config import (
     EnvConfig,
     ExperimentConfig,
-    HERConfig,
     InterventionConfig,
     ReplayConfig,
     RunConfig,
@@ -311,16 +310,18 @@ def vracer_refer() -> ExperimentConfig:
 
 
 # -- goal-conditioned tasks with Hindsight Experience Replay (issue 30; docs/her.md) -------------------------
-# her.enabled: the envs keep their goal dicts, the replay strategy is wrapped in a HindsightSampler (k = 4 relabeled
-# goals per real one, "future": the paper's best, Sec. 4.5) with the task's compute_reward. The agents read
-# observation + desired_goal (agent.obs_keys). Success = info["is_success"] at an episode's last step (Fetch, as the
-# paper and SB3 count it; PointMaze: --set env.success_key=success). No HER at the same settings: --set her.k=0.
+# replay her: the envs keep their goal dicts, the replay (replay.her.inner, uniform) is relabeled by a
+# HindsightSampler (k = 4 relabeled goals per real one, "future": the paper's best, Sec. 4.5) with the task's
+# compute_reward. The agents read observation + desired_goal (agent.obs_keys). Success = info["is_success"] at an
+# episode's last step (Fetch, as the paper and SB3 count it; PointMaze: --set env.success_key=success). No HER at the
+# same settings: --set replay.her.k=0. HER over PER: --set replay.her.inner.name=per.
 # sac_her's SAC settings are the ones bench/sb3_her.py hands Stable-Baselines3's SAC + HerReplayBuffer (the
 # her-fetch comparison): change them here and the SB3 side follows.
 HER_OBS_KEYS = ("desired_goal", "observation")
 HER_GAMMA = 0.98  # the HER paper, App. A ("discount factor of 0.98 for all transitions")
 HER_ENV = EnvConfig(success_key="is_success", success_at="last")
 HER_RUN = RunConfig(eval_every_env_steps=1000, eval_episodes=10)  # Fetch episodes are 50 steps
+HER_REPLAY = ReplayConfig.of("her", capacity=1_000_000, k=4, strategy="future")  # over uniform replay
 
 
 def sac_her() -> ExperimentConfig:
@@ -335,13 +336,12 @@ def sac_her() -> ExperimentConfig:
     0.05 is the Zoo's TQC entries for FetchPush / Slide / PickAndPlace), 2x256 networks (the Zoo's entry: 2x64;
     baselines: 3x256), no observation normalisation (the Zoo's entry normalizes; baselines normalizes and clips to
     5). SAC's twin critics and learned temperature (the Zoo's ent_coef 'auto'). Success: info["is_success"] at the
-    last step. Without HER: --set her.k=0."""
+    last step. Without HER: --set replay.her.k=0."""
     return ExperimentConfig(preset="sac_her", agent_kind="sac",
                             agent=SACConfig(gamma=HER_GAMMA, tau=0.05, actor_lr=1e-3, critic_lr=1e-3, temp_lr=1e-3,
                                             obs_keys=HER_OBS_KEYS),
-                            env=HER_ENV, run=HER_RUN, her=HERConfig(enabled=True, k=4, strategy="future"),
-                            schedule=ScheduleConfig(batch_size=256, num_warmup_env_steps=1000),
-                            replay=ReplayConfig.of("uniform", capacity=1_000_000))
+                            env=HER_ENV, run=HER_RUN, replay=HER_REPLAY,
+                            schedule=ScheduleConfig(batch_size=256, num_warmup_env_steps=1000))
 
 
 HER_CYCLE_ENV_STEPS, HER_CYCLE_GRAD_STEPS = 100, 40  # App. A: a cycle = 2 episodes of 50 steps, then 40 updates
@@ -384,11 +384,10 @@ def ddpg_her() -> ExperimentConfig:
         agent=DDPGConfig(hidden=(64, 64, 64), actor_lr=1e-3, critic_lr=1e-3, gamma=HER_GAMMA,
                          tau=1 - 0.95 ** (1 / HER_CYCLE_GRAD_STEPS), sigma=0.1, action_l2=1.0,
                          target_range=(-1 / (1 - HER_GAMMA), 0.0), obs_keys=HER_OBS_KEYS),
-        env=HER_ENV, run=HER_RUN, her=HERConfig(enabled=True, k=4, strategy="future"),
+        env=HER_ENV, run=HER_RUN, replay=HER_REPLAY,
         schedule=ScheduleConfig(batch_size=128, env_steps_per_chunk=HER_CYCLE_ENV_STEPS,
                                 grad_steps_per_chunk=HER_CYCLE_GRAD_STEPS, num_warmup_env_steps=0,
-                                warmup_policy="agent"),
-        replay=ReplayConfig.of("uniform", capacity=1_000_000))
+                                warmup_policy="agent"))
 
 
 def hil_rlpd() -> ExperimentConfig:

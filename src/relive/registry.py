@@ -218,13 +218,29 @@ class ReplaySpec:
     def __str__(self) -> str:
         """``per(priority_exponent=0.5)``: the name and the options that differ from its defaults; a composition's
         parts always (``mixture(offline=uniform, online=per)``), but those its options class lists in
-        ``optional_parts`` only when changed."""
+        ``optional_parts`` only when changed. An options class with a ``label()`` method words its own
+        (``her(k=4, future, inner=per)``)."""
+        label = getattr(self.options, "label", None)
+        if callable(label):
+            return str(label())
         default = type(self.options)()
         optional = getattr(type(self.options), "optional_parts", ())
         shown = [f"{f.name}={v}" for f in dataclasses.fields(self.options)
                  if (isinstance(v := getattr(self.options, f.name), ReplaySpec) and f.name not in optional)
                  or v != getattr(default, f.name)]
         return self.name + (f"({', '.join(shown)})" if shown else "")
+
+
+def env_options(options) -> dict[str, Any]:
+    """What a replay needs of the run's environments, as ``make_env`` keyword arguments: the ``env_options`` its
+    options class declares (a ``ClassVar`` mapping; HER: ``{"keep_goal_dict": True}``), merged over its parts. The
+    trainer, the collectors and ``relive eval`` make their envs with them and never ask which replay it is."""
+    out = dict(getattr(type(options), "env_options", {}))
+    for f in dataclasses.fields(options):
+        part = getattr(options, f.name)
+        if isinstance(part, ReplaySpec):
+            out |= env_options(part.options)
+    return out
 
 
 def options_dict(options) -> dict:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from relive.agents.base import Agent
+from relive.agents.contract import Agent
 from relive.agents.encoders import concat_keys
 from relive.envs import EnvSpec
 from relive.registry import AGENTS, load_builtins

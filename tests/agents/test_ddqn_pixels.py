@@ -13,7 +13,7 @@ from relive.agents.ddqn import DDQN, DDQNConfig
 from relive.agents.encoders import IMAGE_Q_NETS, image_q_net, image_q_net_name
 from relive.envs import EnvSpec
 from relive.replay import ReplayBuffer
-from relive.replay.frame_stack import FrameStack
+from relive.replay.storage.frame_stack import FrameStack
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/agents/conftest.py
 

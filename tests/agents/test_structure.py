@@ -1,12 +1,12 @@
 """Structure of the agent package, read from the source (ast): what agents share is public, and every optional
-capability the loop reads from an agent by name is documented in ``relive.agents.base``."""
+capability the loop reads from an agent by name is documented in ``relive.agents.contract``."""
 
 import ast
 import re
 from pathlib import Path
 
 import relive
-from relive.agents import base
+from relive.agents import contract
 
 SRC = Path(relive.__file__).parent
 AGENTS_DIR = SRC / "agents"
@@ -99,10 +99,11 @@ def test_every_capability_the_loop_reads_by_name_is_documented_in_the_agent_prot
     # the scan sees the capabilities known to be read (a scan that found nothing would pass anything)
     assert {"act", "update", "stored_columns", "sequence_spec", "acting_modules", "acting_clock",
             "remote_acting_problem", "random_warmup_problem", "allow_other_base", "score_fn"} <= set(read), read
-    documented = set(base.REQUIRED) | set(base.OPTIONAL_CAPABILITIES)
+    documented = set(contract.REQUIRED) | set(contract.OPTIONAL_CAPABILITIES)
     undocumented = {name: where for name, where in read.items() if name not in documented}
-    assert not undocumented, (f"read from agents by name but not listed in relive.agents.base.OPTIONAL_CAPABILITIES "
-                              f"(add it there, with what reads it and what it means): {undocumented}")
+    assert not undocumented, (f"read from agents by name but not listed in relive.agents.contract."
+                              f"OPTIONAL_CAPABILITIES (add it there, with what reads it and what it means): "
+                              f"{undocumented}")
 
 
 def test_the_capability_scan_catches_an_undocumented_name(tmp_path):
@@ -122,4 +123,4 @@ def test_documented_capabilities_are_ones_some_agent_or_the_loop_uses():
     load_builtins()
     read = set(names_read_from_agents(loop_files()))
     defined = {name for e in AGENTS.values() for name in dir(e.target)}
-    assert set(base.OPTIONAL_CAPABILITIES) - read - defined == set()
+    assert set(contract.OPTIONAL_CAPABILITIES) - read - defined == set()

@@ -4,10 +4,10 @@ import h5py
 import numpy as np
 import pytest
 
-from relive.data.columns import split_episodes
 from relive.data.d4rl_io import read_d4rl_hdf5, write_d4rl_hdf5
 from relive.data.loaders import fill_offline, load_rows
 from relive.data.minari_io import list_local, read_minari, write_minari
+from relive.data.rows import split_episodes
 from relive.data.scores import d4rl_reference, normalized_score
 from relive.replay import ReplayBuffer
 from relive.train.collector import collect_dataset
@@ -452,8 +452,8 @@ def test_data_info_reads_every_format_the_dataset_option_accepts(tmp_path, pendu
     import json
 
     from relive.cli import main
-    from relive.data.columns import split_episodes
     from relive.data.npz_io import save_dataset
+    from relive.data.rows import split_episodes
 
     expect = np.mean([pendulum_rows["reward"][sl].sum() for sl in split_episodes(pendulum_rows)])
     for path in (save_dataset(tmp_path / "d.npz", pendulum_rows, env_id="Pendulum-v1"),

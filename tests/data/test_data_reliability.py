@@ -6,8 +6,8 @@ import h5py
 import numpy as np
 import pytest
 
-from relive.data.columns import check_columns
 from relive.data.d4rl_io import read_d4rl_hdf5, write_d4rl_hdf5
+from relive.data.rows import check_columns
 
 
 def _rows(n=6):

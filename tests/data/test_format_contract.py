@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from relive.data.columns import split_episodes
 from relive.data.d4rl_io import write_d4rl_hdf5
 from relive.data.lerobot_io import write_lerobot
 from relive.data.loaders import load_rows
 from relive.data.minari_io import write_minari
 from relive.data.npz_io import save_dataset
+from relive.data.rows import split_episodes
 from relive.testing import random_transitions
 
 COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")

@@ -17,9 +17,9 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from relive.data.columns import split_episodes  # noqa: E402
 from relive.data.lerobot_io import buffer_rows, read_lerobot, write_lerobot  # noqa: E402
 from relive.data.loaders import load_rows  # noqa: E402
+from relive.data.rows import split_episodes  # noqa: E402
 from relive.train.collector import collect_dataset  # noqa: E402
 
 

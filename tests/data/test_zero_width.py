@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from relive.cli import main
-from relive.data.columns import check_columns
 from relive.data.d4rl_io import write_d4rl_hdf5
 from relive.data.loaders import load_rows
 from relive.data.npz_io import save_dataset
+from relive.data.rows import check_columns
 
 
 def _rows(n=8, obs_width=3, action_width=1):

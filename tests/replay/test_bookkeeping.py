@@ -9,9 +9,9 @@ import copy
 import numpy as np
 import pytest
 
-import relive.replay.bookkeeping as bk
-import relive.replay.small_writes as small_writes_mod
-import relive.replay.storage as storage_mod
+import relive.replay.storage.bookkeeping as bk
+import relive.replay.storage.small_writes as small_writes_mod
+import relive.replay.storage.storage as storage_mod
 from relive.replay import PrioritizedSampler, ReplayBuffer, UniformSampler
 from relive.types import OFFLINE, ONLINE
 

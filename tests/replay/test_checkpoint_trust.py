@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import relive.replay.storage as storage_mod
+import relive.replay.storage.storage as storage_mod
 from relive.files import LockedError
 from relive.replay import PrioritizedSampler, ReplayBuffer
 from relive.replay.checkpoint import CheckpointError, load_tree, save_tree

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler, consistency
+from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.replay.storage import consistency
 from relive.testing import chisquare_pvalue
 from relive.types import AGENT, DATASET, INTERVENTION, OFFLINE, ONLINE
 from tests.replay.test_fuzz import EXTRA, BufferMachine, _rows, _same
@@ -302,7 +303,7 @@ def test_fuzz_buffer_with_a_growing_demonstration_segment(kind):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mixture_uniform", "mixture_uniform_per", "per_source"])
 def test_fuzz_buffer_with_a_growing_demonstration_segment_long(kind):
-    _run_demo(kind, examples=60, steps=40)
+    _run_demo(kind, examples=25, steps=30)  # (about a minute per kind on 2 idle cores)
 
 
 def _run_demo(kind, examples, steps):

@@ -1,4 +1,4 @@
-"""Replay on a torch device (relive.replay.device), run on CPU tensors: the tree, the samplers' distributions
+"""Replay on a torch device (relive.replay.samplers.device), run on CPU tensors: the tree, the samplers' distributions
 against their host twins, stale and invalid updates, checkpoints across backends, and the trainer end to end."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from hypothesis import strategies as hst
 from scipy import stats
 
 from relive.replay import ReplayBuffer
-from relive.replay.device import (
+from relive.replay.samplers import MixtureSampler, PrioritizedSampler, UniformSampler
+from relive.replay.samplers.arb import ARBSampler
+from relive.replay.samplers.device import (
     DeviceMixtureSampler,
     DevicePrioritizedSampler,
     DeviceUniformSampler,
@@ -21,8 +23,6 @@ from relive.replay.device import (
     TorchSumTree,
     to_device_sampler,
 )
-from relive.replay.samplers import MixtureSampler, PrioritizedSampler, UniformSampler
-from relive.replay.samplers.arb import ARBSampler
 
 
 def rows(n, start=0, obs_dim=3, end_every=0):

@@ -1,7 +1,7 @@
-"""Frame stacks stored once (relive.replay.frame_stack): every stacked obs / next_obs a buffer returns equals a naive
-stack built from its episode's frames, over episode boundaries, ring wrap-around, several streams, the offline prefix,
-n-step returns, sequences and checkpoints; stacks that do not follow their episode are refused; samplers see the same
-distribution as over a buffer of full stacks."""
+"""Frame stacks stored once (relive.replay.storage.frame_stack): every stacked obs / next_obs a buffer returns equals a
+naive stack built from its episode's frames, over episode boundaries, ring wrap-around, several streams, the offline
+prefix, n-step returns, sequences and checkpoints; stacks that do not follow their episode are refused; samplers see the
+same distribution as over a buffer of full stacks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from relive.replay import MixtureSampler, PrioritizedSampler, ReaPERSampler, ReplayBuffer, UniformSampler
-from relive.replay.frame_stack import FrameStack
+from relive.replay.storage.frame_stack import FrameStack
 
 FRAME = (2, 3)  # a frame's (H, W) (channel axis added by the layout)
 

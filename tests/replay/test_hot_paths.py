@@ -149,7 +149,7 @@ def test_update_checks_compiled_and_numpy_agree_on_every_input(data):
 
 
 def test_all_finite_matches_numpy_and_a_write_refuses_nan_with_its_message():
-    from relive.replay.storage import SMALL, all_finite
+    from relive.replay.storage.storage import SMALL, all_finite
 
     rng = np.random.default_rng(0)
     for dtype in (np.float32, np.float64):
@@ -175,7 +175,7 @@ def test_episode_index_few_rows_branch_matches_the_numpy_branch(data):
     """EpisodeIndex.append's plain-Python branch for writes of a few rows (several episodes in one write) builds the
     same records and ids as its NumPy branch: offline rows, then online writes of 1-20 rows into two streams (a ring
     that wraps), episode ends anywhere, and demonstrations written after online rows."""
-    from relive.replay import episodes
+    from relive.replay.storage import episodes
 
     def build():
         sampler = MixtureSampler(UniformSampler(), UniformSampler())

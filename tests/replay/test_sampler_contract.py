@@ -1,9 +1,9 @@
 """One contract over every registered replay strategy (DESIGN.md, "One contract per kind").
 
 The ids come from the registry, not from a list kept by hand: every name ``--replay`` accepts (built-ins, the
-optional built-ins such as ReF-ER, and a plug-in registered in this file), and every sampler class a checkpoint can
-name but no replay name offers (HER's relabelling wrapper). Each one, with its default options, after updates and a
-refresh that give it a non-uniform state:
+optional built-ins such as ReF-ER and the compositions -- the mixture, HER --, and a plug-in registered in this file),
+and every sampler class a checkpoint can name but no replay name offers. Each one, with its default options (HER:
+over PER, a part with state), after updates and a refresh that give it a non-uniform state:
 
 - ``probabilities()`` is a distribution over the stored rows (zero elsewhere), and the rows it draws follow it: a
   chi-square of 60,000 drawn indices, with a power companion -- the same draws against a distribution 10% off on a
@@ -23,6 +23,7 @@ from relive.registry import (
     REPLAYS,
     SAMPLER_CLASSES,
     ReplayBuild,
+    ReplaySpec,
     load_builtins,
     register_replay,
     replay_entry,
@@ -68,8 +69,8 @@ class _LinearSampler(Sampler):
 def _ids() -> list[str]:
     load_builtins()
     named = {entry.sampler_cls for entry in REPLAYS.values() if entry.sampler_cls is not None}
-    unnamed = [f"class:{name}" for name, cls in SAMPLER_CLASSES.items()
-               if cls not in named and name != "MixtureSampler"]  # the mixture is offered as "mixture"
+    offered = {"MixtureSampler", "HindsightSampler"}  # built by a registered builder: "mixture", "her"
+    unnamed = [f"class:{name}" for name, cls in SAMPLER_CLASSES.items() if cls not in named and name not in offered]
     return sorted(REPLAYS) + sorted(unnamed)
 
 
@@ -77,9 +78,9 @@ IDS = _ids()
 
 
 def test_the_contract_covers_every_registered_sampler():
-    """The ids include each built-in, the optional built-ins, HER's wrapper and this file's plug-in."""
-    for name in ("uniform", "per", "mixture", "arb", "reaper", "reaper_reference", "berb", "refer",
-                 "contract_linear", "class:HindsightSampler"):
+    """The ids include each built-in, the optional built-ins, the compositions and this file's plug-in."""
+    for name in ("uniform", "per", "mixture", "arb", "reaper", "reaper_reference", "berb", "refer", "her",
+                 "contract_linear"):
         assert name in IDS, name
 
 
@@ -102,18 +103,39 @@ def _goal_rows(n: int, rng: np.random.Generator, episode_length: int, start: int
             "terminated": np.zeros(n, bool), "truncated": end}
 
 
-#: options other than the defaults, for speed only: BERB's ratio network small (its sampling logic is the same)
-SMALL = {"berb": {"hidden": (16,), "ratio_batch_size": 16}}
+#: options other than the defaults: BERB's ratio network small, for speed (its sampling logic is the same); HER over
+#: PER, so that the relabeling wrapper passes on a part's non-uniform state
+SMALL = {"berb": {"hidden": (16,), "ratio_batch_size": 16}, "her": {"inner": ReplaySpec("per")}}
+GOALS = ("her",)  # the replays that need goal-conditioned rows (a task's reward function)
+
+
+class _GoalEnv:
+    """What ``Sampler.bind_env`` reads of a goal-conditioned env (relive.envs.goal_functions)."""
+
+    def __init__(self):
+        import gymnasium as gym
+
+        box = gym.spaces.Box(-100.0, 100.0, (2,), np.float32)
+        self.observation_space = gym.spaces.Dict({"observation": gym.spaces.Box(-10.0, 10.0, (3,), np.float32),
+                                                  "achieved_goal": box, "desired_goal": box})
+        self.spec = None
+        self.unwrapped = self
+
+    def compute_reward(self, achieved, desired, info):
+        return _reward_fn(achieved, desired, info)
 
 
 def _build(name: str) -> Sampler:
     if name.startswith("class:"):
         cls = SAMPLER_CLASSES[name.split(":", 1)[1]]
-        return cls(PrioritizedSampler(), reward_fn=_reward_fn)  # a wrapper, around a sampler with state
+        return cls(PrioritizedSampler())  # a wrapper, around a sampler with state
     entry = replay_entry(name)
     ctx = ReplayBuild(total_grad_steps=1_000, env_steps_per_chunk=10, seed=np.random.SeedSequence(7),
                       online_env_steps=1_000)
-    return entry.target(entry.config_cls(**SMALL.get(name, {})), ctx)
+    sampler = entry.target(entry.config_cls(**SMALL.get(name, {})), ctx)
+    if name in GOALS:
+        sampler.bind_env(_GoalEnv())  # as the trainer does: the task's reward function
+    return sampler
 
 
 class _Rig:
@@ -121,7 +143,7 @@ class _Rig:
 
     def __init__(self, name: str, seed: int = 0):
         self.name = name
-        self.goals = name.startswith("class:")
+        self.goals = name in GOALS
         sampler = _build(name)
         self.behaviour = name == "refer"  # ReF-ER reads the behaviour record the agent stores with each row
         extra = {c: (2,) for c in BEHAVIOUR_COLUMNS} if self.behaviour else None
@@ -247,7 +269,7 @@ def test_a_checkpoint_round_trip_keeps_the_distribution_and_the_draws(name, tmp_
     rig.buf.save(tmp_path / "ckpt")
     loaded = ReplayBuffer.load(tmp_path / "ckpt")
     if rig.goals:
-        loaded.sampler.set_reward_fn(_reward_fn)  # functions are code: a checkpoint does not hold them
+        loaded.sampler.bind_env(_GoalEnv())  # functions are code: a checkpoint does not hold them
     np.testing.assert_array_equal(_probabilities(loaded), rig.probabilities(), err_msg=name)
     for _ in range(3):
         np.testing.assert_array_equal(loaded.sample(16).info.indices, rig.buf.sample(16).info.indices, err_msg=name)

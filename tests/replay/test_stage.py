@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler, _write_kernels
+from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.replay.storage import _write_kernels
 from relive.testing import random_transitions
 
 SAMPLERS = {

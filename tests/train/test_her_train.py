@@ -14,9 +14,11 @@ import pytest
 from relive.agents.ddpg import DDPG, DDPGConfig
 from relive.agents.sac import SAC, SACConfig
 from relive.cli import main
-from relive.config import EnvConfig, HERConfig, override
+from relive.config import EnvConfig, ExperimentConfig, ReplayConfig, config_from_dict, load_config, override
 from relive.envs import InfoKeySuccess, env_spec, goal_functions, make_env
 from relive.presets import get_preset
+from relive.registry import SAMPLER_CLASSES, ReplaySpec, load_builtins
+from relive.replay.samplers.her import HERConfig
 from relive.train.evaluation import evaluate_episodes
 from relive.train.trainer import train
 from relive.types import unpack_acted
@@ -103,12 +105,91 @@ def test_success_at_is_checked():
 
 
 def test_her_config_is_checked():
-    with pytest.raises(ValueError, match="her.k must be a finite number >= 0"):
+    with pytest.raises(ValueError, match="replay.her.k must be a finite number >= 0"):
         HERConfig(k=-1)
-    with pytest.raises(ValueError, match="her.strategy must be one of"):
+    with pytest.raises(ValueError, match="replay.her.strategy must be one of"):
         HERConfig(strategy="later")
+    with pytest.raises(ValueError, match="replay.her.inner cannot be her again"):
+        HERConfig(inner=ReplaySpec("her"))
+    cfg = override(get_preset("sac_her"), ["replay.her.k=0", "replay.her.strategy=final", "replay.her.inner.name=per",
+                                           "replay.her.inner.per.priority_exponent=0.5"])
+    assert cfg.replay.options == HERConfig(inner=ReplaySpec("per", cfg.replay.options.inner.options), k=0.0,
+                                           strategy="final")
+    assert cfg.replay.label == "her(k=0, final, inner=per(priority_exponent=0.5))"
+    assert get_preset("sac_her").replay.label == "her(k=4, future, inner=uniform)"
+    assert override(get_preset("sac"), ["replay.name=her"]).replay.label == "her(k=4, future, inner=uniform)"
+
+
+def test_her_is_a_replay_that_asks_for_goal_dicts_by_its_options_not_its_name():
+    assert get_preset("sac_her").replay.env_options == {"keep_goal_dict": True}
+    assert get_preset("sac").replay.env_options == {}
+    assert ReplayConfig.of("symmetric_per").env_options == {}
+
+
+def test_the_old_her_settings_are_aliases_of_the_her_replay():
+    """--set her.* of earlier versions: enabled wraps (unwraps) today's replay, k / strategy set replay.her.*;
+    k without HER says where the setting went."""
     cfg = override(get_preset("sac_her"), ["her.k=0", "her.strategy=final"])
-    assert cfg.her == HERConfig(enabled=True, k=0.0, strategy="final")
+    assert cfg.replay.options == HERConfig(k=0.0, strategy="final")
+    per = override(get_preset("sac"), ["replay.name=per", "replay.per.priority_exponent=0.5"])
+    wrapped = override(per, ["her.enabled=true", "her.k=8"])
+    assert wrapped.replay.label == "her(k=8, future, inner=per(priority_exponent=0.5))"
+    assert override(wrapped, ["her.enabled=false"]).replay == per.replay
+    assert override(per, ["her.enabled=false"]) == per
+    with pytest.raises(ValueError, match=r"--set her.k: HER is the replay her now .* replay.her.k"):
+        override(per, ["her.k=2"])
+    with pytest.raises(ValueError, match="unknown setting 'her.relabel'.*replay.her.k"):
+        override(per, ["her.relabel=2"])
+
+
+def _old_layout(cfg: ExperimentConfig) -> dict:
+    """A config.json as versions before issue 48 wrote it: HER as a top-level section over the replay."""
+    d = cfg.to_dict()
+    r = d["replay"]
+    if r["name"] != "her":
+        return d | {"her": {"enabled": False, "k": 4.0, "strategy": "future"}}
+    opts = r["her"]
+    return d | {"replay": {"capacity": r["capacity"]} | opts["inner"],
+                "her": {"enabled": True, "k": opts["k"], "strategy": opts["strategy"]}}
+
+
+@pytest.mark.parametrize("preset", ["sac_her", "ddpg_her", "sac", "rlpd"])
+def test_an_old_config_with_a_her_section_loads_as_the_her_replay(preset):
+    cfg = override(get_preset(preset), ["replay.her.inner.name=per"] if preset == "sac_her" else [])
+    old = _old_layout(cfg)
+    assert config_from_dict(old) == cfg
+    assert "her" not in cfg.to_dict()
+    with pytest.raises(ValueError, match="her: expected a table of"):
+        config_from_dict(old | {"her": {"enabled": True, "relabel": 2}})
+
+
+def test_a_run_whose_config_json_has_the_old_her_section_resumes(tmp_path):
+    """A run directory written before issue 48 (config.json with her.enabled and the replay it wrapped) resumes:
+    the config migrates to replay her over that replay, the checkpoint's sampler is the same HindsightSampler."""
+    args = ["sac_her", "--env", GOAL_ENV, "--online-steps", "150", "--warmup", "40", "--eval-every", "150",
+            "--checkpoint-every", "60", "--set", "replay.her.inner.name=per", *SMALL]
+    with pytest.raises(SimulatedKill):
+        train(cfg_for(args, tmp_path / "r"), on_step=kill_at(env_step=100))
+    path = tmp_path / "r" / "config.json"
+    path.write_text(json.dumps(_old_layout(load_config(path))))
+    summary = train(resume_dir=tmp_path / "r")
+    assert summary.num_online_env_steps == 150
+
+
+def test_the_trainer_and_the_buffer_name_no_sampler():
+    """What a replay needs from the run reaches the trainer by contract (env_options, bind_env, relabel_batch): the
+    trainer's source names no sampler class and no replay option section, the buffer asks no attribute by name."""
+    from pathlib import Path
+
+    import relive
+
+    load_builtins()
+    src = Path(relive.__file__).parent
+    trainer = (src / "train" / "trainer.py").read_text()
+    assert [name for name in SAMPLER_CLASSES if name in trainer] == []
+    assert ".her" not in trainer and "keep_goal_dict" not in trainer
+    assert 'getattr(sampler, "relabels"' not in (src / "replay" / "buffer.py").read_text()
+    assert 'getattr(self.sampler, "relabels"' not in (src / "replay" / "buffer.py").read_text()
 
 
 def test_fetch_without_mujoco_3_3_is_a_clear_error_else_a_goal_env():
@@ -179,7 +260,8 @@ def test_sac_her_on_a_non_goal_env_is_a_clear_error_and_writes_nothing(tmp_path)
     assert not (tmp_path / "r").exists()
 
 
-@pytest.mark.parametrize("preset, extra", [("sac_her", ["--num-envs", "2"]), ("sac_her", ["--replay", "per"]),
+@pytest.mark.parametrize("preset, extra", [("sac_her", ["--num-envs", "2"]),
+                                           ("sac_her", ["--set", "replay.her.inner.name=per"]),
                                            ("ddpg_her", ["--chunk", "30"])])
 def test_the_her_presets_train_from_the_cli(tmp_path, preset, extra):
     run_dir = cli_train(tmp_path, "r", preset, "--env", GOAL_ENV, "--online-steps", "120", "--warmup", "40",
@@ -189,7 +271,9 @@ def test_the_her_presets_train_from_the_cli(tmp_path, preset, extra):
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
     assert 0.5 < last["replay/her_relabeled_fraction"] < 1.0  # k = 4: 0.8 in expectation
     cfg = json.loads((run_dir / "config.json").read_text())
-    assert cfg["her"] == {"enabled": True, "k": 4, "strategy": "future"} and cfg["env"]["success_at"] == "last"
+    assert cfg["replay"]["name"] == "her" and "her" not in cfg and cfg["env"]["success_at"] == "last"
+    assert (cfg["replay"]["her"]["k"], cfg["replay"]["her"]["strategy"]) == (4, "future")
+    assert cfg["replay"]["her"]["inner"]["name"] == ("per" if "replay.her.inner.name=per" in extra else "uniform")
 
 
 def test_a_resumed_her_run_gets_its_reward_function_again(tmp_path):
@@ -223,12 +307,12 @@ def test_fetch_push_makes_a_goal_buffer():
 @pytest.mark.slow  # >= 5 s on 2 cores: the slow stage (make test-slow) runs it
 def test_sac_her_learns_a_sparse_goal_task_that_sac_without_relabeling_does_not(tmp_path):
     """Same seed, same budget (1500 env steps), same networks: HER (k = 4, future) reaches the goal in most
-    evaluation episodes, the same run with her.k = 0 (no relabeled goal) in few."""
+    evaluation episodes, the same run with replay.her.k = 0 (no relabeled goal) in few."""
     rates = {}
     for k in (4, 0):
         run_dir = cli_train(tmp_path, f"k{k}", "sac_her", "--env", GOAL_ENV, "--online-steps", "1500", "--warmup",
-                            "300", "--eval-every", "1500", "--set", f"her.k={k}", "--set", "agent.hidden=[64,64]",
-                            "--batch-size", "64", "--eval-episodes", "20", "--no-progress")
+                            "300", "--eval-every", "1500", "--set", f"replay.her.k={k}", "--set",
+                            "agent.hidden=[64,64]", "--batch-size", "64", "--eval-episodes", "20", "--no-progress")
         rates[k] = eval_rows(run_dir)[-1]["eval/success_rate"]
     assert rates[4] >= 0.7 and rates[0] <= 0.4 and rates[4] > rates[0] + 0.3, rates
 

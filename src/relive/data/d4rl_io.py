@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from relive.data.columns import check_widths
+from relive.data.rows import check_widths
 from relive.data.trust import one_line, open_hdf5
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")

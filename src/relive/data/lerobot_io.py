@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from relive.data.columns import check_columns, split_episodes
+from relive.data.rows import check_columns, split_episodes
 from relive.data.trust import check_allocation, format_template, inside, one_line, read_json_object
 from relive.files import fsync_tree, swap_into_place
 from relive.types import OFFLINE, ONLINE

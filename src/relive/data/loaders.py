@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from relive.data.columns import check_columns, check_env_spaces
 from relive.data.d4rl_io import read_d4rl_hdf5
 from relive.data.lerobot_io import is_lerobot_dir, read_lerobot
 from relive.data.minari_io import read_minari
 from relive.data.npz_io import load_dataset
+from relive.data.rows import check_columns, check_env_spaces
 from relive.replay.returns import returns_to_go
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from relive.data.columns import check_columns, obs_parts, split_episodes
+from relive.data.rows import check_columns, obs_parts, split_episodes
 from relive.data.trust import inside, one_line, open_hdf5, read_json_object
 from relive.files import fsync_tree, swap_into_place
 

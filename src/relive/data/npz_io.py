@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from relive.data.columns import check_widths
+from relive.data.rows import check_widths
 from relive.data.trust import MAX_COMPRESSION_RATIO, SLACK_BYTES, check_allocation, one_line
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from relive.data.columns import split_episodes
+from relive.data.rows import split_episodes
 
 
 def episode_successes(rows: dict, success_return: float | None = None) -> np.ndarray:

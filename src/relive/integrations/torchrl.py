@@ -41,7 +41,7 @@ import torchrl
 from tensordict import TensorDict, TensorDictBase
 
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
-from relive.replay.columns import convert
+from relive.replay.storage import convert
 from relive.types import Batch, SampleInfo, UpdateReport
 
 TESTED = {"torchrl": "0.14.1", "tensordict": "0.14.3"}  # pyproject: extra "torchrl"

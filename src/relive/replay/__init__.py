@@ -3,7 +3,6 @@
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.checkpoint import CheckpointError
 from relive.replay.device_buffer import DeviceReplayBuffer
-from relive.replay.episodes import EpisodeIndex, EpisodeView
 from relive.replay.samplers import (
     SAMPLERS,
     ARBSampler,
@@ -18,7 +17,7 @@ from relive.replay.samplers import (
 )
 from relive.replay.samplers.base import Draw
 from relive.replay.stage import Stage
-from relive.replay.storage import ColumnSpec, Storage
+from relive.replay.storage import ColumnSpec, EpisodeIndex, EpisodeView, Storage
 from relive.replay.sum_tree import MaxTree, SumTree
 from relive.types import OFFLINE, ONLINE, Batch, SampleInfo, UpdateReport
 

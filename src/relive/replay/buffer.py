@@ -24,8 +24,6 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from relive.replay import _check_kernels, checkpoint, returns
-from relive.replay._state import state_field, state_int
-from relive.replay.frame_stack import FrameStackStorage
 from relive.replay.samplers import (
     MixtureSampler,
     PrioritizedSampler,
@@ -35,7 +33,8 @@ from relive.replay.samplers import (
     sampler_from_config,
 )
 from relive.replay.stage import Stage
-from relive.replay.storage import Storage, as_numpy
+from relive.replay.state_checks import state_field, state_int
+from relive.replay.storage import FrameStackStorage, Storage, as_numpy
 from relive.types import (
     INTERVENTION,
     OFFLINE,
@@ -83,13 +82,13 @@ class ReplayBuffer:
         ``.npy`` files under ``directory`` (``np.memmap``) instead of RAM. ``n_step`` > 1: every batch carries
         n-step returns with discount ``gamma`` (see :meth:`gather`); 1 (the default): one-step rows, ``gamma``
         unused. ``backend="torch"`` with ``device`` (default cpu): columns are tensors on that device and batches
-        are drawn, gathered and updated there (:mod:`relive.replay.device`; uniform, PER and symmetric samplers,
+        are drawn, gathered and updated there (:mod:`relive.replay.samplers.device`; uniform, PER, symmetric samplers,
         converted from their host classes; batches and ``batch.info`` hold tensors). ``demo_capacity``: rows of room
         for demonstrations written during online training (:meth:`add_demonstrations`; the layout:
         :mod:`relive.replay.storage`); needs a mixture sampler (uniform / PER parts) and a host backend.
-        ``frame_stack``: the observation is a stack of k frames (``4``, a :class:`~relive.replay.frame_stack.FrameStack`
+        ``frame_stack``: the observation is a stack of k frames (``4``, a :class:`~relive.replay.storage.FrameStack`
         such as ``FrameStack.sb3(4)``, or for dict observations ``{"image": 3}``): writes take the env's stacks,
-        checked against their episode, and the storage keeps each frame once (:mod:`relive.replay.frame_stack`;
+        checked against their episode, and the storage keeps each frame once (:mod:`relive.replay.storage.frame_stack`;
         RAM backend)."""
         self.n_step, self.gamma = returns.check_n_step(n_step, capacity), returns.check_gamma(gamma)
         if demo_capacity and backend == "torch":
@@ -233,9 +232,7 @@ class ReplayBuffer:
         sampler = self.sampler
         indices, probability, is_weight = sampler.sample(batch_size, self.rng)
         batch = self.gather(indices, probability, is_weight, sampler.hints())
-        if getattr(sampler, "relabels", False):  # HER (samplers/her.py): new goals into the batch
-            batch = sampler.relabel_batch(batch, self.n_step, self.gamma)  # type: ignore[attr-defined]
-        return batch
+        return sampler.relabel_batch(batch, self.n_step, self.gamma)  # (HER: new goals; others: the batch as is)
 
     def gather(self, indices, probability=None, is_weight=None, hints=None) -> Batch:
         """A Batch of given slots (e.g. to evaluate specific rows); probability / is_weight default to nan / 1,
@@ -309,7 +306,7 @@ class ReplayBuffer:
         if batch_size > self.storage.num_rows:
             raise ValueError(f"batch of {batch_size} slices requested but only {self.storage.num_rows} rows are "
                              "stored")
-        if getattr(self.sampler, "relabels", False):
+        if self.sampler.relabels:
             raise ValueError(f"sample_sequences does not relabel goals: {type(self.sampler).__name__} relabels rows of "
                              "sample() only (use sample(), or the inner sampler for sequences)")
         st = self.storage

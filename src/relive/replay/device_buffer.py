@@ -4,7 +4,7 @@ on a torch device (``ReplayBuffer(..., backend="torch", device="cuda")`` builds 
 The host buffer's API with tensors: batches and ``batch.info`` hold tensors on the device; an update reads nothing
 back (stale rows and non-finite signals are counted on the device and folded into ``num_stale`` /
 ``num_invalid`` when ``stats`` or a checkpoint reads them). Samplers are the host ones' device twins
-(:mod:`relive.replay.device`). Its checkpoints are the host format plus the device generator's state. torch is
+(:mod:`relive.replay.samplers.device`). Its checkpoints are the host format plus the device generator's state. torch is
 imported only when such a buffer is built (``import relive.replay`` does not load it).
 """
 
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from relive.replay import returns
-from relive.replay._state import state_int
 from relive.replay.buffer import BACKEND_CLASSES, ReplayBuffer
 from relive.replay.samplers import Sampler
+from relive.replay.state_checks import state_int
 from relive.types import Batch, SampleInfo, UpdateReport
 
 DRAWS_KNOWN = 16  # the latest draws whose indices an update may name without a host check
@@ -27,7 +27,7 @@ DRAWS_KNOWN = 16  # the latest draws whose indices an update may name without a 
 
 class DeviceReplayBuffer(ReplayBuffer):
     on_device = True
-    sampler: Any  # a device sampler (relive.replay.device: sample_device / update_device)
+    sampler: Any  # a device sampler (relive.replay.samplers.device: sample_device / update_device)
     num_invalid: int
 
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, seed: int = 0,
@@ -38,7 +38,7 @@ class DeviceReplayBuffer(ReplayBuffer):
         super().__init__(capacity, obs_shape, action_shape, sampler, seed, **kwargs)
 
     def _own_sampler(self, sampler: Sampler) -> Sampler:
-        from relive.replay.device import to_device_sampler  # (torch: imported only for a device buffer)
+        from relive.replay.samplers.device import to_device_sampler  # (torch: imported only for a device buffer)
 
         return to_device_sampler(sampler)
 

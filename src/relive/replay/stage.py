@@ -8,8 +8,8 @@
 The columns have the storage's dtypes and row shapes, so a commit needs no conversion: with numba and the common
 case (a stream's rows in consecutive slots of a RAM or memmap buffer, one stream so far) it is one compiled call that
 checks the rows are finite, copies every column and writes the rows' bookkeeping and episode records
-(:mod:`relive.replay._write_kernels`); every other case goes through ``extend``. Either way a commit stores exactly
-what ``extend`` of the same rows stores (tests/replay/test_stage.py), and rows ``extend`` refuses (NaN, ...) are
+(:mod:`relive.replay.storage._write_kernels`); every other case goes through ``extend``. Either way a commit stores
+exactly what ``extend`` of the same rows stores (tests/replay/test_stage.py), and rows ``extend`` refuses (NaN, ...) are
 refused the same way, with nothing written for that stream (the streams before it stay written); so is a flag column
 holding a byte other than 0 / 1 (written through a byte view), naming column and row. Commit before
 anything reads the buffer (a sample sees committed rows only) and before any other write of the same stream. Flat
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from relive.replay import _write_kernels
 from relive.replay.samplers import Sampler
+from relive.replay.storage import _write_kernels
 from relive.types import ONLINE
 
 

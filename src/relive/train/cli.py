@@ -330,7 +330,7 @@ def show(name: str, as_json: bool = False) -> int:
                   (f"replay.{cfg.replay.name}", cfg.replay.options,
                    f"replay.name = {cfg.replay.name}, replay.capacity = {cfg.replay.capacity}"),
                   ("schedule", cfg.schedule, ""), ("run", cfg.run, ""), ("env", cfg.env, ""), ("data", cfg.data, ""),
-                  ("collectors", cfg.collectors, ""), ("her", cfg.her, ""), ("intervention", cfg.intervention, "")]
+                  ("collectors", cfg.collectors, ""), ("intervention", cfg.intervention, "")]
     elif name in ALIASES:
         a, replay = ALIASES[name], ReplayConfig(name)
         groups = [(f"replay.{replay.name}", replay.options,

@@ -11,10 +11,10 @@ import numpy as np
 
 from relive.agents.run_dir import CONFIG_FILE, open_run_dir
 from relive.cli import positive_int, refuse_overwrite, write_generated
-from relive.data.columns import split_episodes
 from relive.data.lerobot_io import buffer_rows, write_lerobot
 from relive.data.loaders import load_rows
 from relive.data.minari_io import default_root, list_local
+from relive.data.rows import split_episodes
 from relive.data.scores import d4rl_reference, normalized_score
 from relive.replay.buffer import HOST, ReplayBuffer
 from relive.train.checkpoint import has_checkpoint, load_checkpoint

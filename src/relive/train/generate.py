@@ -34,10 +34,10 @@ import numpy as np
 
 from relive.agents.run_dir import open_run_dir
 from relive.config import override
-from relive.data.columns import split_episodes
 from relive.data.maze import waypoint_policy
 from relive.data.minari_io import default_root, write_minari, write_task_references
 from relive.data.npz_io import load_dataset, save_dataset
+from relive.data.rows import split_episodes
 from relive.data.scores import d4rl_reference
 from relive.presets import get_preset
 from relive.replay.buffer import HOST, ReplayBuffer

@@ -25,9 +25,9 @@ from relive.agents.bc import (
 from relive.agents.distill import base_successes, distill
 from relive.agents.run_dir import CONFIG_FILE, TRUST_FLAG, open_run_dir
 from relive.cli import non_negative_int, positive_float, positive_int
-from relive.data.columns import split_episodes
 from relive.data.loaders import load_rows
 from relive.data.npz_io import save_dataset
+from relive.data.rows import split_episodes
 from relive.data.selection import select_episodes
 
 TRUST_CODE_HELP = ("also read a base policy in a format that can run code when loaded (TorchScript .pt / .pth / .ts / "

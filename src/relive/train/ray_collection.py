@@ -39,7 +39,7 @@ class RayCollection:
         self.run, self.pool = run, run.collector
         ratio = (s.grad_steps_per_chunk, s.env_steps_per_chunk) if s.grad_steps_per_chunk else (s.utd_ratio, 1)
         self.limiter = self.pool.limiter = RateLimiter(ratio, s.num_warmup_env_steps, cc.max_lag)
-        # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/base.py)
+        # inserts = stored env steps: unstored (probing) steps are not data and earn no update (agents/contract.py)
         self.limiter.inserts, self.limiter.samples = stored_env_steps(run), getattr(self.pool, "resume_samples", 0)
         self.log = _chunk_log(run.run_dir / "chunks.jsonl", self.pool.log_lines)
         self.random_below = s.num_warmup_env_steps if s.warmup_policy == "random" else 0

@@ -136,7 +136,7 @@ class CollectorWorker:
         cfg = config_from_dict(cfg_dict)
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device="cpu"))
         agent_seed, env_seed, random_seed = np.random.SeedSequence([int(seed), int(index), int(incarnation)]).spawn(3)
-        goal: dict[str, Any] = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts kept, as the buffer stores them
+        goal = cfg.replay.env_options  # as the replay needs them (HER: goal dicts kept, as the buffer stores them)
         one = make_env(cfg.env.id, cfg.env.max_episode_steps, **goal)
         self.spec = env_spec(one)
         n = cfg.env.num_envs

@@ -110,9 +110,9 @@ def load_run_agent(run_dir: Path, checkpoint: bool = False, device: str = "cpu",
 
         env, spec = None, dataset_spec(cfg)
     else:
-        env = make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=render_mode,
-                       keep_goal_dict=cfg.her.enabled, evaluation=True)  # (as the run made it: HER keeps goal
-        # dicts; Atari: full games, as the run's evaluations)
+        env = make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=render_mode, evaluation=True,
+                       **cfg.replay.env_options)  # (as the run made it: its replay's needs, HER keeps goal dicts;
+        # Atari: full games, as the run's evaluations)
         spec = env_spec(env)
     agent = build_agent(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=device)), spec)
     agent.load_state_dict(state)

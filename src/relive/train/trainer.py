@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,17 +36,16 @@ import torch
 from relive import hooks as H
 from relive.agents.run_dir import CONFIG_FILE, open_run_dir, without_trust
 from relive.config import ExperimentConfig, ScheduleConfig, config_from_dict, override, save_config
-from relive.data.columns import spec_from_rows
 from relive.data.loaders import fill_offline, load_rows
-from relive.envs import env_spec, goal_functions, make_env, make_vector_env
+from relive.data.rows import spec_from_rows
+from relive.envs import EnvSpec, env_spec, make_env, make_vector_env
 from relive.files import DirectoryLock, LockedError, write_text_atomic
 from relive.presets import get_preset
 from relive.registry import ReplayBuild, agent_entry, replay_entry
 from relive.replay import ReplayBuffer
 from relive.replay.buffer import HOST
 from relive.replay.checkpoint import load_tree, save_tree
-from relive.replay.frame_stack import FrameStack
-from relive.replay.samplers.her import HindsightSampler
+from relive.replay.storage import FrameStack
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
 from relive.train.intervention import DemoWriter, build_intervener, intervention_columns, renders
@@ -86,10 +86,6 @@ class RunSummary:
     num_probing_env_steps: int = 0
 
 
-
-
-
-
 def online_grad_steps(s: ScheduleConfig) -> int:
     """Gradient steps of a full online phase (warm-up excluded only approximately: used for beta's annealing)."""
     if s.grad_steps_per_chunk:
@@ -106,25 +102,13 @@ def _int(ss: np.random.SeedSequence) -> int:
 
 
 def build_sampler(cfg: ExperimentConfig, seed: np.random.SeedSequence | None = None):
-    """The registered replay strategy ``cfg.replay.name`` built with its options; with ``her.enabled``, wrapped in
-    a :class:`HindsightSampler` (``her.k``, ``her.strategy``; its goal functions: :func:`attach_goal_functions`)."""
+    """The registered replay strategy ``cfg.replay.name`` built with its options (a composition -- the mixture, HER --
+    builds its parts); what it reads from the task comes later, from the env (``Sampler.bind_env``)."""
     s = cfg.schedule
     ctx = ReplayBuild(total_grad_steps=s.num_offline_grad_steps + online_grad_steps(s),
                       env_steps_per_chunk=s.env_steps_per_chunk, online_env_steps=s.num_online_env_steps,
                       seed=seed if seed is not None else seed_streams(cfg.run.seed)["sampler"])
-    sampler = replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
-    return HindsightSampler(sampler, cfg.her.strategy, cfg.her.k) if cfg.her.enabled else sampler
-
-
-def attach_goal_functions(buffer: ReplayBuffer, env) -> None:
-    """A HindsightSampler's functions from the run's env (``envs.goal_functions``: a non-goal env is a ValueError
-    naming it): rewards from its vectorized ``compute_reward``; ``terminated`` recomputed where reaching the goal ends
-    an episode. For a new run and again for a resumed one (functions are code: checkpoints do not hold them)."""
-    sampler = buffer.sampler
-    if isinstance(sampler, HindsightSampler):
-        reward_fn, success_fn = goal_functions(env)
-        sampler.terminate_on_success = success_fn is not None
-        sampler.set_reward_fn(reward_fn, success_fn)
+    return replay_entry(cfg.replay.name).target(cfg.replay.options, ctx)
 
 
 def build_agent(cfg: ExperimentConfig, spec, seed: np.random.SeedSequence | None = None):
@@ -172,7 +156,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         st = run.state
         run.logger.metrics(st.env_steps, run.train_metrics | run.buffer.stats()
                            | {"grad_step": st.grad_steps, "phase": "final"})
-        save_tree(run.run_dir / "agent_final", run.agent.state_dict(), kind="agent")  # the trained policy
+        agent: Any = run.agent  # (any registered agent: loop.Run types it as object)
+        save_tree(run.run_dir / "agent_final", agent.state_dict(), kind="agent")  # the trained policy
         if run.cfg.run.save_final_buffer:
             run.buffer.save(run.run_dir / "buffer_final", offline="copy")  # self-contained, unlike checkpoints
         st, s = run.state, run.cfg.schedule
@@ -294,78 +279,151 @@ def build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callabl
 
 def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callable | None,
            resume_settings: Sequence[str], held: list, allow_other_base: bool = False) -> Run:
-    notes: tuple[str, ...] = ()
-    if resume_dir is not None:
-        run_dir, saved, cfg, tree, notes = _open_resumed_run(Path(resume_dir), resume_settings, held)
-    elif resume_settings:
-        raise ValueError("resume_settings change a resumed run; give resume_dir (a new run takes them in its config)")
-    else:
-        saved = tree = None
-        run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
-        check_new_run_dir(run_dir)  # (again under the lock once built: before anything is written)
-    s, seeds = cfg.schedule, seed_streams(cfg.run.seed)
-    _check_run_config(cfg, allow_other_base)
-    torch.set_num_threads(cfg.run.num_threads)
-    retain_freed_memory()  # no page faults on every update's activations (see the function)
-    num_envs, remote = cfg.env.num_envs, cfg.collectors.num > 0
-    loaded = None  # an env-less run's dataset, read once for its spec and its rows
-    if not cfg.env.id:  # offline only, from a dataset, without an environment (real-robot data)
-        eval_env = env = None
-        loaded = load_rows(cfg.data.dataset) if cfg.data.dataset else None
-        spec = dataset_spec(cfg, loaded)
-    else:
-        goal = {"keep_goal_dict": cfg.her.enabled}  # HER: goal dicts stored as columns, relabeled at sample time
-        eval_env = make_env(cfg.env.id, cfg.env.max_episode_steps, evaluation=True, **goal)  # (Atari: full games)
-        env = None if remote else make_env(cfg.env.id, cfg.env.max_episode_steps, render_mode=renders(cfg), **goal) \
-            if num_envs == 1 else \
-            make_vector_env(cfg.env.id, num_envs, cfg.env.vector_mode, cfg.env.max_episode_steps, **goal)
-        if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
-            eval_env.reset(seed=_int(seeds["eval"]))
-        spec = env_spec(eval_env)
-    agent = build_agent(cfg, spec, seeds["agent"])  # (the only use of the call's trust: loading a base policy)
-    saved_cfg = without_trust(cfg)[0]  # what the run records (config.json, checkpoints): trust is the command's
-    if allow_other_base:  # (checked by the agent's load_state_dict: resume and run.init_from)
-        agent.allow_other_base = True
-    if wrap_agent is not None:
-        agent = wrap_agent(agent)
-    columns = tuple(getattr(agent, "stored_columns", tuple)())
-    if cfg.intervention.kind != "none":  # the agent's proposal and the takeover flag, stored beside its records
-        columns += intervention_columns(spec.action_shape, "int64" if spec.discrete else "float32")
-    buffer = _new_buffer(cfg, spec, columns, seeds)
-    attach_goal_functions(buffer, eval_env)  # HER (her.enabled): the task's reward function
+    """The steps of a build, in order: the run to start or resume (its directory held on resume), the process set
+    up for it, the envs (or the dataset's spec), the agent, the replay buffer bound to the env, the starting point
+    (dataset rows, ``run.init_from``), the collector, the loop hooks, then the run directory, and on resume the
+    checkpoint's state."""
+    start = _start_or_resume(cfg, resume_dir, resume_settings, held)
+    cfg = start.cfg
+    seeds = seed_streams(cfg.run.seed)
+    _set_up_process(cfg, allow_other_base)
+    envs = _make_envs(cfg, seeds)
+    agent = _make_agent(cfg, envs.spec, seeds, wrap_agent, allow_other_base)
+    columns = _stored_columns(cfg, agent, envs.spec)
+    buffer = _new_buffer(cfg, envs.spec, columns, seeds)
+    if envs.eval_env is not None:  # what the replay reads from the task (HER: its reward function)
+        buffer.sampler.bind_env(envs.eval_env)
     gamma = cfg.data.discount if cfg.data.discount is not None else getattr(cfg.agent, "gamma", 0.99)
-    state = LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
-                      next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
-                      ref_min=cfg.data.ref_min_return, ref_max=cfg.data.ref_max_return)
-    if s.num_offline_grad_steps and not cfg.data.dataset:
-        raise ValueError("num_offline_grad_steps > 0 needs a dataset (--dataset PATH)")
-    if tree is None:  # (a checkpoint holds the buffer, offline rows included, and the agent)
-        _load_start(cfg, agent, buffer, columns, gamma, state, loaded)
-    if remote:  # Ray collectors step the envs (relive.train.ray_collectors, which imports Ray only now)
-        check_agent(agent)
-        collector = RayCollectors(cfg, _int(seeds["env"]))
-    elif env is None:
-        collector = NoCollector()
-    else:
-        collector = (Collector(env, spec, _int(seeds["env"]), record_columns=columns,
-                               intervener=build_intervener(cfg, spec, env, run_dir)) if num_envs == 1
-                     else VectorCollector(env, spec, _int(seeds["env"]), record_columns=columns))
+    state = _new_loop_state(cfg)
+    if start.tree is None:  # (a checkpoint holds the buffer, offline rows included, and the agent)
+        _load_start(cfg, agent, buffer, columns, gamma, state, envs.loaded)
+    collector = _make_collector(cfg, envs, columns, seeds, agent, start.run_dir)
     # (a component that cannot run here refuses now, before the directory is written)
-    hooks = _new_run_hooks(cfg, agent, buffer, gamma, env) if resume_dir is None else []
-    if remote:
+    hooks = _new_run_hooks(cfg, agent, buffer, gamma, envs.env) if resume_dir is None else []
+    if cfg.collectors.num:
         collector.connect()  # start or join Ray (a bad address fails here, before the directory is written)
+    saved_cfg = without_trust(cfg)[0]  # what the run records (config.json, checkpoints): trust is the command's
     if resume_dir is None:  # everything is built: only now does the directory become a run
-        _create_run_dir(saved_cfg, run_dir, held, env)
-    logger = RunLogger(run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
-    _print_start_notes(logger, notes, s, has_env=eval_env is not None)
-    run = Run(saved_cfg, run_dir, agent, buffer, collector, eval_env, spec, np.random.default_rng(seeds["warmup"]),
-              _int(seeds["eval"]), logger, state, on_step, hooks)
-    if resume_dir is not None:
-        _continue_resumed_run(run, tree, saved, gamma)
+        _create_run_dir(saved_cfg, start.run_dir, held, envs.env)
+    s = cfg.schedule
+    logger = RunLogger(start.run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress)
+    _print_start_notes(logger, start.notes, s, has_env=envs.eval_env is not None)
+    run = Run(saved_cfg, start.run_dir, agent, buffer, collector, envs.eval_env, envs.spec,
+              np.random.default_rng(seeds["warmup"]), _int(seeds["eval"]), logger, state, on_step, hooks)
+    if start.saved is not None:
+        _continue_resumed_run(run, start.tree, start.saved, gamma)
     collector.on_episode_start = H.episode_start_fns(run.hooks)
     if cfg.intervention.kind != "none":  # intervened stretches into the demonstration segment (of the resumed buffer)
         run.demo_writer = DemoWriter(run.buffer)
     return run
+
+
+@dataclass(frozen=True)
+class _Start:
+    """What a build starts from: a new run's directory and config, or a resumed run's (with its saved config, the
+    checkpoint if it has one, and notes on what its config.json said that was not taken)."""
+
+    run_dir: Path
+    cfg: ExperimentConfig  # the configuration the run goes on with
+    saved: ExperimentConfig | None = None  # resumed: the config.json it was saved with
+    tree: dict | None = None  # resumed: its last checkpoint (None: none yet)
+    notes: tuple[str, ...] = ()
+
+
+def _start_or_resume(cfg: ExperimentConfig | None, resume_dir, resume_settings: Sequence[str], held: list) -> _Start:
+    """A resumed run's directory (held by this process from here on), saved config and checkpoint; or a new run's
+    directory, which must be new or empty (checked again under the lock once everything is built)."""
+    if resume_dir is not None:
+        run_dir, saved, resumed, tree, notes = _open_resumed_run(Path(resume_dir), resume_settings, held)
+        return _Start(run_dir, resumed, saved, tree, notes)
+    if resume_settings:
+        raise ValueError("resume_settings change a resumed run; give resume_dir (a new run takes them in its config)")
+    if cfg is None:
+        raise ValueError("train() needs a configuration (cfg) or a run directory to resume (resume_dir)")
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else default_run_dir(cfg)
+    check_new_run_dir(run_dir)
+    return _Start(run_dir, cfg)
+
+
+def _set_up_process(cfg: ExperimentConfig, allow_other_base: bool) -> None:
+    """The configuration checked before anything is built, and this process's torch threads and allocator."""
+    _check_run_config(cfg, allow_other_base)
+    torch.set_num_threads(cfg.run.num_threads)
+    retain_freed_memory()  # no page faults on every update's activations (see the function)
+
+
+@dataclass(frozen=True)
+class _Envs:
+    """The run's environments: ``env`` the one this process steps (None with Ray collectors or without an env id),
+    ``eval_env`` the evaluation env (None without an env id), the spec the agent and buffer are built for, and an
+    env-less run's dataset (read once, for its spec and its rows)."""
+
+    env: Any
+    eval_env: Any
+    spec: EnvSpec
+    loaded: tuple[dict, dict] | None = None
+
+
+def _make_envs(cfg: ExperimentConfig, seeds: dict[str, np.random.SeedSequence]) -> _Envs:
+    """The evaluation env and the training env(s), made as the replay needs them (``replay.env_options``: HER keeps
+    goal dicts); without an env id (offline only, from a dataset: real-robot data) the spec is read from the data."""
+    if not cfg.env.id:
+        loaded = load_rows(cfg.data.dataset) if cfg.data.dataset else None
+        return _Envs(None, None, dataset_spec(cfg, loaded), loaded)
+    e, kw = cfg.env, cfg.replay.env_options
+    eval_env = make_env(e.id, e.max_episode_steps, evaluation=True, **kw)  # (Atari: full games)
+    if cfg.collectors.num:  # Ray collectors make their own envs
+        env = None
+    elif e.num_envs == 1:
+        env = make_env(e.id, e.max_episode_steps, render_mode=renders(cfg), **kw)  # (a console shows its frames)
+    else:
+        env = make_vector_env(e.id, e.num_envs, e.vector_mode, e.max_episode_steps, **kw)
+    if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
+        eval_env.reset(seed=_int(seeds["eval"]))
+    return _Envs(env, eval_env, env_spec(eval_env))
+
+
+def _make_agent(cfg: ExperimentConfig, spec: EnvSpec, seeds: dict[str, np.random.SeedSequence],
+                wrap_agent: Callable | None, allow_other_base: bool) -> Any:
+    """The registered agent (the only use of the call's trust: loading a base policy), as the loop will use it."""
+    agent = build_agent(cfg, spec, seeds["agent"])
+    if allow_other_base:  # (checked by the agent's load_state_dict: resume and run.init_from)
+        agent.allow_other_base = True
+    return wrap_agent(agent) if wrap_agent is not None else agent
+
+
+def _stored_columns(cfg: ExperimentConfig, agent, spec: EnvSpec) -> tuple:
+    """The extra columns the buffer keeps: the agent's behaviour records, and with interventions the agent's
+    proposal and the takeover flag."""
+    columns = tuple(getattr(agent, "stored_columns", tuple)())
+    if cfg.intervention.kind != "none":
+        columns += intervention_columns(spec.action_shape, "int64" if spec.discrete else "float32")
+    return columns
+
+
+def _new_loop_state(cfg: ExperimentConfig) -> LoopState:
+    """The loop's counters at the start of a new run (a resumed run's come from its checkpoint)."""
+    if cfg.schedule.num_offline_grad_steps and not cfg.data.dataset:
+        raise ValueError("num_offline_grad_steps > 0 needs a dataset (--dataset PATH)")
+    return LoopState(next_ckpt=cfg.run.checkpoint_every_env_steps, next_log=cfg.run.log_every_env_steps,
+                     next_eval=0 if cfg.run.eval_at_start else cfg.run.eval_every_env_steps,
+                     ref_min=cfg.data.ref_min_return, ref_max=cfg.data.ref_max_return)
+
+
+def _make_collector(cfg: ExperimentConfig, envs: _Envs, columns: tuple, seeds: dict[str, np.random.SeedSequence],
+                    agent, run_dir: Path | None = None) -> Any:
+    """Who steps the envs: Ray collectors (``collectors.num``; relive.train.ray_collectors imports Ray only when
+    connected), this process's env or vector env, or nobody (an env-less offline run)."""
+    seed = _int(seeds["env"])
+    if cfg.collectors.num:
+        check_agent(agent)
+        return RayCollectors(cfg, seed)
+    if envs.env is None:
+        return NoCollector()
+    if cfg.env.num_envs == 1:
+        return Collector(envs.env, envs.spec, seed, record_columns=columns,
+                         intervener=build_intervener(cfg, envs.spec, envs.env, run_dir))
+    return VectorCollector(envs.env, envs.spec, seed, record_columns=columns)
 
 
 def _print_start_notes(logger: RunLogger, notes: Sequence[str], s, has_env: bool) -> None:
@@ -445,8 +503,8 @@ def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuf
                         n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
                         # interventions: room for them in the never-evicted demonstration segment
                         demo_capacity=cfg.intervention.demo_capacity if cfg.intervention.kind != "none" else 0,
-                        # replay.device: columns, draws and priorities on a torch device (relive.replay.device)
-                        **({"backend": "torch", "device": cfg.replay.device} if cfg.replay.device else {}))
+                        # replay.device: columns, draws and priorities on a torch device (relive.replay.samplers.device)
+                        backend="torch" if cfg.replay.device else "ram", device=cfg.replay.device)
 
 
 def _frame_stack(cfg: ExperimentConfig, spec) -> FrameStack | None:
@@ -509,15 +567,14 @@ def _continue_resumed_run(run: Run, tree: dict | None, saved: ExperimentConfig, 
     """A resumed run takes its checkpoint (the checkpoint's buffer replaces the new one: hooks are collected from
     it), records settings that changed, and ends the episodes its envs were in when it stopped."""
     _resume(run, tree)
-    attach_goal_functions(run.buffer, run.eval_env)  # (HER: functions are not in checkpoints)
+    if run.eval_env is not None:  # the checkpoint's sampler, bound to the env again (HER: functions are not saved)
+        run.buffer.sampler.bind_env(run.eval_env)
     if run.cfg != saved:  # resumed where or how it runs differently: from now on its config says so
         save_config(run.cfg, run.run_dir / "config.json")
         run.logger.print("resumed with " + ", ".join(f"{k} = {v!r}" for k, v in _changed(saved, run.cfg)))
     run.hooks = H.collect_hooks(H.LoopContext(run.agent, run.buffer, run.cfg, gamma), run.agent, run.buffer.sampler)
     if getattr(run.collector, "resumed", False):  # envs were reset mid-episode: end their open episodes
         close_streams(run, range(run.collector.num_envs))
-
-
 
 
 def _check_random_warmup(cfg: ExperimentConfig, agent_cls) -> None:
@@ -569,10 +626,11 @@ def run_offline_rows(cfg: ExperimentConfig, buffer_state: dict, where):
     config's dataset loaded again (``stored_rows``), and the extra columns (``mc_return``, behaviour records), which
     the checkpoint copies whole, taken from the checkpoint. The hash check there refuses a changed dataset."""
     def rows(dataset_id: str) -> dict:
-        if str(cfg.data.dataset) != dataset_id:
+        dataset = cfg.data.dataset
+        if dataset is None or str(dataset) != dataset_id:
             raise ValueError(f"{where}: its checkpoint refers to offline dataset {dataset_id!r}, its config names "
-                             f"{cfg.data.dataset!r}")
-        data = stored_rows(cfg, load_rows(cfg.data.dataset, env_id=cfg.env.id)[0])
+                             f"{dataset!r}")
+        data = stored_rows(cfg, load_rows(dataset, env_id=cfg.env.id)[0])
         k = int(buffer_state["storage"]["offline_ref"]["num_offline"])
         for name in buffer_state["config"]["storage"]["extra_columns"]:
             data[name] = np.asarray(buffer_state["storage"]["columns"][name])[:k]
@@ -589,9 +647,11 @@ def _resume(run: Run, tree: dict | None) -> None:
         run.logger.print(f"{run.run_dir}: its checkpoint (an earlier relive version) records no configuration; "
                          "config.json is taken as the one it was made with")
     where = f"cannot resume {run.run_dir}"
+    agent: Any = run.agent  # (any registered agent, and any env: loop.Run types them as object)
+    eval_env: Any = run.eval_env
     with _must_fit(where, "its checkpoint's agent does not fit the agent its config.json describes", ValueError,
                    RuntimeError):  # (torch: a size mismatch, a missing tensor)
-        run.agent.load_state_dict(tree["agent"])
+        agent.load_state_dict(tree["agent"])
     with _must_fit(where, "its checkpoint's state does not fit this run"):
         # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
         run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
@@ -599,7 +659,7 @@ def _resume(run: Run, tree: dict | None) -> None:
         run.collector.load_state_dict(tree["collector"])
         run.warmup_rng.bit_generator.state = tree["warmup_rng"]
         if "eval_rng" in tree:
-            run.eval_env.unwrapped.np_random.bit_generator.state = tree["eval_rng"]
+            eval_env.unwrapped.np_random.bit_generator.state = tree["eval_rng"]
         run.state = LoopState(**tree["loop"])
     st = run.state
     run.logger.truncate_after(st.env_steps, st.grad_steps)
@@ -611,50 +671,16 @@ def _must_fit(where: str, what: str, *also: type[BaseException]):
     """A saved state that does not fit what loads it (a missing or unexpected key, a value of the wrong type; with
     ``also``, e.g. a torch size mismatch) as one ValueError naming ``where`` and ``what``, instead of a traceback
     from deep inside. (Running out of device memory is not a misfit: it passes.)"""
+    misfits: tuple[type[BaseException], ...] = (KeyError, TypeError, IndexError, AttributeError, *also)
     try:
         yield
     except torch.cuda.OutOfMemoryError:
         raise
-    except (KeyError, TypeError, IndexError, AttributeError, *also) as e:
+    except misfits as e:
         text = " ".join(str(e).split())
         if len(text) > 600:  # (the end kept: that is where a message says what to do)
             text = f"{text[:250]} ... {text[-300:]}"
         raise ValueError(f"{where}: {what} ({type(e).__name__}: {text})") from None
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def _git_sha() -> str:

@@ -6,15 +6,13 @@ from __future__ import annotations
 from relive.replay.samplers.arb import ARBSampler
 from relive.replay.samplers.base import SAMPLERS, Draw, Sampler, register_sampler, sampler_config, sampler_from_config
 from relive.replay.samplers.berb import BERBSampler
-from relive.replay.samplers.her import HindsightSampler
+from relive.replay.samplers.her import HERConfig, HindsightSampler
 from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.per import PrioritizedSampler
 from relive.replay.samplers.reaper import ReaPERSampler
 from relive.replay.samplers.reaper_reference import ReaPERReferenceSampler
 from relive.replay.samplers.uniform import UniformSampler
 
-register_sampler(HindsightSampler)  # (the others register with their replay names, relive.registry)
-
 __all__ = ["Draw", "Sampler", "UniformSampler", "PrioritizedSampler", "MixtureSampler", "ARBSampler",
-           "ReaPERSampler", "ReaPERReferenceSampler", "BERBSampler", "HindsightSampler", "SAMPLERS",
+           "ReaPERSampler", "ReaPERReferenceSampler", "BERBSampler", "HindsightSampler", "HERConfig", "SAMPLERS",
            "register_sampler", "sampler_config", "sampler_from_config"]

@@ -1,5 +1,5 @@
 """ReaPER's per-episode running sums, compiled (numba) when available, with the NumPy helpers the sampler's
-vectorized path uses. Positions are logical (``relive.replay.episodes``); an online position p lives in slot
+vectorized path uses. Positions are logical (``relive.replay.storage.episodes``); an online position p lives in slot
 ``k + p % cap`` (``StorageView.online_slot``), written out inline here because these loops are compiled. That is
 the one-stream arithmetic (``lane_map`` = ``NO_LANE_MAP``); with several streams the same kernels read each online
 row's slot from the storage's per-lane map ``lane_map[p >> LANE_BITS, (p & LANE_MASK) % lane_map.shape[1]]``."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from relive.replay import _tree_kernels
-from relive.replay.episodes import LANE_BITS, LANE_MASK
+from relive.replay.storage import LANE_BITS, LANE_MASK
 
 AVAILABLE = _tree_kernels.AVAILABLE
 

@@ -25,8 +25,8 @@ from typing import Any, ClassVar, Literal, NamedTuple, overload
 import numpy as np
 
 from relive.registry import SAMPLER_CLASSES, ReplayBuild, options_dict, register_sampler_class
-from relive.replay._state import MAX_COUNTER, state_array, state_field, state_float, state_int  # noqa: F401
-from relive.replay.storage_view import StorageView
+from relive.replay.state_checks import MAX_COUNTER, state_array, state_field, state_float, state_int  # noqa: F401
+from relive.replay.storage import StorageView
 from relive.types import SOURCE_NAMES
 
 #: largest priority base a sampler stores: |td_error| + eps and raw ``priority`` signals are clamped to it, so that
@@ -80,6 +80,9 @@ class Sampler:
     signals: tuple[str, ...] = ()
     #: the sampler's settings: a frozen dataclass, every field with its default, validated in ``__post_init__``
     Config: ClassVar[type] = NoOptions
+    #: whether ``relabel_batch`` rewrites the rows it is given (HER: new goals); ``sample_sequences`` refuses such a
+    #: sampler (a slice would need one goal for all its steps)
+    relabels: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A sampler built from its ``Config`` (``__init__(*args, **kwargs)``) shows the Config's fields as its
@@ -110,6 +113,11 @@ class Sampler:
         rows); ``source`` restricts the sampler to offline (0) or online (1) rows."""
         self.storage = storage if isinstance(storage, StorageView) else StorageView(storage)
         self.source = source
+
+    def bind_env(self, env) -> None:
+        """The run's environment, for what a sampler reads from the task rather than from its rows (HER: the task's
+        reward function). The trainer calls it for a new run and again on resume (functions are not in checkpoints);
+        a wrapper passes it on to its inner sampler. Default: nothing."""
 
     def domain(self) -> tuple[int, int]:
         """The contiguous slot range this sampler draws from."""
@@ -175,6 +183,12 @@ class Sampler:
         """Per-batch values for the agent's update, carried on ``batch.info.hints`` (e.g. ReF-ER's ``c_max``
         and ``beta``). Called once per ``sample``, after the draw."""
         return {}
+
+    def relabel_batch(self, batch, n_step: int, gamma: float):
+        """The gathered batch of the latest draw, as the agent gets it (``ReplayBuffer.sample`` calls it on every
+        sampler; ``n_step`` / ``gamma``: the buffer's returns). HER writes new goals and rewards into it (``relabels``).
+        Default: the batch unchanged."""
+        return batch
 
     def anneal_over_next(self, num_samples: int) -> None:
         """A schedule over sample calls that was not configured (PER's and ReaPER's IS exponent with

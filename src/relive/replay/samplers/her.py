@@ -15,7 +15,7 @@ episode e gets the new goal g' = achieved goal of the next observation of a goal
     episode  j ~ U{first stored row, ..., last stored row of e}   (Sec. 4.5 "episode")
     random   j ~ U{all stored rows of the buffer}    (Sec. 4.5 "random")
 
-"Stored" is the episode index's view (:mod:`relive.replay.episodes`): per stream, across ring wraps (evicted rows are
+"Stored" is the episode index's view (relive.replay.storage.episodes): per stream, across ring wraps (evicted rows are
 never used), the offline prefix (an offline row is relabeled within its dataset episode), and an open episode uses only
 the rows stored so far. Then, in the batch, ``obs[desired_key]`` and ``next_obs[desired_key]`` become g' and the reward
 is recomputed with the task's vectorized ``reward_fn(achieved_goal, desired_goal, info)`` (Gymnasium-Robotics'
@@ -34,7 +34,16 @@ priority per stored row, whatever goal it was last replayed with).
 **Randomness and checkpoints**: the relabeling draws from the buffer's generator right after the inner draw (the same
 generator, saved by ``ReplayBuffer.save``), so a resumed buffer gives the same next batches; with k = 0 nothing is
 drawn and batches equal the inner sampler's. ``reward_fn`` / ``success_fn`` are code and are not saved: after
-``ReplayBuffer.load`` call ``buf.sampler.set_reward_fn(fn, success_fn)`` (sampling without one is a ValueError).
+``ReplayBuffer.load`` call ``buf.sampler.set_reward_fn(fn, success_fn)`` or ``buf.sampler.bind_env(env)`` (sampling
+without one is a ValueError).
+
+**In a run** HER is a replay composed over another, like the mixture: ``replay.name = "her"`` with its options
+:class:`HERConfig` (``replay.her.k``, ``replay.her.strategy``, and the replay it relabels, ``replay.her.inner = {name =
+"per", ...}``; ``--replay her --set replay.her.inner.name=per``). What it needs from the run reaches the trainer through
+two generic contracts, never its name: ``HERConfig.env_options`` (the envs keep their goal dicts:
+``make_env(keep_goal_dict=True)``, read through ``ReplayConfig.env_options``) and ``Sampler.bind_env`` (the task's
+reward and success functions, from the run's env, for a new run and again on resume). HER wraps the whole replay: a
+part of a mixture cannot be one (the mixture goes inside it, ``replay.her.inner.name=mixture``).
 
 **Not supported** (a ValueError): ``sample_sequences`` (a slice would need one goal for all its steps; not built),
 the device backend (relabeling reads goals on the host).
@@ -45,12 +54,17 @@ where not relabeled); the inner sampler's hints pass through.
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
 from relive.hooks import collect_hooks
+from relive.registry import ReplayBuild, ReplaySpec, register_replay, register_sampler_class
 from relive.replay import returns
 from relive.replay.samplers.base import Draw, Sampler, check_number, sampler_config, sampler_from_config, state_field
 from relive.replay.samplers.uniform import UniformSampler
@@ -85,8 +99,9 @@ class HindsightSampler(Sampler):
         for name, key in (("achieved_key", achieved_key), ("desired_key", desired_key)):
             if not isinstance(key, str) or not key:
                 raise ValueError(f"HindsightSampler: {name} must be a non-empty string, got {key!r}")
-        if isinstance(inner, HindsightSampler):
-            raise ValueError("HindsightSampler: the inner sampler is already a HindsightSampler")
+        if inner is not None and inner.relabels:
+            raise ValueError(f"HindsightSampler: the inner sampler ({type(inner).__name__}) already relabels its "
+                             "batches; give it a sampler that does not")
         self.inner = inner if inner is not None else UniformSampler()
         self.strategy = strategy
         self.terminate_on_success = terminate_on_success
@@ -115,6 +130,9 @@ class HindsightSampler(Sampler):
         return self.inner.signals
 
     def bind(self, storage, source=None) -> None:
+        if source is not None:  # (a mixture binds its parts to a source, and would never call relabel_batch)
+            raise ValueError("HindsightSampler wraps the whole replay, it cannot be a part of a mixture: put the "
+                             "mixture inside it (replay.name = her, replay.her.inner.name = mixture)")
         if self.inner.storage is not None:
             raise ValueError("the inner sampler of this HindsightSampler is already bound to a buffer")
         super().bind(storage, source)
@@ -133,6 +151,17 @@ class HindsightSampler(Sampler):
             raise ValueError(f"HindsightSampler: observation keys {self.achieved_key!r} {shapes[self.achieved_key]} "
                              f"and {self.desired_key!r} {shapes[self.desired_key]} must have the same shape")
         self.inner.bind(storage, source)
+
+    def bind_env(self, env) -> None:
+        """The task's functions from the run's goal-conditioned env (``relive.envs.goal_functions``; a non-goal env is
+        a ValueError naming it): rewards from its vectorized ``compute_reward``, and ``terminated`` recomputed where
+        reaching the goal ends an episode (``terminate_on_success``)."""
+        from relive.envs import goal_functions  # (imports gymnasium, ~0.4 s: paid by runs with an env only)
+
+        reward_fn, success_fn = goal_functions(env)
+        self.terminate_on_success = success_fn is not None
+        self.set_reward_fn(reward_fn, success_fn)
+        self.inner.bind_env(env)
 
     def on_insert(self, slots):
         self.inner.on_insert(slots)
@@ -312,6 +341,50 @@ class HindsightSampler(Sampler):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.inner.load_state_dict(state_field(state, "inner", self._owner()))
+
+
+# -- HER in a run: a registered replay composed over another (relive.registry; docs/her.md) -----------------------
+def _uniform() -> ReplaySpec:
+    return ReplaySpec("uniform")
+
+
+@dataclass(frozen=True)
+class HERConfig:
+    """Hindsight Experience Replay over another replay (docs/her.md): a share k / (k + 1) of every batch gets new goals
+    (needs a goal-conditioned env: its goal dicts are kept as columns)."""
+
+    #: what the run's envs must give this replay (``make_env`` keyword arguments; ``relive.registry.env_options``):
+    #: goal dicts kept, observation / achieved_goal / desired_goal stored as columns for the relabeling
+    env_options: ClassVar[Mapping[str, Any]] = types.MappingProxyType({"keep_goal_dict": True})
+
+    inner: ReplaySpec = field(default_factory=_uniform)  # the replay that draws the rows (relabeled after the draw)
+    k: float = 4.0  # relabeled goals per real one: a share k / (k + 1) of every batch relabeled (0: none, same input)
+    strategy: str = "future"  # where a new goal comes from: future, final, episode (same episode) or random
+
+    def __post_init__(self):
+        k = self.k
+        if isinstance(k, bool) or not isinstance(k, int | float) or not math.isfinite(k) or k < 0:
+            raise ValueError(f"replay.her.k must be a finite number >= 0, got {k!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"replay.her.strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if not isinstance(self.inner, ReplaySpec):
+            raise ValueError(f"replay.her.inner must be a ReplaySpec (a replay name and its options), got "
+                             f"{self.inner!r}")
+        if self.inner.name == "her":
+            raise ValueError("replay.her.inner cannot be her again: HER relabels the batches of another replay")
+
+    def label(self) -> str:
+        """``her(k=4, future, inner=per)``: every setting, the inner replay as its own label."""
+        return f"her(k={self.k:g}, {self.strategy}, inner={self.inner})"
+
+
+@register_replay("her", HERConfig)
+def build_her(options: HERConfig, ctx: ReplayBuild) -> HindsightSampler:
+    """goal relabeling (HER) over another replay, replay.her.inner (goal-conditioned tasks: the envs keep goal dicts)"""
+    return HindsightSampler(options.inner.build(ctx), options.strategy, options.k)
+
+
+register_sampler_class(HindsightSampler)
 
 
 # -- the per-row loops: compiled (numba) when available, else NumPy; both give the same numbers ------------------

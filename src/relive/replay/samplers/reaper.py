@@ -239,7 +239,7 @@ class ReaPERSampler(Sampler):
                 self.evicted_d[leaf], self.evicted_u[leaf] = self._parked.pop(i)
 
     def _positions(self, slots: np.ndarray) -> np.ndarray:
-        """Logical positions (see relive.replay.episodes) of stored slots."""
+        """Logical positions (see relive.replay.storage.episodes) of stored slots."""
         return self.storage.position_of(slots)
 
     # -- bookkeeping -----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relive.replay._state import state_array, state_int
+from relive.replay.state_checks import state_array, state_int
 from relive.types import OFFLINE, ONLINE
 
 

@@ -1,5 +1,5 @@
 """A storage column as a tensor on a torch device (``Storage(backend="torch")``): the storage imports this module
-only for that backend (it imports torch), and ``relive.replay.device`` builds its samplers on it."""
+only for that backend (it imports torch), and ``relive.replay.samplers.device`` builds its samplers on it."""
 
 from __future__ import annotations
 

@@ -24,9 +24,9 @@ stack that does not follow its episode is refused with a ValueError naming the c
 written. That is a comparison of ``2 (k - 1)`` frames a row, the size of the input: cheap next to storing it.
 
 **Storage.** The physical ``obs`` column (``obs.<key>``) holds frames; ``next_obs`` is deduplicated as
-:mod:`relive.replay.next_obs` does it (``dedup_next_obs`` is forced on): a row's next frame is the next row's frame
+relive.replay.storage.next_obs does it (``dedup_next_obs`` is forced on): a row's next frame is the next row's frame
 of its lane, and only rows without a stored successor (episode ends, the newest row of a stream) keep an explicit
-copy of one frame. A row at logical position t of an episode that started at position s (:mod:`relive.replay.episodes`:
+copy of one frame. A row at logical position t of an episode that started at position s (relive.replay.storage.episodes:
 positions follow each stream's lane, so streams, the offline prefix and the demonstration segment need nothing
 special) reads the frames of positions ``t - k + 1 .. t``, where a position before s is padding (``reset``: the frame
 of s; ``zero``: zeros); its ``next_obs`` reads ``t - k + 2 .. t`` and its next frame.
@@ -59,11 +59,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from relive.replay._state import state_array, state_field
-from relive.replay.columns import ColumnSpec, as_numpy, convert, obs_layout
-from relive.replay.episodes import LANE_BITS
-from relive.replay.next_obs import differs
-from relive.replay.storage import Storage
+from relive.replay.state_checks import state_array, state_field
+from relive.replay.storage.episodes import LANE_BITS
+from relive.replay.storage.layout import ColumnSpec, as_numpy, convert, obs_layout
+from relive.replay.storage.next_obs import differs
+from relive.replay.storage.storage import Storage
 from relive.types import OFFLINE, ONLINE
 
 PADDINGS = ("reset", "zero")
@@ -475,7 +475,7 @@ class FrameStackStorage(Storage):
         nxt = name == "next_obs"
         grid, kept, pad = self._resolve(pos, start, online, d, 1 if nxt else 0)
         newest, explicit = flat, None
-        if nxt:  # the next frame: the next row's, or an explicit copy (relive.replay.next_obs)
+        if nxt:  # the next frame: the next row's, or an explicit copy (relive.replay.storage.next_obs)
             entry = self._nx.entry.take(flat)
             explicit = entry >= 0
             if explicit.all():

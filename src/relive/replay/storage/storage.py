@@ -14,19 +14,19 @@ The demonstration segment (``demo_capacity=D``): offline rows may join at any ti
 write at ``ring_base = num_offline + D`` (the rows written so far plus ``D`` rows of room), so offline rows written
 later land in ``[num_offline, ring_base)`` and no online row ever moves: every slot keeps its row, its generation and
 its sampler state (PER priorities, ...), and the episode index only gains offline episodes (their ids come from a
-range reserved at the same moment, see :mod:`relive.replay.episodes`). The price is a gap: while the segment is not
-full, the slots ``[num_offline, ring_base)`` hold nothing, so the stored slots are two ranges, ``slot_range(OFFLINE)``
-and ``slot_range(ONLINE)``, each contiguous; ``size`` is one past the last stored slot (``num_rows`` counts the rows).
-A sampler restricted to one source (the parts of a mixture) sees one contiguous range as before; a sampler over all
-rows would see the gap, so a buffer with a demonstration segment takes a mixture of uniform / PER parts
-(:class:`~relive.replay.buffer.ReplayBuffer` checks). Why not grow the offline prefix into the ring instead: every
-online slot is ``num_offline + t % C``, so growing the prefix would move every online row (and its priority) on each
-intervention, O(capacity) per write. A full segment refuses further offline rows with a ValueError naming
+range reserved at the same moment, see :mod:`relive.replay.storage.episodes`). The price is a gap: while the segment is
+not full, the slots ``[num_offline, ring_base)`` hold nothing, so the stored slots are two ranges,
+``slot_range(OFFLINE)`` and ``slot_range(ONLINE)``, each contiguous; ``size`` is one past the last stored slot
+(``num_rows`` counts the rows). A sampler restricted to one source (the parts of a mixture) sees one contiguous range as
+before; a sampler over all rows would see the gap, so a buffer with a demonstration segment takes a mixture of uniform /
+PER parts (:class:`~relive.replay.buffer.ReplayBuffer` checks). Why not grow the offline prefix into the ring instead:
+every online slot is ``num_offline + t % C``, so growing the prefix would move every online row (and its priority) on
+each intervention, O(capacity) per write. A full segment refuses further offline rows with a ValueError naming
 ``demo_capacity``.
 
-Every slot carries bookkeeping next to the data columns (:mod:`relive.replay.bookkeeping`; 9 bytes a slot stored,
-the rest computed): ``episode_id``, ``generation`` (a stamp incremented each time the slot is written, which lets
-samplers ignore updates meant for a row that has since been overwritten) and ``origin`` (where the row came from: 0
+Every slot carries bookkeeping next to the data columns (:mod:`relive.replay.storage.bookkeeping`; 9 bytes a slot
+stored, the rest computed): ``episode_id``, ``generation`` (a stamp incremented each time the slot is written, which
+lets samplers ignore updates meant for a row that has since been overwritten) and ``origin`` (where the row came from: 0
 dataset, 1 intervention, 2 agent; :data:`relive.types.ORIGIN_NAMES`) are stored; ``source`` (0 offline / 1 online:
 which part of a mixture samples the row), ``step_in_episode`` and ``stream`` (the id of the stream that wrote an
 online row, 0 offline) follow from the slot, the episode index and the lanes (``source_of``, ``step_of``,
@@ -35,7 +35,7 @@ online row, 0 offline) follow from the slot, the episode index and the lanes (``
 Streams: online rows may come from several interleaved streams (vector envs, collectors): ``write(ONLINE,
 rows, stream=k)`` appends rows of stream ``k`` in that stream's time order, and a chunk of one stream may arrive
 between chunks of another. Episodes, steps and everything computed per episode follow each stream on its own
-(see :mod:`relive.replay.episodes`: a stream is a *lane* of logical positions). One stream (the default, 0)
+(see :mod:`relive.replay.storage.episodes`: a stream is a *lane* of logical positions). One stream (the default, 0)
 is the fast path: positions are the ring's clock and nothing per lane is kept. From the second stream on the
 storage keeps each online row's logical position and a per-lane map position -> slot, as wide as the longest
 run of one stream's stored rows (rounded up to a power of two; 8 bytes per entry). Writes are all-or-nothing:
@@ -45,14 +45,14 @@ Observations: flat (one ``obs`` column, and ``next_obs``) or a dict of keys, eac
 with its own shape and dtype; ``read("obs", slots)`` returns an array or a dict key -> array. With
 ``dedup_next_obs`` (the default for dict observations) there is no ``next_obs`` column: a row's next_obs is the
 obs of the next row of its lane, and only rows without a stored successor keep an explicit copy (see
-:mod:`relive.replay.next_obs` for the rule and why it is exact); read it with ``read("next_obs", slots)``. Samplers and
-agents read observations through ``read``, never ``columns["obs"]`` (the physical columns).
+:mod:`relive.replay.storage.next_obs` for the rule and why it is exact); read it with ``read("next_obs", slots)``.
+Samplers and agents read observations through ``read``, never ``columns["obs"]`` (the physical columns).
 
 Backends: ``"ram"`` (NumPy arrays) or ``"memmap"`` (``.npy`` files in a directory, opened with ``np.memmap``): the
 same API and the same rows; checkpoints of a memmap storage refer to its files instead of copying them. ``"torch"``
 (``device=...``): every data column a tensor on a torch device, with the generation stamps mirrored there, so that
-batches are drawn, gathered and fed back without leaving it (:mod:`relive.replay.device`); its checkpoints are the
-RAM backend's.
+batches are drawn, gathered and fed back without leaving it (:mod:`relive.replay.samplers.device`); its checkpoints are
+the RAM backend's.
 """
 
 from __future__ import annotations
@@ -65,11 +65,13 @@ from typing import Any
 
 import numpy as np
 
-from relive.replay import _check_kernels, consistency
-from relive.replay._state import state_array, state_field, state_int
-from relive.replay.bookkeeping import GEN_MAX, ID_MOD, Bookkeeping, BookkeepingQueries
+from relive.replay import _check_kernels
 from relive.replay.checkpoint import DirectoryRef
-from relive.replay.columns import (
+from relive.replay.state_checks import state_array, state_field, state_int
+from relive.replay.storage import consistency
+from relive.replay.storage.bookkeeping import GEN_MAX, ID_MOD, Bookkeeping, BookkeepingQueries
+from relive.replay.storage.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
+from relive.replay.storage.layout import (
     BOOKKEEPING,
     BOOKKEEPING_NAMES,
     CORE_COLUMNS,
@@ -80,8 +82,7 @@ from relive.replay.columns import (
     convert,
     obs_layout,
 )
-from relive.replay.episodes import LANE_BITS, LANE_MASK, EpisodeIndex
-from relive.replay.memmap_files import (
+from relive.replay.storage.memmap_files import (
     MEMMAP_STATE,
     MemmapBackend,
     directory_of,
@@ -89,11 +90,11 @@ from relive.replay.memmap_files import (
     reserve,
     write_json,
 )
-from relive.replay.next_obs import NextObsDedup, NextObsStore, check_values
-from relive.replay.offline_hash import OfflineHashing
-from relive.replay.small_writes import SMALL_WRITE, SmallWrites
-from relive.replay.storage_view import StorageView
-from relive.replay.streams import MAX_STREAM, StreamLanes, check_stream
+from relive.replay.storage.next_obs import NextObsDedup, NextObsStore, check_values
+from relive.replay.storage.offline_hash import OfflineHashing
+from relive.replay.storage.small_writes import SMALL_WRITE, SmallWrites
+from relive.replay.storage.streams import MAX_STREAM, StreamLanes, check_stream
+from relive.replay.storage.view import StorageView
 from relive.types import (
     AGENT,
     DATASET,
@@ -129,10 +130,11 @@ def all_finite(arr: np.ndarray) -> bool:
 
 class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, BookkeepingQueries, SmallWrites):
     """The columns and their bookkeeping (this module), with the parts in their own modules: the column layout
-    (:mod:`~relive.replay.columns`), streams' lanes (:mod:`~relive.replay.streams`), next-obs dedup
-    (:mod:`~relive.replay.next_obs`), the memmap backend's files (:mod:`~relive.replay.memmap_files`), the offline
-    segment's hash (:mod:`~relive.replay.offline_hash`), the small one-stream writes
-    (:mod:`~relive.replay.small_writes`) and the sampler's read-only view (:mod:`~relive.replay.storage_view`)."""
+    (:mod:`~relive.replay.storage.layout`), streams' lanes (:mod:`~relive.replay.storage.streams`), next-obs dedup
+    (:mod:`~relive.replay.storage.next_obs`), the memmap backend's files (:mod:`~relive.replay.storage.memmap_files`),
+    the offline segment's hash (:mod:`~relive.replay.storage.offline_hash`), the small one-stream writes
+    (:mod:`~relive.replay.storage.small_writes`) and the sampler's read-only view
+    (:mod:`~relive.replay.storage.view`)."""
 
     def __init__(self, capacity: int, obs_shape, action_shape, *, obs_dtype=np.float32,
                  action_dtype=np.float32, extra_columns: Mapping | None = None, dedup_next_obs: bool | None = None,
@@ -194,7 +196,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self._created: list[Path] = []
         self.columns = self._allocate_columns()
         self._meta = {n: np.zeros(self.capacity, dtype=dt) for n, dt in BOOKKEEPING}  # stored per slot
-        self.meta = Bookkeeping(self)  # those and the computed ones (relive.replay.bookkeeping)
+        self.meta = Bookkeeping(self)  # those and the computed ones (relive.replay.storage.bookkeeping)
         self._legacy_meta: dict[str, np.ndarray] = {}  # a loaded checkpoint's stored copies of computed fields
         self._legacy_meta_lo = 0  # ... from this slot on (a referenced offline part's are not saved)
         self.num_offline = 0
@@ -245,7 +247,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         if self.backend == "ram":
             return np.zeros((self.capacity, *spec.shape), dtype=spec.dtype)
         if self.backend == "torch":  # a tensor on the device behind a NumPy-style API
-            from relive.replay.torch_column import TorchColumn  # (torch: imported only for this backend)
+            from relive.replay.storage.torch_column import TorchColumn  # (torch: imported only for this backend)
 
             return TorchColumn((self.capacity, *spec.shape), spec.dtype, self.device)
         path = self.memmap_directory / f"{name}.npy"
@@ -328,7 +330,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         return 0, self.size
 
     def online_slot(self, positions: np.ndarray) -> np.ndarray:
-        """Slot of online rows given their logical positions (see :mod:`relive.replay.episodes`)."""
+        """Slot of online rows given their logical positions (see :mod:`relive.replay.storage.episodes`)."""
         if self._qmap is None:
             return self.ring_base + np.asarray(positions, dtype=np.int64) % max(self.online_capacity, 1)
         positions = np.asarray(positions, dtype=np.int64)
@@ -812,7 +814,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
     def load_state_dict(self, state: Mapping) -> None:
         """Restore a :meth:`state_dict`, checked like input: counters in range, per-row arrays of the stored size,
         data rows finite where a write requires it (flags 0 / 1), then every invariant the writers keep, together
-        (:func:`relive.replay.consistency.check_loaded`: stamps, lanes, the episode table against the rows, open
+        (:func:`relive.replay.storage.consistency.check_loaded`: stamps, lanes, the episode table against the rows, open
         episodes, flags, next_obs copies). A ValueError names the bad field."""
         owner = "storage state"
         if not isinstance(state, Mapping):
@@ -834,7 +836,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         self.episodes.ensure_lane(max(len(self.lanes) - 1, 0))
         if self.multi_stream:  # the per-lane maps, rebuilt from the online rows' positions
             self._load_lane_maps(streams or {}, owner, size)
-        consistency.check_loaded(self)  # every invariant the writers keep, together (relive.replay.consistency)
+        consistency.check_loaded(self)  # every invariant the writers keep, together (relive.replay.storage.consistency)
 
     def _load_counters(self, state: Mapping, owner: str) -> Mapping | None:
         """The row counters and the streams' lanes of a state; returns its ``streams`` field (None in a checkpoint
@@ -912,7 +914,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         else:  # a checkpoint from before origins: dataset rows offline, agent rows online
             self._meta["origin"][meta_lo:size] = np.where(self.source_of(slots) == OFFLINE, DATASET, AGENT)
         # the computed fields, stored by checkpoints from before 2026-11-27: checked against the rows once the
-        # episode index is loaded (relive.replay.consistency)
+        # episode index is loaded (relive.replay.storage.consistency)
         self._legacy_meta = {name: state_array(meta, name, where, length=size - meta_lo, dtype=np.int64)
                              for name in ("source", "step_in_episode", "stream") if name in meta}
         self._legacy_meta_lo = meta_lo

@@ -1,17 +1,17 @@
 """Small writes: a few online rows of the only stream, into consecutive slots -- the write an env loop makes every
 step or every few steps. :meth:`SmallWrites._write_one_lane` is ``Storage.write``'s short path for it (the same state
 in about half the steps) and :meth:`SmallWrites.write_staged` a :class:`~relive.replay.stage.Stage`'s commit of it in
-one compiled call (:mod:`relive.replay._write_kernels`). Every other write takes ``Storage.write``'s general path;
-tests/replay/test_stage.py holds the three equal. This mixin reads and writes the state of the
+one compiled call (:mod:`relive.replay.storage._write_kernels`). Every other write takes ``Storage.write``'s general
+path; tests/replay/test_stage.py holds the three equal. This mixin reads and writes the state of the
 :class:`~relive.replay.storage.Storage` it is part of."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from relive.replay import _write_kernels
-from relive.replay.bookkeeping import GEN_MAX, ID_MOD
-from relive.replay.columns import StorageFields
+from relive.replay.storage import _write_kernels
+from relive.replay.storage.bookkeeping import GEN_MAX, ID_MOD
+from relive.replay.storage.layout import StorageFields
 from relive.types import AGENT, ONLINE
 
 SMALL_WRITE = 64  # rows: writes of up to this many take SmallWrites._write_one_lane when they can

@@ -39,10 +39,10 @@ from relive.replay.samplers.base import MAX_PRIORITY, Sampler
 from relive.replay.samplers.mixture import MixtureSampler
 from relive.replay.samplers.per import PrioritizedSampler
 from relive.replay.samplers.uniform import UniformSampler
-from relive.replay.torch_column import TorchColumn, torch_dtype
+from relive.replay.storage.torch_column import TorchColumn, torch_dtype
 
 if TYPE_CHECKING:
-    from relive.replay.storage_view import StorageView
+    from relive.replay.storage import StorageView
 
 ARITY = 8
 

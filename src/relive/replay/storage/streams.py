@@ -1,6 +1,6 @@
 """Streams: online rows from several interleaved writers (vector envs, collectors), each a *lane* of logical
-positions (:mod:`relive.replay.episodes`). One stream is the fast path (positions are the ring's clock); from the
-second on, the storage keeps each online row's position and a per-lane map position -> slot. This mixin holds that
+positions (:mod:`relive.replay.storage.episodes`). One stream is the fast path (positions are the ring's clock); from
+the second on, the storage keeps each online row's position and a per-lane map position -> slot. This mixin holds that
 machinery; the state it reads and writes (``lanes``, ``lane_written``, ``_lane_of``, ``_pos``, ``_qmap``) lives on
 the :class:`~relive.replay.storage.Storage` it is part of."""
 
@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from relive.replay._state import state_array
-from relive.replay.columns import StorageFields
-from relive.replay.episodes import LANE_BITS, LANE_MASK
+from relive.replay.state_checks import state_array
+from relive.replay.storage.episodes import LANE_BITS, LANE_MASK
+from relive.replay.storage.layout import StorageFields
 
 MAX_STREAM = 2**31 - 1
 

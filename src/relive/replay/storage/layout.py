@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 CORE_COLUMNS = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
-# the bookkeeping stored per slot (relive.replay.bookkeeping: source, step_in_episode and stream are computed)
+# the bookkeeping stored per slot (relive.replay.storage.bookkeeping: source, step_in_episode and stream are computed)
 BOOKKEEPING = (("episode_id", np.int32), ("generation", np.int32), ("origin", np.int8))
 BOOKKEEPING_NAMES = ("episode_id", "step_in_episode", "source", "generation", "stream", "origin")
 FINITE_CHECKED = ("obs", "action", "reward", "next_obs")
@@ -132,15 +132,15 @@ class StorageFields:
     specs: dict[str, ColumnSpec]
     extra_names: tuple[str, ...]
     columns: dict[str, Any]  # a column: np.ndarray (ram), np.memmap (memmap) or TorchColumn (torch)
-    meta: Mapping[str, np.ndarray]  # relive.replay.bookkeeping.Bookkeeping: stored and computed per-slot fields
+    meta: Mapping[str, np.ndarray]  # relive.replay.storage.bookkeeping.Bookkeeping: stored and computed per-slot fields
     _meta: dict[str, np.ndarray]  # the stored ones (BOOKKEEPING)
-    episodes: Any  # relive.replay.episodes.EpisodeIndex
+    episodes: Any  # relive.replay.storage.episodes.EpisodeIndex
     lanes: list[int]
     lane_written: list[int]
     _lane_of: dict[int, int]
     _pos: Any  # several streams: np.ndarray, each online slot's logical position; None with one stream
     _qmap: Any  # several streams: np.ndarray [lane, t % width] -> slot; None with one stream
-    _nx: Any  # relive.replay.next_obs.NextObsStore (with dedup_next_obs)
+    _nx: Any  # relive.replay.storage.next_obs.NextObsStore (with dedup_next_obs)
     _obs_names: tuple[str, ...]
     _next_names: tuple[str, ...]
     _open_existing: bool
@@ -150,7 +150,7 @@ class StorageFields:
     _made: list[Path]  # memmap, a new buffer: the directories and lock file it created (removed if it is refused)
     _offline_hash: tuple[int, str] | None
     _gen_t: Any  # backend "torch": the generation stamps on the device (a torch tensor); else None
-    _row_bytes: tuple | None  # relive.replay.small_writes: every column as uint8 rows (made at the first staged write)
+    _row_bytes: tuple | None  # small_writes.py: every column as uint8 rows (made at the first staged write)
 
     if TYPE_CHECKING:  # Storage's own methods and sizes that the parts call
         @property

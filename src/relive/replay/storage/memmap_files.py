@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from relive.files import DirectoryLock, write_text_atomic
-from relive.replay.columns import StorageFields
+from relive.replay.storage.layout import StorageFields
 
 MEMMAP_STATE = "relive_memmap.json"  # in a memmap directory: the token of the checkpoint its files match
 LOCK_NAME = ".relive.lock"  # the DirectoryLock's file in a memmap directory

@@ -7,23 +7,23 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from relive.replay.columns import read_only
-from relive.replay.episodes import EpisodeIndex
+from relive.replay.storage.episodes import EpisodeIndex
+from relive.replay.storage.layout import read_only
 
 
 class StorageView:
     """What a sampler may read of a :class:`Storage`: read-only column and bookkeeping arrays, sizes, the episode
     index's queries, and the slot <-> logical-position arithmetic of the ring in one place.
 
-    Logical positions (``relive.replay.episodes``): an offline row's position is its slot; an online row's is the
-    number of online rows written before it. ``online_slot(t) = ring_base + t % online_capacity``, where
+    Logical positions (``relive.replay.storage.episodes``): an offline row's position is its slot; an online row's is
+    the number of online rows written before it. ``online_slot(t) = ring_base + t % online_capacity``, where
     ``ring_base == num_offline`` unless a demonstration segment keeps room between them (its empty slots are in
     neither ``slot_range(OFFLINE)`` nor ``slot_range(ONLINE)``)."""
 
     def __init__(self, storage):  # a Storage (not imported: storage.py imports this module)
         self._st = storage
         self.columns = {n: read_only(a) for n, a in storage.columns.items()}
-        self.meta = ReadOnlyMeta(storage.meta)  # per-slot bookkeeping (relive.replay.bookkeeping)
+        self.meta = ReadOnlyMeta(storage.meta)  # per-slot bookkeeping (relive.replay.storage.bookkeeping)
         self.specs = dict(storage.specs)
         self.extra_names = storage.extra_names
         self.obs_keys = storage.obs_keys  # None: flat observations; else the keys of dict observations
@@ -116,7 +116,7 @@ class ReadOnlyMeta(Mapping):
 
 
 class EpisodeQueries:
-    """The read-only part of an :class:`~relive.replay.episodes.EpisodeIndex`."""
+    """The read-only part of an :class:`~relive.replay.storage.episodes.EpisodeIndex`."""
 
     def __init__(self, index: EpisodeIndex):
         self._index = index

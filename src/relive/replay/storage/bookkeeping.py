@@ -28,8 +28,8 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from relive.replay.columns import BOOKKEEPING_NAMES, StorageFields
-from relive.replay.episodes import LANE_BITS
+from relive.replay.storage.episodes import LANE_BITS
+from relive.replay.storage.layout import BOOKKEEPING_NAMES, StorageFields
 from relive.types import ONLINE
 
 COMPUTED = ("source", "step_in_episode", "stream")

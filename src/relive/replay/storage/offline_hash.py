@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from relive.replay.bookkeeping import LEGACY_DTYPES
-from relive.replay.columns import StorageFields
+from relive.replay.storage.bookkeeping import LEGACY_DTYPES
+from relive.replay.storage.layout import StorageFields
 
 
 class OfflineHashing(StorageFields):

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from relive.replay._state import state_array, state_field
-from relive.replay.columns import ColumnSpec, StorageFields
+from relive.replay.state_checks import state_array, state_field
+from relive.replay.storage.layout import ColumnSpec, StorageFields
 
 
 class NextObsStore:

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from relive.replay.bookkeeping import GEN_MAX
-from relive.replay.episodes import LANE_BITS
+from relive.replay.storage.bookkeeping import GEN_MAX
+from relive.replay.storage.episodes import LANE_BITS
 from relive.types import OFFLINE, ONLINE, ORIGIN_NAMES
 
 OWNER = "storage state"
