@@ -29,6 +29,7 @@ from relive.registry import (
     agent_entry,
     env_options,
     field_docs,
+    intervener_entry,
     load_builtins,
     options_dict,
     replay_entry,
@@ -206,7 +207,7 @@ class CollectorsConfig:
         return self.max_lag_env_steps if self.max_lag_env_steps is not None else 2 * self.num * self.chunk_env_steps
 
 
-INTERVENTION_KINDS = ("none", "scripted", "device")
+INTERVENTION_KINDS = ("none", "scripted", "device", "console")  # the built-ins (relive.registry.INTERVENERS: plug-ins)
 
 
 @dataclass(frozen=True)
@@ -214,16 +215,30 @@ class InterventionConfig:
     """Interventions during online training (HIL-SERL; ``relive.train.intervention``, docs/hil.md): the intervener
     may take over the agent's action; intervened rows are tagged, kept on the ring and in a demonstration segment."""
 
-    kind: str = "none"  # none; scripted (an expert takes over when the agent deviates); device (a gamepad, pygame)
+    # none; scripted (an expert takes over when the agent deviates); device (a gamepad, pygame); console (a person in
+    # a browser: relive.train.console, `relive train --console`); or a plug-in's (relive.registry.register_intervener)
+    kind: str = "none"
     expert: str = "zero"  # scripted: a registered expert (relive.train.intervention.EXPERTS: zero, reach_goal)
     threshold: float = 0.5  # scripted: take over when ||agent action - expert action||_2 exceeds this
     budget: int = 0  # scripted: at most this many intervened steps in the run (0: no limit)
     hold_steps: int = 1  # scripted: a takeover lasts this many steps
     demo_capacity: int = 100_000  # rows of room in the demonstration segment for interventions (never evicted)
+    console_host: str = "127.0.0.1"  # console: the address it listens on (another than this machine's: a token)
+    console_port: int = 8765  # console: its port (0: any free port, printed)
+    console_start_paused: bool = True  # console: the online phase waits at its first step until Resume is pressed
 
     def __post_init__(self):
-        if self.kind not in INTERVENTION_KINDS:
-            raise ValueError(f"intervention.kind must be one of {INTERVENTION_KINDS}, got {self.kind!r}")
+        if not isinstance(self.kind, str):
+            raise ValueError(f"intervention.kind must be a name, got {self.kind!r}")
+        intervener_entry(self.kind)  # (an unknown name: a ValueError listing the registered ones)
+        if not isinstance(self.console_host, str) or not self.console_host:
+            raise ValueError(f"intervention.console_host must be a host name or address, got {self.console_host!r}")
+        port = self.console_port
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"intervention.console_port must be an integer in [0, 65535], got {port!r}")
+        if not isinstance(self.console_start_paused, bool):
+            raise ValueError(f"intervention.console_start_paused must be true or false, got "
+                             f"{self.console_start_paused!r}")
         th = self.threshold
         if isinstance(th, bool) or not isinstance(th, int | float) or not math.isfinite(th) or th < 0:
             raise ValueError(f"intervention.threshold must be a finite number >= 0, got {th!r}")

@@ -12,6 +12,9 @@ config dataclass (whose defaults are the method's only defaults).
     @register_agent("sac", SACConfig)
     class SAC: ...            # with a classmethod from_spec(spec, config, seed, device)
 
+    @register_intervener("mine")
+    def _build(ctx: InterventionBuild) -> Intervener: ...   # intervention.kind = "mine" (docs/hil.md)
+
 The run configuration nests the chosen method's options under its name (``replay.reaper.priority_exponent``,
 ``agent.num_qs``); ``relive presets --show NAME`` and ``relive train --help`` list them with their doc strings.
 A test file can register a toy sampler or agent and run it through ``relive train`` without editing ``src/``.
@@ -257,6 +260,72 @@ def agent_entry(name: str) -> Entry:
     except KeyError:
         raise ValueError(f"unknown agent {name!r}; known: {sorted(AGENTS)} (a plug-in's: import it first, "
                          "`relive --plugin MODULE ...`)") from None
+
+
+# -- interveners (intervention.kind) ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class InterventionBuild:
+    """What an intervener's builder may use: the run's config (its ``intervention`` section), the env spec, the env
+    the collector steps (created with ``render_mode="rgb_array"`` when the kind was registered with
+    ``renders=True``) and the run directory."""
+
+    config: Any  # the ExperimentConfig
+    spec: Any  # relive.envs.EnvSpec
+    env: Any
+    run_dir: Any = None  # pathlib.Path of the run (its metrics.jsonl), or None
+
+
+@dataclass(frozen=True)
+class IntervenerEntry:
+    name: str
+    build: Callable[[InterventionBuild], Any]  # -> an Intervener (relive.train.intervention), or None
+    doc: str
+    renders: bool = False  # the env is created with render_mode="rgb_array" (a console shows its frames)
+
+
+def _no_intervener(ctx: InterventionBuild) -> None:
+    """No interventions: the agent acts alone."""
+    return None
+
+
+INTERVENERS: dict[str, IntervenerEntry] = {"none": IntervenerEntry("none", _no_intervener, "the agent acts alone")}
+_INTERVENER_BUILTINS = ("relive.train.intervention", "relive.train.console")
+
+
+def register_intervener(name: str, renders: bool = False, doc: str | None = None) -> Callable:
+    """Decorator registering ``intervention.kind = NAME`` on ``build(ctx: InterventionBuild) -> Intervener``: a
+    function, or a class whose constructor takes the ``ctx`` (an intervener is ``intervener(obs, proposed) ->
+    (take_over, action)`` with ``on_episode_start``, ``state_dict``, ``load_state_dict``;
+    :mod:`relive.train.intervention`). ``renders``: the collector's env renders ``rgb_array`` frames."""
+
+    def deco(target):
+        if not name.isidentifier():
+            raise ValueError(f"intervener name must be an identifier, got {name!r}")
+        old = INTERVENERS.get(name)
+        if old is not None and (getattr(old.build, "__module__", None), getattr(old.build, "__qualname__", None)) != \
+                (getattr(target, "__module__", None), getattr(target, "__qualname__", None)):
+            raise ValueError(f"intervener {name!r} is already registered by {old.build.__module__}."
+                             f"{old.build.__qualname__}")
+        text = doc or inspect.getdoc(target) or ""
+        INTERVENERS[name] = IntervenerEntry(name, target, text.strip().split("\n\n")[0].replace("\n", " "),
+                                            bool(renders))
+        return target
+
+    return deco
+
+
+def intervener_entry(name: str) -> IntervenerEntry:
+    """The registered ``intervention.kind`` ``name`` (the built-ins are imported on the first look-up of another
+    name than ``none``, so that a config is built without importing the envs)."""
+    if name in INTERVENERS:
+        return INTERVENERS[name]
+    for module in _INTERVENER_BUILTINS:
+        importlib.import_module(module)
+    try:
+        return INTERVENERS[name]
+    except KeyError:
+        raise ValueError(f"intervention.kind {name!r} is not registered; known: {sorted(INTERVENERS)} (a plug-in's: "
+                         "import it first, `relive --plugin MODULE ...`)") from None
 
 
 def field_docs(config_cls: type) -> dict[str, str]:

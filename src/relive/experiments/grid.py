@@ -77,10 +77,13 @@ NOT_GRID_FLAGS = {
     "--plugin": "plug-ins are named on the command line: relive --plugin FILE bench run GRID",
     "--ray-address": "a cluster to join is named on the command line (relive bench run --ray-address)",
     "--debug": "the runner starts every run with --debug",
+    "--console": "a person at a browser console is for one run of its own (relive train --console)",
+    "--console-host": "where a console listens is decided on the command line of one run (relive train)",
+    "--console-port": "where a console listens is decided on the command line of one run (relive train)",
 }
 # `--set` keys that are the same decisions under another name
 NOT_GRID_SETTINGS = {"run.run_dir": "--run-dir", "agent.trust_code": "--trust-code",
-                     "collectors.ray_address": "--ray-address"}
+                     "collectors.ray_address": "--ray-address", "intervention.console_host": "--console-host"}
 _NUMBER = re.compile(r"-\d+|-\d*\.\d+")  # argparse's negative number: a value, not a flag
 
 

@@ -51,6 +51,12 @@ def _add_train_parser(subparsers) -> None:
                    "only (config.json records it false: a resume, eval, export say it again; docs/guarantees.md)")
     _add_collection_arguments(p)
     _add_schedule_arguments(p)
+    p.add_argument("--console", action="store_true", help="a person in the loop from a browser: the env's live "
+                   "frames, hold a key (or a gamepad's button) to take over, pause / resume (intervention.kind = "
+                   "console; needs pip install 'relive[console]'; docs/hil.md)")
+    p.add_argument("--console-host", help="address the console listens on (default 127.0.0.1: this machine only; "
+                   "another address prints a URL with a token, required by every request)")
+    p.add_argument("--console-port", type=_port, help="the console's port (default 8765; 0: any free port)")
     p.add_argument("--threads", type=positive_int, help="torch threads (default 1)")
     p.add_argument("--device", help="torch device of the agent: cpu (default), cuda[:N], mps")
     p.add_argument("--replay-device", help="keep the replay columns on this torch device and sample / update "
@@ -171,6 +177,14 @@ def _loggers(text: str) -> list[str]:
     return names
 
 
+def _port(text: str) -> int:
+    """argparse ``type`` of ``--console-port``: 0 to 65535."""
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535], got {value}")
+    return value
+
+
 def _num_envs(text: str) -> int:
     """argparse ``type`` of ``--num-envs``: 1 to MAX_NUM_ENVS."""
     value = positive_int(text)
@@ -194,6 +208,7 @@ FLAG_TO_SETTING = {
     "checkpoint_every": "run.checkpoint_every_env_steps",
     "offline_checkpoint_every": "run.checkpoint_every_offline_grad_steps", "threads": "run.num_threads",
     "device": "run.device", "replay_device": "replay.device", "trust_code": "agent.trust_code",
+    "console_host": "intervention.console_host", "console_port": "intervention.console_port",
 }
 
 
@@ -214,7 +229,8 @@ def resume_settings(args: argparse.Namespace) -> list[str]:
 
     defaults = vars(build_parser().parse_args(["train", "--resume", "RUN_DIR"]))
     allowed = {"device", "replay_device", "threads", "no_progress", "trust_code", "set", "resume", "func", "command",
-               "debug", "plugin", "allow_other_base"}  # (--plugin: imports the code, changes nothing)
+               "debug", "plugin", "allow_other_base", "console_host", "console_port"}  # (--plugin: imports the
+    # code, changes nothing; the console's address: where it runs)
     given = sorted(k for k, v in vars(args).items() if k not in allowed and v != defaults.get(k))
     if given:
         names = ", ".join("--" + k.replace("_", "-") if k != "preset" else f"PRESET ({args.preset})" for k in given)
@@ -222,7 +238,8 @@ def resume_settings(args: argparse.Namespace) -> list[str]:
                          "--replay-device, --threads, --no-progress, --trust-code and --set of "
                          + ", ".join(RESUME_SETTINGS)
                          + "); start a new run for other settings")
-    sets = [_flag_setting(f, getattr(args, f)) for f in ("device", "replay_device", "threads", "trust_code")
+    sets = [_flag_setting(f, getattr(args, f)) for f in ("device", "replay_device", "threads", "trust_code",
+                                                          "console_host", "console_port")
             if getattr(args, f, None) is not None]
     return sets + (["run.progress=false"] if args.no_progress else []) + list(args.set)
 
@@ -241,6 +258,8 @@ def config_from_args(args: argparse.Namespace):
         sets.append(f"schedule.utd_ratio={args.utd}")
     if getattr(args, "no_progress", False):
         sets.append("run.progress=false")
+    if getattr(args, "console", False):
+        sets.append('intervention.kind="console"')
     cfg = override(cfg, sets)
     if getattr(args, "offline_fraction", None) is not None:  # an option of the chosen (symmetric) replay
         if not hasattr(cfg.replay.options, "offline_fraction"):
@@ -344,7 +363,7 @@ def show(name: str, as_json: bool = False) -> int:
                   (f"replay.{cfg.replay.name}", cfg.replay.options,
                    f"replay.name = {cfg.replay.name}, replay.capacity = {cfg.replay.capacity}"),
                   ("schedule", cfg.schedule, ""), ("run", cfg.run, ""), ("env", cfg.env, ""), ("data", cfg.data, ""),
-                  ("collectors", cfg.collectors, "")]
+                  ("collectors", cfg.collectors, ""), ("intervention", cfg.intervention, "")]
     elif name in ALIASES:
         a, replay = ALIASES[name], ReplayConfig(name)
         groups = [(f"replay.{replay.name}", replay.options,

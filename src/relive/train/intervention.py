@@ -21,12 +21,15 @@ episode and bootstrapping from its true next observation stays right.
 Built-ins: :class:`ScriptedIntervener` (an expert or base policy takes over when the agent's proposal is farther than
 ``threshold`` from the expert's action, for ``hold_steps`` steps, within a ``budget`` of intervened steps: the stand-
 in for a person in tests and experiments) and :class:`DeviceIntervener` (a keyboard / gamepad read through a
-:class:`DeviceReader`; tests use a fake device, :class:`GamepadReader` needs pygame). Experts are registered by name
-(:func:`register_expert`); ``intervention.kind`` / ``intervention.expert`` pick them in a run's config.
+:class:`DeviceReader`; tests use a fake device, :class:`GamepadReader` needs pygame); the browser console
+(:mod:`relive.train.console`) is a third. ``intervention.kind`` names one in the registry
+(:func:`relive.registry.register_intervener`; a device reader in one class: :func:`register_device`). Experts are
+registered by name (:func:`register_expert`); ``intervention.expert`` picks one.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -35,6 +38,7 @@ import numpy as np
 
 from relive.data.npz_io import save_dataset
 from relive.envs import env_spec, make_env
+from relive.registry import InterventionBuild, intervener_entry, register_intervener
 from relive.train.collector import Collector
 from relive.types import AGENT, INTERVENTION, ColumnDecl
 
@@ -136,8 +140,9 @@ class DeviceIntervener:
 
 
 class GamepadReader:
-    """A gamepad through pygame (an optional dependency, imported here only): the left stick's axes are the first
-    action dimensions, button ``button`` engages the takeover. A keyboard reader follows the same interface."""
+    """A gamepad through pygame (an optional dependency, imported here only): action dimension i is the pad's axis i
+    (pygame's numbering) for the first ``action_dim`` axes, clipped to the action box (a dimension beyond the pad's
+    axes is 0); button ``button`` engages the takeover."""
 
     def __init__(self, action_dim: int, button: int = 0, joystick: int = 0):
         import pygame  # (optional, heavy: only a run with a gamepad imports it)
@@ -208,17 +213,46 @@ def expert_dataset(env_id: str, expert: str, num_episodes: int, path, seed: int 
     return save_dataset(path, rows)
 
 
-def build_intervener(cfg, spec, env) -> Intervener | None:
-    """The run's intervener from ``cfg.intervention`` (None when ``kind = "none"``)."""
-    ic = cfg.intervention
-    if ic.kind == "none":
-        return None
-    if ic.kind == "scripted":
-        if ic.expert not in EXPERTS:
-            raise ValueError(f"intervention.expert {ic.expert!r} is not registered; known: {sorted(EXPERTS)}")
-        return ScriptedIntervener(EXPERTS[ic.expert](spec, env), ic.threshold, ic.budget, ic.hold_steps)
-    reader = GamepadReader(int(np.prod(spec.action_shape)))
-    return DeviceIntervener(reader, spec.action_low, spec.action_high)
+def build_intervener(cfg, spec, env, run_dir=None) -> Intervener | None:
+    """The run's intervener: ``intervention.kind`` built from the registry (None for ``none``)."""
+    return intervener_entry(cfg.intervention.kind).build(InterventionBuild(cfg, spec, env, run_dir))
+
+
+def renders(cfg) -> str | None:
+    """The ``render_mode`` of the env the collector steps: ``"rgb_array"`` when the run's intervener shows frames
+    (registered with ``renders=True``: the console), else None."""
+    return "rgb_array" if intervener_entry(cfg.intervention.kind).renders else None
+
+
+@register_intervener("scripted")
+def _scripted(ctx: InterventionBuild) -> ScriptedIntervener:
+    """An expert policy takes over when the agent deviates (intervention.expert, threshold, hold_steps, budget)."""
+    ic = ctx.config.intervention
+    if ic.expert not in EXPERTS:
+        raise ValueError(f"intervention.expert {ic.expert!r} is not registered; known: {sorted(EXPERTS)}")
+    return ScriptedIntervener(EXPERTS[ic.expert](ctx.spec, ctx.env), ic.threshold, ic.budget, ic.hold_steps)
+
+
+def register_device(name: str, renders: bool = False):
+    """Class decorator: a :class:`DeviceReader` class (``reader_cls(spec)``, ``read() -> DeviceState``) as
+    ``intervention.kind = name``, read once per env step by a :class:`DeviceIntervener` that clips its action to the
+    env's action box (docs/hil.md, "Your own device")."""
+    def deco(reader_cls):
+        def build(ctx: InterventionBuild) -> DeviceIntervener:
+            return DeviceIntervener(reader_cls(ctx.spec), ctx.spec.action_low, ctx.spec.action_high)
+
+        build.__module__, build.__qualname__ = reader_cls.__module__, reader_cls.__qualname__
+        register_intervener(name, renders=renders, doc=inspect.getdoc(reader_cls) or f"device {name}")(build)
+        return reader_cls
+    return deco
+
+
+@register_device("device")
+class _Gamepad(GamepadReader):
+    """A gamepad read through pygame: button 0 held takes over, axis i is action dimension i (GamepadReader)."""
+
+    def __init__(self, spec):
+        super().__init__(int(np.prod(spec.action_shape)))
 
 
 class DemoWriter:

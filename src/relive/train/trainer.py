@@ -49,7 +49,7 @@ from relive.replay.storage import FrameStack
 from relive.train.callbacks import Callback, as_callbacks
 from relive.train.checkpoint import check_config, has_checkpoint, load_checkpoint, recorded_config
 from relive.train.collector import Collector, NoCollector, VectorCollector
-from relive.train.intervention import DemoWriter, build_intervener, intervention_columns
+from relive.train.intervention import DemoWriter, build_intervener, intervention_columns, renders
 from relive.train.logging import RunLogger, check_loggers
 from relive.train.loop import (
     LoopState,
@@ -133,7 +133,8 @@ def default_run_dir(cfg: ExperimentConfig) -> Path:
 
 
 #: what a resumed run may change: where and how it runs, never what it computes (``train(resume_settings=...)``)
-RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progress", "agent.trust_code")
+RESUME_SETTINGS = ("run.device", "replay.device", "run.num_threads", "run.progress", "agent.trust_code",
+                   "intervention.console_host", "intervention.console_port", "intervention.console_start_paused")
 
 
 def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None = None,
@@ -305,7 +306,7 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     state = _new_loop_state(cfg)
     if start.tree is None:  # (a checkpoint holds the buffer, offline rows included, and the agent)
         _load_start(cfg, agent, buffer, columns, gamma, state, envs.loaded)
-    collector = _make_collector(cfg, envs, columns, seeds, agent)
+    collector = _make_collector(cfg, envs, columns, seeds, agent, start.run_dir)
     # (a component that cannot run here refuses now, before the directory is written)
     hooks = _new_run_hooks(cfg, agent, buffer, gamma, envs.env) if resume_dir is None else []
     if cfg.collectors.num:
@@ -385,7 +386,7 @@ def _make_envs(cfg: ExperimentConfig, seeds: dict[str, np.random.SeedSequence]) 
     if cfg.collectors.num:  # Ray collectors make their own envs
         env = None
     elif e.num_envs == 1:
-        env = make_env(e.id, e.max_episode_steps, **kw)
+        env = make_env(e.id, e.max_episode_steps, render_mode=renders(cfg), **kw)  # (a console shows its frames)
     else:
         env = make_vector_env(e.id, e.num_envs, e.vector_mode, e.max_episode_steps, **kw)
     if cfg.run.eval_fresh_starts:  # seeded once; every evaluation continues the stream (a checkpoint holds it)
@@ -421,7 +422,7 @@ def _new_loop_state(cfg: ExperimentConfig) -> LoopState:
 
 
 def _make_collector(cfg: ExperimentConfig, envs: _Envs, columns: tuple, seeds: dict[str, np.random.SeedSequence],
-                    agent) -> Any:
+                    agent, run_dir: Path | None = None) -> Any:
     """Who steps the envs: Ray collectors (``collectors.num``; relive.train.ray_collectors imports Ray only when
     connected), this process's env or vector env, or nobody (an env-less offline run)."""
     seed = _int(seeds["env"])
@@ -432,7 +433,7 @@ def _make_collector(cfg: ExperimentConfig, envs: _Envs, columns: tuple, seeds: d
         return NoCollector()
     if cfg.env.num_envs == 1:
         return Collector(envs.env, envs.spec, seed, record_columns=columns,
-                         intervener=build_intervener(cfg, envs.spec, envs.env))
+                         intervener=build_intervener(cfg, envs.spec, envs.env, run_dir))
     return VectorCollector(envs.env, envs.spec, seed, record_columns=columns)
 
 
