@@ -62,9 +62,14 @@ def residual_sac() -> ExperimentConfig:
     base-only acting (agent.warmup, stored, with updates; the trainer's random warm-up is off:
     schedule.num_warmup_env_steps = 0), probing H_probe 50, beta constant 0.5, alpha init 0.1, target entropy
     -|A| (agent.target_entropy = null), learning rates 3e-4, online capacity 1e6 (replay.capacity); its §10.2 loop:
-    actor and alpha at every gradient step (agent.actor_every = 1); its §3: 50/50 symmetric replay. PLD Table 5
-    (the spec is silent): widths 256, 2 LayerNorm critics, gradient-norm clip 1.0. relive's own: 5,000 Cal-QL
-    pre-training steps (cql_* as the calql preset), init_log_std -3 (a ~= a_base at the start)."""
+    actor and alpha at every gradient step (agent.actor_every = 1); its §3: 50/50 symmetric replay; its §1.2: the
+    residual reads the observation alone, dpi(delta_a | x) (agent.residual_input = "obs"; the PLD paper's
+    dpi(delta_a | x, a_base) is "obs+base_action"); its §8.1: the Cal-QL pre-training's TD term is the standard SAC /
+    clipped-double-Q target (agent.pretrain_target = "sac"; the OTF max of §4.4 stays for online training). PLD
+    Table 5 (the spec is silent): widths 256, 2 LayerNorm critics, gradient-norm clip 1.0. Not from the spec: 5,000
+    Cal-QL pre-training steps (schedule.num_offline_grad_steps; a third-party PLD reimplementation's value) with 10
+    sampled actions per kind (agent.cql_n_actions; official Cal-QL's default), the other cql_* as the calql preset,
+    init_log_std -3 (a ~= a_base at the start)."""
     return ExperimentConfig(preset="residual_sac", agent_kind="residual_sac", agent=ResidualSACConfig(),
                             schedule=ScheduleConfig(num_offline_grad_steps=5_000, num_warmup_env_steps=0,
                                                     batch_size=256),

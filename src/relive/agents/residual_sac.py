@@ -56,7 +56,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -85,7 +85,8 @@ BasePolicy = Callable[[np.ndarray], np.ndarray]
 class ResidualSACConfig:
     """Residual SAC hyperparameters. Defaults: the spec's Sec. 13 template (K = 8, actor and temperature at every
     gradient step, 1000 base-only warm-up steps, H_probe 50, beta 0.5 constant, alpha 0.1, lrs 3e-4, gamma 0.99,
-    tau 0.005) and, where the spec says nothing, PLD Table 5 (widths 256, LayerNorm, gradient clip 1.0). Batch 256
+    tau 0.005), its Sec. 1.2 residual dpi(delta_a | x), its Sec. 8.1 SAC / CDQ pre-training target, and, where the
+    spec says nothing, PLD Table 5 (widths 256, LayerNorm, gradient clip 1.0). Batch 256
     and one gradient step per stored env step are the trainer's ``schedule.batch_size`` / ``utd_ratio``; symmetric
     50/50 replay is the replay config (the ``residual_sac`` preset sets all three). :meth:`table5` gives Table 5's
     values where they differ from the template."""
@@ -96,9 +97,8 @@ class ResidualSACConfig:
     # export say it again; relive.agents.run_dir.open_run_dir); docs/guarantees.md
     trust_code: bool = False
     hidden: tuple[int, ...] = (256, 256)  # widths of the residual actor and both critics (spec: open; Table 5: 256)
-    # what the residual actor reads: "obs" = dpi_phi(delta_a | x), the spec's form (Sec. 0 and 1.2, formula (2));
-    # "obs+base_action" = dpi_phi(delta_a | x, a_base), the PLD paper's choice (Sec. 3.1 as transcribed)
-    residual_input: str = "obs"
+    residual_input: str = "obs"  # the residual actor's input: "obs" = dpi_phi(delta_a | x), spec §1.2 (formula (2),
+        # §0); "obs+base_action" = dpi_phi(delta_a | x, a_base), the PLD paper's choice (an ablation)
     init_log_std: float = -3.0  # initial log-std of the residual (zero last layer: mean 0, so a ~= a_base)
     beta_schedule: str = "constant"  # beta_t: "constant" | "linear" | "stepwise" (spec §12.3; §13: constant)
     beta: float = 0.5  # constant: beta_t = beta; linear: the final beta_max (spec §13: 0.5; Table 5 xi = 0.5)
@@ -129,9 +129,9 @@ class ResidualSACConfig:
     clip_diff_min: float = CalQLConfig.clip_diff_min  # offline phase: lower clip of CQL_ood - Q(x, a)
     clip_diff_max: float = CalQLConfig.clip_diff_max  # offline phase: upper clip of CQL_ood - Q(x, a)
     calibrate: bool = True  # offline phase: Cal-QL's max(Q, mc_return) on the policy actions; False: plain CQL
-    # offline phase's TD target: "sac" = spec Sec. 8.1's standard SAC / clipped-double-Q target (one a' ~ pi(.|x'),
-    # min of the target critics minus alpha log pi); "otf_max" = the online OTF max over otf_candidates (Sec. 4.4)
-    pretrain_target: str = "sac"
+    pretrain_target: str = "sac"  # offline phase's TD target: "sac" = spec §8.1's standard SAC / clipped-double-Q
+        # target (one a' ~ pi(.|x'), min of the target critics minus alpha log pi); "otf_max" = the online phase's
+        # OTF max over otf_candidates (spec §4.4), relive's target before issue 46 (an ablation)
 
     @staticmethod
     def from_legacy_dict(data: dict) -> dict:
@@ -229,21 +229,17 @@ class ResidualSAC:
     # it from train(allow_other_base=True), `relive train ... --allow-other-base`)
     allow_other_base = False
 
-    # -- SAC's arithmetic: the residual differs in what the actor acts on, not in the update's ----------------------
+    # -- SAC's, shared: the residual differs in what the actor acts on, not in the update's arithmetic --------------
     td_loss = staticmethod(SAC.td_loss)  # (13): (Q_i(x, a) - y)^2 averaged over the members: [E, B] -> [B]
-
-    @property
-    def alpha(self) -> torch.Tensor:
-        """alpha = exp(log alpha), without gradient (as ``SAC.alpha``)."""
-        return self.log_alpha.detach().exp()
-
-    def temperature_loss(self, logp: torch.Tensor) -> torch.Tensor:
-        """(18) per sample: -alpha (log dpi(delta_a | x, .) + H_tgt) (as ``SAC.temperature_loss``): [B]."""
-        return -self.log_alpha.exp() * (logp.detach() + self.target_entropy)
-
-    def _discount(self, b: Batch) -> torch.Tensor | None:
-        """The batch's n-step discount (None: one-step, gamma (1 - terminated)); as ``SAC._discount``."""
-        return nets.td_discount(b, self.cfg.n_step, type(self).__name__)
+    if TYPE_CHECKING:  # (SAC's functions, typed for a ResidualSAC self: mypy types them as taking a SAC)
+        @property
+        def alpha(self) -> torch.Tensor: ...
+        def temperature_loss(self, logp: torch.Tensor) -> torch.Tensor: ...
+        def _discount(self, b: Batch) -> torch.Tensor | None: ...
+    else:
+        alpha = SAC.alpha  # alpha = exp(log alpha), without gradient
+        temperature_loss = SAC.temperature_loss  # (18) per sample: -alpha (log dpi(delta_a | x, .) + H_tgt)
+        _discount = SAC._discount  # the batch's n-step discount (None: one-step, gamma (1 - terminated))
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
