@@ -454,8 +454,9 @@ PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "ddpg_refer2": ddpg_refer2, "ddpg_paper": ddpg_paper, "ddpg_per_paper": ddpg_per_paper,
     "ddpg_refer_paper": ddpg_refer_paper, "ddpg_refer1_paper": ddpg_refer1_paper,
     "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
-    "sac_her": sac_her, "ddpg_her": ddpg_her, "hil_rlpd": hil_rlpd, "wsrl": wsrl, "wsrl_pretrain": wsrl_pretrain, "td3": td3,
+    "sac_her": sac_her, "ddpg_her": ddpg_her, "hil_rlpd": hil_rlpd, "wsrl": wsrl, "td3": td3,
     "ddqn_atari": ddqn_atari, "ddqn_atari100k": ddqn_atari100k, "ddqn_minatar": ddqn_minatar,
+    "wsrl_pretrain": wsrl_pretrain,
 }
 
 
