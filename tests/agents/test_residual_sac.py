@@ -236,7 +236,7 @@ def test_residual_sac_preset_is_the_spec_template_and_names_its_sources(capsys):
 
 
 @pytest.mark.parametrize("grid", ["pld", "pld-pendulum", "pld-reacher"])
-def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):
+def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):  # (pld-metaworld has no K ablation)
     """The grids' "pld" variant is the spec's PLD (K = 8, actor every step); K = 1 (SAC's target) and K = 4 are the
     ablations (issue 28 item 1: the earlier "full PLD" ran K = 1)."""
     from relive.cli import build_parser
@@ -254,6 +254,39 @@ def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):
         assert cfg.agent.actor_every == 1 and cfg.schedule.utd_ratio == 1
     assert ks == {"pld": 8, "pld-K1": 1, "pld-K4": 4}
     assert "K = 8" in g.description and "K = 1 (SAC's target)" in g.description
+
+
+PLD_GRIDS = ["pld", "pld-pendulum", "pld-reacher", "pld-metaworld"]
+# issue 46 item 3: every cell at section 13's values (and the preset's where the spec is silent), but for the
+# setting its label names; the ablations named here may differ in these settings and no others
+SECTION_13 = {"agent.probe_max_steps": 50, "agent.warmup": 1000, "agent.hidden": (256, 256), "agent.cql_n_actions": 10,
+              "schedule.num_offline_grad_steps": 5000, "agent.residual_input": "obs", "agent.pretrain_target": "sac"}
+NAMED = {"pld-no-probe": {"agent.probe_max_steps"}, "pld-no-calql": {"schedule.num_offline_grad_steps"},
+         "pld-H8": {"agent.probe_max_steps"}, "pld-paper-input": {"agent.residual_input"},
+         "pld-otf-pretrain": {"agent.pretrain_target"}, "pld-old": set(SECTION_13)}
+
+
+def _setting(cfg, key):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+@pytest.mark.parametrize("grid", PLD_GRIDS)
+def test_pld_grid_cells_run_section_13s_values_and_name_every_override(grid):
+    """A cell differs from section 13 (H_probe 50, warm-up 1000) and the preset's widths 256, 5,000 Cal-QL steps
+    with 10 actions, only in what its label names (the old settings survive as the `pld-old` cell)."""
+    from relive.cli import build_parser
+    from relive.experiments.grid import load_grid
+    from relive.train.cli import config_from_args
+
+    runs = [r for r in load_grid(grid).runs() if r.seed == 0 and r.preset == "residual_sac"]
+    assert {"pld", "pld-old", "pld-paper-input"} <= {r.label for r in runs}
+    for r in runs:
+        cfg = config_from_args(build_parser().parse_args(["train", r.preset, "--env", r.task, *r.args]))
+        differs = {k for k, want in SECTION_13.items() if _setting(cfg, k) != want}
+        assert differs <= NAMED.get(r.label, set()), (r.label, differs)
+        if r.label in ("pld-H8", "pld-paper-input", "pld-otf-pretrain", "pld-old"):
+            assert differs, r.label  # an ablation that no longer differs names nothing
 
 
 def test_beta_schedules_give_their_formulas():
