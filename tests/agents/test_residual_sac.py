@@ -1178,3 +1178,24 @@ def test_resume_refuses_a_changed_base_policy_unless_allowed(tmp_path):
     with pytest.raises(ValueError, match="--allow-other-base does not combine with --seeds"):
         main(["--debug", "train", "residual_sac", "--env", "Pendulum-v1", "--seeds", "0,1", "--allow-other-base",
               "--run-dir", str(tmp_path / "s{seed}")])
+
+
+def test_wsrl_preset_is_the_authors_code_and_starts_from_a_matching_pretraining():
+    """Issue 46 item 5: zhouzypaul/wsrl at 891ee35 -- launch_wsrl_finetune.sh (SAC, --utd 4, --warmup_steps 5000,
+    no offline data), wsrl_config.py l.9-13 (10 LayerNorm critics, subset of 2), sac.py l.302 (actor on the min of
+    all members), sac_config.py (no backup entropy, lrs 1e-4 / 3e-4 / 1e-4, initial temperature 1); `wsrl_pretrain`
+    has the same critic ensemble (its agent is what --init-from loads)."""
+    from relive.presets import get_preset
+
+    cfg, pre = get_preset("wsrl"), get_preset("wsrl_pretrain")
+    a, s = cfg.agent, cfg.schedule
+    assert (s.utd_ratio, s.num_warmup_env_steps, s.warmup_policy, s.num_offline_grad_steps) == (4, 5000, "agent", 0)
+    assert (a.num_qs, a.num_min_qs, a.critic_layer_norm, a.actor_q_reduce, a.actor_per_env_step) == (
+        10, 2, True, "min", True)
+    assert (a.cql_alpha, a.calibrate, a.max_target_backup, a.backup_entropy) == (0.0, False, False, False)
+    assert (a.actor_lr, a.critic_lr, a.temp_lr, a.init_temperature, a.hidden) == (1e-4, 3e-4, 1e-4, 1.0, (256, 256))
+    assert cfg.replay.name == "uniform" and cfg.data.dataset is None
+    assert pre.agent_kind == cfg.agent_kind == "calql" and pre.schedule.num_online_env_steps == 0
+    assert (pre.agent.num_qs, pre.agent.num_min_qs, pre.agent.critic_layer_norm, pre.agent.hidden) == (
+        10, 2, True, (256, 256))
+    assert pre.agent.cql_alpha > 0 and pre.agent.calibrate  # Cal-QL offline
