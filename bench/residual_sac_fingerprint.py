@@ -36,7 +36,7 @@ CASES = [
     ("fixed_temperature", {"learn_temperature": False}, 0, 6, False),
     ("otf_1_three_critics", {"otf_candidates": 1, "num_qs": 3, "critic_layer_norm": False}, 0, 6, False),
     ("uncalibrated_beta_linear", {"calibrate": False, "beta_schedule": "linear", "beta_ramp_steps": 5}, 3, 6, False),
-    ("n_step_3", {"n_step": 3, "condition_on_base": False}, 0, 6, True),
+    ("n_step_3", {"n_step": 3, "residual_input": "obs"}, 0, 6, True),
 ]
 
 

@@ -574,6 +574,9 @@ def _build(cls, data: dict, where: str):
         raise ValueError(f"{where}: expected a table of settings, got {data!r}")
     renamed = _RENAMED_OPTIONS.get(cls.__name__, {})
     data = {renamed.get(k, k): v for k, v in data.items()}
+    legacy = getattr(cls, "from_legacy_dict", None)  # a config class's own migration of its earlier fields
+    if callable(legacy):
+        data = legacy(data)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)

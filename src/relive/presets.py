@@ -62,9 +62,14 @@ def residual_sac() -> ExperimentConfig:
     base-only acting (agent.warmup, stored, with updates; the trainer's random warm-up is off:
     schedule.num_warmup_env_steps = 0), probing H_probe 50, beta constant 0.5, alpha init 0.1, target entropy
     -|A| (agent.target_entropy = null), learning rates 3e-4, online capacity 1e6 (replay.capacity); its §10.2 loop:
-    actor and alpha at every gradient step (agent.actor_every = 1); its §3: 50/50 symmetric replay. PLD Table 5
-    (the spec is silent): widths 256, 2 LayerNorm critics, gradient-norm clip 1.0. relive's own: 5,000 Cal-QL
-    pre-training steps (cql_* as the calql preset), init_log_std -3 (a ~= a_base at the start)."""
+    actor and alpha at every gradient step (agent.actor_every = 1); its §3: 50/50 symmetric replay; its §1.2: the
+    residual reads the observation alone, dpi(delta_a | x) (agent.residual_input = "obs"; the PLD paper's
+    dpi(delta_a | x, a_base) is "obs+base_action"); its §8.1: the Cal-QL pre-training's TD term is the standard SAC /
+    clipped-double-Q target (agent.pretrain_target = "sac"; the OTF max of §4.4 stays for online training). PLD
+    Table 5 (the spec is silent): widths 256, 2 LayerNorm critics, gradient-norm clip 1.0. Not from the spec: 5,000
+    Cal-QL pre-training steps (schedule.num_offline_grad_steps; a third-party PLD reimplementation's value) with 10
+    sampled actions per kind (agent.cql_n_actions; official Cal-QL's default), the other cql_* as the calql preset,
+    init_log_std -3 (a ~= a_base at the start)."""
     return ExperimentConfig(preset="residual_sac", agent_kind="residual_sac", agent=ResidualSACConfig(),
                             schedule=ScheduleConfig(num_offline_grad_steps=5_000, num_warmup_env_steps=0,
                                                     batch_size=256),
@@ -404,18 +409,44 @@ def hil_rlpd() -> ExperimentConfig:
 
 
 WSRL_WARMUP_ENV_STEPS = 5000  # WSRL (Zhou et al., ICLR 2025): K = 5,000 warm-up steps with the pre-trained policy
+# The authors' code, zhouzypaul/wsrl at 891ee35 (read for issue 46 item 5): experiments/configs/wsrl_config.py l.9-13
+# and ensemble_config.py l.6-9 (the pre-training's --use_redq): critic_ensemble_size 10, critic_subsample_size 2,
+# use_layer_norm on the critic (and the policy); wsrl/agents/sac.py l.235-247: the TD target is the min over a random
+# subset of 2 target members, l.302: the actor's Q is the min over all members; experiments/configs/sac_config.py
+# l.6-13, 37-51: gamma 0.99, no entropy in the backup, target entropy -|A| (sac.py l.526-527), tau 5e-3, initial
+# temperature 1.0, lrs actor 1e-4 / critic 3e-4 / temperature 1e-4, widths 256x256.
+WSRL_ENSEMBLE = {"num_qs": 10, "num_min_qs": 2, "critic_layer_norm": True, "actor_q_reduce": "min"}
+
+
+def wsrl_pretrain() -> ExperimentConfig:
+    """The pre-training WSRL starts from: Cal-QL with WSRL's critic ensemble (the authors' README: pre-train with
+    ``--use_redq``; zhouzypaul/wsrl ensemble_config.py l.6-9: 10 LayerNorm critics, target on the min of a random
+    subset of 2), offline only (``--online-steps 0``), the ``calql`` preset otherwise. A finished run is what
+    ``wsrl`` fine-tunes (``--init-from``); the networks must match, so pre-train with this preset, not ``calql``."""
+    cfg = calql()
+    return replace(cfg, preset="wsrl_pretrain", agent=replace(cfg.agent, **WSRL_ENSEMBLE),
+                   schedule=replace(cfg.schedule, num_online_env_steps=0))
 
 
 def wsrl() -> ExperimentConfig:
-    """WSRL (Zhou et al., ICLR 2025): fine-tune a pre-trained Cal-QL agent (``--init-from`` a finished ``calql`` run)
-    without its offline data: 5,000 warm-up steps with the pre-trained policy (``warmup_policy = "agent"``) seed the
-    online buffer, then online RL without the conservative penalty (``cql_alpha = 0``, no calibration, plain backup)
-    from uniform replay over the online rows alone (no ``--dataset``: the offline data is not retained)."""
+    """WSRL (Zhou et al., ICLR 2025, arXiv 2412.07762) as the authors' code runs it (zhouzypaul/wsrl at 891ee35;
+    experiments/scripts/locomotion/launch_wsrl_finetune.sh l.5-15: --agent sac --utd 4 --warmup_steps 5000): fine-tune
+    a pre-trained agent (``--init-from`` a finished ``wsrl_pretrain`` run) without its offline data (finetune.py
+    l.41-44: offline_data_ratio 0; no ``--dataset``): 5,000 warm-up steps with the pre-trained policy
+    (``warmup_policy = "agent"``, no updates: finetune.py l.337-343) seed the online buffer, then SAC (no conservative
+    penalty: ``cql_alpha = 0``, no calibration, no max backup) from uniform replay over the online rows, UTD 4
+    (``schedule.utd_ratio``) with one actor / temperature step per env step (sac.py l.624-672, update_high_utd:
+    ``agent.actor_per_env_step``), 10 LayerNorm critics whose target takes the min of a random subset of 2
+    (wsrl_config.py l.9-13) and an actor on the min of all 10 (sac.py l.302). Differences from the code: batch 256
+    for every critic step and the actor's (the code draws 1,024 rows, splits them into 4 critic minibatches of 256
+    and steps the actor on all 1,024); no LayerNorm in the actor and the default last-layer init (the code: policy
+    LayerNorm, kernel_scale_final 1e-2) -- relive's actor has neither option."""
     schedule = ScheduleConfig(num_offline_grad_steps=0, num_warmup_env_steps=WSRL_WARMUP_ENV_STEPS,
-                              warmup_policy="agent")
-    return ExperimentConfig(preset="wsrl", agent_kind="calql",
-                            agent=CalQLConfig(cql_alpha=0.0, calibrate=False, max_target_backup=False),
-                            schedule=schedule, replay=ReplayConfig.of("uniform"))
+                              warmup_policy="agent", utd_ratio=4)
+    agent = CalQLConfig(cql_alpha=0.0, calibrate=False, max_target_backup=False, actor_per_env_step=True,
+                        **WSRL_ENSEMBLE)
+    return ExperimentConfig(preset="wsrl", agent_kind="calql", agent=agent, schedule=schedule,
+                            replay=ReplayConfig.of("uniform"))
 
 
 PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
@@ -426,6 +457,7 @@ PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
     "sac_her": sac_her, "ddpg_her": ddpg_her, "hil_rlpd": hil_rlpd, "wsrl": wsrl, "td3": td3,
     "ddqn_atari": ddqn_atari, "ddqn_atari100k": ddqn_atari100k, "ddqn_minatar": ddqn_minatar,
+    "wsrl_pretrain": wsrl_pretrain,
 }
 
 

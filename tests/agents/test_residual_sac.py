@@ -192,7 +192,8 @@ def test_loop_hooks_reach_the_agent():
 # the PLD implementation spec's §13 configuration template, transcribed; actor_every from its §10.2 loop
 SPEC_TEMPLATE = {"gamma": 0.99, "tau": 0.005, "otf_candidates": 8, "warmup": 1000, "warmup_unit": "steps",
                  "probe_max_steps": 50, "beta_schedule": "constant", "beta": 0.5, "init_temperature": 0.1,
-                 "target_entropy": None, "actor_lr": 3e-4, "critic_lr": 3e-4, "temp_lr": 3e-4, "actor_every": 1}
+                 "target_entropy": None, "actor_lr": 3e-4, "critic_lr": 3e-4, "temp_lr": 3e-4, "actor_every": 1,
+                 "residual_input": "obs", "pretrain_target": "sac"}  # §1.2's dpi(delta_a | x), §8.1's SAC target
 
 
 def test_defaults_are_the_spec_template():
@@ -227,10 +228,15 @@ def test_residual_sac_preset_is_the_spec_template_and_names_its_sources(capsys):
     for key in ("otf_candidates", "actor_every", "gamma", "tau", "actor_lr", "critic_lr", "temp_lr", "warmup",
                 "probe_max_steps", "beta_schedule", "beta", "init_temperature", "target_entropy"):
         assert "spec §" in lines[f"agent.{key}"], lines[f"agent.{key}"]
+    # issue 46 item 2: the residual's input and the pre-training target, each with its section number
+    assert 'agent.residual_input = "obs"' in out and "spec §1.2" in lines["agent.residual_input"]
+    assert 'agent.pretrain_target = "sac"' in out and "spec §8.1" in lines["agent.pretrain_target"]
+    for phrase in ("§1.2", "dpi(delta_a | x)", "§8.1", "standard SAC / clipped-double-Q target"):
+        assert phrase in head, phrase
 
 
 @pytest.mark.parametrize("grid", ["pld", "pld-pendulum", "pld-reacher"])
-def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):
+def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):  # (pld-metaworld has no K ablation)
     """The grids' "pld" variant is the spec's PLD (K = 8, actor every step); K = 1 (SAC's target) and K = 4 are the
     ablations (issue 28 item 1: the earlier "full PLD" ran K = 1)."""
     from relive.cli import build_parser
@@ -248,6 +254,39 @@ def test_pld_grids_run_full_pld_at_k8_with_k1_and_k4_ablations(grid):
         assert cfg.agent.actor_every == 1 and cfg.schedule.utd_ratio == 1
     assert ks == {"pld": 8, "pld-K1": 1, "pld-K4": 4}
     assert "K = 8" in g.description and "K = 1 (SAC's target)" in g.description
+
+
+PLD_GRIDS = ["pld", "pld-pendulum", "pld-reacher", "pld-metaworld"]
+# issue 46 item 3: every cell at section 13's values (and the preset's where the spec is silent), but for the
+# setting its label names; the ablations named here may differ in these settings and no others
+SECTION_13 = {"agent.probe_max_steps": 50, "agent.warmup": 1000, "agent.hidden": (256, 256), "agent.cql_n_actions": 10,
+              "schedule.num_offline_grad_steps": 5000, "agent.residual_input": "obs", "agent.pretrain_target": "sac"}
+NAMED = {"pld-no-probe": {"agent.probe_max_steps"}, "pld-no-calql": {"schedule.num_offline_grad_steps"},
+         "pld-H8": {"agent.probe_max_steps"}, "pld-paper-input": {"agent.residual_input"},
+         "pld-otf-pretrain": {"agent.pretrain_target"}, "pld-old": set(SECTION_13)}
+
+
+def _setting(cfg, key):
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+@pytest.mark.parametrize("grid", PLD_GRIDS)
+def test_pld_grid_cells_run_section_13s_values_and_name_every_override(grid):
+    """A cell differs from section 13 (H_probe 50, warm-up 1000) and the preset's widths 256, 5,000 Cal-QL steps
+    with 10 actions, only in what its label names (the old settings survive as the `pld-old` cell)."""
+    from relive.cli import build_parser
+    from relive.experiments.grid import load_grid
+    from relive.train.cli import config_from_args
+
+    runs = [r for r in load_grid(grid).runs() if r.seed == 0 and r.preset == "residual_sac"]
+    assert {"pld", "pld-old", "pld-paper-input"} <= {r.label for r in runs}
+    for r in runs:
+        cfg = config_from_args(build_parser().parse_args(["train", r.preset, "--env", r.task, *r.args]))
+        differs = {k for k, want in SECTION_13.items() if _setting(cfg, k) != want}
+        assert differs <= NAMED.get(r.label, set()), (r.label, differs)
+        if r.label in ("pld-H8", "pld-paper-input", "pld-otf-pretrain", "pld-old"):
+            assert differs, r.label  # an ablation that no longer differs names nothing
 
 
 def test_beta_schedules_give_their_formulas():
@@ -272,10 +311,85 @@ def test_beta_schedules_give_their_formulas():
     (dict(num_qs=1), "clipped double Q"),
     (dict(otf_candidates=0), "otf_candidates"),
     (dict(warmup_unit="minutes"), "warmup_unit"),
+    (dict(residual_input="base"), "residual_input must be one of"),
+    (dict(pretrain_target="max"), "pretrain_target must be one of"),
 ])
 def test_bad_config_is_a_clear_error(bad, match):
     with pytest.raises(ValueError, match=match):
         ResidualSACConfig(**bad)
+
+
+# -- the residual's input (spec §1.2) and the pre-training target (spec §8.1) -----------------------------
+def randomize_head(agent, seed=0):
+    """A non-zero last actor layer (the zero init makes every input give delta = 0)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in agent.actor.trunk[-1].parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=g))
+
+
+@pytest.mark.parametrize("residual_input, reads_base", [("obs", False), ("obs+base_action", True)])
+def test_the_residual_reads_the_observation_alone_by_default(residual_input, reads_base):
+    """Spec §1.2: delta_a ~ dpi_phi(. | x) -- the same observation with two different base actions gives the same
+    residual (same generator state); "obs+base_action" (the PLD paper's) gives different ones."""
+    assert ResidualSACConfig().residual_input == "obs"
+    agent = make(residual_input=residual_input)
+    randomize_head(agent)
+    assert agent.actor.trunk[0].in_features == OBS + (ACT if reads_base else 0)
+    obs = torch.as_tensor(obs_rows(4))
+    state = agent.gen.get_state()
+    d1, lp1 = agent.residual(obs, torch.zeros(4, ACT))
+    agent.gen.set_state(state)
+    d2, lp2 = agent.residual(obs, torch.full((4, ACT), 0.7))
+    assert torch.equal(d1, d2) == (not reads_base) and torch.equal(lp1, lp2) == (not reads_base)
+
+
+def soft_values(agent, next_obs, k, state, alpha):
+    """min_e Qbar_e(x', a'_k) - alpha log dpi(delta_k) of the K candidates the target draws from ``state``: [B, K]."""
+    base, delta, logp = redraw_candidates(agent, next_obs, k, state)
+    a = torch.clamp(base + agent.beta() * delta, agent.low_t, agent.high_t).view(-1, ACT)
+    q = agent.target_critic(next_obs.repeat_interleave(k, dim=0), a).min(dim=0).values.view(-1, k)
+    return q - alpha * logp
+
+
+@pytest.mark.parametrize("target", ["sac", "otf_max"])
+def test_pretraining_target_is_sacs_by_default_and_the_otf_max_by_name(target):
+    """Spec §8.1: the Cal-QL pre-training's TD term bootstraps r + gamma (1 - d) [min_i Qbar_i(x', a') - alpha log
+    pi(a'|x')] with ONE a' ~ pi(.|x') (the standard SAC / CDQ target), not the online OTF max over K candidates;
+    ``pretrain_target = "otf_max"`` keeps that max. Recomputed here by hand from the generator state (K = 6)."""
+    agent = make(otf_candidates=6, init_temperature=0.8, init_log_std=-0.5, pretrain_target=target)
+    randomize_head(agent, seed=2)
+    agent.on_phase("offline")
+    b = make_batch(seed=5)
+    t = b.to_torch()
+    state = agent.gen.get_state()
+    k = 1 if target == "sac" else 6
+    alpha = agent.alpha.item()
+    soft = soft_values(agent, t.next_obs, k, state, alpha)
+    expected = t.reward + 0.99 * (1 - t.terminated.float()) * soft.max(dim=1).values
+    agent.gen.set_state(state)
+    metrics = agent.update(b).metrics
+    assert metrics["train/target_mean"] == pytest.approx(expected.mean().item(), rel=1e-5)
+    other = soft_values(agent, t.next_obs, 6 if target == "sac" else 1, state, alpha)  # the other target differs
+    other_y = t.reward + 0.99 * (1 - t.terminated.float()) * other.max(dim=1).values
+    assert abs(other_y.mean().item() - expected.mean().item()) > 1e-3
+
+
+@pytest.mark.parametrize("old, residual_input", [(True, "obs+base_action"), (False, "obs")])
+def test_a_config_json_from_before_issue_46_keeps_what_it_ran(old, residual_input):
+    """A run directory written with ``condition_on_base`` (every config.json before issue 46) resumes, evaluates and
+    exports with the residual input and the pre-training target it trained with."""
+    from relive.config import config_from_dict
+    from relive.presets import get_preset
+
+    d = get_preset("residual_sac").to_dict()
+    agent = {k: v for k, v in d["agent"].items() if k not in ("residual_input", "pretrain_target")}
+    cfg = config_from_dict(d | {"agent": agent | {"condition_on_base": old}})
+    assert (cfg.agent.residual_input, cfg.agent.pretrain_target) == (residual_input, "otf_max")
+    today = config_from_dict(d)  # today's files say both and are read as written
+    assert (today.agent.residual_input, today.agent.pretrain_target) == ("obs", "sac")
+    with pytest.raises(ValueError, match="unknown setting"):  # the old name is not a setting of today's configs
+        config_from_dict(d | {"agent": d["agent"] | {"condition_on_bass": True}})
 
 
 # -- the OTF target -------------------------------------------------------------------------------------
@@ -360,19 +474,25 @@ def test_truncation_never_stops_the_bootstrap():
 
 
 # -- the actor's and the temperature's log-prob ---------------------------------------------------------
+def actor_input(agent, obs, base):
+    """What the residual actor reads: x (spec §1.2, the default) or (x, a_base) ("obs+base_action")."""
+    return torch.cat([obs, base], dim=-1) if agent.cfg.residual_input == "obs+base_action" else obs
+
+
 def residual_log_prob(agent, obs, base, u):
-    """log dpi(delta | x, a_base) of delta = half tanh(u), from the actor's Gaussian, independently of sample()."""
-    mean, log_std = agent.actor(torch.cat([obs, base], dim=-1))
+    """log dpi(delta | x[, a_base]) of delta = half tanh(u), from the actor's Gaussian, independently of sample()."""
+    mean, log_std = agent.actor(actor_input(agent, obs, base))
     return (nets.tanh_gaussian_log_prob(mean, log_std, u) - torch.log(agent.actor.scale)).sum(-1)
 
 
-def test_actor_entropy_term_is_the_residuals_log_prob():
+@pytest.mark.parametrize("residual_input", ["obs", "obs+base_action"])
+def test_actor_entropy_term_is_the_residuals_log_prob(residual_input):
     """With a critic that ignores the action, the actor loss is alpha log dpi(delta | x, a_base): its value and its
     gradient match the residual's log-density recomputed from the same noise, and they do not depend on beta (a
     density of the executed action would carry -|A| log beta)."""
     losses, grads = [], []
     for beta in (0.1, 0.9):
-        agent = make(init_temperature=0.4, init_log_std=-0.7)
+        agent = make(init_temperature=0.4, init_log_std=-0.7, residual_input=residual_input)
         with torch.no_grad():  # a non-trivial residual mean
             agent.actor.trunk[-1].weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(1))
         agent.critic = FnCritic(lambda o, a: 0.0 * a.sum(-1) + o[:, 0], [0.0, 0.0])
@@ -381,7 +501,7 @@ def test_actor_entropy_term_is_the_residuals_log_prob():
         state = agent.gen.get_state()
         per_sample, logp = agent.actor_loss(b.obs, base, beta)
         agent.gen.set_state(state)
-        mean, log_std = agent.actor(torch.cat([b.obs, base], dim=-1))
+        mean, log_std = agent.actor(actor_input(agent, b.obs, base))
         eps = torch.randn(mean.shape, generator=agent.gen)
         u = mean + log_std.exp() * eps
         expected = 0.4 * residual_log_prob(agent, b.obs, base, u) - b.obs[:, 0]
@@ -1058,3 +1178,24 @@ def test_resume_refuses_a_changed_base_policy_unless_allowed(tmp_path):
     with pytest.raises(ValueError, match="--allow-other-base does not combine with --seeds"):
         main(["--debug", "train", "residual_sac", "--env", "Pendulum-v1", "--seeds", "0,1", "--allow-other-base",
               "--run-dir", str(tmp_path / "s{seed}")])
+
+
+def test_wsrl_preset_is_the_authors_code_and_starts_from_a_matching_pretraining():
+    """Issue 46 item 5: zhouzypaul/wsrl at 891ee35 -- launch_wsrl_finetune.sh (SAC, --utd 4, --warmup_steps 5000,
+    no offline data), wsrl_config.py l.9-13 (10 LayerNorm critics, subset of 2), sac.py l.302 (actor on the min of
+    all members), sac_config.py (no backup entropy, lrs 1e-4 / 3e-4 / 1e-4, initial temperature 1); `wsrl_pretrain`
+    has the same critic ensemble (its agent is what --init-from loads)."""
+    from relive.presets import get_preset
+
+    cfg, pre = get_preset("wsrl"), get_preset("wsrl_pretrain")
+    a, s = cfg.agent, cfg.schedule
+    assert (s.utd_ratio, s.num_warmup_env_steps, s.warmup_policy, s.num_offline_grad_steps) == (4, 5000, "agent", 0)
+    assert (a.num_qs, a.num_min_qs, a.critic_layer_norm, a.actor_q_reduce, a.actor_per_env_step) == (
+        10, 2, True, "min", True)
+    assert (a.cql_alpha, a.calibrate, a.max_target_backup, a.backup_entropy) == (0.0, False, False, False)
+    assert (a.actor_lr, a.critic_lr, a.temp_lr, a.init_temperature, a.hidden) == (1e-4, 3e-4, 1e-4, 1.0, (256, 256))
+    assert cfg.replay.name == "uniform" and cfg.data.dataset is None
+    assert pre.agent_kind == cfg.agent_kind == "calql" and pre.schedule.num_online_env_steps == 0
+    assert (pre.agent.num_qs, pre.agent.num_min_qs, pre.agent.critic_layer_norm, pre.agent.hidden) == (
+        10, 2, True, (256, 256))
+    assert pre.agent.cql_alpha > 0 and pre.agent.calibrate  # Cal-QL offline

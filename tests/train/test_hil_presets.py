@@ -48,7 +48,7 @@ def test_hil_rlpd_runs_from_the_cli(tmp_path):
 def test_wsrl_warm_starts_from_a_pretrained_run_without_its_data(tmp_path):
     data = save_dataset(tmp_path / "d.npz", collect_dataset("Pendulum-v1", 200, seed=0))
     pre = tmp_path / "pre"
-    assert main(["train", "calql", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "20",
+    assert main(["train", "wsrl_pretrain", "--env", "Pendulum-v1", "--dataset", str(data), "--offline-steps", "20",
                  "--online-steps", "0", "--set", "agent.cql_n_actions=2", *TINY, "--run-dir", str(pre)]) == 0
     run = tmp_path / "wsrl"
     assert main(["train", "wsrl", "--env", "Pendulum-v1", "--init-from", str(pre), "--online-steps", "120",

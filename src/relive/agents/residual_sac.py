@@ -4,7 +4,9 @@
 
 Acting (1)-(5), (22)-(25):
     a_base = pi_theta(x)                        (1)  the frozen base policy, any callable [N, O] -> [N, A]
-    delta_a ~ dpi_phi(. | x, a_base)            (2)  tanh-Gaussian residual, conditioned on a_base (PLD)
+    delta_a ~ dpi_phi(. | x)                    (2)  tanh-Gaussian residual on the observation alone (spec Sec. 1.2,
+                                                     ``residual_input = "obs"``); ``"obs+base_action"``:
+                                                     dpi_phi(. | x, a_base), the PLD paper's choice
     a = clip(a_base + beta_t delta_a, low, high)  (3)-(4)
     warm-up: a = a_base, stored                 (5)  the first ``warmup`` env steps (or episodes)
     probing: h ~ U{0..H_probe} at each episode start (22); the first h steps a = a_base (23), executed but
@@ -22,8 +24,11 @@ zero-initialized with a small initial log-std, so a ~= a_base at the start.
            -- the residual's log-prob only, never a density of the executed action (spec Sec. 12.2)
     temperature: -alpha (log dpi(delta_a | x, .) + H_tgt)                                          (18)-(19)
 Offline phase (the trainer's ``OnPhase("offline")``; or call :meth:`pretrain_critic`): critic-only Cal-QL
-(20)-(21) on D_off, the same OTF TD term plus the calibrated conservative gap of ``relive.agents.cal_ql``
-(``cql_gap``), policy actions from the combined policy clip(a_base + beta delta_a); the actor does not move.
+(20)-(21) on D_off: a TD term plus the calibrated conservative gap of ``relive.agents.cal_ql`` (``cql_gap``), policy
+actions from the combined policy clip(a_base + beta delta_a); the actor does not move. The TD term is spec Sec. 8.1's
+"standard SAC / CDQ TD" by default (``pretrain_target = "sac"``: one a' = clip(pi_theta(x') + beta delta_a'),
+y = r + gamma (1 - terminated) [min_i Qbar_i(x', a') - alpha log dpi(delta_a' | x')]); ``"otf_max"`` uses the online
+phase's OTF max over K candidates there too (relive before issue 46).
 ``truncated`` never enters a target. The base policy is called under ``no_grad`` on NumPy arrays and belongs to
 no optimizer: its parameters never change (tested bit-identical).
 
@@ -51,9 +56,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
+from torch import nn
 
 from relive.agents import networks as nets
 from relive.agents.base_policy import load_base_policy
@@ -69,6 +76,8 @@ from relive.types import Acted, Batch, ColumnDecl, TensorMetrics, UpdateResult
 BETA_SCHEDULES = ("constant", "linear", "stepwise")
 WARMUP_UNITS = ("steps", "episodes")
 PHASES = ("offline", "online")
+RESIDUAL_INPUTS = ("obs", "obs+base_action")  # spec Sec. 1.2's dpi(delta_a | x); PLD's dpi(delta_a | x, a_base)
+PRETRAIN_TARGETS = ("sac", "otf_max")  # spec Sec. 8.1's SAC / CDQ target; the online OTF max (Sec. 4.4)
 BasePolicy = Callable[[np.ndarray], np.ndarray]
 
 
@@ -76,7 +85,8 @@ BasePolicy = Callable[[np.ndarray], np.ndarray]
 class ResidualSACConfig:
     """Residual SAC hyperparameters. Defaults: the spec's Sec. 13 template (K = 8, actor and temperature at every
     gradient step, 1000 base-only warm-up steps, H_probe 50, beta 0.5 constant, alpha 0.1, lrs 3e-4, gamma 0.99,
-    tau 0.005) and, where the spec says nothing, PLD Table 5 (widths 256, LayerNorm, gradient clip 1.0). Batch 256
+    tau 0.005), its Sec. 1.2 residual dpi(delta_a | x), its Sec. 8.1 SAC / CDQ pre-training target, and, where the
+    spec says nothing, PLD Table 5 (widths 256, LayerNorm, gradient clip 1.0). Batch 256
     and one gradient step per stored env step are the trainer's ``schedule.batch_size`` / ``utd_ratio``; symmetric
     50/50 replay is the replay config (the ``residual_sac`` preset sets all three). :meth:`table5` gives Table 5's
     values where they differ from the template."""
@@ -87,7 +97,8 @@ class ResidualSACConfig:
     # export say it again; relive.agents.run_dir.open_run_dir); docs/guarantees.md
     trust_code: bool = False
     hidden: tuple[int, ...] = (256, 256)  # widths of the residual actor and both critics (spec: open; Table 5: 256)
-    condition_on_base: bool = True  # residual actor input (x, a_base) as PLD; False: x only
+    residual_input: str = "obs"  # the residual actor's input: "obs" = dpi_phi(delta_a | x), spec §1.2 (formula (2),
+        # §0); "obs+base_action" = dpi_phi(delta_a | x, a_base), the PLD paper's choice (an ablation)
     init_log_std: float = -3.0  # initial log-std of the residual (zero last layer: mean 0, so a ~= a_base)
     beta_schedule: str = "constant"  # beta_t: "constant" | "linear" | "stepwise" (spec §12.3; §13: constant)
     beta: float = 0.5  # constant: beta_t = beta; linear: the final beta_max (spec §13: 0.5; Table 5 xi = 0.5)
@@ -118,8 +129,28 @@ class ResidualSACConfig:
     clip_diff_min: float = CalQLConfig.clip_diff_min  # offline phase: lower clip of CQL_ood - Q(x, a)
     clip_diff_max: float = CalQLConfig.clip_diff_max  # offline phase: upper clip of CQL_ood - Q(x, a)
     calibrate: bool = True  # offline phase: Cal-QL's max(Q, mc_return) on the policy actions; False: plain CQL
+    pretrain_target: str = "sac"  # offline phase's TD target: "sac" = spec §8.1's standard SAC / clipped-double-Q
+        # target (one a' ~ pi(.|x'), min of the target critics minus alpha log pi); "otf_max" = the online phase's
+        # OTF max over otf_candidates (spec §4.4), relive's target before issue 46 (an ablation)
+
+    @staticmethod
+    def from_legacy_dict(data: dict) -> dict:
+        """A config.json written before issue 46 (it has ``condition_on_base``, which every such file holds) ->
+        today's fields: ``condition_on_base`` true / false -> ``residual_input`` "obs+base_action" / "obs", and the
+        pre-training target it ran with, ``pretrain_target = "otf_max"``, unless the file names one."""
+        if "condition_on_base" not in data:
+            return data
+        data = dict(data)
+        on_base = data.pop("condition_on_base")
+        data.setdefault("residual_input", "obs+base_action" if on_base else "obs")
+        data.setdefault("pretrain_target", "otf_max")
+        return data
 
     def __post_init__(self):
+        if self.residual_input not in RESIDUAL_INPUTS:
+            raise ValueError(f"residual_input must be one of {RESIDUAL_INPUTS}, got {self.residual_input!r}")
+        if self.pretrain_target not in PRETRAIN_TARGETS:
+            raise ValueError(f"pretrain_target must be one of {PRETRAIN_TARGETS}, got {self.pretrain_target!r}")
         if self.beta_schedule not in BETA_SCHEDULES:
             raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
         if self.beta < 0 or self.beta_start < 0 or any(v < 0 for v in self.beta_values):
@@ -159,8 +190,8 @@ class ResidualSACConfig:
     def table5(cls, **overrides) -> ResidualSACConfig:
         """PLD's Table 5 (as transcribed by a third party) where it differs from the spec's template: a
         critic-to-actor update ratio of 2 (``actor_every = 2``), 100 warm-up episodes, initial alpha 1.0."""
-        return cls(**({"actor_every": 2, "warmup": 100, "warmup_unit": "episodes", "init_temperature": 1.0}
-                      | overrides))
+        table5: dict[str, Any] = {"actor_every": 2, "warmup": 100, "warmup_unit": "episodes", "init_temperature": 1.0}
+        return cls(**(table5 | overrides))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -199,10 +230,16 @@ class ResidualSAC:
     allow_other_base = False
 
     # -- SAC's, shared: the residual differs in what the actor acts on, not in the update's arithmetic --------------
-    alpha = SAC.alpha  # alpha = exp(log alpha), without gradient
     td_loss = staticmethod(SAC.td_loss)  # (13): (Q_i(x, a) - y)^2 averaged over the members: [E, B] -> [B]
-    temperature_loss = SAC.temperature_loss  # (18) per sample: -alpha (log dpi(delta_a | x, .) + H_tgt)
-    _discount = SAC._discount  # the batch's n-step discount (None: one-step, gamma (1 - terminated))
+    if TYPE_CHECKING:  # (SAC's functions, typed for a ResidualSAC self: mypy types them as taking a SAC)
+        @property
+        def alpha(self) -> torch.Tensor: ...
+        def temperature_loss(self, logp: torch.Tensor) -> torch.Tensor: ...
+        def _discount(self, b: Batch) -> torch.Tensor | None: ...
+    else:
+        alpha = SAC.alpha  # alpha = exp(log alpha), without gradient
+        temperature_loss = SAC.temperature_loss  # (18) per sample: -alpha (log dpi(delta_a | x, .) + H_tgt)
+        _discount = SAC._discount  # the batch's n-step discount (None: one-step, gamma (1 - terminated))
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high,
                  config: ResidualSACConfig | None = None, seed: int = 0, device: str = "cpu",
@@ -218,13 +255,13 @@ class ResidualSAC:
         init_gen = torch.Generator().manual_seed(int(seed))  # parameters (CPU: identical on every device)
         self.gen = torch.Generator(device=self.device).manual_seed(int(seed) + 1)  # residual samples, CQL actions
         self.rng = np.random.default_rng(int(seed) + 2)  # probing lengths h
-        actor_in = obs_dim + (action_dim if cfg.condition_on_base else 0)
+        actor_in = obs_dim + (action_dim if cfg.residual_input == "obs+base_action" else 0)
         with nets.private_rng():
             actor = nets.TanhGaussianActor(actor_in, action_dim, cfg.hidden, -half, half)
             critic = nets.EnsembleCritic(cfg.num_qs, obs_dim, action_dim, cfg.hidden, cfg.critic_layer_norm)
         self.actor = nets.init_(actor, init_gen).to(self.device)
         with torch.no_grad():  # zero last layer: mean 0 (delta_a = 0), log-std = init_log_std everywhere
-            head = self.actor.trunk[-1]
+            head = cast(nn.Linear, self.actor.trunk[-1])
             head.weight.zero_()
             head.bias.copy_(torch.tensor([0.0] * action_dim + [cfg.init_log_std] * action_dim))
         self.critic = nets.init_(critic, init_gen).to(self.device)
@@ -308,12 +345,13 @@ class ResidualSAC:
 
     # -- the residual policy and the executed action --------------------------------------------------
     def residual(self, obs: torch.Tensor, base: torch.Tensor, deterministic: bool = False):
-        """delta_a ~ dpi_phi(. | x, a_base) (2), reparameterized, and log dpi(delta_a | .) summed over dims."""
-        inp = torch.cat([obs, base], dim=-1) if self.cfg.condition_on_base else obs
+        """delta_a ~ dpi_phi(. | x) (2) (spec Sec. 1.2; ``residual_input = "obs+base_action"``: dpi_phi(. | x,
+        a_base)), reparameterized, and log dpi(delta_a | .) summed over dims."""
+        inp = torch.cat([obs, base], dim=-1) if self.cfg.residual_input == "obs+base_action" else obs
         return self.actor.sample(inp, self.gen, deterministic=deterministic)
 
-    def executed(self, base: torch.Tensor, delta: torch.Tensor, beta: float) -> torch.Tensor:
-        """a = clip(a_base + beta delta_a, low, high) (3)-(4)."""
+    def executed(self, base: torch.Tensor, delta: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:
+        """a = clip(a_base + beta delta_a, low, high) (3)-(4); ``beta`` a number or a per-row [N, 1] tensor."""
         return torch.clamp(base + beta * delta, self.low_t, self.high_t)
 
     def combined_policy(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
@@ -390,6 +428,7 @@ class ResidualSAC:
         kinds = np.array([self.step_kind(env) for env in range(n)])
         residual, probe = kinds == "residual", kinds == "probe"
         beta = self.beta()
+        scale: float | torch.Tensor
         if residual.all():
             delta, _ = self.residual(o, base)  # (2), (24)
             scale = beta
@@ -414,7 +453,7 @@ class ResidualSAC:
         episode ends, from the takeover step on, since probing steps are not stored, but no online update reads
         them: Cal-QL only initializes the critic, spec Sec. 8)."""
         a = (self.action_dim,)
-        cols = (
+        cols: tuple[ColumnDecl, ...] = (
             ColumnDecl("base_action", a, doc="pi_theta(x) when the row was collected (offline rows: 0, not recorded)"),
             ColumnDecl("delta_action", a, doc="the unscaled residual sample delta_a (0: base only)"),
             ColumnDecl("beta", (), doc="residual scale beta_t when collected (0: warm-up or offline base rows)"),
@@ -440,10 +479,12 @@ class ResidualSAC:
     # -- losses (pure given the generator state; unit-tested) -----------------------------------------
     @torch.no_grad()
     def critic_target(self, reward: torch.Tensor, next_obs: torch.Tensor, next_base: torch.Tensor,
-                      terminated: torch.Tensor, beta: float, discount=None) -> torch.Tensor:
+                      terminated: torch.Tensor, beta: float, discount=None,
+                      candidates: int | None = None) -> torch.Tensor:
         """OTF TD target (8)-(12): y = r + gamma (1 - terminated) max_k [min_i Qbar_i(x', a'_k) - alpha log
-        dpi(delta_a'_k | x', .)], a'_k = clip(pi_theta(x') + beta delta_a'_k), K = ``otf_candidates``: [B]."""
-        k, batch_size = self.cfg.otf_candidates, next_obs.shape[0]
+        dpi(delta_a'_k | x', .)], a'_k = clip(pi_theta(x') + beta delta_a'_k), K = ``candidates`` (None:
+        ``otf_candidates``): [B]. K = 1 is the standard SAC / clipped-double-Q target (spec Sec. 8.1)."""
+        k, batch_size = candidates or self.cfg.otf_candidates, next_obs.shape[0]
         next_rep, base_rep = next_obs.repeat_interleave(k, dim=0), next_base.repeat_interleave(k, dim=0)
         delta, logp = self.residual(next_rep, base_rep)  # (8)  row i*K + k belongs to sample i
         next_a = self.executed(base_rep, delta, beta)  # (9)
@@ -462,7 +503,7 @@ class ResidualSAC:
         return self.alpha * logp - q, logp
 
     def conservative_gap(self, b: Batch, base: torch.Tensor, next_base: torch.Tensor, q_data: torch.Tensor,
-                         beta: float) -> tuple[torch.Tensor, dict[str, float]]:
+                         beta: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Cal-QL's calibrated gap (``cal_ql.cql_gap``) with the combined policy's actions: n uniform actions in
         the box, n of clip(a_base(x) + beta delta_a) and n of the same at x' (all evaluated at x, as the CQL
         reference code), without importance weights (the combined policy has no density: spec Sec. 12.2)."""
@@ -488,7 +529,7 @@ class ResidualSAC:
         if self.phase == "offline":
             return self.pretrain_critic(batch)
         b = self._to_torch(batch)
-        w, beta = b.info.is_weight, self.beta()
+        w, beta = nets.is_weight_of(b), self.beta()
         base, next_base = self._base_t(b.obs), self._base_t(b.next_obs)  # (1); (6.1) theta never changes
 
         y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta, self._discount(b))  # (8)-(12)
@@ -516,9 +557,10 @@ class ResidualSAC:
         return UpdateResult(metrics, nets.signals_out(batch, td_error=q.mean(dim=0) - y))
 
     def pretrain_critic(self, batch: Batch) -> UpdateResult:
-        """Cal-QL critic initialization on D_off (20)-(21): the OTF TD term plus ``cql_alpha`` times the
-        calibrated conservative gap; Polyak; the actor and the temperature do not move. Needs ``mc_return``
-        when ``calibrate``."""
+        """Cal-QL critic initialization on D_off (20)-(21): the TD term plus ``cql_alpha`` times the calibrated
+        conservative gap; Polyak; the actor and the temperature do not move. The TD term's target is spec Sec. 8.1's
+        standard SAC / CDQ one (one next action, ``pretrain_target = "sac"``) or the OTF max over
+        ``otf_candidates`` (``"otf_max"``). Needs ``mc_return`` when ``calibrate``."""
         if self.cfg.calibrate and "mc_return" not in batch.extras:
             raise ValueError("the Cal-QL critic pre-training needs an 'mc_return' column (returns-to-go of the "
                              "base policy's successful episodes); or set agent.calibrate=False")
@@ -526,9 +568,11 @@ class ResidualSAC:
         if "mc_return" not in b.extras:  # plain CQL: no bound
             b = dataclasses.replace(b, extras=dict(b.extras) | {"mc_return": torch.full_like(b.reward,
                                                                                            float("nan"))})
-        w, beta = b.info.is_weight, self.beta()
+        w, beta = nets.is_weight_of(b), self.beta()
         base, next_base = self._base_t(b.obs), self._base_t(b.next_obs)
-        y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta, self._discount(b))  # TD of (20)
+        k = 1 if self.cfg.pretrain_target == "sac" else self.cfg.otf_candidates  # Sec. 8.1: SAC / CDQ target
+        y = self.critic_target(b.reward, b.next_obs, next_base, b.terminated, beta, self._discount(b),
+                               candidates=k)  # TD of (20)
         q = self.critic(b.obs, b.action)
         gap, metrics = self.conservative_gap(b, base, next_base, q, beta)  # R_CalQL of (20)
         td = self.td_loss(q, y)
@@ -536,10 +580,11 @@ class ResidualSAC:
         nets.optimize(self.critic_opt, loss, self.cfg.grad_clip_norm)  # (21)
         self.num_pretrain_steps += 1
         nets.polyak(self.target_critic, self.critic, self.cfg.tau)
-        metrics |= {"train/critic_loss": loss.item(), "train/td_loss": nets.weighted_mean(td, w).item(),
-                    "train/cql_gap": nets.weighted_mean(gap.detach().mean(dim=0), w).item(),
-                    "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()}
-        return UpdateResult(TensorMetrics(metrics), nets.signals_out(batch, td_error=q.mean(dim=0) - y))
+        out: dict[str, torch.Tensor | float] = {
+            **metrics, "train/critic_loss": loss.item(), "train/td_loss": nets.weighted_mean(td, w).item(),
+            "train/cql_gap": nets.weighted_mean(gap.detach().mean(dim=0), w).item(),
+            "train/q_mean": q.mean().item(), "train/target_mean": y.mean().item()}
+        return UpdateResult(TensorMetrics(out), nets.signals_out(batch, td_error=q.mean(dim=0) - y))
 
     def _to_torch(self, batch: Batch) -> Batch:
         batch = flat_obs_batch(batch)  # dict observations: keys concatenated (the encoder seam)
@@ -591,7 +636,19 @@ _COUNTERS = ("num_critic_steps", "num_actor_steps", "num_pretrain_steps", "num_e
 _PER_ENV = ("episode_step", "probe_steps", "episode_index")
 
 
-def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+@dataclass(frozen=True)
+class TrainedResidual:
+    """A trained residual as ``residual(obs, base_action) -> executed action`` (:meth:`ResidualSAC.combined_policy`)
+    and the SHA-256 of the base it was trained on ("" when unknown)."""
+
+    policy: Callable[[np.ndarray, np.ndarray], np.ndarray]
+    base_sha256: str = ""
+
+    def __call__(self, obs: np.ndarray, base_action: np.ndarray) -> np.ndarray:
+        return self.policy(obs, base_action)
+
+
+def load_residual(run_dir) -> TrainedResidual:
     """The trained residual of a finished ``residual_sac`` run directory (``config.json`` + ``agent_final/``) as
     ``residual(obs, base_action) -> executed action`` (:meth:`ResidualSAC.combined_policy`; deterministic, the
     run's final beta). The base policy is not loaded: the caller passes its actions; the callable's ``base_sha256``
@@ -611,10 +668,10 @@ def load_residual(run_dir) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     env = make_env(cfg.env.id, cfg.env.max_episode_steps)
     spec = env_spec(env)
     env.close()
+    if isinstance(spec.obs_shape, dict):
+        raise ValueError(f"{run_dir}: residual_sac needs flat Box observations, {cfg.env.id} has dict observations")
     agent = ResidualSAC(int(np.prod(spec.obs_shape)), spec.action_shape[0], spec.action_low, spec.action_high,
                         cfg.agent)
     state = run.final_agent_state()
     agent.load_state_dict(state)  # (no base installed: nothing to check here)
-    residual = agent.combined_policy()
-    residual.base_sha256 = str(state.get("base_sha256", ""))
-    return residual
+    return TrainedResidual(agent.combined_policy(), str(state.get("base_sha256", "")))
