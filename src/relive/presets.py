@@ -415,7 +415,7 @@ WSRL_WARMUP_ENV_STEPS = 5000  # WSRL (Zhou et al., ICLR 2025): K = 5,000 warm-up
 # subset of 2 target members, l.302: the actor's Q is the min over all members; experiments/configs/sac_config.py
 # l.6-13, 37-51: gamma 0.99, no entropy in the backup, target entropy -|A| (sac.py l.526-527), tau 5e-3, initial
 # temperature 1.0, lrs actor 1e-4 / critic 3e-4 / temperature 1e-4, widths 256x256.
-WSRL_ENSEMBLE = {"num_qs": 10, "num_min_qs": 2, "critic_layer_norm": True, "actor_q_reduce": "min"}
+WSRL_ENSEMBLE: dict[str, Any] = {"num_qs": 10, "num_min_qs": 2, "critic_layer_norm": True, "actor_q_reduce": "min"}
 
 
 def wsrl_pretrain() -> ExperimentConfig:
