@@ -58,8 +58,8 @@ _CORE = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 @dataclass(frozen=True)
 class Batch:
     """A sampled minibatch. Core columns are fields; extra columns are in ``extras`` and also readable as
-    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` or :meth:`to_jax` is called. With dict observations
-    ``obs`` and ``next_obs`` are dicts key -> array (``batch.obs["image"]``).
+    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` or :meth:`to_jax` is called. With dict
+    observations ``obs`` and ``next_obs`` are dicts key -> array (``batch.obs["image"]``).
 
     ``discount``: None for one-step batches (targets use gamma (1 - terminated)). From a buffer with
     ``n_step > 1`` (:mod:`relive.replay.returns`): ``reward`` is the n-step return sum_{k<n'} gamma^k r_{t+k},
@@ -170,7 +170,8 @@ class Batch:
         jax_info = new_sample_info(
             info.indices, info.generation, info.probability,
             as_jax(np.asarray(weight, dtype=np.float32) if isinstance(weight, np.ndarray) else weight, device, jax),
-            info.source, {k: (as_jax(v, device, jax) if isinstance(v, np.ndarray) else v) for k, v in info.hints.items()})
+            info.source,
+            {k: (as_jax(v, device, jax) if isinstance(v, np.ndarray) else v) for k, v in info.hints.items()})
         return Batch(
             obs=conv_obs(self.obs),
             action=conv(self.action),
