@@ -125,6 +125,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
 
     env = gym.make("Pendulum-v1")
+    assert isinstance(env.observation_space, gym.spaces.Box) and isinstance(env.action_space, gym.spaces.Box)
     obs_dim, act_dim = env.observation_space.shape[0], env.action_space.shape[0]
     scale = float(env.action_space.high[0])  # the policy acts in [-1, 1]; the env takes [-2, 2]
     buffer = ReplayBuffer(args.offline_rows + args.env_steps, (obs_dim,), (act_dim,), seed=args.seed,
@@ -143,7 +144,9 @@ def main(argv=None) -> dict:
     act = jax.jit(partial(sample_action, actor))
 
     obs, _ = env.reset(seed=args.seed)
-    episodes, ep_return, returns, metrics, grad_steps = 0, 0.0, [], {}, 0
+    episodes, ep_return, grad_steps = 0, 0.0, 0
+    returns: list[float] = []
+    metrics: dict = {}
     for step in range(args.env_steps):
         key, k_act, k_update = jax.random.split(key, 3)
         action = np.asarray(act(state["actor"], jnp.asarray(obs[None]), k_act)[0][0])
