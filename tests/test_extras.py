@@ -36,7 +36,7 @@ def test_require_names_the_package_what_needs_it_and_the_install_line(without):
     assert isinstance(e.value, ValueError) and "\n" not in str(e.value)
     assert require("json", "a test").dumps([1]) == "[1]"
     assert set(EXTRA_OF.values()) <= {"export", "video", "data", "ray", "sb3", "torchrl", "maze", "envs", "wandb",
-                                      "mlflow"}
+                                      "mlflow", "jax"}
 
 
 def test_export_and_eval_video_without_their_extras_are_one_line(tmp_path, capsys, without):

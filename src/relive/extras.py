@@ -13,7 +13,8 @@ from types import ModuleType
 #: module -> the extra of pyproject.toml that installs it
 EXTRA_OF = {"onnx": "export", "onnxruntime": "export", "safetensors": "export", "av": "video", "pyarrow": "data",
             "minari": "data", "ray": "ray", "stable_baselines3": "sb3", "torchrl": "torchrl", "tensordict": "torchrl",
-            "gymnasium_robotics": "maze", "gymnasium": "envs", "ale_py": "envs", "wandb": "wandb", "mlflow": "mlflow"}
+            "gymnasium_robotics": "maze", "gymnasium": "envs", "ale_py": "envs", "wandb": "wandb", "mlflow": "mlflow",
+            "jax": "jax", "flax": "jax", "optax": "jax", "sbx": "jax", "flashbax": "jax"}
 
 
 class MissingExtra(ValueError):

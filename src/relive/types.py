@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # annotations only: the ground floor does not import torch at run time
+if TYPE_CHECKING:  # annotations only: the ground floor does not import torch (or jax) at run time
+    import jax
     import torch
 
 OFFLINE = 0
@@ -41,7 +42,7 @@ class SampleInfo:
     indices: np.ndarray
     generation: np.ndarray
     probability: np.ndarray
-    is_weight: np.ndarray | torch.Tensor  # a float32 tensor in the copy a batch moved to a device carries
+    is_weight: np.ndarray | torch.Tensor | jax.Array  # float32 in the copy a batch moved to torch / JAX carries
     source: np.ndarray
     # per-batch values a sampler publishes for the agent's update (e.g. ReF-ER's ``c_max`` and ``beta``):
     # scalars, or arrays of shape [B] (``to_torch`` turns those into tensors); empty for most samplers
@@ -57,8 +58,8 @@ _CORE = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
 @dataclass(frozen=True)
 class Batch:
     """A sampled minibatch. Core columns are fields; extra columns are in ``extras`` and also readable as
-    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` is called. With dict observations
-    ``obs`` and ``next_obs`` are dicts key -> array (``batch.obs["image"]``).
+    attributes (``batch.mc_return``). Arrays are NumPy until :meth:`to_torch` or :meth:`to_jax` is called. With dict
+    observations ``obs`` and ``next_obs`` are dicts key -> array (``batch.obs["image"]``).
 
     ``discount``: None for one-step batches (targets use gamma (1 - terminated)). From a buffer with
     ``n_step > 1`` (:mod:`relive.replay.returns`): ``reward`` is the n-step return sum_{k<n'} gamma^k r_{t+k},
@@ -134,6 +135,73 @@ class Batch:
             discount=None if self.discount is None else conv(self.discount),
             mask=None if self.mask is None else torch.as_tensor(self.mask, device=device),
         )
+
+    def to_jax(self, device=None, dtype=None) -> Batch:
+        """JAX arrays through DLPack (``jax.dlpack.from_dlpack``), on ``device`` when given (a ``jax.Device``; default:
+        the CPU, where the NumPy rows are). Float columns are cast to ``dtype`` when given (in NumPy, before the
+        hand-over); ``terminated`` / ``truncated`` / ``mask`` become bool; dict observations one array per key;
+        extras and ``discount`` too. The ``info`` record stays NumPy except ``is_weight`` (float32) and array hints.
+
+        Zero-copy on CPU where the layout allows: a column whose data starts on a 64-byte boundary (XLA's CPU
+        alignment), C-contiguous (or a transposition of it), writeable, of a dtype JAX keeps. Otherwise JAX or this
+        method copies it: an unaligned array (NumPy aligns most allocations to 16 bytes only, so many sampled
+        columns are copied), a strided view, a read-only array, a cast (``dtype``; flags stored
+        as other than bool), and 64-bit columns while ``jax_enable_x64`` is off (JAX turns them into 32-bit).
+        A shared column aliases the NumPy array: do not write into this batch's NumPy arrays afterwards (a
+        sampled batch's arrays are its own copies of the rows, never the storage)."""
+        from relive.extras import require
+
+        jax = require("jax", "Batch.to_jax")  # (an optional dependency: the extra "jax")
+        cast = None if dtype is None else np.dtype(dtype)  # (jnp.float32, jnp.bfloat16, "float16": NumPy dtypes)
+
+        def conv(x, flag=False):
+            if isinstance(x, np.ndarray):
+                if flag and x.dtype != np.bool_:
+                    x = x.astype(np.bool_)
+                elif cast is not None and x.dtype.kind == "f" and x.dtype != cast:
+                    x = x.astype(cast)
+            return as_jax(x, device, jax)
+
+        def conv_obs(x):  # dict observations: one array per key (uint8 images stay uint8)
+            return {k: conv(v) for k, v in x.items()} if isinstance(x, Mapping) else conv(x)
+
+        info = self.info
+        weight = info.is_weight
+        jax_info = new_sample_info(
+            info.indices, info.generation, info.probability,
+            as_jax(np.asarray(weight, dtype=np.float32) if isinstance(weight, np.ndarray) else weight, device, jax),
+            info.source,
+            {k: (as_jax(v, device, jax) if isinstance(v, np.ndarray) else v) for k, v in info.hints.items()})
+        return Batch(
+            obs=conv_obs(self.obs),
+            action=conv(self.action),
+            reward=conv(self.reward),
+            next_obs=conv_obs(self.next_obs),
+            terminated=conv(self.terminated, True),
+            truncated=conv(self.truncated, True),
+            info=jax_info,
+            extras={k: conv(v) for k, v in self.extras.items()},
+            discount=None if self.discount is None else conv(self.discount),
+            mask=None if self.mask is None else conv(self.mask, True),
+        )
+
+
+def as_jax(x, device=None, jax=None):
+    """``x`` as a JAX array on ``device`` (default: the CPU), sharing memory where it can: a NumPy array goes through
+    DLPack (``jax.dlpack.from_dlpack``: zero-copy on CPU when 64-byte aligned and of a dtype JAX keeps, otherwise JAX
+    copies it); a strided view or a read-only array is first copied to a C-contiguous one (DLPack takes neither);
+    anything else (scalars, lists, JAX or torch arrays) through ``jax.numpy.asarray`` / ``jax.device_put``."""
+    if jax is None:
+        from relive.extras import require
+
+        jax = require("jax", "relive.types.as_jax")
+    if isinstance(x, np.ndarray) and x.dtype.kind in "biuf":  # (DLPack: bool, integer and float dtypes)
+        if not x.flags.writeable or not (x.flags.c_contiguous or x.flags.f_contiguous):
+            x = np.array(x, order="C")  # (numpy exports no read-only array; JAX takes no strided view)
+        out = jax.dlpack.from_dlpack(x)
+    else:
+        out = jax.numpy.asarray(x)
+    return out if device is None else jax.device_put(out, device)
 
 
 def as_tensor(x, device="cpu"):
