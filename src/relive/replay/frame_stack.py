@@ -416,18 +416,17 @@ class FrameStackStorage(Storage):
         return self._kept[col][lanes, at]
 
     # -- reading ---------------------------------------------------------------------------------------
-    def _resolve(self, pos: np.ndarray, start: np.ndarray, online: np.ndarray, depth: int, shift: int):
+    def _resolve(self, pos: np.ndarray, start: np.ndarray, online: np.ndarray | None, depth: int, shift: int):
         """Where the frames of positions ``pos + shift - depth .. pos + shift - 1`` (per row: [B, depth]) are, for rows
         at positions ``pos`` of episodes starting at ``start`` (``online``: which rows are online; None: none is):
         (slots in the frame columns, which entries come from the kept frames (their lanes and positions; None: none
         does), which are before the episode's start (None: none is)). Padding entries point
         at the episode's first frame (``reset``), which is stored or kept whenever a stored row needs it."""
         q = pos[:, None] + (np.arange(shift - depth, shift, dtype=np.int64))[None, :]
-        pad = q < start[:, None]
-        if pad.any():
+        before = q < start[:, None]
+        pad = before if before.any() else None
+        if pad is not None:
             q = np.where(pad, start[:, None], q)
-        else:
-            pad = None
         if online is None or not online.any():
             return q, None, pad
         if self.episodes.multi:
