@@ -199,6 +199,43 @@ def test_sample_and_sample_sequences_return_the_naive_stacks():
     assert (seq.obs[~mask] == 0).all()
 
 
+@pytest.mark.parametrize(("name", "padding", "dict_obs"), [("gym", "reset", False), ("gym", "zero", True),
+                                                          ("sb3_last", "zero", False), ("sb3_first", "zero", True)])
+def test_read_pair_equals_the_two_reads_and_shares_the_k_minus_1_frames(name, padding, dict_obs):
+    """The one-step batch path (one gather of k + 1 frames a row) returns what read("obs") and read("next_obs")
+    return, over episode starts (padding), explicit next frames (episode ends), the offline prefix and frames kept
+    below the ring's eviction bound; obs and next_obs are views of one gather (documented in read_pair)."""
+    world = World(Layout(name, 3, padding), 11, dict_obs)
+    buf = world.buffer(9 + 12)
+    buf.add_offline(world.rows(99, 9, 0.3))
+    world.current.pop(99, None)
+    for stream, n in ((0, 7), (1, 5), (0, 9), (1, 6), (0, 4)):  # wraps the 12-row ring several times
+        buf.extend(world.rows(stream, n, 0.25), stream=stream)
+    stor = buf.storage
+    slots = np.flatnonzero(stor.stored_mask())
+    obs, nxt = stor.read_pair(slots)
+    want_obs, want_next = stor.read("obs", slots), stor.read("next_obs", slots)
+    if dict_obs:
+        assert set(obs) == set(nxt) == {"image", "state"}
+        np.testing.assert_array_equal(obs["state"], want_obs["state"])
+        np.testing.assert_array_equal(nxt["state"], want_next["state"])
+        obs, nxt, want_obs, want_next = obs["image"], nxt["image"], want_obs["image"], want_next["image"]
+    np.testing.assert_array_equal(obs, want_obs)
+    np.testing.assert_array_equal(nxt, want_next)
+    assert np.shares_memory(obs, nxt)
+    ids = stor.read("row_id", slots)
+    np.testing.assert_array_equal(obs, np.stack([world.ref_obs[i] for i in ids]))
+    np.testing.assert_array_equal(nxt, np.stack([world.ref_next[i] for i in ids]))
+    # rows whose next_obs comes from other rows (n-step bootstrap rows): two reads, no sharing
+    last = np.roll(slots, 1)
+    o2, n2 = stor.read_pair(slots, last)
+    o2, n2 = (o2["image"], n2["image"]) if dict_obs else (o2, n2)
+    np.testing.assert_array_equal(o2, want_obs)
+    want_last = stor.read("next_obs", last)
+    np.testing.assert_array_equal(n2, want_last["image"] if dict_obs else want_last)
+    assert not np.shares_memory(o2, n2)
+
+
 # -- refusals ---------------------------------------------------------------------------------------------
 def good_rows(k=4, n=6):
     world = World(Layout("gym", k), 5)

@@ -271,7 +271,9 @@ class ReplayBuffer:
             reward = ret.reward.reshape(idx.shape)
         else:
             reward = cols["reward"].take(idx)
-        if st.obs_keys is not None or st.dedup_next_obs:  # dict columns, or next_obs read from the next row
+        if isinstance(st, FrameStackStorage):  # frame stacks: one-step rows' obs and next_obs from one gather
+            obs, next_obs = st.read_pair(idx, last)
+        elif st.obs_keys is not None or st.dedup_next_obs:  # dict columns, or next_obs read from the next row
             obs, next_obs = st.read("obs", idx), st.read("next_obs", last)
         else:
             obs, next_obs = cols["obs"].take(idx, axis=0), cols["next_obs"].take(last, axis=0)

@@ -416,16 +416,18 @@ class FrameStackStorage(Storage):
         return self._kept[col][lanes, at]
 
     # -- reading ---------------------------------------------------------------------------------------
-    def _resolve(self, pos: np.ndarray, start: np.ndarray, online: np.ndarray, depth: int, shift: int):
+    def _resolve(self, pos: np.ndarray, start: np.ndarray, online: np.ndarray | None, depth: int, shift: int):
         """Where the frames of positions ``pos + shift - depth .. pos + shift - 1`` (per row: [B, depth]) are, for rows
-        at positions ``pos`` of episodes starting at ``start``: (slots in the frame columns, which entries come from
-        the kept frames (their lanes and positions), which are before the episode's start). Padding entries point
+        at positions ``pos`` of episodes starting at ``start`` (``online``: which rows are online; None: none is):
+        (slots in the frame columns, which entries come from the kept frames (their lanes and positions; None: none
+        does), which are before the episode's start (None: none is)). Padding entries point
         at the episode's first frame (``reset``), which is stored or kept whenever a stored row needs it."""
         q = pos[:, None] + (np.arange(shift - depth, shift, dtype=np.int64))[None, :]
-        pad = q < start[:, None]
-        if pad.any():
+        before = q < start[:, None]
+        pad = before if before.any() else None
+        if pad is not None:
             q = np.where(pad, start[:, None], q)
-        if not online.any():
+        if online is None or not online.any():
             return q, None, pad
         if self.episodes.multi:
             lane = q >> LANE_BITS
@@ -446,7 +448,7 @@ class FrameStackStorage(Storage):
         if kept is not None:
             lanes, q, gone = kept
             g[gone] = self._kept_frames(col, lanes, q)
-        if self.frame_stack[col].fs.padding == "zero":
+        if pad is not None and self.frame_stack[col].fs.padding == "zero":
             g[pad] = 0
         return g if k - 1 == self._depth else g[:, self._depth - (k - 1):]
 
@@ -456,52 +458,83 @@ class FrameStackStorage(Storage):
         is kept, padding or an explicit next frame."""
         if name != "obs" and name != "next_obs":
             return super().read(name, slots, keys)
+        return self._read_stacks(np.asarray(slots, np.int64), keys, "next" if name == "next_obs" else "obs")
+
+    def read_pair(self, slots: np.ndarray, last: np.ndarray | None = None):
+        """``(read("obs", slots), read("next_obs", last))`` (``last``: the rows whose next_obs; default ``slots``).
+        For one-step rows (``last`` is ``slots``) both come from one gather of ``k + 1`` frames a row (a row's
+        next_obs stack is its obs stack shifted by one frame): ``obs`` and ``next_obs`` are views of the same
+        memory, sharing ``k - 1`` frames a row (copy one before writing into it in place), 5/8 of the bytes two
+        gathers copy for k = 4."""
         slots = np.asarray(slots, np.int64)
+        if last is not None and last is not slots and not np.array_equal(last, slots):
+            return self.read("obs", slots), self.read("next_obs", last)
+        return self._read_stacks(slots, None, "pair")
+
+    def _read_stacks(self, slots: np.ndarray, keys, what: str):
+        """``what``: "obs", "next" (next_obs) or "pair" (both, from one grid; see :meth:`read_pair`)."""
         dict_obs = self.obs_keys is not None
         cols = [c for c in self.frame_stack if keys is None or c[len("obs."):] in keys]
-        out = {}
+        out: dict = {}
+        out2: dict = {}
         if dict_obs:
             others = [k for k in (self.obs_keys if keys is None else keys)  # type: ignore[union-attr]
                       if f"obs.{k}" not in self.frame_stack]
             if others:
-                out = super().read(name, slots, others)
+                if what != "next":
+                    out = super().read("obs", slots, others)
+                if what != "obs":
+                    out2 = super().read("next_obs", slots, others)
         if not cols:
-            return out
+            return out2 if what == "next" else (out, out2) if what == "pair" else out
         shape, flat = slots.shape, slots.reshape(-1)
         b, d = flat.size, self._depth
         pos = self.position_of(flat)
         start = self.episodes.start_of(self.episode_ids(flat))
-        online = flat >= self.ring_base if self.num_online_written else np.zeros(b, bool)
-        nxt = name == "next_obs"
-        grid, kept, pad = self._resolve(pos, start, online, d, 1 if nxt else 0)
-        newest, explicit = flat, None
-        if nxt:  # the next frame: the next row's, or an explicit copy (relive.replay.storage.next_obs)
-            entry = self._nx.entry.take(flat)
-            explicit = entry >= 0
-            if explicit.all():
-                newest = flat
-            else:
-                newest = np.where(explicit, flat, self.next_slot(flat)) if explicit.any() else self.next_slot(flat)
-            explicit = (np.flatnonzero(explicit), entry[explicit]) if explicit.any() else None
-        full = np.empty((b, d + 1), np.int64)
+        online = flat >= self.ring_base if self.num_online_written else None
+        # the grid of frame slots a row reads, oldest first: the d positions before the row's (pos - d .. pos - 1;
+        # for "next": pos + 1 - d .. pos), then the row's own frame ("obs", "pair") and its next frame ("next",
+        # "pair"); obs reads columns [lo, lo + k), next_obs [lo + 1, lo + k + 1) ("pair") of one gather
+        shift = 1 if what == "next" else 0
+        grid, kept, pad = self._resolve(pos, start, online, d, shift)
+        width = d + 2 if what == "pair" else d + 1
+        full = np.empty((b, width), np.int64)
         full[:, :d] = grid
-        full[:, d] = newest
+        explicit = None
+        if what != "next":
+            full[:, d] = flat
+        if what != "obs":  # the next frame: the next row's, or an explicit copy (relive.replay.storage.next_obs)
+            entry = self._nx.entry.take(flat)
+            ex = entry >= 0
+            has = ex.any()
+            full[:, width - 1] = (np.where(ex, flat, self.next_slot(flat)) if has else self.next_slot(flat))
+            explicit = (np.flatnonzero(ex), entry[ex]) if has else None
         for col in cols:
             lay = self.frame_stack[col]
-            lo = d - (lay.k - 1)
-            g = self.columns[col].take(full[:, lo:] if lo else full, axis=0)  # [B, k, *frame]
+            k, lo = lay.k, d - (lay.k - 1)
+            g = self.columns[col].take(full[:, lo:] if lo else full, axis=0, mode="clip")  # [B, w, *frame]
             if kept is not None:
                 lanes, q, gone = kept
-                g[:, : lay.k - 1][gone[:, lo:]] = self._kept_frames(col, *_kept_cols(lanes, q, gone, lo))
-            if lay.fs.padding == "zero" and pad.any():
-                g[:, : lay.k - 1][pad[:, lo:]] = 0
+                g[:, : k - 1][gone[:, lo:]] = self._kept_frames(col, *_kept_cols(lanes, q, gone, lo))
+            if pad is not None and lay.fs.padding == "zero":
+                g[:, : k - 1][pad[:, lo:]] = 0
             if explicit is not None:
-                g[explicit[0], lay.k - 1] = self._nx.values["next_" + col][explicit[1]]
+                g[explicit[0], -1] = self._nx.values["next_" + col][explicit[1]]
+            if what == "pair":
+                a = lay.stacks(g[:, :k]).reshape(*shape, *lay.stack.shape)
+                n = lay.stacks(g[:, 1:]).reshape(*shape, *lay.stack.shape)
+                if not dict_obs:
+                    return a, n
+                out[col[len("obs."):]], out2[col[len("obs."):]] = a, n
+                continue
             stacks = lay.stacks(g).reshape(*shape, *lay.stack.shape)
             if not dict_obs:
                 return stacks
-            out[col[len("obs."):]] = stacks
-        return {k: out[k] for k in (self.obs_keys if keys is None else keys)}  # type: ignore[union-attr]
+            (out2 if what == "next" else out)[col[len("obs."):]] = stacks
+        names = self.obs_keys if keys is None else keys
+        if what == "pair":
+            return {k: out[k] for k in names}, {k: out2[k] for k in names}  # type: ignore[union-attr]
+        return {k: (out2 if what == "next" else out)[k] for k in names}  # type: ignore[union-attr]
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self, offline: str = "copy") -> dict:
