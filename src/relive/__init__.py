@@ -1,7 +1,9 @@
 """relive: experience replay for off-policy and offline-to-online reinforcement learning.
 
-Training from Python: ``relive.train(cfg, callbacks=[...])`` (``relive.train.trainer.train``), with
-``relive.Callback`` / ``relive.StopTraining`` (``relive.train.callbacks``) and ``relive.get_preset`` for ``cfg``."""
+Training from Python: ``import relive.train``, then ``relive.train(cfg, callbacks=[...])`` (the package is callable:
+``relive.train.trainer.train``), with ``relive.train.Callback`` / ``relive.train.StopTraining`` and
+``relive.train.get_preset`` for ``cfg``. (This module holds the version only: it imports nothing of relive, so the
+floors stay as drawn -- no import from the package's ground up to its training floor.)"""
 
 from importlib.metadata import PackageNotFoundError, version
 
@@ -12,19 +14,3 @@ except PackageNotFoundError:  # a source tree on sys.path that was never install
     __version__ = "0+unknown"
 
 del PackageNotFoundError, version
-
-#: the training API on the package, imported on first use (``import relive`` stays light: no torch)
-_LAZY = {"Callback": "relive.train.callbacks", "StopTraining": "relive.train.callbacks",
-         "get_preset": "relive.presets", "ExperimentConfig": "relive.config"}
-
-
-def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    if name == "train":  # (the subpackage, callable: relive.train(cfg, ...))
-        import importlib
-
-        return importlib.import_module("relive.train")
-    raise AttributeError(f"module 'relive' has no attribute {name!r}")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import relive
+import relive.train
 from relive.cli import build_parser
 from relive.data.npz_io import save_dataset
 from relive.train.checkpoint import has_checkpoint
@@ -23,7 +23,7 @@ def cfg_for(run_dir, *args):
          "--checkpoint-every", "40", "--run-dir", str(run_dir), *TINY, *args]))
 
 
-class Recorder(relive.Callback):
+class Recorder(relive.train.Callback):
     """Records every event; stops (by ``how``) at the first ``event`` whose env step reaches ``at``."""
 
     def __init__(self, event=None, at=0, how="false"):
@@ -33,7 +33,7 @@ class Recorder(relive.Callback):
     def _answer(self, event, env_steps):
         if event == self.event and env_steps >= self.at:
             if self.how == "raise":
-                raise relive.StopTraining("enough")
+                raise relive.train.StopTraining("enough")
             return False
         return None
 
@@ -87,7 +87,7 @@ def test_on_evaluation_stops_the_run_cleanly(tmp_path, how):
 def test_on_step_stop_in_the_offline_phase_skips_online_and_checkpoints(tmp_path):
     save_dataset(tmp_path / "d.npz", collect_dataset("CartPole-v1", 300, seed=0))
 
-    class StopAt(relive.Callback):
+    class StopAt(relive.train.Callback):
         def __init__(self):
             self.checkpoints = []
 
@@ -116,6 +116,6 @@ def test_on_checkpoint_stop_and_on_step_as_a_function(tmp_path):
 
 
 def test_a_wrong_callback_is_refused_before_the_run_starts(tmp_path):
-    with pytest.raises(ValueError, match="callbacks: .* is not a relive.Callback"):
+    with pytest.raises(ValueError, match="callbacks: .* is not a relive.train.Callback"):
         relive.train(cfg_for(tmp_path / "r"), callbacks=[lambda e, g: None])
     assert not (tmp_path / "r").exists()

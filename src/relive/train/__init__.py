@@ -8,6 +8,10 @@ is called)."""
 import sys
 import types
 
+#: the training API beside the call, imported on first use (``import relive.train.X`` stays free of torch and envs)
+_LAZY = {"Callback": "relive.train.callbacks", "StopTraining": "relive.train.callbacks", "get_preset": "relive.presets"}
+__all__ = list(_LAZY)
+
 
 class _TrainModule(types.ModuleType):
     def __call__(self, cfg=None, **kwargs):
@@ -15,6 +19,13 @@ class _TrainModule(types.ModuleType):
         from relive.train.trainer import train  # (on call: `import relive.train.X` stays free of torch and envs)
 
         return train(cfg, **kwargs)
+
+    def __getattr__(self, name: str) -> object:
+        if name in _LAZY:
+            import importlib
+
+            return getattr(importlib.import_module(_LAZY[name]), name)
+        raise AttributeError(f"module 'relive.train' has no attribute {name!r}")
 
 
 sys.modules[__name__].__class__ = _TrainModule

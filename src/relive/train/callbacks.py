@@ -57,7 +57,7 @@ def as_callbacks(callbacks: Iterable[Callback] | None, on_step: Callable[[int, i
     out = list(callbacks or ())
     for cb in out:
         if not isinstance(cb, Callback):
-            raise ValueError(f"callbacks: {cb!r} is not a relive.Callback (subclass it and override on_step, "
+            raise ValueError(f"callbacks: {cb!r} is not a relive.train.Callback (subclass it and override on_step, "
                              "on_evaluation or on_checkpoint)")
     return out + ([StepFunction(on_step)] if on_step is not None else [])
 
