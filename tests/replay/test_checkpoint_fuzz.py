@@ -333,3 +333,38 @@ def test_a_priority_on_a_slot_the_sampler_does_not_draw_is_refused(saved_kinds, 
     edit_array(path, "sampler/online/priority", lambda a: a[::-1].copy())
     with pytest.raises(CheckpointError, match=r"'priority' entry \d+: slot \d+ is not a row this sampler draws"):
         ReplayBuffer.load(path)
+
+
+def test_a_generation_below_a_next_obs_tail_stamp_is_refused(saved_kinds, tmp_path):
+    """Found by the long fuzzer in CI's slow stage: every generation set to one slot's (lower than some slots' own)
+    loaded, and a stream's recorded newest row (a next_obs tail: slot and the generation it had then) went inert;
+    after more writes a rewritten slot's generation met the old stamp again, and the next save did not load."""
+    from tests.replay.ckpt_edit import edit_array
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved_kinds["dict"], path)
+    edit_array(path, "storage/meta/generation", lambda a: np.full_like(a, a.reshape(-1)[10]))
+    with pytest.raises(CheckpointError, match=r"'tails': slot \d+ has generation \d+, below the stamp \d+"):
+        ReplayBuffer.load(path)
+    shutil.rmtree(path)
+    shutil.copytree(saved_kinds["dict"], path)  # the control: the checkpoint as saved loads and keeps working
+    _more("dict", ReplayBuffer.load(path), np.random.default_rng(0), tmp_path / "again")
+
+
+def test_an_episode_start_past_its_stream_s_clock_is_refused(saved_kinds, tmp_path):
+    """Found by the long fuzzer in CI's slow stage: an episode's start moved by a multiple of the ring (position 15 ->
+    25359 on a 48-row ring) maps to the same slots, so the episodes still covered the rows exactly once; the load
+    accepted positions its stream never wrote, and after more writes the next save did not load."""
+    from tests.replay.ckpt_edit import edit_array
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved_kinds["her"], path)
+
+    def move(a):
+        flat = a.reshape(-1).copy()
+        flat.view(np.uint8)[65] = 99  # the fuzzer's edit: record 8's start, one byte
+        return flat.reshape(a.shape)
+
+    edit_array(path, "storage/episodes/rec_start", move)
+    with pytest.raises(CheckpointError, match=r"live episode \d+ ends at position \d+ of its stream, past the rows"):
+        ReplayBuffer.load(path)

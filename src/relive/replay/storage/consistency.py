@@ -15,17 +15,19 @@ The invariants (each refusal a ValueError naming the field, and the slot / episo
 - **lanes**: each stream's stored rows are one run of consecutive positions, oldest first in ring order, ending at
   its newest row and starting at its eviction bound (``lane_evicted``; one stream: the clock minus the ring).
 - **episode table vs rows**: the live episodes cover every stored row exactly once, each with at least one row (one
-  stream), with the row's ``episode_id`` and consecutive steps (legacy checkpoints' stored copies checked too).
+  stream), with the row's ``episode_id`` and consecutive steps (legacy checkpoints' stored copies checked too); a
+  live online episode ends within the positions its stream has written (a start moved by a multiple of the ring
+  would map onto the same slots).
 - **open episodes**: the episodes still receiving rows (``open_offline``, ``open_online``, ``open_lanes``) are
   unfinished records of their lane that end at its newest row; every unfinished record is one of them.
 - **flags**: a row flagged terminated / truncated is the last row of a finished episode; a finished online episode's
   last row is flagged (an offline one need not be: the dataset's last episode ends when online rows start).
 - **next_obs copies** (``dedup_next_obs``): a row that is the last of its episode keeps an explicit copy (no
   successor to read it from), no empty slot has one, and a stream's tail (the row its next write may continue) is
-  its newest row.
+  its newest row; no slot's generation is below the stamp a tail recorded for it (generations only grow).
 
 Column values (finite floats, 0/1 flags) are checked where they are read (``Storage._load_columns``, ``NextObsStore``,
-``_state.state_array``), with the rules of a write. All vectorized: a few NumPy passes over the stored rows.
+``state_checks.state_array``), with the rules of a write. All vectorized: a few NumPy passes over the stored rows.
 """
 
 from __future__ import annotations
@@ -163,6 +165,19 @@ def _check_cover(st):
     if bad:
         raise ValueError(f"{OWNER} field 'episodes': the live episodes do not cover the {st.num_rows} "
                          "stored rows exactly once (episode table inconsistent with the rows)")
+    online = view.source == ONLINE  # positions past a stream's clock would alias its stored rows (slot = position
+    if online.any():  # modulo the ring): every live online episode ends within the rows its stream has written
+        start, end = view.start[online], view.start[online] + view.length[online]
+        lane = start >> LANE_BITS
+        ends = _lane_ends(st)
+        known = lane < ends.size
+        beyond = ~known
+        beyond[known] = end[known] > ends[lane[known]]
+        if beyond.any():
+            i = _first(beyond)
+            raise ValueError(f"{OWNER} field 'episodes': live episode {int(view.ids[online][i])} ends at position "
+                             f"{int(end[i]) & ((1 << LANE_BITS) - 1)} of its stream, past the rows the stream has "
+                             "written")
     ids = np.repeat(view.ids, view.length)
     wrong = st.episode_ids(slots) != ids
     if wrong.any():
@@ -260,6 +275,9 @@ def _check_next_obs(st, view, slots) -> None:
     for key, (slot, stamp) in nx.tails.items():
         if not -1 <= key < len(st.lanes):
             raise ValueError(f"{where} field 'tails': stream lane {key} does not exist")
+        if int(gen[slot]) < stamp:  # a slot's generation only grows (it wraps after 2^31 writes of that one slot)
+            raise ValueError(f"{where} field 'tails': slot {slot} has generation {int(gen[slot])}, below the stamp "
+                             f"{stamp} the tail recorded when that slot was written")
         if int(gen[slot]) != stamp:
             continue  # (the slot was written again since: the tail is inert)
         if key == -1:
