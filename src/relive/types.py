@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -120,21 +120,7 @@ class Batch:
             info.source,
             {k: (torch.as_tensor(v, device=device) if isinstance(v, np.ndarray) else v) for k, v in info.hints.items()},
         )
-        def conv_obs(x):  # dict observations: one tensor per key (uint8 images stay uint8)
-            return {k: conv(v) for k, v in x.items()} if isinstance(x, Mapping) else conv(x)
-
-        return Batch(
-            obs=conv_obs(self.obs),
-            action=conv(self.action),
-            reward=conv(self.reward),
-            next_obs=conv_obs(self.next_obs),
-            terminated=conv(self.terminated, True),
-            truncated=conv(self.truncated, True),
-            info=torch_info,
-            extras={k: conv(v) for k, v in self.extras.items()},
-            discount=None if self.discount is None else conv(self.discount),
-            mask=None if self.mask is None else torch.as_tensor(self.mask, device=device),
-        )
+        return self._converted(conv, torch_info, lambda m: torch.as_tensor(m, device=device))
 
     def to_jax(self, device=None, dtype=None) -> Batch:
         """JAX arrays through DLPack (``jax.dlpack.from_dlpack``), on ``device`` when given (a ``jax.Device``; default:
@@ -162,9 +148,6 @@ class Batch:
                     x = x.astype(cast)
             return as_jax(x, device, jax)
 
-        def conv_obs(x):  # dict observations: one array per key (uint8 images stay uint8)
-            return {k: conv(v) for k, v in x.items()} if isinstance(x, Mapping) else conv(x)
-
         info = self.info
         weight = info.is_weight
         jax_info = new_sample_info(
@@ -172,6 +155,15 @@ class Batch:
             as_jax(np.asarray(weight, dtype=np.float32) if isinstance(weight, np.ndarray) else weight, device, jax),
             info.source,
             {k: (as_jax(v, device, jax) if isinstance(v, np.ndarray) else v) for k, v in info.hints.items()})
+        return self._converted(conv, jax_info, lambda m: conv(m, True))
+
+    def _converted(self, conv: Callable[..., Any], info: SampleInfo, conv_mask: Callable[[Any], Any]) -> Batch:
+        """This batch with every column through ``conv(x, is_flag)`` (dict observations one array per key; uint8
+        images stay uint8), ``info`` given and ``mask`` through ``conv_mask``: :meth:`to_torch`'s and
+        :meth:`to_jax`'s one layout."""
+        def conv_obs(x):
+            return {k: conv(v) for k, v in x.items()} if isinstance(x, Mapping) else conv(x)
+
         return Batch(
             obs=conv_obs(self.obs),
             action=conv(self.action),
@@ -179,10 +171,10 @@ class Batch:
             next_obs=conv_obs(self.next_obs),
             terminated=conv(self.terminated, True),
             truncated=conv(self.truncated, True),
-            info=jax_info,
+            info=info,
             extras={k: conv(v) for k, v in self.extras.items()},
             discount=None if self.discount is None else conv(self.discount),
-            mask=None if self.mask is None else conv(self.mask, True),
+            mask=None if self.mask is None else conv_mask(self.mask),
         )
 
 
