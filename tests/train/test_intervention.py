@@ -237,3 +237,29 @@ def test_expert_dataset_saves_whole_episodes_of_a_registered_expert(tmp_path):
         assert (d["action"] == 0).all()
     with pytest.raises(ValueError, match="not registered"):
         expert_dataset("Pendulum-v1", "nope", 1, tmp_path / "x.npz")
+
+
+def test_closing_the_collector_closes_its_intervener_and_only_once_asked():
+    """The run's end (train()'s finally: collector.close()) lets an intervener's resources go -- the browser
+    console's server thread outlived train() before; an intervener without close is left as it is."""
+
+    class Holding:
+        closed = 0
+
+        def __call__(self, obs, proposed):
+            return False, proposed
+
+        def on_episode_start(self):
+            pass
+
+        def close(self):
+            self.closed += 1
+
+    env = make_env("Pendulum-v1")
+    spec = env_spec(env)
+    held = Holding()
+    collector = Collector(env, spec, seed=0, intervener=held)
+    assert held.closed == 0
+    collector.close()
+    assert held.closed == 1
+    Collector(make_env("Pendulum-v1"), spec, seed=0, intervener=lambda obs, proposed: (False, proposed)).close()

@@ -150,6 +150,12 @@ class Collector:
             out[name] = col
         return out
 
+    def close(self) -> None:
+        """The run is over: an intervener that holds resources (the browser console's server thread) lets them go."""
+        close = getattr(self.intervener, "close", None)  # (an intervener's close is optional: the protocol's extra)
+        if close is not None:
+            close()
+
     def state_dict(self) -> dict:
         """Only valid between episodes (``at_episode_start``): the env's RNG before its next reset."""
         if not self.at_episode_start:
