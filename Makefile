@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 PIPC := $(PIP) install -c constraints.txt
 
-.PHONY: test test-slow test-all test-metaworld demo bench lint typecheck docs package clean
+.PHONY: test test-slow test-all test-metaworld test-jax demo bench lint typecheck docs package clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,18 @@ $(MWVENV)/.stamp: pyproject.toml constraints.txt
 
 test-metaworld: $(MWVENV)/.stamp
 	$(MWVENV)/bin/python -m pytest tests/metaworld
+
+# JAX learners (issue 49: Batch.to_jax, sbx with relive's buffer, the Flax example) in a venv of their own: the extra
+# "jax" is ~550 MB, so the main test venv does without it and skips these tests
+JAXVENV ?= .venv-jax
+$(JAXVENV)/.stamp: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(JAXVENV)
+	$(JAXVENV)/bin/pip -q --disable-pip-version-check install -c constraints.txt -e ".[jax,sb3]" "pytest>=7" \
+		"hypothesis>=6.80" "gymnasium>=1.0"
+	touch $@
+
+test-jax: $(JAXVENV)/.stamp
+	$(JAXVENV)/bin/python -m pytest tests/test_jax.py tests/test_jax_examples.py tests/integrations/test_sbx.py
 
 # lint-imports: the floors of pyproject.toml's [tool.importlinter] (imports point down, no cycles; docs/extending.md)
 # The default suite runs on every core (pytest-xdist; each worker one torch thread: tests/conftest.py) and stays
@@ -84,4 +96,4 @@ package: $(VENV)/.stamp-test
 	.ci/package_smoke.sh $(PY)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache dist build site
+	rm -rf $(VENV) $(JAXVENV) .pytest_cache .hypothesis .mypy_cache dist build site
