@@ -80,10 +80,10 @@ class RunConfig:
     loggers: tuple[str, ...] = ("tensorboard",)
 
     def __post_init__(self):
-        bad = [x for x in self.loggers if x not in LOGGERS] if isinstance(self.loggers, tuple) else [self.loggers]
-        if bad or len(set(self.loggers)) != len(self.loggers):
-            raise ValueError(f"run.loggers must be a list of distinct names out of {', '.join(LOGGERS)}, got "
-                             f"{list(self.loggers) if isinstance(self.loggers, tuple) else self.loggers!r}")
+        names = self.loggers
+        if not isinstance(names, tuple) or not set(names) <= set(LOGGERS) or len(set(names)) != len(names):
+            shown = list(names) if isinstance(names, tuple) else names
+            raise ValueError(f"run.loggers must be a list of distinct names out of {', '.join(LOGGERS)}, got {shown!r}")
         for name in ("log_every_env_steps", "eval_every_env_steps", "eval_episodes", "checkpoint_every_env_steps",
                      "checkpoint_every_offline_grad_steps", "num_threads"):
             if getattr(self, name) < 1:
@@ -205,9 +205,6 @@ class CollectorsConfig:
     @property
     def max_lag(self) -> int:
         return self.max_lag_env_steps if self.max_lag_env_steps is not None else 2 * self.num * self.chunk_env_steps
-
-
-INTERVENTION_KINDS = ("none", "scripted", "device", "console")  # the built-ins (relive.registry.INTERVENERS: plug-ins)
 
 
 @dataclass(frozen=True)
