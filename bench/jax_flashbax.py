@@ -19,6 +19,14 @@ is steadier on a loaded machine), with Flashbax / relive ratios (> 1: relive fas
   at the sampled indices (state donated, so the update is in place), arrays ready. Flashbax returns the rows'
   probabilities, not IS weights (a learner computes them: not counted).
 
+* **relive packed** (uniform / PER): ``data, layout = buf.sample(B).pack()`` -- the batch's columns copied
+  into one aligned NumPy buffer, which the learner's jitted update takes as its argument (jit moves it in one
+  transfer) and unpacks inside (``layout.unpack(data)``). Counted: the packing only (the transfer is in the
+  learner-step rows).
+* **with a learner step** (uniform; the fair end-to-end pair): each path's batch goes into one jitted function that
+  reads every column (a sum of each: a stand-in for an update's dispatch with the batch as input): Flashbax's sampled
+  arrays, relive's ``to_jax()`` arrays, relive's packed buffer (unpacked inside).
+
 Also reported: relive's NumPy ``sample(B)`` alone and ``to_jax`` of one batch alone (what the hand-over costs).
 A peer's baseline beside relive, not part of the library (it needs the extra "jax": flashbax, jax).
 """
@@ -54,6 +62,7 @@ def relive_variants(capacity: int, batch: int, seed: int) -> dict:
     from relive.replay import PrioritizedSampler, ReplayBuffer, UniformSampler
 
     data = rows(capacity, seed)
+    consume, consume_packed = _consumers()
     uni = ReplayBuffer(capacity, (17,), (6,), sampler=UniformSampler(), seed=seed)
     per = ReplayBuffer(capacity, (17,), (6,), sampler=PrioritizedSampler(priority_exponent=0.6, is_exponent=0.4),
                        seed=seed)
@@ -65,6 +74,22 @@ def relive_variants(capacity: int, batch: int, seed: int) -> dict:
     def uniform():
         jax.block_until_ready(uni.sample(batch).to_jax().columns())
 
+    def uniform_packed():
+        uni.sample(batch).pack()
+
+    def prioritized_packed():
+        b = per.sample(batch)
+        b.pack()
+        per.update(b.info, td_error=np.asarray(td))
+
+    def learner_to_jax():
+        b = uni.sample(batch).to_jax()
+        jax.block_until_ready(consume(b.columns() | {"is_weight": b.info.is_weight}))
+
+    def learner_packed():
+        data, layout = uni.sample(batch).pack()
+        jax.block_until_ready(consume_packed(data, layout))
+
     def prioritized():
         b = per.sample(batch).to_jax()
         jax.block_until_ready(b.columns())
@@ -73,7 +98,24 @@ def relive_variants(capacity: int, batch: int, seed: int) -> dict:
     return {"relive uniform: sample(B).to_jax()": uniform,
             "relive PER: sample(B).to_jax() + update": prioritized,
             "relive uniform: sample(B) (NumPy, no hand-over)": lambda: uni.sample(batch),
-            "relive: to_jax() of one batch": lambda: jax.block_until_ready(one.to_jax().columns())}
+            "relive: to_jax() of one batch": lambda: jax.block_until_ready(one.to_jax().columns()),
+            "relive uniform: sample(B).pack() (host side)": uniform_packed,
+            "relive PER: sample(B).pack() + update (host side)": prioritized_packed,
+            "with a learner step: relive to_jax()": learner_to_jax,
+            "with a learner step: relive pack()": learner_packed}
+
+
+def _consume(cols):
+    """A jitted learner's stand-in: reads every column of the batch (the sum of each, as float32)."""
+    import jax
+
+    return sum(jax.numpy.sum(v.astype(jax.numpy.float32)) for v in jax.tree_util.tree_leaves(cols))
+
+
+def _consumers():
+    import jax
+
+    return jax.jit(_consume), jax.jit(lambda data, layout: _consume(layout.unpack(data)), static_argnums=1)
 
 
 def flashbax_variants(capacity: int, batch: int, seed: int) -> dict:
@@ -118,8 +160,15 @@ def flashbax_variants(capacity: int, batch: int, seed: int) -> dict:
         box["per"], exp, prob, box["key"] = per_step(box["per"], box["key"], td)
         jax.block_until_ready((exp, prob))
 
+    consume, _ = _consumers()
+
+    def learner():
+        exp, box["key"] = uniform_step(box["uniform"], box["key"])
+        jax.block_until_ready(consume(exp))
+
     out["Flashbax uniform: sample"] = uniform
     out["Flashbax PER: sample + set_priorities"] = prioritized
+    out["with a learner step: Flashbax"] = learner
     return out
 
 
@@ -171,6 +220,10 @@ def main(argv=None) -> dict:
                                                              / med["relive uniform: sample(B).to_jax()"], 2)
             med["ratio PER (Flashbax / relive)"] = round(med["Flashbax PER: sample + set_priorities"]
                                                          / med["relive PER: sample(B).to_jax() + update"], 2)
+            med["ratio with a learner step, to_jax (Flashbax / relive)"] = round(
+                med["with a learner step: Flashbax"] / med["with a learner step: relive to_jax()"], 2)
+            med["ratio with a learner step, packed (Flashbax / relive)"] = round(
+                med["with a learner step: Flashbax"] / med["with a learner step: relive pack()"], 2)
             key = f"B={batch}, capacity {args.capacity}, {clock} us per call (median of {args.rounds} rounds)"
             results[key] = med
             print(json.dumps({key: med}, indent=1), flush=True)

@@ -2,10 +2,12 @@
 extra "jax": ``pip install -c constraints.txt -e ".[jax]"``).
 
 Pendulum-v1; an offline dataset of uniform-random episodes; each batch half offline, half online (RLPD's symmetric
-sampling, Ball et al. 2023, Sec. 3.1: relive's ``MixtureSampler``), handed to JAX with ``Batch.to_jax()`` (DLPack);
+sampling, Ball et al. 2023, Sec. 3.1: relive's ``MixtureSampler``), handed to JAX as one buffer (``Batch.pack()``: every
+column's bytes in one array, unpacked inside the jitted update by its static layout; ``Batch.to_jax()`` gives one
+JAX array a column instead, ~2x slower a step on CPU: docs/benchmarks.md, "relive -> JAX");
 SAC (Haarnoja et al. 2018) with RLPD's LayerNorm critics (Sec. 3.2), an ensemble of two, clipped double Q:
 
-    env.step -> buffer.add -> buffer.sample(B).to_jax() -> jitted SAC update (critic, actor, temperature, target)
+    env.step -> buffer.add -> buffer.sample(B).pack() -> jitted SAC update (unpack; critic, actor, temperature, target)
 
 The defaults take ~1,000 env steps (well under a minute on one core after the jit): far too few to solve Pendulum,
 the point is the calls. The same with a torch network: examples/own_loop.py.
@@ -80,10 +82,14 @@ def sample_action(actor, params, obs, key):
     return jnp.tanh(u), logp - jnp.log(1 - jnp.tanh(u) ** 2 + 1e-6).sum(-1)
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def update(actor, critics, opt, state, obs, action, reward, next_obs, terminated, key):
-    """One SAC step on a batch: the critic to r + gamma (1 - terminated) (min Q' - alpha log pi'), the actor to
-    alpha log pi - min Q, the temperature to the target entropy -|A| (SAC, eqs. 5, 7, 18), Polyak targets."""
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def update(actor, critics, opt, layout, state, data, key):
+    """One SAC step on a packed batch (``data, layout = batch.pack()``): the critic to r + gamma (1 - terminated)
+    (min Q' - alpha log pi'), the actor to alpha log pi - min Q, the temperature to the target entropy -|A| (SAC,
+    eqs. 5, 7, 18), Polyak targets."""
+    cols = layout.unpack(data)  # (slices and bit-casts of the one buffer, compiled into this update)
+    obs, action, reward, next_obs = cols["obs"], cols["action"], cols["reward"], cols["next_obs"]
+    terminated = cols["terminated"].astype(jnp.float32)
     gamma, tau, target_entropy = 0.99, 0.005, -action.shape[-1]
     k1, k2 = jax.random.split(key)
     alpha = jnp.exp(state["log_alpha"])
@@ -159,9 +165,8 @@ def main(argv=None) -> dict:
             episodes, returns, ep_return = episodes + 1, returns + [ep_return], 0.0
             obs, _ = env.reset()
         if step >= args.warmup:
-            b = buffer.sample(args.batch_size).to_jax()  # NumPy rows -> JAX arrays (DLPack, flags as bool)
-            state, metrics = update(actor, critics, opt, state, b.obs, b.action, b.reward, b.next_obs,
-                                    b.terminated.astype(jnp.float32), k_update)
+            data, layout = buffer.sample(args.batch_size).pack()  # NumPy rows -> one byte buffer + its layout
+            state, metrics = update(actor, critics, opt, layout, state, data, k_update)
             grad_steps += 1
     out = {"episodes": episodes, "grad_steps": grad_steps, "returns": returns,
            **{k: float(v) for k, v in metrics.items()}}

@@ -129,3 +129,49 @@ def test_as_jax_scalars_and_jax_arrays():
     assert float(as_jax(2.5)) == 2.5
     x = jnp.arange(3)
     assert as_jax(x) is x or np.array_equal(np.asarray(as_jax(x)), [0, 1, 2])
+
+
+def test_pack_unpack_inside_jit_equals_to_jax():
+    """Batch.pack + JaxLayout.unpack (the one-buffer hand-over): inside a jitted function every column equals what
+    to_jax gives, values and dtypes, dict observations and extras included; a NumPy buffer goes straight into jit."""
+    from functools import partial
+
+    b = hand_batch(obs={"image": np.arange(24, dtype=np.uint8).reshape(4, 2, 3),
+                        "state": np.arange(8, dtype=np.float64).reshape(4, 2)})
+    data, layout = b.pack()
+
+    @partial(jax.jit, static_argnums=1)
+    def unpack(d, lay):
+        return lay.unpack(d)
+
+    cols = unpack(data, layout)
+    j = b.to_jax()
+    for name in ("action", "reward", "next_obs", "terminated", "truncated", "mc_return"):
+        assert cols[name].dtype == getattr(j, name).dtype and cols[name].shape == getattr(j, name).shape, name
+        np.testing.assert_array_equal(np.asarray(cols[name]), np.asarray(getattr(j, name)), err_msg=name)
+    for key in ("image", "state"):
+        assert cols["obs"][key].dtype == j.obs[key].dtype, key  # (float64 -> float32 as to_jax without x64)
+        np.testing.assert_array_equal(np.asarray(cols["obs"][key]), np.asarray(j.obs[key]))
+    np.testing.assert_array_equal(np.asarray(cols["is_weight"]), np.asarray(j.info.is_weight))
+    eager = layout.unpack(jnp.asarray(data))  # (also outside jit)
+    np.testing.assert_array_equal(np.asarray(eager["reward"]), b.reward)
+    with pytest.raises(ValueError, match="packed batch of"):
+        layout.unpack(jnp.zeros(layout.nbytes + 1, jnp.uint8))
+
+
+def test_pack_unpack_of_a_sampled_nstep_batch():
+    buf = ReplayBuffer(30, {"image": ((2, 3), np.uint8), "state": (2,)}, (1,), seed=4, n_step=3)
+    rng = np.random.default_rng(0)
+    n = 25
+    buf.extend({"obs": {"image": rng.integers(0, 256, (n, 2, 3), dtype=np.uint8),
+                        "state": rng.normal(size=(n, 2)).astype(np.float32)},
+                "next_obs": {"image": rng.integers(0, 256, (n, 2, 3), dtype=np.uint8),
+                             "state": rng.normal(size=(n, 2)).astype(np.float32)},
+                "action": rng.normal(size=(n, 1)).astype(np.float32), "reward": rng.normal(size=n).astype(np.float32),
+                "terminated": np.arange(n) % 7 == 6, "truncated": np.zeros(n, bool)})
+    b = buf.sample(16)
+    data, layout = b.pack()
+    cols = jax.jit(layout.unpack)(data)
+    np.testing.assert_array_equal(np.asarray(cols["discount"]), b.discount)
+    np.testing.assert_array_equal(np.asarray(cols["next_obs"]["image"]), b.next_obs["image"])
+    np.testing.assert_array_equal(np.asarray(cols["terminated"]), b.terminated)

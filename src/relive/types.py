@@ -157,6 +157,75 @@ class Batch:
             {k: (as_jax(v, device, jax) if isinstance(v, np.ndarray) else v) for k, v in info.hints.items()})
         return self._converted(conv, jax_info, lambda m: conv(m, True))
 
+    def pack(self, dtype=None, x64: bool = False) -> tuple[np.ndarray, JaxLayout]:
+        """The batch as ONE byte buffer and its layout, for a jitted JAX update: every column's bytes copied into one
+        64-byte aligned uint8 NumPy array, and a hashable :class:`JaxLayout` whose ``unpack(data)`` returns the
+        columns as JAX arrays -- called inside the jitted function (the layout a static argument), where the slices
+        and bit-casts cost next to nothing. Hand ``data`` to the jitted function as it is: jit moves a NumPy
+        argument to the device in one transfer, which is faster than importing it first (``jax.device_put(data)``
+        when a JAX array is wanted). :meth:`to_jax` makes one JAX array a column instead (~50 us each on CPU, and
+        each one an argument of the jitted call): docs/benchmarks.md, "relive -> JAX".
+
+        ``unpack`` gives a dict: ``obs``, ``action``, ``reward``, ``next_obs``, ``terminated``, ``truncated`` (bool),
+        the extras by name, ``discount`` and ``mask`` when the batch has them, and ``is_weight`` (float32);
+        dict observations as dicts of keys. Float columns cast to ``dtype`` when given, flags as bool, 64-bit
+        columns as 32-bit (JAX's default) unless ``x64`` (for ``jax_enable_x64``). ``info`` (indices, generations:
+        what ``update`` needs) stays on this batch. Needs no jax to pack (the buffer is NumPy).
+
+            data, layout = buf.sample(256).pack()
+            state = update(state, data, layout)      # jax.jit(update, static_argnums=2); inside: layout.unpack(data)
+        """
+        cast = None if dtype is None else np.dtype(dtype)
+        parts: list[tuple[tuple[str, ...], np.ndarray]] = []
+
+        def add(path: tuple[str, ...], x, flag=False):
+            x = np.asarray(x)
+            if flag or x.dtype == np.bool_:
+                x = x.astype(np.bool_, copy=False)
+            elif cast is not None and x.dtype.kind == "f":
+                x = x.astype(cast, copy=False)
+            elif not x64 and x.dtype.itemsize == 8:
+                x = x.astype(x.dtype.str[:-1] + "4", copy=False)  # (JAX's 32-bit default)
+            parts.append((path, np.ascontiguousarray(x)))
+
+        for name in ("obs", "next_obs"):
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                for key, v in value.items():
+                    add((name, key), v)
+            else:
+                add((name,), value)
+        add(("action",), self.action)
+        add(("reward",), self.reward)
+        add(("terminated",), self.terminated, True)
+        add(("truncated",), self.truncated, True)
+        for key, v in self.extras.items():
+            add((key,), v)
+        if self.discount is not None:
+            add(("discount",), self.discount)
+        if self.mask is not None:
+            add(("mask",), self.mask, True)
+        add(("is_weight",), np.asarray(self.info.is_weight, dtype=np.float32))
+        # the columns grouped by dtype, each group one run of bytes (unpack bit-casts a group once, then slices it)
+        parts.sort(key=lambda part: (-part[1].dtype.itemsize, part[1].dtype.str))
+        columns, offset = [], 0
+        for path, x in parts:
+            offset = -(-offset // x.dtype.itemsize) * x.dtype.itemsize
+            columns.append((path, x.dtype.str, tuple(x.shape), offset))
+            offset += x.nbytes
+        raw = np.empty(offset + _PACK_ALIGN, np.uint8)
+        start = -raw.ctypes.data % _PACK_ALIGN
+        data = raw[start:start + offset]  # (64-byte aligned: DLPack imports it without a copy)
+        for (_, _, _, at), (_, x) in zip(columns, parts, strict=True):
+            data[at:at + x.nbytes] = x.reshape(-1).view(np.uint8)
+        key = (tuple(columns), offset)
+        layout = _LAYOUTS.get(key)
+        if layout is None:  # (one object per layout: jit's cache of static arguments then hits on identity)
+            layout = _LAYOUTS[key] = JaxLayout(*key)
+            if len(_LAYOUTS) > 256:
+                _LAYOUTS.pop(next(iter(_LAYOUTS)))
+        return data, layout
+
     def _converted(self, conv: Callable[..., Any], info: SampleInfo, conv_mask: Callable[[Any], Any]) -> Batch:
         """This batch with every column through ``conv(x, is_flag)`` (dict observations one array per key; uint8
         images stay uint8), ``info`` given and ``mask`` through ``conv_mask``: :meth:`to_torch`'s and
@@ -176,6 +245,52 @@ class Batch:
             discount=None if self.discount is None else conv(self.discount),
             mask=None if self.mask is None else conv_mask(self.mask),
         )
+
+
+_PACK_ALIGN = 64  # XLA's CPU alignment: a buffer starting on it is imported by DLPack without a copy
+_LAYOUTS: dict = {}  # the layouts Batch.pack made, by value (the newest 256)
+
+
+@dataclass(frozen=True)
+class JaxLayout:
+    """Where each column of a packed batch lies in its uint8 buffer (:meth:`Batch.pack`): ``columns`` =
+    (path, NumPy dtype string, shape, byte offset) each, ``nbytes`` the buffer's size. Hashable, so a jitted update
+    takes it as a static argument (one compilation per layout: batch size and columns)."""
+
+    columns: tuple[tuple[tuple[str, ...], str, tuple[int, ...], int], ...]
+    nbytes: int
+
+    def unpack(self, data) -> dict[str, Any]:
+        """The columns of ``data`` (the packed buffer) as JAX arrays of their dtypes and shapes, by name (dict
+        observations: a dict of keys). Meant for inside ``jax.jit``, where the slices and bit-casts fuse away."""
+        from relive.extras import require
+
+        jax = require("jax", "JaxLayout.unpack")
+        if tuple(data.shape) != (self.nbytes,):
+            raise ValueError(f"a packed batch of {self.nbytes} bytes was expected, got shape {tuple(data.shape)}")
+        out: dict[str, Any] = {}
+        groups: dict[str, tuple[int, Any]] = {}  # dtype -> (first byte, the group's bytes as that dtype)
+        for path, dtype_str, shape, at in self.columns:
+            dt = np.dtype(dtype_str)
+            if dtype_str not in groups:  # (columns of one dtype lie in one run: pack's order)
+                end = max(a + int(np.prod(s, dtype=np.int64)) * dt.itemsize
+                          for _, d, s, a in self.columns if d == dtype_str)
+                raw = data[at:end]
+                if dt == np.bool_:
+                    group = raw != 0
+                elif dt.itemsize == 1:
+                    group = jax.lax.bitcast_convert_type(raw, dt)
+                else:  # (uint8 [n, itemsize] -> dtype [n]: the host's byte order, as NumPy wrote it)
+                    group = jax.lax.bitcast_convert_type(raw.reshape(-1, dt.itemsize), dt)
+                groups[dtype_str] = (at, group)
+            first, group = groups[dtype_str]
+            begin = (at - first) // dt.itemsize
+            col = group[begin:begin + int(np.prod(shape, dtype=np.int64))].reshape(shape)
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = col
+        return out
 
 
 def as_jax(x, device=None, jax=None):
