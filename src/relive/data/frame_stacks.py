@@ -112,7 +112,7 @@ def add_offline_stacked(buffer: ReplayBuffer, rows: Mapping, *, chunk_rows: int 
     n = check_columns(dict(rows), "add_offline_stacked rows")
     stacks = frame_stacks_of(rows, option())
     start = np.zeros(n, np.int64)  # each row's episode start
-    for sl in split_episodes(rows):
+    for sl in split_episodes(dict(rows)):
         start[sl] = sl.start
     slots = []
     for a in range(0, n, chunk_rows):

@@ -167,7 +167,10 @@ def sb3_frame_stack(observation_space: spaces.Space, frame_stack, channels_order
         if unknown:
             raise ValueError(f"frame_stack names unknown observation key(s) {unknown} (keys: {list(subspaces)})")
         orders = channels_order if isinstance(channels_order, Mapping) else dict.fromkeys(subspaces, channels_order)
-        return {k: _box_frame_stack(subspaces[k], v, orders.get(k), f" key {k!r}") for k, v in chosen.items()}
+        boxes = {k: sub for k, sub in subspaces.items() if isinstance(sub, spaces.Box)}
+        if len(boxes) != len(subspaces):
+            raise ValueError(f"frame_stack needs a Dict of Boxes, as VecFrameStack does; got {observation_space}")
+        return {k: _box_frame_stack(boxes[k], v, orders.get(k), f" key {k!r}") for k, v in chosen.items()}
     if not isinstance(observation_space, spaces.Box):
         raise ValueError(f"frame_stack needs a Box (or Dict of Boxes) observation space, as VecFrameStack does; got "
                          f"{observation_space}")
