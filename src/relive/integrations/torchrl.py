@@ -45,6 +45,7 @@ import tensordict
 import torch
 import torchrl
 from tensordict import TensorDict, TensorDictBase
+from torchrl.envs.transforms import CatFrames
 
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
 from relive.replay.storage import FrameStack, convert
@@ -101,8 +102,6 @@ def catframes_frame_stack(transform, observation_key="observation") -> FrameStac
     """relive's :class:`~relive.replay.storage.FrameStack` for observations stacked by TorchRL's ``CatFrames``
     transform: ``N`` frames concatenated along ``dim`` (negative: counted from the observation's last axis), padded
     with the episode's first frame (``padding="same"``) or zeros (``"constant"`` with ``padding_value=0``)."""
-    from torchrl.envs.transforms import CatFrames  # (torchrl: this module's dependency; the transform's class)
-
     if not isinstance(transform, CatFrames):
         raise ValueError(f"expected TorchRL's CatFrames transform, got {type(transform).__name__}")
     in_keys = [k if isinstance(k, str) else tuple(k) for k in transform.in_keys]
