@@ -183,3 +183,17 @@ def test_dqn_learns_on_a_frame_stacked_env_with_frames_stored_once(tmp_path):
     after = model.replay_buffer.relive.gather(np.arange(model.replay_buffer.size()))
     assert np.array_equal(before.obs, after.obs) and np.array_equal(before.next_obs, after.next_obs)
     assert before.obs.shape == (buf.size(), 16)
+
+
+def test_dqn_on_a_channels_last_image_stack_that_sb3_transposes():
+    """SB3 wraps a channels-last image env in VecTransposeImage: the buffer sees (4, H, W) stacks, finds the axis
+    (channels first) from the space, and stores (1, H, W) frames; SB3's own loop adds every step."""
+    venv = _venv(2, 4)  # (5, 6, 1) frames -> VecFrameStack (5, 6, 4) -> VecTransposeImage (4, 5, 6)
+    model = DQN("MlpPolicy", venv, seed=0, replay_buffer_kwargs=dict(frame_stack=4), learning_starts=50,
+                train_freq=4, gradient_steps=1, buffer_size=300, batch_size=16, policy_kwargs=dict(net_arch=[16]))
+    model.learn(400)
+    st = model.replay_buffer.relive.storage
+    assert st.obs_spec.shape == (4, 5, 6) and st.specs["obs"].shape == (1, 5, 6)
+    assert st.num_online_written == 400 and st.num_online == 300  # (the ring wrapped)
+    b = model.replay_buffer.sample(8)
+    assert b.observations.shape == (8, 4, 5, 6) and b.observations.dtype == torch.uint8
