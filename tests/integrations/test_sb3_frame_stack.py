@@ -197,3 +197,28 @@ def test_dqn_on_a_channels_last_image_stack_that_sb3_transposes():
     assert st.num_online_written == 400 and st.num_online == 300  # (the ring wrapped)
     b = model.replay_buffer.sample(8)
     assert b.observations.shape == (8, 4, 5, 6) and b.observations.dtype == torch.uint8
+
+
+def test_offline_rows_of_single_frames_get_vecframestack_stacks():
+    """A dataset stores a frame a step: with frame_stack its rows are stacked as VecFrameStack stacks (zeros before an
+    episode's first step) and stored a frame a row; batches of offline rows hold those stacks."""
+    from tests.data.test_frame_stack_datasets import naive_stacks
+
+    rng = np.random.default_rng(0)
+    n = 23
+    frames = rng.integers(0, 256, (n + 1, 5, 6, 1), dtype=np.uint8)
+    ends = np.zeros(n, bool)
+    ends[[2, 9, 10, 22]] = True
+    nxt = frames[1:].copy()
+    rows = {"obs": frames[:-1], "next_obs": nxt, "action": rng.integers(0, 2, n), "reward": np.zeros(n, np.float32),
+            "terminated": ends & (np.arange(n) % 2 == 0), "truncated": ends & (np.arange(n) % 2 == 1)}
+    for i in np.flatnonzero(ends[:-1]):  # a new episode starts from a fresh frame
+        rows["obs"][i + 1] = rng.integers(0, 256, (5, 6, 1), dtype=np.uint8)
+    space = gym.spaces.Box(0, 255, (5, 6, 4), np.uint8)
+    buf = ReliveReplayBuffer(50, space, gym.spaces.Discrete(2), device="cpu", frame_stack=4, offline=rows)
+    st = buf.relive.storage
+    assert st.num_offline == n and st.specs["obs"].shape == (5, 6, 1)
+    want_obs, want_next = naive_stacks(rows["obs"], rows["next_obs"], ends, FrameStack.sb3(4))
+    got = buf.relive.gather(np.arange(n))
+    np.testing.assert_array_equal(got.obs, want_obs)
+    np.testing.assert_array_equal(got.next_obs, want_next)

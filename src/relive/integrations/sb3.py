@@ -65,6 +65,7 @@ from stable_baselines3.common.utils import get_device, polyak_update
 from torch.nn import functional as F
 
 from relive.agents.scoring import log_prob_score, standardized_score
+from relive.data.frame_stacks import add_offline_stacked
 from relive.hooks import EveryGradSteps, LoopContext, collect_hooks
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
 from relive.replay.storage import FrameStack
@@ -237,8 +238,22 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
                                    action_dtype=self._maybe_cast_dtype(action_space.dtype), n_step=n_steps,
                                    gamma=gamma, frame_stack=stacked)
         if rows is not None:
-            self._relive.add_offline(self._offline_columns(rows), dataset_id=dataset_id)
+            self._add_offline(rows, dataset_id)
         self._init_staging()
+
+    def _add_offline(self, rows: Mapping, dataset_id: str | None) -> None:
+        """Offline rows into the prefix. With ``frame_stack``, rows of single frames (a dataset's: one frame a step)
+        get their stacks built from their episodes, padded as the declared stack says (VecFrameStack: zeros), and are
+        stored a frame a row (relive.data.frame_stacks; the checkpoint then copies them instead of naming the
+        dataset); rows of stacks go in as they are."""
+        st = self._relive.storage
+        frame = tuple(st.specs["obs"].shape)
+        if (getattr(st, "frame_stack", None) and st.obs_keys is None
+                and np.asarray(rows["obs"]).shape[1:] == frame != tuple(st.obs_spec.shape)):
+            add_offline_stacked(self._relive, offline_columns(rows, frame, self.action_space,
+                                                              st.specs["action"].dtype))
+            return
+        self._relive.add_offline(self._offline_columns(rows), dataset_id=dataset_id)
 
     def _init_spaces(self, buffer_size, observation_space, action_space, device, n_envs) -> None:
         """BaseBuffer's attributes, except ``pos`` / ``full`` (read from relive's storage: properties here)."""
