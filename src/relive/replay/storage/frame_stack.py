@@ -69,6 +69,17 @@ from relive.replay.storage.storage import Storage
 from relive.types import OFFLINE, ONLINE
 
 PADDINGS = ("reset", "zero")
+BACKENDS = ("ram", "memmap")  # the backends whose frame columns FrameStackStorage reads with NumPy
+
+
+def check_backend(backend: str) -> None:
+    """The backends that rebuild stacks: RAM and memmap (NumPy columns: the memmap's column files hold one frame a
+    row; the kept frames and explicit next frames live in RAM and in the checkpoint). The torch backend gathers on
+    the device and has no stack rebuild there: refused."""
+    if backend not in BACKENDS:
+        raise ValueError(f"frame_stack needs backend 'ram' or 'memmap' (backend={backend!r}: a device buffer does not "
+                         "rebuild frame stacks; store full stacks there (no frame_stack), or keep the frames in "
+                         "host memory / a memmap directory and move batches with batch.to_torch(device))")
 
 
 @dataclass(frozen=True)
@@ -115,19 +126,6 @@ class FrameStack:
         if not isinstance(d, Mapping):
             raise ValueError(f"frame_stack entry must be a mapping, got {type(d).__name__}")
         return FrameStack(d.get("num_frames"), d.get("axis", 0), d.get("padding", "reset"))  # type: ignore[arg-type]
-
-
-BACKENDS = ("ram", "memmap")  # the backends whose frame columns FrameStackStorage reads with NumPy
-
-
-def check_backend(backend: str) -> None:
-    """The backends that rebuild stacks: RAM and memmap (NumPy columns: the memmap's column files hold one frame a
-    row; the kept frames and explicit next frames live in RAM and in the checkpoint). The torch backend gathers on
-    the device and has no stack rebuild there: refused."""
-    if backend not in BACKENDS:
-        raise ValueError(f"frame_stack needs backend 'ram' or 'memmap' (backend={backend!r}: a device buffer does not "
-                         "rebuild frame stacks; store full stacks there (no frame_stack), or keep the frames in "
-                         "host memory / a memmap directory and move batches with batch.to_torch(device))")
 
 
 def as_frame_stack(value) -> FrameStack:
