@@ -73,6 +73,7 @@ from typing import Any
 
 import numpy as np
 
+from relive.data.frame_stacks import declared
 from relive.data.rows import check_columns, split_episodes
 from relive.data.trust import check_allocation, format_template, inside, one_line, read_json_object
 from relive.files import fsync_tree, swap_into_place
@@ -109,18 +110,24 @@ def is_lerobot_dir(path: str | Path) -> bool:
 
 # -- reading -------------------------------------------------------------------------------------------------
 def read_lerobot(path: str | Path, *, obs_keys: list[str] | None = None,
-                 episode_end: str = "auto", cameras: str = "decode") -> tuple[dict, dict]:
+                 episode_end: str = "auto", cameras: str = "decode", frame_stack=None) -> tuple[dict, dict]:
     """Columns and metadata of a local LeRobot dataset directory (v2.0, v2.1 or v3.0 layout); see the module
     docstring for the mapping. ``obs_keys``: the observation features to read (default: every ``observation.*``
     feature in ``info.json`` order). ``cameras``: ``"decode"`` reads image and video features as uint8 [C, H, W]
     keys of dict observations (video needs PyAV: ``pip install av``); ``"skip"`` leaves them out and reads the
-    vector features as one flat observation. Every problem is one ``ValueError`` line naming the file."""
+    vector features as one flat observation. ``frame_stack``: camera keys declared stacks of frames (``{"images_top":
+    3}``, relive's key names): the rows keep one frame a step, the declaration is checked and recorded in
+    ``meta["frame_stack"]`` for :func:`relive.data.frame_stacks.frame_stack_buffer`, which stores each frame once
+    and rebuilds the stacks when sampled. Every problem is one ``ValueError`` line naming the file."""
     root = Path(path)
     try:
-        return _read_lerobot(root, obs_keys, episode_end, cameras)
+        rows, meta = _read_lerobot(root, obs_keys, episode_end, cameras)
     except (KeyError, TypeError, IndexError, AttributeError, OverflowError) as e:  # a field of a type or range
         # no check above foresaw: still one line naming the dataset, never a traceback
         raise ValueError(f"{root}: malformed LeRobot dataset ({one_line(e)})") from None
+    if frame_stack is not None:  # (the metadata of a dataset read without it stays as it was)
+        meta["frame_stack"] = declared(rows, frame_stack, f"LeRobot dataset {root}")
+    return rows, meta
 
 
 def _read_lerobot(root: Path, obs_keys, episode_end: str, cameras: str) -> tuple[dict, dict]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from relive.data.frame_stacks import declared
 from relive.data.rows import check_columns, obs_parts, split_episodes
 from relive.data.trust import inside, one_line, open_hdf5, read_json_object
 from relive.files import fsync_tree, swap_into_place
@@ -131,12 +132,19 @@ STAGING_PREFIX = ".relive-partial-"  # hidden: list_local skips it
 
 
 def read_minari(dataset: str | os.PathLike, root: str | Path | None = None, *,
-                flatten: bool = True) -> tuple[dict, dict]:
+                flatten: bool = True, frame_stack=None) -> tuple[dict, dict]:
     """Columns and metadata of a local Minari dataset, given its id (under ``root``) or its directory.
 
     A Dict observation space is flattened into one array per row by default (keys in the space's order, as relive's
     envs flatten it); ``flatten=False`` keeps ``obs`` / ``next_obs`` as dicts key -> array, each key with its own
-    shape and dtype (for ``ReplayBuffer(obs_shape={key: (shape, dtype), ...})``)."""
+    shape and dtype (for ``ReplayBuffer(obs_shape={key: (shape, dtype), ...})``). ``frame_stack``: the observation
+    (a number of frames or a FrameStack) or camera keys of a Dict one (``{"image": 3}``, with ``flatten=False``)
+    declared stacks of frames: the rows keep one frame a step, the declaration is checked and recorded in
+    ``meta["frame_stack"]`` for :func:`relive.data.frame_stacks.frame_stack_buffer`, which stores each frame once
+    and rebuilds the stacks when sampled."""
+    if frame_stack is not None and flatten and isinstance(frame_stack, dict) and "num_frames" not in frame_stack:
+        raise ValueError("read_minari: frame_stack names observation keys: read the Dict observations with "
+                         "flatten=False (a flattened observation has no keys)")
     import minari  # (optional: relive[data])
 
     dataset_id, data_dir, root = _locate(dataset, root)
@@ -163,6 +171,8 @@ def read_minari(dataset: str | os.PathLike, root: str | Path | None = None, *,
     for key in ("ref_min_return", "ref_max_return"):  # a random level never records R_expert itself
         if meta[key] is None:
             meta[key] = refs.get(key)
+    if frame_stack is not None:  # (the metadata of a dataset read without it stays as it was)
+        meta["frame_stack"] = declared(rows, frame_stack, f"Minari dataset {dataset_id!r}")
     return rows, meta
 
 

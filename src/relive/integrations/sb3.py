@@ -33,6 +33,13 @@ Two parts:
 Observation spaces: Box, Discrete, MultiDiscrete, MultiBinary, and a Dict of Boxes (SB3's ``MultiInputPolicy``, in
 place of SB3's ``DictReplayBuffer``: each key its own relive column ``obs.<key>``, batches of dicts of tensors; offline
 rows and ``from_relive`` take flat observations only).
+
+Frame stacks (``VecFrameStack``): ``replay_buffer_kwargs=dict(frame_stack=4)`` stores each frame once
+(:mod:`relive.replay.storage.frame_stack`) where SB3's buffer keeps every stacked observation (twice without
+``optimize_memory_usage``); the stacks SB3 adds are checked against their episodes and the batches hold the same
+stacks, zeros before an episode's first step, as VecFrameStack made them. The stacking axis is found from the
+observation space as VecFrameStack finds it (``channels_order=`` as VecFrameStack's to say it), a Dict's keys are all
+stacked (VecFrameStack's way) unless ``frame_stack`` maps keys to counts.
 """
 
 from __future__ import annotations
@@ -47,14 +54,21 @@ import stable_baselines3 as sb3
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer
-from stable_baselines3.common.preprocessing import get_action_dim, get_obs_shape
+from stable_baselines3.common.preprocessing import (
+    get_action_dim,
+    get_obs_shape,
+    is_image_space,
+    is_image_space_channels_first,
+)
 from stable_baselines3.common.type_aliases import TrainFrequencyUnit
 from stable_baselines3.common.utils import get_device, polyak_update
 from torch.nn import functional as F
 
 from relive.agents.scoring import log_prob_score, standardized_score
+from relive.data.frame_stacks import add_offline_stacked
 from relive.hooks import EveryGradSteps, LoopContext, collect_hooks
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
+from relive.replay.storage import FrameStack
 from relive.types import Batch, SampleInfo, UpdateReport, as_tensor
 
 TESTED_SB3 = "2.9.2"  # the version whose train() methods the subclasses below follow (pyproject: extra "sb3")
@@ -122,6 +136,50 @@ def offline_columns(rows: Mapping, obs_shape: tuple, action_space: spaces.Space,
     return out
 
 
+def _box_frame_stack(space: spaces.Box, value, channels_order, what: str) -> FrameStack:
+    """One Box's ``FrameStack`` as SB3's ``VecFrameStack(venv, k, channels_order)`` stacks it: zeros before an
+    episode, the frames along the first axis (channels-first images) or the last (channels-last images, vectors);
+    ``channels_order=None`` finds it as VecFrameStack does, from the space (here the stacked one)."""
+    if isinstance(value, FrameStack):
+        return value
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise ValueError(f"frame_stack{what}: expected the number of stacked frames (VecFrameStack's n_stack) or a "
+                         f"relive FrameStack, got {value!r}")
+    if channels_order is None:
+        first = bool(is_image_space(space) and is_image_space_channels_first(space))
+        channels_order = "first" if first else "last"
+    return FrameStack.sb3(int(value), channels_order)
+
+
+def sb3_frame_stack(observation_space: spaces.Space, frame_stack, channels_order=None):
+    """relive's ``frame_stack`` option for observations stacked by SB3's ``VecFrameStack``: a count (``n_stack``) or
+    a :class:`~relive.replay.storage.FrameStack`; for a Dict space a count stacks every key (as VecFrameStack does)
+    and a mapping names the stacked keys; ``channels_order`` is VecFrameStack's (None: found from the space; a
+    Dict: one for all keys or a mapping key -> order). None: no frame stack."""
+    if frame_stack is None:
+        return None
+    if channels_order not in (None, "first", "last") and not isinstance(channels_order, Mapping):
+        raise ValueError(f"channels_order must be None, 'first' or 'last' (VecFrameStack's; a Dict: or a mapping), "
+                         f"got {channels_order!r}")
+    if isinstance(observation_space, spaces.Dict):
+        subspaces = observation_space.spaces
+        chosen = frame_stack if isinstance(frame_stack, Mapping) else dict.fromkeys(subspaces, frame_stack)
+        unknown = [k for k in chosen if k not in subspaces]
+        if unknown:
+            raise ValueError(f"frame_stack names unknown observation key(s) {unknown} (keys: {list(subspaces)})")
+        orders = channels_order if isinstance(channels_order, Mapping) else dict.fromkeys(subspaces, channels_order)
+        boxes = {k: sub for k, sub in subspaces.items() if isinstance(sub, spaces.Box)}
+        if len(boxes) != len(subspaces):
+            raise ValueError(f"frame_stack needs a Dict of Boxes, as VecFrameStack does; got {observation_space}")
+        return {k: _box_frame_stack(boxes[k], v, orders.get(k), f" key {k!r}") for k, v in chosen.items()}
+    if not isinstance(observation_space, spaces.Box):
+        raise ValueError(f"frame_stack needs a Box (or Dict of Boxes) observation space, as VecFrameStack does; got "
+                         f"{observation_space}")
+    if isinstance(frame_stack, Mapping) or isinstance(channels_order, Mapping):
+        raise ValueError("frame_stack / channels_order as mappings are for Dict observation spaces; this one is a Box")
+    return _box_frame_stack(observation_space, frame_stack, channels_order, "")
+
+
 class ReliveReplayBuffer(SB3ReplayBuffer):
     """SB3's replay buffer interface on a relive :class:`~relive.replay.ReplayBuffer` (``self.relive``).
 
@@ -130,8 +188,9 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
     mapping of columns ``obs, action, reward, next_obs, terminated, truncated`` with actions in the env's units,
     or a dataset id / path), ``offline_fraction`` (each batch's exact offline share, used when ``offline`` is given
     and ``sampler`` is not already a ``MixtureSampler``: the online part is then sampled by ``sampler``), ``seed``
-    (the buffer's own generator), ``n_steps`` / ``gamma`` (n-step returns). The online ring holds
-    ``buffer_size`` rows; offline rows come on top and are never evicted.
+    (the buffer's own generator), ``n_steps`` / ``gamma`` (n-step returns), ``frame_stack`` / ``channels_order``
+    (observations stacked by SB3's ``VecFrameStack``: each frame stored once; see :func:`sb3_frame_stack`). The
+    online ring holds ``buffer_size`` rows; offline rows come on top and are never evicted.
 
     Box actions are stored as SB3 stores them, rescaled to [-1, 1] (``policy.scale_action``); offline actions are
     rescaled the same way on the way in. A batch larger than the stored rows is drawn with replacement, as SB3's
@@ -140,11 +199,14 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, sampler: Sampler | None = None, offline=None,
-                 offline_fraction: float = 0.5, seed: int = 0, n_steps: int = 1, gamma: float = 0.99):
+                 offline_fraction: float = 0.5, seed: int = 0, n_steps: int = 1, gamma: float = 0.99,
+                 frame_stack=None, channels_order=None):
         self._init_spaces(buffer_size, observation_space, action_space, device, n_envs)
         if optimize_memory_usage:
-            raise ValueError("ReliveReplayBuffer: optimize_memory_usage=True is SB3's own buffer layout; relive keeps "
-                             "next_obs per row (leave optimize_memory_usage off)")
+            raise ValueError("ReliveReplayBuffer: optimize_memory_usage=True is SB3's own buffer layout; relive stores "
+                             "next_obs once already (leave optimize_memory_usage off; frame stacks from VecFrameStack: "
+                             "replay_buffer_kwargs=dict(frame_stack=n_stack) stores each frame once)")
+        stacked = sb3_frame_stack(observation_space, frame_stack, channels_order)
         subspaces = observation_space.spaces if isinstance(observation_space, spaces.Dict) else None
         is_dict = subspaces is not None
         if not (isinstance(observation_space, spaces.Box | spaces.Discrete | spaces.MultiDiscrete | spaces.MultiBinary)
@@ -174,10 +236,24 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         self._relive = ReplayBuffer(self.buffer_size * n_envs + num_offline, obs_shape, (self.action_dim,),
                                    sampler=sampler, seed=seed, obs_dtype=observation_space.dtype,
                                    action_dtype=self._maybe_cast_dtype(action_space.dtype), n_step=n_steps,
-                                   gamma=gamma)
+                                   gamma=gamma, frame_stack=stacked)
         if rows is not None:
-            self._relive.add_offline(self._offline_columns(rows), dataset_id=dataset_id)
+            self._add_offline(rows, dataset_id)
         self._init_staging()
+
+    def _add_offline(self, rows: Mapping, dataset_id: str | None) -> None:
+        """Offline rows into the prefix. With ``frame_stack``, rows of single frames (a dataset's: one frame a step)
+        get their stacks built from their episodes, padded as the declared stack says (VecFrameStack: zeros), and are
+        stored a frame a row (relive.data.frame_stacks; the checkpoint then copies them instead of naming the
+        dataset); rows of stacks go in as they are."""
+        st = self._relive.storage
+        frame = tuple(st.specs["obs"].shape)
+        if (getattr(st, "frame_stack", None) and st.obs_keys is None
+                and np.asarray(rows["obs"]).shape[1:] == frame != tuple(st.obs_spec.shape)):
+            add_offline_stacked(self._relive, offline_columns(rows, frame, self.action_space,
+                                                              st.specs["action"].dtype))
+            return
+        self._relive.add_offline(self._offline_columns(rows), dataset_id=dataset_id)
 
     def _init_spaces(self, buffer_size, observation_space, action_space, device, n_envs) -> None:
         """BaseBuffer's attributes, except ``pos`` / ``full`` (read from relive's storage: properties here)."""
@@ -247,8 +323,8 @@ class ReliveReplayBuffer(SB3ReplayBuffer):
         buf = cls.__new__(cls)
         buf._init_spaces(relive.storage.capacity, observation_space, action_space, device, n_envs)
         st = relive.storage
-        if st.obs_keys is not None or tuple(st.specs["obs"].shape) != tuple(buf.obs_shape):
-            got = "dict observations" if st.obs_keys is not None else f"observations {st.specs['obs'].shape}"
+        if st.obs_keys is not None or tuple(st.obs_spec.shape) != tuple(buf.obs_shape):  # (obs_spec: stacks too)
+            got = "dict observations" if st.obs_keys is not None else f"observations {st.obs_spec.shape}"
             raise ValueError(f"the relive buffer's {got} do not match the observation space's shape {buf.obs_shape}")
         if tuple(st.specs["action"].shape) != (buf.action_dim,):
             raise ValueError(f"the relive buffer's actions {tuple(st.specs['action'].shape)} do not match the action "
@@ -698,4 +774,5 @@ class DDPG(_TD3Train, sb3.DDPG):
     """SB3's DDPG (TD3 with one critic, no delay, no target noise) with IS weights and |TD error| fed back."""
 
 
-__all__ = ["ReliveReplayBuffer", "ReliveReplayBufferSamples", "DQN", "SAC", "TD3", "DDPG", "TESTED_SB3"]
+__all__ = ["ReliveReplayBuffer", "ReliveReplayBufferSamples", "sb3_frame_stack", "DQN", "SAC", "TD3", "DDPG",
+           "TESTED_SB3"]

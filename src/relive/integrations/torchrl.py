@@ -23,6 +23,12 @@ read), ``_weight`` (the same, TorchRL's older name) and ``_generation`` (the slo
 priority)`` follows TorchRL's meaning: ``priority`` is the raw priority (PER stores priority^alpha); a sampler that
 reads TD errors instead (ReaPER) gets it as ``td_error``.
 
+Frame stacks (TorchRL's ``CatFrames`` transform on the env): ``frame_stack=`` the env's ``CatFrames`` (its ``N``,
+``dim`` and padding: ``"same"`` pads with the episode's first frame, ``"constant"`` with zeros) or a relive
+:class:`~relive.replay.storage.FrameStack` stores each frame once (:mod:`relive.replay.storage.frame_stack`) where
+TorchRL's storages keep every stacked ``observation`` and ``("next", "observation")``; samples hold the same stacks,
+and every stack extended is checked against its episode's earlier frames.
+
 ``state_dict()`` is plain tensors, numbers and strings (``torch.save`` / ``torch.load(weights_only=True)`` work);
 ``dumps(path)`` / ``loads(path)`` write and read relive's checkpoint directory (no pickle at all).
 """
@@ -39,9 +45,11 @@ import tensordict
 import torch
 import torchrl
 from tensordict import TensorDict, TensorDictBase
+from torchrl.envs.transforms import CatFrames
 
 from relive.replay import MixtureSampler, ReplayBuffer, Sampler, UniformSampler
-from relive.replay.storage import convert
+from relive.replay.storage import FrameStack, convert
+from relive.replay.storage.frame_stack import as_frame_stack
 from relive.types import Batch, SampleInfo, UpdateReport
 
 TESTED = {"torchrl": "0.14.1", "tensordict": "0.14.3"}  # pyproject: extra "torchrl"
@@ -90,6 +98,36 @@ def _to_numpy(state):
     return state
 
 
+def catframes_frame_stack(transform, observation_key="observation") -> FrameStack:
+    """relive's :class:`~relive.replay.storage.FrameStack` for observations stacked by TorchRL's ``CatFrames``
+    transform: ``N`` frames concatenated along ``dim`` (negative: counted from the observation's last axis), padded
+    with the episode's first frame (``padding="same"``) or zeros (``"constant"`` with ``padding_value=0``)."""
+    if not isinstance(transform, CatFrames):
+        raise ValueError(f"expected TorchRL's CatFrames transform, got {type(transform).__name__}")
+    in_keys = [k if isinstance(k, str) else tuple(k) for k in transform.in_keys]
+    key = observation_key if isinstance(observation_key, str) else tuple(observation_key)
+    if key not in in_keys:
+        raise ValueError(f"frame_stack: the CatFrames transform stacks {in_keys}, not the observation key {key!r}")
+    if transform.padding == "constant" and float(transform.padding_value) != 0.0:
+        raise ValueError(f"frame_stack: CatFrames pads with {transform.padding_value}; relive pads with the episode's "
+                         "first frame (padding='same') or zeros (padding='constant', padding_value=0)")
+    return FrameStack(int(transform.N), int(transform.dim), "reset" if transform.padding == "same" else "zero")
+
+
+def _stored_frame_stack(relive: ReplayBuffer):
+    """The frame stack a relive buffer's storage rebuilds (None: full observations)."""
+    option = getattr(relive.storage, "frame_stack_option", None)
+    return option() if option is not None else None
+
+
+def _frame_stack_option(frame_stack, observation_key) -> FrameStack | None:
+    if frame_stack is None or isinstance(frame_stack, FrameStack):
+        return frame_stack
+    if isinstance(frame_stack, int | np.integer) and not isinstance(frame_stack, bool | np.bool_):
+        return as_frame_stack(frame_stack)
+    return catframes_frame_stack(frame_stack, observation_key)
+
+
 class ReliveTensorDictReplayBuffer:
     """TorchRL's replay-buffer calls on a relive :class:`~relive.replay.ReplayBuffer` (``self.relive``).
 
@@ -98,13 +136,15 @@ class ReliveTensorDictReplayBuffer:
     holds exactly ``round(B * offline_fraction)`` of them (a ``MixtureSampler`` whose online part is ``sampler``,
     unless ``sampler`` is a ``MixtureSampler`` already). ``seed``: the buffer's own generator. ``device``: where
     sampled tensors go. The columns are created from the first ``extend`` (or the offline rows), like TorchRL's
-    lazy storages."""
+    lazy storages. ``frame_stack``: the observation is a stack of frames made by the env's ``CatFrames`` (give the
+    transform; or a :class:`~relive.replay.storage.FrameStack`; an int k is ``FrameStack(k)``: ``CatFrames(k,
+    dim=-ndim)`` with ``padding="same"``), stored a frame a row."""
 
     def __init__(self, capacity: int, *, sampler: Sampler | None = None, batch_size: int | None = None,
                  seed: int = 0, offline=None, offline_fraction: float = 0.5, device="cpu",
                  observation_key="observation", action_key="action", reward_key="reward",
                  terminated_key="terminated", truncated_key="truncated", done_key="done",
-                 priority_key="td_error"):
+                 priority_key="td_error", frame_stack=None):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity must be a positive integer number of rows, got {capacity!r}")
         if sampler is not None and not isinstance(sampler, Sampler):
@@ -112,6 +152,7 @@ class ReliveTensorDictReplayBuffer:
         self.capacity, self.batch_size, self.seed, self.device = capacity, batch_size, int(seed), torch.device(device)
         self.keys = dict(observation=observation_key, action=action_key, reward=reward_key,
                          terminated=terminated_key, truncated=truncated_key, done=done_key, priority=priority_key)
+        self.frame_stack = _frame_stack_option(frame_stack, observation_key)
         rows = None
         if offline is not None:
             rows = self._rows(offline) if isinstance(offline, TensorDictBase) else self._offline_mapping(offline)
@@ -142,12 +183,13 @@ class ReliveTensorDictReplayBuffer:
         """Wrap an existing relive buffer (e.g. ``ReplayBuffer.load(path)``); ``kwargs`` as the constructor's."""
         rb = cls(max(relive.storage.online_capacity, 1), **kwargs)
         rb._relive, rb._sampler = relive, relive.sampler
+        rb.frame_stack = _stored_frame_stack(relive)
         return rb
 
     def _create(self, rows: dict, num_offline: int = 0) -> None:
         self._relive = ReplayBuffer(self.capacity + num_offline, rows["obs"].shape[1:], rows["action"].shape[1:],
                                     sampler=self._sampler, seed=self.seed, obs_dtype=rows["obs"].dtype,
-                                    action_dtype=rows["action"].dtype)
+                                    action_dtype=rows["action"].dtype, frame_stack=self.frame_stack)
 
     # -- writing ---------------------------------------------------------------------------------------
     def _rows(self, td: TensorDictBase) -> dict:
@@ -275,7 +317,7 @@ class ReliveTensorDictReplayBuffer:
         if not isinstance(state, Mapping) or "relive" not in state:
             raise ValueError("load_state_dict: not a ReliveTensorDictReplayBuffer state (no 'relive' entry)")
         self._relive = ReplayBuffer.from_state_dict(_to_numpy(state["relive"]))
-        self._sampler = self._relive.sampler
+        self._sampler, self.frame_stack = self._relive.sampler, _stored_frame_stack(self._relive)
         self._draws.clear()
 
     def dumps(self, path: str | os.PathLike) -> None:
@@ -284,8 +326,8 @@ class ReliveTensorDictReplayBuffer:
 
     def loads(self, path: str | os.PathLike) -> None:
         self._relive = ReplayBuffer.load(path)
-        self._sampler = self._relive.sampler
+        self._sampler, self.frame_stack = self._relive.sampler, _stored_frame_stack(self._relive)
         self._draws.clear()
 
 
-__all__ = ["ReliveTensorDictReplayBuffer", "TESTED"]
+__all__ = ["ReliveTensorDictReplayBuffer", "TESTED", "catframes_frame_stack"]

@@ -89,7 +89,7 @@ class ReplayBuffer:
         ``frame_stack``: the observation is a stack of k frames (``4``, a :class:`~relive.replay.storage.FrameStack`
         such as ``FrameStack.sb3(4)``, or for dict observations ``{"image": 3}``): writes take the env's stacks,
         checked against their episode, and the storage keeps each frame once (:mod:`relive.replay.storage.frame_stack`;
-        RAM backend)."""
+        RAM and memmap backends)."""
         self.n_step, self.gamma = returns.check_n_step(n_step, capacity), returns.check_gamma(gamma)
         if demo_capacity and backend == "torch":
             raise ValueError("demo_capacity (a demonstration segment) needs a host backend ('ram' or 'memmap'), not "
@@ -514,7 +514,7 @@ class ReplayBuffer:
             if scfg.get("obs_keys") is not None and cfg["storage"].get("dedup_next_obs"):
                 raise ValueError("this checkpoint stores next_obs deduplicated (dict observations): it loads on the "
                                  "host only")
-        if "frame_stack" in scfg and scfg.get("backend", "ram") != "ram":
+        if "frame_stack" in scfg and scfg.get("backend", "ram") == "torch":
             raise ValueError("a checkpoint with frame stacks (frame_stack) loads on the host only (device=None)")
         if scfg.get("demo_capacity") and scfg.get("backend") == "torch":
             raise ValueError("a checkpoint with a demonstration segment (demo_capacity) loads on the host only")

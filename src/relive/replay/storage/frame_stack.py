@@ -48,8 +48,10 @@ overlapping strided memory (the stack along the last axis) and caches the last s
 ``on_episode_end`` (and at wrap-around), trusting that the stacks really are a sliding window (its issue #110: an
 episode shorter than the stack cached frames of the previous one); nothing checks the input.
 
-Scope: the RAM backend (``backend="ram"``); the memmap and torch backends refuse ``frame_stack`` (the frames would
-need the cache in their files / on the device: next steps of issue 45).
+Backends: RAM and memmap (``backend="memmap"``: the frame columns are the column files, one frame a row; the frames
+kept below each lane's eviction bound and the explicit next frames are small arrays beside them that a checkpoint
+holds, as it holds every memmap buffer's bookkeeping; see :func:`check_backend`). The torch backend refuses
+``frame_stack``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,17 @@ from relive.replay.storage.storage import Storage
 from relive.types import OFFLINE, ONLINE
 
 PADDINGS = ("reset", "zero")
+BACKENDS = ("ram", "memmap")  # the backends whose frame columns FrameStackStorage reads with NumPy
+
+
+def check_backend(backend: str) -> None:
+    """The backends that rebuild stacks: RAM and memmap (NumPy columns: the memmap's column files hold one frame a
+    row; the kept frames and explicit next frames live in RAM and in the checkpoint). The torch backend gathers on
+    the device and has no stack rebuild there: refused."""
+    if backend not in BACKENDS:
+        raise ValueError(f"frame_stack needs backend 'ram' or 'memmap' (backend={backend!r}: a device buffer does not "
+                         "rebuild frame stacks; store full stacks there (no frame_stack), or keep the frames in "
+                         "host memory / a memmap directory and move batches with batch.to_torch(device))")
 
 
 @dataclass(frozen=True)
@@ -190,9 +203,7 @@ class FrameStackStorage(Storage):
 
     def __init__(self, capacity: int, obs_shape, action_shape, *, frame_stack, obs_dtype=np.float32,
                  dedup_next_obs: bool | None = None, backend: str = "ram", **kwargs):
-        if backend != "ram":
-            raise ValueError(f"frame_stack needs backend='ram' (backend={backend!r}: a memmap or device buffer does "
-                             "not rebuild frame stacks yet); store full stacks there (no frame_stack)")
+        check_backend(backend)
         if dedup_next_obs is False:
             raise ValueError("frame_stack stores next_obs as the next row's frame (dedup_next_obs): "
                              "dedup_next_obs=False contradicts it")
