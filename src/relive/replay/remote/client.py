@@ -148,7 +148,7 @@ class Writer:
         self.id = secrets.randbits(62) + 1
         self.max_in_flight, self.timeout = int(max_in_flight), timeout
         self.next_seq = [1] * self.num_shards
-        self.pending: list[dict[int, tuple[dict, int]]] = [{} for _ in handles]  # shard: seq -> (rows, stream)
+        self.pending: list[dict[int, tuple[Mapping, int]]] = [{} for _ in handles]  # shard: seq -> (rows, stream)
         self.in_flight: deque = deque()  # (shard, seq, future)
         self.resend_mark = [0] * self.num_shards
         self.num_acked = self.num_resent = self.num_retries = 0
@@ -214,7 +214,8 @@ class Writer:
             self.num_acked += 1
 
     def stats(self) -> dict[str, float]:
-        return {"replay/writer_acked_calls": float(self.num_acked), "replay/writer_resent_calls": float(self.num_resent),
+        return {"replay/writer_acked_calls": float(self.num_acked),
+                "replay/writer_resent_calls": float(self.num_resent),
                 "replay/writer_kept_calls": float(sum(len(p) for p in self.pending)),
                 "replay/writer_insert_wait_s": self.insert_wait_s}
 

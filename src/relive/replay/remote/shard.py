@@ -139,7 +139,8 @@ class ReplayShard:
                 prob.append(d.probability)
         indices = np.concatenate(idx) if idx else np.zeros(0, np.int64)
         batch = buf.gather(indices)
-        return {"indices": indices, "generation": batch.info.generation, "source": batch.info.source, "probability": np.concatenate(prob),
+        return {"indices": indices, "generation": batch.info.generation, "source": batch.info.source,
+                "probability": np.concatenate(prob),
                 "obs": batch.obs, "action": batch.action, "reward": batch.reward, "next_obs": batch.next_obs,
                 "terminated": batch.terminated, "truncated": batch.truncated, "extras": batch.extras,
                 "discount": batch.discount}
