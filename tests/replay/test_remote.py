@@ -337,3 +337,19 @@ def test_rate_limiter_holds_the_ratio_within_its_window_and_blocks_the_side_runn
         assert lim.insert_waits > 0  # the writer ran ahead and was held back
     else:
         assert lim.sample_waits > 0
+
+
+def test_a_scheduled_mixture_counts_the_union_s_online_rows():
+    """The offline share follows the schedule over t = the online rows written to all shards together."""
+
+    def mix():
+        return MixtureSampler(offline_fraction=0.9, schedule="linear", offline_fraction_final=0.1, schedule_steps=200)
+
+    local = ReplayBuffer(1000, OBS, ACT, sampler=mix())
+    r = RemoteReplay(300, OBS, ACT, mix(), num_shards=3, ray=False)
+    fill(local, "mixture")
+    fill(r, "mixture")
+    r.flush()
+    assert r.part_counts(100, r.masses()) == list(local.sampler.counts(100))
+    b = r.sample(100)
+    assert int((b.info.source == 0).sum()) == local.sampler.counts(100)[0] == 42  # 0.9 - 0.8 x 120 / 200 = 0.42

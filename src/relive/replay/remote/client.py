@@ -41,6 +41,7 @@ from relive.types import Batch, SampleInfo, UpdateReport, new_batch, new_sample_
 LOG = logging.getLogger("relive.replay.remote")
 SHARD_SHIFT = 40  # global row id = shard << 40 | slot
 SLOT_MASK = (1 << SHARD_SHIFT) - 1
+MAX_FAILURES = 5  # a writer's calls to one shard that may fail in a row (the shard restarting) before it gives up
 RAY_MISSING = "a remote replay on Ray needs Ray, which is not installed: pip install 'relive[ray]'"
 
 
@@ -151,6 +152,7 @@ class Writer:
         self.pending: list[dict[int, tuple[Mapping, int]]] = [{} for _ in handles]  # shard: seq -> (rows, stream)
         self.in_flight: deque = deque()  # (shard, seq, future)
         self.resend_mark = [0] * self.num_shards
+        self.failures = [0] * self.num_shards  # failed calls in a row, per shard
         self.num_acked = self.num_resent = self.num_retries = 0
         self.insert_wait_s = 0.0
 
@@ -195,12 +197,17 @@ class Writer:
         except Exception as e:
             if not _is_actor_error(e):
                 raise
-            self.num_retries += 1  # the shard died and Ray gave up retrying this call: send it again
+            self.failures[s] += 1  # the shard died and Ray gave up retrying this call: send it again
+            if self.failures[s] > MAX_FAILURES:
+                raise RuntimeError(f"shard {s} failed {self.failures[s]} calls in a row (is it gone for good, e.g. "
+                                   f"built without a directory to restart from?): {e}") from None
+            self.num_retries += 1
             LOG.warning("shard %d lost call %d (%s); resending", s, seq, type(e).__name__)
             time.sleep(0.2)
             if seq in self.pending[s]:
                 self._send(s, seq)
             return
+        self.failures[s] = 0
         for old in [q for q in self.pending[s] if q <= reply["committed"]]:
             del self.pending[s][old]
         if reply["status"] == "resend":
@@ -247,10 +254,10 @@ class RemoteReplay:
 
     ``capacity``: rows per shard. ``directory``: each shard checkpoints into ``directory/shard-<i>``
     (``checkpoint()`` all, and every ``checkpoint_every_rows`` rows a shard takes); a shard actor killed restarts
-    (``max_restarts``) from its last checkpoint and Ray retries the calls sent to it. Meanwhile a learner's
-    ``sample`` **waits** for it (up to ``timeout`` seconds, then ``GetTimeoutError``): proceeding on the live shards
-    would change every row's probability. A service built over an existing ``directory`` resumes from its shards'
-    checkpoints.
+    (``max_restarts``; never without a directory: it would come back empty) from its last checkpoint and Ray retries
+    the calls sent to it. Meanwhile a learner's ``sample`` **waits** for it (up to ``timeout`` seconds, then
+    ``GetTimeoutError``): proceeding on the live shards would change every row's probability. A service built over
+    an existing ``directory`` resumes from its shards' checkpoints.
     """
 
     def __init__(self, capacity: int, obs_shape, action_shape, sampler: Sampler | None = None, *,
@@ -276,7 +283,9 @@ class RemoteReplay:
             r = import_ray()
             if not r.is_initialized():
                 raise ValueError("RemoteReplay(ray=True) needs a running Ray: call ray.init(...) first")
-            actor = r.remote(max_restarts=int(max_restarts), max_task_retries=-1,
+            # (without a directory a restarted shard would come back empty: no restart, its calls fail instead)
+            restarts = int(max_restarts) if self.directory is not None else 0
+            actor = r.remote(max_restarts=restarts, max_task_retries=-1 if restarts else 0,
                              **(shard_options or {"num_cpus": 0}))(ReplayShard)
             self.handles: list = [actor.remote(*a) for a in args]
             if isinstance(limiter, SampleToInsertRatio):  # one limiter for every writer and learner: an actor
