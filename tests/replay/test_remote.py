@@ -213,11 +213,12 @@ def test_samplers_that_cannot_be_split_exactly_are_refused():
         RemoteReplay(10, OBS, ACT, ARBSampler(), num_shards=2, ray=False)
     with pytest.raises(ValueError, match="num_shards must be a positive integer"):
         RemoteReplay(10, OBS, ACT, num_shards=0, ray=False)
-    r = RemoteReplay(10, OBS, ACT, num_shards=2, ray=False)
-    r.extend(rows_with_ids(5, 0, 0))
-    r.flush()
-    with pytest.raises(ValueError, match="only 5 rows are stored"):
-        r.sample(6)
+    for shards in (1, 2):  # (one shard: no masses round trip, the shard checks)
+        r = RemoteReplay(10, OBS, ACT, num_shards=shards, ray=False)
+        r.extend(rows_with_ids(5, 0, 0))
+        r.flush()
+        with pytest.raises(ValueError, match="only 5 rows are stored"):
+            r.sample(6)
 
 
 # -- the writer protocol and checkpoints ------------------------------------------------------------------------------

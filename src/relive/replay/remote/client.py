@@ -396,63 +396,65 @@ class RemoteReplay:
     def _draw(self, batch_size: int) -> Batch:
         if self.limiter is not None:
             self.sample_wait_s += _limiter_call(self.limiter, "acquire_sample", batch_size, self.timeout)
-        masses = self.masses()
-        stored = sum(sum(m["rows"]) for m in masses)
-        if batch_size > stored:
-            raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
-        mass = np.array([m["mass"] for m in masses], np.float64)  # [shards, parts]
-        counts = np.zeros(mass.shape, np.int64)
-        part_k = self.part_counts(batch_size, masses)
-        for k, n in enumerate(part_k):
-            if n:
-                counts[:, k] = self.rng.multinomial(n, mass[:, k] / mass[:, k].sum())
+        if self.num_shards == 1 and len(self.parts) == 1:  # nothing to split: one round trip (the shard checks B)
+            mass, counts, part_k = np.ones((1, 1)), np.full((1, 1), batch_size, np.int64), [batch_size]
+        else:
+            masses = self.masses()
+            stored = sum(sum(m["rows"]) for m in masses)
+            if batch_size > stored:
+                raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
+            mass = np.array([m["mass"] for m in masses], np.float64)  # [shards, parts]
+            counts = np.zeros(mass.shape, np.int64)
+            part_k = self.part_counts(batch_size, masses)
+            for k, n in enumerate(part_k):
+                if n:
+                    counts[:, k] = self.rng.multinomial(n, mass[:, k] / mass[:, k].sum())
         asked = [s for s in range(self.num_shards) if counts[s].any()]
-        draws = dict(zip(asked, get([call(self.handles[s], "draw", counts[s].tolist()) for s in asked],
-                                    self.timeout), strict=True))
+        whole = self.num_shards == 1
+        replies = get([call(self.handles[s], "draw", counts[s].tolist(), whole) for s in asked], self.timeout)
+        draws = dict(zip(asked, replies, strict=True))
         self.num_samples += 1
-        # each part's rows from every shard, then the parts in order (a mixture: offline first, as locally)
-        pieces, probability, is_weight = [], [], []
+        # each part's rows from every shard, then the parts in order (a mixture: offline first, as locally): one
+        # position per batch row into the shards' replies laid end to end, so every column is one concatenate + take
+        base = dict(zip(asked, np.cumsum([0, *(int(counts[s].sum()) for s in asked)])[:-1].tolist(), strict=True))
+        positions, probability, is_weight = [], [], []
         for k, n in enumerate(part_k):
             if not n:
                 continue
-            rows, prob = [], []
+            pos, prob = [], []
             for s in asked:
-                start = int(counts[s, :k].sum())
-                sl = slice(start, start + int(counts[s, k]))
-                if sl.stop > sl.start:
-                    d = draws[s]
-                    rows.append((s, sl))
-                    prob.append(d["probability"][sl] * (mass[s, k] / mass[:, k].sum()))
+                c = int(counts[s, k])
+                if c:
+                    start = int(counts[s, :k].sum())
+                    pos.append(base[s] + start + np.arange(c))
+                    prob.append(draws[s]["probability"][start : start + c] * (mass[s, k] / mass[:, k].sum()))
             p = np.concatenate(prob)
             order = self.rng.permutation(p.size)  # positions exchangeable, as i.i.d. draws from one buffer
-            pieces.append((rows, order))
+            positions.append(np.concatenate(pos)[order])
+            p = p[order]
             part = self.parts[k]
-            if type(part) is PrioritizedSampler and p.size:
+            if type(part) is PrioritizedSampler:
                 beta = linear_anneal(part.is_exponent, part.is_exponent_final, part.is_anneal_samples,
                                      self.num_samples - 1)
-                w = np.power(p.min() / p, beta).astype(np.float32)
+                is_weight.append(np.power(p.min() / p, beta).astype(np.float32))
             else:
-                w = np.ones(p.size, np.float32)
-            probability.append(p[order] * (n / batch_size))
-            is_weight.append(w[order])
+                is_weight.append(np.ones(p.size, np.float32))
+            probability.append(p * (n / batch_size))
+        at = positions[0] if len(positions) == 1 else np.concatenate(positions)
 
-        def column(get_col):
-            parts = []
-            for rows, order in pieces:
-                joined = _concat([_take(get_col(s, draws[s]), sl) for s, sl in rows])
-                parts.append(_take(joined, order))
-            return _concat(parts) if len(parts) > 1 else parts[0]
+        def column(name: str, key=None):
+            cols = [d[name] if key is None else d[name][key] for d in replies]
+            return _take(cols[0] if len(cols) == 1 else _concat(cols), at)
 
-        info = new_sample_info(column(lambda s, d: global_ids(s, d["indices"])), column(lambda s, d: d["generation"]),
-                               np.concatenate(probability), np.concatenate(is_weight),
-                               column(lambda s, d: d["source"]), {})
-        first = draws[asked[0]]
-        extras = {name: column(lambda s, d, name=name: d["extras"][name]) for name in first["extras"]}
-        discount = None if first["discount"] is None else column(lambda s, d: d["discount"])
-        return new_batch(column(lambda s, d: d["obs"]), column(lambda s, d: d["action"]),
-                         column(lambda s, d: d["reward"]), column(lambda s, d: d["next_obs"]),
-                         column(lambda s, d: d["terminated"]), column(lambda s, d: d["truncated"]), info, extras,
-                         discount)
+        ids = [global_ids(s, draws[s]["indices"]) for s in asked]
+        info = new_sample_info(_take(ids[0] if len(ids) == 1 else np.concatenate(ids), at), column("generation"),
+                               probability[0] if len(probability) == 1 else np.concatenate(probability),
+                               is_weight[0] if len(is_weight) == 1 else np.concatenate(is_weight),
+                               column("source"), {})
+        extras = {name: column("extras", name) for name in replies[0]["extras"]}
+        discount = None if replies[0]["discount"] is None else column("discount")
+        return new_batch(column("obs"), column("action"), column("reward"), column("next_obs"), column("terminated"),
+                         column("truncated"), info, extras, discount)
 
     # -- feedback ----------------------------------------------------------------------------------------------
     def update(self, info: SampleInfo, block: bool = True, **signals) -> UpdateReport | None:

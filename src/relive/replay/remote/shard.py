@@ -128,9 +128,12 @@ class ReplayShard:
         return {"mass": [part_mass(p) for p in self.parts], "rows": [p.num_rows() for p in self.parts],
                 "online_written": int(self.buffer.storage.num_online_written)}
 
-    def draw(self, counts: list[int]) -> dict:
-        """``counts[k]`` rows from part ``k``; the columns of each part's rows one after the other."""
+    def draw(self, counts: list[int], whole: bool = False) -> dict:
+        """``counts[k]`` rows from part ``k``; the columns of each part's rows one after the other. ``whole``: this
+        shard is the whole buffer (a batch larger than its rows is refused, as locally)."""
         buf = self.buffer
+        if whole and sum(counts) > len(buf):
+            raise ValueError(f"batch of {sum(counts)} rows requested but only {len(buf)} rows are stored")
         idx, prob = [], []
         for part, k in zip(self.parts, counts, strict=True):
             if k:
