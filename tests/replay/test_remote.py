@@ -354,3 +354,23 @@ def test_a_scheduled_mixture_counts_the_union_s_online_rows():
     assert r.part_counts(100, r.masses()) == list(local.sampler.counts(100))
     b = r.sample(100)
     assert int((b.info.source == 0).sum()) == local.sampler.counts(100)[0] == 42  # 0.9 - 0.8 x 120 / 200 = 0.42
+
+
+def test_prefetched_batches_come_from_the_shards_and_errors_reach_the_learner():
+    r = RemoteReplay(100, OBS, ACT, num_shards=2, ray=False, timeout=30)
+    r.prefetch(2, 8)
+    with pytest.raises(ValueError, match="only 0 rows are stored"):
+        r.sample(8)  # the drawing thread's error, handed over
+    r.extend(rows_with_ids(20, 0, 0), stream=0)
+    r.extend(rows_with_ids(20, 100, 1), stream=1)
+    r.flush()
+    ids = set()
+    for _ in range(20):
+        try:
+            b = r.sample(8)
+        except ValueError:  # (batches drawn before the rows arrived)
+            continue
+        ids |= set(b.reward.astype(np.int64).tolist())
+    assert ids and ids <= set(range(20)) | set(range(100, 120))
+    assert r.sample(4).reward.shape == (4,)  # another size: drawn at once
+    r.close()

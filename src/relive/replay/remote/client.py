@@ -351,6 +351,7 @@ class RemoteReplay:
                     item: object = self._draw(self._prefetch_size)
                 except Exception as e:  # handed to the learner's next sample()
                     item = e
+                    self._stop.wait(0.05)  # (e.g. too few rows yet: no busy loop)
                 while not self._stop.is_set():
                     try:
                         self._queue.put(item, timeout=0.1)
