@@ -175,8 +175,11 @@ class DDQN:
             self.image_shape = tuple(int(d) for d in image[0])
             self.image_dtype = np.dtype(image[1])
             self.q = enc.image_q_net(name, self.image_shape, self.image_dtype, num_actions, gen).to(self.device)
-            if cfg.channels_last:
-                self.q = self.q.to(memory_format=torch.channels_last)
+            if cfg.channels_last:  # (the conv weights; oneDNN then runs the convolutions channels-last)
+                with torch.no_grad():
+                    for w in self.q.parameters():
+                        if w.dim() == 4:
+                            w.data = w.data.contiguous(memory_format=torch.channels_last)
             self.target_q = copy.deepcopy(self.q).requires_grad_(False)
         else:
             with nets.private_rng():
