@@ -25,6 +25,9 @@ Adam, a target copy every gradient step, 10 full evaluation games every 10k step
    act + env + extend + sample + update, 10 evaluations of 10 games of the measured length, checkpoints at 25k,
    50k, 75k and 100k rows (scaled from ``--rows``). The loop's own Python (cadences, logging, chunk bookkeeping) is
    not in it: a real ``relive train`` run measures it (docs/benchmarks.md, "Atari-100k wall time").
+4. (``--thread-counts 1 2``) ``default`` and ``fast`` updates at each torch thread count, alternating rounds: the
+   wall time is what a run on an idle machine gets from a second thread; the CPU time (both threads counted) says
+   how much of the second core the update uses, which a loaded machine does not hide.
 """
 
 from __future__ import annotations
@@ -153,7 +156,7 @@ class CleanRLUpdate:
         for target_param, q_param in zip(self.target_network.parameters(), self.q_network.parameters(),
                                          strict=True):
             target_param.data.copy_(q_param.data)
-        return float(loss)
+        return float(loss.detach())
 
 
 def fill(env, buffer, rows: int, rng) -> tuple[float, float, float, float]:
@@ -197,6 +200,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds of the update comparison")
     p.add_argument("--seconds", type=float, default=3.0, help="seconds of each contender in a round")
     p.add_argument("--eval-games", type=int, default=1, help="full evaluation games played to measure their length")
+    p.add_argument("--thread-counts", type=int, nargs="*", default=[],
+                   help="section 4: the update at these torch thread counts (e.g. 1 2), alternating rounds")
     p.add_argument("--json", help="write the results here (JSON)")
     a = p.parse_args(argv)
     import torch
@@ -319,10 +324,28 @@ def main(argv=None) -> int:
         total = sum(parts.values()) / 60e3
         estimate[name] = {k: v / 60e3 for k, v in parts.items()} | {"total_min": total}
         print(f"{name:8s} " + ", ".join(f"{k} {v / 60e3:.1f}" for k, v in parts.items()) + f" -> {total:.1f} min")
+    threads: dict[str, dict[str, float]] = {}
+    if a.thread_counts:
+        per: dict[str, list[tuple[float, float]]] = {}
+        for _ in range(a.rounds):
+            for n in a.thread_counts:
+                torch.set_num_threads(n)
+                for name in ("default", "fast"):
+                    c, w, _ = timed_for(steps[name], a.seconds)
+                    per.setdefault(f"{name}, {n} thread(s)", []).append((c, w))
+        torch.set_num_threads(a.threads)
+        print(f"\n4. one update by torch thread count, median of {a.rounds} alternating rounds (load average now "
+              f"{os.getloadavg()[0]:.2f})")
+        print(f"{'update':24s} {'CPU ms':>8s} {'wall ms':>8s}")
+        for name, rows in per.items():
+            threads[name] = {"cpu_ms": statistics.median(r[0] for r in rows),
+                             "wall_ms": statistics.median(r[1] for r in rows)}
+            print(f"{name:24s} {threads[name]['cpu_ms']:8.2f} {threads[name]['wall_ms']:8.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps({"load": load, "threads": a.threads, "torch": torch.__version__,
                                             "components_ms": comp, "eval_game_steps": game_steps,
-                                            "updates": updates, "estimate_min": estimate}, indent=1))
+                                            "updates": updates, "estimate_min": estimate,
+                                            "thread_counts": threads}, indent=1))
     return 0
 
 
