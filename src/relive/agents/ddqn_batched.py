@@ -178,6 +178,7 @@ class BatchedDDQN:
         """Write the stacked weights, targets and Adam state back into the single agents (their ``state_dict``
         is then the single-seed checkpoint format); ``weights_only``: the Q-networks only (enough to act)."""
         for i, a in enumerate(self.agents):
+            a.target_synced = False  # (its weights are written here: its next update runs the target forward)
             for layer, tlayer, j in zip(_linears(a.q), _linears(a.target_q), range(0, len(self.params), 2),
                                         strict=True):
                 layer.weight.copy_(self.params[j][i])
