@@ -139,7 +139,9 @@ class StateIntervener:
         self.reaction_steps, self.on_track_distance = int(reaction_steps), float(on_track_distance)
         self.budget = int(budget)
         self.used = 0  # intervened steps so far (all episodes)
-        self.on_episode_start()
+        self.phase, self.countdown = AGENT_ACTS, 0  # (who acts; steps left of the reaction)
+        self.last: float | None = None  # the previous step's distance (None: the episode's first step)
+        self.rising = self.falling = 0  # steps in a row the distance rose / fell
 
     def __call__(self, obs, proposed: np.ndarray) -> tuple[bool, np.ndarray]:
         d = float(self.distance(obs))
@@ -173,9 +175,7 @@ class StateIntervener:
         self.phase, self.falling = EXPERT_ACTS, 0  # (the fall that ends a takeover is counted within it)
 
     def on_episode_start(self) -> None:
-        self.phase, self.countdown = AGENT_ACTS, 0
-        self.last: float | None = None  # the previous step's distance (None: the episode's first step)
-        self.rising = self.falling = 0  # steps in a row the distance rose / fell
+        self.phase, self.countdown, self.last, self.rising, self.falling = AGENT_ACTS, 0, None, 0, 0
 
     def state_dict(self) -> dict:
         return {"used": self.used, "phase": self.phase, "countdown": self.countdown, "last": self.last,
