@@ -220,16 +220,12 @@ class InterventionConfig:
     threshold: float = 0.5  # scripted: take over when ||agent action - expert action||_2 exceeds this
     budget: int = 0  # scripted, state: at most this many intervened steps in the run (0: no limit)
     hold_steps: int = 1  # scripted: a takeover lasts this many steps
-    # state (a person who watches the task, relive.train.intervention.StateIntervener): the expert takes over when the
-    # task's distance to success (a registered function: goal = ||achieved_goal - desired_goal|| of a goal task; a
-    # plug-in's, relive.train.intervention.register_distance) rose at each of the last rising_steps steps, after
-    # reaction_steps more steps, and lets go once it fell at each of recovered_steps steps of the takeover or is
-    # below on_track_distance (never taking over below it); budget as scripted
-    distance: str = "goal"
-    rising_steps: int = 3
-    reaction_steps: int = 0
-    recovered_steps: int = 3
-    on_track_distance: float = 0.0
+    # state (a person who watches the task: relive.train.intervention.StateIntervener, docs/hil.md); budget as scripted
+    distance: str = "goal"  # state: the task's distance to success, registered (goal: ||achieved - desired goal||)
+    rising_steps: int = 3  # state: take over once the distance rose at each of this many steps in a row
+    reaction_steps: int = 0  # state: ... this many steps later (a person's reaction; the agent acts meanwhile)
+    recovered_steps: int = 3  # state: let go once it fell at each of this many steps of the takeover
+    on_track_distance: float = 0.0  # state: let go below this distance (and never take over below it)
     demo_capacity: int = 100_000  # rows of room in the demonstration segment for interventions (never evicted)
     console_host: str = "127.0.0.1"  # console: the address it listens on (another than this machine's: a token)
     console_port: int = 8765  # console: its port (0: any free port, printed)

@@ -418,20 +418,21 @@ HIL_SERL_CAPACITY = 200_000  # examples/experiments/config.py l.14: replay_buffe
 def hil_serl() -> ExperimentConfig:
     """HIL-SERL (Luo et al. 2024) at the authors' code's settings (rail-berkeley/hil-serl at 5d02aed; state
     observations: the code's pixel encoders do not apply): SAC with 2 LayerNorm critics, the TD target on the min of
-    both (serl_launcher/utils/launcher.py l.86-87: critic_ensemble_size 2, critic_subsample_size None; agents/
-    continuous/sac.py l.164-176), the actor on their mean (sac.py l.224), no entropy in the critic target (launcher.py
-    l.85: backup_entropy False; sac.py l.185-187), initial temperature 0.01 (launcher.py l.83), target entropy -|A|/2
-    (sac.py l.414-415: target_entropy None), gamma 0.97 (examples/experiments/config.py l.11, DefaultTrainingConfig;
-    the tasks' configs set 0.97-0.985), tau 0.005 (sac.py l.369), Adam 3e-4 for actor, critic and temperature (sac.py
-    l.358-366; launcher.py passes none), widths 256x256 (launcher.py l.73-82), Xavier-uniform init (common/common.py
-    l.15, default_init), one actor + temperature step per 2 critic steps (config.py l.10: cta_ratio 2; train_rlpd.py
-    l.317-338: cta_ratio - 1 critic-only steps, then a critic + actor + temperature step: ``agent.actor_every = 2``),
-    batch 256 (config.py l.9) drawn half from the demonstrations and interventions, half from the online rows
-    (train_rlpd.py l.288-302, 50/50; the interventions go to both buffers, l.198-202: relive's demonstration
-    segment), no random actions (config.py l.16: random_steps 0), the first 100 online steps with the initial policy
-    before any update (config.py l.17, training_starts 100; train_rlpd.py l.278: warm-up with ``warmup_policy =
-    "agent"``), buffers of 200,000 rows (config.py l.14). The intervener is ``scripted`` with the stand-in expert
-    ``zero`` as ``hil_rlpd``'s; a person watching the task: ``--set intervention.kind=state`` (docs/hil.md).
+    both (serl_launcher/utils/launcher.py l.86-87: critic_ensemble_size 2, critic_subsample_size None;
+    agents/continuous/sac.py l.164-176), the actor on their mean (sac.py l.224), no entropy in the critic target
+    (launcher.py l.85: backup_entropy False; sac.py l.185-187), initial temperature 0.01 (launcher.py l.83), target
+    entropy -|A|/2 (sac.py l.414-415: target_entropy None), gamma 0.97 (examples/experiments/config.py l.11,
+    DefaultTrainingConfig; the tasks' configs set 0.97-0.985), tau 0.005 (sac.py l.369), Adam 3e-4 for actor, critic and
+    temperature (sac.py l.358-366; launcher.py passes none), widths 256x256 (launcher.py l.73-82), Xavier-uniform init
+    (common/common.py l.15, default_init), one actor + temperature step per 2 critic steps (config.py l.10: cta_ratio 2;
+    train_rlpd.py l.317-338: cta_ratio - 1 critic-only steps, then a critic + actor + temperature step:
+    ``agent.actor_every = 2``), batch 256 (config.py l.9) drawn half from the demonstrations and interventions, half
+    from the online rows (train_rlpd.py l.288-302, 50/50; the interventions go to both buffers, l.198-202: relive's
+    demonstration segment), no random actions (config.py l.16: random_steps 0), the first 100 online steps with the
+    initial policy before any update (config.py l.17, training_starts 100; train_rlpd.py l.278: warm-up with
+    ``warmup_policy = "agent"``), buffers of 200,000 rows (config.py l.14). The intervener is ``scripted`` with the
+    stand-in expert ``zero`` as ``hil_rlpd``'s; a person watching the task: ``--set intervention.kind=state``
+    (docs/hil.md).
 
     What relive cannot express: the code's learner runs asynchronously beside the actor (agentlace), so its updates
     per env step are whatever the machines give; relive runs one learner iteration (2 critic steps, 1 actor step) per
