@@ -212,13 +212,20 @@ class InterventionConfig:
     """Interventions during online training (HIL-SERL; ``relive.train.intervention``, docs/hil.md): the intervener
     may take over the agent's action; intervened rows are tagged, kept on the ring and in a demonstration segment."""
 
-    # none; scripted (an expert takes over when the agent deviates); device (a gamepad, pygame); console (a person in
-    # a browser: relive.train.console, `relive train --console`); or a plug-in's (relive.registry.register_intervener)
+    # none; scripted (an expert takes over when the agent's action deviates); state (an expert takes over when the task
+    # goes wrong, as a person watching it would); device (a gamepad, pygame); console (a person in a browser:
+    # relive.train.console, `relive train --console`); or a plug-in's (relive.registry.register_intervener)
     kind: str = "none"
-    expert: str = "zero"  # scripted: a registered expert (relive.train.intervention.EXPERTS: zero, reach_goal)
+    expert: str = "zero"  # scripted, state: a registered expert (relive.train.intervention.EXPERTS: zero, reach_goal)
     threshold: float = 0.5  # scripted: take over when ||agent action - expert action||_2 exceeds this
-    budget: int = 0  # scripted: at most this many intervened steps in the run (0: no limit)
+    budget: int = 0  # scripted, state: at most this many intervened steps in the run (0: no limit)
     hold_steps: int = 1  # scripted: a takeover lasts this many steps
+    # state (a person who watches the task: relive.train.intervention.StateIntervener, docs/hil.md); budget as scripted
+    distance: str = "goal"  # state: the task's distance to success, registered (goal: ||achieved - desired goal||)
+    rising_steps: int = 3  # state: take over once the distance rose at each of this many steps in a row
+    reaction_steps: int = 0  # state: ... this many steps later (a person's reaction; the agent acts meanwhile)
+    recovered_steps: int = 3  # state: let go once it fell at each of this many steps of the takeover
+    on_track_distance: float = 0.0  # state: let go below this distance (and never take over below it)
     demo_capacity: int = 100_000  # rows of room in the demonstration segment for interventions (never evicted)
     console_host: str = "127.0.0.1"  # console: the address it listens on (another than this machine's: a token)
     console_port: int = 8765  # console: its port (0: any free port, printed)
@@ -239,7 +246,13 @@ class InterventionConfig:
         th = self.threshold
         if isinstance(th, bool) or not isinstance(th, int | float) or not math.isfinite(th) or th < 0:
             raise ValueError(f"intervention.threshold must be a finite number >= 0, got {th!r}")
-        for name, low in (("budget", 0), ("hold_steps", 1), ("demo_capacity", 1)):
+        if not isinstance(self.distance, str) or not self.distance:
+            raise ValueError(f"intervention.distance must be the name of a registered distance, got {self.distance!r}")
+        d = self.on_track_distance
+        if isinstance(d, bool) or not isinstance(d, int | float) or not math.isfinite(d) or d < 0:
+            raise ValueError(f"intervention.on_track_distance must be a finite number >= 0, got {d!r}")
+        for name, low in (("budget", 0), ("hold_steps", 1), ("demo_capacity", 1), ("rising_steps", 1),
+                          ("reaction_steps", 0), ("recovered_steps", 1)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"intervention.{name} must be an integer >= {low}, got {v!r}")

@@ -411,6 +411,52 @@ def hil_rlpd() -> ExperimentConfig:
                                                                            demo_capacity=100_000))
 
 
+# HIL-SERL's agent as the authors' code runs it: rail-berkeley/hil-serl at 5d02aed (2025-10-22), read for issue 46
+# item 4. The file:line of each value is in hil_serl's docstring; HIL_SERL_* are the values relive expresses.
+HIL_SERL_CRITIC_STEPS_PER_ACTOR_STEP = 2  # examples/experiments/config.py l.10: cta_ratio = 2 (train_rlpd.py l.317-338)
+HIL_SERL_TRAINING_STARTS = 100  # examples/experiments/config.py l.17: training_starts = 100 (train_rlpd.py l.278)
+HIL_SERL_CAPACITY = 200_000  # examples/experiments/config.py l.14: replay_buffer_capacity (each buffer)
+
+
+def hil_serl() -> ExperimentConfig:
+    """HIL-SERL (Luo et al. 2024) at the authors' code's settings (rail-berkeley/hil-serl at 5d02aed; state
+    observations: the code's pixel encoders do not apply): SAC with 2 LayerNorm critics, the TD target on the min of
+    both (serl_launcher/utils/launcher.py l.86-87: critic_ensemble_size 2, critic_subsample_size None;
+    agents/continuous/sac.py l.164-176), the actor on their mean (sac.py l.224), no entropy in the critic target
+    (launcher.py l.85: backup_entropy False; sac.py l.185-187), initial temperature 0.01 (launcher.py l.83), target
+    entropy -|A|/2 (sac.py l.414-415: target_entropy None), gamma 0.97 (examples/experiments/config.py l.11,
+    DefaultTrainingConfig; the tasks' configs set 0.97-0.985), tau 0.005 (sac.py l.369), Adam 3e-4 for actor, critic and
+    temperature (sac.py l.358-366; launcher.py passes none), widths 256x256 (launcher.py l.73-82), Xavier-uniform init
+    (common/common.py l.15, default_init), one actor + temperature step per 2 critic steps (config.py l.10: cta_ratio 2;
+    train_rlpd.py l.317-338: cta_ratio - 1 critic-only steps, then a critic + actor + temperature step:
+    ``agent.actor_every = 2``), batch 256 (config.py l.9) drawn half from the demonstrations and interventions, half
+    from the online rows (train_rlpd.py l.288-302, 50/50; the interventions go to both buffers, l.198-202: relive's
+    demonstration segment), no random actions (config.py l.16: random_steps 0), the first 100 online steps with the
+    initial policy before any update (config.py l.17, training_starts 100; train_rlpd.py l.278: warm-up with
+    ``warmup_policy = "agent"``), buffers of 200,000 rows (config.py l.14). The intervener is ``scripted`` with the
+    stand-in expert ``zero`` as ``hil_rlpd``'s; a person watching the task: ``--set intervention.kind=state``
+    (docs/hil.md).
+
+    What relive cannot express: the code's learner runs asynchronously beside the actor (agentlace), so its updates
+    per env step are whatever the machines give; relive runs one learner iteration (2 critic steps, 1 actor step) per
+    env step (``schedule.utd_ratio = 2``: relive's choice). Its MLPs use tanh, and the actor has LayerNorm too
+    (launcher.py l.73-82; relive: ReLU, no actor LayerNorm). Its actor's std is exp(linear) clipped to [1e-5, 5]
+    (launcher.py l.67-72; relive: log-std clamped to [-20, 2]). Its temperature is a softplus-parameterized Lagrange
+    multiplier (networks/lagrange.py l.81-83; relive learns log alpha). Its replay capacity is per buffer (online,
+    demonstrations); relive's ``replay.capacity`` counts the dataset's rows too, and the interventions have
+    ``intervention.demo_capacity`` of room."""
+    cfg = hil_rlpd()
+    agent = SACConfig(num_qs=2, num_min_qs=2, critic_layer_norm=True, actor_q_reduce="mean", init="xavier",
+                      gamma=0.97, tau=0.005, actor_lr=3e-4, critic_lr=3e-4, temp_lr=3e-4, init_temperature=0.01,
+                      target_entropy_scale=0.5, backup_entropy=False, hidden=(256, 256),
+                      actor_every=HIL_SERL_CRITIC_STEPS_PER_ACTOR_STEP)
+    schedule = ScheduleConfig(utd_ratio=HIL_SERL_CRITIC_STEPS_PER_ACTOR_STEP, batch_size=256,
+                              num_warmup_env_steps=HIL_SERL_TRAINING_STARTS, warmup_policy="agent")
+    return replace(cfg, preset="hil_serl", agent=agent, schedule=schedule,
+                   replay=replace(cfg.replay, capacity=HIL_SERL_CAPACITY),
+                   intervention=replace(cfg.intervention, demo_capacity=HIL_SERL_CAPACITY))
+
+
 WSRL_WARMUP_ENV_STEPS = 5000  # WSRL (Zhou et al., ICLR 2025): K = 5,000 warm-up steps with the pre-trained policy
 # The authors' code, zhouzypaul/wsrl at 891ee35 (read for issue 46 item 5): experiments/configs/wsrl_config.py l.9-13
 # and ensemble_config.py l.6-9 (the pre-training's --use_redq): critic_ensemble_size 10, critic_subsample_size 2,
@@ -458,7 +504,7 @@ PRESETS: dict[str, Callable[[], ExperimentConfig]] = {
     "ddpg_refer2": ddpg_refer2, "ddpg_paper": ddpg_paper, "ddpg_per_paper": ddpg_per_paper,
     "ddpg_refer_paper": ddpg_refer_paper, "ddpg_refer1_paper": ddpg_refer1_paper,
     "ddpg_refer2_paper": ddpg_refer2_paper, "sac_refer": sac_refer, "vracer": vracer, "vracer_refer": vracer_refer,
-    "sac_her": sac_her, "ddpg_her": ddpg_her, "hil_rlpd": hil_rlpd, "wsrl": wsrl, "td3": td3,
+    "sac_her": sac_her, "ddpg_her": ddpg_her, "hil_rlpd": hil_rlpd, "hil_serl": hil_serl, "wsrl": wsrl, "td3": td3,
     "ddqn_atari": ddqn_atari, "ddqn_atari100k": ddqn_atari100k, "ddqn_minatar": ddqn_minatar,
     "wsrl_pretrain": wsrl_pretrain,
 }

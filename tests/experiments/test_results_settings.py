@@ -37,7 +37,7 @@ else:  # (Python 3.10: the same parser as a package, as relive.experiments.grid)
     import tomli as tomllib
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results.md"
-CHECKED_SECTIONS = ("## PLD", "## WSRL")  # the sections whose tables carry a block (extend as others do)
+CHECKED_SECTIONS = ("## PLD", "## WSRL", "## HIL")  # the sections whose tables carry a block (extend as others do)
 BLOCK = re.compile(r"<!-- results-settings\n(.*?)-->", re.S)
 
 
@@ -176,3 +176,15 @@ def test_the_check_fails_on_a_table_without_a_block_or_a_row_without_an_entry():
     assert problem.startswith("## PLD: a made-up section") and "no results-settings block right after" in problem
     extra = doc.replace("| base alone | 5 | 0.28 |\n", "| base alone | 5 | 0.28 |\n| K = 2 | 5 | 0.3 |\n")
     assert [p.split("): ", 1)[1] for p in check_results(extra)] == ["row 'K = 2' has no entry in the block"]
+
+
+def test_the_hil_section_is_checked_and_a_wrong_hil_setting_is_caught():
+    """Issue 46 item 4: the HIL rows carry blocks too; one row's setting changed in a copy is reported."""
+    text = RESULTS.read_text()
+    (hil,) = [s for _, s in _sections(text) if s.startswith("## HIL")]
+    assert len(BLOCK.findall(hil)) >= 3 and len(_tables(hil)) >= 3
+    broken = text.replace('[rows."rlpd"]\nvariant = "rlpd"\nsame = { "intervention.kind" = "none", "agent.num_qs" = 10',
+                          '[rows."rlpd"]\nvariant = "rlpd"\nsame = { "intervention.kind" = "none", "agent.num_qs" = 2')
+    assert broken != text
+    (problem,) = check_results(broken)
+    assert problem.startswith("## HIL") and "ran with agent.num_qs = 2, cell hil-fetch:rlpd has 10" in problem

@@ -26,6 +26,55 @@ def test_the_presets_carry_their_settings():
     assert wsrl.agent_kind == "calql" and wsrl.agent.cql_alpha == 0 and not wsrl.agent.calibrate
 
 
+def test_hil_serl_is_the_authors_code_and_hil_rlpd_stays_rlpd():
+    """hil_serl at rail-berkeley/hil-serl's settings (the preset's docstring cites file and line for each)."""
+    hs = get_preset("hil_serl")
+    a = hs.agent
+    assert (hs.agent_kind, a.num_qs, a.num_min_qs, a.critic_layer_norm, a.actor_q_reduce, a.init) == (
+        "sac", 2, 2, True, "mean", "xavier")
+    assert (a.gamma, a.tau, a.init_temperature, a.target_entropy_scale, a.backup_entropy) == (0.97, 0.005, 0.01, 0.5,
+                                                                                            False)
+    assert (a.actor_lr, a.critic_lr, a.temp_lr, a.hidden) == (3e-4, 3e-4, 3e-4, (256, 256))
+    assert (a.actor_every, a.actor_per_env_step, hs.schedule.utd_ratio) == (2, False, 2)  # cta_ratio 2, 1 per step
+    s = hs.schedule
+    assert (s.batch_size, s.num_warmup_env_steps, s.warmup_policy, s.num_offline_grad_steps) == (256, 100, "agent", 0)
+    assert hs.replay.label == "mixture(offline=uniform, online=uniform)" and hs.replay.options.offline_fraction == 0.5
+    assert hs.replay.capacity == 200_000 and hs.intervention.demo_capacity == 200_000
+    assert hs.intervention.kind == "scripted" and hs.preset == "hil_serl"
+    hil = get_preset("hil_rlpd")
+    assert hil.agent == get_preset("rlpd").agent and hil.schedule == get_preset("rlpd").schedule
+
+
+def test_hil_serl_with_the_state_stand_in_from_the_cli_and_a_users_distance_from_a_plugin(tmp_path):
+    """A user's distance is code: it comes from a file named with --plugin (the command line), and config.json only
+    names it (an unregistered name is refused with the way to load it: test_intervention_state.py)."""
+    (tmp_path / "angle.py").write_text(ANGLE_PLUGIN)
+    data = save_dataset(tmp_path / "demos.npz", collect_dataset("Pendulum-v1", 100, seed=0))
+    run = tmp_path / "hs"
+    args = ["train", "hil_serl", "--env", "Pendulum-v1", "--dataset", str(data), "--online-steps", "100",
+            "--warmup", "50", "--eval-every", "100", "--log-every", "50", "--capacity", "600",
+            "--set", "intervention.kind=state", "--set", "intervention.distance=plugin_angle",
+            "--set", "intervention.rising_steps=2", "--set", "intervention.demo_capacity=200", *TINY]
+    assert main(["--plugin", str(tmp_path / "angle.py"), *args, "--run-dir", str(run)]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r for r in rows if r.get("phase") == "online"][-1]["collect/num_intervened_steps"] > 0
+    state = json.loads((run / "config.json").read_text())
+    assert state["preset"] == "hil_serl" and state["intervention"]["distance"] == "plugin_angle"
+
+
+ANGLE_PLUGIN = '''
+import numpy as np
+
+from relive.train.intervention import register_distance
+
+
+@register_distance("plugin_angle")
+def angle(spec, env):
+    """Pendulum's angle from upright, |theta| (its observation: cos theta, sin theta, theta dot)."""
+    return lambda obs: float(abs(np.arctan2(obs[1], obs[0])))
+'''
+
+
 def test_hil_rlpd_runs_from_the_cli(tmp_path):
     data = save_dataset(tmp_path / "demos.npz", collect_dataset("Pendulum-v1", 100, seed=0))
     run = tmp_path / "hil"

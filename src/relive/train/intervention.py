@@ -20,11 +20,14 @@ episode and bootstrapping from its true next observation stays right.
 
 Built-ins: :class:`ScriptedIntervener` (an expert or base policy takes over when the agent's proposal is farther than
 ``threshold`` from the expert's action, for ``hold_steps`` steps, within a ``budget`` of intervened steps: the stand-
-in for a person in tests and experiments) and :class:`DeviceIntervener` (a keyboard / gamepad read through a
+in for a person in tests and experiments), :class:`StateIntervener` (an expert takes over when the task goes wrong --
+its distance to success rose for a few steps -- after a reaction delay, and lets go when it is back on track: a
+person who watches the task) and :class:`DeviceIntervener` (a keyboard / gamepad read through a
 :class:`DeviceReader`; tests use a fake device, :class:`GamepadReader` needs pygame); the browser console
-(:mod:`relive.train.console`) is a third. ``intervention.kind`` names one in the registry
+(:mod:`relive.train.console`) is a fourth. ``intervention.kind`` names one in the registry
 (:func:`relive.registry.register_intervener`; a device reader in one class: :func:`register_device`). Experts are
-registered by name (:func:`register_expert`); ``intervention.expert`` picks one.
+registered by name (:func:`register_expert`); ``intervention.expert`` picks one; so are the state intervener's
+distances (:func:`register_distance`, ``intervention.distance``).
 """
 
 from __future__ import annotations
@@ -34,10 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import gymnasium as gym
 import numpy as np
 
 from relive.data.npz_io import save_dataset
-from relive.envs import env_spec, make_env
+from relive.envs import GOAL_KEYS, env_spec, has_goal_keys, make_env
 from relive.registry import InterventionBuild, intervener_entry, register_intervener
 from relive.train.collector import Collector
 from relive.types import AGENT, INTERVENTION, ColumnDecl
@@ -98,6 +102,89 @@ class ScriptedIntervener:
 
     def load_state_dict(self, state: dict) -> None:
         self.used, self.holding = int(state["used"]), int(state["holding"])
+
+
+AGENT_ACTS, REACTING, EXPERT_ACTS = 0, 1, 2  # StateIntervener's phases
+
+
+class StateIntervener:
+    """A stand-in for a person who watches the task, not the actions: the expert takes over when the task goes wrong
+    and lets go when it is back on track (issue 46 item 4). ``distance(obs)`` is the task's distance to success (a
+    goal task's ``||achieved_goal - desired_goal||``: :func:`goal_distance`; any other task: a registered function).
+
+    At each step (``d`` the distance at this step's observation, compared with the previous step's of the episode):
+
+    - the agent acts while the distance has not **risen at each of the last** ``rising_steps`` steps (strictly);
+      when it has, and ``d >= on_track_distance``, the person has seen the task go wrong: after ``reaction_steps``
+      more steps (the agent still acting; 0: this very step) the expert takes over, whatever happened meanwhile;
+    - the expert acts until the task is back on track: the distance **fell at each of the last** ``recovered_steps``
+      steps of the takeover, or ``d < on_track_distance``; at that step the agent acts again (a takeover therefore
+      lasts at least one step, and at least ``recovered_steps`` steps unless the distance drops below
+      ``on_track_distance``);
+    - at most ``budget`` intervened steps in the run (0: no limit); a takeover stops when it is spent.
+
+    An episode starts with the agent in control and no history. Phase, counters and the last distance are its
+    state (checkpointed with the collector)."""
+
+    def __init__(self, expert: Callable, distance: Callable, rising_steps: int = 3, recovered_steps: int = 3,
+                 reaction_steps: int = 0, on_track_distance: float = 0.0, budget: int = 0):
+        if int(rising_steps) < 1 or int(recovered_steps) < 1 or int(reaction_steps) < 0 or int(budget) < 0:
+            raise ValueError(f"intervention: need rising_steps >= 1, recovered_steps >= 1, reaction_steps >= 0 and "
+                             f"budget >= 0, got {rising_steps!r}, {recovered_steps!r}, {reaction_steps!r}, {budget!r}")
+        if not (isinstance(on_track_distance, int | float) and np.isfinite(on_track_distance)
+                and on_track_distance >= 0):
+            raise ValueError(f"intervention.on_track_distance must be a finite number >= 0, got {on_track_distance!r}")
+        self.expert, self.distance = expert, distance
+        self.rising_steps, self.recovered_steps = int(rising_steps), int(recovered_steps)
+        self.reaction_steps, self.on_track_distance = int(reaction_steps), float(on_track_distance)
+        self.budget = int(budget)
+        self.used = 0  # intervened steps so far (all episodes)
+        self.phase, self.countdown = AGENT_ACTS, 0  # (who acts; steps left of the reaction)
+        self.last: float | None = None  # the previous step's distance (None: the episode's first step)
+        self.rising = self.falling = 0  # steps in a row the distance rose / fell
+
+    def __call__(self, obs, proposed: np.ndarray) -> tuple[bool, np.ndarray]:
+        d = float(self.distance(obs))
+        if not np.isfinite(d):
+            raise ValueError(f"intervention.distance returned {d!r}; a distance must be a finite number")
+        if self.last is not None:
+            self.rising = self.rising + 1 if d > self.last else 0
+            self.falling = self.falling + 1 if d < self.last else 0
+        self.last = d
+        if self.budget and self.used >= self.budget:
+            self.phase = AGENT_ACTS
+            return False, proposed
+        if self.phase == EXPERT_ACTS and (self.falling >= self.recovered_steps or d < self.on_track_distance):
+            self.phase = AGENT_ACTS  # back on track: the person lets go
+            return False, proposed
+        if self.phase == REACTING:
+            self.countdown -= 1
+            if self.countdown == 0:
+                self._take_over()
+        elif (self.phase == AGENT_ACTS and self.rising >= self.rising_steps
+              and d >= self.on_track_distance):  # going wrong: the person reacts
+            self.phase, self.countdown = REACTING, self.reaction_steps
+            if self.countdown == 0:
+                self._take_over()
+        if self.phase != EXPERT_ACTS:
+            return False, proposed
+        self.used += 1
+        return True, np.asarray(self.expert(obs), dtype=np.asarray(proposed).dtype).reshape(np.shape(proposed))
+
+    def _take_over(self) -> None:
+        self.phase, self.falling = EXPERT_ACTS, 0  # (the fall that ends a takeover is counted within it)
+
+    def on_episode_start(self) -> None:
+        self.phase, self.countdown, self.last, self.rising, self.falling = AGENT_ACTS, 0, None, 0, 0
+
+    def state_dict(self) -> dict:
+        return {"used": self.used, "phase": self.phase, "countdown": self.countdown, "last": self.last,
+                "rising": self.rising, "falling": self.falling}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.used, self.phase, self.countdown = int(state["used"]), int(state["phase"]), int(state["countdown"])
+        self.last = None if state["last"] is None else float(state["last"])
+        self.rising, self.falling = int(state["rising"]), int(state["falling"])
 
 
 @dataclass(frozen=True)
@@ -194,6 +281,56 @@ def _reach_goal_expert(spec, env, gain: float = 10.0):
     return act
 
 
+# -- the task's distance to success by name (intervention.distance; the state intervener) ---------------------------
+DISTANCES: dict[str, Callable] = {}
+
+
+def register_distance(name: str):
+    """``factory(spec, env) -> distance(obs) -> float`` registered as ``intervention.distance = name``: the task's
+    distance to success (lower is better; the :class:`StateIntervener` watches it rise and fall). ``obs`` is one env's
+    observation as the collector sees it. A user's function is code: it comes in with the module that registers it
+    (``relive --plugin FILE``), never from a config file, which only names it."""
+    def deco(factory):
+        if not name.isidentifier():
+            raise ValueError(f"distance name must be an identifier, got {name!r}")
+        DISTANCES[name] = factory
+        return factory
+    return deco
+
+
+@register_distance("goal")
+def goal_distance(spec, env) -> Callable:
+    """A goal task's (Gymnasium-Robotics: dict observations with ``achieved_goal`` / ``desired_goal``)
+    ``||achieved_goal - desired_goal||_2``: from the dict, or from the flat vector relive makes of it
+    (``gymnasium.wrappers.FlattenObservation``, unflattened with the wrapped env's Dict space)."""
+    space = _goal_dict_space(env)
+    if space is None:
+        raise ValueError(f"intervention.distance = 'goal' needs a goal task (dict observations with "
+                         f"{GOAL_KEYS}); {spec.id} has {getattr(env, 'observation_space', None)}. Register a distance "
+                         "of your own (relive.train.intervention.register_distance, loaded with relive --plugin FILE) "
+                         "and name it: --set intervention.distance=NAME")
+
+    def distance(obs) -> float:
+        if not isinstance(obs, dict):
+            obs = gym.spaces.unflatten(space, np.asarray(obs))
+        return float(np.linalg.norm(np.asarray(obs["achieved_goal"], np.float64)
+                                    - np.asarray(obs["desired_goal"], np.float64)))
+    return distance
+
+
+def _goal_dict_space(env):
+    """The goal Dict space of the observations the collector sees: the env's own, or the one a FlattenObservation
+    wrapper flattens; None when neither is a goal dict."""
+    while env is not None:
+        if has_goal_keys(env.observation_space):
+            return env.observation_space
+        if isinstance(env, gym.wrappers.FlattenObservation):
+            inner = env.env.observation_space
+            return inner if has_goal_keys(inner) else None
+        env = getattr(env, "env", None)
+    return None
+
+
 def expert_dataset(env_id: str, expert: str, num_episodes: int, path, seed: int = 0,
                    max_episode_steps: int | None = None):
     """A few demonstrations: ``num_episodes`` whole episodes of a registered expert on ``env_id``, saved as a relive
@@ -231,6 +368,22 @@ def _scripted(ctx: InterventionBuild) -> ScriptedIntervener:
     if ic.expert not in EXPERTS:
         raise ValueError(f"intervention.expert {ic.expert!r} is not registered; known: {sorted(EXPERTS)}")
     return ScriptedIntervener(EXPERTS[ic.expert](ctx.spec, ctx.env), ic.threshold, ic.budget, ic.hold_steps)
+
+
+@register_intervener("state")
+def _state(ctx: InterventionBuild) -> StateIntervener:
+    """An expert takes over when the task goes wrong, after a reaction delay, until it is back on track (a person
+    watching the task: intervention.expert, distance, rising_steps, reaction_steps, recovered_steps,
+    on_track_distance, budget)."""
+    ic = ctx.config.intervention
+    if ic.expert not in EXPERTS:
+        raise ValueError(f"intervention.expert {ic.expert!r} is not registered; known: {sorted(EXPERTS)}")
+    if ic.distance not in DISTANCES:
+        raise ValueError(f"intervention.distance {ic.distance!r} is not registered; known: {sorted(DISTANCES)} (a "
+                         "function of your own: register it with relive.train.intervention.register_distance in a "
+                         "file and load it with `relive --plugin FILE train ...`)")
+    return StateIntervener(EXPERTS[ic.expert](ctx.spec, ctx.env), DISTANCES[ic.distance](ctx.spec, ctx.env),
+                           ic.rising_steps, ic.recovered_steps, ic.reaction_steps, ic.on_track_distance, ic.budget)
 
 
 def register_device(name: str, renders: bool = False):

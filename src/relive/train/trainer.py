@@ -498,7 +498,7 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
                          "process (env.num_envs = 1, collectors.num = 0, an env.id) and the replay on the host "
                          "(replay.device unset)")
     ic = cfg.intervention
-    if ic.kind == "scripted" and ic.budget > ic.demo_capacity:
+    if ic.kind in ("scripted", "state") and ic.budget > ic.demo_capacity:
         raise ValueError(f"intervention.budget ({ic.budget} intervened steps) exceeds intervention.demo_capacity "
                          f"({ic.demo_capacity} rows of room for them): the run would stop when the segment fills up")
 
