@@ -37,7 +37,7 @@ else:  # (Python 3.10: the same parser as a package, as relive.experiments.grid)
     import tomli as tomllib
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results.md"
-CHECKED_SECTIONS = ("## PLD", "## WSRL")  # the sections whose tables carry a block (extend as others do)
+CHECKED_SECTIONS = ("## PLD", "## WSRL", "## HER")  # the sections whose tables carry a block (extend as others do)
 BLOCK = re.compile(r"<!-- results-settings\n(.*?)-->", re.S)
 
 
