@@ -354,48 +354,59 @@ def sac_her() -> ExperimentConfig:
                             schedule=ScheduleConfig(batch_size=256, num_warmup_env_steps=1000))
 
 
-HER_CYCLE_ENV_STEPS, HER_CYCLE_GRAD_STEPS = 100, 40  # App. A: a cycle = 2 episodes of 50 steps, then 40 updates
+HER_CYCLE_ENV_STEPS, HER_CYCLE_GRAD_STEPS = 100, 40  # baselines: a cycle = rollout_batch_size 2 episodes of T = 50
+# steps, then n_batches 40 updates (her/experiment/train.py: the target update after them)
 
-# ddpg_her against the HER paper's Appendix A ("Experiment details", Andrychowicz et al. 2017), value by value:
-#   as the paper       3 hidden layers x 64 ReLU, tanh actor output; Adam lr 0.001 (actor and critic); batch 128
-#                      per update; buffer 10^6 transitions; gamma 0.98 for every transition; critic targets clipped
-#                      to [-1/(1-gamma), 0]; Gaussian noise of 5% of each action coordinate's range; a cycle = 2
-#                      episodes of 50 steps then 40 updates; target decay 0.95 once per cycle (here spread over the
-#                      cycle's 40 updates: tau = 1 - 0.95^(1/40), the same decay per cycle); k = 4, "future".
-#   do not fit this machine (2 cores, shared; <= 25 min of one core per pilot run):
-#     - 8 workers ("distributed over 8 threads"): each cycle 8 x 2 episodes and gradients averaged over 8 x 128
-#       rows. Here one worker: 100 env steps and 40 updates of 128 rows per cycle (1/8 of the data per update).
-#     - 200 epochs x 50 cycles x 2 episodes x 50 steps x 8 workers = 8 x 10^6 env steps (1 x 10^6 per worker).
-#       Here a budget in env steps (--online-steps): FetchReach 2 x 10^4 (the her-fetch grid), FetchPush ~1.5 x
-#       10^5 in 25 min (docs/results.md).
-#   not in relive's DDPG (not a machine limit): 20% uniformly random actions; inputs normalized by running mean /
-#   std, clipped to [-5, 5]; test episodes with the target actor (relive evaluates the online actor). The actor
-#   penalty: the paper penalizes the squared tanh pre-activations, its code (OpenAI baselines) the squared action
-#   in half-widths with coefficient 1 -- agent.action_l2 = 1 is the code's.
-# The authors' code differs from the paper's App. A (checked: openai/baselines her/experiment/config.py
-# DEFAULT_PARAMS): networks 3 x 256 (layers 3, hidden 256), batch_size 256 per worker, random_eps 0.3 (30% random
-# actions), noise_eps 0.2 (Gaussian std of 20% of max_u), polyak 0.95 per cycle, n_batches 40 per cycle of
-# rollout_batch_size 2 episodes, buffer 10^6, action_l2 1.0, norm_clip 5, clip_obs 200, gamma 1 - 1/T (0.98 for
-# T = 50), replay_k 4 future. ddpg_her follows the paper's values above, not these.
+# ddpg_her is the authors' code, OpenAI baselines' HER (checked for issue 46 item 3: her/experiment/config.py
+# DEFAULT_PARAMS at 152971d, her/ddpg.py and her/normalizer.py), on one worker, value by value:
+#   layers 3, hidden 256                 -> agent.hidden = (256, 256, 256)
+#   Q_lr 0.001, pi_lr 0.001 (Adam)       -> agent.critic_lr = agent.actor_lr = 1e-3
+#   batch_size 256 (per MPI worker)      -> schedule.batch_size = 256
+#   buffer_size 1e6                      -> replay capacity 10^6
+#   polyak 0.95 (once per cycle)         -> agent.tau = 1 - 0.95^(1/40) per gradient step: the same decay per cycle
+#   n_batches 40, rollout_batch_size 2   -> cycles of 100 env steps (2 x T = 50) then 40 gradient steps
+#   gamma = 1 - 1/T (prepare_params)     -> 0.98 for T = 50 (Fetch)
+#   clip_return 1/(1-gamma), clip_pos_returns True (configure_ddpg) -> agent.target_range = (-1/(1-gamma), 0)
+#   action_l2 1.0 (on pi / max_u)        -> agent.action_l2 = 1.0
+#   noise_eps 0.2 (std in units of max_u) -> agent.sigma = 0.2 (half-widths: max_u is the box's half-width)
+#   random_eps 0.3                       -> agent.random_eps = 0.3
+#   norm_eps 0.01, norm_clip 5, clip_obs 200 -> agent.obs_norm with obs_norm_eps 0.01, obs_norm_clip 5, obs_clip 200
+#   relative_goals False                 -> the networks read the goal as it is (agent.obs_keys)
+#   replay_strategy future, replay_k 4   -> replay her, k = 4, future
+#   test_with_polyak False               -> evaluation with the online actor (relive's way)
+#   n_test_rollouts 10                   -> run.eval_episodes 10
+# What differs: the HER paper ran 8 workers (App. A, "8 threads", as cited here before, not re-read) and Plappert et
+# al. 2018 19 MPI processes x 2 trajectories (the code's her/README.md, "Reproducing results"), each worker with
+# rollout_batch_size 2 episodes, the gradients of 8 (19) x 256 rows averaged (MpiAdam) and the normalizer's sums
+# synchronized over the workers; here one worker, one env, batches of 256: 1/8 (1/19) of the data per cycle and
+# per update. (The README: FetchReach-v1 is solved in < 5k steps with `baselines.run --alg=her`, not checked.) Its
+# n_cycles 50 per epoch (10 for FetchReach-v1, DEFAULT_ENV_PARAMS) and its number of epochs only set the budget:
+# here --online-steps. Its normalizer sees HER-relabeled goals (store_episode draws the new episodes' transitions
+# through the HER sampler), relive's the collected rows (agent.obs_norm in relive.agents.ddpg).
+# The HER paper's App. A (Andrychowicz et al. 2017; values as cited here before, not re-read for this change)
+# differs from the code: 3 x 64 networks, batch 128, Gaussian noise of 5% of the action range, 20% random actions.
 
 
 def ddpg_her() -> ExperimentConfig:
-    """DDPG + HER at the HER paper's Fetch setting (Andrychowicz et al. 2017, App. A), one worker: 3x64 ReLU
-    networks, Adam 1e-3 for actor and critic, batch 128, buffer 10^6, gamma 0.98, critic targets clipped to
-    [-1/(1-gamma), 0], the actor's action L2 penalty 1, Gaussian exploration of 5% of the action range (sigma 0.1
-    half-widths), cycles of 2 episodes (100 env steps) then 40 gradient steps, k = 4 future. The paper's target
-    update (decay 0.95 once per cycle) is its per-gradient-step equivalent tau = 1 - 0.95^(1/40). Not as the paper:
-    its 8 parallel workers (gradients averaged over 8 x 128 rows; this machine has 2 cores: one worker, batch 128);
-    its 20% uniformly random actions and its input normalization (running mean / std, clipped to 5) -- relive's
-    DDPG has neither; its test episodes with the target actor (relive evaluates the actor); its 200 epochs (set
-    --steps). TD3's target smoothing: --set agent.target_noise=0.2."""
+    """DDPG + HER at the authors' code's settings (OpenAI baselines her/experiment/config.py DEFAULT_PARAMS; each
+    value with its name in the comment above this function), one worker: 3x256 networks, Adam 1e-3, batch 256,
+    buffer 10^6, gamma 0.98 (1 - 1/T), critic targets clipped to [-1/(1-gamma), 0], action L2 1, Gaussian noise of
+    std 0.2 x max_u, 30% uniformly random actions, inputs (observation and desired goal) normalized by running
+    mean / std (eps 0.01, clipped to 5; raw inputs clipped to 200), cycles of 2 episodes (100 env steps) then 40
+    gradient steps, the target decay 0.95 once per cycle as tau = 1 - 0.95^(1/40) per step, k = 4 future,
+    evaluation with the online actor. Not as the code: 8 MPI workers x 2 rollouts (gradients and statistics
+    averaged over 8 x 256 rows; here one worker, batch 256); the statistics from the collected rows (the code's
+    include HER-relabeled goals); the budget in env steps (set --online-steps). The HER paper's App. A setting
+    (3x64, batch 128, 5% noise, 20% random): --set agent.hidden=[64,64,64] --batch-size 128 --set agent.sigma=0.1
+    --set agent.random_eps=0.2. TD3's target smoothing: --set agent.target_noise=0.2."""
     return ExperimentConfig(
         preset="ddpg_her", agent_kind="ddpg",
-        agent=DDPGConfig(hidden=(64, 64, 64), actor_lr=1e-3, critic_lr=1e-3, gamma=HER_GAMMA,
-                         tau=1 - 0.95 ** (1 / HER_CYCLE_GRAD_STEPS), sigma=0.1, action_l2=1.0,
-                         target_range=(-1 / (1 - HER_GAMMA), 0.0), obs_keys=HER_OBS_KEYS),
+        agent=DDPGConfig(hidden=(256, 256, 256), actor_lr=1e-3, critic_lr=1e-3, gamma=HER_GAMMA,
+                         tau=1 - 0.95 ** (1 / HER_CYCLE_GRAD_STEPS), sigma=0.2, random_eps=0.3, action_l2=1.0,
+                         target_range=(-1 / (1 - HER_GAMMA), 0.0), obs_norm=True, obs_norm_eps=0.01,
+                         obs_norm_clip=5.0, obs_clip=200.0, obs_keys=HER_OBS_KEYS),
         env=HER_ENV, run=HER_RUN, replay=HER_REPLAY,
-        schedule=ScheduleConfig(batch_size=128, env_steps_per_chunk=HER_CYCLE_ENV_STEPS,
+        schedule=ScheduleConfig(batch_size=256, env_steps_per_chunk=HER_CYCLE_ENV_STEPS,
                                 grad_steps_per_chunk=HER_CYCLE_GRAD_STEPS, num_warmup_env_steps=0,
                                 warmup_policy="agent"))
 

@@ -28,7 +28,7 @@ REGISTERED: dict[str, tuple[str, ...]] = {
     "sac": ("sac", "rlpd"),
     "calql": ("calql", "calql_lagrange", "calql_corl"),
     "ddqn": ("ddqn",),
-    "ddpg": ("ddpg", "ddpg_refer", "td3"),
+    "ddpg": ("ddpg", "ddpg_refer", "td3", "ddpg_her"),
     "sac_refer": ("sac_refer",),
     "vracer": ("vracer", "vracer_refer"),
     "residual_sac": ("residual_sac", "residual_sac_pretrain"),
@@ -44,7 +44,8 @@ HINTED = ("ddpg_refer", "sac_refer", "vracer_refer")
 # the per-sample signals each kind's update promises (what the samplers read: PER td_error, ARB log_likelihood,
 # ReF-ER rho)
 SIGNALS = {k: {"td_error", "log_likelihood"} for k in ("sac", "rlpd", "calql", "calql_lagrange", "calql_corl")} | {
-    "ddqn": {"td_error"}, "ddpg": {"td_error"}, "td3": {"td_error"}, "ddpg_refer": {"td_error", "rho"},
+    "ddqn": {"td_error"}, "ddpg": {"td_error"}, "td3": {"td_error"}, "ddpg_her": {"td_error"},
+    "ddpg_refer": {"td_error", "rho"},
     "sac_refer": {"td_error", "log_likelihood", "rho"}, "vracer": {"rho", "td_error"},
     "vracer_refer": {"rho", "td_error"},
     "residual_sac": {"td_error"}, "residual_sac_pretrain": {"td_error"}}
@@ -88,6 +89,11 @@ def make(kind: str, seed: int = 0, **overrides):
     if kind == "td3":  # twin critics and smoothing; actor every step so that one update exercises everything
         cfg = dict(SMALL, num_critics=2, target_noise=0.2, actor_every=1)
         return DDPG(OBS, ACT, LOW, HIGH, DDPGConfig(**(cfg | overrides)), seed=seed)
+    if kind == "ddpg_her":  # the HER code's options: random actions, inputs normalized by statistics of some rows
+        cfg = dict(SMALL, random_eps=0.3, obs_norm=True, action_l2=1.0, target_range=(-50.0, 0.0))
+        agent = DDPG(OBS, ACT, LOW, HIGH, DDPGConfig(**(cfg | overrides)), seed=seed)
+        agent.observe_rows(np.random.default_rng(seed + 7).normal(2.0, 3.0, size=(40, OBS)))
+        return agent
     if kind == "sac_refer":
         return SACReFER(OBS, ACT, LOW, HIGH, SACReFERConfig(**(SMALL | overrides)), seed=seed)
     if kind in ("vracer", "vracer_refer"):

@@ -137,6 +137,7 @@ NOT_IS_WEIGHTED = {
              "states unweighted; is_weight corrects the critic's TD loss only"),
     "ddpg_refer": (("actor", "target_actor"), "as ddpg; and ReF-ER's Rule 2 KL is over every covered row"),
     "td3": (("actor", "target_actor"), "as ddpg (TD3 changes the critic side: twin critics, smoothed targets)"),
+    "ddpg_her": (("actor", "target_actor"), "as ddpg (the HER code's options change acting and the inputs)"),
     "sac_refer": (("actor",), "under ReF-ER hints the Rule 2 KL penalty (Eq. 10) is over every covered row, "
                   "unweighted (the SAC part of the actor loss is weighted)"),
 }

@@ -37,7 +37,8 @@ else:  # (Python 3.10: the same parser as a package, as relive.experiments.grid)
     import tomli as tomllib
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results.md"
-CHECKED_SECTIONS = ("## PLD", "## WSRL", "## HIL")  # the sections whose tables carry a block (extend as others do)
+# the sections whose tables carry a block (extend as others do)
+CHECKED_SECTIONS = ("## PLD", "## WSRL", "## HER", "## HIL")
 BLOCK = re.compile(r"<!-- results-settings\n(.*?)-->", re.S)
 
 

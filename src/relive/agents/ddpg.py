@@ -7,6 +7,27 @@ record ``mu_mean = m^w(s)`` and ``mu_std = sigma`` per dimension (env units); ``
 Ornstein-Uhlenbeck noise is an option only without ReF-ER (its density is not tractable). rho is evaluated at the
 clipped, stored action: at the box's faces this is the Gaussian density, not the clipped distribution's mass.
 
+The HER code's exploration and inputs (openai/baselines her/ddpg.py, ``get_actions`` and ``_preprocess_og``; options,
+off by default; the ``ddpg_her`` preset turns them on):
+  - ``sigma`` is baselines' ``noise_eps``: its noise is ``noise_eps * max_u * N(0, 1)`` on a box [-max_u, max_u],
+    whose half-width is max_u, so ``sigma = noise_eps`` exactly (on any box: sigma x the half-width);
+  - ``random_eps``: after the noise and the clip, each env's action is replaced, with probability random_eps, by
+    one drawn uniformly from the box (baselines: ``u += binomial(1, random_eps) * (uniform(-max_u, max_u) - u)``).
+    The behaviour is then a mixture with no Gaussian density: refused under ReF-ER;
+  - ``obs_norm``: the network inputs (the ``obs_keys`` concatenated: observation and desired goal) are clipped to
+    [-obs_clip, obs_clip], then normalized per dimension by running statistics and clipped:
+    clip((x - mean) / std, -obs_norm_clip, obs_norm_clip), at acting, training (obs and next_obs of every batch,
+    for the actor, the critic and their targets) and evaluation time. The statistics are baselines' Normalizer
+    (her/normalizer.py): sums of x and x^2 over the rows seen and a count that starts at 1 (its count variable's
+    ``tf.ones_initializer``), mean = sum / count, std = sqrt(max(eps^2, sumsq / count - mean^2)), recomputed after
+    each update; before the first update mean 0 and std 1. Per dimension, so one normalizer over the concatenated
+    input is baselines' two (o_stats, g_stats). **What updates them**: the stored rows of each online episode when
+    it ends (an ``OnEpisodeEnd`` hook: each row's obs once, as collected). Baselines updates them when it stores an
+    episode batch, from as many transitions drawn from that batch with HER's relabeling, so its goal statistics
+    mix the episodes' desired goals with achieved goals (80% at k = 4); relive's goal statistics are the desired
+    goals as collected. Offline rows (a dataset) do not enter the statistics. Saved in checkpoints (the agent's
+    state: plain arrays), shipped with the actor to Ray collectors.
+
 ``update(batch)``, in the paper's order:
   0. ReF-ER only: learning rates lr / (1 + A t) (Eq. 13; the sampler's ``lr_scale`` hint), and per row
      rho = pi^w(a|s) / mu(a|s) with pi^w = N(m^w(s), sigma^2 I), i.e.
@@ -48,7 +69,7 @@ from relive.agents import encoders as enc
 from relive.agents import networks as nets
 from relive.agents import refer
 from relive.agents.encoders import flat_obs, flat_obs_batch
-from relive.hooks import OnEpisodeStart
+from relive.hooks import OnEpisodeEnd, OnEpisodeStart
 from relive.registry import register_agent
 from relive.types import Acted, Batch, ColumnDecl, UpdateResult
 
@@ -94,6 +115,18 @@ class DDPGConfig:
     target_range: tuple[float, float] | None = None
     # dict observations (goal-conditioned tasks): the keys the networks read, concatenated in sorted order; (): all
     obs_keys: tuple[str, ...] = ()
+    # the HER code's exploration (openai/baselines her/ddpg.py get_actions; DEFAULT_PARAMS random_eps 0.3): the
+    # probability that an exploring step's action is replaced by a uniformly random one from the box; 0: never
+    # (sigma above is baselines' noise_eps, 0.2 there: Gaussian std in fractions of max_u, the box's half-width)
+    random_eps: float = 0.0
+    # the HER code's input normalization (baselines her/normalizer.py, her/ddpg.py _preprocess_og; DEFAULT_PARAMS
+    # norm_eps 0.01, norm_clip 5, clip_obs 200): inputs clipped to [-obs_clip, obs_clip], then
+    # clip((x - mean) / std, -obs_norm_clip, obs_norm_clip) with running statistics of the collected rows (module
+    # docstring); obs_norm_eps floors std. Off: the inputs as they are (obs_clip unused)
+    obs_norm: bool = False
+    obs_norm_eps: float = 0.01
+    obs_norm_clip: float = 5.0
+    obs_clip: float = 200.0
 
     def __post_init__(self):
         if not 0 < self.tau <= 1 or not 0 <= self.gamma <= 1:
@@ -118,6 +151,13 @@ class DDPGConfig:
                                               or not self.target_range[0] < self.target_range[1]):
             raise ValueError(f"target_range must be (low, high) with low < high, or null, got {self.target_range}")
         enc.check_obs_keys(self.obs_keys)
+        if not 0 <= self.random_eps <= 1:
+            raise ValueError(f"random_eps must be in [0, 1], got {self.random_eps}")
+        if not isinstance(self.obs_norm, bool):
+            raise ValueError(f"obs_norm must be a bool, got {self.obs_norm!r}")
+        if not (self.obs_norm_eps > 0 and self.obs_norm_clip > 0 and self.obs_clip > 0):
+            raise ValueError(f"obs_norm_eps, obs_norm_clip and obs_clip must be > 0, got {self.obs_norm_eps}, "
+                             f"{self.obs_norm_clip}, {self.obs_clip}")
         for name in ("num_critics", "actor_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -153,11 +193,53 @@ class DeterministicActor(nn.Module):
         return self.center + self.scale * torch.tanh(self.net(obs))
 
 
+class InputNormalizer(nn.Module):
+    """Running mean / std of the network inputs, as baselines' Normalizer (her/normalizer.py) with its clips
+    (her/ddpg.py ``_preprocess_og``): ``x -> clip((clip(x, -obs_clip, obs_clip) - mean) / std, -clip, clip)``.
+
+    ``update(x)`` adds rows (clipped to obs_clip first, as baselines feeds its preprocessed rows) to the sums, then
+    recomputes mean = sum / count and std = sqrt(max(eps^2, sumsq / count - mean^2)); count starts at 1 (baselines'
+    ``tf.ones_initializer``), mean and std start at 0 and 1. Sums in float64 (baselines: float32)."""
+
+    count: torch.Tensor  # (buffers registered in __init__)
+    sum: torch.Tensor
+    sumsq: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, dim: int, eps: float = 0.01, clip: float = 5.0, obs_clip: float = 200.0):
+        super().__init__()
+        self.eps, self.clip, self.obs_clip = float(eps), float(clip), float(obs_clip)
+        self.register_buffer("count", torch.ones(1, dtype=torch.float64))
+        self.register_buffer("sum", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("sumsq", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+
+    @torch.no_grad()
+    def update(self, x) -> None:
+        x = torch.as_tensor(np.asarray(x, np.float64), device=self.sum.device).reshape(-1, self.sum.shape[0])
+        x = x.clamp(-self.obs_clip, self.obs_clip)
+        self.sum += x.sum(0)
+        self.sumsq += (x * x).sum(0)
+        self.count += x.shape[0]
+        mean = self.sum / self.count
+        var = torch.clamp(self.sumsq / self.count - mean * mean, min=self.eps**2)
+        self.mean.copy_(mean)
+        self.std.copy_(var.sqrt())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.clamp(-self.obs_clip, self.obs_clip)
+        return ((x - self.mean) / self.std).clamp(-self.clip, self.clip)
+
+
 @register_agent("ddpg", DDPGConfig)
 class DDPG:
     """DDPG with optional ReF-ER rules (see the module docstring)."""
 
-    acting_modules = ("actor",)  # what a Ray collector's copy needs to act (relive.train.ray_collectors)
+    # what a Ray collector's copy needs to act (relive.train.ray_collectors); the normalizer is the identity's
+    # few numbers when obs_norm is off
+    acting_modules = ("actor", "obs_normalizer")
 
     def __init__(self, obs_dim: int, action_dim: int, action_low, action_high, config: DDPGConfig | None = None,
                  seed: int = 0, device: str = "cpu"):
@@ -179,6 +261,8 @@ class DDPG:
         self.critic_opt = nets.adam(self.critic.parameters(), cfg.critic_lr, cfg.critic_weight_decay)
         self.std = cfg.sigma * self.actor.scale  # [A] exploration std in env units: mu's and (pinned) pi's
         self.ou_state = torch.zeros(0, action_dim, device=self.device)  # [N, A] OU noise, in half-widths
+        self.obs_normalizer = InputNormalizer(obs_dim, cfg.obs_norm_eps, cfg.obs_norm_clip,
+                                              cfg.obs_clip).to(self.device)
         self.num_updates = 0
 
     @classmethod
@@ -207,7 +291,7 @@ class DDPG:
         """``Acted(action [N, A], record={"mu_mean": m^w(s), "mu_std": sigma})``: a = m^w(s) + noise if
         ``explore``, else m^w(s); clipped to the box. A single observation gives a single bare action."""
         o, single = nets.as_obs_tensor(enc.pick_keys(obs, self.cfg.obs_keys), self.obs_dim, self.device)
-        mean = self.actor(o)
+        mean = self.actor(self.inputs(o))
         a = mean
         if explore:
             if self.cfg.exploration_noise == "gaussian":
@@ -215,6 +299,12 @@ class DDPG:
             else:
                 a = mean + self.actor.scale * self._ou_step(mean.shape[0])
         a = np.clip(a.cpu().numpy(), self.action_low, self.action_high)
+        if explore and self.cfg.random_eps > 0:  # baselines' eps-greedy: the whole action, per env, after the clip
+            n = a.shape[0]
+            pick = torch.rand(n, generator=self.gen, device=self.device) < self.cfg.random_eps
+            u = torch.rand(a.shape, generator=self.gen, device=self.device).cpu().numpy()
+            a = np.where(pick.cpu().numpy()[:, None], self.action_low + u * (self.action_high - self.action_low), a)
+            a = a.astype(np.float32)
         if single:
             return a[0]
         m = mean.cpu().numpy()
@@ -236,8 +326,19 @@ class DDPG:
         elif env < self.ou_state.shape[0]:
             self.ou_state[env] = 0.0
 
+    def inputs(self, obs: torch.Tensor) -> torch.Tensor:
+        """The networks' input: ``obs`` (flat, torch) normalized when ``obs_norm`` is on, else as it is."""
+        return self.obs_normalizer(obs) if self.cfg.obs_norm else obs
+
+    def observe_rows(self, obs) -> None:
+        """Add stored rows' observations (a dict observation: the ``obs_keys``) to the input statistics."""
+        self.obs_normalizer.update(flat_obs(enc.pick_keys(obs, self.cfg.obs_keys)))
+
     def loop_hooks(self, ctx) -> list:
-        return [OnEpisodeStart(self.reset_noise, per_env=True)] if self.cfg.exploration_noise == "ou" else []
+        hooks: list = [OnEpisodeStart(self.reset_noise, per_env=True)] if self.cfg.exploration_noise == "ou" else []
+        if self.cfg.obs_norm:  # the statistics from each online episode's stored rows, once each, when it ends
+            hooks.append(OnEpisodeEnd(lambda slots: self.observe_rows(ctx.buffer.storage.read("obs", slots))))
+        return hooks
 
     # -- ReF-ER ----------------------------------------------------------------------------------------
     def log_rho(self, mean: torch.Tensor, action, mu_mean, mu_std) -> torch.Tensor:
@@ -249,14 +350,14 @@ class DDPG:
         """The sampler's recount: clipped log rho of stored rows under the current actor: [n] NumPy."""
         t = [torch.as_tensor(np.asarray(x, np.float32), device=self.device)
              for x in (flat_obs(enc.pick_keys(obs, self.cfg.obs_keys)), action, mu_mean, mu_std)]
-        return self.log_rho(self.actor(t[0]), *t[1:]).cpu().numpy()
+        return self.log_rho(self.actor(self.inputs(t[0])), *t[1:]).cpu().numpy()
 
     def refer_masks(self, b: Batch, mean: torch.Tensor | None = None):
         """(covered, near, rho, mu_std) of a torch batch under the current actor (``refer.batch_rows``); ``mean``:
         m^w(s) of the batch if already computed."""
-        if "c_max" in b.info.hints and self.cfg.exploration_noise != "gaussian":
+        if "c_max" in b.info.hints and (self.cfg.exploration_noise != "gaussian" or self.cfg.random_eps > 0):
             raise ValueError("ReF-ER needs Gaussian exploration (rho needs the behaviour's density); "
-                             f"exploration_noise is {self.cfg.exploration_noise!r}")
+                             f"exploration_noise is {self.cfg.exploration_noise!r}, random_eps {self.cfg.random_eps}")
         m = (lambda: self.actor(b.obs)) if mean is None else (lambda: mean)
         return refer.batch_rows(b, lambda mu_std: self.log_rho(m(), b.action, b.mu_mean, mu_std), self.cfg.refer_rule1)
 
@@ -365,7 +466,10 @@ class DDPG:
             raise ValueError(f"batch.obs must have shape [B, {self.obs_dim}], got {tuple(batch.obs.shape)}")
         if batch.action.ndim != 2 or batch.action.shape[1] != self.action_dim:
             raise ValueError(f"batch.action must have shape [B, {self.action_dim}], got {tuple(batch.action.shape)}")
-        return batch.to_torch(self.device, dtype=torch.float32)
+        b = batch.to_torch(self.device, dtype=torch.float32)
+        if self.cfg.obs_norm:  # (the actor, the critic and their targets all read normalized inputs)
+            b = replace(b, obs=self.inputs(b.obs), next_obs=self.inputs(b.next_obs))
+        return b
 
     # -- state -----------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -379,7 +483,7 @@ class DDPG:
             "generator": nets.generator_state(self.gen),
             "ou_state": self.ou_state.cpu().numpy().copy(),
             "counters": {"num_updates": self.num_updates},
-        }
+        } | ({"obs_normalizer": nets.module_state(self.obs_normalizer)} if self.cfg.obs_norm else {})
 
     def load_state_dict(self, state: dict) -> None:
         for name in ("actor", "critic", "target_actor", "target_critic"):
@@ -389,6 +493,11 @@ class DDPG:
         nets.load_generator_state(self.gen, state["generator"])
         self.ou_state = torch.as_tensor(np.asarray(state["ou_state"], np.float32), device=self.device)
         self.num_updates = int(state["counters"]["num_updates"])
+        if self.cfg.obs_norm:
+            if "obs_normalizer" not in state:
+                raise ValueError("this DDPG normalizes its inputs (agent.obs_norm) but the saved state has no input "
+                                 "statistics (saved by a DDPG without obs_norm?)")
+            nets.load_module_state(self.obs_normalizer, state["obs_normalizer"])
 
 
 def _step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> None:

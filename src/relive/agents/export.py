@@ -105,13 +105,14 @@ def deterministic_policy(agent) -> nn.Module:
     if act is SAC.act and isinstance(agent.actor, nets.TanhGaussianActor) and hasattr(agent.actor, "trunk"):
         low, high = agent.action_low, agent.action_high
         return SquashedMeanPolicy(_copy_mlp(agent.actor.trunk), agent.action_dim, low, high).eval()
-    if act is DDPG.act and isinstance(agent.actor, DeterministicActor):
+    if act is DDPG.act and isinstance(agent.actor, DeterministicActor) and not agent.cfg.obs_norm:
         return DeterministicPolicy(_copy_mlp(agent.actor.net), agent.action_dim, agent.action_low,
                                    agent.action_high).eval()
     if act is DDQN.act:
         return GreedyPolicy(_copy_mlp(agent.q)).eval()
     raise ValueError(f"agent {name} acts in a way relive cannot export as one network (a residual on a base policy, "
-                     "a recurrent or plug-in agent): give it a deterministic_policy() method returning the module")
+                     "inputs normalized by running statistics, a recurrent or plug-in agent): give it a "
+                     "deterministic_policy() method returning the module")
 
 
 def export_policy(agent, path: str | Path, fmt: str, obs_dim: int) -> Path:
