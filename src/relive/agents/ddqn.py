@@ -10,7 +10,8 @@
   3. hard target copy every ``target_update_period`` gradient steps.
 Right after a copy the target net holds the online weights (``target_update_period = 1``: at every update, as the
 Atari-100k preset), so step 1's target forward would repeat the online forward of s' bit for bit: it is reused
-(the same numbers, one Nature-CNN forward of the batch fewer; ``DDQN.target_synced``).
+(the same numbers, one Nature-CNN forward of the batch fewer; ``DDQN.target_synced``, from the tensors' version
+counters, so any write to either net -- an optimizer step, a load, a user's edit in place -- turns it off).
 Rewards are clipped to their sign in step 1 with ``clip_reward`` (Mnih et al. 2015: Atari; one-step rows only, as an
 n-step return is a sum of rewards that were not clipped). Exploration is epsilon-greedy with epsilon decaying
 linearly from ``eps_start`` to ``eps_end`` over ``eps_decay_steps`` exploring env steps (an ``act`` call for N envs
@@ -191,10 +192,11 @@ class DDQN:
         self.opt = build_optimizer(self.q.parameters(), cfg)
         self.num_updates = 0
         self.num_act_steps = 0
-        # True while the target net holds the online weights bit for bit (after a copy, until the next optimizer
-        # step): the target forward is then the online one (reused). Code that writes either network's weights
-        # outside update() / load_state_dict() sets it to False (BatchedDDQN.sync does).
-        self.target_synced = True
+        # the weights' version stamps when the target net last held the online weights bit for bit (a copy, or a
+        # load that found them equal); while no tensor of either net has been replaced or written in place since
+        # (torch bumps a tensor's version on every in-place write: an optimizer step, copy_, load_state_dict, a
+        # user's edit), the target forward is the online one (reused). None: not known to be the same.
+        self._synced_at: tuple | None = self._weights_version()
 
     @torch.no_grad()
     def copy_target(self) -> None:
@@ -202,7 +204,22 @@ class DDQN:
         for t, s in zip((*self.target_q.parameters(), *self.target_q.buffers()),
                         (*self.q.parameters(), *self.q.buffers()), strict=True):
             t.copy_(s)
-        self.target_synced = True
+        self._synced_at = self._weights_version()
+
+    def _weights_version(self) -> tuple:
+        """Which tensors both nets hold and how often each was written: (id, version) of every parameter and buffer."""
+        return tuple((id(t), t._version) for net in (self.q, self.target_q)
+                     for t in (*net.parameters(), *net.buffers()))
+
+    @property
+    def target_synced(self) -> bool:
+        """Whether the target net holds the online weights bit for bit, as far as the version stamps tell: True from
+        a target copy until either net's weights are written (an optimizer step, a load, an edit in place)."""
+        return self._synced_at is not None and self._synced_at == self._weights_version()
+
+    @target_synced.setter
+    def target_synced(self, value: bool) -> None:  # (True: the caller knows the two nets are equal now)
+        self._synced_at = self._weights_version() if value else None
 
     @property
     def epsilon(self) -> float:
@@ -285,7 +302,7 @@ class DDQN:
         if self.cfg.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.q.parameters(), self.cfg.max_grad_norm)
         self.opt.step()
-        self.target_synced = False  # (the online weights moved)
+        self._synced_at = None  # (the online weights moved; said outright: a fused step bumps no version counter)
         self.num_updates += 1
         # 3. hard target update
         if self.num_updates % self.cfg.target_update_period == 0:
@@ -318,4 +335,4 @@ class DDQN:
         self.num_act_steps = int(state["counters"]["num_act_steps"])
         same = all(torch.equal(t, s) for t, s in zip(self.target_q.state_dict().values(),
                                                      self.q.state_dict().values(), strict=True))
-        self.target_synced = same
+        self.target_synced = same  # (a load writes every tensor: equal ones are stamped as synced again)
