@@ -54,17 +54,21 @@ need the cache in their files / on the device: next steps of issue 45).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from relive.replay.state_checks import state_array, state_field
+from relive.replay.storage import _frame_kernels
+from relive.replay.storage._write_kernels import row_bytes
+from relive.replay.storage.bookkeeping import GEN_MAX, ID_MOD
 from relive.replay.storage.episodes import LANE_BITS
 from relive.replay.storage.layout import ColumnSpec, as_numpy, convert, obs_layout
 from relive.replay.storage.next_obs import differs
-from relive.replay.storage.storage import Storage
-from relive.types import OFFLINE, ONLINE
+from relive.replay.storage.storage import Storage, all_finite
+from relive.types import AGENT, OFFLINE, ONLINE
 
 PADDINGS = ("reset", "zero")
 
@@ -115,6 +119,13 @@ class FrameStack:
         return FrameStack(d.get("num_frames"), d.get("axis", 0), d.get("padding", "reset"))  # type: ignore[arg-type]
 
 
+def _finite(v: np.ndarray) -> bool:
+    """Whether a float array's values are finite (the one-step path's rows: one value, or a compiled pass)."""
+    if v.dtype.kind != "f":
+        return True
+    return math.isfinite(v.item()) if v.size == 1 else all_finite(v)
+
+
 def as_frame_stack(value) -> FrameStack:
     if isinstance(value, FrameStack):
         return value
@@ -140,6 +151,11 @@ class StackLayout:
         self.stack = stack
         self.frame = ColumnSpec((*shape[:a], self.c, *shape[a + 1:]), stack.dtype)
         self.suffix = label[len("column 'obs'"):]  # "" or " key '<key>'" (for messages about obs / next_obs)
+        # the byte geometry of relive.replay.storage._frame_kernels: a stack is pre runs of k pieces of cp bytes
+        self.pre = int(np.prod(shape[:a], dtype=np.int64))
+        self.cp = int(np.prod(shape[a + 1:], dtype=np.int64)) * self.c * stack.dtype.itemsize
+        # interleaved one-byte frames (SB3's channels-last Atari stack) with k in 2, 4, 8: a pixel read as a word
+        self.words = k if self.cp == 1 and self.pre > 1 and k in (2, 4, 8) and _frame_kernels.LITTLE else 0
 
     def frames(self, x: np.ndarray) -> np.ndarray:
         """Stacks [n, *stack] as frames [n, k, *frame] (a view)."""
@@ -211,6 +227,12 @@ class FrameStackStorage(Storage):
         self._kept = {c: np.zeros((1, self._depth, *lay.frame.shape), lay.frame.dtype) for c, lay in layouts.items()}
         self._prepared: tuple | None = None  # write(): (the frames dict it made, its validated rows)
         self._pending: dict | None = None  # write(): kept frames to commit once the write succeeded
+        self._step_plan = self._one_step_plan()
+        if self._step_plan is not None:
+            lay = self._step_plan[1]
+            self._step_params = np.array((lay.k, lay.pre, lay.cp, 0, 0, 0, 0, 0, 0, self._depth,
+                                          lay.fs.padding == "zero", 0, 0, 0, lay.words), np.int64)
+        self._step_views: tuple = (None, None, None)  # _write_one_step: (sources, byte views) of kept / next frames
 
     # -- configuration ---------------------------------------------------------------------------------
     def frame_stack_option(self):
@@ -258,6 +280,10 @@ class FrameStackStorage(Storage):
         """As :meth:`Storage.write`, for rows holding stacks: each stack is checked against its episode (a ValueError
         names the column and row of one that does not follow it; nothing is written) and its newest frame stored."""
         self._check_open()
+        if source == ONLINE and origin is None and type(data) is dict and self._step_plan is not None:
+            slot = self._write_one_step(data, stream)  # (None: a case for the general path below)
+            if slot >= 0:
+                return np.array([slot], np.int64)
         frames_data, stacks = self._unstack(data)
         rows, n = super().validate(frames_data)
         if stacks is not None and n:
@@ -271,6 +297,122 @@ class FrameStackStorage(Storage):
             self._commit_kept(self._pending)
         self._pending = None
         return slots
+
+    # -- the one-step write ------------------------------------------------------------------------------
+    def _one_step_plan(self) -> tuple | None:
+        """What :meth:`_write_one_step` checks a write against: (the stacked column, its layout, the obs key or None;
+        (name, dtype, row shape, finite) of every other column a write holds; (key, dtype, row shape, finite) of the
+        obs keys that are not stacked), or None where it never applies (no numba, several stacked keys, a float16
+        column to check, a backend other than RAM)."""
+        if not _frame_kernels.AVAILABLE or len(self.frame_stack) != 1 or self.backend != "ram":
+            return None
+        (col, lay), = self.frame_stack.items()
+        finite = {name: f for name, _, _, f in self._plan}
+        others = tuple((name, self.specs[name].dtype, (1, *self.specs[name].shape), finite[name])
+                       for name in self._names if name not in ("obs", "next_obs"))
+        plain = () if self.obs_keys is None else tuple(
+            (k, self.specs[f"obs.{k}"].dtype, (1, *self.specs[f"obs.{k}"].shape), True)
+            for k in self.obs_keys if f"obs.{k}" != col)
+        checked = [dt for _, dt, _, f in (*others, *plain) if f] + [lay.stack.dtype]
+        if any(dt.kind == "f" and dt.char not in "fd" for dt in checked):
+            return None
+        key = None if self.obs_keys is None else col[len("obs."):]
+        return col, lay, key, others, plain
+
+    def _write_one_step(self, data: dict, stream: int) -> int:
+        """:meth:`write` of one online row of the only stream, checked and stored as the general path checks and
+        stores it (tests/replay/test_frame_stack.py holds the two equal), the frame work in one compiled call
+        (:func:`relive.replay.storage._frame_kernels.one_step`): its slot, or -1 before anything changes for every other
+        case -- several streams, a ring of at most k - 1 rows, arrays not as stored (dtype, shape, layout), a value
+        that is not finite or a stack that does not follow its episode (the general path then names it)."""
+        if self._pos is not None or self._lane_of.get(stream) != 0 or data.keys() != self._name_set:
+            return -1
+        col, lay, key, others, plain = self._step_plan
+        eps, nx = self.episodes, self._nx
+        ring, clock, d = self.capacity - self.ring_base, self.num_online_written, self._depth
+        if (ring <= d or self.num_offline + clock + 1 >= GEN_MAX or eps.next_id + 1 - eps.first_live_online_id >= ID_MOD
+                or eps.is_open(OFFLINE) != -1):
+            return -1
+        for name, dtype, shape, finite in others:
+            v = data[name]
+            if type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype or (finite and not _finite(v)):
+                return -1
+        obs, nxt = data["obs"], data["next_obs"]
+        if key is not None:
+            if type(obs) is not dict or type(nxt) is not dict or obs.keys() != nxt.keys() \
+                    or len(obs) != len(self.obs_keys):  # type: ignore[arg-type]
+                return -1
+            for k, dtype, shape, finite in plain:
+                for part in (obs, nxt):
+                    v = part.get(k)
+                    if (type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype
+                            or (finite and not _finite(v))):
+                        return -1
+            x, y = obs.get(key), nxt.get(key)
+        else:
+            x, y = obs, nxt
+        spec = lay.stack
+        for v in (x, y):
+            if (type(v) is not np.ndarray or v.shape[1:] != spec.shape or v.shape[0] != 1 or v.dtype != spec.dtype
+                    or not v.flags.c_contiguous or (spec.dtype.kind == "f" and not all_finite(v))):
+                return -1
+        # where the row goes and what it looks back at
+        slot = self.ring_base + clock % ring
+        open_id = eps.is_open(ONLINE, 0)
+        start = -1 if open_id == -1 else int(eps._rec["start"][eps._row(open_id)])
+        tail_entry, tail = -1, nx.tails.get(0)
+        gen = self._meta["generation"]
+        term, trunc = data["terminated"], data["truncated"]
+        if tail is not None:
+            t_slot, t_gen = tail
+            if (int(gen[t_slot]) == t_gen and not self.columns["terminated"][t_slot]
+                    and not self.columns["truncated"][t_slot]):
+                tail_entry = int(nx.entry[t_slot])
+        new_entry = nx.next_entry()
+        kept_src, kept, nxv = self._step_views
+        if kept_src is not self._kept[col] or nxv is None or nxv[0] is not nx.values["next_" + col]:
+            kept_src = self._kept[col]
+            nxv_src = nx.values["next_" + col]
+            kept = row_bytes(kept_src[0])
+            self._step_views = kept_src, kept, (nxv_src, row_bytes(nxv_src))
+            nxv = self._step_views[2]
+        params = self._step_params  # (see one_step; the layout's entries set once)
+        params[3], params[4], params[5], params[6], params[7], params[8] = slot, clock, start, eps.lane_evicted[0], \
+            self.ring_base, ring
+        params[11], params[12], params[13] = clock - ring if clock >= ring else -1, new_entry, tail_entry
+        frames = self._frame_bytes(col)
+        code = _frame_kernels.one_step(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8), frames, kept,
+                                       self._kept_pos[0], nxv[1], params)
+        if code & 7:  # refused, nothing written: the general path names the column and the row
+            return -1
+        # the frames are in; the rest of the row, as the general path writes it
+        same = bool(code & 8)
+        if same and plain:  # the tail's next obs equals this row's obs in every key, not the stack alone
+            e = tail_entry
+            same = all(nx.values[f"next_obs.{k}"][e].tobytes() == obs[k].tobytes() for k, *_ in plain)
+        nx.put_one(slot)  # (first: it takes the entry the kernel wrote)
+        if same:
+            nx.release_one(tail[0])  # type: ignore[index]
+        for k, *_ in plain:
+            self.columns[f"obs.{k}"][slot] = obs[k][0]
+            nx.values[f"next_obs.{k}"][new_entry] = nxt[k][0]
+        for name, *_ in others:
+            self.columns[name][slot] = data[name][0]
+        episode_id = eps.append_lane0_row(clock, bool(term[0]) or bool(trunc[0]))
+        self._meta["episode_id"][slot] = episode_id if eps.next_id <= ID_MOD else episode_id % ID_MOD
+        self._meta["origin"][slot] = AGENT
+        g = int(gen[slot]) + 1
+        gen[slot] = g
+        nx.tails[0] = (slot, g)
+        self._one_lane_advance(1)
+        return slot
+
+    def _frame_bytes(self, col: str) -> np.ndarray:
+        """The frame column ``col`` as byte rows (the columns never move: made once)."""
+        views = self.__dict__.setdefault("_frame_byte_views", {})
+        if col not in views:
+            views[col] = row_bytes(self.columns[col])
+        return views[col]
 
     def _unstack(self, data: Mapping) -> tuple[Mapping, dict | None]:
         """The rows with every stack replaced by its newest frame (a view), and the stacks as frames [n, k, *frame]

@@ -36,11 +36,9 @@ class NextObsStore:
             self._num_free += old.size
             self.entry[slots] = -1
 
-    def put(self, slots: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
-        k = slots.size
-        if k == 0:
-            return
-        if self._num_free < k:  # grow: double, at least k more entries
+    def _reserve(self, k: int) -> None:
+        """At least ``k`` free entries (grow: double, at least k more)."""
+        if self._num_free < k:
             old = self._free.size
             new = max(2 * old, old + k - self._num_free, 16)
             for n, arr in self.values.items():
@@ -51,6 +49,36 @@ class NextObsStore:
             free[: self._num_free] = self._free[: self._num_free]
             free[self._num_free : self._num_free + new - old] = np.arange(new - 1, old - 1, -1)
             self._free, self._num_free = free, self._num_free + new - old
+
+    def next_entry(self) -> int:
+        """The entry the next one-row :meth:`put_one` takes (grown if none is free): its values may be written
+        before the put."""
+        if self._num_free == 0:
+            self._reserve(1)
+        return int(self._free[self._num_free - 1])
+
+    def put_one(self, slot: int) -> None:
+        """Give ``slot`` the entry :meth:`next_entry` named (its values written there already), releasing the one it
+        held."""
+        self._num_free -= 1
+        old = int(self.entry[slot])
+        self.entry[slot] = self._free[self._num_free]
+        if old >= 0:
+            self._free[self._num_free] = old
+            self._num_free += 1
+
+    def release_one(self, slot: int) -> None:
+        e = int(self.entry[slot])
+        if e >= 0:
+            self._free[self._num_free] = e
+            self._num_free += 1
+            self.entry[slot] = -1
+
+    def put(self, slots: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        k = slots.size
+        if k == 0:
+            return
+        self._reserve(k)
         idx = self._free[self._num_free - k : self._num_free].copy()
         self._num_free -= k
         self.entry[slots] = idx
