@@ -53,21 +53,39 @@ if AVAILABLE:
         for i in range(src.size):
             dst[i] = src[i]
 
+    # With pre > 1 (frames interleaved in pieces of a few bytes) the loops go element by element: a slice a piece
+    # costs more than its bytes.
     @numba.njit(cache=True, nogil=True)
     def _piece_differs(x, j, ref, pre, kc, cp):  # pragma: no cover - compiled
         # whether frame j of the stack row x (pre, k, cp) differs from the frame row ref (pre, cp)
+        if pre == 1:
+            return _differ(x[j * cp : (j + 1) * cp], ref) != 0
         acc = np.uint8(0)
         for p in range(pre):
-            acc = np.uint8(acc | _differ(x[p * kc + j * cp : p * kc + (j + 1) * cp], ref[p * cp : (p + 1) * cp]))
+            o, i = p * kc + j * cp, p * cp
+            for c in range(cp):
+                acc = np.uint8(acc | np.uint8(x[o + c] ^ ref[i + c]))
+        return acc != 0
+
+    @numba.njit(cache=True, nogil=True)
+    def _pieces_differ(x, j, i, pre, kc, cp):  # pragma: no cover - compiled
+        # whether frames j and i of the stack row x differ
+        if pre == 1:
+            return _differ(x[j * cp : (j + 1) * cp], x[i * cp : (i + 1) * cp]) != 0
+        acc = np.uint8(0)
+        for p in range(pre):
+            oj, oi = p * kc + j * cp, p * kc + i * cp
+            for c in range(cp):
+                acc = np.uint8(acc | np.uint8(x[oj + c] ^ x[oi + c]))
         return acc != 0
 
     @numba.njit(cache=True, nogil=True)
     def _piece_zero(x, j, pre, kc, cp):  # pragma: no cover - compiled
         acc = np.uint8(0)
         for p in range(pre):
-            xs = x[p * kc + j * cp : p * kc + (j + 1) * cp]
+            o = p * kc + j * cp
             for c in range(cp):
-                acc = np.uint8(acc | xs[c])
+                acc = np.uint8(acc | x[o + c])
         return acc != 0
 
     @numba.njit(cache=True, nogil=True)
@@ -75,16 +93,25 @@ if AVAILABLE:
         # whether y's frames 0 .. k-2 differ from x's frames 1 .. k-1
         kc = k * cp
         n = (k - 1) * cp
+        if pre == 1:
+            return _differ(y[:n], x[cp : cp + n]) != 0
         acc = np.uint8(0)
         for p in range(pre):
-            acc = np.uint8(acc | _differ(y[p * kc : p * kc + n], x[p * kc + cp : p * kc + cp + n]))
+            o = p * kc
+            for i in range(n):
+                acc = np.uint8(acc | np.uint8(y[o + i] ^ x[o + cp + i]))
         return acc != 0
 
     @numba.njit(cache=True, nogil=True)
     def _take_piece(dst, x, j, pre, kc, cp):  # pragma: no cover - compiled
         # frame j of the stack row x into the frame row dst
+        if pre == 1:
+            _copy(dst, x[j * cp : (j + 1) * cp])
+            return
         for p in range(pre):
-            _copy(dst[p * cp : (p + 1) * cp], x[p * kc + j * cp : p * kc + (j + 1) * cp])
+            o, i = p * kc + j * cp, p * cp
+            for c in range(cp):
+                dst[i + c] = x[o + c]
 
     # -- interleaved one-byte frames (cp == 1) with k in (2, 4, 8): a pixel's k bytes as one word, frame j its byte j
     # (little-endian); the loops below read the words in order and vectorize
@@ -149,10 +176,8 @@ if AVAILABLE:
                         if _w_pieces_differ(xw, j, k - 1):
                             return 1
                         continue
-                    for p in range(pre):
-                        if _differ(x[p * kc + j * cp : p * kc + (j + 1) * cp],
-                                   x[p * kc + (k - 1) * cp : p * kc + k * cp]):
-                            return 1
+                    if _pieces_differ(x, j, k - 1, pre, kc, cp):
+                        return 1
                     continue
                 q = start  # reset padding inside an episode: its first frame
             ref = _frame_of(frames, kept, q, evicted, ring_base, ring, d)
@@ -195,3 +220,73 @@ if AVAILABLE:
         if words == 2:
             return _one_step(x, y, x.view(np.uint16), y.view(np.uint16), frames, kept, kept_pos, nxv, params)
         return _one_step(x, y, x[:0].view(np.uint32), y[:0].view(np.uint32), frames, kept, kept_pos, nxv, params)
+
+    @numba.njit(cache=True, nogil=True)
+    def _interleave(dst, scratch, j0, k, pre, cp):  # pragma: no cover - compiled
+        # frames j0 .. j0 + k - 1 of scratch (frame rows) into the stack row dst (pre, k, cp): element by element
+        # (a slice a piece costs more than its few bytes), the output in order
+        kc = k * cp
+        if cp == 1:
+            for p in range(pre):
+                for j in range(k):
+                    dst[p * kc + j] = scratch[j0 + j, p]
+            return
+        if cp == 3:  # (a channels-last RGB camera)
+            for p in range(pre):
+                for j in range(k):
+                    s = scratch[j0 + j]
+                    o, i = p * kc + 3 * j, 3 * p
+                    dst[o] = s[i]
+                    dst[o + 1] = s[i + 1]
+                    dst[o + 2] = s[i + 2]
+            return
+        for p in range(pre):
+            for j in range(k):
+                s = scratch[j0 + j]
+                o, i = p * kc + j * cp, p * cp
+                for c in range(cp):
+                    dst[o + c] = s[i + c]
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _interleave4(dst, s0, s1, s2, s3):  # pragma: no cover - compiled
+        # four one-byte frames into a stack of 4 interleaved bytes a pixel (little-endian words: frame 0 lowest)
+        w = dst.view(np.uint32)
+        for p in range(w.size):
+            w[p] = (np.uint32(s0[p]) | (np.uint32(s1[p]) << np.uint32(8)) | (np.uint32(s2[p]) << np.uint32(16))
+                    | (np.uint32(s3[p]) << np.uint32(24)))
+
+    @numba.njit(cache=True, nogil=True)
+    def gather_stacks(frames, kept, nxv, which, row, k, pre, cp, words, out_a, out_b, scratch):  # pragma: no cover
+        # Stacks of B rows from their frames: which / row (B, w) name frame j of row b -- which 0: frames[row] (a
+        # slot), 1: kept[row] (lane * depth + position % depth), 2: zeros, 3: nxv[row] (an explicit next frame).
+        # pre == 1 (the stack axis first): out_a (B, w, F) receives the w frames in order (obs and next_obs are views
+        # of it); else out_a (B, pre * k * cp) the stacks of frames 0 .. k-1, and out_b, if it has rows, those of
+        # frames w - k .. w - 1, written in their interleaved layout (words 4: one-byte frames, 4 a stack, as
+        # words) through scratch (w, F). Returns -1, nothing promised, if a row index is out of range.
+        b_rows, w = which.shape
+        f = frames.shape[1]
+        for b in range(b_rows):
+            for j in range(w):
+                src = row[b, j]
+                kind = which[b, j]
+                dst = out_a[b, j * f : (j + 1) * f] if pre == 1 else scratch[j]
+                if kind == 2:
+                    for i in range(f):
+                        dst[i] = 0
+                    continue
+                table = frames if kind == 0 else kept if kind == 1 else nxv
+                if src < 0 or src >= table.shape[0]:
+                    return -1
+                _copy(dst, table[src])
+            if pre == 1:
+                continue
+            if words == 4:
+                _interleave4(out_a[b], scratch[0], scratch[1], scratch[2], scratch[3])
+                if out_b.shape[0]:
+                    j0 = w - k
+                    _interleave4(out_b[b], scratch[j0], scratch[j0 + 1], scratch[j0 + 2], scratch[j0 + 3])
+            else:
+                _interleave(out_a[b], scratch, 0, k, pre, cp)
+                if out_b.shape[0]:
+                    _interleave(out_b[b], scratch, w - k, k, pre, cp)
+        return 0

@@ -227,6 +227,7 @@ class FrameStackStorage(Storage):
         self._kept = {c: np.zeros((1, self._depth, *lay.frame.shape), lay.frame.dtype) for c, lay in layouts.items()}
         self._prepared: tuple | None = None  # write(): (the frames dict it made, its validated rows)
         self._pending: dict | None = None  # write(): kept frames to commit once the write succeeded
+        self._gather_compiled = _frame_kernels.AVAILABLE and backend == "ram"  # reads: gather_stacks (else NumPy)
         self._step_plan = self._one_step_plan()
         if self._step_plan is not None:
             lay = self._step_plan[1]
@@ -651,9 +652,23 @@ class FrameStackStorage(Storage):
             has = ex.any()
             full[:, width - 1] = (np.where(ex, flat, self.next_slot(flat)) if has else self.next_slot(flat))
             explicit = (np.flatnonzero(ex), entry[ex]) if has else None
+        compiled = self._gather_compiled and b > 0
         for col in cols:
             lay = self.frame_stack[col]
             k, lo = lay.k, d - (lay.k - 1)
+            if compiled:
+                got = self._gather_col(col, full[:, lo:] if lo else full, kept, pad, explicit, lo, what == "pair")
+                if what == "pair":
+                    a, n = (x.reshape(*shape, *lay.stack.shape) for x in got)
+                    if not dict_obs:
+                        return a, n
+                    out[col[len("obs."):]], out2[col[len("obs."):]] = a, n
+                    continue
+                stacks = got[0].reshape(*shape, *lay.stack.shape)
+                if not dict_obs:
+                    return stacks
+                (out2 if what == "next" else out)[col[len("obs."):]] = stacks
+                continue
             g = self.columns[col].take(full[:, lo:] if lo else full, axis=0, mode="clip")  # [B, w, *frame]
             if kept is not None:
                 lanes, q, gone = kept
@@ -677,6 +692,50 @@ class FrameStackStorage(Storage):
         if what == "pair":
             return {k: out[k] for k in names}, {k: out2[k] for k in names}  # type: ignore[union-attr]
         return {k: (out2 if what == "next" else out)[k] for k in names}  # type: ignore[union-attr]
+
+    def _gather_col(self, col: str, slots: np.ndarray, kept, pad, explicit, lo: int, pair: bool) -> tuple:
+        """:meth:`_read_stacks`'s gather for one column in one compiled pass
+        (:func:`relive.replay.storage._frame_kernels.gather_stacks`): the frames of ``slots`` [B, w] (a grid's columns
+        ``lo:``), patched where a frame is kept, padding or an explicit next frame, written as stacks; returns the
+        stacks of frames 0 .. k-1 and, for a pair, of frames 1 .. k (views of one array for the stack axis first,
+        else two arrays)."""
+        lay = self.frame_stack[col]
+        k, b, w = lay.k, slots.shape[0], slots.shape[1]
+        row = slots.copy()
+        which = np.zeros(row.shape, np.int8)
+        if kept is not None:
+            lanes, q, gone = kept
+            lanes, q = _kept_cols(lanes, q, gone, lo)
+            at = q % self._depth
+            if (self._kept_pos[lanes, at] != q).any():  # (as _kept_frames: a bug, never a silent wrong frame)
+                self._kept_frames(col, lanes, q)
+            mine = gone[:, lo:]
+            row[:, : k - 1][mine] = lanes * self._depth + at
+            which[:, : k - 1][mine] = 1
+        if pad is not None and lay.fs.padding == "zero":
+            which[:, : k - 1][pad[:, lo:]] = 2
+        if explicit is not None:
+            row[explicit[0], -1] = explicit[1]
+            which[explicit[0], -1] = 3
+        f = lay.pre * lay.cp
+        kept_bytes = row_bytes(self._kept[col].reshape(-1, *lay.frame.shape))
+        nxv_bytes = row_bytes(self._nx.values["next_" + col])
+        if lay.pre == 1:
+            out_a = np.empty((b, w * f), np.uint8)
+            out_b = scratch = out_a[:0]
+        else:
+            out_a = np.empty((b, k * f), np.uint8)
+            out_b = np.empty((b if pair else 0, k * f), np.uint8)
+            scratch = np.empty((w, f), np.uint8)
+        if _frame_kernels.gather_stacks(self._frame_bytes(col), kept_bytes, nxv_bytes, which, row, k,
+                                        lay.pre, lay.cp, lay.words, out_a, out_b, scratch) < 0:
+            raise RuntimeError("frame_stack: a frame index out of range in a stacked read; please report this")
+        dt = lay.stack.dtype
+        if lay.pre == 1:  # frames along the first axis: the stacks are views of the w frames a row
+            g = out_a.view(dt).reshape(b, w, -1)
+            return (g[:, :k].reshape(b, *lay.stack.shape),) + ((g[:, 1:].reshape(b, *lay.stack.shape),) if pair else ())
+        return (out_a.view(dt).reshape(b, *lay.stack.shape),) + ((out_b.view(dt).reshape(b, *lay.stack.shape),)
+                                                                 if pair else ())
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self, offline: str = "copy") -> dict:
