@@ -535,3 +535,17 @@ def test_one_step_path_is_taken_and_refuses_like_the_general_path():
     assert stor._write_one_step(rows, 0) >= 0
     assert len(buf) == 3
     world.check(buf)
+
+
+def test_bookkeeping_is_at_most_10_bytes_a_transition():
+    """Counted as bench/frame_stack_memory.py counts it: episode id, stamp and origin (9 bytes a slot) plus the next-obs
+    bitmap and map (issue 45's target: <= 10 bytes a transition)."""
+    world = World(Layout("gym", 4), 9)
+    n = 4000
+    buf = world.buffer(n)
+    for _ in range(5):
+        buf.extend(world.rows(0, 1000, end_p=0.002))  # episodes of ~500 steps, the ring wrapped
+    stor = buf.storage
+    per_row = (sum(a.nbytes for a in stor._meta.values()) + stor._nx.map_nbytes) / n
+    assert per_row <= 10
+    assert stor._nx.bits.nbytes == n // 8

@@ -48,6 +48,13 @@ overlapping strided memory (the stack along the last axis) and caches the last s
 ``on_episode_end`` (and at wrap-around), trusting that the stacks really are a sliding window (its issue #110: an
 episode shorter than the stack cached frames of the previous one); nothing checks the input.
 
+**Compiled paths** (numba; :mod:`relive.replay.storage._frame_kernels`; without it the NumPy paths, same results, and
+tests/replay/test_frame_stack.py compares the two on every check): a write of one row of the only stream (the env loop's
+``extend`` of one step) checks its stack against the stored, kept or padding frames and stores the frame, its explicit
+next frame and the kept frame in one call, the few scalars of the row in Python (a write of several rows or streams,
+and any row it refuses, take the general path, which names what is wrong); a read gathers each row's frames by index
+(slot, kept frame, zero padding, explicit next frame) straight into the stacks' layout, one pass for obs and next_obs.
+
 Scope: the RAM backend (``backend="ram"``); the memmap and torch backends refuse ``frame_stack`` (the frames would
 need the cache in their files / on the device: next steps of issue 45).
 """
@@ -228,7 +235,7 @@ class FrameStackStorage(Storage):
         self._prepared: tuple | None = None  # write(): (the frames dict it made, its validated rows)
         self._pending: dict | None = None  # write(): kept frames to commit once the write succeeded
         self._gather_compiled = _frame_kernels.AVAILABLE and backend == "ram"  # reads: gather_stacks (else NumPy)
-        self._step_plan = self._one_step_plan()
+        self._step_plan: tuple | None = self._one_step_plan()
         if self._step_plan is not None:
             lay = self._step_plan[1]
             self._step_params = np.array((lay.k, lay.pre, lay.cp, 0, 0, 0, 0, 0, 0, self._depth,
@@ -328,7 +335,9 @@ class FrameStackStorage(Storage):
         that is not finite or a stack that does not follow its episode (the general path then names it)."""
         if self._pos is not None or self._lane_of.get(stream) != 0 or data.keys() != self._name_set:
             return -1
-        col, lay, key, others, plain = self._step_plan
+        plan = self._step_plan
+        assert plan is not None  # (write() calls this only with a plan)
+        col, lay, key, others, plain = plan
         eps, nx = self.episodes, self._nx
         ring, clock, d = self.capacity - self.ring_base, self.num_online_written, self._depth
         if (ring <= d or self.num_offline + clock + 1 >= GEN_MAX or eps.next_id + 1 - eps.first_live_online_id >= ID_MOD
@@ -357,6 +366,7 @@ class FrameStackStorage(Storage):
             if (type(v) is not np.ndarray or v.shape[1:] != spec.shape or v.shape[0] != 1 or v.dtype != spec.dtype
                     or not v.flags.c_contiguous or (spec.dtype.kind == "f" and not all_finite(v))):
                 return -1
+        assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)  # (checked above)
         # where the row goes and what it looks back at
         slot = self.ring_base + clock % ring
         open_id = eps.is_open(ONLINE, 0)
@@ -368,7 +378,7 @@ class FrameStackStorage(Storage):
             t_slot, t_gen = tail
             if (int(gen[t_slot]) == t_gen and not self.columns["terminated"][t_slot]
                     and not self.columns["truncated"][t_slot]):
-                tail_entry = int(nx.entry[t_slot])
+                tail_entry = nx.entry_of(t_slot)
         new_entry = nx.next_entry()
         kept_src, kept, nxv = self._step_views
         if kept_src is not self._kept[col] or nxv is None or nxv[0] is not nx.values["next_" + col]:
@@ -393,7 +403,7 @@ class FrameStackStorage(Storage):
             same = all(nx.values[f"next_obs.{k}"][e].tobytes() == obs[k].tobytes() for k, *_ in plain)
         nx.put_one(slot)  # (first: it takes the entry the kernel wrote)
         if same:
-            nx.release_one(tail[0])  # type: ignore[index]
+            nx.release_one(tail[0])
         for k, *_ in plain:
             self.columns[f"obs.{k}"][slot] = obs[k][0]
             nx.values[f"next_obs.{k}"][new_entry] = nxt[k][0]
@@ -606,9 +616,12 @@ class FrameStackStorage(Storage):
     def read_pair(self, slots: np.ndarray, last: np.ndarray | None = None):
         """``(read("obs", slots), read("next_obs", last))`` (``last``: the rows whose next_obs; default ``slots``).
         For one-step rows (``last`` is ``slots``) both come from one gather of ``k + 1`` frames a row (a row's
-        next_obs stack is its obs stack shifted by one frame): ``obs`` and ``next_obs`` are views of the same
-        memory, sharing ``k - 1`` frames a row (copy one before writing into it in place), 5/8 of the bytes two
-        gathers copy for k = 4."""
+        next_obs stack is its obs stack shifted by one frame). Stacks along their first axis (Gymnasium's layout,
+        SB3's channels-first): ``obs`` and ``next_obs`` are views of the same memory, sharing ``k - 1`` frames a row
+        (copy one before writing into it in place), 5/8 of the bytes two gathers copy for k = 4. Interleaved stacks
+        (SB3's channels-last, frames along a later axis) with numba: two contiguous arrays written in one pass (a view
+        of a shared (k + 1)-frame stack would not be contiguous, and the interleaving costs the same for two); without
+        numba: views of one gather as above. Either way, treat them as possibly sharing memory."""
         slots = np.asarray(slots, np.int64)
         if last is not None and last is not slots and not np.array_equal(last, slots):
             return self.read("obs", slots), self.read("next_obs", last)
@@ -647,7 +660,7 @@ class FrameStackStorage(Storage):
         if what != "next":
             full[:, d] = flat
         if what != "obs":  # the next frame: the next row's, or an explicit copy (relive.replay.storage.next_obs)
-            entry = self._nx.entry.take(flat)
+            entry = self._nx.entries_of(flat)
             ex = entry >= 0
             has = ex.any()
             full[:, width - 1] = (np.where(ex, flat, self.next_slot(flat)) if has else self.next_slot(flat))
