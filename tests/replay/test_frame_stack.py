@@ -238,7 +238,7 @@ def test_read_pair_equals_the_two_reads_and_shares_the_k_minus_1_frames(name, pa
     # interleaved) or the NumPy path for them: as documented in read_pair
     if name != "sb3_last":
         assert np.shares_memory(obs, nxt)
-    elif stor._gather_compiled:
+    elif stor._gather_compiled:  # (k = 3 one-byte frames: the compiled pass, two contiguous arrays)
         assert not np.shares_memory(obs, nxt) and obs.flags.c_contiguous and nxt.flags.c_contiguous
     ids = stor.read("row_id", slots)
     np.testing.assert_array_equal(obs, np.stack([world.ref_obs[i] for i in ids]))

@@ -13,8 +13,10 @@ as one word.
   the stack check (next_obs is obs shifted by a frame; obs's older frames are the episode's stored, kept or padding
   frames), then, only if it passes, the newest frame into the frame column, the next frame into its explicit copy and
   the frame about to be overwritten into the kept frames.
-- :func:`gather_pairs`: a one-step batch's obs and next_obs stacks written straight into their final layout from the
-  frame slots of each row (``FrameStackStorage.read_pair``).
+- :func:`gather_stacks`: interleaved stacks (frames along a later axis in pieces of several bytes, a channels-last
+  camera) written straight into their layout from each row's frames, obs and next_obs in one pass
+  (``FrameStackStorage.read_pair``; stacks along their first axis, and one-byte pieces, are NumPy's: as fast or
+  faster there).
 """
 
 from __future__ import annotations
@@ -247,29 +249,20 @@ if AVAILABLE:
                 for c in range(cp):
                     dst[o + c] = s[i + c]
 
-    @numba.njit(cache=True, nogil=True, inline="always")
-    def _interleave4(dst, s0, s1, s2, s3):  # pragma: no cover - compiled
-        # four one-byte frames into a stack of 4 interleaved bytes a pixel (little-endian words: frame 0 lowest)
-        w = dst.view(np.uint32)
-        for p in range(w.size):
-            w[p] = (np.uint32(s0[p]) | (np.uint32(s1[p]) << np.uint32(8)) | (np.uint32(s2[p]) << np.uint32(16))
-                    | (np.uint32(s3[p]) << np.uint32(24)))
-
     @numba.njit(cache=True, nogil=True)
-    def gather_stacks(frames, kept, nxv, which, row, k, pre, cp, words, out_a, out_b, scratch):  # pragma: no cover
-        # Stacks of B rows from their frames: which / row (B, w) name frame j of row b -- which 0: frames[row] (a
-        # slot), 1: kept[row] (lane * depth + position % depth), 2: zeros, 3: nxv[row] (an explicit next frame).
-        # pre == 1 (the stack axis first): out_a (B, w, F) receives the w frames in order (obs and next_obs are views
-        # of it); else out_a (B, pre * k * cp) the stacks of frames 0 .. k-1, and out_b, if it has rows, those of
-        # frames w - k .. w - 1, written in their interleaved layout (words 4: one-byte frames, 4 a stack, as
-        # words) through scratch (w, F). Returns -1, nothing promised, if a row index is out of range.
+    def gather_stacks(frames, kept, nxv, which, row, k, pre, cp, out_a, out_b, scratch):  # pragma: no cover
+        # Interleaved stacks (pre > 1) of B rows from their frames: which / row (B, w) name frame j of row b --
+        # which 0: frames[row] (a slot), 1: kept[row] (lane * depth + position % depth), 2: zeros, 3: nxv[row] (an
+        # explicit next frame). out_a (B, pre * k * cp) receives the stacks of frames 0 .. k-1 and out_b, if it has
+        # rows, those of frames w - k .. w - 1, in their interleaved layout, through scratch (w, F). Returns -1,
+        # nothing promised, if a row index is out of range.
         b_rows, w = which.shape
         f = frames.shape[1]
         for b in range(b_rows):
             for j in range(w):
                 src = row[b, j]
                 kind = which[b, j]
-                dst = out_a[b, j * f : (j + 1) * f] if pre == 1 else scratch[j]
+                dst = scratch[j]
                 if kind == 2:
                     for i in range(f):
                         dst[i] = 0
@@ -278,15 +271,7 @@ if AVAILABLE:
                 if src < 0 or src >= table.shape[0]:
                     return -1
                 _copy(dst, table[src])
-            if pre == 1:
-                continue
-            if words == 4:
-                _interleave4(out_a[b], scratch[0], scratch[1], scratch[2], scratch[3])
-                if out_b.shape[0]:
-                    j0 = w - k
-                    _interleave4(out_b[b], scratch[j0], scratch[j0 + 1], scratch[j0 + 2], scratch[j0 + 3])
-            else:
-                _interleave(out_a[b], scratch, 0, k, pre, cp)
-                if out_b.shape[0]:
-                    _interleave(out_b[b], scratch, w - k, k, pre, cp)
+            _interleave(out_a[b], scratch, 0, k, pre, cp)
+            if out_b.shape[0]:
+                _interleave(out_b[b], scratch, w - k, k, pre, cp)
         return 0

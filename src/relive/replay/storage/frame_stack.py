@@ -53,7 +53,8 @@ tests/replay/test_frame_stack.py compares the two on every check): a write of on
 ``extend`` of one step) checks its stack against the stored, kept or padding frames and stores the frame, its explicit
 next frame and the kept frame in one call, the few scalars of the row in Python (a write of several rows or streams,
 and any row it refuses, take the general path, which names what is wrong); a read gathers each row's frames by index
-(slot, kept frame, zero padding, explicit next frame) straight into the stacks' layout, one pass for obs and next_obs.
+(slot, kept frame, zero padding, explicit next frame) straight into the stacks' layout, one pass for obs and next_obs,
+for interleaved stacks of multi-byte pieces (elsewhere NumPy's gather was as fast or faster: see ``read_pair``).
 
 Scope: the RAM backend (``backend="ram"``); the memmap and torch backends refuse ``frame_stack`` (the frames would
 need the cache in their files / on the device: next steps of issue 45).
@@ -619,9 +620,11 @@ class FrameStackStorage(Storage):
         next_obs stack is its obs stack shifted by one frame). Stacks along their first axis (Gymnasium's layout,
         SB3's channels-first): ``obs`` and ``next_obs`` are views of the same memory, sharing ``k - 1`` frames a row
         (copy one before writing into it in place), 5/8 of the bytes two gathers copy for k = 4. Interleaved stacks
-        (SB3's channels-last, frames along a later axis) with numba: two contiguous arrays written in one pass (a view
-        of a shared (k + 1)-frame stack would not be contiguous, and the interleaving costs the same for two); without
-        numba: views of one gather as above. Either way, treat them as possibly sharing memory."""
+        whose frames are pieces of several bytes (a channels-last camera, SB3's (84, 84, 9)) with numba: two
+        contiguous arrays written in one compiled pass (NumPy's strided copy of 3-byte pieces is several times
+        slower); one-byte pieces (SB3's Atari (84, 84, 4)) and runs without numba: views of one gather as above, the
+        layout made by NumPy (measured faster than the compiled pass there: docs/benchmarks.md). Either way, treat
+        them as possibly sharing memory."""
         slots = np.asarray(slots, np.int64)
         if last is not None and last is not slots and not np.array_equal(last, slots):
             return self.read("obs", slots), self.read("next_obs", last)
@@ -669,7 +672,7 @@ class FrameStackStorage(Storage):
         for col in cols:
             lay = self.frame_stack[col]
             k, lo = lay.k, d - (lay.k - 1)
-            if compiled:
+            if compiled and lay.pre > 1 and not lay.words:  # (see read_pair: where the compiled gather wins)
                 got = self._gather_col(col, full[:, lo:] if lo else full, kept, pad, explicit, lo, what == "pair")
                 if what == "pair":
                     a, n = (x.reshape(*shape, *lay.stack.shape) for x in got)
@@ -710,8 +713,7 @@ class FrameStackStorage(Storage):
         """:meth:`_read_stacks`'s gather for one column in one compiled pass
         (:func:`relive.replay.storage._frame_kernels.gather_stacks`): the frames of ``slots`` [B, w] (a grid's columns
         ``lo:``), patched where a frame is kept, padding or an explicit next frame, written as stacks; returns the
-        stacks of frames 0 .. k-1 and, for a pair, of frames 1 .. k (views of one array for the stack axis first,
-        else two arrays)."""
+        stacks of frames 0 .. k-1 and, for a pair, of frames 1 .. k (two arrays; interleaved layouts only)."""
         lay = self.frame_stack[col]
         k, b, w = lay.k, slots.shape[0], slots.shape[1]
         row = slots.copy()
@@ -733,20 +735,13 @@ class FrameStackStorage(Storage):
         f = lay.pre * lay.cp
         kept_bytes = row_bytes(self._kept[col].reshape(-1, *lay.frame.shape))
         nxv_bytes = row_bytes(self._nx.values["next_" + col])
-        if lay.pre == 1:
-            out_a = np.empty((b, w * f), np.uint8)
-            out_b = scratch = out_a[:0]
-        else:
-            out_a = np.empty((b, k * f), np.uint8)
-            out_b = np.empty((b if pair else 0, k * f), np.uint8)
-            scratch = np.empty((w, f), np.uint8)
-        if _frame_kernels.gather_stacks(self._frame_bytes(col), kept_bytes, nxv_bytes, which, row, k,
-                                        lay.pre, lay.cp, lay.words, out_a, out_b, scratch) < 0:
+        out_a = np.empty((b, k * f), np.uint8)
+        out_b = np.empty((b if pair else 0, k * f), np.uint8)
+        scratch = np.empty((w, f), np.uint8)
+        if _frame_kernels.gather_stacks(self._frame_bytes(col), kept_bytes, nxv_bytes, which, row, k, lay.pre, lay.cp,
+                                        out_a, out_b, scratch) < 0:
             raise RuntimeError("frame_stack: a frame index out of range in a stacked read; please report this")
         dt = lay.stack.dtype
-        if lay.pre == 1:  # frames along the first axis: the stacks are views of the w frames a row
-            g = out_a.view(dt).reshape(b, w, -1)
-            return (g[:, :k].reshape(b, *lay.stack.shape),) + ((g[:, 1:].reshape(b, *lay.stack.shape),) if pair else ())
         return (out_a.view(dt).reshape(b, *lay.stack.shape),) + ((out_b.view(dt).reshape(b, *lay.stack.shape),)
                                                                  if pair else ())
 
