@@ -107,7 +107,7 @@ def fill_relive(layout: str, n: int, sampler: str) -> dict:
     stored = getattr(st, "_meta", st.meta)  # (relive before 2026-11-27 stored all six fields in meta)
     by_column |= {f"meta.{name}": arr.nbytes / n for name, arr in stored.items()}
     if st.dedup_next_obs:  # the explicit next_obs copies (episode ends) and the slot -> copy map
-        by_column["next_obs store (map)"] = st._nx.entry.nbytes / n
+        by_column["next_obs store (map)"] = st._nx.map_nbytes / n
         by_column["next_obs store (copies)"] = sum(a.nbytes for a in st._nx.values.values()) / n
     if sampler == "per":
         s = buf.sampler

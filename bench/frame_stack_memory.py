@@ -121,8 +121,8 @@ def relive_case(rows: int, last: bool):
     fill(buf.extend, eps, rows + rows // 10)
     grown = rss() - before
     st = buf.storage
-    arrays = nbytes(*st.columns.values(), *st._meta.values(), st._nx.entry, *st._nx.values.values(), st._kept_pos,
-                    *st._kept.values(), *st.episodes._rec.values())
+    arrays = nbytes(*st.columns.values(), *st._meta.values(), *st._nx.values.values(), st._kept_pos,
+                    *st._kept.values(), *st.episodes._rec.values()) + st._nx.map_nbytes
     import torch
 
     def sample():
@@ -138,8 +138,8 @@ def relive_case(rows: int, last: bool):
             "detail": {"frames": st.columns["obs"].nbytes, "explicit next frames": nbytes(*st._nx.values.values()),
                        "action+reward+flags": nbytes(*(st.columns[c] for c in ("action", "reward", "terminated",
                                                                                  "truncated"))),
-                       "bookkeeping (episode_id, generation, origin, next-obs entry)":
-                           nbytes(*st._meta.values(), st._nx.entry),
+                       "bookkeeping (episode_id, generation, origin; next-obs bitmap + map)":
+                           nbytes(*st._meta.values()) + st._nx.map_nbytes,
                        "episode index + kept frames": nbytes(*st.episodes._rec.values(), st._kept_pos,
                                                              *st._kept.values())}}
 
@@ -342,8 +342,8 @@ def robot_relive(rows: int, layout: str):
     fill(buf.extend, eps, rows + rows // 10)
     grown = rss() - before
     st = buf.storage
-    arrays = nbytes(*st.columns.values(), *st._meta.values(), st._nx.entry, *st._nx.values.values(), st._kept_pos,
-                    *st._kept.values(), *st.episodes._rec.values())
+    arrays = nbytes(*st.columns.values(), *st._meta.values(), *st._nx.values.values(), st._kept_pos,
+                    *st._kept.values(), *st.episodes._rec.values()) + st._nx.map_nbytes
     import torch
 
     def sample():

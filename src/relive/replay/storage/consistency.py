@@ -260,13 +260,13 @@ def _check_next_obs(st, view, slots) -> None:
     nx = st._nx
     where = f"{OWNER} next_obs_store"
     if st.has_gap:
-        bad = nx.entry[st.num_offline : st.ring_base] >= 0
+        bad = nx.has(np.arange(st.num_offline, st.ring_base))
         if bad.any():
             raise ValueError(f"{where} field 'slots': empty slot {st.num_offline + _first(bad)} has a next_obs copy")
     last = np.zeros(slots.size, bool)
     nonempty = view.length > 0
     last[np.cumsum(view.length)[nonempty] - 1] = True
-    bad = last & (nx.entry.take(slots) < 0)
+    bad = last & ~nx.has(slots)
     if bad.any():
         raise ValueError(f"{where} field 'slots': slot {int(slots[_first(bad)])} is the last stored row of its "
                          "episode but has no next_obs copy (there is no next row to read it from)")

@@ -191,6 +191,19 @@ class EpisodeIndex:
         self._set_open(source, lane, -1 if end[-1] else int(ids[-1]))
         return ids.astype(np.int64)
 
+    def append_lane0_row(self, position: int, end: bool) -> int:
+        """:meth:`append` of one online row of lane 0 at ``position`` (an online row was written before, so the
+        offline part is closed: ``is_open(OFFLINE) == -1``), in plain Python: its episode id."""
+        open_id = self._open[ONLINE]
+        if open_id == -1:
+            open_id = self._new_record(ONLINE, position, 1, end)
+        else:
+            r = self._row(open_id)
+            self._rec["length"][r] += 1
+            self._rec["finished"][r] = end
+        self._open[ONLINE] = -1 if end else open_id
+        return open_id
+
     def _append_segments(self, source: int, start: int, lane: int, open_id: int, ends: list) -> np.ndarray:
         """:meth:`append`'s several-episodes branch in plain Python, for a few rows: the same records and ids."""
         rec, ids, first, current = self._rec, [], 0, open_id

@@ -48,6 +48,14 @@ overlapping strided memory (the stack along the last axis) and caches the last s
 ``on_episode_end`` (and at wrap-around), trusting that the stacks really are a sliding window (its issue #110: an
 episode shorter than the stack cached frames of the previous one); nothing checks the input.
 
+**Compiled paths** (numba; :mod:`relive.replay.storage._frame_kernels`; without it the NumPy paths, same results, and
+tests/replay/test_frame_stack.py compares the two on every check): a write of one row of the only stream (the env loop's
+``extend`` of one step) checks its stack against the stored, kept or padding frames and stores the frame, its explicit
+next frame and the kept frame in one call, the few scalars of the row in Python (a write of several rows or streams,
+and any row it refuses, take the general path, which names what is wrong); a read gathers each row's frames by index
+(slot, kept frame, zero padding, explicit next frame) straight into the stacks' layout, one pass for obs and next_obs,
+for interleaved stacks of multi-byte pieces (elsewhere NumPy's gather was as fast or faster: see ``read_pair``).
+
 Backends: RAM and memmap (``backend="memmap"``: the frame columns are the column files, one frame a row; the frames
 kept below each lane's eviction bound and the explicit next frames are small arrays beside them that a checkpoint
 holds, as it holds every memmap buffer's bookkeeping; see :func:`check_backend`). The torch backend refuses
@@ -56,17 +64,21 @@ holds, as it holds every memmap buffer's bookkeeping; see :func:`check_backend`)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from relive.replay.state_checks import state_array, state_field
+from relive.replay.storage import _frame_kernels
+from relive.replay.storage._write_kernels import row_bytes
+from relive.replay.storage.bookkeeping import GEN_MAX, ID_MOD
 from relive.replay.storage.episodes import LANE_BITS
 from relive.replay.storage.layout import ColumnSpec, as_numpy, convert, obs_layout
 from relive.replay.storage.next_obs import differs
-from relive.replay.storage.storage import Storage
-from relive.types import OFFLINE, ONLINE
+from relive.replay.storage.storage import Storage, all_finite
+from relive.types import AGENT, OFFLINE, ONLINE
 
 PADDINGS = ("reset", "zero")
 BACKENDS = ("ram", "memmap")  # the backends whose frame columns FrameStackStorage reads with NumPy
@@ -128,6 +140,13 @@ class FrameStack:
         return FrameStack(d.get("num_frames"), d.get("axis", 0), d.get("padding", "reset"))  # type: ignore[arg-type]
 
 
+def _finite(v: np.ndarray) -> bool:
+    """Whether a float array's values are finite (the one-step path's rows: one value, or a compiled pass)."""
+    if v.dtype.kind != "f":
+        return True
+    return math.isfinite(v.item()) if v.size == 1 else all_finite(v)
+
+
 def as_frame_stack(value) -> FrameStack:
     if isinstance(value, FrameStack):
         return value
@@ -153,6 +172,11 @@ class StackLayout:
         self.stack = stack
         self.frame = ColumnSpec((*shape[:a], self.c, *shape[a + 1:]), stack.dtype)
         self.suffix = label[len("column 'obs'"):]  # "" or " key '<key>'" (for messages about obs / next_obs)
+        # the byte geometry of relive.replay.storage._frame_kernels: a stack is pre runs of k pieces of cp bytes
+        self.pre = int(np.prod(shape[:a], dtype=np.int64))
+        self.cp = int(np.prod(shape[a + 1:], dtype=np.int64)) * self.c * stack.dtype.itemsize
+        # interleaved one-byte frames (SB3's channels-last Atari stack) with k in 2, 4, 8: a pixel read as a word
+        self.words = k if self.cp == 1 and self.pre > 1 and k in (2, 4, 8) and _frame_kernels.LITTLE else 0
 
     def frames(self, x: np.ndarray) -> np.ndarray:
         """Stacks [n, *stack] as frames [n, k, *frame] (a view)."""
@@ -222,6 +246,13 @@ class FrameStackStorage(Storage):
         self._kept = {c: np.zeros((1, self._depth, *lay.frame.shape), lay.frame.dtype) for c, lay in layouts.items()}
         self._prepared: tuple | None = None  # write(): (the frames dict it made, its validated rows)
         self._pending: dict | None = None  # write(): kept frames to commit once the write succeeded
+        self._gather_compiled = _frame_kernels.AVAILABLE and backend == "ram"  # reads: gather_stacks (else NumPy)
+        self._step_plan: tuple | None = self._one_step_plan()
+        if self._step_plan is not None:
+            lay = self._step_plan[1]
+            self._step_params = np.array((lay.k, lay.pre, lay.cp, 0, 0, 0, 0, 0, 0, self._depth,
+                                          lay.fs.padding == "zero", 0, 0, 0, lay.words), np.int64)
+        self._step_views: tuple = (None, None, None)  # _write_one_step: (sources, byte views) of kept / next frames
 
     # -- configuration ---------------------------------------------------------------------------------
     def frame_stack_option(self):
@@ -269,6 +300,10 @@ class FrameStackStorage(Storage):
         """As :meth:`Storage.write`, for rows holding stacks: each stack is checked against its episode (a ValueError
         names the column and row of one that does not follow it; nothing is written) and its newest frame stored."""
         self._check_open()
+        if source == ONLINE and origin is None and type(data) is dict and self._step_plan is not None:
+            slot = self._write_one_step(data, stream)  # (None: a case for the general path below)
+            if slot >= 0:
+                return np.array([slot], np.int64)
         frames_data, stacks = self._unstack(data)
         rows, n = super().validate(frames_data)
         if stacks is not None and n:
@@ -282,6 +317,125 @@ class FrameStackStorage(Storage):
             self._commit_kept(self._pending)
         self._pending = None
         return slots
+
+    # -- the one-step write ------------------------------------------------------------------------------
+    def _one_step_plan(self) -> tuple | None:
+        """What :meth:`_write_one_step` checks a write against: (the stacked column, its layout, the obs key or None;
+        (name, dtype, row shape, finite) of every other column a write holds; (key, dtype, row shape, finite) of the
+        obs keys that are not stacked), or None where it never applies (no numba, several stacked keys, a float16
+        column to check, a backend other than RAM)."""
+        if not _frame_kernels.AVAILABLE or len(self.frame_stack) != 1 or self.backend != "ram":
+            return None
+        (col, lay), = self.frame_stack.items()
+        finite = {name: f for name, _, _, f in self._plan}
+        others = tuple((name, self.specs[name].dtype, (1, *self.specs[name].shape), finite[name])
+                       for name in self._names if name not in ("obs", "next_obs"))
+        plain = () if self.obs_keys is None else tuple(
+            (k, self.specs[f"obs.{k}"].dtype, (1, *self.specs[f"obs.{k}"].shape), True)
+            for k in self.obs_keys if f"obs.{k}" != col)
+        checked = [dt for _, dt, _, f in (*others, *plain) if f] + [lay.stack.dtype]
+        if any(dt.kind == "f" and dt.char not in "fd" for dt in checked):
+            return None
+        key = None if self.obs_keys is None else col[len("obs."):]
+        return col, lay, key, others, plain
+
+    def _write_one_step(self, data: dict, stream: int) -> int:
+        """:meth:`write` of one online row of the only stream, checked and stored as the general path checks and
+        stores it (tests/replay/test_frame_stack.py holds the two equal), the frame work in one compiled call
+        (:func:`relive.replay.storage._frame_kernels.one_step`): its slot, or -1 before anything changes for every other
+        case -- several streams, a ring of at most k - 1 rows, arrays not as stored (dtype, shape, layout), a value
+        that is not finite or a stack that does not follow its episode (the general path then names it)."""
+        if self._pos is not None or self._lane_of.get(stream) != 0 or data.keys() != self._name_set:
+            return -1
+        plan = self._step_plan
+        assert plan is not None  # (write() calls this only with a plan)
+        col, lay, key, others, plain = plan
+        eps, nx = self.episodes, self._nx
+        ring, clock, d = self.capacity - self.ring_base, self.num_online_written, self._depth
+        if (ring <= d or self.num_offline + clock + 1 >= GEN_MAX or eps.next_id + 1 - eps.first_live_online_id >= ID_MOD
+                or eps.is_open(OFFLINE) != -1):
+            return -1
+        for name, dtype, shape, finite in others:
+            v = data[name]
+            if type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype or (finite and not _finite(v)):
+                return -1
+        obs, nxt = data["obs"], data["next_obs"]
+        if key is not None:
+            if type(obs) is not dict or type(nxt) is not dict or obs.keys() != nxt.keys() \
+                    or len(obs) != len(self.obs_keys):  # type: ignore[arg-type]
+                return -1
+            for k, dtype, shape, finite in plain:
+                for part in (obs, nxt):
+                    v = part.get(k)
+                    if (type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype
+                            or (finite and not _finite(v))):
+                        return -1
+            x, y = obs.get(key), nxt.get(key)
+        else:
+            x, y = obs, nxt
+        spec = lay.stack
+        for v in (x, y):
+            if (type(v) is not np.ndarray or v.shape[1:] != spec.shape or v.shape[0] != 1 or v.dtype != spec.dtype
+                    or not v.flags.c_contiguous or (spec.dtype.kind == "f" and not all_finite(v))):
+                return -1
+        assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)  # (checked above)
+        # where the row goes and what it looks back at
+        slot = self.ring_base + clock % ring
+        open_id = eps.is_open(ONLINE, 0)
+        start = -1 if open_id == -1 else int(eps._rec["start"][eps._row(open_id)])
+        tail_entry, tail = -1, nx.tails.get(0)
+        gen = self._meta["generation"]
+        term, trunc = data["terminated"], data["truncated"]
+        if tail is not None:
+            t_slot, t_gen = tail
+            if (int(gen[t_slot]) == t_gen and not self.columns["terminated"][t_slot]
+                    and not self.columns["truncated"][t_slot]):
+                tail_entry = nx.entry_of(t_slot)
+        new_entry = nx.next_entry()
+        kept_src, kept, nxv = self._step_views
+        if kept_src is not self._kept[col] or nxv is None or nxv[0] is not nx.values["next_" + col]:
+            kept_src = self._kept[col]
+            nxv_src = nx.values["next_" + col]
+            kept = row_bytes(kept_src[0])
+            self._step_views = kept_src, kept, (nxv_src, row_bytes(nxv_src))
+            nxv = self._step_views[2]
+        params = self._step_params  # (see one_step; the layout's entries set once)
+        params[3], params[4], params[5], params[6], params[7], params[8] = slot, clock, start, eps.lane_evicted[0], \
+            self.ring_base, ring
+        params[11], params[12], params[13] = clock - ring if clock >= ring else -1, new_entry, tail_entry
+        frames = self._frame_bytes(col)
+        code = _frame_kernels.one_step(x.reshape(-1).view(np.uint8), y.reshape(-1).view(np.uint8), frames, kept,
+                                       self._kept_pos[0], nxv[1], params)
+        if code & 7:  # refused, nothing written: the general path names the column and the row
+            return -1
+        # the frames are in; the rest of the row, as the general path writes it
+        same = bool(code & 8)
+        if same and plain:  # the tail's next obs equals this row's obs in every key, not the stack alone
+            e = tail_entry
+            same = all(nx.values[f"next_obs.{k}"][e].tobytes() == obs[k].tobytes() for k, *_ in plain)
+        nx.put_one(slot)  # (first: it takes the entry the kernel wrote)
+        if same:
+            nx.release_one(tail[0])
+        for k, *_ in plain:
+            self.columns[f"obs.{k}"][slot] = obs[k][0]
+            nx.values[f"next_obs.{k}"][new_entry] = nxt[k][0]
+        for name, *_ in others:
+            self.columns[name][slot] = data[name][0]
+        episode_id = eps.append_lane0_row(clock, bool(term[0]) or bool(trunc[0]))
+        self._meta["episode_id"][slot] = episode_id if eps.next_id <= ID_MOD else episode_id % ID_MOD
+        self._meta["origin"][slot] = AGENT
+        g = int(gen[slot]) + 1
+        gen[slot] = g
+        nx.tails[0] = (slot, g)
+        self._one_lane_advance(1)
+        return slot
+
+    def _frame_bytes(self, col: str) -> np.ndarray:
+        """The frame column ``col`` as byte rows (the columns never move: made once)."""
+        views = self.__dict__.setdefault("_frame_byte_views", {})
+        if col not in views:
+            views[col] = row_bytes(self.columns[col])
+        return views[col]
 
     def _unstack(self, data: Mapping) -> tuple[Mapping, dict | None]:
         """The rows with every stack replaced by its newest frame (a view), and the stacks as frames [n, k, *frame]
@@ -474,9 +628,14 @@ class FrameStackStorage(Storage):
     def read_pair(self, slots: np.ndarray, last: np.ndarray | None = None):
         """``(read("obs", slots), read("next_obs", last))`` (``last``: the rows whose next_obs; default ``slots``).
         For one-step rows (``last`` is ``slots``) both come from one gather of ``k + 1`` frames a row (a row's
-        next_obs stack is its obs stack shifted by one frame): ``obs`` and ``next_obs`` are views of the same
-        memory, sharing ``k - 1`` frames a row (copy one before writing into it in place), 5/8 of the bytes two
-        gathers copy for k = 4."""
+        next_obs stack is its obs stack shifted by one frame). Stacks along their first axis (Gymnasium's layout,
+        SB3's channels-first): ``obs`` and ``next_obs`` are views of the same memory, sharing ``k - 1`` frames a row
+        (copy one before writing into it in place), 5/8 of the bytes two gathers copy for k = 4. Interleaved stacks
+        whose frames are pieces of several bytes (a channels-last camera, SB3's (84, 84, 9)) with numba: two
+        contiguous arrays written in one compiled pass (NumPy's strided copy of 3-byte pieces is several times
+        slower); one-byte pieces (SB3's Atari (84, 84, 4)) and runs without numba: views of one gather as above, the
+        layout made by NumPy (measured faster than the compiled pass there: docs/benchmarks.md). Either way, treat
+        them as possibly sharing memory."""
         slots = np.asarray(slots, np.int64)
         if last is not None and last is not slots and not np.array_equal(last, slots):
             return self.read("obs", slots), self.read("next_obs", last)
@@ -515,14 +674,28 @@ class FrameStackStorage(Storage):
         if what != "next":
             full[:, d] = flat
         if what != "obs":  # the next frame: the next row's, or an explicit copy (relive.replay.storage.next_obs)
-            entry = self._nx.entry.take(flat)
+            entry = self._nx.entries_of(flat)
             ex = entry >= 0
             has = ex.any()
             full[:, width - 1] = (np.where(ex, flat, self.next_slot(flat)) if has else self.next_slot(flat))
             explicit = (np.flatnonzero(ex), entry[ex]) if has else None
+        compiled = self._gather_compiled and b > 0
         for col in cols:
             lay = self.frame_stack[col]
             k, lo = lay.k, d - (lay.k - 1)
+            if compiled and lay.pre > 1 and not lay.words:  # (see read_pair: where the compiled gather wins)
+                got = self._gather_col(col, full[:, lo:] if lo else full, kept, pad, explicit, lo, what == "pair")
+                if what == "pair":
+                    a, n = (x.reshape(*shape, *lay.stack.shape) for x in got)
+                    if not dict_obs:
+                        return a, n
+                    out[col[len("obs."):]], out2[col[len("obs."):]] = a, n
+                    continue
+                stacks = got[0].reshape(*shape, *lay.stack.shape)
+                if not dict_obs:
+                    return stacks
+                (out2 if what == "next" else out)[col[len("obs."):]] = stacks
+                continue
             g = self.columns[col].take(full[:, lo:] if lo else full, axis=0, mode="clip")  # [B, w, *frame]
             if kept is not None:
                 lanes, q, gone = kept
@@ -546,6 +719,42 @@ class FrameStackStorage(Storage):
         if what == "pair":
             return {k: out[k] for k in names}, {k: out2[k] for k in names}  # type: ignore[union-attr]
         return {k: (out2 if what == "next" else out)[k] for k in names}  # type: ignore[union-attr]
+
+    def _gather_col(self, col: str, slots: np.ndarray, kept, pad, explicit, lo: int, pair: bool) -> tuple:
+        """:meth:`_read_stacks`'s gather for one column in one compiled pass
+        (:func:`relive.replay.storage._frame_kernels.gather_stacks`): the frames of ``slots`` [B, w] (a grid's columns
+        ``lo:``), patched where a frame is kept, padding or an explicit next frame, written as stacks; returns the
+        stacks of frames 0 .. k-1 and, for a pair, of frames 1 .. k (two arrays; interleaved layouts only)."""
+        lay = self.frame_stack[col]
+        k, b, w = lay.k, slots.shape[0], slots.shape[1]
+        row = slots.copy()
+        which = np.zeros(row.shape, np.int8)
+        if kept is not None:
+            lanes, q, gone = kept
+            lanes, q = _kept_cols(lanes, q, gone, lo)
+            at = q % self._depth
+            if (self._kept_pos[lanes, at] != q).any():  # (as _kept_frames: a bug, never a silent wrong frame)
+                self._kept_frames(col, lanes, q)
+            mine = gone[:, lo:]
+            row[:, : k - 1][mine] = lanes * self._depth + at
+            which[:, : k - 1][mine] = 1
+        if pad is not None and lay.fs.padding == "zero":
+            which[:, : k - 1][pad[:, lo:]] = 2
+        if explicit is not None:
+            row[explicit[0], -1] = explicit[1]
+            which[explicit[0], -1] = 3
+        f = lay.pre * lay.cp
+        kept_bytes = row_bytes(self._kept[col].reshape(-1, *lay.frame.shape))
+        nxv_bytes = row_bytes(self._nx.values["next_" + col])
+        out_a = np.empty((b, k * f), np.uint8)
+        out_b = np.empty((b if pair else 0, k * f), np.uint8)
+        scratch = np.empty((w, f), np.uint8)
+        if _frame_kernels.gather_stacks(self._frame_bytes(col), kept_bytes, nxv_bytes, which, row, k, lay.pre, lay.cp,
+                                        out_a, out_b, scratch) < 0:
+            raise RuntimeError("frame_stack: a frame index out of range in a stacked read; please report this")
+        dt = lay.stack.dtype
+        return (out_a.view(dt).reshape(b, *lay.stack.shape),) + ((out_b.view(dt).reshape(b, *lay.stack.shape),)
+                                                                 if pair else ())
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def state_dict(self, offline: str = "copy") -> dict:

@@ -3,6 +3,7 @@ its lane, and only rows without a stored successor keep an explicit copy, kept h
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 import numpy as np
@@ -12,13 +13,21 @@ from relive.replay.storage.layout import ColumnSpec, StorageFields
 
 
 class NextObsStore:
-    """The explicit next_obs copies of a storage with ``dedup_next_obs``: slot -> entry (-1: none; the next row
-    supplies it), the copies in arrays that grow on demand, a free list of released entries, and per lane the
-    last row written (its *tail*: slot and generation; key -1 = offline)."""
+    """The explicit next_obs copies of a storage with ``dedup_next_obs``: which slots hold one (a bitmap, one bit a
+    slot), the entry of each of those (a map slot -> entry: they are the few rows without a stored successor --
+    episode ends and each stream's newest row), the copies in arrays that grow on demand, a free list of released
+    entries, and per lane the last row written (its *tail*: slot and generation; key -1 = offline).
+
+    Why a bitmap and a map rather than an entry per slot: the entry (4 bytes a slot) was the largest part of a
+    frame-stack buffer's bookkeeping (13 of 13 bytes beyond the episode id, stamp and origin's 9); the bitmap takes
+    1/8 byte a slot and the map ~100 bytes per explicit copy, next to the copy itself (a whole observation). A
+    batch's lookup tests its bits (vectorized) and reads the map for the rows that have a copy only. The checkpoint
+    format is unchanged (the slots with a copy and the copies, in slot order)."""
 
     def __init__(self, specs: Mapping[str, ColumnSpec], capacity: int):
         self.specs = dict(specs)
-        self.entry = np.full(capacity, -1, np.int32)  # (an entry index is below the capacity)
+        self.bits = np.zeros((capacity + 7) // 8, np.uint8)  # bit s % 8 of byte s // 8: slot s has a copy
+        self._index: dict[int, int] = {}  # slot -> entry, for the slots whose bit is set
         self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
         self._free = np.zeros(0, np.int64)
         self._num_free = 0
@@ -28,19 +37,49 @@ class NextObsStore:
     def num_used(self) -> int:
         return self._free.size - self._num_free
 
+    @property
+    def map_nbytes(self) -> int:
+        """Bytes of the slot -> entry bookkeeping: the bitmap, the map (the dict and its int objects: a conservative
+        32 bytes each) and the free list."""
+        return self.bits.nbytes + sys.getsizeof(self._index) + 64 * len(self._index) + self._free.nbytes
+
+    # -- lookups -----------------------------------------------------------------------------------------
+    def has(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: whether it holds an explicit copy."""
+        slots = np.asarray(slots, np.int64)
+        return ((self.bits.take(slots >> 3) >> (slots & 7).astype(np.uint8)) & 1).astype(bool)
+
+    def entries_of(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot: the entry of its explicit copy, or -1 (none)."""
+        slots = np.asarray(slots, np.int64)
+        out = np.full(slots.shape, -1, np.int64)
+        hit = self.has(slots)
+        if hit.any():
+            index = self._index
+            out[hit] = [index[s] for s in slots[hit].tolist()]
+        return out
+
+    def entry_of(self, slot: int) -> int:
+        return self._index.get(slot, -1)
+
+    def slots_below(self, size: int) -> np.ndarray:
+        """The slots below ``size`` with an explicit copy, in order."""
+        return np.array(sorted(s for s in self._index if s < size), np.int64)
+
+    # -- changes -----------------------------------------------------------------------------------------
     def release(self, slots: np.ndarray) -> None:
-        old = self.entry[slots]
-        old = old[old >= 0]
-        if old.size:
+        slots = np.asarray(slots, np.int64)
+        hit = slots[self.has(slots)]
+        if hit.size:
+            hit = np.unique(hit)
+            old = np.array([self._index.pop(s) for s in hit.tolist()], np.int64)
             self._free[self._num_free : self._num_free + old.size] = old
             self._num_free += old.size
-            self.entry[slots] = -1
+            np.bitwise_and.at(self.bits, hit >> 3, ~(np.uint8(1) << (hit & 7).astype(np.uint8)))
 
-    def put(self, slots: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
-        k = slots.size
-        if k == 0:
-            return
-        if self._num_free < k:  # grow: double, at least k more entries
+    def _reserve(self, k: int) -> None:
+        """At least ``k`` free entries (grow: double, at least k more)."""
+        if self._num_free < k:
             old = self._free.size
             new = max(2 * old, old + k - self._num_free, 16)
             for n, arr in self.values.items():
@@ -51,15 +90,51 @@ class NextObsStore:
             free[: self._num_free] = self._free[: self._num_free]
             free[self._num_free : self._num_free + new - old] = np.arange(new - 1, old - 1, -1)
             self._free, self._num_free = free, self._num_free + new - old
+
+    def next_entry(self) -> int:
+        """The entry the next one-row :meth:`put_one` takes (grown if none is free): its values may be written
+        before the put."""
+        if self._num_free == 0:
+            self._reserve(1)
+        return int(self._free[self._num_free - 1])
+
+    def put_one(self, slot: int) -> None:
+        """Give ``slot`` the entry :meth:`next_entry` named (its values written there already), releasing the one it
+        held."""
+        self._num_free -= 1
+        new = int(self._free[self._num_free])
+        old = self._index.get(slot, -1)
+        self._index[slot] = new
+        if old >= 0:
+            self._free[self._num_free] = old
+            self._num_free += 1
+        else:
+            self.bits[slot >> 3] |= 1 << (slot & 7)
+
+    def release_one(self, slot: int) -> None:
+        e = self._index.pop(slot, -1)
+        if e >= 0:
+            self._free[self._num_free] = e
+            self._num_free += 1
+            self.bits[slot >> 3] &= ~(1 << (slot & 7)) & 0xFF
+
+    def put(self, slots: np.ndarray, values: Mapping[str, np.ndarray]) -> None:
+        """Explicit copies for ``slots`` (distinct, holding none)."""
+        k = slots.size
+        if k == 0:
+            return
+        self._reserve(k)
         idx = self._free[self._num_free - k : self._num_free].copy()
         self._num_free -= k
-        self.entry[slots] = idx
+        self._index.update(zip(slots.tolist(), idx.tolist(), strict=True))
+        slots = np.asarray(slots, np.int64)
+        np.bitwise_or.at(self.bits, slots >> 3, np.uint8(1) << (slots & 7).astype(np.uint8))
         for n, v in values.items():
             self.values[n][idx] = v
 
     def state_dict(self, size: int) -> dict:
-        slots = np.flatnonzero(self.entry[:size] >= 0)
-        e = self.entry[slots]
+        slots = self.slots_below(size)
+        e = self.entries_of(slots)
         tails = np.array([[key, slot, gen] for key, (slot, gen) in sorted(self.tails.items())], np.int64)
         return {"slots": slots.astype(np.int64), "tails": tails.reshape(-1, 3),
                 "values": {n: arr[e] for n, arr in self.values.items()}}
@@ -72,7 +147,8 @@ class NextObsStore:
         tails = state_array(state, "tails", owner, dtype=np.int64, shape=(3,))
         if tails.size and ((tails[:, 1] < 0).any() or (tails[:, 1] >= max(size, 1)).any()):
             raise ValueError(f"{owner} field 'tails': a slot beyond the stored rows")
-        self.entry[:] = -1
+        self.bits[:] = 0
+        self._index = {}
         self.values = {n: np.zeros((0, *s.shape), s.dtype) for n, s in self.specs.items()}
         self._free, self._num_free = np.zeros(0, np.int64), 0
         values = {}
@@ -140,7 +216,7 @@ class NextObsDedup(StorageFields):
         tail = nx.tails.get(tail_key)
         if tail is not None and skip == 0:
             t_slot, t_gen = tail
-            e = int(nx.entry[t_slot])
+            e = nx.entry_of(t_slot)
             if (e >= 0 and int(self._meta["generation"][t_slot]) == t_gen and not self.columns["terminated"][t_slot]
                     and not self.columns["truncated"][t_slot]
                     and all(same_bits(nx.values[nn][e], rows[on][0]) for on, nn in zip(
@@ -160,7 +236,7 @@ class NextObsDedup(StorageFields):
         if not self.dedup_next_obs:
             return {nn: self.columns[nn].take(slots, axis=0) for _, nn in names}
         nx = self._nx
-        entry = nx.entry.take(slots)
+        entry = nx.entries_of(slots)
         explicit = entry >= 0
         src = np.where(explicit, slots, self.next_slot(slots))
         out = {}

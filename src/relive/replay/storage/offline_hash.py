@@ -30,10 +30,10 @@ class OfflineHashing(StorageFields):
             for lo in range(0, k, 65536):
                 h.update(np.ascontiguousarray(arr[lo : min(k, lo + 65536)]).data.cast("B"))
         if self.dedup_next_obs:
-            slots = np.flatnonzero(self._nx.entry[:k] >= 0)
+            slots = self._nx.slots_below(k)
             h.update(slots.astype(np.int64).tobytes())
             for name in sorted(self._nx.values):
-                h.update(np.ascontiguousarray(self._nx.values[name][self._nx.entry[slots]]).tobytes())
+                h.update(np.ascontiguousarray(self._nx.values[name][self._nx.entries_of(slots)]).tobytes())
         digest = h.hexdigest()
         self._offline_hash = (k, digest)
         return digest

@@ -724,7 +724,7 @@ class Storage(StreamLanes, NextObsDedup, MemmapBackend, OfflineHashing, Bookkeep
         if not self.dedup_next_obs:
             return float(fixed)
         per_copy = sum(int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize for s in self._nx.specs.values())
-        return fixed + self._nx.entry.itemsize + per_copy * self._nx.num_used / max(self.size, 1)
+        return fixed + (self._nx.map_nbytes + per_copy * self._nx.num_used) / max(self.size, 1)
 
     # -- checkpoint ------------------------------------------------------------------------------------
     def config(self) -> dict:
