@@ -355,30 +355,10 @@ class FrameStackStorage(Storage):
         if (ring <= d or self.num_offline + clock + 1 >= GEN_MAX or eps.next_id + 1 - eps.first_live_online_id >= ID_MOD
                 or eps.is_open(OFFLINE) != -1):
             return -1
-        for name, dtype, shape, finite in others:
-            v = data[name]
-            if type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype or (finite and not _finite(v)):
-                return -1
-        obs, nxt = data["obs"], data["next_obs"]
-        if key is not None:
-            if type(obs) is not dict or type(nxt) is not dict or obs.keys() != nxt.keys() \
-                    or len(obs) != len(self.obs_keys):  # type: ignore[arg-type]
-                return -1
-            for k, dtype, shape, finite in plain:
-                for part in (obs, nxt):
-                    v = part.get(k)
-                    if (type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype
-                            or (finite and not _finite(v))):
-                        return -1
-            x, y = obs.get(key), nxt.get(key)
-        else:
-            x, y = obs, nxt
-        spec = lay.stack
-        for v in (x, y):
-            if (type(v) is not np.ndarray or v.shape[1:] != spec.shape or v.shape[0] != 1 or v.dtype != spec.dtype
-                    or not v.flags.c_contiguous or (spec.dtype.kind == "f" and not all_finite(v))):
-                return -1
-        assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)  # (checked above)
+        arrays = self._step_arrays(data, plan)
+        if arrays is None:
+            return -1
+        obs, nxt, x, y = arrays
         # where the row goes and what it looks back at
         slot = self.ring_base + clock % ring
         open_id = eps.is_open(ONLINE, 0)
@@ -429,6 +409,36 @@ class FrameStackStorage(Storage):
         nx.tails[0] = (slot, g)
         self._one_lane_advance(1)
         return slot
+
+    def _step_arrays(self, data: dict, plan) -> tuple | None:
+        """The one-step path's input checks: (obs, next_obs, the stack's obs, the stack's next_obs) when every array
+        is as stored (type, dtype, shape, C-contiguous stacks, finite floats), else None (the general path)."""
+        _, lay, key, others, plain = plan
+        for name, dtype, shape, finite in others:
+            v = data[name]
+            if type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype or (finite and not _finite(v)):
+                return None
+        obs, nxt = data["obs"], data["next_obs"]
+        if key is not None:
+            if type(obs) is not dict or type(nxt) is not dict or obs.keys() != nxt.keys() \
+                    or len(obs) != len(self.obs_keys):  # type: ignore[arg-type]
+                return None
+            for k, dtype, shape, finite in plain:
+                for part in (obs, nxt):
+                    v = part.get(k)
+                    if (type(v) is not np.ndarray or v.shape != shape or v.dtype != dtype
+                            or (finite and not _finite(v))):
+                        return None
+            x, y = obs.get(key), nxt.get(key)
+        else:
+            x, y = obs, nxt
+        spec = lay.stack
+        for v in (x, y):
+            if (type(v) is not np.ndarray or v.shape[1:] != spec.shape or v.shape[0] != 1 or v.dtype != spec.dtype
+                    or not v.flags.c_contiguous or (spec.dtype.kind == "f" and not all_finite(v))):
+                return None
+        assert isinstance(x, np.ndarray) and isinstance(y, np.ndarray)  # (checked above)
+        return obs, nxt, x, y
 
     def _frame_bytes(self, col: str) -> np.ndarray:
         """The frame column ``col`` as byte rows (the columns never move: made once)."""
