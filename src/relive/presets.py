@@ -454,8 +454,9 @@ def hil_serl() -> ExperimentConfig:
     (launcher.py l.73-82; relive: ReLU, no actor LayerNorm). Its actor's std is exp(linear) clipped to [1e-5, 5]
     (launcher.py l.67-72; relive: log-std clamped to [-20, 2]). Its temperature is a softplus-parameterized Lagrange
     multiplier (networks/lagrange.py l.81-83; relive learns log alpha). Its replay capacity is per buffer (online,
-    demonstrations); relive's ``replay.capacity`` counts the dataset's rows too, and the interventions have
-    ``intervention.demo_capacity`` of room."""
+    demonstrations); relive's ``replay.capacity`` counts every row -- the dataset's, the demonstration segment
+    (``intervention.demo_capacity``) and the online ring -- so it is set to both buffers' room (2 x 200k), the
+    demonstration segment to one."""
     cfg = hil_rlpd()
     agent = SACConfig(num_qs=2, num_min_qs=2, critic_layer_norm=True, actor_q_reduce="mean", init="xavier",
                       gamma=0.97, tau=0.005, actor_lr=3e-4, critic_lr=3e-4, temp_lr=3e-4, init_temperature=0.01,
@@ -464,7 +465,7 @@ def hil_serl() -> ExperimentConfig:
     schedule = ScheduleConfig(utd_ratio=HIL_SERL_CRITIC_STEPS_PER_ACTOR_STEP, batch_size=256,
                               num_warmup_env_steps=HIL_SERL_TRAINING_STARTS, warmup_policy="agent")
     return replace(cfg, preset="hil_serl", agent=agent, schedule=schedule,
-                   replay=replace(cfg.replay, capacity=HIL_SERL_CAPACITY),
+                   replay=replace(cfg.replay, capacity=2 * HIL_SERL_CAPACITY),  # (online ring + demonstrations)
                    intervention=replace(cfg.intervention, demo_capacity=HIL_SERL_CAPACITY))
 
 

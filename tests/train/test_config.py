@@ -33,6 +33,15 @@ def test_every_preset_round_trips_through_config_json(name, tmp_path):
     assert isinstance(again.agent.hidden, tuple)  # JSON lists come back as the declared tuples
 
 
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_presets_demonstration_segment_fits_its_buffer(name):
+    """A preset's demonstration room is a part of its replay capacity (the storage refuses demo_capacity >=
+    capacity at build time: hil_serl once set both to 200k and did not start)."""
+    cfg = get_preset(name)
+    demo = cfg.intervention.demo_capacity if cfg.intervention.kind != "none" else 0  # (no intervener: no segment)
+    assert 0 <= demo < cfg.replay.capacity, (name, demo, cfg.replay.capacity)
+
+
 def test_presets_carry_the_papers_settings():
     rlpd = get_preset("rlpd")
     assert (rlpd.agent.num_qs, rlpd.agent.num_min_qs, rlpd.agent.critic_layer_norm) == (10, 2, True)

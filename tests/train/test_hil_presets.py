@@ -39,7 +39,7 @@ def test_hil_serl_is_the_authors_code_and_hil_rlpd_stays_rlpd():
     s = hs.schedule
     assert (s.batch_size, s.num_warmup_env_steps, s.warmup_policy, s.num_offline_grad_steps) == (256, 100, "agent", 0)
     assert hs.replay.label == "mixture(offline=uniform, online=uniform)" and hs.replay.options.offline_fraction == 0.5
-    assert hs.replay.capacity == 200_000 and hs.intervention.demo_capacity == 200_000
+    assert hs.replay.capacity == 400_000 and hs.intervention.demo_capacity == 200_000  # (online ring + demos)
     assert hs.intervention.kind == "scripted" and hs.preset == "hil_serl"
     hil = get_preset("hil_rlpd")
     assert hil.agent == get_preset("rlpd").agent and hil.schedule == get_preset("rlpd").schedule
