@@ -3,8 +3,6 @@ losses' td_error, IS weights in the losses, exact offline shares, pickle-free st
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
@@ -20,17 +18,7 @@ from torchrl.objectives import DQNLoss, SACLoss, SoftUpdate  # noqa: E402
 from relive.integrations.torchrl import ReliveTensorDictReplayBuffer  # noqa: E402
 from relive.replay import MixtureSampler, PrioritizedSampler, UniformSampler  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _quiet_one_thread(monkeypatch):
-    monkeypatch.setenv("RL_WARNINGS", "False")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("torchrl_quiet")  # (tests/integrations/conftest.py)
 
 
 def _rollout(env_id: str, steps: int, seed: int = 0):

@@ -3,8 +3,6 @@ once, and samples holding exactly what TorchRL's own replay buffer holds for the
 
 from __future__ import annotations
 
-import warnings
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -18,17 +16,7 @@ from torchrl.envs import CatFrames, GymEnv, GymWrapper, SerialEnv, TransformedEn
 from relive.integrations.torchrl import ReliveTensorDictReplayBuffer, catframes_frame_stack  # noqa: E402
 from relive.replay.storage import FrameStack  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _quiet_one_thread(monkeypatch):
-    monkeypatch.setenv("RL_WARNINGS", "False")
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("torchrl_quiet")  # (tests/integrations/conftest.py)
 
 
 class FrameEnv(gym.Env):
