@@ -82,7 +82,6 @@ def test_pack_of_sampled_batches_and_sequences():
 def test_unpack_without_jax_names_the_extra(monkeypatch):
     import sys
 
-    pytest.importorskip("relive.extras")
     data, layout = hand_batch().pack()
     monkeypatch.setitem(sys.modules, "jax", None)
     from relive.extras import MissingExtra
