@@ -315,6 +315,9 @@ class ReplayConfig:
     options: Any = None  # the strategy's own config dataclass (``replay.<name>.*``); None: its defaults
     device: str | None = None  # torch device of the buffer's columns and sampling (uniform, per, and mixtures of
     #                            them; relive.replay.samplers.device), e.g. the agent's "cuda"; None: NumPy on the host
+    shards: int = 0  # > 0: the replay is a service of that many Ray shard actors (relive.train.sharded_replay; with
+    #                  Ray collectors), drawn exactly as one buffer; 0: one buffer in the learner's process
+    shard_timeout_s: float = 600.0  # with shards: how long a call (a sample waiting for a restarting shard) may take
 
     def __post_init__(self):
         if self.device is not None:
@@ -334,6 +337,11 @@ class ReplayConfig:
             raise ValueError(f"replay {self.name!r} takes a {cls.__name__}, got {type(self.options).__name__}")
         if self.capacity < 1:
             raise ValueError(f"replay.capacity must be >= 1, got {self.capacity}")
+        if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 0:
+            raise ValueError(f"replay.shards must be an integer >= 0 (0: one buffer in this process), got "
+                             f"{self.shards!r}")
+        if not self.shard_timeout_s > 0:
+            raise ValueError(f"replay.shard_timeout_s must be > 0, got {self.shard_timeout_s!r}")
 
     @classmethod
     def of(cls, name: str, capacity: int = 1_000_000, **options) -> ReplayConfig:
@@ -359,7 +367,12 @@ class ReplayConfig:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "capacity": self.capacity, self.name: options_dict(self.options)} | (
-            {"device": self.device} if self.device is not None else {})
+            {"device": self.device} if self.device is not None else {}) | (
+            {"shards": self.shards} if self.shards else {}) | (
+            {"shard_timeout_s": self.shard_timeout_s} if self.shard_timeout_s != 600.0 else {})
+
+
+_REPLAY_FIELDS = ("capacity", "device", "shards", "shard_timeout_s")  # a replay table's keys that are not its spec
 
 
 # -- replay options: nested parts (a mixture's offline / online) and aliases ----------------------------------------
@@ -541,9 +554,9 @@ def _migrate_her(her, replay: dict) -> dict:
         return replay
     if replay.get("name") == "her":
         raise ValueError("her.enabled = true and replay.name = her: HER is the replay now; drop the her section")
-    inner = {k: v for k, v in replay.items() if k not in ("capacity", "device")}
+    inner = {k: v for k, v in replay.items() if k not in _REPLAY_FIELDS}
     out = {"name": "her", "her": {"inner": inner, "k": her["k"], "strategy": her["strategy"]}}
-    return out | {k: replay[k] for k in ("capacity", "device") if k in replay}
+    return out | {k: replay[k] for k in _REPLAY_FIELDS if k in replay}
 
 
 def _her_alias(r: ReplayConfig, name: str, raw: str, key: str) -> ReplayConfig:
@@ -623,8 +636,9 @@ def config_from_dict(d: dict) -> ExperimentConfig:
     kind = d.get("agent_kind", "sac")
     agent = _build(agent_entry(kind).config_cls, d.get("agent", {}), "agent")
     r = d.get("replay", {})
-    spec = _spec_from_dict({k: v for k, v in r.items() if k not in ("capacity", "device")}, "replay")
-    replay = ReplayConfig(spec.name, r.get("capacity", 1_000_000), spec.options, r.get("device"))
+    spec = _spec_from_dict({k: v for k, v in r.items() if k not in _REPLAY_FIELDS}, "replay")
+    replay = ReplayConfig(spec.name, r.get("capacity", 1_000_000), spec.options, r.get("device"), r.get("shards", 0),
+                          r.get("shard_timeout_s", 600.0))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
                                                    ("schedule", ScheduleConfig),
                                                    ("collectors", CollectorsConfig),
@@ -743,11 +757,17 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
         r = cfg.replay
         if parts[1:] == ["name"]:
             name = parse_value(str, raw, key)
-            return dataclasses.replace(cfg, replay=ReplayConfig(name, r.capacity, device=r.device))
+            return dataclasses.replace(cfg, replay=ReplayConfig(name, r.capacity, device=r.device, shards=r.shards,
+                                                                shard_timeout_s=r.shard_timeout_s))
         if parts[1:] == ["capacity"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, capacity=parse_value(int, raw, key)))
         if parts[1:] == ["device"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, device=parse_value(str | None, raw, key)))
+        if parts[1:] == ["shards"]:
+            return dataclasses.replace(cfg, replay=dataclasses.replace(r, shards=parse_value(int, raw, key)))
+        if parts[1:] == ["shard_timeout_s"]:
+            return dataclasses.replace(cfg, replay=dataclasses.replace(r, shard_timeout_s=parse_value(float, raw,
+                                                                                                      key)))
         if len(parts) >= 3:
             alias = ALIASES.get(parts[1])
             if parts[1] == r.name:
@@ -766,8 +786,8 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
                       if new in {f.name for f in dataclasses.fields(e.config_cls)}]
             raise ValueError(f"--set {key}: replay options are now per strategy: replay.<name>.{new}, for "
                              f"<name> in {having} (`relive presets --show NAME` lists each one's options)")
-        known = ["replay.name", "replay.capacity", "replay.device"] + [f"replay.{r.name}.{f.name}"
-                                                      for f in dataclasses.fields(r.options)]
+        known = ["replay.name", "replay.capacity", "replay.device", "replay.shards", "replay.shard_timeout_s"]
+        known += [f"replay.{r.name}.{f.name}" for f in dataclasses.fields(r.options)]
         raise ValueError(f"unknown setting {key!r}; known: {known}")
     if section == "her" and len(parts) == 2:  # the top-level her.* of earlier versions: HER is a replay now
         return dataclasses.replace(cfg, replay=_her_alias(cfg.replay, parts[1], raw, key))

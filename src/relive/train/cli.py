@@ -88,6 +88,9 @@ def _add_collection_arguments(p) -> None:
     p.add_argument("--collectors", type=positive_int, help="parallel collector processes on Ray feeding this "
                    "learner's buffer (each steps --num-envs envs with a CPU copy of the policy); starts a local Ray "
                    "unless --ray-address is given (needs pip install 'relive[ray]'; docs/scaling.md)")
+    p.add_argument("--replay-shards", type=positive_int, help="with --collectors: the replay as a service of this many "
+                   "Ray shard actors, drawn exactly as one buffer over their union, each checkpointed under "
+                   "<run-dir>/replay and restarted from there if it dies (relive.replay.remote; docs/scaling.md)")
     p.add_argument("--ray-address", help="with --collectors: join this Ray cluster (e.g. auto, HOST:6379, "
                    "ray://HOST:10001) instead of starting a local Ray")
     p.add_argument("--seed", type=int, help="run seed (agent, buffer, env, warm-up); default 0")
@@ -198,6 +201,7 @@ FLAG_TO_SETTING = {
     "env_kwargs": "env.kwargs", "logger": "run.loggers",
     "seed": "run.seed", "run_dir": "run.run_dir", "num_envs": "env.num_envs", "vector_mode": "env.vector_mode",
     "collectors": "collectors.num", "ray_address": "collectors.ray_address",
+    "replay_shards": "replay.shards",
     "offline_steps": "schedule.num_offline_grad_steps", "online_steps": "schedule.num_online_env_steps",
     "chunk": "schedule.env_steps_per_chunk", "grad_steps_per_chunk": "schedule.grad_steps_per_chunk",
     "stop_at_return": "run.stop_at_return", "init_from": "run.init_from", "warmup": "schedule.num_warmup_env_steps",

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -63,6 +63,8 @@ from relive.train.loop import (
 from relive.train.malloc import retain_freed_memory
 from relive.train.ray_collection import RayCollection
 from relive.train.ray_collectors import RayCollectors, check_agent
+from relive.train.sharded_replay import DIRECTORY as SHARDS_DIRECTORY
+from relive.train.sharded_replay import ShardedReplay, check_hooks
 
 STREAMS = ("agent", "buffer", "sampler", "warmup", "env", "eval")  # one SeedSequence child each, in this order
 
@@ -166,7 +168,9 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
                            | {"grad_step": st.grad_steps, "phase": "final"})
         agent: Any = run.agent  # (any registered agent: loop.Run types it as object)
         save_tree(run.run_dir / "agent_final", agent.state_dict(), kind="agent")  # the trained policy
-        if run.cfg.run.save_final_buffer:
+        if run.cfg.run.save_final_buffer and isinstance(run.buffer, ShardedReplay):
+            run.buffer.checkpoint()  # the shards' checkpoints (replay/shard-*) hold the final buffer
+        elif run.cfg.run.save_final_buffer:
             run.buffer.save(run.run_dir / "buffer_final", offline="copy")  # self-contained, unlike checkpoints
         st, s = run.state, run.cfg.schedule
         summary = RunSummary(str(run.run_dir), s.num_offline_grad_steps, st.env_steps, st.grad_steps,
@@ -181,6 +185,8 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
         write_text_atomic(run.run_dir / "summary.json", json.dumps(fields, indent=1, allow_nan=False))
     finally:
         run.logger.close()
+        if isinstance(run.buffer, ShardedReplay):  # its shard actors end (their checkpoints stay)
+            run.buffer.close()
         if hasattr(run.collector, "close"):
             run.collector.close()  # (async vector envs: their worker processes; Ray collectors: the actors)
         if run.lock is not None:
@@ -314,6 +320,8 @@ def _build(cfg: ExperimentConfig | None, resume_dir, on_step, wrap_agent: Callab
     saved_cfg = without_trust(cfg)[0]  # what the run records (config.json, checkpoints): trust is the command's
     if resume_dir is None:  # everything is built: only now does the directory become a run
         _create_run_dir(saved_cfg, start.run_dir, held, envs.env)
+    if isinstance(buffer, ShardedReplay):  # its shard actors, on the Ray the collectors connected to
+        buffer.start(start.run_dir / SHARDS_DIRECTORY, resume=start.tree is not None)
     s = cfg.schedule
     logger = RunLogger(start.run_dir, s.num_online_env_steps, s.num_offline_grad_steps, cfg.run.progress,
                        loggers=cfg.run.loggers, config=saved_cfg.to_dict())
@@ -497,6 +505,9 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
         raise ValueError(f"intervention.kind = {cfg.intervention.kind!r}: interventions run with one env in this "
                          "process (env.num_envs = 1, collectors.num = 0, an env.id) and the replay on the host "
                          "(replay.device unset)")
+    if cfg.replay.shards and (not cfg.collectors.num or cfg.replay.device):
+        raise ValueError(f"replay.shards = {cfg.replay.shards} (--replay-shards): a sharded replay runs on the Ray "
+                         "cluster of the run's collectors (--collectors N) and on the host (replay.device unset)")
     ic = cfg.intervention
     if ic.kind in ("scripted", "state") and ic.budget > ic.demo_capacity:
         raise ValueError(f"intervention.budget ({ic.budget} intervened steps) exceeds intervention.demo_capacity "
@@ -504,14 +515,19 @@ def _check_run_config(cfg: ExperimentConfig, allow_other_base: bool) -> None:
 
 
 def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuffer:
+    common = dict(obs_dtype=spec.obs_dtype, action_dtype=np.int64 if spec.discrete else np.float32,
+                  # the env's frame stacks (Atari): each frame stored once, stacks rebuilt when sampled
+                  frame_stack=_frame_stack(cfg, spec),
+                  extra_columns={c.name: c.spec for c in columns} or None,
+                  # the agent's n-step TD targets: the buffer sums the returns at sample time
+                  n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99))
+    if cfg.replay.shards:  # a service of Ray shard actors (started once Ray is up and the run directory exists)
+        sharded = ShardedReplay(cfg.replay.shards, cfg.replay.capacity, spec.obs_shape, spec.action_shape,
+                                build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
+                                timeout=cfg.replay.shard_timeout_s, **common)
+        return cast(ReplayBuffer, sharded)  # (what the loop asks of a buffer; relive.train.sharded_replay)
     return ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
-                        sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
-                        obs_dtype=spec.obs_dtype, action_dtype=np.int64 if spec.discrete else np.float32,
-                        # the env's frame stacks (Atari): each frame stored once, stacks rebuilt when sampled
-                        frame_stack=_frame_stack(cfg, spec),
-                        extra_columns={c.name: c.spec for c in columns} or None,
-                        # the agent's n-step TD targets: the buffer sums the returns at sample time
-                        n_step=getattr(cfg.agent, "n_step", 1), gamma=getattr(cfg.agent, "gamma", 0.99),
+                        sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]), **common,
                         # interventions: room for them in the never-evicted demonstration segment
                         demo_capacity=cfg.intervention.demo_capacity if cfg.intervention.kind != "none" else 0,
                         # replay.device: columns, draws and priorities on a torch device (relive.replay.samplers.device)
@@ -547,6 +563,8 @@ def _new_run_hooks(cfg: ExperimentConfig, agent, buffer: ReplayBuffer, gamma: fl
     hooks = H.collect_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
     try:
         _check_num_envs(cfg, hooks)
+        if cfg.replay.shards:
+            check_hooks(H.LoopContext(agent, buffer, cfg, gamma), agent, buffer.sampler)
     except ValueError:
         if env is not None:
             env.close()
@@ -626,7 +644,10 @@ def _load_dataset(cfg, buffer: ReplayBuffer, columns, gamma: float, state: LoopS
                          f"single gradient step; use a smaller --batch-size or a larger dataset")
     # named by its path / id: run checkpoints then refer to the offline rows by id + SHA-256 instead of copying
     # them (a 1M-row dataset would add ~120 MB to every checkpoint); a resume loads the dataset again (_resume)
-    fill_offline(buffer, stored_rows(cfg, rows), gamma, dataset_id=str(cfg.data.dataset))
+    if isinstance(buffer, ShardedReplay):  # (no returns-to-go column: its agents' hooks are refused)
+        buffer.add_offline(stored_rows(cfg, rows), dataset_id=str(cfg.data.dataset))
+    else:
+        fill_offline(buffer, stored_rows(cfg, rows), gamma, dataset_id=str(cfg.data.dataset))
     state.ref_min = state.ref_min if state.ref_min is not None else meta.get("ref_min_return")
     state.ref_max = state.ref_max if state.ref_max is not None else meta.get("ref_max_return")
 
@@ -665,8 +686,11 @@ def _resume(run: Run, tree: dict | None) -> None:
         agent.load_state_dict(tree["agent"])
     with _must_fit(where, "its checkpoint's state does not fit this run"):
         # the config says where the replay lives: a run saved with replay.device set resumes on the host without it
-        run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
-            run.cfg, tree["buffer"], where), device=run.cfg.replay.device or HOST)
+        if isinstance(run.buffer, ShardedReplay):  # (its shards restored themselves from their checkpoints)
+            run.buffer.load_state_dict(tree["buffer"])
+        else:
+            run.buffer = ReplayBuffer.from_state_dict(tree["buffer"], offline_rows=run_offline_rows(
+                run.cfg, tree["buffer"], where), device=run.cfg.replay.device or HOST)
         run.collector.load_state_dict(tree["collector"])
         run.warmup_rng.bit_generator.state = tree["warmup_rng"]
         if "eval_rng" in tree:
