@@ -261,6 +261,24 @@ def test_a_restored_shard_gets_every_acknowledged_row_back_once_through_the_writ
     assert w.num_resent == 4 and h.obj.num_gaps == 1
 
 
+def test_updates_for_rows_a_restarted_shard_does_not_hold_yet_are_skipped_as_stale(tmp_path):
+    """A batch drawn before a shard died names rows written after its last checkpoint; the shard restarted from that
+    checkpoint does not hold them until the writer resends them: the learner's update skips them (counted stale),
+    it does not fail (found in a Hopper run with a shard killed by SIGKILL)."""
+    r = RemoteReplay(500, OBS, ACT, PrioritizedSampler(), num_shards=1, ray=False, directory=tmp_path / "replay")
+    r.extend(rows_with_ids(20, 0, 0), stream=0)
+    r.checkpoint()
+    r.extend(rows_with_ids(20, 20, 1), stream=0)
+    r.flush()
+    batch = r.sample(32)
+    h = r.handles[0]
+    h.obj = ReplayShard(0, {}, {}, 0, str(tmp_path / "replay"))  # "killed" and restarted from its checkpoint
+    assert len(h.obj.buffer) == 20
+    _, slots = split_ids(batch.info.indices)
+    report = r.update(batch.info, td_error=np.ones(32))
+    assert report.num_stale == int((slots >= 20).sum()) > 0 and report.num_updated == int((slots < 20).sum()) > 0
+
+
 def test_a_service_built_over_a_directory_resumes_from_its_shards_checkpoints(tmp_path):
     r = remote("per", 2, directory=tmp_path / "replay")
     r.checkpoint()

@@ -150,11 +150,24 @@ class ReplayShard:
 
     # -- feedback -------------------------------------------------------------------------------------------
     def update(self, slots: np.ndarray, generation: np.ndarray, signals: dict) -> tuple[int, int]:
+        """The buffer's update; rows this shard does not hold (yet) are stale too: a batch drawn before the shard
+        restarted from its checkpoint names rows written after it, which the writer has not resent yet."""
+        st = self.buffer.storage
+        held = (slots >= 0) & (slots < st.size)
+        if st.has_gap:
+            held &= (slots < st.num_offline) | (slots >= st.ring_base)
+        missing = int(slots.size - held.sum())
+        if missing:
+            slots, generation = slots[held], generation[held]
+            signals = {k: np.asarray(v)[held] for k, v in signals.items()}
+            self.buffer.num_stale += missing
+            if not slots.size:
+                return 0, missing
         n = slots.size
         info = new_sample_info(slots, generation, np.full(n, np.nan), np.ones(n, np.float32),
                                np.zeros(n, np.int8), {})
         report = self.buffer.update(info, **signals)
-        return int(report.num_updated), int(report.num_stale)
+        return int(report.num_updated), int(report.num_stale) + missing
 
     # -- checkpoints and bookkeeping ---------------------------------------------------------------------------
     def checkpoint(self) -> dict:
