@@ -1,6 +1,12 @@
-"""Helpers for tests and examples: synthetic transitions and a sampling-distribution check."""
+"""Helpers for tests and examples: synthetic transitions, a sampling-distribution check and a local multi-node Ray
+cluster."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
@@ -48,3 +54,36 @@ def chisquare_pvalue(indices: np.ndarray, probabilities: np.ndarray, min_expecte
     if obs.size < 2:
         return 1.0
     return float(chisquare(obs, exp).pvalue)
+
+
+@contextmanager
+def local_ray_cluster(num_workers: int = 2, worker_cpus: int = 1, paths: Sequence[str | os.PathLike] = ()):
+    """A local multi-node Ray cluster (``ray.cluster_utils.Cluster``: a head with no CPUs and ``num_workers`` nodes of
+    ``worker_cpus`` CPUs each, all processes of this machine), this process connected to it; yields ``(cluster,
+    worker_nodes)``. The workers import this checkout's relive (and ``paths``, e.g. a test tree), not another one
+    installed: PYTHONPATH is set for the cluster's processes and restored afterwards."""
+    import ray  # (optional: relive[ray])
+    from ray.cluster_utils import Cluster
+
+    import relive
+
+    src = str(Path(relive.__file__).resolve().parents[1])
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([src, *map(str, paths), *([old] if old else [])])
+    try:
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        try:
+            workers = [c.add_node(num_cpus=worker_cpus) for _ in range(num_workers)]
+            c.wait_for_nodes()
+            ray.init(address=c.address, log_to_driver=False)
+            try:
+                yield c, workers
+            finally:
+                ray.shutdown()
+        finally:
+            c.shutdown()
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old

@@ -3,7 +3,6 @@ CPUs and worker nodes of one CPU each, so that two runs must go to two nodes. On
 slowly)."""
 
 import json
-import os
 import threading
 import time
 from dataclasses import replace
@@ -11,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import relive
 from relive.experiments.grid import parse_grid
 from relive.experiments.runner import run_dir_of, run_grid
+from relive.testing import local_ray_cluster
 
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from relive.experiments.ray_runner import run_grid_ray  # noqa: E402
 
@@ -26,22 +24,8 @@ TINY = ["--online-steps", "200", "--warmup", "100", "--eval-every", "100", "--ev
 
 @pytest.fixture(scope="module")
 def cluster():
-    src = str(Path(relive.__file__).resolve().parents[1])  # workers import this checkout's relive, not another
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([src, *([old] if old else [])])
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    workers = [c.add_node(num_cpus=1) for _ in range(2)]
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    try:
+    with local_ray_cluster() as (c, workers):
         yield c, workers
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def tiny_grid(name="tiny-ray", seeds=2, args=TINY):

@@ -14,38 +14,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import relive
 from relive.replay import PrioritizedSampler
 from relive.replay.remote import RemoteReplay, SampleToInsertRatio
-from relive.testing import chisquare_pvalue
+from relive.testing import chisquare_pvalue, local_ray_cluster
 from relive.types import SampleInfo
 from tests.replay.test_remote import ACT, BATCH, DRAWS, OBS, fill, make_sampler, priority_of, reference, rows_with_ids
 
 pytestmark = pytest.mark.slow
 ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    src = str(Path(relive.__file__).resolve().parents[1])  # workers import this checkout's relive (and tests/)
-    root = str(Path(__file__).resolve().parents[2])
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([src, root, *([old] if old else [])])
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    for _ in range(2):
-        c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False)
-    try:
+    with local_ray_cluster(paths=[Path(__file__).resolve().parents[2]]) as (c, _):  # (workers import tests/ too)
         yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 def on_nodes(**kw) -> dict:
