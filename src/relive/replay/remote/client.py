@@ -180,6 +180,20 @@ class Writer:
         while self.in_flight:
             self._settle_oldest()
 
+    def sync(self) -> None:
+        """Bring every shard up to this writer: a shard restarted from its checkpoint has lost this writer's calls
+        after the checkpoint and asks for them only when the writer's next call reaches it. Ask each shard holding
+        kept calls which seq it expects next, resend from there, and wait for the replies (what
+        ``RemoteReplay.checkpoint`` does before the shards save)."""
+        self.flush()
+        shards = [s for s in range(self.num_shards) if self.pending[s]]
+        for s, reply in zip(shards, get([call(self.handles[s], "committed_seq", self.id) for s in shards],
+                                        self.timeout), strict=True):
+            for q in sorted(q for q in self.pending[s] if q >= reply["expected"]):
+                self.num_resent += 1
+                self._send(s, q)
+        self.flush()
+
     def forget_committed(self) -> None:
         """Ask the shards what their checkpoints hold and drop what this writer kept for resending up to there
         (each reply tells it too: this is for a writer that stopped writing)."""
@@ -480,8 +494,11 @@ class RemoteReplay:
 
     # -- checkpoints, stats, shutdown -----------------------------------------------------------------------------
     def checkpoint(self) -> None:
-        """Every shard saves (``directory/shard-<i>``); the writers' calls acknowledged so far are then held."""
-        self.flush()
+        """Every shard saves (``directory/shard-<i>``) once it holds every call this client's writer had
+        acknowledged (a shard restarted since gets them back first: :meth:`Writer.sync`). Other processes' writers
+        resend what a restarted shard lost with their next call to it."""
+        if self._writer is not None:
+            self._writer.sync()
         get([call(h, "checkpoint") for h in self.handles], self.timeout)
 
     def shard_info(self) -> list[dict]:
