@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from relive.replay import MixtureSampler, PrioritizedSampler, ReplayBuffer, UniformSampler
+from relive.replay import MixtureSampler, PrioritizedSampler, ReaPERSampler, ReplayBuffer, UniformSampler
 from relive.replay.remote import RateLimitTimeout, RemoteReplay, ReplayShard, SampleToInsertRatio, Writer, split_ids
 from relive.replay.remote.client import offline_cuts
 from relive.testing import chisquare_pvalue, random_transitions
@@ -40,18 +40,31 @@ def priority_of(ids) -> np.ndarray:
 
 def make_sampler(kind: str):
     return {"uniform": UniformSampler, "per": lambda: PrioritizedSampler(is_exponent=0.4, is_exponent_final=0.4),
+            "reaper": lambda: ReaPERSampler(is_exponent=0.4, is_exponent_final=0.4),
+            "reaper_open": lambda: ReaPERSampler(is_exponent=0.4, is_exponent_final=0.4),
             "mixture": lambda: MixtureSampler(UniformSampler(), PrioritizedSampler(is_exponent=0.5,
                                                                                    is_exponent_final=0.5),
                                               offline_fraction=0.3)}[kind]()
 
 
 def fill(target, kind: str) -> None:
-    """The same rows into a RemoteReplay or a ReplayBuffer: offline (mixture only), then the streams' chunks."""
+    """The same rows into a RemoteReplay or a ReplayBuffer: offline (mixture only), then the streams' chunks
+    (``reaper``: then every stream's open episode ended, so that no row's priority depends on F; ``reaper_open``:
+    left open, their rows' priorities scaled by F, the largest episode total over the union, which the client
+    gathers from the shards)."""
     if kind == "mixture":
         target.add_offline(rows_with_ids(OFFLINE_ROWS, 10_000, 0))
     for chunk in range(2):
         for s in range(STREAMS):
             target.extend(rows_with_ids(ONLINE_ROWS // 2, s * 100 + chunk * 20, 1 + s + 10 * chunk), stream=s)
+    if kind == "reaper":
+        for s in range(STREAMS):
+            target.close_stream(s)
+
+
+def signal(sampler, ids) -> dict:
+    """PER's priorities, or ReaPER's |TD errors| (its own priority is built from them), = 1 + id % 7."""
+    return {"td_error" if isinstance(sampler, ReaPERSampler) else "priority": priority_of(ids)}
 
 
 def set_priorities(replay: RemoteReplay | ReplayBuffer) -> None:
@@ -62,14 +75,14 @@ def set_priorities(replay: RemoteReplay | ReplayBuffer) -> None:
         ids = st.columns["reward"][slots]
         info = SampleInfo(slots, st.meta["generation"][slots], np.ones(slots.size), np.ones(slots.size, np.float32),
                           np.zeros(slots.size, np.int8))
-        replay.update(info, priority=priority_of(ids))
+        replay.update(info, **signal(replay.sampler, ids))
         return
     for s, h in enumerate(replay.handles):
         r = h.obj.rows()
         ids = (np.int64(s) << 40) | r["slots"]
         info = SampleInfo(ids, r["generation"], np.ones(ids.size), np.ones(ids.size, np.float32),
                           np.zeros(ids.size, np.int8))
-        replay.update(info, priority=priority_of(r["reward"]))
+        replay.update(info, **signal(replay.template, r["reward"]))
 
 
 def reference(kind: str) -> tuple[np.ndarray, ReplayBuffer]:
@@ -95,7 +108,7 @@ def remote(kind: str, shards: int, seed: int = 0, **kw) -> RemoteReplay:
     return r
 
 
-CASES = [(k, m) for k in ("uniform", "per", "mixture") for m in (1, 2, 3)]
+CASES = [(k, m) for k in ("uniform", "per", "mixture", "reaper", "reaper_open") for m in (1, 2, 3)]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{k}-{m}shards" for k, m in CASES])
@@ -131,7 +144,7 @@ def test_probability_and_is_weight_equal_one_buffer_s(drawn):
         np.testing.assert_allclose(b.info.probability, p[ids], rtol=1e-12)
         if kind == "uniform":
             assert (b.info.is_weight == 1).all()
-        elif kind == "per":
+        elif kind in ("per", "reaper", "reaper_open"):
             np.testing.assert_allclose(b.info.is_weight, (p[ids].min() / p[ids]) ** 0.4, rtol=1e-6)
         else:
             off = b.info.source == 0
@@ -204,6 +217,27 @@ def test_updates_reach_only_the_rows_named_and_stale_ones_are_skipped_across_sha
     with pytest.raises(ValueError, match="name shard 7"):
         r.update(SampleInfo(np.array([7 << 40]), np.array([1]), np.ones(1), np.ones(1, np.float32),
                             np.zeros(1, np.int8)), priority=np.ones(1))
+
+
+def test_reaper_new_rows_take_the_largest_d_any_shard_has_seen_after_the_next_sample():
+    """ReaPER gives a new row d = the largest d seen so far (over the whole buffer); a service's client carries the
+    largest over its shards to every shard with the next sample's masses call, so a shard whose own rows never had a
+    large TD error still writes its next rows at the union's running max (one sample of lag)."""
+    r = RemoteReplay(300, OBS, ACT, ReaPERSampler(), num_shards=2, seed=0, ray=False)
+    r.extend(rows_with_ids(20, 0, 0), stream=0)
+    r.extend(rows_with_ids(20, 100, 1), stream=1)
+    r.flush()
+    batch = r.sample(32)
+    shard, _ = split_ids(batch.info.indices)
+    r.update(batch.info, td_error=np.where(shard == 0, 10.0, 0.5))  # (both shards drawn from: seed 0)
+    assert {0, 1} <= set(shard.tolist())
+    shard1 = r.handles[1].obj.buffer.sampler
+    assert shard1.max_delta < 2  # its own rows' errors were small
+    r.sample(32)
+    r.extend(rows_with_ids(5, 200, 2), stream=1)
+    r.flush()
+    new = np.arange(20, 25)  # (shard 1's slots of the new rows)
+    np.testing.assert_allclose(shard1.delta[new], 10.0 + shard1.eps)
 
 
 def test_samplers_that_cannot_be_split_exactly_are_refused():

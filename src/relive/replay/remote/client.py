@@ -16,6 +16,11 @@ computes it. The offline rows of a mixture are **sharded** (``add_offline`` spli
 drawn as any part. The masses are read in one round trip and the draws made in a second; a write landing between the
 two changes a shard's rows before its draw (exact for the state the masses describe when writes pause, e.g. in the
 tests; otherwise off by those rows, which is the staleness any asynchronous replay has).
+
+**ReaPER** (a part of its own or inside a mixture): a stream's episodes are on one shard, so C_t and S_e are the
+shard's; F, the largest S_e, is taken over the union (each shard reports its finished mass, its ongoing mass without
+F^-omega, and F; the client recomputes the masses with the largest F and the shards draw with it), and the running
+max of d that new rows take reaches every shard with the client's next calls (one sample of lag).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from relive.replay.remote.shard import ReplayShard, sampler_parts
 from relive.replay.samplers import MixtureSampler, PrioritizedSampler, Sampler, UniformSampler, sampler_config
 from relive.replay.samplers.mixture import scheduled_fraction
 from relive.replay.samplers.per import linear_anneal
+from relive.replay.samplers.reaper import ReaPERSampler
 from relive.types import Batch, SampleInfo, UpdateReport, new_batch, new_sample_info, new_update_report
 
 LOG = logging.getLogger("relive.replay.remote")
@@ -315,6 +321,9 @@ class RemoteReplay:
         self._writer: Writer | None = None
         self.num_samples = 0  # sample calls (PER's beta schedule)
         self.parts = sampler_parts(sampler)
+        # ReaPER parts: the running max of d over the union, handed to the shards with the next masses and draw calls
+        self.union_max_delta: list | None = [1.0 if type(p) is ReaPERSampler else None for p in self.parts] \
+            if any(type(p) is ReaPERSampler for p in self.parts) else None
         self._queue: queue.Queue | None = None
         self._prefetcher: threading.Thread | None = None
         self._stop = threading.Event()
@@ -387,7 +396,11 @@ class RemoteReplay:
         return self._draw(int(batch_size))
 
     def masses(self) -> list[dict]:
-        return get([call(h, "masses") for h in self.handles], self.timeout)
+        masses = get([call(h, "masses", self.union_max_delta) for h in self.handles], self.timeout)
+        if self.union_max_delta is not None:  # ReaPER: the new rows' d, the largest any shard has seen
+            self.union_max_delta = [None if r is None else max(x for x in (m["reaper"][k][3] for m in masses))
+                                    for k, r in enumerate(masses[0]["reaper"])]
+        return masses
 
     def part_counts(self, batch_size: int, masses: list[dict]) -> list[int]:
         """Rows of a batch per part, as the local sampler computes them over the union."""
@@ -408,17 +421,33 @@ class RemoteReplay:
         k_off = int(round(batch_size * f))
         return [k_off, batch_size - k_off]
 
+    def _union_f(self, masses: list[dict], mass: np.ndarray) -> list | None:
+        """ReaPER parts: F over the union (the largest of the shards' F, Eq. 17), and each shard's mass recomputed
+        with it in ``mass`` (in place); None without a ReaPER part."""
+        if not any(type(p) is ReaPERSampler for p in self.parts):
+            return None
+        out: list = [None] * len(self.parts)
+        for k, part in enumerate(self.parts):
+            if type(part) is ReaPERSampler:
+                fin, ong, f = (np.array([m["reaper"][k][i] for m in masses], np.float64) for i in range(3))
+                F = float(f.max())
+                mass[:, k] = fin + ong * (F ** -part.reliability_exponent if F > 0 else 0.0)
+                out[k] = F
+        return out
+
     def _draw(self, batch_size: int) -> Batch:
         if self.limiter is not None:
             self.sample_wait_s += _limiter_call(self.limiter, "acquire_sample", batch_size, self.timeout)
         if self.num_shards == 1 and len(self.parts) == 1:  # nothing to split: one round trip (the shard checks B)
             mass, counts, part_k = np.ones((1, 1)), np.full((1, 1), batch_size, np.int64), [batch_size]
+            union_f = None
         else:
             masses = self.masses()
             stored = sum(sum(m["rows"]) for m in masses)
             if batch_size > stored:
                 raise ValueError(f"batch of {batch_size} rows requested but only {stored} rows are stored")
             mass = np.array([m["mass"] for m in masses], np.float64)  # [shards, parts]
+            union_f = self._union_f(masses, mass)
             counts = np.zeros(mass.shape, np.int64)
             part_k = self.part_counts(batch_size, masses)
             for k, n in enumerate(part_k):
@@ -426,7 +455,8 @@ class RemoteReplay:
                     counts[:, k] = self.rng.multinomial(n, mass[:, k] / mass[:, k].sum())
         asked = [s for s in range(self.num_shards) if counts[s].any()]
         whole = self.num_shards == 1
-        replies = get([call(self.handles[s], "draw", counts[s].tolist(), whole) for s in asked], self.timeout)
+        replies = get([call(self.handles[s], "draw", counts[s].tolist(), whole, union_f, self.union_max_delta)
+                       for s in asked], self.timeout)
         draws = dict(zip(asked, replies, strict=True))
         self.num_samples += 1
         # each part's rows from every shard, then the parts in order (a mixture: offline first, as locally): one
@@ -448,7 +478,7 @@ class RemoteReplay:
             positions.append(np.concatenate(pos)[order])
             p = p[order]
             part = self.parts[k]
-            if type(part) is PrioritizedSampler:
+            if isinstance(part, PrioritizedSampler | ReaPERSampler):  # (Eq. 18 of ReaPER is PER's weight)
                 beta = linear_anneal(part.is_exponent, part.is_exponent_final, part.is_anneal_samples,
                                      self.num_samples - 1)
                 is_weight.append(np.power(p.min() / p, beta).astype(np.float32))
@@ -509,7 +539,7 @@ class RemoteReplay:
 
     def anneal_over_next(self, num_samples: int) -> None:
         for part in self.parts:
-            if type(part) is PrioritizedSampler and part.options.is_anneal_samples is None:
+            if isinstance(part, PrioritizedSampler | ReaPERSampler) and part.options.is_anneal_samples is None:
                 part.is_anneal_samples = self.num_samples + int(num_samples)
 
     def stats(self) -> dict[str, float]:

@@ -27,10 +27,12 @@ import numpy as np
 from relive.replay import checkpoint
 from relive.replay.buffer import ReplayBuffer
 from relive.replay.samplers import MixtureSampler, PrioritizedSampler, Sampler, UniformSampler, sampler_from_config
+from relive.replay.samplers.reaper import ReaPERSampler
 from relive.types import new_sample_info
 
 KIND = "replay_shard"
-EXACT = "uniform, PER, or a mixture (symmetric) of uniform / PER parts"
+EXACT = "uniform, PER, ReaPER, or a mixture (symmetric) of such parts"
+DRAWABLE = (UniformSampler, PrioritizedSampler, ReaPERSampler)  # a per-shard mass and a draw in proportion to it
 
 
 def sampler_parts(sampler: Sampler) -> list[Sampler]:
@@ -46,16 +48,21 @@ def sampler_parts(sampler: Sampler) -> list[Sampler]:
     else:
         parts = [sampler]
     for part in parts:
-        if type(part) not in (UniformSampler, PrioritizedSampler):
+        if type(part) not in DRAWABLE:
             raise ValueError(f"a remote replay draws exactly from {EXACT}; {type(part).__name__} keeps whole-buffer "
                              f"state a global draw cannot split (use one process's ReplayBuffer for it)")
     return parts
 
 
 def part_mass(part: Sampler) -> float:
+    """What the part draws in proportion to, summed over this shard's rows: uniform, the rows; PER, sum p^alpha;
+    ReaPER, sum Psi (Eq. 15) = the finished episodes' S_e^-omega U_e plus F^-omega U_e of the ongoing ones, with this
+    shard's F (Eq. 17: the largest S_e among *its* episodes -- see the module docstring)."""
     if type(part) is PrioritizedSampler:
         total = float(part.sum_tree.total)
         return total if total > 0 else float(part.num_rows())  # (all priorities 0: it draws uniformly)
+    if type(part) is ReaPERSampler:
+        return part.total_mass()
     return float(part.num_rows())
 
 
@@ -124,20 +131,43 @@ class ReplayShard:
         return len(self.buffer.close_stream(int(stream), terminated))
 
     # -- draws ----------------------------------------------------------------------------------------------
-    def masses(self) -> dict:
-        return {"mass": [part_mass(p) for p in self.parts], "rows": [p.num_rows() for p in self.parts],
-                "online_written": int(self.buffer.storage.num_online_written)}
+    def _take_max_delta(self, union_max_delta: list | None) -> None:
+        for part, m in zip(self.parts, union_max_delta or [None] * len(self.parts), strict=True):
+            if m is not None and type(part) is ReaPERSampler:
+                part.max_delta = max(part.max_delta, float(m))
 
-    def draw(self, counts: list[int], whole: bool = False) -> dict:
+    def masses(self, union_max_delta: list | None = None) -> dict:
+        """Per part: its mass and rows; a ReaPER part also gives (finished mass, ongoing mass unscaled, F, its running
+        max of d) so that the client can scale every shard's ongoing episodes by the union's F (Eq. 17: the largest
+        S_e over all the stored episodes). ``union_max_delta[k]``: the largest d any shard of the service has seen
+        (as the client last heard), which a ReaPER part takes as the d of its next new rows if larger than its own."""
+        self._take_max_delta(union_max_delta)
+        reaper = [(p.finished_mass(), p.ongoing_mass(), p.F, p.max_delta) if type(p) is ReaPERSampler else None
+                  for p in self.parts]
+        return {"mass": [part_mass(p) for p in self.parts], "rows": [p.num_rows() for p in self.parts],
+                "online_written": int(self.buffer.storage.num_online_written), "reaper": reaper}
+
+    def draw(self, counts: list[int], whole: bool = False, union_f: list | None = None,
+             union_max_delta: list | None = None) -> dict:
         """``counts[k]`` rows from part ``k``; the columns of each part's rows one after the other. ``whole``: this
-        shard is the whole buffer (a batch larger than its rows is refused, as locally)."""
+        shard is the whole buffer (a batch larger than its rows is refused, as locally). ``union_f[k]``: a ReaPER
+        part's F over the union of the shards, used for this draw in place of the shard's own;
+        ``union_max_delta``: as in :meth:`masses`."""
+        self._take_max_delta(union_max_delta)
         buf = self.buffer
         if whole and sum(counts) > len(buf):
             raise ValueError(f"batch of {sum(counts)} rows requested but only {len(buf)} rows are stored")
         idx, prob = [], []
-        for part, k in zip(self.parts, counts, strict=True):
+        for j, (part, k) in enumerate(zip(self.parts, counts, strict=True)):
             if k:
-                d = part.sample(int(k), buf.rng)
+                f = None if union_f is None else union_f[j]
+                if f is not None:
+                    part.F_override = float(f)  # type: ignore[attr-defined]
+                try:
+                    d = part.sample(int(k), buf.rng)
+                finally:
+                    if f is not None:
+                        part.F_override = None  # type: ignore[attr-defined]
                 idx.append(d.indices)
                 prob.append(d.probability)
         indices = np.concatenate(idx) if idx else np.zeros(0, np.int64)

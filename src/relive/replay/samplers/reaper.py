@@ -122,6 +122,7 @@ class ReaPERSampler(Sampler):
                                                                                    and _tree_kernels.AVAILABLE)
         self.num_samples = 0
         self.max_delta = 1.0
+        self.F_override: float | None = None  # a replay service's shard draws with the union's F (relive.replay.remote)
 
     INITIAL_LEAVES = 64  # per-leaf arrays start this large and double on demand
 
@@ -171,7 +172,7 @@ class ReaPERSampler(Sampler):
 
     @property
     def F(self) -> float:
-        return self.total_tree.max
+        return self.total_tree.max if self.F_override is None else self.F_override
 
     # -- positions and leaves --------------------------------------------------------------------------
     def _ensure_leaves(self, need: int) -> None:
@@ -466,6 +467,22 @@ class ReaPERSampler(Sampler):
         # (N P)^-beta / max over the batch = (min P / P)^beta: no overflow for tiny P (N cancels)
         is_weight = (probability.min() / probability) ** self.beta
         return Draw(indices, probability, is_weight.astype(np.float32))
+
+    def total_mass(self) -> float:
+        """sum over the stored rows of Psi_t (Eq. 15), as :meth:`_draw` normalizes by (a replay service's shard
+        reports it with :meth:`finished_mass`, :meth:`ongoing_mass` and F: relive.replay.remote)."""
+        F = self.F
+        return self.finished_mass() + self.ongoing_mass() * (F**-self.reliability_exponent if F > 0 else 0.0)
+
+    def finished_mass(self) -> float:
+        """sum of Psi over the finished episodes' stored rows (S_e^-omega U_e)."""
+        self._sync()
+        return float(self.finished_tree.total)
+
+    def ongoing_mass(self) -> float:
+        """sum of U_e over the ongoing episodes (their Psi without the F^-omega factor)."""
+        self._sync()
+        return float(self.ongoing_tree.total)
 
     def _lane_map(self) -> np.ndarray:
         """The storage's per-lane map for the compiled kernels (``NO_LANE_MAP`` with one stream)."""
