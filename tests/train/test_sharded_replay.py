@@ -99,6 +99,27 @@ def test_the_client_splits_the_dataset_routes_streams_and_resumes_drawing_the_sa
         _service().start(tmp_path / "empty", resume=True)
 
 
+def test_updates_skip_samplers_that_take_no_signal_and_surface_a_shard_s_error_at_the_next_update(tmp_path):
+    """Uniform parts take no signal: the learner's update sends nothing (no round trip per gradient step). PER's
+    updates go out without waiting; a shard's refusal (a non-finite TD error) is raised by the next update."""
+    u = _service(UniformSampler())
+    u.start(tmp_path / "u", resume=False)
+    u.extend(_episodes(2, 10), stream=0)
+    u.update(u.sample(8).info, td_error=np.ones(8))
+    assert sum(i["num_updated"] for i in u._live().shard_info()) == 0
+    p = _service(PrioritizedSampler())
+    p.start(tmp_path / "p", resume=False)
+    p.extend(_episodes(2, 10), stream=0)
+    p.update(p.sample(8).info, td_error=np.ones(8))
+    p._live().settle_updates()
+    assert sum(i["num_updated"] for i in p._live().shard_info()) == 8
+    p.update(p.sample(8).info, td_error=np.full(8, np.nan))  # (sent; the shard refuses it)
+    with pytest.raises(ValueError, match="finite"):
+        p.update(p.sample(8).info, td_error=np.ones(8))
+    u.close()
+    p.close()
+
+
 def test_a_new_run_clears_shard_checkpoints_left_by_one_that_stopped_before_its_first_checkpoint(tmp_path):
     a = _service(UniformSampler())
     a.start(tmp_path / "replay", resume=False)

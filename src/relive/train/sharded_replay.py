@@ -153,7 +153,12 @@ class ShardedReplay:
         raise ValueError("a sharded replay samples transitions, not sequences (replay.shards = 0 for this agent)")
 
     def update(self, info: SampleInfo, **signals) -> None:
-        self._live().update(info, **signals)
+        """To the shards, without waiting (the replies are read at the next update: an error surfaces one step
+        later); nothing at all when no part of the sampler takes any of the signals (uniform parts take none)."""
+        replay = self._live()
+        if not any(name in part.signals for part in replay.parts for name in signals):
+            return
+        replay.update(info, block=False, **signals)
 
     def stats(self) -> dict[str, float]:
         return self._live().stats()

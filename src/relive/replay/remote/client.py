@@ -319,6 +319,7 @@ class RemoteReplay:
         self.limiter = limiter
         self.max_in_flight = int(max_in_flight)
         self._writer: Writer | None = None
+        self._updates: list = []  # the futures of the last update(block=False)
         self.num_samples = 0  # sample calls (PER's beta schedule)
         self.parts = sampler_parts(sampler)
         # ReaPER parts: the running max of d over the union, handed to the shards with the next masses and draw calls
@@ -517,16 +518,25 @@ class RemoteReplay:
                 raise ValueError(f"signal {k!r}: expected {slots.size} values, got {v.size}")
         futs = [call(self.handles[s], "update", slots[shard == s], gen[shard == s],
                      {k: v[shard == s] for k, v in arrays.items()}) for s in np.unique(shard).tolist()]
-        if not block:
+        if not block:  # (their replies are read at the next update or checkpoint: an error surfaces there)
+            self.settle_updates()
+            self._updates = futs
             return None
+        self.settle_updates()
         done = get(futs, self.timeout)
         return new_update_report(sum(d[0] for d in done), sum(d[1] for d in done), None)
+
+    def settle_updates(self) -> None:
+        """Wait for the replies of the last ``update(block=False)`` (raising its error, if any)."""
+        futs, self._updates = self._updates, []
+        get(futs, self.timeout)
 
     # -- checkpoints, stats, shutdown -----------------------------------------------------------------------------
     def checkpoint(self) -> None:
         """Every shard saves (``directory/shard-<i>``) once it holds every call this client's writer had
         acknowledged (a shard restarted since gets them back first: :meth:`Writer.sync`). Other processes' writers
         resend what a restarted shard lost with their next call to it."""
+        self.settle_updates()
         if self._writer is not None:
             self._writer.sync()
         get([call(h, "checkpoint") for h in self.handles], self.timeout)
