@@ -14,6 +14,7 @@ from relive.replay import ReplayBuffer
 from relive.replay.checkpoint import load_tree
 from relive.replay.samplers import MixtureSampler, PrioritizedSampler, UniformSampler
 from relive.train.sharded_replay import ShardedReplay
+from tests.train.test_ray_collectors import local_ray  # noqa: F401  (a fixture: one local Ray)
 from tests.train.test_trainer import TINY, SimulatedKill, cfg_for, kill_at
 
 
@@ -146,14 +147,6 @@ ARGS = ["sac", "--env", "Pendulum-v1", "--collectors", "2", "--replay-shards", "
         "--online-steps", "600", "--warmup", "100", "--eval-every", "600", "--checkpoint-every", "200",
         "--capacity", "5000", "--set", f"env.max_episode_steps={EPISODE}", "--set", "collectors.chunk_env_steps=50",
         "--set", "run.save_final_buffer=true", *TINY]
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray = pytest.importorskip("ray")
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture
