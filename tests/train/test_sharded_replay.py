@@ -184,10 +184,13 @@ def check_shards(run_dir, num_rows):
 
 
 @pytest.mark.slow  # (a local Ray, 2 collectors and 2 shard actors start: ~20 s on 2 cores)
-def test_a_shard_actor_killed_mid_run_restarts_from_its_checkpoint_and_no_row_is_lost(local_ray, tmp_path, services):
+@pytest.mark.usefixtures("local_ray")
+def test_a_shard_actor_killed_mid_run_restarts_from_its_checkpoint_and_no_row_is_lost(tmp_path, services):
     """Shard 0's actor is killed (Ray's kill, as a crash) after env step 300; Ray restarts it from the checkpoint at
     200, the learner's writer resends every call since then, the learner's samples wait for it; the run ends with
     exactly 600 env steps, every received row stored once."""
+    import ray
+
     from relive.train.trainer import train
 
     killed = []
@@ -196,7 +199,7 @@ def test_a_shard_actor_killed_mid_run_restarts_from_its_checkpoint_and_no_row_is
         if not killed and env_steps >= 300:
             replay = services[0].replay
             killed.append(replay.shard_info()[0]["pid"])
-            local_ray.kill(replay.handles[0], no_restart=False)
+            ray.kill(replay.handles[0], no_restart=False)
 
     summary = train(cfg_for(ARGS, tmp_path / "r"), on_step=on_step)
     assert killed and summary.num_online_env_steps == 600
@@ -207,7 +210,8 @@ def test_a_shard_actor_killed_mid_run_restarts_from_its_checkpoint_and_no_row_is
 
 
 @pytest.mark.slow  # (~30 s on 2 cores: two learners, their collectors and shards start)
-def test_a_learner_crash_resumes_with_its_shards_from_the_runs_checkpoint(local_ray, tmp_path):
+@pytest.mark.usefixtures("local_ray")
+def test_a_learner_crash_resumes_with_its_shards_from_the_runs_checkpoint(tmp_path):
     """The learner dies at env step 450 (its shard actors end with it); the resume restores the shards from the
     checkpoint at 400 (the rows after it died with the learner, as without shards) and finishes at 600."""
     from relive.train.trainer import train
