@@ -318,6 +318,8 @@ class ReplayConfig:
     shards: int = 0  # > 0: the replay is a service of that many Ray shard actors (relive.train.sharded_replay; with
     #                  Ray collectors), drawn exactly as one buffer; 0: one buffer in the learner's process
     shard_timeout_s: float = 600.0  # with shards: how long a call (a sample waiting for a restarting shard) may take
+    shard_prefetch: int = 0  # with shards: batches a background thread draws ahead (hides the round trips behind the
+    #                          update; a batch is then drawn up to this many updates before it is used); 0: none
 
     def __post_init__(self):
         if self.device is not None:
@@ -340,6 +342,8 @@ class ReplayConfig:
         if isinstance(self.shards, bool) or not isinstance(self.shards, int) or self.shards < 0:
             raise ValueError(f"replay.shards must be an integer >= 0 (0: one buffer in this process), got "
                              f"{self.shards!r}")
+        if isinstance(self.shard_prefetch, bool) or not isinstance(self.shard_prefetch, int) or self.shard_prefetch < 0:
+            raise ValueError(f"replay.shard_prefetch must be an integer >= 0, got {self.shard_prefetch!r}")
         if not self.shard_timeout_s > 0:
             raise ValueError(f"replay.shard_timeout_s must be > 0, got {self.shard_timeout_s!r}")
 
@@ -369,10 +373,12 @@ class ReplayConfig:
         return {"name": self.name, "capacity": self.capacity, self.name: options_dict(self.options)} | (
             {"device": self.device} if self.device is not None else {}) | (
             {"shards": self.shards} if self.shards else {}) | (
-            {"shard_timeout_s": self.shard_timeout_s} if self.shard_timeout_s != 600.0 else {})
+            {"shard_timeout_s": self.shard_timeout_s} if self.shard_timeout_s != 600.0 else {}) | (
+            {"shard_prefetch": self.shard_prefetch} if self.shard_prefetch else {})
 
 
-_REPLAY_FIELDS = ("capacity", "device", "shards", "shard_timeout_s")  # a replay table's keys that are not its spec
+# a replay table's keys that are not its spec
+_REPLAY_FIELDS = ("capacity", "device", "shards", "shard_timeout_s", "shard_prefetch")
 
 
 # -- replay options: nested parts (a mixture's offline / online) and aliases ----------------------------------------
@@ -638,7 +644,7 @@ def config_from_dict(d: dict) -> ExperimentConfig:
     r = d.get("replay", {})
     spec = _spec_from_dict({k: v for k, v in r.items() if k not in _REPLAY_FIELDS}, "replay")
     replay = ReplayConfig(spec.name, r.get("capacity", 1_000_000), spec.options, r.get("device"), r.get("shards", 0),
-                          r.get("shard_timeout_s", 600.0))
+                          r.get("shard_timeout_s", 600.0), r.get("shard_prefetch", 0))
     sections = {k: _build(t, d[k], k) for k, t in (("run", RunConfig), ("env", EnvConfig), ("data", DataConfig),
                                                    ("schedule", ScheduleConfig),
                                                    ("collectors", CollectorsConfig),
@@ -758,13 +764,16 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
         if parts[1:] == ["name"]:
             name = parse_value(str, raw, key)
             return dataclasses.replace(cfg, replay=ReplayConfig(name, r.capacity, device=r.device, shards=r.shards,
-                                                                shard_timeout_s=r.shard_timeout_s))
+                                                                shard_timeout_s=r.shard_timeout_s,
+                                                                shard_prefetch=r.shard_prefetch))
         if parts[1:] == ["capacity"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, capacity=parse_value(int, raw, key)))
         if parts[1:] == ["device"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, device=parse_value(str | None, raw, key)))
         if parts[1:] == ["shards"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, shards=parse_value(int, raw, key)))
+        if parts[1:] == ["shard_prefetch"]:
+            return dataclasses.replace(cfg, replay=dataclasses.replace(r, shard_prefetch=parse_value(int, raw, key)))
         if parts[1:] == ["shard_timeout_s"]:
             return dataclasses.replace(cfg, replay=dataclasses.replace(r, shard_timeout_s=parse_value(float, raw,
                                                                                                       key)))
@@ -786,7 +795,8 @@ def _assign(cfg: ExperimentConfig, parts: list[str], raw: str, key: str) -> Expe
                       if new in {f.name for f in dataclasses.fields(e.config_cls)}]
             raise ValueError(f"--set {key}: replay options are now per strategy: replay.<name>.{new}, for "
                              f"<name> in {having} (`relive presets --show NAME` lists each one's options)")
-        known = ["replay.name", "replay.capacity", "replay.device", "replay.shards", "replay.shard_timeout_s"]
+        known = ["replay.name", "replay.capacity", "replay.device", "replay.shards", "replay.shard_timeout_s",
+                 "replay.shard_prefetch"]
         known += [f"replay.{r.name}.{f.name}" for f in dataclasses.fields(r.options)]
         raise ValueError(f"unknown setting {key!r}; known: {known}")
     if section == "her" and len(parts) == 2:  # the top-level her.* of earlier versions: HER is a replay now

@@ -122,6 +122,19 @@ def test_updates_skip_samplers_that_take_no_signal_and_surface_a_shard_s_error_a
     p.close()
 
 
+def test_with_prefetch_batches_come_from_the_queue_and_the_first_waits_for_the_rows(tmp_path):
+    a = ShardedReplay(2, 600, (3,), (1,), UniformSampler(), seed=7, timeout=30, ray=False, prefetch=2)
+    a.start(tmp_path / "replay", resume=False)
+    a.extend(_episodes(3, 10), stream=0)
+    a.extend(_episodes(3, 10, start=1000), stream=1)
+    batches = [a.sample(16) for _ in range(5)]
+    assert a._live()._prefetcher is not None  # (drawn by the thread)
+    got = np.concatenate([b.reward for b in batches])
+    assert set(got.tolist()) <= set(np.arange(30.0).tolist()) | set((1000 + np.arange(30.0)).tolist())
+    assert (got >= 1000).any() and (got < 1000).any()  # both shards
+    a.close()
+
+
 def test_a_new_run_clears_shard_checkpoints_left_by_one_that_stopped_before_its_first_checkpoint(tmp_path):
     a = _service(UniformSampler())
     a.start(tmp_path / "replay", resume=False)

@@ -6,6 +6,9 @@ learner's end of :class:`relive.replay.remote.RemoteReplay`, with what the train
 - **Layout.** ``replay.capacity`` rows in all: each shard holds its part of the dataset's offline rows (split at
   episode ends) plus ``ceil((capacity - offline rows) / M)`` online rows. Stream ``s`` (collector ``c``'s env ``j``
   is ``c x num_envs + j``) lives on shard ``s % M``, so every episode stays whole on one shard.
+- **Prefetch** (``replay.shard_prefetch = k``): a thread draws k batches ahead, hiding the two round trips of a
+  draw behind the learner's update; a batch is then drawn from the shards as they were up to k updates earlier (its
+  rows' priorities before those updates), and a resumed run does not redraw the batches that were queued.
 - **Who writes.** The collectors' chunks reach the learner as without shards (the rate limiter, the chunk log and
   the episode bookkeeping stay the learner's) and the learner's writer sends each stream's rows to its shard,
   asynchronously (at most ``max_in_flight`` unacknowledged calls).
@@ -55,11 +58,11 @@ class ShardedReplay:
     started once the run directory exists."""
 
     def __init__(self, num_shards: int, capacity: int, obs_shape, action_shape, sampler, *, seed: int,
-                 timeout: float | None, ray: bool = True, **buffer_kwargs):
+                 timeout: float | None, ray: bool = True, prefetch: int = 0, **buffer_kwargs):
         sampler_parts(sampler)  # (refuses a sampler the shards cannot draw exactly, before anything runs)
         self.num_shards, self.capacity, self.sampler = int(num_shards), int(capacity), sampler
         self.obs_shape, self.action_shape, self.buffer_kwargs = obs_shape, action_shape, buffer_kwargs
-        self.seed, self.timeout, self.ray = int(seed), timeout, bool(ray)
+        self.seed, self.timeout, self.ray, self.prefetch = int(seed), timeout, bool(ray), int(prefetch)
         self.offline: list[tuple[dict, str | None]] = []
         self.num_offline = 0
         self.num_online_sent = 0  # online rows handed to the writer (the stored rows once they are acknowledged)
@@ -141,13 +144,16 @@ class ShardedReplay:
 
     def sample(self, batch_size: int) -> Batch:
         replay = self._live()
-        try:
-            return replay.sample(batch_size)
-        except ValueError as e:  # rows sent but not yet acknowledged: wait for them once
-            if "rows are stored" not in str(e):
-                raise
-            replay.flush()
-            return replay.sample(batch_size)
+        if self.prefetch and replay._prefetcher is None:  # (from the first batch on: the thread draws ahead)
+            replay.prefetch(self.prefetch, batch_size)
+        for attempt in range(self.prefetch + 2):  # (a prefetched batch may be an error drawn before the flush)
+            try:
+                return replay.sample(batch_size)
+            except ValueError as e:  # rows sent but not yet acknowledged: wait for them
+                if "rows are stored" not in str(e) or attempt == self.prefetch + 1:
+                    raise
+                replay.flush()
+        raise AssertionError("unreachable")
 
     def sample_sequences(self, *args, **kwargs):
         raise ValueError("a sharded replay samples transitions, not sequences (replay.shards = 0 for this agent)")

@@ -524,7 +524,7 @@ def _new_buffer(cfg: ExperimentConfig, spec, columns: tuple, seeds) -> ReplayBuf
     if cfg.replay.shards:  # a service of Ray shard actors (started once Ray is up and the run directory exists)
         sharded = ShardedReplay(cfg.replay.shards, cfg.replay.capacity, spec.obs_shape, spec.action_shape,
                                 build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]),
-                                timeout=cfg.replay.shard_timeout_s, **common)
+                                timeout=cfg.replay.shard_timeout_s, prefetch=cfg.replay.shard_prefetch, **common)
         return cast(ReplayBuffer, sharded)  # (what the loop asks of a buffer; relive.train.sharded_replay)
     return ReplayBuffer(cfg.replay.capacity, spec.obs_shape, spec.action_shape,
                         sampler=build_sampler(cfg, seeds["sampler"]), seed=_int(seeds["buffer"]), **common,
