@@ -137,9 +137,10 @@ def ddqn_atari100k() -> ExperimentConfig:
     augmentation (relive's DDQN has neither); v5's sticky actions (the 100k benchmark uses none); evaluation every
     10k steps on 10 full games (DrQ(epsilon): 100 episodes at the end); the Nature CNN, the Huber loss and the reward
     clipping as ddqn_atari. ``--replay per|reaper`` as ddqn_atari. Time on the 2-core Xeon (docs/benchmarks.md,
-    "Atari-100k wall time"; measured under load): ~110 CPU-minutes at one thread, 98% of them the updates; ~84 with
-    ``--set agent.fused_adam=true --set agent.channels_last=true`` (float rounding away from these numbers);
-    ``--threads 2`` only on an idle machine."""
+    "Atari-100k wall time"): 98% of a run is the updates; a timed 25k-step run with ``--threads 2 --set
+    agent.fused_adam=true --set agent.channels_last=true`` (float rounding away from these numbers) extrapolates to
+    ~70 min of wall time for 100k steps, ~90 at one thread (idle components gave 39 min: the machines differ);
+    the defaults (one thread, flags off) are slower still. ``--threads 2`` only on an idle machine."""
     base = ddqn_atari()
     agent = replace(base.agent, lr=1e-4, optimizer="adam", optimizer_eps=1.5e-4, rmsprop_alpha=0.99,
                     rmsprop_centered=False, target_update_period=1, eps_end=0.01, eps_decay_steps=5000)
