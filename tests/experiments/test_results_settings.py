@@ -184,8 +184,8 @@ def test_the_hil_section_is_checked_and_a_wrong_hil_setting_is_caught():
     text = RESULTS.read_text()
     (hil,) = [s for _, s in _sections(text) if s.startswith("## HIL")]
     assert len(BLOCK.findall(hil)) >= 3 and len(_tables(hil)) >= 3
-    broken = text.replace('[rows."rlpd"]\nvariant = "rlpd"\nsame = { "intervention.kind" = "none", "agent.num_qs" = 10',
-                          '[rows."rlpd"]\nvariant = "rlpd"\nsame = { "intervention.kind" = "none", "agent.num_qs" = 2', 1)
+    rlpd = '[rows."rlpd"]\nvariant = "rlpd"\nsame = { "intervention.kind" = "none", "agent.num_qs" = '
+    broken = text.replace(rlpd + "10", rlpd + "2", 1)  # (the first of the HIL tables' rlpd rows)
     assert broken != text
     (problem,) = check_results(broken)
     assert problem.startswith("## HIL") and "ran with agent.num_qs = 2, cell hil-fetch:rlpd has 10" in problem
