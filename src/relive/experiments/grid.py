@@ -62,7 +62,8 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+=@,-]{0,99}")
 # by a grid file (docs/guarantees.md, "Grid files").
 GRID_FLAGS = {
     "--env": 1, "--dataset": 1, "--replay": 1, "--base-policy": 1, "--init-from": 1, "--allow-other-base": 0,
-    "--num-envs": 1, "--vector-mode": 1, "--collectors": 1, "--threads": 1, "--device": 1, "--replay-device": 1,
+    "--num-envs": 1, "--vector-mode": 1, "--collectors": 1, "--replay-shards": 1, "--threads": 1, "--device": 1,
+    "--replay-device": 1,
     "--set": 1, "--no-progress": 0, "--offline-steps": 1, "--online-steps": 1, "--utd": 1, "--chunk": 1,
     "--grad-steps-per-chunk": 1, "--stop-at-return": 1, "--warmup": 1, "--warmup-policy": 1, "--batch-size": 1,
     "--capacity": 1, "--offline-fraction": 1, "--eval-every": 1, "--eval-episodes": 1, "--log-every": 1,
