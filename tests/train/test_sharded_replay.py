@@ -3,7 +3,6 @@ the learner's client in this process (default suite), then on a real local Ray: 
 stream's shard, a shard actor killed mid-run, a learner crash and its resume."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -242,18 +241,3 @@ def test_a_learner_crash_resumes_with_its_shards_from_the_runs_checkpoint(tmp_pa
                                              ["buffer"]).storage.size for s in (0, 1))
     assert total == 600
 
-
-@pytest.mark.slow  # (a local three-node Ray cluster starts: ~40 s on 2 cores)
-def test_on_a_multi_node_cluster_the_collectors_run_on_the_worker_nodes(tmp_path):
-    """--ray-address: a head without CPUs and two one-CPU worker nodes (processes of this machine); the two collectors
-    must run on the worker nodes, the shards anywhere; the run ends with exactly 600 env steps, every row once."""
-    pytest.importorskip("ray")
-    from relive.testing import local_ray_cluster
-    from relive.train.trainer import train
-
-    with local_ray_cluster(paths=[str(Path(__file__).resolve().parents[2])]) as (c, _):
-        summary = train(cfg_for([*ARGS, "--ray-address", c.address], tmp_path / "r"))
-    assert summary.num_online_env_steps == 600
-    chunks = [json.loads(x) for x in (tmp_path / "r" / "chunks.jsonl").read_text().splitlines()]
-    assert len({x["pid"] for x in chunks if "pid" in x}) == 2
-    check_shards(tmp_path / "r", 600)
