@@ -127,7 +127,7 @@ def test_with_prefetch_batches_come_from_the_queue_and_the_first_waits_for_the_r
     a.extend(_episodes(3, 10), stream=0)
     a.extend(_episodes(3, 10, start=1000), stream=1)
     batches = [a.sample(16) for _ in range(5)]
-    assert a._live()._prefetcher is not None  # (drawn by the thread)
+    assert a._live().prefetching  # (drawn by the thread)
     got = np.concatenate([b.reward for b in batches])
     assert set(got.tolist()) <= set(np.arange(30.0).tolist()) | set((1000 + np.arange(30.0)).tolist())
     assert (got >= 1000).any() and (got < 1000).any()  # both shards

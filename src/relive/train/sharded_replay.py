@@ -35,6 +35,7 @@ import numpy as np
 
 from relive import hooks as H
 from relive.replay.remote import RemoteReplay
+from relive.replay.remote.client import offline_cuts
 from relive.replay.remote.shard import sampler_parts
 from relive.types import Batch, SampleInfo
 
@@ -80,8 +81,6 @@ class ShardedReplay:
         return np.full(n, -1, np.int64)
 
     def per_shard_capacity(self) -> int:
-        from relive.replay.remote.client import offline_cuts
-
         parts = [0] * self.num_shards
         for rows, _ in self.offline:
             cuts = offline_cuts(rows, self.num_shards)
@@ -144,7 +143,7 @@ class ShardedReplay:
 
     def sample(self, batch_size: int) -> Batch:
         replay = self._live()
-        if self.prefetch and replay._prefetcher is None:  # (from the first batch on: the thread draws ahead)
+        if self.prefetch and not replay.prefetching:  # (from the first batch on: the thread draws ahead)
             replay.prefetch(self.prefetch, batch_size)
         for attempt in range(self.prefetch + 2):  # (a prefetched batch may be an error drawn before the flush)
             try:

@@ -386,6 +386,11 @@ class RemoteReplay:
         self._prefetcher = threading.Thread(target=run, name="relive-replay-prefetch", daemon=True)
         self._prefetcher.start()
 
+    @property
+    def prefetching(self) -> bool:
+        """Whether a background thread draws batches ahead (:meth:`prefetch`)."""
+        return self._prefetcher is not None
+
     def sample(self, batch_size: int) -> Batch:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int | np.integer) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
