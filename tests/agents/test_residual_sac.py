@@ -261,7 +261,8 @@ PLD_GRIDS = ["pld", "pld-pendulum", "pld-reacher", "pld-metaworld"]
 # setting its label names; the ablations named here may differ in these settings and no others
 SECTION_13 = {"agent.probe_max_steps": 50, "agent.warmup": 1000, "agent.hidden": (256, 256), "agent.cql_n_actions": 10,
               "schedule.num_offline_grad_steps": 5000, "agent.residual_input": "obs", "agent.pretrain_target": "sac"}
-NAMED = {"pld-no-probe": {"agent.probe_max_steps"}, "pld-no-calql": {"schedule.num_offline_grad_steps"},
+NAMED = {"base": {"schedule.num_offline_grad_steps"},  # beta = 0: the base alone, nothing it would pre-train is used
+         "pld-no-probe": {"agent.probe_max_steps"}, "pld-no-calql": {"schedule.num_offline_grad_steps"},
          "pld-H8": {"agent.probe_max_steps"}, "pld-paper-input": {"agent.residual_input"},
          "pld-otf-pretrain": {"agent.pretrain_target"}, "pld-old": set(SECTION_13)}
 
