@@ -54,7 +54,7 @@ def preset_args(name: str, data: Path, base: Path) -> list[str]:
     if name == "residual_sac":
         return [*args, "--dataset", str(data), "--base-policy", str(base), *OFFLINE, "--set", "agent.warmup=100",
                 "--set", "agent.probe_max_steps=10"]
-    if name.startswith("calql"):
+    if name.startswith("calql") or name == "wsrl_pretrain":  # (wsrl_pretrain: Cal-QL with WSRL's critics)
         return [*args, "--dataset", str(data), *OFFLINE, "--warmup", "0"]
     return [*args, "--warmup", "100"]
 

@@ -158,7 +158,18 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     checked = as_callbacks(callbacks, on_step)  # (a wrong one is refused before anything is built)
     if cfg is not None:  # (a missing wandb / mlflow: one line, before the run directory is written)
         check_loggers(cfg.run.loggers)
-    run = build(cfg, resume_dir, None, wrap_agent, resume_settings, allow_other_base)  # (on_step: a callback now)
+    # subnormal floats flushed to zero for the run (as XLA does on CPU): a long run's Adam moments of parameters
+    # whose gradient stays 0 (dead ReLUs) decay into subnormals, whose arithmetic costs the CPU ~100x a normal
+    # float's -- an Atari-100k DDQN update went 41 -> 47 ms by step 25k (docs/benchmarks.md). This thread's mode,
+    # set before the build (threads started later inherit it), restored at the end (a library call changes no
+    # process state it does not own: e.g. Hypothesis refuses to run where subnormals are flushed)
+    flushing = flushes_subnormals()
+    torch.set_flush_denormal(True)
+    try:
+        run = build(cfg, resume_dir, None, wrap_agent, resume_settings, allow_other_base)  # (on_step: a callback)
+    except BaseException:
+        torch.set_flush_denormal(flushing)
+        raise
     run.callbacks = checked
     try:
         offline_phase(run)
@@ -191,7 +202,14 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             run.collector.close()  # (async vector envs: their worker processes; Ray collectors: the actors)
         if run.lock is not None:
             run.lock.release()
+        torch.set_flush_denormal(flushing)
     return summary
+
+
+def flushes_subnormals() -> bool:
+    """Whether this thread's float arithmetic flushes subnormals to zero (``torch.set_flush_denormal``, which has no
+    getter): a subnormal times one comes out zero."""
+    return bool((torch.tensor([1e-40], dtype=torch.float32) * 1.0).item() == 0.0)
 
 
 # -- build ---------------------------------------------------------------------------------------------------

@@ -275,3 +275,64 @@ if AVAILABLE:
             if out_b.shape[0]:
                 _interleave(out_b[b], scratch, w - k, k, pre, cp)
         return 0
+
+    @numba.njit(cache=True, nogil=True)
+    def pair_grid(flat, ids, rec_start, bits, pos_map, qmap, evicted, params, full, pad):  # pragma: no cover
+        # The slots of the frames a one-step batch reads (FrameStackStorage._grid's "pair" grid) for RAM columns
+        # whose episode ids are stored whole: full (B, d + 2) receives per row the slots of positions pos - d ..
+        # pos - 1 (padding: the episode's first position), the row's slot, and its next row's slot (the row's own
+        # where it holds an explicit next frame); pad (B, d) which of the first d are padding. flat: the rows' slots;
+        # ids: the stored episode ids (int32); rec_start: the episode records' first positions
+        # (Episodes.start_table); bits: the bitmap of slots holding an explicit next frame (NextObsStore.bits);
+        # pos_map / qmap: with several streams (multi), the slot -> lane position map and the [lane, t % width] ->
+        # slot map (relive.replay.storage.streams; else unused); evicted: per lane, its eviction bound.
+        # params (int64): ring_base, capacity, online rows written, ring (online capacity, >= 1), id_base, id_shift,
+        # d, multi (0 / 1), lane bits.
+        # Returns a code, OR of 1: some entry is padding, 2: some frame was overwritten (kept: the caller takes the
+        # NumPy path), 4: some row holds an explicit next frame (the caller looks its entry up).
+        ring_base, capacity, written, ring = params[0], params[1], params[2], params[3]
+        id_base, id_shift, d, multi, lane_bits = params[4], params[5], params[6], params[7], params[8]
+        lane_mask = (np.int64(1) << lane_bits) - 1
+        width = qmap.shape[1]
+        base = written - ring
+        code = 0
+        for b in range(flat.shape[0]):
+            s = flat[b]
+            online = s >= ring_base and written > 0
+            if s < ring_base:
+                pos = s
+            elif multi:
+                pos = pos_map[s]
+            else:
+                pos = base + ((s - ring_base) - base) % ring
+            eid = np.int64(ids[s])
+            start = rec_start[eid if eid < id_base else eid - id_shift]
+            for j in range(d):
+                q = pos + j - d
+                p = q < start
+                pad[b, j] = p
+                if p:
+                    q = start
+                    code |= 1
+                if not online:
+                    full[b, j] = q
+                elif multi:
+                    if q < evicted[q >> lane_bits]:
+                        code |= 2
+                    full[b, j] = qmap[q >> lane_bits, (q & lane_mask) % width] if width else -1
+                else:
+                    if q < evicted[0]:
+                        code |= 2
+                    full[b, j] = ring_base + q % ring
+            full[b, d] = s
+            if (bits[s >> 3] >> (s & 7)) & 1:
+                full[b, d + 1] = s
+                code |= 4
+            elif multi and s >= ring_base:
+                full[b, d + 1] = qmap[(pos + 1) >> lane_bits, ((pos + 1) & lane_mask) % width]
+            elif multi:
+                full[b, d + 1] = s + 1
+            else:
+                nxt = s + 1
+                full[b, d + 1] = ring_base if nxt >= capacity else nxt
+        return code

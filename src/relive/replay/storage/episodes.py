@@ -119,6 +119,11 @@ class EpisodeIndex:
         self._open[ONLINE] = open_id
 
     # -- id <-> record row -----------------------------------------------------------------------------
+    def start_table(self) -> tuple[int, int, np.ndarray]:
+        """For a compiled read of episode starts: (id_base, shift, starts) -- episode id i's first position is
+        ``starts[i if i < id_base else i - shift]`` (:meth:`start_of`)."""
+        return self.id_base, self._shift, self._rec["start"]
+
     def _rows(self, ids: np.ndarray | int) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
         return np.where(ids < self.id_base, ids, ids - self._shift)

@@ -52,7 +52,10 @@ episode shorter than the stack cached frames of the previous one); nothing check
 tests/replay/test_frame_stack.py compares the two on every check): a write of one row of the only stream (the env loop's
 ``extend`` of one step) checks its stack against the stored, kept or padding frames and stores the frame, its explicit
 next frame and the kept frame in one call, the few scalars of the row in Python (a write of several rows or streams,
-and any row it refuses, take the general path, which names what is wrong); a read gathers each row's frames by index
+and any row it refuses, take the general path, which names what is wrong); a one-step batch's grid of frame slots
+(each row's positions, its episode's start for the padding, ring and per-stream slot maps, the next row or an
+explicit next frame) is one call (``pair_grid``; a batch that reads a kept frame takes the NumPy grid); a read
+gathers each row's frames by index
 (slot, kept frame, zero padding, explicit next frame) straight into the stacks' layout, one pass for obs and next_obs,
 for interleaved stacks of multi-byte pieces (elsewhere NumPy's gather was as fast or faster: see ``read_pair``).
 
@@ -79,6 +82,8 @@ from relive.replay.storage.layout import ColumnSpec, as_numpy, convert, obs_layo
 from relive.replay.storage.next_obs import differs
 from relive.replay.storage.storage import Storage, all_finite
 from relive.types import AGENT, OFFLINE, ONLINE
+
+_NO_POS, _NO_QMAP = np.zeros(1, np.int64), np.zeros((1, 0), np.int64)  # (_pair_grid's maps of one stream: unused)
 
 PADDINGS = ("reset", "zero")
 BACKENDS = ("ram", "memmap")  # the backends whose frame columns FrameStackStorage reads with NumPy
@@ -616,6 +621,55 @@ class FrameStackStorage(Storage):
         kept = (q[gone] >> LANE_BITS, q[gone], gone) if any_gone else None
         return slots, kept, pad
 
+    def _grid(self, flat: np.ndarray, what: str) -> tuple:
+        """The grid of frame slots the rows ``flat`` read, oldest first: the d positions before the row's
+        (pos - d .. pos - 1; for "next": pos + 1 - d .. pos), then the row's own frame ("obs", "pair") and its next
+        frame ("next", "pair"); obs reads columns [lo, lo + k), next_obs [lo + 1, lo + k + 1) ("pair") of one gather.
+        Returns (the slots [B, width], the kept entries (see :meth:`_resolve`; None: none), the padding entries
+        [B, d] (None: none), the rows with an explicit next frame and their entries (None: none))."""
+        b, d = flat.size, self._depth
+        pos = self.position_of(flat)
+        start = self.episodes.start_of(self.episode_ids(flat))
+        online = flat >= self.ring_base if self.num_online_written else None
+        grid, kept, pad = self._resolve(pos, start, online, d, 1 if what == "next" else 0)
+        width = d + 2 if what == "pair" else d + 1
+        full = np.empty((b, width), np.int64)
+        full[:, :d] = grid
+        explicit = None
+        if what != "next":
+            full[:, d] = flat
+        if what != "obs":  # the next frame: the next row's, or an explicit copy (relive.replay.storage.next_obs)
+            entry = self._nx.entries_of(flat)
+            ex = entry >= 0
+            has = ex.any()
+            full[:, width - 1] = (np.where(ex, flat, self.next_slot(flat)) if has else self.next_slot(flat))
+            explicit = (np.flatnonzero(ex), entry[ex]) if has else None
+        return full, kept, pad, explicit
+
+    def _pair_grid(self, flat: np.ndarray) -> tuple | None:
+        """:meth:`_grid` for "pair" in one compiled pass (:func:`relive.replay.storage._frame_kernels.pair_grid`):
+        RAM columns, episode ids stored whole; None where it does not apply (else, and for batches that read an
+        overwritten, kept frame: the NumPy path)."""
+        ids = self._meta["episode_id"]
+        if self.episodes.next_id > ID_MOD or type(ids) is not np.ndarray:
+            return None
+        b, d = flat.size, self._depth
+        id_base, id_shift, starts = self.episodes.start_table()
+        multi = self._pos is not None
+        params = np.array((self.ring_base, self.capacity, self.num_online_written, max(self.online_capacity, 1),
+                           id_base, id_shift, d, multi, LANE_BITS), np.int64)
+        full, pad = np.empty((b, d + 2), np.int64), np.empty((b, d), np.bool_)
+        code = _frame_kernels.pair_grid(flat, ids, starts, self._nx.bits, self._pos if multi else _NO_POS,
+                                        self._qmap if multi else _NO_QMAP, self.episodes.lane_evicted, params, full,
+                                        pad)
+        if code & 2:
+            return None
+        explicit = None
+        if code & 4:
+            ex = np.flatnonzero(self._nx.has(flat))
+            explicit = (ex, self._nx.entries_of(flat[ex]))
+        return full, None, pad if code & 1 else None, explicit
+
     def _older(self, col: str, grid: tuple, k: int) -> np.ndarray:
         """The last ``k - 1`` frames of a :meth:`_resolve` grid, padding applied: [B, k - 1, *frame]."""
         slots, kept, pad = grid
@@ -669,26 +723,8 @@ class FrameStackStorage(Storage):
             return out2 if what == "next" else (out, out2) if what == "pair" else out
         shape, flat = slots.shape, slots.reshape(-1)
         b, d = flat.size, self._depth
-        pos = self.position_of(flat)
-        start = self.episodes.start_of(self.episode_ids(flat))
-        online = flat >= self.ring_base if self.num_online_written else None
-        # the grid of frame slots a row reads, oldest first: the d positions before the row's (pos - d .. pos - 1;
-        # for "next": pos + 1 - d .. pos), then the row's own frame ("obs", "pair") and its next frame ("next",
-        # "pair"); obs reads columns [lo, lo + k), next_obs [lo + 1, lo + k + 1) ("pair") of one gather
-        shift = 1 if what == "next" else 0
-        grid, kept, pad = self._resolve(pos, start, online, d, shift)
-        width = d + 2 if what == "pair" else d + 1
-        full = np.empty((b, width), np.int64)
-        full[:, :d] = grid
-        explicit = None
-        if what != "next":
-            full[:, d] = flat
-        if what != "obs":  # the next frame: the next row's, or an explicit copy (relive.replay.storage.next_obs)
-            entry = self._nx.entries_of(flat)
-            ex = entry >= 0
-            has = ex.any()
-            full[:, width - 1] = (np.where(ex, flat, self.next_slot(flat)) if has else self.next_slot(flat))
-            explicit = (np.flatnonzero(ex), entry[ex]) if has else None
+        got = self._pair_grid(flat) if what == "pair" and self._gather_compiled else None
+        full, kept, pad, explicit = got if got is not None else self._grid(flat, what)
         compiled = self._gather_compiled and b > 0
         for col in cols:
             lay = self.frame_stack[col]
