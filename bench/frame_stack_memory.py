@@ -476,15 +476,51 @@ def run_cases(runs) -> dict:
     return cases
 
 
+def grid_ab(rows: int, rounds: int = 6) -> None:
+    """``sample(32)`` -> torch with the compiled frame-slot grid (``FrameStackStorage._pair_grid``) and with the
+    NumPy grid (the method stubbed to decline), alternating rounds on the same buffers: CPU us, median of rounds."""
+    import torch
+
+    from relive.replay import ReplayBuffer
+    from relive.replay.storage.frame_stack import FrameStack, FrameStackStorage
+
+    for last in (False, True):
+        eps = Episodes(last)
+        shape, fs = ((H, W, K), FrameStack.sb3(K)) if last else ((K, H, W), FrameStack(K))
+        buf = ReplayBuffer(rows, shape, (), seed=0, obs_dtype=np.uint8, action_dtype=np.int64, frame_stack=fs)
+        fill(buf.extend, eps, rows + rows // 10)
+        st = buf.storage
+
+        def sample(buf=buf):
+            b = buf.sample(32)
+            return torch.from_numpy(b.obs), torch.from_numpy(b.next_obs)
+
+        got: dict = {"NumPy grid": [], "compiled grid": []}
+        for _ in range(rounds):
+            for name in got:
+                st._pair_grid = ((lambda flat: None) if name == "NumPy grid"
+                                 else (lambda flat, st=st: FrameStackStorage._pair_grid(st, flat)))
+                got[name].append(median_us(sample, 100, repeats=5)[1])
+        print(f"{shape}: " + ", ".join(f"{name} {np.median(v):.0f} us" for name, v in got.items())
+              + f" (CPU, median of {rounds} alternating rounds)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--sb3-rows", type=int, default=20_000, help="rows SB3 without optimize_memory_usage holds")
     ap.add_argument("--robot-rows", type=int, default=20_000, help="rows of the robot case (0: skip it)")
+    ap.add_argument("--grid-ab", action="store_true", help="only: sample(32) with the compiled frame-slot grid vs "
+                    "the NumPy one, alternating rounds on the same buffers of --rows transitions")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    if args.grid_ab:
+        print(f"load average at the start: {load()}")
+        grid_ab(args.rows)
+        print(f"load average at the end: {load()}")
+        return
     import stable_baselines3  # noqa: F401
 
     import relive.replay  # noqa: F401  (imports and compiled kernels before any resident-memory reading)
