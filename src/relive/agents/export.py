@@ -4,9 +4,11 @@ TorchScript, ONNX or safetensors (weights + what rebuilds the module), each repr
 
 Which policy an agent acts with is read from what it acts with, conservatively: an agent whose ``act`` is SAC's
 (SAC, RLPD, Cal-QL) acts with its actor's squashed mean, one whose ``act`` is DDPG's with its deterministic actor,
-one whose ``act`` is DDQN's greedily in its Q-network. An agent that acts otherwise (a residual on a base policy,
-V-RACER, any plug-in) is refused by name rather than exported wrong; an agent may also declare its own
-``deterministic_policy() -> torch.nn.Module``. Flat observations only.
+one whose ``act`` is DDQN's greedily in its Q-network -- an MLP over flat observations or an image Q-network (the
+Nature CNN, MinAtar's) over [N, C, H, W] frames in their stored dtype (uint8 pixels, bool planes), scaled inside the
+exported module as in the agent. An agent that acts otherwise (a residual on a base policy, V-RACER, any plug-in) is
+refused by name rather than exported wrong; an agent may also declare its own ``deterministic_policy() ->
+torch.nn.Module`` (flat observations).
 
 Loading a TorchScript or ONNX file runs what it holds (load it only where you trust it: ``torch.jit.load``,
 ``onnxruntime``); the safetensors form holds numbers only and :func:`load_safetensors_policy` rebuilds the module.
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from relive.agents import encoders as enc
 from relive.agents import networks as nets
 from relive.agents.ddpg import DDPG, DeterministicActor
 from relive.agents.ddqn import DDQN
@@ -72,13 +75,14 @@ class DeterministicPolicy(_BoxPolicy):
 
 
 class GreedyPolicy(nn.Module):
-    """DDQN's evaluation action: argmax_a Q(s, a) (int64)."""
+    """DDQN's evaluation action: argmax_a Q(s, a) (int64). ``image``: (network name, [C, H, W], dtype) of an image
+    Q-network (:func:`relive.agents.encoders.image_q_net`); None for an MLP."""
 
     kind = "greedy"
 
-    def __init__(self, trunk: nn.Sequential):
+    def __init__(self, trunk: nn.Sequential, image: tuple | None = None):
         super().__init__()
-        self.trunk = trunk
+        self.trunk, self.image = trunk, image
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.trunk(obs).argmax(dim=-1)
@@ -108,6 +112,11 @@ def deterministic_policy(agent) -> nn.Module:
     if act is DDPG.act and isinstance(agent.actor, DeterministicActor) and not agent.cfg.obs_norm:
         return DeterministicPolicy(_copy_mlp(agent.actor.net), agent.action_dim, agent.action_low,
                                    agent.action_high).eval()
+    if act is DDQN.act and getattr(agent, "image_shape", None) is not None:
+        image = (agent.image_net, tuple(agent.image_shape), np.dtype(agent.image_dtype))
+        trunk = enc.image_q_net(*image, agent.num_actions, torch.Generator())
+        trunk.load_state_dict({k: v.detach().cpu().contiguous() for k, v in agent.q.state_dict().items()})
+        return GreedyPolicy(trunk.eval().requires_grad_(False), image).eval()
     if act is DDQN.act:
         return GreedyPolicy(_copy_mlp(agent.q)).eval()
     raise ValueError(f"agent {name} acts in a way relive cannot export as one network (a residual on a base policy, "
@@ -115,20 +124,25 @@ def deterministic_policy(agent) -> nn.Module:
                      "deterministic_policy() method returning the module")
 
 
-def export_policy(agent, path: str | Path, fmt: str, obs_dim: int) -> Path:
+def export_policy(agent, path: str | Path, fmt: str, obs_dim: int | None = None) -> Path:
     """Write ``agent``'s deterministic policy to ``path`` as ``fmt`` (torchscript | onnx | safetensors): through a
     temporary file renamed over ``path`` (a symbolic link there is replaced, never written through; a directory is
-    refused)."""
+    refused). ``obs_dim``: the flat observation's size (an image Q-network's input is the agent's own frames)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     if fmt != "torchscript":  # (before any work: one line naming the extra, never a traceback from inside torch)
         require("onnx" if fmt == "onnx" else "safetensors", f"--format {fmt}")
     policy = deterministic_policy(agent)
+    image = getattr(policy, "image", None)
+    if image is None and obs_dim is None:
+        raise ValueError("export_policy: obs_dim (the flat observation's size) is required for this policy")
+    flat = int(obs_dim or 0)
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise ValueError(f"{path} is a directory: export writes one file (a directory is never replaced)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    example = torch.zeros(2, int(obs_dim))
+    example = (torch.zeros(2, flat) if image is None  # (images: the frames' own dtype, as stored)
+               else torch.zeros(2, *image[1], dtype=torch.from_numpy(np.zeros(0, image[2])).dtype))
 
     def write(tmp: Path) -> None:
         with torch.no_grad():
@@ -146,7 +160,11 @@ def export_policy(agent, path: str | Path, fmt: str, obs_dim: int) -> Path:
 
                 mlp: Any = policy  # (one of the policies above, or an agent's own with their trunk / kind / low / high)
                 layers = [m.out_features for m in mlp.trunk if isinstance(m, nn.Linear)]
-                meta = {"kind": mlp.kind, "obs_dim": int(obs_dim), "hidden": layers[:-1], "out": layers[-1]}
+                if image is not None:  # (an image Q-network: rebuilt from its name, input shape and dtype)
+                    meta = {"kind": mlp.kind, "image_net": image[0], "obs_shape": list(image[1]),
+                            "obs_dtype": image[2].name, "out": layers[-1]}
+                else:
+                    meta = {"kind": mlp.kind, "obs_dim": flat, "hidden": layers[:-1], "out": layers[-1]}
                 if mlp.kind != "greedy":
                     meta |= {"action_dim": int(mlp.low.numel()), "low": mlp.low.tolist(), "high": mlp.high.tolist()}
                 save_file({k: v.contiguous() for k, v in mlp.state_dict().items()}, str(tmp),
@@ -168,9 +186,15 @@ def load_safetensors_policy(path: str | Path) -> nn.Module:
         raise ValueError(f"{path}: not a policy written by relive export (no 'relive_policy' metadata)")
     try:
         meta = json.loads(raw)
+        if not isinstance(meta, dict):
+            raise TypeError("not a JSON object")
+        if "image_net" in meta:
+            return _image_policy(path, meta, tensors)
         kind, obs_dim, hidden, out = meta["kind"], int(meta["obs_dim"]), tuple(int(h) for h in meta["hidden"]), \
             int(meta["out"])
     except (ValueError, KeyError, TypeError) as e:
+        if isinstance(e, ValueError) and str(e).startswith(f"{path}:"):
+            raise
         raise ValueError(f"{path}: malformed 'relive_policy' metadata ({e})") from None
     if not (0 < obs_dim <= 1 << 20 and 0 < out <= 1 << 20 and len(hidden) <= 64
             and all(0 < h <= 1 << 16 for h in hidden)):
@@ -185,9 +209,27 @@ def load_safetensors_policy(path: str | Path) -> nn.Module:
         policy = cls(trunk, int(meta["action_dim"]), low, high)
     else:
         raise ValueError(f"{path}: unknown policy kind {kind!r}")
+    return _filled(path, policy, tensors)
+
+
+def _filled(path, policy: nn.Module, tensors: dict) -> nn.Module:
+    """``policy`` with ``tensors`` loaded, once their names and shapes are the declared policy's."""
     expect = {k: tuple(v.shape) for k, v in policy.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in tensors.items()}
     if expect != got:
         raise ValueError(f"{path}: its tensors {got} do not match the declared policy {expect}")
     policy.load_state_dict(tensors)
     return policy.eval().requires_grad_(False)
+
+
+def _image_policy(path, meta: dict, tensors: dict) -> nn.Module:
+    """An image Q-network's greedy policy from its metadata (name, [C, H, W], dtype, actions), sizes checked before
+    the network is built."""
+    name, shape, dtype, out = meta["image_net"], tuple(int(d) for d in meta["obs_shape"]), meta["obs_dtype"], \
+        int(meta["out"])
+    if meta["kind"] != "greedy" or name not in enc.IMAGE_Q_NETS or dtype not in ("uint8", "bool"):
+        raise ValueError(f"{path}: unknown image policy ({meta['kind']!r}, {name!r}, {dtype!r})")
+    if len(shape) != 3 or not all(0 < d <= 1024 for d in shape) or not 1 < out <= 1 << 16:
+        raise ValueError(f"{path}: declared sizes out of range")
+    image = (name, shape, np.dtype(dtype))
+    return _filled(path, GreedyPolicy(enc.image_q_net(*image, out, torch.Generator()), image), tensors)

@@ -204,11 +204,14 @@ def _export(args: argparse.Namespace) -> int:
     cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint, trusted=args.trust_code)
     if env is not None:
         env.close()
-    if not isinstance(spec.obs_shape, tuple) or len(spec.obs_shape) != 1:
-        raise ValueError(f"{args.run_dir}: observations of shape {spec.obs_shape}: export takes flat observations")
-    path = export_policy(agent, args.out, args.format, spec.obs_shape[0])
-    print(f"wrote {path} ({args.format}): the deterministic policy of {args.run_dir} ({source}), obs "
-          f"[N, {spec.obs_shape[0]}] -> action")
+    image = getattr(agent, "image_shape", None)  # (an image Q-network: its frames, in their stored dtype)
+    if image is None and (not isinstance(spec.obs_shape, tuple) or len(spec.obs_shape) != 1):
+        raise ValueError(f"{args.run_dir}: observations of shape {spec.obs_shape}: export takes flat observations "
+                         "(and the frames of an image Q-network)")
+    path = export_policy(agent, args.out, args.format, None if image is not None else spec.obs_shape[0])
+    shown = f"[N, {spec.obs_shape[0]}]" if image is None else \
+        f"[N, {', '.join(map(str, image))}] {np.dtype(agent.image_dtype).name}"
+    print(f"wrote {path} ({args.format}): the deterministic policy of {args.run_dir} ({source}), obs {shown} -> action")
     return 0
 
 
