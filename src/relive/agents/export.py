@@ -124,19 +124,32 @@ def deterministic_policy(agent) -> nn.Module:
                      "deterministic_policy() method returning the module")
 
 
-def export_policy(agent, path: str | Path, fmt: str, obs_dim: int | None = None) -> Path:
+def policy_input(policy: nn.Module, obs_dim: int | None = None) -> str:
+    """What an exported ``policy`` takes, for messages: ``[N, D]`` (flat) or ``[N, C, H, W] uint8`` (frames)."""
+    image = getattr(policy, "image", None)
+    if image is None:
+        return f"[N, {obs_dim}]"
+    return f"[N, {', '.join(map(str, image[1]))}] {image[2].name}"
+
+
+def export_policy(agent, path: str | Path, fmt: str, obs_dim: int | tuple | None = None) -> Path:
     """Write ``agent``'s deterministic policy to ``path`` as ``fmt`` (torchscript | onnx | safetensors): through a
     temporary file renamed over ``path`` (a symbolic link there is replaced, never written through; a directory is
-    refused). ``obs_dim``: the flat observation's size (an image Q-network's input is the agent's own frames)."""
+    refused). ``obs_dim``: the flat observation's size, or the env's observation shape (flat: (D,); an image
+    Q-network's frames: its own [C, H, W], which the shape must be)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
     if fmt != "torchscript":  # (before any work: one line naming the extra, never a traceback from inside torch)
         require("onnx" if fmt == "onnx" else "safetensors", f"--format {fmt}")
     policy = deterministic_policy(agent)
     image = getattr(policy, "image", None)
-    if image is None and obs_dim is None:
-        raise ValueError("export_policy: obs_dim (the flat observation's size) is required for this policy")
-    flat = int(obs_dim or 0)
+    shape = (obs_dim,) if isinstance(obs_dim, int) else obs_dim
+    if image is not None and shape is not None and tuple(shape) != image[1]:
+        raise ValueError(f"observations of shape {tuple(shape)}: the image Q-network takes {image[1]}")
+    if image is None and (shape is None or len(shape) != 1):
+        raise ValueError(f"observations of shape {shape}: export takes flat observations (and an image "
+                         "Q-network's frames)")
+    flat = int(shape[0]) if image is None and shape is not None else 0
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise ValueError(f"{path} is a directory: export writes one file (a directory is never replaced)")

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from relive.envs import EnvSpec, env_spec, make_env, num_obs, one_row, random_actions, stack_obs
+from relive.replay.storage.layout import concat_rows
 from relive.types import unpack_acted
 
 
@@ -300,7 +301,7 @@ def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_epi
 
         chunks = track(chunks, description=f"{progress} ({num_steps:,} steps)")
     parts = [collector.step(act, k) for k in chunks]
-    rows = {k: _concat([p[k] for p in parts]) for k in parts[0]}
+    rows = concat_rows(parts)
     rows["truncated"][-1] = rows["truncated"][-1] or not rows["terminated"][-1]
     env.close()
     return rows
@@ -321,13 +322,6 @@ def _set_row(obs, i: int | np.integer, value) -> None:
             obs[k][i] = value[k]
     else:
         obs[i] = value
-
-
-def _concat(parts: list):
-    """Concatenate row chunks: arrays, or dicts key -> array (dict observations)."""
-    if isinstance(parts[0], dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return np.concatenate(parts)
 
 
 class NoCollector:

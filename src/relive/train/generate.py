@@ -28,7 +28,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import overload
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from relive.data.scores import d4rl_reference
 from relive.presets import get_preset
 from relive.replay.buffer import HOST, ReplayBuffer
 from relive.replay.checkpoint import load_tree
+from relive.replay.storage.layout import concat_rows
 
 TASKS = {"hopper-v5": "Hopper-v5", "halfcheetah-v5": "HalfCheetah-v5", "walker2d-v5": "Walker2d-v5",
          "pendulum-v1": "Pendulum-v1", "pointmaze-umaze-v3": "PointMaze_UMaze-v3",
@@ -337,18 +338,7 @@ def _policy_level(req: _Request, ref_min: float) -> tuple[dict, float, dict]:
         parts.append(_policy_rows(req, f"snapshots/agent_{med_step}", steps, seed + 1))
     if expert_rows is not None:
         parts.append(expert_rows)
-    return parts[0] if len(parts) == 1 else _concat_rows(parts), ref_max, extra
-
-
-def _concat_rows(parts: list[dict]) -> dict:
-    """Row dicts one after the other."""
-    out: dict[str, Any] = {}
-    for k, first in parts[0].items():
-        if isinstance(first, dict):  # dict observations: key by key
-            out[k] = {o: np.concatenate([p[k][o] for p in parts]) for o in first}
-        else:
-            out[k] = np.concatenate([p[k] for p in parts])
-    return out
+    return parts[0] if len(parts) == 1 else concat_rows(parts), ref_max, extra
 
 
 def _policy_rows(req: _Request, agent_name: str, n: int, seed: int) -> dict:

@@ -22,7 +22,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from relive.agents.export import FORMATS, export_policy
+from relive.agents.export import FORMATS, deterministic_policy, export_policy, policy_input
 from relive.agents.run_dir import TRUST_FLAG, open_run_dir
 from relive.cli import non_negative_int, positive_int
 from relive.config import ExperimentConfig
@@ -204,13 +204,11 @@ def _export(args: argparse.Namespace) -> int:
     cfg, env, spec, agent, source = load_run_agent(args.run_dir, args.checkpoint, trusted=args.trust_code)
     if env is not None:
         env.close()
-    image = getattr(agent, "image_shape", None)  # (an image Q-network: its frames, in their stored dtype)
-    if image is None and (not isinstance(spec.obs_shape, tuple) or len(spec.obs_shape) != 1):
-        raise ValueError(f"{args.run_dir}: observations of shape {spec.obs_shape}: export takes flat observations "
-                         "(and the frames of an image Q-network)")
-    path = export_policy(agent, args.out, args.format, None if image is not None else spec.obs_shape[0])
-    shown = f"[N, {spec.obs_shape[0]}]" if image is None else \
-        f"[N, {', '.join(map(str, image))}] {np.dtype(agent.image_dtype).name}"
+    if not isinstance(spec.obs_shape, tuple):
+        raise ValueError(f"{args.run_dir}: dict observations ({sorted(spec.obs_shape)}): export takes flat "
+                         "observations (and an image Q-network's frames)")
+    path = export_policy(agent, args.out, args.format, spec.obs_shape)
+    shown = policy_input(deterministic_policy(agent), spec.obs_shape[0])
     print(f"wrote {path} ({args.format}): the deterministic policy of {args.run_dir} ({source}), obs {shown} -> action")
     return 0
 

@@ -42,6 +42,7 @@ from relive.replay.samplers import MixtureSampler, PrioritizedSampler, Sampler, 
 from relive.replay.samplers.mixture import scheduled_fraction
 from relive.replay.samplers.per import linear_anneal
 from relive.replay.samplers.reaper import ReaPERSampler
+from relive.replay.storage.layout import concat_rows
 from relive.types import Batch, SampleInfo, UpdateReport, new_batch, new_sample_info, new_update_report
 
 LOG = logging.getLogger("relive.replay.remote")
@@ -116,12 +117,6 @@ def _take(rows, sl):
     if isinstance(rows, Mapping):
         return {k: _take(v, sl) for k, v in rows.items()}
     return np.asarray(rows)[sl]
-
-
-def _concat(parts: list):
-    if isinstance(parts[0], Mapping):
-        return {k: _concat([p[k] for p in parts]) for k in parts[0]}
-    return np.concatenate(parts)
 
 
 def offline_cuts(rows: Mapping, num_shards: int) -> list[int]:
@@ -495,7 +490,7 @@ class RemoteReplay:
 
         def column(name: str, key=None):
             cols = [d[name] if key is None else d[name][key] for d in replies]
-            return _take(cols[0] if len(cols) == 1 else _concat(cols), at)
+            return _take(cols[0] if len(cols) == 1 else concat_rows(cols), at)
 
         ids = [global_ids(s, draws[s]["indices"]) for s in asked]
         info = new_sample_info(_take(ids[0] if len(ids) == 1 else np.concatenate(ids), at), column("generation"),

@@ -59,6 +59,14 @@ def obs_layout(obs_shape, obs_dtype) -> tuple[tuple[str, ...] | None, ColumnSpec
     return tuple(obs_shape), per_key, {f"obs.{k}": spec for k, spec in per_key.items()}
 
 
+def concat_rows(parts: list):
+    """Parts one after the other: arrays concatenated along their rows, mappings key by key, the first part's keys
+    (rows of columns, and the dict observations inside them)."""
+    if isinstance(parts[0], Mapping):
+        return {k: concat_rows([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)
+
+
 def read_only(arr: np.ndarray) -> np.ndarray:
     if not isinstance(arr, np.ndarray):  # a TorchColumn (backend "torch"): its host reads are copies
         return arr
