@@ -138,9 +138,10 @@ def ddqn_atari100k() -> ExperimentConfig:
     10k steps on 10 full games (DrQ(epsilon): 100 episodes at the end); the Nature CNN, the Huber loss and the reward
     clipping as ddqn_atari. ``--replay per|reaper`` as ddqn_atari. Time on the 2-core Xeon (docs/benchmarks.md,
     "Atari-100k wall time"): 98% of a run is the updates; a timed 25k-step run with ``--threads 2 --set
-    agent.fused_adam=true --set agent.channels_last=true`` (float rounding away from these numbers) extrapolates to
-    ~70 min of wall time for 100k steps, ~90 at one thread (idle components gave 39 min: the machines differ);
-    the defaults (one thread, flags off) are slower still. ``--threads 2`` only on an idle machine."""
+    agent.fused_adam=true --set agent.channels_last=true`` (float rounding away from these numbers) extrapolated to
+    ~70 min of wall time for 100k steps, ~90 at one thread, before training flushed subnormal floats (its step grew
+    from ~34 to ~43 ms); with the flush ~60 min is the estimate (not a timed 100k run); the defaults (one thread,
+    flags off) are slower still. ``--threads 2`` only on an idle machine."""
     base = ddqn_atari()
     agent = replace(base.agent, lr=1e-4, optimizer="adam", optimizer_eps=1.5e-4, rmsprop_alpha=0.99,
                     rmsprop_centered=False, target_update_period=1, eps_end=0.01, eps_decay_steps=5000)

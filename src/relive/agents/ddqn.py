@@ -172,7 +172,7 @@ class DDQN:
         self.image_shape = None
         gen = torch.Generator().manual_seed(int(seed))
         name = image_net_name(cfg, *image) if image is not None else None
-        self.image_net = name if image is not None else None  # which image Q-network (relive.agents.encoders)
+        self.image_net = name  # which image Q-network (relive.agents.encoders); None: the MLP
         if image is not None and name is not None:  # an image Q-network (the target a copy of it)
             self.image_shape = tuple(int(d) for d in image[0])
             self.image_dtype = np.dtype(image[1])

@@ -17,6 +17,8 @@ Loading a TorchScript or ONNX file runs what it holds (load it only where you tr
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +139,22 @@ def export_policy(agent, path: str | Path, fmt: str, obs_dim: int | tuple | None
     temporary file renamed over ``path`` (a symbolic link there is replaced, never written through; a directory is
     refused). ``obs_dim``: the flat observation's size, or the env's observation shape (flat: (D,); an image
     Q-network's frames: its own [C, H, W], which the shape must be)."""
+    check_format(fmt)  # (before the policy is made)
+    return write_policy(deterministic_policy(agent), path, fmt, obs_dim)
+
+
+def check_format(fmt: str) -> None:
+    """``fmt`` is an export format whose extra is installed (before any work: one line naming the extra, never a
+    traceback from inside torch)."""
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
-    if fmt != "torchscript":  # (before any work: one line naming the extra, never a traceback from inside torch)
+    if fmt != "torchscript":
         require("onnx" if fmt == "onnx" else "safetensors", f"--format {fmt}")
-    policy = deterministic_policy(agent)
+
+
+def write_policy(policy: nn.Module, path: str | Path, fmt: str, obs_dim: int | tuple | None = None) -> Path:
+    """:func:`export_policy` of a :func:`deterministic_policy` already made (e.g. to describe it as well)."""
+    check_format(fmt)
     image = getattr(policy, "image", None)
     shape = (obs_dim,) if isinstance(obs_dim, int) else obs_dim
     if image is not None and shape is not None and tuple(shape) != image[1]:
@@ -149,7 +162,7 @@ def export_policy(agent, path: str | Path, fmt: str, obs_dim: int | tuple | None
     if image is None and (shape is None or len(shape) != 1):
         raise ValueError(f"observations of shape {shape}: export takes flat observations (and an image "
                          "Q-network's frames)")
-    flat = int(shape[0]) if image is None and shape is not None else 0
+    flat = 0 if image is not None or shape is None else int(shape[0])
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise ValueError(f"{path} is a directory: export writes one file (a directory is never replaced)")
@@ -197,18 +210,15 @@ def load_safetensors_policy(path: str | Path) -> nn.Module:
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has keys(), no iteration)
     if raw is None:
         raise ValueError(f"{path}: not a policy written by relive export (no 'relive_policy' metadata)")
-    try:
+    with _metadata_of(path):
         meta = json.loads(raw)
         if not isinstance(meta, dict):
             raise TypeError("not a JSON object")
-        if "image_net" in meta:
-            return _image_policy(path, meta, tensors)
+    if "image_net" in meta:
+        return _image_policy(path, meta, tensors)
+    with _metadata_of(path):
         kind, obs_dim, hidden, out = meta["kind"], int(meta["obs_dim"]), tuple(int(h) for h in meta["hidden"]), \
             int(meta["out"])
-    except (ValueError, KeyError, TypeError) as e:
-        if isinstance(e, ValueError) and str(e).startswith(f"{path}:"):
-            raise
-        raise ValueError(f"{path}: malformed 'relive_policy' metadata ({e})") from None
     if not (0 < obs_dim <= 1 << 20 and 0 < out <= 1 << 20 and len(hidden) <= 64
             and all(0 < h <= 1 << 16 for h in hidden)):
         raise ValueError(f"{path}: declared sizes out of range")
@@ -235,11 +245,21 @@ def _filled(path, policy: nn.Module, tensors: dict) -> nn.Module:
     return policy.eval().requires_grad_(False)
 
 
+@contextmanager
+def _metadata_of(path) -> Iterator[None]:
+    """A missing or mistyped field of a policy file's metadata as one ValueError naming the file."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: malformed 'relive_policy' metadata ({e})") from None
+
+
 def _image_policy(path, meta: dict, tensors: dict) -> nn.Module:
     """An image Q-network's greedy policy from its metadata (name, [C, H, W], dtype, actions), sizes checked before
     the network is built."""
-    name, shape, dtype, out = meta["image_net"], tuple(int(d) for d in meta["obs_shape"]), meta["obs_dtype"], \
-        int(meta["out"])
+    with _metadata_of(path):
+        name, shape, dtype, out = meta["image_net"], tuple(int(d) for d in meta["obs_shape"]), meta["obs_dtype"], \
+            int(meta["out"])
     if meta["kind"] != "greedy" or name not in enc.IMAGE_Q_NETS or dtype not in ("uint8", "bool"):
         raise ValueError(f"{path}: unknown image policy ({meta['kind']!r}, {name!r}, {dtype!r})")
     if len(shape) != 3 or not all(0 < d <= 1024 for d in shape) or not 1 < out <= 1 << 16:

@@ -22,7 +22,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 
-from relive.agents.export import FORMATS, deterministic_policy, export_policy, policy_input
+from relive.agents.export import FORMATS, deterministic_policy, policy_input, write_policy
 from relive.agents.run_dir import TRUST_FLAG, open_run_dir
 from relive.cli import non_negative_int, positive_int
 from relive.config import ExperimentConfig
@@ -207,8 +207,9 @@ def _export(args: argparse.Namespace) -> int:
     if not isinstance(spec.obs_shape, tuple):
         raise ValueError(f"{args.run_dir}: dict observations ({sorted(spec.obs_shape)}): export takes flat "
                          "observations (and an image Q-network's frames)")
-    path = export_policy(agent, args.out, args.format, spec.obs_shape)
-    shown = policy_input(deterministic_policy(agent), spec.obs_shape[0])
+    policy = deterministic_policy(agent)
+    path = write_policy(policy, args.out, args.format, spec.obs_shape)
+    shown = policy_input(policy, spec.obs_shape[0])
     print(f"wrote {path} ({args.format}): the deterministic policy of {args.run_dir} ({source}), obs {shown} -> action")
     return 0
 

@@ -24,7 +24,7 @@ import math
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,19 +158,15 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
     checked = as_callbacks(callbacks, on_step)  # (a wrong one is refused before anything is built)
     if cfg is not None:  # (a missing wandb / mlflow: one line, before the run directory is written)
         check_loggers(cfg.run.loggers)
-    # subnormal floats flushed to zero for the run (as XLA does on CPU): a long run's Adam moments of parameters
-    # whose gradient stays 0 (dead ReLUs) decay into subnormals, whose arithmetic costs the CPU ~100x a normal
-    # float's -- an Atari-100k DDQN update went 41 -> 47 ms by step 25k (docs/benchmarks.md). This thread's mode,
-    # set before the build (threads started later inherit it), restored at the end (a library call changes no
-    # process state it does not own: e.g. Hypothesis refuses to run where subnormals are flushed)
-    flushing = flushes_subnormals()
-    torch.set_flush_denormal(True)
-    try:
+    with subnormals_flushed():
         run = build(cfg, resume_dir, None, wrap_agent, resume_settings, allow_other_base)  # (on_step: a callback)
-    except BaseException:
-        torch.set_flush_denormal(flushing)
-        raise
-    run.callbacks = checked
+        run.callbacks = checked
+        return _run_to_end(run)
+
+
+def _run_to_end(run: Run) -> RunSummary:
+    """:func:`train`'s phases on a built run, then its final agent and summary.json; the run's resources are
+    released whatever happens."""
     try:
         offline_phase(run)
         final = online_phase(run, RayCollection if run.cfg.collectors.num else None)  # (None: this process's envs)
@@ -202,8 +198,23 @@ def train(cfg: ExperimentConfig | None = None, *, resume_dir: str | Path | None 
             run.collector.close()  # (async vector envs: their worker processes; Ray collectors: the actors)
         if run.lock is not None:
             run.lock.release()
-        torch.set_flush_denormal(flushing)
     return summary
+
+
+@contextmanager
+def subnormals_flushed() -> Iterator[None]:
+    """This thread's float arithmetic flushes subnormals to zero inside the block (as XLA does on CPU), its mode
+    restored after it: a long run's Adam moments of parameters whose gradient stays 0 (dead ReLUs) decay into
+    subnormals, whose arithmetic costs the CPU ~100x a normal float's -- an Atari-100k DDQN update went 41 -> 47 ms
+    by step 25k (docs/benchmarks.md). Set before the run is built (threads started later inherit it); restored
+    because a library call changes no process state it does not own (Hypothesis, for one, refuses to run where
+    subnormals are flushed)."""
+    flushing = flushes_subnormals()
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(flushing)
 
 
 def flushes_subnormals() -> bool:
