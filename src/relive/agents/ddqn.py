@@ -45,6 +45,7 @@ from relive.agents import encoders as enc
 from relive.agents import networks as nets
 from relive.agents.ddqn_batched import BatchedDDQN
 from relive.agents.encoders import flat_obs_batch
+from relive.agents.optimizers import FloorSqrtAdam, FloorSqrtRMSprop
 from relive.registry import register_agent
 from relive.types import Batch, TensorMetrics, UpdateResult
 
@@ -114,16 +115,18 @@ OPTIMIZERS = ("adam", "rmsprop")
 
 
 def build_optimizer(params, cfg: DDQNConfig) -> torch.optim.Optimizer:
-    """The Q-network's optimizer: Adam (the fused one at torch's default epsilon) or RMSprop."""
+    """The Q-network's optimizer: Adam (the fused one at torch's default epsilon) or RMSprop; RMSprop and the unfused
+    Adam as torch computes them, with the CPU's square roots of zero moments off its slow path (relive.agents.
+    optimizers: bit-identical steps)."""
     params = list(params)
     if cfg.optimizer == "rmsprop":
-        return torch.optim.RMSprop(params, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.optimizer_eps or 1e-8,
-                                   momentum=cfg.rmsprop_momentum, centered=cfg.rmsprop_centered)
+        return FloorSqrtRMSprop(params, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.optimizer_eps or 1e-8,
+                                momentum=cfg.rmsprop_momentum, centered=cfg.rmsprop_centered)
     if cfg.optimizer_eps is None:
         return nets.adam(params, cfg.lr)
     if cfg.fused_adam:  # (the fused kernel at this epsilon: float rounding away from the default Adam's steps)
         return nets.LeanAdam(params, lr=cfg.lr, eps=cfg.optimizer_eps, fused=True)
-    return torch.optim.Adam(params, lr=cfg.lr, eps=cfg.optimizer_eps)
+    return FloorSqrtAdam(params, lr=cfg.lr, eps=cfg.optimizer_eps)
 
 
 def image_net_name(cfg: DDQNConfig, obs_shape, obs_dtype) -> str | None:
