@@ -83,6 +83,13 @@ def ab(name: str, torch_agent: DDQN, floor_agent: DDQN, shape, rounds: int, upda
     torch_agent.opt.__class__ = base  # (the same object, torch's step)
     rng = np.random.default_rng(0)
     got: dict[str, list[float]] = {"torch": [], "floored": []}
+    step_s: dict[str, list[float]] = {"torch": [], "floored": []}
+    for label, agent in (("torch", torch_agent), ("floored", floor_agent)):
+        def timed_step(closure=None, _step=agent.opt.step, _acc=step_s[label]):  # (the optimizer step alone)
+            c = time.process_time()
+            _step()
+            _acc.append(time.process_time() - c)
+        agent.opt.step = timed_step  # type: ignore[method-assign]
     for _ in range(rounds):
         batches = [batch(rng, shape, torch_agent.num_actions) for _ in range(updates)]
         for label, agent in (("torch", torch_agent), ("floored", floor_agent)):
@@ -92,9 +99,11 @@ def ab(name: str, torch_agent: DDQN, floor_agent: DDQN, shape, rounds: int, upda
             got[label].append(1e3 * (time.process_time() - c) / updates)
     same = all(torch.equal(a, b) for a, b in zip(torch_agent.q.parameters(), floor_agent.q.parameters(), strict=True))
     t, f = np.median(got["torch"]), np.median(got["floored"])
-    print(f"  {name}: torch's {base.__name__} {t:.2f} CPU ms an update, floored {f:.2f} ({t / f:.2f}x; rounds torch "
-          f"{', '.join(f'{x:.1f}' for x in got['torch'])} / floored {', '.join(f'{x:.1f}' for x in got['floored'])}); "
-          f"weights bit-equal after: {same}")
+    st, sf = (1e3 * np.median(step_s[k]) for k in ("torch", "floored"))
+    print(f"  {name}: an update {t:.2f} CPU ms with torch's {base.__name__}, {f:.2f} floored ({t / f:.2f}x); its "
+          f"optimizer step {st:.2f} vs {sf:.2f} ms ({st / sf:.2f}x); weights bit-equal after: {same}\n"
+          f"    (update rounds: torch {', '.join(f'{x:.1f}' for x in got['torch'])} / floored "
+          f"{', '.join(f'{x:.1f}' for x in got['floored'])})")
 
 
 def main() -> None:
