@@ -26,9 +26,8 @@ import torch
 from relive.agents.ddqn import DDQN
 from relive.agents.optimizers import SQRT_FLOOR, FloorSqrtAdam, FloorSqrtRMSprop
 from relive.presets import get_preset
-from relive.types import Batch, SampleInfo
+from subnormal_update import B, batch  # (bench/: the same random batches)
 
-B = 32
 PRESETS = (("ddqn_minatar", (4, 10, 10), 6), ("ddqn_atari", (4, 84, 84), 6), ("ddqn_atari100k", (4, 84, 84), 6))
 
 
@@ -54,15 +53,6 @@ def sqrt_table(rounds: int) -> None:
     print(f"\nTensor.sqrt of {n:,} float32 values, CPU us (median of {rounds} rounds of 200)")
     for k, v in got.items():
         print(f"  {k}: {np.median(v):.0f}")
-
-
-def batch(rng, shape, num_actions) -> Batch:
-    z = np.zeros(B, np.float32)
-    return Batch(obs=rng.integers(0, 255, (B, *shape), dtype=np.uint8), action=rng.integers(0, num_actions, B),
-                 reward=rng.choice([-1.0, 0.0, 0.0, 0.0, 1.0], B).astype(np.float32),
-                 next_obs=rng.integers(0, 255, (B, *shape), dtype=np.uint8), terminated=z, truncated=z,
-                 info=SampleInfo(np.arange(B), np.zeros(B, np.int64), np.full(B, 1.0 / B), np.ones(B, np.float32),
-                                 np.ones(B, np.int8)))
 
 
 def kill_units(agent: DDQN, fraction: float) -> int:
