@@ -90,7 +90,8 @@ def test_built_in_grids_expand_to_valid_train_commands(tmp_path):
             assert cfg.env.id in ("CartPole-v1", "Acrobot-v1", "LunarLander-v3", "Hopper-v5", "Pendulum-v1",
                                   "HalfCheetah-v5", "PointMaze_UMaze-v3", "PixelPendulum-v0", "Reacher-v5",
                                   "MetaWorld/pick-place-v3", "MetaWorld/push-v3", "FetchReach-v4", "FetchPush-v4",
-                                  "MinAtar/Breakout-v1", "MinAtar/SpaceInvaders-v1", "ALE/Amidar-v5",
+                                  "MinAtar/Asterix-v1", "MinAtar/Breakout-v1", "MinAtar/Freeway-v1",
+                                  "MinAtar/Seaquest-v1", "MinAtar/SpaceInvaders-v1", "ALE/Amidar-v5",
                                   "ALE/Frostbite-v5", "ALE/Qbert-v5"), cfg.env.id
 
 
