@@ -152,6 +152,13 @@ def ddqn_atari100k() -> ExperimentConfig:
                                checkpoint_every_env_steps=25_000))
 
 
+#: MinAtar's games have no time limit (Freeway excepted: 2,500 steps), and a greedy policy can play one forever --
+#: Seaquest's sub that never leaves the surface (MinAtar's author, kenjyoung/MinAtar issue 19) -- so an evaluation of
+#: it never returned. 10,000 steps: the cap qlan3/Explorer's MinAtar configs give Seaquest (not checked against a
+#: paper); a cut episode is a truncation (bootstrapped), not a termination.
+MINATAR_MAX_EPISODE_STEPS = 10_000
+
+
 def ddqn_minatar() -> ExperimentConfig:
     """Double DQN on MinAtar (``MinAtar/Breakout-v1`` ...) at MinAtar's DQN baseline (Young & Tian 2019, arXiv
     1903.03176, Sec. 4 and its reference code examples/dqn.py, checked): one 16-channel 3x3 conv and 128 units (the
@@ -160,13 +167,15 @@ def ddqn_minatar() -> ExperimentConfig:
     gradient step per env step, target copy every 1,000 gradient steps, epsilon 1 -> 0.1 over the 100k steps after
     them, gamma 0.99, Huber loss, no gradient or reward clipping, 5M frames (agent steps: MinAtar has no frame
     skip). Not as the baseline: Double DQN's target (the ReaPER comparison's agent), not DQN's max; evaluations every
-    100k steps of 10 greedy episodes (the paper reports training returns). ``--replay per|reaper`` (defaults:
-    PER's alpha 0.6, ReaPER's App. D alpha 0.4 / omega 0.2, beta 0.4 -> 1)."""
+    100k steps of 10 greedy episodes (the paper reports training returns); episodes cut (truncated) at 10,000 steps
+    (MINATAR_MAX_EPISODE_STEPS). ``--replay per|reaper`` (defaults: PER's alpha 0.6, ReaPER's App. D alpha 0.4 /
+    omega 0.2, beta 0.4 -> 1)."""
     agent = DDQNConfig(encoder="minatar", lr=2.5e-4, gamma=0.99, target_update_period=1000, eps_start=1.0,
                        eps_end=0.1, eps_decay_steps=100_000, max_grad_norm=None, optimizer="rmsprop",
                        rmsprop_alpha=0.95, optimizer_eps=0.01, rmsprop_momentum=0.95, rmsprop_centered=True)
     return ExperimentConfig(
-        preset="ddqn_minatar", agent_kind="ddqn", agent=agent, env=EnvConfig(id="MinAtar/Breakout-v1"),
+        preset="ddqn_minatar", agent_kind="ddqn", agent=agent,
+        env=EnvConfig(id="MinAtar/Breakout-v1", max_episode_steps=MINATAR_MAX_EPISODE_STEPS),
         schedule=ScheduleConfig(num_online_env_steps=5_000_000, num_warmup_env_steps=5000, batch_size=32),
         replay=ReplayConfig.of("uniform", capacity=100_000),
         run=RunConfig(eval_every_env_steps=100_000, eval_episodes=10, log_every_env_steps=10_000,

@@ -176,6 +176,26 @@ def test_the_new_options_leave_every_other_ddqn_as_it_was():
         {"hidden": (256, 256), "lr": 1e-3, "target_update_period": 500, "eps_end": 0.05}
 
 
+def test_ddqn_minatar_cuts_episodes_so_an_evaluation_of_a_policy_that_never_ends_one_returns():
+    """Seaquest's sub left at the surface plays forever (MinAtar has no time limit): the preset's evaluation env
+    truncates the episode at MINATAR_MAX_EPISODE_STEPS (an evaluation of such a greedy policy used to hang)."""
+    from relive.cli import build_parser
+    from relive.presets import MINATAR_MAX_EPISODE_STEPS
+    from relive.train.cli import config_from_args
+    from relive.train.trainer import _make_envs, seed_streams
+
+    cfg = config_from_args(build_parser().parse_args(["train", "ddqn_minatar", "--env", "MinAtar/Seaquest-v1"]))
+    assert cfg.env.max_episode_steps == MINATAR_MAX_EPISODE_STEPS == 10_000
+    envs = _make_envs(cfg, seed_streams(0))
+    for env in (envs.eval_env, envs.env):
+        env.reset(seed=0)
+        for n in range(1, 20_001):
+            _, _, terminated, truncated, _ = env.step(0)  # (no-op: the sub stays at the surface)
+            if terminated or truncated:
+                break
+        assert (n, terminated, truncated) == (10_000, False, True)
+
+
 # -- the CLI, end to end -------------------------------------------------------------------------------------
 def test_ddqn_minatar_trains_from_the_cli_and_writes_a_run_dir(tmp_path):
     from relive.cli import main
