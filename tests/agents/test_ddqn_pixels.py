@@ -189,11 +189,11 @@ def test_ddqn_minatar_cuts_episodes_so_an_evaluation_of_a_policy_that_never_ends
     envs = _make_envs(cfg, seed_streams(0))
     for env in (envs.eval_env, envs.env):
         env.reset(seed=0)
-        for n in range(1, 20_001):
+        steps, terminated, truncated = 0, False, False
+        while not (terminated or truncated) and steps < 20_000:
             _, _, terminated, truncated, _ = env.step(0)  # (no-op: the sub stays at the surface)
-            if terminated or truncated:
-                break
-        assert (n, terminated, truncated) == (10_000, False, True)
+            steps += 1
+        assert (steps, terminated, truncated) == (10_000, False, True)
 
 
 # -- the CLI, end to end -------------------------------------------------------------------------------------
