@@ -96,3 +96,20 @@ def test_a_run_logs_success_rate_from_the_info_key(tmp_path):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2  # step 0 and step 40
     assert all(float(r["eval/success_rate"]) in (0.0, 0.5, 1.0) for r in rows)  # 2 episodes each
+
+
+def test_a_long_evaluation_episode_is_said_once_with_what_to_set(monkeypatch):
+    """An episode past LONG_EPISODE_STEPS warns once (an env without a time limit looks like a hang otherwise);
+    shorter ones say nothing."""
+    import warnings
+
+    import relive.train.evaluation as ev
+
+    monkeypatch.setattr(ev, "LONG_EPISODE_STEPS", 4)
+    with pytest.warns(RuntimeWarning, match=r"episode 1 of 2 has run 4 steps.*env.max_episode_steps") as got:
+        returns, _ = ev.evaluate_episodes(FlagEnv(None), ZeroAgent(), 2, seed=0)
+    assert returns.tolist() == [6.0, 6.0] and len(got) == 2  # (once per episode that long)
+    monkeypatch.setattr(ev, "LONG_EPISODE_STEPS", 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ev.evaluate_episodes(FlagEnv(None), ZeroAgent(), 2, seed=0)
