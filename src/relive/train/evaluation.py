@@ -10,7 +10,6 @@ from relive.data.scores import normalized_score  # noqa: F401  (re-exported for 
 from relive.envs import check_success_at, info_success, one_row
 from relive.types import unpack_acted
 
-
 #: an evaluation episode this long is said on stderr once (an env without a time limit and a policy that never ends
 #: an episode -- MinAtar Seaquest's sub at the surface -- otherwise looks like a hang)
 LONG_EPISODE_STEPS = 100_000
