@@ -176,6 +176,33 @@ def paired_change(base: dict, other: dict, reps: int = 2000, seed: int = 0) -> d
     return out
 
 
+def stratified_rank_test(a: dict, b: dict, reps: int = 20_000, seed: int = 0) -> tuple[float, float, int]:
+    """Variant ``a`` against ``b`` over several tasks whose raw returns are on different scales (task -> scores per
+    run, the tasks both hold with 2+ runs each): a permutation test of van Elteren's stratified rank statistic --
+    per task the mean rank of a's runs minus b's among the task's pooled runs, over n_t + 1, summed over the tasks --
+    with the labels shuffled within each task, two-sided. Returns (the probability that a run of a scores above a
+    run of b of the same task, ties half, averaged over the tasks; the p-value; the number of tasks), or
+    (nan, nan, 0) without such a task."""
+    from scipy.stats import rankdata  # (slow to import: only for the test statistic)
+
+    tasks = [task for task in a if task in b and len(a[task]) >= 2 and len(b[task]) >= 2]
+    if not tasks:
+        return math.nan, math.nan, 0
+    rng = np.random.default_rng(seed)
+    observed, null, superiority = 0.0, np.zeros(reps), []
+    for task in tasks:
+        x, y = np.asarray(a[task], float), np.asarray(b[task], float)
+        n_a, n = x.size, x.size + y.size
+        ranks = rankdata(np.concatenate([x, y]))  # (ties: average ranks)
+        superiority.append((ranks[:n_a].sum() - n_a * (n_a + 1) / 2) / (n_a * y.size))  # Mann-Whitney U / (n_a n_b)
+        weight = 1.0 / (n + 1)
+        observed += weight * (ranks[:n_a].mean() - ranks[n_a:].mean())
+        perm = rng.permuted(np.broadcast_to(ranks, (reps, n)), axis=1)  # the labels shuffled within the task
+        null += weight * (perm[:, :n_a].mean(1) - perm[:, n_a:].mean(1))
+    p = (1 + np.count_nonzero(np.abs(null) >= abs(observed) - 1e-12)) / (reps + 1)
+    return float(np.mean(superiority)), float(p), len(tasks)
+
+
 def online_means(runs) -> np.ndarray:
     """Per run, the mean of every evaluation after the first (area under the online learning curve), on the
     runs' common steps (a run stopped at a threshold holds its last score)."""
@@ -213,6 +240,8 @@ def make_report(grid: Grid, root: str | Path, out_dir: str | Path, reps: int = 2
     lines += _iqm_table(t)
     if grid.report.get("compare") in t.labels:
         lines += _compare_table(t, grid.report["compare"])
+        if len(t.tasks) > 1:
+            lines += _stratified_table(t, grid.report["compare"])
     if t.mixed:
         lines += _online_share_table(t)
     if grid.report.get("thresholds", {}):
@@ -349,6 +378,30 @@ def _compare_table(t: _Grouped, focal: str) -> list[str]:
                          (t.online[focal, task], t.online[other, task])):
                 cells.append(f"{a.mean() - b.mean():+.2f} (p={_mann_whitney(a, b)})" if a.size and b.size else "—")
             lines.append(f"| {task} | {other} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _stratified_table(t: _Grouped, focal: str) -> list[str]:
+    """The focal variant against each other one over all the tasks at once (raw returns: ranks within each task)."""
+    lines = [f"## {focal} vs each other variant over all {len(t.tasks)} tasks: stratified rank test", "",
+             f"P({focal} > other): the probability that a run of {focal} scores above a run of the other variant on "
+             "the same task (ties half), averaged over the tasks (0.5: no difference); p: a two-sided permutation "
+             "test of van Elteren's stratified rank sum (labels shuffled within each task, "
+             f"{t.reps * 10:,} permutations). One test per pair and score over every task, instead of one per task.",
+             "", "| vs | tasks | final score: P(> other), p | mean over the online evaluations: P(> other), p |",
+             "|---|---|---|---|"]
+    for other in t.labels:
+        if other == focal:
+            continue
+        cells, counts = [], []
+        for get in (lambda lab, task: t.final[lab].get(task, np.zeros(0)),
+                    lambda lab, task: t.online.get((lab, task), np.zeros(0))):
+            a = {task: get(focal, task) for task in t.tasks}
+            b = {task: get(other, task) for task in t.tasks}
+            sup, p, n = stratified_rank_test(a, b, reps=t.reps * 10)
+            cells.append(f"{sup:.2f}, p={p:.3f}" if n else "—")
+            counts.append(n)
+        lines.append(f"| {other} | {max(counts)} | " + " | ".join(cells) + " |")
     return lines + [""]
 
 
