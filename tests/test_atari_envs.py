@@ -53,6 +53,44 @@ def test_evaluation_plays_full_games():
     env.close()
 
 
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_an_atari_time_limit_counts_agent_steps_of_a_game_not_emulator_frames(evaluation):
+    """env.max_episode_steps = N truncates an Atari game after N agent steps, as on every other env (not after N
+    emulator frames, ~N / 4 agent steps, as ALE's own max_episode_steps below the frame skip would), life losses and
+    the no-op step that follows each one included: the limit is the game's, not a life's."""
+    env = make_env("ALE/Breakout-v5", max_episode_steps=40, evaluation=evaluation)  # (the first life: ~25 steps)
+    assert env.spec.max_episode_steps == 40 and env_spec(env).max_episode_steps == 40
+    env.reset(seed=0)
+    steps, lives_lost = 0, 0
+    while True:
+        _, _, terminated, truncated, info = env.step(FIRE)
+        steps += 1
+        if truncated:
+            break
+        assert steps < 40
+        if terminated:  # (training: a lost life; the game goes on)
+            assert not evaluation and not info["game_over"]
+            lives_lost += 1
+            env.reset()
+            steps += 1  # (the reset's no-op step)
+    assert steps == 40 and (evaluation or lives_lost >= 1)
+    env.close()
+
+
+def test_env_kwargs_reach_ale_and_minatar_but_not_the_frame_skip():
+    """env.kwargs: ALE's own gym.make keywords (no sticky actions: the Atari-100k benchmark's setting) and MinAtar's;
+    the frame skip is the preprocessing's, and a ValueError says so."""
+    assert make_env("ALE/Pong-v5").unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
+    for evaluation in (False, True):
+        env = make_env("ALE/Pong-v5", evaluation=evaluation, env_kwargs={"repeat_action_probability": 0.0})
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+        assert env.reset(seed=0)[0].shape == (4, 84, 84)
+    with pytest.raises(ValueError, match="frameskip is set by relive's Atari preprocessing"):
+        make_env("ALE/Pong-v5", env_kwargs={"frameskip": 4})
+    env = make_env("MinAtar/Breakout-v1", env_kwargs={"sticky_action_prob": 0.0})
+    assert env.unwrapped.game.sticky_action_prob == 0.0
+
+
 def test_minatar_observations_are_bool_planes_channels_first_without_a_stack():
     env = make_env("MinAtar/Breakout-v1")
     obs, _ = env.reset(seed=0)

@@ -17,6 +17,10 @@
   stores each frame once (``ReplayBuffer(frame_stack=FrameStack(4))``: :func:`relive.envs.env_spec` reads the stack
   from the wrapper, the trainer passes it on).
 
+A time limit (``env.max_episode_steps``) counts agent steps of one game, as on every other env: a ``TimeLimit``
+above the frame skip and below the life loss. ``env.kwargs`` reaches ALE's own keywords (e.g.
+``repeat_action_probability``), never the frame skip.
+
 Reward clipping (sign of the reward) is the learner's (``agent.clip_reward``): stored rewards, training returns and
 evaluation returns are the game's. Sticky actions: v5's default (``repeat_action_probability=0.25``, Machado et al.
 2018), not the ``NoFrameskip-v4`` setting (0) of older DQN papers. No "fire on reset" (Stable-Baselines3's
@@ -28,8 +32,8 @@ itself, so that training and full-game evaluation ask the same of it (Machado et
 registered with Gymnasium by ``minatar.gym.register_envs`` on demand. The game's state is a bool array ``(10, 10,
 C)``, one channel per object kind; :class:`ChannelsFirst` serves it as ``(C, 10, 10)`` (bool), the layout of every
 image relive's encoders read. No frame stacking: MinAtar's channels carry the motion (trail channels) and its
-paper's DQN baseline stacks none. Sticky actions (0.1) and difficulty ramping are MinAtar's defaults. No time limit
-(none in the paper).
+paper's DQN baseline stacks none. Sticky actions (0.1) and difficulty ramping are MinAtar's defaults
+(``env.kwargs``: ``sticky_action_prob``, ``difficulty_ramping``). No time limit (none in the paper).
 """
 
 from __future__ import annotations
@@ -76,18 +80,25 @@ class EpisodicLife(gym.Wrapper):
         return obs, info
 
 
+#: gym.make keywords of an ALE game that relive's preprocessing sets itself (the frame skip is AtariPreprocessing's)
+ATARI_OWN_KWARGS = ("frameskip",)
+
+
 def make_atari(env_id: str, *, evaluation: bool = False, max_episode_steps: int | None = None,
-               render_mode: str | None = None) -> gym.Env:
+               render_mode: str | None = None, env_kwargs: dict | None = None) -> gym.Env:
     """An ``ALE/...`` game with the DQN preprocessing (module docstring); ``evaluation=True``: full games (no life
-    loss termination)."""
+    loss termination); ``env_kwargs``: ALE's own keywords of ``gym.make`` (e.g. ``repeat_action_probability=0.0``:
+    no sticky actions, the Atari-100k benchmark's setting), not the frame skip."""
+    taken = sorted(set(env_kwargs or {}) & set(ATARI_OWN_KWARGS))
+    if taken:
+        raise ValueError(f"env.kwargs: {env_id}: {', '.join(taken)} is set by relive's Atari preprocessing (frame skip "
+                         f"{ATARI_FRAME_SKIP} with max-pooling, in AtariPreprocessing), not a keyword of env.kwargs")
     try:
         import ale_py
     except ImportError:
         raise ValueError(f"{env_id} needs ale-py: pip install 'relive[envs]'") from None
     gym.register_envs(ale_py)
-    kwargs: dict = {"frameskip": 1}  # AtariPreprocessing skips the frames (and max-pools the last two)
-    if max_episode_steps:
-        kwargs["max_episode_steps"] = max_episode_steps
+    kwargs: dict = {**(env_kwargs or {}), "frameskip": 1}  # AtariPreprocessing skips the frames (max of the last two)
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     env = gym.make(env_id, **kwargs)
@@ -99,6 +110,8 @@ def make_atari(env_id: str, *, evaluation: bool = False, max_episode_steps: int 
         env.close()
         raise ValueError(f"{env_id}: Gymnasium's AtariPreprocessing needs OpenCV: pip install 'relive[envs]' "
                          "(opencv-python-headless)") from None
+    if max_episode_steps:  # agent steps of one game, as every other env counts them: above the frame skip and the
+        env = gym.wrappers.TimeLimit(env, max_episode_steps)  # no-op starts, below the life loss (a game's limit)
     if not evaluation:
         env = EpisodicLife(env)
     return gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK)
@@ -133,10 +146,14 @@ def register_minatar() -> None:
     minatar.gym.register_envs()
 
 
-def make_minatar(env_id: str, *, max_episode_steps: int | None = None, render_mode: str | None = None) -> gym.Env:
-    """A ``MinAtar/...`` game, observations bool ``(C, 10, 10)`` (module docstring)."""
+def make_minatar(env_id: str, *, max_episode_steps: int | None = None, render_mode: str | None = None,
+                 env_kwargs: dict | None = None) -> gym.Env:
+    """A ``MinAtar/...`` game, observations bool ``(C, 10, 10)`` (module docstring); ``env_kwargs``: MinAtar's own
+    keywords of ``gym.make`` (e.g. ``sticky_action_prob``, ``difficulty_ramping``)."""
     register_minatar()
-    kwargs: dict = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    kwargs: dict = dict(env_kwargs or {})
+    if max_episode_steps:
+        kwargs["max_episode_steps"] = max_episode_steps
     if render_mode is not None:
         kwargs["render_mode"] = render_mode
     return ChannelsFirst(gym.make(env_id, **kwargs))

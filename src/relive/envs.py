@@ -55,13 +55,12 @@ def make_env(env_id: str, max_episode_steps: int | None = None, *, keep_goal_dic
     if taken:
         raise ValueError(f"env.kwargs: {', '.join(taken)} has a setting of its own (env.max_episode_steps; render_mode "
                          "is chosen by the command that renders), not a keyword argument of env.kwargs")
-    if env_kwargs and env_id.startswith((ATARI_PREFIX, MINATAR_PREFIX)):
-        raise ValueError(f"env.kwargs: {env_id} is made with relive's Atari / MinAtar preprocessing, which takes no "
-                         "keyword arguments; drop --env-kwargs")
     if env_id.startswith(ATARI_PREFIX):
-        return make_atari(env_id, evaluation=evaluation, max_episode_steps=max_episode_steps, render_mode=render_mode)
+        return make_atari(env_id, evaluation=evaluation, max_episode_steps=max_episode_steps, render_mode=render_mode,
+                          env_kwargs=env_kwargs)
     if env_id.startswith(MINATAR_PREFIX):
-        return make_minatar(env_id, max_episode_steps=max_episode_steps, render_mode=render_mode)
+        return make_minatar(env_id, max_episode_steps=max_episode_steps, render_mode=render_mode,
+                            env_kwargs=env_kwargs)
     kwargs: dict = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
     if render_mode is not None:  # (``"rgb_array"``: frames for a video of the episodes, relive eval --video)
         kwargs["render_mode"] = render_mode

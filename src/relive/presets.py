@@ -132,9 +132,11 @@ def ddqn_atari100k() -> ExperimentConfig:
     1.5e-4 (DER's, van Hasselt et al. 2019), batch 32, learning from 1,600 steps, one gradient step per env step,
     target copy every gradient step (target_update_period 1), epsilon 1 -> 0.01 over 5,000 steps, evaluation
     epsilon 0.001, gamma 0.99, replay uniform over every step (1M in the gin, "a proxy for unbounded": 100k holds the
-    whole run), episodes of at most 27,000 steps (v5's 108,000 frames). Not as DrQ(epsilon): one-step targets, not
-    10-step (rewards are clipped in the learner, which needs one-step rows); no dueling head and no random-shift
-    augmentation (relive's DDQN has neither); v5's sticky actions (the 100k benchmark uses none); evaluation every
+    whole run), episodes of at most 27,000 steps (v5's 108,000 frames), no sticky actions (the gin's
+    ``sticky_actions = False``, "Atari 100K benchmark doesn't use sticky actions": ``env.kwargs`` =
+    ``{"repeat_action_probability": 0.0}``, since 2026-11-30; v5's 0.25 before). Not as DrQ(epsilon): one-step
+    targets, not 10-step (rewards are clipped in the learner, which needs one-step rows); no dueling head and no
+    random-shift augmentation (relive's DDQN has neither); evaluation every
     10k steps on 10 full games (DrQ(epsilon): 100 episodes at the end); the Nature CNN, the Huber loss and the reward
     clipping as ddqn_atari. ``--replay per|reaper`` as ddqn_atari. Time on the 2-core Xeon (docs/benchmarks.md,
     "Atari-100k wall time"): 98% of a run is the updates; a timed 25k-step run with ``--threads 2 --set
@@ -146,6 +148,7 @@ def ddqn_atari100k() -> ExperimentConfig:
     agent = replace(base.agent, lr=1e-4, optimizer="adam", optimizer_eps=1.5e-4, rmsprop_alpha=0.99,
                     rmsprop_centered=False, target_update_period=1, eps_end=0.01, eps_decay_steps=5000)
     return replace(base, preset="ddqn_atari100k", agent=agent,
+                   env=replace(base.env, kwargs={"repeat_action_probability": 0.0}),
                    schedule=ScheduleConfig(num_online_env_steps=100_000, num_warmup_env_steps=1600, batch_size=32),
                    replay=ReplayConfig.of("uniform", capacity=100_000),
                    run=replace(base.run, eval_every_env_steps=10_000, eval_episodes=10, log_every_env_steps=1000,

@@ -137,7 +137,8 @@ def test_pixel_presets_at_their_sources():
     k100 = get_preset("ddqn_atari100k")
     assert (k100.agent.optimizer, k100.agent.lr, k100.agent.optimizer_eps, k100.agent.target_update_period,
             k100.agent.eps_decay_steps, k100.schedule.num_online_env_steps, k100.schedule.num_warmup_env_steps,
-            k100.schedule.utd_ratio) == ("adam", 1e-4, 1.5e-4, 1, 5000, 100_000, 1600, 1)
+            k100.schedule.utd_ratio, k100.env.kwargs) == ("adam", 1e-4, 1.5e-4, 1, 5000, 100_000, 1600, 1,
+                                                          {"repeat_action_probability": 0.0})  # no sticky actions
     m = get_preset("ddqn_minatar")
     assert (m.agent.encoder, m.agent.lr, m.agent.rmsprop_momentum, m.agent.target_update_period, m.agent.eps_end,
             m.agent.eps_decay_steps, m.replay.capacity, m.schedule.num_warmup_env_steps, m.agent.clip_reward) == \
