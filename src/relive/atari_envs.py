@@ -22,8 +22,12 @@ above the frame skip and below the life loss. ``env.kwargs`` reaches ALE's own k
 ``repeat_action_probability``), never the frame skip.
 
 Reward clipping (sign of the reward) is the learner's (``agent.clip_reward``): stored rewards, training returns and
-evaluation returns are the game's. Sticky actions: v5's default (``repeat_action_probability=0.25``, Machado et al.
-2018), not the ``NoFrameskip-v4`` setting (0) of older DQN papers. No "fire on reset" (Stable-Baselines3's
+evaluation returns are the game's unclipped points. A training return (``train/episode_return``) covers one life, as
+:class:`EpisodicLife` ends a training episode there (the reward of the no-op step that continues the game is dropped,
+as Stable-Baselines3's ``EpisodicLifeEnv`` drops it); an evaluation return covers a whole game, the score papers
+report. Sticky actions: v5's default (``repeat_action_probability=0.25``, Machado et al.
+2018), not the ``NoFrameskip-v4`` setting (0) of older DQN papers; ``env.kwargs`` turns them off (the
+``ddqn_atari100k`` preset does, as the Atari-100k benchmark). No "fire on reset" (Stable-Baselines3's
 ``FireResetEnv``, which ReaPER's App. D setting, SB3's ``AtariWrapper``, includes): the agent learns to press FIRE
 itself, so that training and full-game evaluation ask the same of it (Machado et al. 2018 recommend against it too).
 
