@@ -20,11 +20,15 @@ FRAME = (2, 3)  # a frame's (H, W) (channel axis added by the layout)
 
 class Layout:
     """How an env presents a stack of k frames of shape FRAME: Gymnasium (k, H, W), SB3 channels-last (H, W, k) and
-    channels-first (k * 1, H, W)."""
+    channels-first (k * 1, H, W); ``sb3_rgb``: SB3's channels-last stack of an RGB camera, frames (H, W, 3) -> (H, W,
+    3 k) (pieces of 3 bytes)."""
 
     def __init__(self, name: str, k: int, padding: str = "reset"):
         self.name, self.k, self.padding = name, k, padding
-        if name == "gym":
+        self.frame_shape = (*FRAME, 3) if name == "sb3_rgb" else FRAME
+        if name == "sb3_rgb":
+            self.fs, self.shape = FrameStack.sb3(k), (*FRAME, 3 * k)
+        elif name == "gym":
             self.fs, self.shape = FrameStack(k, 0, padding), (k, *FRAME)
         elif name == "sb3_last":
             self.fs, self.shape = FrameStack.sb3(k), (*FRAME, k)
@@ -36,6 +40,8 @@ class Layout:
         pad = "zero" if self.name != "gym" else self.padding
         parts = [frames[j] if j >= 0 else (frames[0] if pad == "reset" else np.zeros_like(frames[0]))
                  for j in range(t - self.k + 1, t + 1)]
+        if self.name == "sb3_rgb":
+            return np.concatenate(parts, axis=-1)
         return np.stack(parts, axis=-1 if self.name == "sb3_last" else 0)
 
 
@@ -84,7 +90,7 @@ class World:
                 "terminated": np.array(term), "truncated": np.array(trunc), "row_id": np.array(ids, np.int64)}
 
     def new_frame(self) -> np.ndarray:
-        return self.rng.integers(1, 255, FRAME, dtype=np.uint8)
+        return self.rng.integers(1, 255, self.layout.frame_shape, dtype=np.uint8)
 
     def buffer(self, capacity: int, **kwargs) -> ReplayBuffer:
         lay = self.layout
@@ -128,7 +134,7 @@ class World:
         return stor.episodes.end_of(stor.episode_ids(slots)) - stor.position_of(slots)
 
 
-LAYOUTS = ("gym", "sb3_last", "sb3_first")
+LAYOUTS = ("gym", "sb3_last", "sb3_first", "sb3_rgb")
 
 
 @st.composite
@@ -194,6 +200,22 @@ def test_ring_wrap_keeps_the_frames_the_oldest_rows_look_back_at():
     # one write longer than the ring: its first rows are never stored, the kept frames come from them
     buf.extend(world.rows(0, 25, end_p=0.0))
     world.check(buf)
+
+
+@pytest.mark.parametrize("k", [2, 3, 4])  # (k = 3: the compiled gather's own loop for a 3-frame RGB camera)
+@pytest.mark.parametrize("dict_obs", [False, True])
+def test_a_stacked_rgb_camera_channels_last_reads_the_naive_stacks(k, dict_obs):
+    """SB3's VecFrameStack of an RGB camera, (H, W, 3 k): streams, episode ends (zero padding), ring wrap-around,
+    n-step next stacks; the compiled gather and the NumPy one return the naive stacks (World.check)."""
+    world = World(Layout("sb3_rgb", k), 20 + k, dict_obs)
+    buf = world.buffer(18, seed=k, n_step=2, gamma=0.9)
+    for stream, n in ((0, 7), (1, 5), (0, 9), (1, 6), (0, 1), (0, 1), (1, 4), (0, 3)):  # wraps the ring
+        buf.extend(world.rows(stream, n), stream=stream)
+        world.check(buf)
+    b = buf.sample(16)
+    image = b.obs["image"] if dict_obs else b.obs
+    assert image.shape == (16, *FRAME, 3 * k)
+    np.testing.assert_array_equal(image, np.stack([world.ref_obs[i] for i in b.extras["row_id"]]))
 
 
 def test_sample_and_sample_sequences_return_the_naive_stacks():

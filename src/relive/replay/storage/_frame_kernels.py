@@ -249,6 +249,55 @@ if AVAILABLE:
                 for c in range(cp):
                     dst[o + c] = s[i + c]
 
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _interleave_rgb3(dst, s0, s1, s2, pre):  # pragma: no cover - compiled
+        # three frames of 3-byte pixels (a channels-last RGB camera stacked 3 deep, (H, W, 9)) into dst, pixel by
+        # pixel, straight from their rows: a constant body the compiler unrolls (~3x the general loop's speed)
+        for p in range(pre):
+            o, i = 9 * p, 3 * p
+            dst[o] = s0[i]
+            dst[o + 1] = s0[i + 1]
+            dst[o + 2] = s0[i + 2]
+            dst[o + 3] = s1[i]
+            dst[o + 4] = s1[i + 1]
+            dst[o + 5] = s1[i + 2]
+            dst[o + 6] = s2[i]
+            dst[o + 7] = s2[i + 1]
+            dst[o + 8] = s2[i + 2]
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _source_row(frames, kept, nxv, zero, kind, src):  # pragma: no cover - compiled
+        # the frame row gather_stacks' (kind, src) names (src checked by the caller)
+        if kind == 2:
+            return zero
+        if kind == 0:
+            return frames[src]
+        if kind == 1:
+            return kept[src]
+        return nxv[src]
+
+    @numba.njit(cache=True, nogil=True)
+    def _gather_rgb3(frames, kept, nxv, which, row, pre, out_a, out_b, zero):  # pragma: no cover - compiled
+        # gather_stacks for k = 3, cp = 3 without the scratch copy: each output's three frames read in place
+        b_rows, w = which.shape
+        for b in range(b_rows):
+            for j in range(w):
+                kind, src = which[b, j], row[b, j]
+                if kind != 2:
+                    table = frames if kind == 0 else kept if kind == 1 else nxv
+                    if src < 0 or src >= table.shape[0]:
+                        return -1
+            f0 = _source_row(frames, kept, nxv, zero, which[b, 0], row[b, 0])
+            f1 = _source_row(frames, kept, nxv, zero, which[b, 1], row[b, 1])
+            f2 = _source_row(frames, kept, nxv, zero, which[b, 2], row[b, 2])
+            _interleave_rgb3(out_a[b], f0, f1, f2, pre)
+            if out_b.shape[0]:
+                g0 = _source_row(frames, kept, nxv, zero, which[b, w - 3], row[b, w - 3])
+                g1 = _source_row(frames, kept, nxv, zero, which[b, w - 2], row[b, w - 2])
+                g2 = _source_row(frames, kept, nxv, zero, which[b, w - 1], row[b, w - 1])
+                _interleave_rgb3(out_b[b], g0, g1, g2, pre)
+        return 0
+
     @numba.njit(cache=True, nogil=True)
     def gather_stacks(frames, kept, nxv, which, row, k, pre, cp, out_a, out_b, scratch):  # pragma: no cover
         # Interleaved stacks (pre > 1) of B rows from their frames: which / row (B, w) name frame j of row b --
@@ -258,6 +307,11 @@ if AVAILABLE:
         # nothing promised, if a row index is out of range.
         b_rows, w = which.shape
         f = frames.shape[1]
+        if k == 3 and cp == 3 and w >= 3:  # (a stacked RGB camera: its own loop, the same bytes)
+            zero = scratch[0]
+            for i in range(f):
+                zero[i] = 0
+            return _gather_rgb3(frames, kept, nxv, which, row, pre, out_a, out_b, zero)
         for b in range(b_rows):
             for j in range(w):
                 src = row[b, j]
