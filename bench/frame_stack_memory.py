@@ -510,6 +510,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--sb3-rows", type=int, default=20_000, help="rows SB3 without optimize_memory_usage holds")
     ap.add_argument("--robot-rows", type=int, default=20_000, help="rows of the robot case (0: skip it)")
+    ap.add_argument("--robot-only", action="store_true", help="only the robot case (a 3-frame 84x84x3 camera + 9 "
+                    "floats) at --robot-rows transitions")
     ap.add_argument("--grid-ab", action="store_true", help="only: sample(32) with the compiled frame-slot grid vs "
                     "the NumPy one, alternating rounds on the same buffers of --rows transitions")
     args = ap.parse_args()
@@ -530,8 +532,10 @@ def main() -> None:
         pass
     n, m = args.rows, args.robot_rows
     print(f"load average at the start: {load()}")
-    print(f"N = {n} transitions of 84x84x{K} uint8 stacks; unique frames: {FRAME_BYTES} B a transition", flush=True)
-    atari = run_cases((
+    if not args.robot_only:
+        print(f"N = {n} transitions of 84x84x{K} uint8 stacks; unique frames: {FRAME_BYTES} B a transition",
+              flush=True)
+    atari = {} if args.robot_only else run_cases((
         ("relive frame_stack=4 (4, 84, 84)", lambda: relive_case(n, False)),
         ("relive FrameStack.sb3(4) (84, 84, 4)", lambda: relive_case(n, True)),
         ("cpprb stack_compress + next_of", lambda: cpprb_case(n)),
@@ -548,6 +552,10 @@ def main() -> None:
             ("TorchRL CatFrames + SliceSampler", lambda: robot_torchrl(m))))
     print(f"load average at the end: {load()}")
     print()
+    if args.robot_only:
+        print(f"robot case: N = {m} transitions of a 3-frame 84x84x3 camera + 9 floats")
+        table(robot, "relive frame_stack={'image': 3} (3, 84, 84, 3)", m, ROBOT_FRAME + 4 * RS)
+        return
     table(atari, "relive frame_stack=4 (4, 84, 84)", n, FRAME_BYTES)
     if robot:
         print()

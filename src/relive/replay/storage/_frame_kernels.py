@@ -63,6 +63,12 @@ if AVAILABLE:
         if pre == 1:
             return _differ(x[j * cp : (j + 1) * cp], ref) != 0
         acc = np.uint8(0)
+        if cp == 3:  # (an RGB camera's pixels: 2-D views indexed by the loop counters, a literal inner loop)
+            x2, r2 = x.reshape(pre, kc)[:, 3 * j : 3 * j + 3], ref.reshape(pre, 3)
+            for p in range(pre):
+                for c in range(3):
+                    acc = np.uint8(acc | np.uint8(x2[p, c] ^ r2[p, c]))
+            return acc != 0
         for p in range(pre):
             o, i = p * kc + j * cp, p * cp
             for c in range(cp):
@@ -75,6 +81,13 @@ if AVAILABLE:
         if pre == 1:
             return _differ(x[j * cp : (j + 1) * cp], x[i * cp : (i + 1) * cp]) != 0
         acc = np.uint8(0)
+        if cp == 3:
+            x2 = x.reshape(pre, kc)
+            xj, xi = x2[:, 3 * j : 3 * j + 3], x2[:, 3 * i : 3 * i + 3]
+            for p in range(pre):
+                for c in range(3):
+                    acc = np.uint8(acc | np.uint8(xj[p, c] ^ xi[p, c]))
+            return acc != 0
         for p in range(pre):
             oj, oi = p * kc + j * cp, p * kc + i * cp
             for c in range(cp):
@@ -84,6 +97,12 @@ if AVAILABLE:
     @numba.njit(cache=True, nogil=True)
     def _piece_zero(x, j, pre, kc, cp):  # pragma: no cover - compiled
         acc = np.uint8(0)
+        if cp == 3:
+            x2 = x.reshape(pre, kc)[:, 3 * j : 3 * j + 3]
+            for p in range(pre):
+                for c in range(3):
+                    acc = np.uint8(acc | x2[p, c])
+            return acc != 0
         for p in range(pre):
             o = p * kc + j * cp
             for c in range(cp):
@@ -98,6 +117,14 @@ if AVAILABLE:
         if pre == 1:
             return _differ(y[:n], x[cp : cp + n]) != 0
         acc = np.uint8(0)
+        if cp == 3:  # frame by frame, as _piece_differs
+            x2, y2 = x.reshape(pre, kc), y.reshape(pre, kc)
+            for j in range(k - 1):
+                ys, xs = y2[:, 3 * j : 3 * j + 3], x2[:, 3 * j + 3 : 3 * j + 6]
+                for p in range(pre):
+                    for c in range(3):
+                        acc = np.uint8(acc | np.uint8(ys[p, c] ^ xs[p, c]))
+            return acc != 0
         for p in range(pre):
             o = p * kc
             for i in range(n):
@@ -109,6 +136,12 @@ if AVAILABLE:
         # frame j of the stack row x into the frame row dst
         if pre == 1:
             _copy(dst, x[j * cp : (j + 1) * cp])
+            return
+        if cp == 3:
+            x2, d2 = x.reshape(pre, kc)[:, 3 * j : 3 * j + 3], dst.reshape(pre, 3)
+            for p in range(pre):
+                for c in range(3):
+                    d2[p, c] = x2[p, c]
             return
         for p in range(pre):
             o, i = p * kc + j * cp, p * cp
