@@ -7,6 +7,7 @@ from scipy.stats import mannwhitneyu
 
 from relive.experiments.grid import parse_grid
 from relive.experiments.report import make_report, stratified_rank_test
+from tests.experiments.test_runner import _fake_run
 
 
 def test_superiority_counts_pairs_with_ties_as_half():
@@ -75,10 +76,7 @@ def test_a_report_with_compare_over_several_tasks_has_the_stratified_table(tmp_p
               ("reaper", "B"): [250, 50, 350]}
     for (label, task), values in finals.items():
         for seed, v in enumerate(values):
-            d = tmp_path / "strat" / f"{label}/{task}/seed_{seed}"
-            d.mkdir(parents=True)
-            d.joinpath("eval.csv").write_text(f"env_step,eval/return_mean\n0,0\n1000,{v}\n")
-            d.joinpath("summary.json").write_text("{}")
+            _fake_run(tmp_path / "strat", f"{label}/{task}/seed_{seed}", [0, 1000], [0, v])
     text = make_report(g, tmp_path, tmp_path / "out", reps=100).read_text()
     assert "## reaper vs each other variant over all 2 tasks: stratified rank test" in text
     # P(reaper > per): A 9 of 9 pairs; B: 250 > 100, 200; 50 > none; 350 > all three -> 5 of 9; mean (1 + 5/9) / 2
