@@ -552,20 +552,17 @@ def main() -> None:
             ("TorchRL CatFrames + SliceSampler", lambda: robot_torchrl(m))))
     print(f"load average at the end: {load()}")
     print()
-    if args.robot_only:
-        print(f"robot case: N = {m} transitions of a 3-frame 84x84x3 camera + 9 floats")
-        table(robot, "relive frame_stack={'image': 3} (3, 84, 84, 3)", m, ROBOT_FRAME + 4 * RS)
-        return
-    table(atari, "relive frame_stack=4 (4, 84, 84)", n, FRAME_BYTES)
-    if robot:
+    if atari:
+        table(atari, "relive frame_stack=4 (4, 84, 84)", n, FRAME_BYTES)
         print()
+    if robot:
         print(f"robot case: N = {m} transitions of a 3-frame 84x84x3 camera + 9 floats")
         table(robot, "relive frame_stack={'image': 3} (3, 84, 84, 3)", m, ROBOT_FRAME + 4 * RS)
-    ref = atari["relive frame_stack=4 (4, 84, 84)"]
-    print()
-    print(f"relive (4, 84, 84), bytes per transition by part (N = {n}):")
-    for part, b in ref["detail"].items():
-        print(f"  {part}: {b / n:,.2f}")
+    if atari:
+        print()
+        print(f"relive (4, 84, 84), bytes per transition by part (N = {n}):")
+        for part, b in atari["relive frame_stack=4 (4, 84, 84)"]["detail"].items():
+            print(f"  {part}: {b / n:,.2f}")
 
 
 if __name__ == "__main__":

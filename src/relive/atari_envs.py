@@ -84,19 +84,14 @@ class EpisodicLife(gym.Wrapper):
         return obs, info
 
 
-#: gym.make keywords of an ALE game that relive's preprocessing sets itself (the frame skip is AtariPreprocessing's)
-ATARI_OWN_KWARGS = ("frameskip",)
-
-
 def make_atari(env_id: str, *, evaluation: bool = False, max_episode_steps: int | None = None,
                render_mode: str | None = None, env_kwargs: dict | None = None) -> gym.Env:
     """An ``ALE/...`` game with the DQN preprocessing (module docstring); ``evaluation=True``: full games (no life
     loss termination); ``env_kwargs``: ALE's own keywords of ``gym.make`` (e.g. ``repeat_action_probability=0.0``:
     no sticky actions, the Atari-100k benchmark's setting), not the frame skip."""
-    taken = sorted(set(env_kwargs or {}) & set(ATARI_OWN_KWARGS))
-    if taken:
-        raise ValueError(f"env.kwargs: {env_id}: {', '.join(taken)} is set by relive's Atari preprocessing (frame skip "
-                         f"{ATARI_FRAME_SKIP} with max-pooling, in AtariPreprocessing), not a keyword of env.kwargs")
+    if "frameskip" in (env_kwargs or {}):
+        raise ValueError(f"env.kwargs: {env_id}: frameskip is set by relive's Atari preprocessing (frame skip "
+                         f"{ATARI_FRAME_SKIP} with max-pooling, in AtariPreprocessing): drop it from --env-kwargs")
     try:
         import ale_py
     except ImportError:

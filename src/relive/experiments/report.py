@@ -199,6 +199,7 @@ def stratified_rank_test(a: dict, b: dict, reps: int = 20_000, seed: int = 0) ->
         observed += weight * (ranks[:n_a].mean() - ranks[n_a:].mean())
         perm = rng.permuted(np.broadcast_to(ranks, (reps, n)), axis=1)  # the labels shuffled within the task
         null += weight * (perm[:, :n_a].mean(1) - perm[:, n_a:].mean(1))
+    # (a permutation that equals the observed labels reaches its statistic up to float rounding: a tolerance)
     p = (1 + np.count_nonzero(np.abs(null) >= abs(observed) - 1e-12)) / (reps + 1)
     return float(np.mean(superiority)), float(p), len(tasks)
 
