@@ -53,6 +53,30 @@ def test_evaluation_plays_full_games():
     env.close()
 
 
+def test_an_atari_dataset_holds_whole_games_not_lives():
+    """collect_dataset records the game's episodes: a lost life (a training episode's end for the learner) is not a
+    termination in the data, so a dataset's episode returns are game scores."""
+    from relive.train.collector import collect_dataset
+
+    lives: list[int] = []
+
+    def policy_from_env(env):
+        rng = np.random.default_rng(0)
+
+        def act(obs):
+            lives.append(env.unwrapped.ale.lives())
+            return rng.integers(0, env.action_space.n, (1,))
+        return act
+
+    rows = collect_dataset("ALE/Breakout-v5", 600, seed=0, policy_from_env=policy_from_env)
+    step = np.diff(lives)  # row i lost a life (game on): step[i] < 0; row i ended the game: a new one, step[i] > 0
+    lost, new_game = np.flatnonzero(step < 0), np.flatnonzero(step > 0)
+    assert lost.size >= 4 and new_game.size >= 1  # (random play in Breakout: games of ~150 steps, 5 lives each)
+    assert not rows["terminated"][lost].any()  # a lost life is no episode end in the data
+    assert rows["terminated"][new_game].all()  # the game's end is
+    assert np.flatnonzero(rows["terminated"][:-1]).tolist() == new_game.tolist()  # and nothing else is
+
+
 @pytest.mark.parametrize("evaluation", [False, True])
 def test_an_atari_time_limit_counts_agent_steps_of_a_game_not_emulator_frames(evaluation):
     """env.max_episode_steps = N truncates an Atari game after N agent steps, as on every other env (not after N

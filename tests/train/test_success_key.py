@@ -109,6 +109,7 @@ def test_a_long_evaluation_episode_is_said_once_with_what_to_set(monkeypatch):
     with pytest.warns(RuntimeWarning, match=r"episode 1 of 2 has run 4 steps.*env.max_episode_steps") as got:
         returns, _ = ev.evaluate_episodes(FlagEnv(None), ZeroAgent(), 2, seed=0)
     assert returns.tolist() == [6.0, 6.0] and len(got) == 2  # (once per episode that long)
+    assert "time limit: none in env.spec" in str(got[0].message)  # (no spec limit: said so, not "None")
     monkeypatch.setattr(ev, "LONG_EPISODE_STEPS", 7)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -287,8 +287,11 @@ def collect_dataset(env_id: str, num_steps: int, seed: int, policy=None, max_epi
                     progress: str | None = None, policy_from_env=None) -> dict:
     """Rows of ``num_steps`` env steps with ``policy`` (uniform random actions when None); the last
     episode is cut as truncated so the dataset holds whole episodes. ``progress``: a label for a progress bar.
-    ``policy_from_env(env) -> policy``: a policy that reads the env itself (a state policy driving a pixel task)."""
-    env = make_env(env_id, max_episode_steps)
+    ``policy_from_env(env) -> policy``: a policy that reads the env itself (a state policy driving a pixel task).
+    A dataset holds the env's own episodes: on Atari whole games (the evaluation env), not the lives training cuts
+    them into (a lost life ends a training episode for the learner's targets: a training device, not the data's), so
+    that a dataset's episode returns are game scores, as evaluations and normalized scores count them."""
+    env = make_env(env_id, max_episode_steps, evaluation=True)  # (Atari: no life-loss termination; else the same)
     if policy_from_env is not None:
         policy = policy_from_env(env)
     spec = env_spec(env)

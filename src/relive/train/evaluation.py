@@ -39,8 +39,10 @@ def evaluate_episodes(env, agent, episodes: int, seed: int | None, success_key: 
             steps += 1
             if steps == LONG_EPISODE_STEPS:
                 limit = getattr(getattr(env, "spec", None), "max_episode_steps", None)
+                said = f"{limit:,} steps" if limit else "none in env.spec; an emulator's own cap, as ALE's " \
+                    "max_num_frames_per_episode, is not seen there"
                 warnings.warn(f"evaluation episode {i + 1} of {episodes} has run {steps:,} steps without ending (the "
-                              f"env's time limit: {limit}); a greedy policy may never end one: give the run a time "
+                              f"env's time limit: {said}); a greedy policy may never end one: give the run a time "
                               f"limit (--set env.max_episode_steps=N)", RuntimeWarning, stacklevel=2)
             if success_key is not None:
                 now = info_success(info, success_key, env)
