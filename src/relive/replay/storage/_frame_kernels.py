@@ -287,10 +287,36 @@ if AVAILABLE:
                     dst[o + c] = s[i + c]
 
     @numba.njit(cache=True, nogil=True, inline="always")
-    def _interleave_rgb3(dst, s0, s1, s2, pre):  # pragma: no cover - compiled
-        # three frames of 3-byte pixels (a channels-last RGB camera stacked 3 deep, (H, W, 9)) into dst, pixel by
-        # pixel, straight from their rows: a constant body the compiler unrolls (~3x the general loop's speed)
-        for p in range(pre):
+    def _pixels3(w0, w1, w2):  # pragma: no cover - compiled
+        # the four 3-byte pixels of 12 bytes read as three little-endian 32-bit words (widened to 64 bits)
+        m24, lo = np.uint64(0xFFFFFF), w0 | (w1 << np.uint64(32))
+        return (lo & m24, (lo >> np.uint64(24)) & m24, ((lo >> np.uint64(48)) | (w2 << np.uint64(16))) & m24,
+                w2 >> np.uint64(8))
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _put_pixels9(d, j, a, b, c):  # pragma: no cover - compiled
+        # four pixels of three frames (_pixels3 of each) as 9 words d[j:j + 9]: each pixel's 9 bytes, the frames' 3
+        # in turn (pixel p's low 8 bytes in o_p, its last in h_p: bytes 9p .. 9p + 8)
+        s8, s16, s24, s32, s48 = np.uint64(8), np.uint64(16), np.uint64(24), np.uint64(32), np.uint64(48)
+        m32 = np.uint64(0xFFFFFFFF)
+        o0, h0 = a[0] | (b[0] << s24) | (c[0] << s48), c[0] >> s16
+        o1, h1 = a[1] | (b[1] << s24) | (c[1] << s48), c[1] >> s16
+        o2, h2 = a[2] | (b[2] << s24) | (c[2] << s48), c[2] >> s16
+        o3, h3 = a[3] | (b[3] << s24) | (c[3] << s48), c[3] >> s16
+        d[j] = np.uint32(o0 & m32)
+        d[j + 1] = np.uint32(o0 >> s32)
+        d[j + 2] = np.uint32(h0 | ((o1 & np.uint64(0xFFFFFF)) << s8))
+        d[j + 3] = np.uint32((o1 >> s24) & m32)
+        d[j + 4] = np.uint32((o1 >> np.uint64(56)) | (h1 << s8) | ((o2 & np.uint64(0xFFFF)) << s16))
+        d[j + 5] = np.uint32((o2 >> s16) & m32)
+        d[j + 6] = np.uint32((o2 >> s48) | (h2 << s16) | ((o3 & np.uint64(0xFF)) << s24))
+        d[j + 7] = np.uint32((o3 >> s8) & m32)
+        d[j + 8] = np.uint32((o3 >> np.uint64(40)) | (h3 << s24))
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _bytes_rgb3(dst, s0, s1, s2, first, pre):  # pragma: no cover - compiled
+        # pixels first .. pre - 1 of three frames into dst byte by byte: a constant body the compiler unrolls
+        for p in range(first, pre):
             o, i = 9 * p, 3 * p
             dst[o] = s0[i]
             dst[o + 1] = s0[i + 1]
@@ -301,6 +327,30 @@ if AVAILABLE:
             dst[o + 6] = s2[i]
             dst[o + 7] = s2[i + 1]
             dst[o + 8] = s2[i + 2]
+
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _interleave_rgb3(dst, s0, s1, s2, dst2, s3, pre):  # pragma: no cover - compiled
+        # three frames of 3-byte pixels (a channels-last RGB camera stacked 3 deep, (H, W, 9)) into dst straight
+        # from their rows, and, when dst2 has room (a one-step pair), frames s1, s2, s3 into dst2 from the same reads.
+        # Little-endian: four pixels at a time as words (3 words of each frame in, 9 out a stack: ~1.5x the byte
+        # loop, which takes the rest of the pixels, and every pixel on a big-endian machine)
+        pair = dst2.size > 0
+        done = 4 * (pre // 4) if LITTLE else 0
+        if done:
+            n = 3 * done  # (bytes of a frame's whole blocks: the views' sizes must be multiples of 4)
+            d, a, b, c = dst[:3 * n].view(np.uint32), s0[:n].view(np.uint32), s1[:n].view(np.uint32), \
+                s2[:n].view(np.uint32)
+            d2, e = (dst2[:3 * n].view(np.uint32), s3[:n].view(np.uint32)) if pair else (d, a)
+            for q in range(pre // 4):
+                i = 3 * q
+                pb = _pixels3(np.uint64(b[i]), np.uint64(b[i + 1]), np.uint64(b[i + 2]))
+                pc = _pixels3(np.uint64(c[i]), np.uint64(c[i + 1]), np.uint64(c[i + 2]))
+                _put_pixels9(d, 9 * q, _pixels3(np.uint64(a[i]), np.uint64(a[i + 1]), np.uint64(a[i + 2])), pb, pc)
+                if pair:
+                    _put_pixels9(d2, 9 * q, pb, pc, _pixels3(np.uint64(e[i]), np.uint64(e[i + 1]), np.uint64(e[i + 2])))
+        _bytes_rgb3(dst, s0, s1, s2, done, pre)
+        if pair:
+            _bytes_rgb3(dst2, s1, s2, s3, done, pre)
 
     @numba.njit(cache=True, nogil=True, inline="always")
     def _table_of(frames, kept, nxv, kind):  # pragma: no cover - compiled
@@ -324,12 +374,16 @@ if AVAILABLE:
             f0 = _source_row(frames, kept, nxv, zero, which[b, 0], row[b, 0])
             f1 = _source_row(frames, kept, nxv, zero, which[b, 1], row[b, 1])
             f2 = _source_row(frames, kept, nxv, zero, which[b, 2], row[b, 2])
-            _interleave_rgb3(out_a[b], f0, f1, f2, pre)
+            if out_b.shape[0] and w == 4:  # (a one-step pair: next_obs is frames 1 .. 3, read once for both)
+                f3 = _source_row(frames, kept, nxv, zero, which[b, 3], row[b, 3])
+                _interleave_rgb3(out_a[b], f0, f1, f2, out_b[b], f3, pre)
+                continue
+            _interleave_rgb3(out_a[b], f0, f1, f2, zero[:0], f0, pre)
             if out_b.shape[0]:
                 g0 = _source_row(frames, kept, nxv, zero, which[b, w - 3], row[b, w - 3])
                 g1 = _source_row(frames, kept, nxv, zero, which[b, w - 2], row[b, w - 2])
                 g2 = _source_row(frames, kept, nxv, zero, which[b, w - 1], row[b, w - 1])
-                _interleave_rgb3(out_b[b], g0, g1, g2, pre)
+                _interleave_rgb3(out_b[b], g0, g1, g2, zero[:0], g0, pre)
         return 0
 
     @numba.njit(cache=True, nogil=True)
