@@ -23,11 +23,11 @@ class Layout:
     channels-first (k * 1, H, W); ``sb3_rgb``: SB3's channels-last stack of an RGB camera, frames (H, W, 3) -> (H, W,
     3 k) (pieces of 3 bytes)."""
 
-    def __init__(self, name: str, k: int, padding: str = "reset"):
+    def __init__(self, name: str, k: int, padding: str = "reset", frame: tuple = FRAME):
         self.name, self.k, self.padding = name, k, padding
-        self.frame_shape = (*FRAME, 3) if name == "sb3_rgb" else FRAME
+        self.frame_shape = (*frame, 3) if name == "sb3_rgb" else FRAME
         if name == "sb3_rgb":
-            self.fs, self.shape = FrameStack.sb3(k), (*FRAME, 3 * k)
+            self.fs, self.shape = FrameStack.sb3(k), (*frame, 3 * k)
         elif name == "gym":
             self.fs, self.shape = FrameStack(k, 0, padding), (k, *FRAME)
         elif name == "sb3_last":
@@ -204,17 +204,19 @@ def test_ring_wrap_keeps_the_frames_the_oldest_rows_look_back_at():
 
 @pytest.mark.parametrize("k", [2, 3, 4])  # (k = 3: the compiled gather's own loop for a 3-frame RGB camera)
 @pytest.mark.parametrize("dict_obs", [False, True])
-def test_a_stacked_rgb_camera_channels_last_reads_the_naive_stacks(k, dict_obs):
+@pytest.mark.parametrize("frame", [FRAME, (4, 5)])  # (H W a multiple of 4: k = 3's loop moves 4 pixels as words)
+@pytest.mark.parametrize("n_step", [1, 2])  # (1: obs and next_obs stacks from one read of 4 frames a row)
+def test_a_stacked_rgb_camera_channels_last_reads_the_naive_stacks(k, dict_obs, frame, n_step):
     """SB3's VecFrameStack of an RGB camera, (H, W, 3 k): streams, episode ends (zero padding), ring wrap-around,
     n-step next stacks; the compiled gather and the NumPy one return the naive stacks (World.check)."""
-    world = World(Layout("sb3_rgb", k), 20 + k, dict_obs)
-    buf = world.buffer(18, seed=k, n_step=2, gamma=0.9)
+    world = World(Layout("sb3_rgb", k, frame=frame), 20 + k, dict_obs)
+    buf = world.buffer(18, seed=k, n_step=n_step, gamma=0.9)
     for stream, n in ((0, 7), (1, 5), (0, 9), (1, 6), (0, 1), (0, 1), (1, 4), (0, 3)):  # wraps the ring
         buf.extend(world.rows(stream, n), stream=stream)
         world.check(buf)
     b = buf.sample(16)
     image = b.obs["image"] if dict_obs else b.obs
-    assert image.shape == (16, *FRAME, 3 * k)
+    assert image.shape == (16, *frame, 3 * k)
     np.testing.assert_array_equal(image, np.stack([world.ref_obs[i] for i in b.extras["row_id"]]))
 
 

@@ -333,11 +333,12 @@ if AVAILABLE:
         # three frames of 3-byte pixels (a channels-last RGB camera stacked 3 deep, (H, W, 9)) into dst straight
         # from their rows, and, when dst2 has room (a one-step pair), frames s1, s2, s3 into dst2 from the same reads.
         # Little-endian: four pixels at a time as words (3 words of each frame in, 9 out a stack: ~1.5x the byte
-        # loop, which takes the rest of the pixels, and every pixel on a big-endian machine)
+        # loop, which takes frames of other sizes, and every frame on a big-endian machine). pre a multiple of 4: every
+        # frame row and stack row starts at a multiple of 4 bytes, as the words' loads and stores assume
         pair = dst2.size > 0
-        done = 4 * (pre // 4) if LITTLE else 0
+        done = pre if LITTLE and pre % 4 == 0 else 0
         if done:
-            n = 3 * done  # (bytes of a frame's whole blocks: the views' sizes must be multiples of 4)
+            n = 3 * done  # (a frame's bytes)
             d, a, b, c = dst[:3 * n].view(np.uint32), s0[:n].view(np.uint32), s1[:n].view(np.uint32), \
                 s2[:n].view(np.uint32)
             d2, e = (dst2[:3 * n].view(np.uint32), s3[:n].view(np.uint32)) if pair else (d, a)
