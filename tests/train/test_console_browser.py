@@ -68,7 +68,9 @@ def test_a_person_takes_over_from_the_browser_and_their_rows_become_demonstratio
                     page.wait_for_timeout(100)
             assert not errors, errors
             wait = {"timeout": 60_000}
-            page.wait_for_function("Number(document.body.dataset.frames) >= 1", **wait)  # the paused first frame
+            # the paused first frame and the first status (two messages, in either order: a frame may come first)
+            page.wait_for_function("Number(document.body.dataset.frames) >= 1 && document.body.dataset.paused "
+                                   "!== undefined", **wait)
             assert page.evaluate("document.body.dataset.paused") == "true"  # a console run starts paused
             assert page.locator("#bindings").inner_text().count("→") == 1  # Pendulum: one dimension, ← / →
             page.keyboard.down("ArrowRight")
